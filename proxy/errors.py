@@ -1,0 +1,69 @@
+"""Errors the proxy answers with, always in the OpenAI error shape.
+
+`{"error": {"message", "type", "param", "code"}}`; a streaming error is an SSE event of that
+shape followed by `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+
+class ProxyError(Exception):
+    """An error answered to the client; `status` is the HTTP status."""
+
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, param=self.param, code=self.code)
+
+
+class BadRequest(ProxyError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class Forbidden(ProxyError):
+    status = 403
+    type = "permission_error"
+
+
+class UpstreamUnavailable(ProxyError):
+    """No replica could be reached (connection refused, reset before a response)."""
+
+    status = 502
+    type = "upstream_error"
+    code = "upstream_unavailable"
+
+
+class UpstreamTimeout(ProxyError):
+    status = 504
+    type = "upstream_error"
+    code = "upstream_timeout"
+
+
+def error_body(
+    message: str, type_: str, *, param: str | None = None, code: str | int | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(exc: ProxyError) -> Response:
+    return Response(orjson.dumps(exc.body()), status_code=exc.status, media_type="application/json")
+
+
+def sse_error_event(message: str, type_: str = "upstream_error", code: str | None = None) -> bytes:
+    payload = orjson.dumps(error_body(message, type_, code=code))
+    return b"data: " + payload + b"\n\ndata: [DONE]\n\n"

@@ -1,0 +1,301 @@
+"""The write buffer: records leave the response path through an in-memory queue.
+
+A background task drains the queue in batches; one writer thread assigns trajectories,
+stores prompts as deltas against the trajectory's previous call, and writes the batch. If
+the database is unreachable the batch goes to the spool file, which is replayed (before any
+newer batch) as soon as the database answers again, and at start-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from proxy.capture import Capture
+from proxy.spool import Spool
+from proxy.stitching import TrajectoryTracker, continuation_hash
+from proxy.store import repo
+from proxy.store.tokens import common_prefix_len, first_completion
+
+log = logging.getLogger("onthejob.recording")
+
+
+@dataclass
+class CallRecord:
+    """Everything known about one call; filled in along the request, then enqueued."""
+
+    id: str
+    api: str
+    session_key: str | None
+    started_at: float
+    stream: bool = False
+    status: str = "ok"
+    http_status: int = 200
+    error: str | None = None
+    request: dict[str, Any] | None = None
+    response: dict[str, Any] | None = None
+    upstream: str | None = None
+    model: str | None = None
+    policy_version: str | None = None
+    capture: Capture | None = None
+    latency_ms: float | None = None
+    ttft_ms: float | None = None
+
+
+class Recorder:
+    def __init__(
+        self,
+        engine: Engine,
+        spool: Spool,
+        *,
+        idle_timeout: float,
+        flush_interval: float,
+        batch_size: int,
+    ) -> None:
+        self.engine = engine
+        self.spool = spool
+        self.tracker = TrajectoryTracker(idle_timeout)
+        self.idle_timeout = idle_timeout
+        self.flush_interval = flush_interval
+        self.batch_size = batch_size
+        self._queue: list[CallRecord] = []
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recorder")
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._db_retry_at = 0.0
+        self._last_sweep = 0.0
+        self.written = 0
+        self.spooled = 0
+
+    # -- request path --------------------------------------------------------------------
+    def record(self, call: CallRecord) -> None:
+        """Accept a record; never blocks and never raises."""
+        self._queue.append(call)
+        if len(self._queue) >= self.batch_size:
+            self._wakeup.set()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        # records left in the spool by an earlier run go in first
+        await loop.run_in_executor(self._executor, self._replay_spool)
+        self._task = asyncio.create_task(self._run(), name="recorder")
+
+    async def close(self) -> None:
+        """Flush everything still queued (to the database or the spool)."""
+        self._closing = True
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+        self._executor.shutdown(wait=True)
+
+    async def drain(self) -> None:
+        """Wait until everything recorded so far has been written or spooled."""
+        while self._queue:
+            self._wakeup.set()
+            await asyncio.sleep(self.flush_interval)
+        await asyncio.get_running_loop().run_in_executor(self._executor, lambda: None)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout=self.flush_interval)
+            except TimeoutError:
+                pass
+            self._wakeup.clear()
+            batch, self._queue = self._queue, []
+            try:
+                await loop.run_in_executor(self._executor, self._flush, batch)
+            except Exception:  # never let the writer die: it is the only one
+                log.exception("recorder flush failed; %d records kept in memory", len(batch))
+                self._queue[:0] = batch
+            if self._closing and not self._queue:
+                return
+
+    # -- writer thread -------------------------------------------------------------------
+    def _flush(self, batch: list[CallRecord]) -> None:
+        now = time.time()
+        rows = self._rows(batch, now)
+        if now - self._last_sweep >= min(self.idle_timeout, 5.0) / 2:
+            self._last_sweep = now
+            rows["finished"] = [
+                {"id": state.id, "ended_at": state.last_call_at}
+                for state in self.tracker.expire(now)
+            ]
+        if not any(rows.values()) and not self.spool.size():
+            return
+        if time.monotonic() < self._db_retry_at:
+            self._to_spool(rows)
+            return
+        try:
+            self._replay_spool(raise_errors=True)
+            with self.engine.begin() as conn:
+                repo.write_batch(conn, **rows)
+                if rows["finished"]:
+                    cutoff = now - self.idle_timeout - 10 * self.flush_interval - 5
+                    repo.finish_idle(conn, idle_before=datetime.fromtimestamp(cutoff, timezone.utc))
+            self.written += len(rows["calls"])
+        except SQLAlchemyError as exc:
+            log.warning("database unreachable (%s); spooling %d calls", _short(exc), len(batch))
+            self._db_retry_at = time.monotonic() + 1.0
+            self._to_spool(rows)
+
+    def _to_spool(self, rows: dict[str, list[dict[str, Any]]]) -> None:
+        if any(rows.values()):
+            self.spool.append(rows)
+            self.spooled += len(rows["calls"])
+
+    def _replay_spool(self, raise_errors: bool = False) -> None:
+        batches = self.spool.batches()
+        if not batches:
+            return
+        try:
+            with self.engine.begin() as conn:
+                for rows in batches:
+                    repo.write_batch(conn, **rows)
+        except SQLAlchemyError as exc:
+            if raise_errors:
+                raise
+            log.warning("spool replay deferred: database unreachable (%s)", _short(exc))
+            return
+        self.spool.clear()
+        replayed = sum(len(b.get("calls", [])) for b in batches)
+        self.written += replayed
+        log.info("replayed %d spooled calls into the database", replayed)
+
+    def _rows(self, batch: list[CallRecord], now: float) -> dict[str, list[dict[str, Any]]]:
+        trajectories: dict[str, dict[str, Any]] = {}
+        calls = []
+        for record in batch:
+            row, trajectory = self._call_row(record)
+            calls.append(row)
+            if trajectory is not None:
+                trajectories[trajectory["id"]] = trajectory
+        return {"trajectories": list(trajectories.values()), "calls": calls, "finished": []}
+
+    def _find_open(self, session_key: str) -> tuple[str, float, float] | None:
+        """A session's open trajectory from the database (after a restart), if reachable."""
+        if time.monotonic() < self._db_retry_at:
+            return None
+        try:
+            with self.engine.connect() as conn:
+                found = repo.open_trajectory_for_session(conn, session_key=session_key)
+        except SQLAlchemyError:
+            self._db_retry_at = time.monotonic() + 1.0
+            return None
+        if found is None:
+            return None
+        return (found["id"], _epoch(found["started_at"]), _epoch(found["last_call_at"]))
+
+    def _call_row(self, record: CallRecord) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        request = record.request if isinstance(record.request, dict) else None
+        messages = request.get("messages") if request else None
+        messages = messages if isinstance(messages, list) else None
+        capture = record.capture
+        if record.session_key is None and capture is None and messages is None:
+            # a request refused before it reached a model belongs to no episode
+            return self._bare_row(record), None
+        state, _ = self.tracker.resolve(
+            session_key=record.session_key,
+            messages=messages,
+            now=record.started_at,
+            find_open=self._find_open,
+        )
+        prompt = capture.prompt_token_ids if capture else None
+        choices = [c.as_record() for c in capture.choices] if capture else None
+        parent_id, prefix_len, suffix = None, 0, prompt
+        if prompt is not None and state.last_call_id and state.last_sequence:
+            prefix_len = common_prefix_len(state.last_sequence, prompt)
+            if prefix_len:
+                parent_id, suffix = state.last_call_id, prompt[prefix_len:]
+        digest = None
+        if capture and capture.choices and messages is not None:
+            digest = continuation_hash(messages, capture.choices[0].message)
+            self.tracker.offer_continuation(digest, state)
+        if prompt is not None:
+            self.tracker.touch(
+                state, record.started_at, record.id, prompt + first_completion(choices)
+            )
+        else:
+            self.tracker.touch(
+                state, record.started_at, state.last_call_id or "", state.last_sequence
+            )
+        row = self._bare_row(record) | {
+            "trajectory_id": state.id,
+            "prompt_parent_id": parent_id,
+            "prompt_prefix_len": prefix_len,
+            "prompt_token_suffix": suffix,
+            "prompt_len": None if prompt is None else len(prompt),
+            "choices": choices,
+            "finish_reason": capture.choices[0].finish_reason
+            if capture and capture.choices
+            else None,
+            "prompt_tokens": capture.prompt_tokens if capture else None,
+            "completion_tokens": capture.completion_tokens if capture else None,
+            "capture_complete": bool(capture and capture.complete and record.status == "ok"),
+            "continuation_hash": digest,
+        }
+        trajectory = {
+            "id": state.id,
+            "session_key": state.session_key,
+            "status": "open",
+            "started_at": state.started_at,
+            "last_call_at": state.last_call_at,
+        }
+        return row, trajectory
+
+    @staticmethod
+    def _bare_row(record: CallRecord) -> dict[str, Any]:
+        return {
+            "id": record.id,
+            "trajectory_id": None,
+            "session_key": record.session_key,
+            "api": record.api,
+            "upstream": record.upstream,
+            "model": record.model,
+            "policy_version": record.policy_version,
+            "stream": record.stream,
+            "status": record.status,
+            "http_status": record.http_status,
+            "error": record.error,
+            "request": record.request,
+            "response": record.response,
+            "prompt_parent_id": None,
+            "prompt_prefix_len": 0,
+            "prompt_token_suffix": None,
+            "prompt_len": None,
+            "choices": None,
+            "finish_reason": None,
+            "prompt_tokens": None,
+            "completion_tokens": None,
+            "capture_complete": False,
+            "continuation_hash": None,
+            "started_at": record.started_at,
+            "latency_ms": record.latency_ms,
+            "ttft_ms": record.ttft_ms,
+        }
+
+
+def _epoch(value: datetime) -> float:
+    if value.tzinfo is None:  # SQLite hands back naive datetimes; we store UTC
+        value = value.replace(tzinfo=timezone.utc)
+    return value.timestamp()
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:200]

@@ -1,0 +1,67 @@
+"""Proxy configuration: one Settings object, built by the CLI (flags) or from ONTHEJOB_* env."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_SQLITE_URL = "sqlite:///onthejob.db"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ONTHEJOB_", extra="ignore")
+
+    upstreams: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000"])
+    host: str = "127.0.0.1"
+    port: int = 8080
+    database_url: str = DEFAULT_SQLITE_URL
+    # Where records go while the database is unreachable; replayed when it is back.
+    spool_path: Path = Path("onthejob-spool.jsonl")
+    # A trajectory with no call for this long is finished.
+    idle_timeout: float = 300.0
+    max_body_bytes: int = 32 * 1024 * 1024
+    upstream_connect_timeout: float = 5.0
+    # Generation can be long; this bounds one whole upstream call.
+    upstream_timeout: float = 600.0
+    # Sent upstream instead of the client's Authorization header when set.
+    upstream_api_key: str | None = None
+    policy_poll_interval: float = 1.0
+    flush_interval: float = 0.05
+    flush_batch_size: int = 500
+    # How a replica that failed is retried: first after this many seconds, doubling.
+    upstream_retry_after: float = 1.0
+    # auto: stream tool calls, and fall back to a non-streaming upstream call re-emitted as
+    # a stream once an upstream is seen dropping streamed tool-call token ids.
+    stream_tools_mode: str = "auto"
+    auto_migrate: bool = True
+
+    @field_validator("upstreams", mode="before")
+    @classmethod
+    def _split_upstreams(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [u for u in value.split(",") if u.strip()]
+        return value
+
+    @field_validator("upstreams")
+    @classmethod
+    def _normalise_upstreams(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("at least one upstream is required")
+        out = []
+        for url in value:
+            url = url.strip().rstrip("/")
+            if url.endswith("/v1"):
+                url = url[: -len("/v1")]
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"upstream must be an http(s) URL: {url!r}")
+            out.append(url)
+        return out
+
+    @field_validator("stream_tools_mode")
+    @classmethod
+    def _check_mode(cls, value: str) -> str:
+        if value not in ("auto", "stream", "buffer"):
+            raise ValueError("stream_tools_mode must be auto, stream or buffer")
+        return value

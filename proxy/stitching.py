@@ -1,0 +1,204 @@
+"""Which trajectory a call belongs to.
+
+Rule: calls with the same session key form one trajectory. Without a key, a call whose
+messages equal an earlier call's messages plus that call's reply (plus new messages)
+continues the earlier call's trajectory; anything else starts a new one. A continuation
+point is consumed once, so identical parallel runs (same prompt, same reply) each keep
+their own trajectory. A trajectory idle for `idle_timeout` seconds is finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _text_of(content: Any) -> str:
+    """Content as plain text: strings stay, lists of text parts are joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict):
+                parts.append(str(part.get("text", "")) if part.get("type") == "text" else "")
+            else:
+                parts.append(str(part))
+        return "".join(parts)
+    return str(content)
+
+
+def normalise_message(message: Any) -> Any:
+    """The parts of a message that identify it, independent of how a client echoes it back.
+
+    Clients re-send the assistant reply with small differences (content None vs "", extra
+    keys, tool-call ids); role, text, tool name/arguments and tool_call_id are what count.
+    """
+    if not isinstance(message, dict):
+        return message
+    normal: dict[str, Any] = {
+        "role": message.get("role"),
+        "content": _text_of(message.get("content")),
+    }
+    tool_calls = message.get("tool_calls")
+    if tool_calls:
+        normal["tool_calls"] = [
+            [
+                (call.get("function") or {}).get("name"),
+                (call.get("function") or {}).get("arguments"),
+            ]
+            for call in tool_calls
+            if isinstance(call, dict)
+        ]
+    if message.get("tool_call_id"):
+        normal["tool_call_id"] = message["tool_call_id"]
+    return normal
+
+
+class PrefixHasher:
+    """Running hash over a message list: digest after each prefix, in O(total size)."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.blake2b(digest_size=16)
+
+    def add(self, message: Any) -> str:
+        self._hash.update(orjson.dumps(normalise_message(message), option=orjson.OPT_SORT_KEYS))
+        self._hash.update(b"\x1e")
+        return self._hash.copy().hexdigest()
+
+
+def prefix_hashes(messages: list[Any]) -> list[str]:
+    """hashes[i] identifies messages[: i + 1]."""
+    hasher = PrefixHasher()
+    return [hasher.add(m) for m in messages]
+
+
+def continuation_hash(messages: list[Any], reply: dict[str, Any] | None) -> str | None:
+    """Hash of the conversation as a continuing call would send it back: messages + reply."""
+    if reply is None:
+        return None
+    hasher = PrefixHasher()
+    for message in messages:
+        hasher.add(message)
+    return hasher.add(reply)
+
+
+@dataclass
+class TrajectoryState:
+    id: str
+    session_key: str | None
+    started_at: float
+    last_call_at: float
+    last_call_id: str | None = None
+    # prompt + first completion of the last call: the base the next prompt is stored against
+    last_sequence: list[int] = field(default_factory=list)
+
+
+class TrajectoryTracker:
+    """In-memory map of open trajectories; the recorder is its only user (one thread)."""
+
+    def __init__(self, idle_timeout: float, max_open: int = 100_000) -> None:
+        self.idle_timeout = idle_timeout
+        self.max_open = max_open
+        self._by_session: dict[str, TrajectoryState] = {}
+        self._by_id: OrderedDict[str, TrajectoryState] = OrderedDict()
+        # continuation hash -> trajectory ids waiting to be continued, oldest first
+        self._continuations: dict[str, list[str]] = {}
+
+    def resolve(
+        self,
+        *,
+        session_key: str | None,
+        messages: list[Any] | None,
+        now: float,
+        find_open: Callable[[str], tuple[str, float, float] | None] | None = None,
+    ) -> tuple[TrajectoryState, bool]:
+        """The trajectory this call belongs to, and whether it is new.
+
+        `find_open(session_key)` looks up a session's open trajectory (id, started_at,
+        last_call_at) that this process does not know, e.g. after a restart.
+        """
+        if session_key is not None:
+            state = self._by_session.get(session_key)
+            if state is None and find_open is not None:
+                found = find_open(session_key)
+                if found is not None:
+                    state = TrajectoryState(found[0], session_key, found[1], found[2])
+                    self._by_id[state.id] = state
+            if state is not None and self._alive(state, now):
+                return state, False
+            state = self._open(session_key, now)
+            self._by_session[session_key] = state
+            return state, True
+        if messages:
+            for digest in reversed(prefix_hashes(messages)):
+                state = self._take_continuation(digest, now)
+                if state is not None:
+                    return state, False
+        return self._open(None, now), True
+
+    def offer_continuation(self, digest: str | None, state: TrajectoryState) -> None:
+        """Let a later call that sends back `digest`'s conversation continue `state`."""
+        if digest is not None and state.session_key is None:
+            self._continuations.setdefault(digest, []).append(state.id)
+
+    def touch(self, state: TrajectoryState, now: float, call_id: str, sequence: list[int]) -> None:
+        state.last_call_at = max(state.last_call_at, now)
+        state.last_call_id = call_id
+        state.last_sequence = sequence
+        self._by_id.move_to_end(state.id)
+
+    def expire(self, now: float) -> list[TrajectoryState]:
+        """Forget trajectories idle past the timeout (or over the cap); return them."""
+        gone: list[TrajectoryState] = []
+        while self._by_id:
+            state = next(iter(self._by_id.values()))
+            if self._alive(state, now) and len(self._by_id) <= self.max_open:
+                break
+            self._by_id.popitem(last=False)
+            if state.session_key is not None and self._by_session.get(state.session_key) is state:
+                del self._by_session[state.session_key]
+            gone.append(state)
+        if gone:
+            dead = {state.id for state in gone}
+            for digest in list(self._continuations):
+                alive = [t for t in self._continuations[digest] if t not in dead]
+                if alive:
+                    self._continuations[digest] = alive
+                else:
+                    del self._continuations[digest]
+        return gone
+
+    def get(self, trajectory_id: str) -> TrajectoryState | None:
+        return self._by_id.get(trajectory_id)
+
+    def _alive(self, state: TrajectoryState, now: float) -> bool:
+        return now - state.last_call_at < self.idle_timeout
+
+    def _open(self, session_key: str | None, now: float) -> TrajectoryState:
+        state = TrajectoryState(new_id(), session_key, now, now)
+        self._by_id[state.id] = state
+        return state
+
+    def _take_continuation(self, digest: str, now: float) -> TrajectoryState | None:
+        waiting = self._continuations.get(digest)
+        while waiting:
+            state = self._by_id.get(waiting.pop(0))
+            if not waiting:
+                del self._continuations[digest]
+            if state is not None and self._alive(state, now):
+                return state
+            waiting = self._continuations.get(digest)
+        return None

@@ -1,0 +1,77 @@
+"""Tables shared by the proxy and the learner.
+
+Invariant: the schema is created and changed only by Alembic revisions in `migrations/`;
+these classes describe it for queries and must match the newest revision.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Trajectory(Base):
+    """The ordered calls of one episode of one agent run."""
+
+    __tablename__ = "trajectories"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    session_key: Mapped[str | None] = mapped_column(String(200), index=True)
+    task_key: Mapped[str | None] = mapped_column(String(500), index=True)
+    # open -> finished (idle timeout or explicit finish)
+    status: Mapped[str] = mapped_column(String(16), index=True, default="open")
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_call_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    reward: Mapped[float | None] = mapped_column(Float)
+
+
+class Call(Base):
+    """One HTTP request/response through the proxy, keyed by the proxy's own id.
+
+    Prompt tokens are stored as a delta: the first `prompt_prefix_len` tokens equal the full
+    sequence (prompt + first choice's completion) of `prompt_parent_id`; `prompt_token_suffix`
+    holds the rest. `proxy.store.tokens.materialize_prompts` rebuilds full prompts.
+    """
+
+    __tablename__ = "calls"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    trajectory_id: Mapped[str | None] = mapped_column(ForeignKey("trajectories.id"), index=True)
+    session_key: Mapped[str | None] = mapped_column(String(200))
+    api: Mapped[str] = mapped_column(String(32))
+    upstream: Mapped[str | None] = mapped_column(String(500))
+    model: Mapped[str | None] = mapped_column(String(500))
+    policy_version: Mapped[str | None] = mapped_column(String(200), index=True)
+    stream: Mapped[bool] = mapped_column(Boolean, default=False)
+    # ok | error | cancelled
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    http_status: Mapped[int] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    request: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    response: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    prompt_parent_id: Mapped[str | None] = mapped_column(String(32))
+    prompt_prefix_len: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_token_suffix: Mapped[list[Any] | None] = mapped_column(JSON)
+    prompt_len: Mapped[int | None] = mapped_column(Integer)
+    # [{"index", "token_ids", "logprobs", "finish_reason", "capture_complete"}], one per choice
+    choices: Mapped[list[Any] | None] = mapped_column(JSON)
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    # False when captured token ids disagree with upstream usage: never train on it
+    capture_complete: Mapped[bool] = mapped_column(Boolean, default=False)
+    # hash of (request messages + first choice's reply): how a later call continues this one
+    continuation_hash: Mapped[str | None] = mapped_column(String(64), index=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+
+    __table_args__ = (Index("ix_calls_trajectory_started", "trajectory_id", "started_at"),)

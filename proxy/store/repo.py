@@ -1,0 +1,127 @@
+"""Queries over calls and trajectories. Callers own the transaction (pass a Connection)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import Connection, case, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from proxy.store.models import Call, Trajectory
+
+CALL_TIME_FIELDS = ("started_at",)
+TRAJECTORY_TIME_FIELDS = ("started_at", "last_call_at", "ended_at")
+
+
+def to_datetime(epoch: float | None) -> datetime | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch, tz=timezone.utc)
+
+
+def _insert(conn: Connection, table: Any) -> Any:
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    return dialect.insert(table)
+
+
+def _with_datetimes(rows: Sequence[dict[str, Any]], fields: Sequence[str]) -> list[dict[str, Any]]:
+    out = []
+    for row in rows:
+        row = dict(row)
+        for name in fields:
+            if name in row:
+                row[name] = to_datetime(row[name])
+        out.append(row)
+    return out
+
+
+def write_batch(
+    conn: Connection,
+    *,
+    trajectories: Sequence[dict[str, Any]],
+    calls: Sequence[dict[str, Any]],
+    finished: Sequence[dict[str, Any]] = (),
+) -> None:
+    """Insert a batch idempotently: replaying the same batch changes nothing.
+
+    Timestamps arrive as epoch seconds (the spool keeps them that way).
+    """
+    if trajectories:
+        table = Trajectory.__table__
+        stmt = _insert(conn, table)
+        newer = stmt.excluded.last_call_at > table.c.last_call_at
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[table.c.id],
+            set_={
+                "last_call_at": case(
+                    (newer, stmt.excluded.last_call_at), else_=table.c.last_call_at
+                )
+            },
+        )
+        conn.execute(stmt, _with_datetimes(trajectories, TRAJECTORY_TIME_FIELDS))
+    if calls:
+        stmt = _insert(conn, Call.__table__).on_conflict_do_nothing(index_elements=["id"])
+        conn.execute(stmt, _with_datetimes(calls, CALL_TIME_FIELDS))
+    for item in finished:
+        finish_trajectory(conn, trajectory_id=item["id"], ended_at=to_datetime(item["ended_at"]))
+
+
+def finish_trajectory(conn: Connection, *, trajectory_id: str, ended_at: datetime | None) -> None:
+    conn.execute(
+        update(Trajectory)
+        .where(Trajectory.id == trajectory_id, Trajectory.status == "open")
+        .values(status="finished", ended_at=ended_at)
+    )
+
+
+def finish_idle(conn: Connection, *, idle_before: datetime) -> int:
+    """Finish open trajectories whose last call is older than `idle_before`; how many."""
+    result = conn.execute(
+        update(Trajectory)
+        .where(Trajectory.status == "open", Trajectory.last_call_at < idle_before)
+        .values(status="finished", ended_at=Trajectory.last_call_at)
+    )
+    return result.rowcount or 0
+
+
+def open_trajectory_for_session(conn: Connection, *, session_key: str) -> dict[str, Any] | None:
+    row = conn.execute(
+        select(Trajectory.id, Trajectory.started_at, Trajectory.last_call_at)
+        .where(Trajectory.session_key == session_key, Trajectory.status == "open")
+        .order_by(Trajectory.last_call_at.desc())
+        .limit(1)
+    ).first()
+    return None if row is None else dict(row._mapping)
+
+
+def trajectories(
+    conn: Connection,
+    *,
+    session_key: str | None = None,
+    since: datetime | None = None,
+    status: str | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Trajectories (as dicts) oldest first; `since` matches any activity after it."""
+    query = select(Trajectory.__table__).order_by(Trajectory.started_at, Trajectory.id)
+    if session_key is not None:
+        query = query.where(Trajectory.session_key == session_key)
+    if since is not None:
+        query = query.where(Trajectory.last_call_at >= since)
+    if status is not None:
+        query = query.where(Trajectory.status == status)
+    for row in conn.execute(query).yield_per(200):
+        yield dict(row._mapping)
+
+
+def calls_of(conn: Connection, *, trajectory_id: str) -> list[dict[str, Any]]:
+    rows = conn.execute(
+        select(Call.__table__)
+        .where(Call.trajectory_id == trajectory_id)
+        .order_by(Call.started_at, Call.id)
+    )
+    return [dict(r._mapping) for r in rows]
+
+
+def call_by_id(conn: Connection, *, call_id: str) -> dict[str, Any] | None:
+    row = conn.execute(select(Call.__table__).where(Call.id == call_id)).first()
+    return None if row is None else dict(row._mapping)

@@ -1,0 +1,77 @@
+"""Re-emit a whole chat completion as a chunk stream (for upstreams whose streams lose tokens).
+
+Pure function; the chunks follow the shape vLLM streams: a role chunk, the content, each
+tool call whole, a finish chunk per choice, and the usage chunk when the client asked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.capture import ClientAsked
+
+
+def response_to_chunks(data: dict[str, Any], asked: ClientAsked) -> list[dict[str, Any]]:
+    head = {
+        "id": data.get("id"),
+        "object": "chat.completion.chunk",
+        "created": data.get("created"),
+        "model": data.get("model"),
+    }
+    chunks: list[dict[str, Any]] = []
+
+    def chunk(choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        body = {**head, "choices": [choice], **extra}
+        chunks.append(body)
+        return body
+
+    for raw in data.get("choices") or []:
+        index = raw.get("index", 0)
+        message = raw.get("message") or {}
+        first = chunk(
+            {
+                "index": index,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        )
+        if asked.token_ids and not chunks[:-1]:
+            first["prompt_token_ids"] = data.get("prompt_token_ids")
+        delta: dict[str, Any] = {}
+        if message.get("reasoning_content"):
+            delta["reasoning_content"] = message["reasoning_content"]
+        if message.get("content"):
+            delta["content"] = message["content"]
+        body: dict[str, Any] = {
+            "index": index,
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        if asked.logprobs:
+            body["logprobs"] = raw.get("logprobs")
+        if asked.token_ids:
+            body["token_ids"] = raw.get("token_ids")
+        if delta or asked.token_ids:
+            chunk(body)
+        for position, call in enumerate(message.get("tool_calls") or []):
+            chunk(
+                {
+                    "index": index,
+                    "delta": {"tool_calls": [{"index": position, **call}]},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            )
+        chunk(
+            {
+                "index": index,
+                "delta": {},
+                "logprobs": None,
+                "finish_reason": raw.get("finish_reason"),
+            }
+        )
+    if asked.stream_usage and data.get("usage") is not None:
+        chunks.append({**head, "choices": [], "usage": data["usage"]})
+    return chunks

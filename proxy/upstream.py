@@ -1,0 +1,181 @@
+"""The vLLM replicas behind the proxy: choice, health, and the policy version each serves.
+
+Requests are spread over healthy replicas by rendezvous hashing on a sticky key (session or
+conversation), so a conversation keeps hitting the replica holding its prefix cache and
+only the conversations of a lost replica move. A replica that cannot be connected to is
+taken out and tried again after a back-off; a request that failed to connect moves on to
+the next replica, so the client never sees that failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from proxy.errors import UpstreamTimeout, UpstreamUnavailable
+
+log = logging.getLogger("onthejob.upstream")
+
+
+@dataclass
+class Replica:
+    url: str
+    healthy: bool = True
+    retry_at: float = 0.0
+    failures: int = 0
+    policy_version: str | None = None
+    # learned: this replica's streamed tool calls come without their token ids
+    drops_stream_tool_tokens: bool = False
+
+    def eligible(self, now: float) -> bool:
+        return self.healthy or now >= self.retry_at
+
+
+def _score(key: str, url: str) -> bytes:
+    return hashlib.blake2b(f"{key}\x00{url}".encode(), digest_size=8).digest()
+
+
+class UpstreamPool:
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        connect_timeout: float,
+        total_timeout: float,
+        retry_after: float,
+        api_key: str | None = None,
+    ) -> None:
+        self.replicas = [Replica(url) for url in urls]
+        self._connect_timeout = connect_timeout
+        self._total_timeout = total_timeout
+        self._retry_after = retry_after
+        self._api_key = api_key
+        self._round_robin = itertools.count()
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(
+                total=self._total_timeout,
+                sock_connect=self._connect_timeout,
+            ),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "UpstreamPool.start() not called"
+        return self._session
+
+    def candidates(self, sticky_key: str | None) -> list[Replica]:
+        """Replicas in the order to try: the sticky one first, unhealthy ones last."""
+        now = time.monotonic()
+        if sticky_key is not None:
+            ordered = sorted(self.replicas, key=lambda r: _score(sticky_key, r.url), reverse=True)
+        else:
+            start = next(self._round_robin) % len(self.replicas)
+            ordered = self.replicas[start:] + self.replicas[:start]
+        usable = [r for r in ordered if r.eligible(now)]
+        return usable + [r for r in ordered if not r.eligible(now)]
+
+    def mark_failed(self, replica: Replica) -> None:
+        replica.failures += 1
+        replica.healthy = False
+        backoff = min(self._retry_after * 2 ** (replica.failures - 1), 30.0)
+        replica.retry_at = time.monotonic() + backoff
+        log.warning("upstream %s unreachable; retrying it in %.1fs", replica.url, backoff)
+
+    def mark_ok(self, replica: Replica) -> None:
+        if not replica.healthy:
+            log.info("upstream %s is back", replica.url)
+        replica.healthy = True
+        replica.failures = 0
+
+    def headers(self, client_headers: Mapping[str, str]) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        elif "authorization" in client_headers:
+            headers["Authorization"] = client_headers["authorization"]
+        return headers
+
+    async def open(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None,
+        headers: Mapping[str, str],
+        sticky_key: str | None,
+    ) -> tuple[Replica, aiohttp.ClientResponse]:
+        """Send a request to the first replica that accepts the connection.
+
+        The caller must release the response. Only connection failures move on to the next
+        replica: once a request is sent, a retry could run the generation twice.
+        """
+        tried: list[str] = []
+        for replica in self.candidates(sticky_key):
+            try:
+                response = await self.session.request(
+                    method, replica.url + path, data=body, headers=headers
+                )
+            except aiohttp.ClientConnectorError:
+                self.mark_failed(replica)
+                tried.append(replica.url)
+                continue
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                self.mark_failed(replica)
+                raise UpstreamUnavailable(
+                    f"upstream {replica.url} dropped the connection: {exc}"
+                ) from exc
+            except (TimeoutError, asyncio.TimeoutError) as exc:
+                raise UpstreamTimeout(f"upstream {replica.url} timed out") from exc
+            except aiohttp.ClientError as exc:
+                raise UpstreamUnavailable(f"upstream {replica.url} failed: {exc}") from exc
+            self.mark_ok(replica)
+            return replica, response
+        raise UpstreamUnavailable(f"no upstream reachable (tried {', '.join(tried)})")
+
+    async def watch(self, interval: float) -> None:
+        """Forever: refresh each replica's policy version; probe replicas that are out."""
+        while True:
+            await asyncio.gather(*(self._poll(r) for r in self.replicas))
+            await asyncio.sleep(interval)
+
+    async def _poll(self, replica: Replica) -> None:
+        timeout = aiohttp.ClientTimeout(total=max(self._connect_timeout, 2.0))
+        try:
+            async with self.session.get(replica.url + "/weight_info", timeout=timeout) as resp:
+                if resp.status == 200:
+                    version = orjson.loads(await resp.read()).get("weight_version")
+                    if version is not None and str(version) != replica.policy_version:
+                        log.info("upstream %s serves policy version %s", replica.url, version)
+                        replica.policy_version = str(version)
+            if not replica.healthy and replica.eligible(time.monotonic()):
+                async with self.session.get(replica.url + "/health", timeout=timeout) as resp:
+                    if resp.status == 200:
+                        self.mark_ok(replica)
+        except (aiohttp.ClientError, TimeoutError, asyncio.TimeoutError, ValueError):
+            if replica.healthy:
+                self.mark_failed(replica)
+
+
+async def release(response: aiohttp.ClientResponse) -> None:
+    with contextlib.suppress(Exception):
+        response.release()
