@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 CHAT = "chat.completions"
+# vLLM 0.32 names the field `reasoning`; older servers and some clients `reasoning_content`
+REASONING_KEYS = ("reasoning", "reasoning_content")
 COMPLETIONS = "completions"
 
 
@@ -138,16 +140,23 @@ def reply_message(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def strip_response(api: str, data: dict[str, Any], asked: ClientAsked) -> None:
-    """Remove, in place, what the proxy added to a whole response."""
+    """Undo, in place, what the proxy's flags changed in a whole response.
+
+    vLLM keeps the keys and sends null when a flag is off, so null them, never delete them.
+    """
     if not asked.token_ids:
-        data.pop("prompt_token_ids", None)
+        _null(data, "prompt_token_ids")
     for choice in data.get("choices") or []:
         if not asked.token_ids:
-            choice.pop("token_ids", None)
-            if api == COMPLETIONS:
-                choice.pop("prompt_token_ids", None)
+            _null(choice, "token_ids")
+            _null(choice, "prompt_token_ids")
         if not asked.logprobs:
-            choice["logprobs"] = None
+            _null(choice, "logprobs")
+
+
+def _null(container: dict[str, Any], key: str) -> None:
+    if key in container:
+        container[key] = None
 
 
 class StreamAssembler:
@@ -200,7 +209,7 @@ class StreamAssembler:
         if delta.get("content"):
             self._content.setdefault(index, []).append(delta["content"])
             self.saw_output = True
-        for key in ("reasoning", "reasoning_content"):
+        for key in REASONING_KEYS:
             if delta.get(key):
                 self._reasoning.setdefault(index, []).append(delta[key])
         for call in delta.get("tool_calls") or []:
@@ -228,7 +237,7 @@ class StreamAssembler:
                     "content": text or None,
                 }
                 if index in self._reasoning:
-                    message["reasoning_content"] = "".join(self._reasoning[index])
+                    message["reasoning"] = "".join(self._reasoning[index])
                 calls = self._tool_calls.get(index)
                 if calls:
                     message["tool_calls"] = [calls[k] for k in sorted(calls)]
@@ -262,19 +271,55 @@ class StreamAssembler:
         return out
 
 
-def strip_chunk(api: str, chunk: dict[str, Any], asked: ClientAsked) -> bool:
-    """Remove, in place, what the proxy added to a chunk; False if the chunk must be dropped."""
-    if not asked.stream_usage:
-        if chunk.get("usage") and not chunk.get("choices"):
-            return False
-        chunk.pop("usage", None)
-    if not asked.token_ids:
-        chunk.pop("prompt_token_ids", None)
-    for choice in chunk.get("choices") or []:
-        if not asked.token_ids:
-            choice.pop("token_ids", None)
-            if api == COMPLETIONS:
-                choice.pop("prompt_token_ids", None)
-        if not asked.logprobs and "logprobs" in choice:
-            choice["logprobs"] = None
-    return True
+class ChunkFilter:
+    """Turns the upstream's chunks into those vLLM would have streamed without our flags.
+
+    - token ids, prompt token ids and logprobs the client did not ask for become null;
+    - with neither flag, vLLM skips chat chunks whose token made no text (`"delta": {}`),
+      so those are dropped;
+    - without the client's include_usage, the usage chunk is dropped, and its
+      system_fingerprint goes back onto the finishing chunks, held until it arrives.
+    """
+
+    def __init__(self, api: str, asked: ClientAsked) -> None:
+        self.api = api
+        self.asked = asked
+        self._drop_empty = api == CHAT and not (asked.token_ids or asked.logprobs)
+        self._held: list[dict[str, Any]] = []
+
+    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        """Chunks to send the client now, in order."""
+        choices = chunk.get("choices") or []
+        if not self.asked.stream_usage and chunk.get("usage") and not choices:
+            fingerprint = chunk.get("system_fingerprint")
+            held, self._held = self._held, []
+            for finishing in held:
+                if fingerprint is not None:
+                    finishing["system_fingerprint"] = fingerprint
+            return held
+        if self._drop_empty and choices and all(_is_empty(c) for c in choices):
+            return []
+        if not self.asked.token_ids:
+            _null(chunk, "prompt_token_ids")
+        for choice in choices:
+            if not self.asked.token_ids:
+                _null(choice, "token_ids")
+                _null(choice, "prompt_token_ids")
+            if not self.asked.logprobs:
+                _null(choice, "logprobs")
+        if not self.asked.stream_usage and any(c.get("finish_reason") for c in choices):
+            self._held.append(chunk)
+            return []
+        if self._held:  # never reorder: later chunks wait behind held ones
+            self._held.append(chunk)
+            return []
+        return [chunk]
+
+    def end(self) -> list[dict[str, Any]]:
+        """Whatever is still held when the upstream stream ends."""
+        held, self._held = self._held, []
+        return held
+
+
+def _is_empty(choice: dict[str, Any]) -> bool:
+    return choice.get("delta") == {} and choice.get("finish_reason") is None

@@ -24,7 +24,11 @@ class Spool:
     def append(self, batch: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         line = orjson.dumps(batch) + b"\n"
-        with open(self.path, "ab") as handle:
+        with open(self.path, "a+b") as handle:
+            if handle.tell() > 0:
+                handle.seek(-1, os.SEEK_END)
+                if handle.read(1) != b"\n":
+                    line = b"\n" + line  # close a torn line left by a crash
             handle.write(line)
             handle.flush()
             os.fsync(handle.fileno())

