@@ -294,11 +294,13 @@ class ChunkFilter:
             fingerprint = chunk.get("system_fingerprint")
             held, self._held = self._held, []
             for finishing in held:
-                if fingerprint is not None:
+                if fingerprint is not None and _finishes(finishing):
                     finishing["system_fingerprint"] = fingerprint
             return held
         if self._drop_empty and choices and all(_is_empty(c) for c in choices):
             return []
+        if not self.asked.stream_usage:
+            chunk.pop("usage", None)  # continuous_usage_stats the client did not get
         if not self.asked.token_ids:
             _null(chunk, "prompt_token_ids")
         for choice in choices:
@@ -307,7 +309,7 @@ class ChunkFilter:
                 _null(choice, "prompt_token_ids")
             if not self.asked.logprobs:
                 _null(choice, "logprobs")
-        if not self.asked.stream_usage and any(c.get("finish_reason") for c in choices):
+        if not self.asked.stream_usage and _finishes(chunk):
             self._held.append(chunk)
             return []
         if self._held:  # never reorder: later chunks wait behind held ones
@@ -319,6 +321,10 @@ class ChunkFilter:
         """Whatever is still held when the upstream stream ends."""
         held, self._held = self._held, []
         return held
+
+
+def _finishes(chunk: dict[str, Any]) -> bool:
+    return any(c.get("finish_reason") for c in chunk.get("choices") or [])
 
 
 def _is_empty(choice: dict[str, Any]) -> bool:

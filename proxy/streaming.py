@@ -19,6 +19,7 @@ def response_to_chunks(data: dict[str, Any], asked: ClientAsked) -> list[dict[st
         "model": data.get("model"),
     }
     chunks: list[dict[str, Any]] = []
+    fingerprint = data.get("system_fingerprint")
 
     def chunk(choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
         body = {**head, "choices": [choice], **extra}
@@ -65,7 +66,7 @@ def response_to_chunks(data: dict[str, Any], asked: ClientAsked) -> list[dict[st
                     "finish_reason": None,
                 }
             )
-        chunk(
+        finishing = chunk(
             {
                 "index": index,
                 "delta": {},
@@ -73,6 +74,12 @@ def response_to_chunks(data: dict[str, Any], asked: ClientAsked) -> list[dict[st
                 "finish_reason": raw.get("finish_reason"),
             }
         )
+        # vLLM puts the fingerprint on the finishing chunks, or on the usage chunk if sent
+        if fingerprint is not None and not asked.stream_usage:
+            finishing["system_fingerprint"] = fingerprint
     if asked.stream_usage and data.get("usage") is not None:
-        chunks.append({**head, "choices": [], "usage": data["usage"]})
+        usage_chunk = {**head, "choices": [], "usage": data["usage"]}
+        if fingerprint is not None:
+            usage_chunk["system_fingerprint"] = fingerprint
+        chunks.append(usage_chunk)
     return chunks

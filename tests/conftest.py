@@ -22,13 +22,25 @@ PG_ADMIN_URL = os.environ.get("ONTHEJOB_TEST_PG", "postgresql://postgres@127.0.0
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 
+# For quick local iterations: reuse a vLLM server already serving this model directory.
+REUSE_VLLM_URL = os.environ.get("ONTHEJOB_TEST_VLLM_URL")
+REUSE_MODEL_DIR = os.environ.get("ONTHEJOB_TEST_MODEL_DIR")
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if REUSE_MODEL_DIR:
+        return Path(REUSE_MODEL_DIR)
     return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny", seed=0)
 
 
 @pytest.fixture(scope="session")
 def vllm(tiny_model: Path) -> Iterator[VLLMServer]:
+    if REUSE_VLLM_URL:
+        server = VLLMServer(tiny_model)
+        server.url = REUSE_VLLM_URL
+        yield server
+        return
     ARTIFACTS.mkdir(exist_ok=True)
     with VLLMServer(tiny_model, log_path=ARTIFACTS / "vllm.log") as server:
         yield server

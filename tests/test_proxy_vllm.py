@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -179,24 +178,6 @@ def test_streaming_sync_passes_chunks_and_records_tokens(proxy, vllm, engine, to
     assert call["ttft_ms"] is not None and call["ttft_ms"] < call["latency_ms"]
 
 
-def test_stream_is_relayed_as_it_arrives(proxy, vllm):
-    """The first token reaches the client long before the last one is generated."""
-    api = client(proxy)
-    started = time.perf_counter()
-    arrivals = []
-    for chunk in api.chat.completions.create(
-        model=vllm.model_name,
-        messages=[{"role": "user", "content": "tell a long story"}],
-        max_tokens=400,
-        stream=True,
-        extra_body={"ignore_eos": True, "return_token_ids": True},
-    ):
-        if chunk.choices and (chunk.choices[0].model_extra or {}).get("token_ids"):
-            arrivals.append(time.perf_counter() - started)
-    assert len(arrivals) == 400
-    assert arrivals[0] < arrivals[-1] / 3
-
-
 def test_streaming_async_clients_concurrently(proxy, vllm, engine, tokenizer):
     async def one(api: openai.AsyncOpenAI, i: int) -> str:
         stream = await api.chat.completions.create(
@@ -310,8 +291,11 @@ def test_client_disconnect_mid_stream_is_recorded_cancelled(proxy, vllm, engine)
     }
     with httpx.Client(timeout=60) as http:
         with http.stream("POST", proxy.url + "/s/leaver/v1/chat/completions", json=body) as resp:
-            lines = resp.iter_lines()
-            assert next(line for line in lines if line.startswith("data: {"))
+            for line in resp.iter_lines():
+                if line.startswith("data: {"):
+                    break  # leave after the first chunk; closing the stream hangs up
+            else:
+                pytest.fail("no chunk arrived")
     wait_for_calls(engine, 1, status="cancelled")
     (call,) = export(engine)[0]["calls"]
     assert call["status"] == "cancelled"

@@ -770,23 +770,11 @@ def test_filtered_stream_equals_what_vllm_sends_without_the_flags(
     assert _filtered(name, asked, fingerprint) == _unflagged(name, asked, fingerprint)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ChunkFilter.feed puts the usage chunk's system_fingerprint on every held chunk, "
-    "but vLLM stamps it only on chunks with a finish_reason: with n>1, a choice's content "
-    "chunks held behind another choice's finish chunk gain a system_fingerprint",
-)
 @pytest.mark.parametrize("asked", [NOTHING, TOKENS_ONLY], ids=["nothing", "token_ids"])
 def test_fingerprint_only_on_finish_chunks_when_choices_finish_apart(asked: ClientAsked) -> None:
     assert _filtered("n2_interleaved", asked, "fp_9") == _unflagged("n2_interleaved", asked, "fp_9")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with stream_options {continuous_usage_stats: true} but no include_usage, vLLM sends "
-    "no usage at all; the proxy turns include_usage on, so vLLM puts usage on every chunk, and "
-    "ChunkFilter.feed only drops the usage-only chunk: the rest reach the client with usage",
-)
 def test_continuous_usage_the_client_did_not_get_is_removed() -> None:
     body = {
         "messages": MESSAGES,

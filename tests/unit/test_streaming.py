@@ -196,12 +196,6 @@ def test_reasoning_of_a_reply_survives_rechunking(key: str) -> None:
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="response_to_chunks drops the whole response's system_fingerprint; vLLM streams it "
-    "on each finish chunk (no include_usage) or on the usage chunk (include_usage), so a "
-    "client of a re-chunked reply never sees it",
-)
 @pytest.mark.parametrize("asked", [NOTHING, EVERYTHING], ids=["nothing", "everything"])
 def test_rechunked_reply_keeps_the_system_fingerprint(asked: ClientAsked) -> None:
     data = {**RESPONSES["n2"], "system_fingerprint": "vllm-0.32.0-abc"}
