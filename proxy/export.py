@@ -31,6 +31,7 @@ def export_call(call: dict[str, Any], prompt: list[int] | None) -> dict[str, Any
         "id": call["id"],
         "api": call["api"],
         "model": call["model"],
+        "upstream": call["upstream"],
         "policy_version": call["policy_version"],
         "status": call["status"],
         "http_status": call["http_status"],
