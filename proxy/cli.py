@@ -196,7 +196,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from proxy.demo import run_demo
+    from learner.demo import run_demo
 
     return run_demo(args.workdir, proxy_port=args.port)
 

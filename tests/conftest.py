@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy import Engine
 
 from learner.tiny_model import build_tiny_model
+from learner.vllm_server import VLLMServer
 from proxy.store import db
 from tests.proxy_server import ProxyServer
-from tests.vllm_server import VLLMServer
 
 PG_ADMIN_URL = os.environ.get("ONTHEJOB_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"

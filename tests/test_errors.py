@@ -7,9 +7,9 @@ import openai
 import pytest
 from sqlalchemy import Engine, select
 
+from learner.vllm_server import free_port
 from proxy.store.models import Call
 from tests.records import wait_for_calls
-from tests.vllm_server import free_port
 
 
 def recorded(engine: Engine) -> list[dict]:

@@ -10,9 +10,9 @@ from pathlib import Path
 import openai
 import pytest
 
+from learner.vllm_server import VLLMServer
 from tests.conftest import ARTIFACTS
 from tests.records import export, wait_for_calls
-from tests.vllm_server import VLLMServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

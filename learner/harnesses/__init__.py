@@ -1,0 +1,1 @@
+"""Bundled agent harnesses, run as black-box subprocesses like a user's own."""

@@ -1,0 +1,155 @@
+"""The command line: help is true, db and export work on a real database."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+import orjson
+import pytest
+from sqlalchemy import Engine
+
+from proxy.store import repo
+
+
+def onthejob(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize("command", [[], ["serve"], ["export"], ["db", "upgrade"], ["demo"]])
+def test_help_lists_every_option(command: list[str]) -> None:
+    result = onthejob(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    if command == ["serve"]:
+        for option in (
+            "--upstream",
+            "--host",
+            "--port",
+            "--db",
+            "--idle-timeout",
+            "--spool",
+            "--stream-tools-mode",
+            "--max-body-bytes",
+            "--upstream-timeout",
+        ):
+            assert option in result.stdout
+    if command == ["export"]:
+        for option in ("--db", "--session", "--since", "--output"):
+            assert option in result.stdout
+
+
+def _seed(engine: Engine) -> None:
+    day = datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp()
+    rows = []
+    for i, (session, at) in enumerate((("a", day), ("b", day + 86400), ("a", day + 172800))):
+        rows.append(
+            {
+                "trajectories": [
+                    {
+                        "id": f"t{i}",
+                        "session_key": session,
+                        "status": "finished",
+                        "started_at": at,
+                        "last_call_at": at,
+                    }
+                ],
+                "calls": [
+                    {
+                        "id": f"c{i}",
+                        "trajectory_id": f"t{i}",
+                        "session_key": session,
+                        "api": "chat.completions",
+                        "upstream": "http://u",
+                        "model": "m",
+                        "policy_version": "v",
+                        "stream": False,
+                        "status": "ok",
+                        "http_status": 200,
+                        "error": None,
+                        "request": {"messages": []},
+                        "response": {},
+                        "prompt_parent_id": None,
+                        "prompt_prefix_len": 0,
+                        "prompt_token_suffix": [i],
+                        "prompt_len": 1,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "token_ids": [9],
+                                "logprobs": [-1.0],
+                                "finish_reason": "stop",
+                            }
+                        ],
+                        "finish_reason": "stop",
+                        "prompt_tokens": 1,
+                        "completion_tokens": 1,
+                        "capture_complete": True,
+                        "continuation_hash": None,
+                        "started_at": at,
+                        "latency_ms": 1.0,
+                        "ttft_ms": None,
+                    }
+                ],
+            }
+        )
+    with engine.begin() as conn:
+        for batch in rows:
+            repo.write_batch(conn, **batch)
+
+
+def test_export_filters_and_format(db_url: str, engine: Engine, tmp_path) -> None:
+    _seed(engine)
+    everything = onthejob("export", "--db", db_url)
+    assert everything.returncode == 0, everything.stderr
+    lines = [orjson.loads(line) for line in everything.stdout.splitlines()]
+    assert [t["id"] for t in lines] == ["t0", "t1", "t2"]
+    call = lines[0]["calls"][0]
+    for field in (
+        "api",
+        "model",
+        "policy_version",
+        "status",
+        "request",
+        "response",
+        "prompt_token_ids",
+        "completion_token_ids",
+        "completion_logprobs",
+        "latency_ms",
+    ):
+        assert field in call
+    assert call["prompt_token_ids"] == [0] and call["completion_logprobs"] == [-1.0]
+    assert "exported 3 trajectories" in everything.stderr
+
+    by_session = onthejob("export", "--db", db_url, "--session", "a")
+    assert [orjson.loads(x)["id"] for x in by_session.stdout.splitlines()] == ["t0", "t2"]
+    since = onthejob(
+        "export",
+        "--db",
+        db_url,
+        "--since",
+        "2026-01-02T00:00:00Z",
+        "-o",
+        str(tmp_path / "out.jsonl"),
+    )
+    assert since.returncode == 0
+    exported = (tmp_path / "out.jsonl").read_bytes().splitlines()
+    assert [orjson.loads(x)["id"] for x in exported] == ["t1", "t2"]
+
+
+def test_export_rejects_a_bad_time(db_url: str, engine: Engine) -> None:
+    result = onthejob("export", "--db", db_url, "--since", "yesterday")
+    assert result.returncode != 0
+    assert "ISO 8601" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_db_upgrade_and_current(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    assert onthejob("db", "current", "--db", url).returncode == 1  # empty
+    upgraded = onthejob("db", "upgrade", "--db", url)
+    assert upgraded.returncode == 0, upgraded.stderr
+    current = onthejob("db", "current", "--db", url)
+    assert current.returncode == 0 and current.stdout.startswith("0001")

@@ -1,0 +1,105 @@
+"""The store on both databases: Alembic owns the schema, batch writes are idempotent."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+
+from sqlalchemy import Engine, inspect, select
+
+from proxy.store import db, repo
+from proxy.store.models import Base, Call, Trajectory
+
+
+def _batch(now: float) -> dict:
+    trajectory = {
+        "id": "t1",
+        "session_key": "s",
+        "status": "open",
+        "started_at": now,
+        "last_call_at": now,
+    }
+    call = {
+        "id": "c1",
+        "trajectory_id": "t1",
+        "session_key": "s",
+        "api": "chat.completions",
+        "upstream": "http://u",
+        "model": "m",
+        "policy_version": "v1",
+        "stream": False,
+        "status": "ok",
+        "http_status": 200,
+        "error": None,
+        "request": {"messages": [{"role": "user", "content": "héllo"}]},
+        "response": {"choices": []},
+        "prompt_parent_id": None,
+        "prompt_prefix_len": 0,
+        "prompt_token_suffix": [1, 2, 3],
+        "prompt_len": 3,
+        "choices": [{"index": 0, "token_ids": [4], "logprobs": [-0.5], "finish_reason": "stop"}],
+        "finish_reason": "stop",
+        "prompt_tokens": 3,
+        "completion_tokens": 1,
+        "capture_complete": True,
+        "continuation_hash": "abc",
+        "started_at": now,
+        "latency_ms": 1.5,
+        "ttft_ms": None,
+    }
+    return {"trajectories": [trajectory], "calls": [call], "finished": []}
+
+
+def test_migrations_create_exactly_the_models_tables(db_url: str) -> None:
+    db.upgrade(db_url)
+    assert db.current_revision(db_url) == db.head_revision()
+    engine = db.make_engine(db_url)
+    try:
+        inspector = inspect(engine)
+        for table in Base.metadata.sorted_tables:
+            columns = {c["name"] for c in inspector.get_columns(table.name)}
+            assert columns == set(table.columns.keys()), table.name
+    finally:
+        engine.dispose()
+    db.upgrade(db_url)  # a second upgrade is a no-op
+
+
+def test_replaying_a_batch_changes_nothing(engine: Engine) -> None:
+    now = time.time()
+    batch = _batch(now)
+    for _ in range(2):  # the spool replays batches that may already be in
+        with engine.begin() as conn:
+            repo.write_batch(conn, **batch)
+    with engine.connect() as conn:
+        assert conn.execute(select(Call.id)).scalars().all() == ["c1"]
+        call = repo.call_by_id(conn, call_id="c1")
+        assert call is not None
+        assert call["request"]["messages"][0]["content"] == "héllo"
+        assert call["choices"][0]["logprobs"] == [-0.5]
+        assert conn.execute(select(Trajectory.id)).scalars().all() == ["t1"]
+
+
+def test_trajectory_last_call_only_moves_forward(engine: Engine) -> None:
+    now = time.time()
+    batch = _batch(now)
+    later = dict(batch["trajectories"][0], last_call_at=now + 60)
+    with engine.begin() as conn:
+        repo.write_batch(conn, **batch)
+        repo.write_batch(conn, trajectories=[later], calls=[])
+        repo.write_batch(conn, **batch)  # an older replayed batch must not move it back
+        last = conn.execute(select(Trajectory.last_call_at)).scalar_one()
+    if last.tzinfo is None:
+        last = last.replace(tzinfo=timezone.utc)
+    assert abs(last.timestamp() - (now + 60)) < 1e-3
+
+
+def test_finish_idle_and_open_lookup(engine: Engine) -> None:
+    now = time.time()
+    with engine.begin() as conn:
+        repo.write_batch(conn, **_batch(now - 600))
+        found = repo.open_trajectory_for_session(conn, session_key="s")
+        assert found is not None and found["id"] == "t1"
+        cutoff = datetime.now(timezone.utc) - timedelta(seconds=300)
+        assert repo.finish_idle(conn, idle_before=cutoff) == 1
+        assert repo.open_trajectory_for_session(conn, session_key="s") is None
+        assert conn.execute(select(Trajectory.status)).scalar_one() == "finished"
