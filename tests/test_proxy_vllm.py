@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -301,3 +302,26 @@ def test_client_disconnect_mid_stream_is_recorded_cancelled(proxy, vllm, engine)
     assert call["status"] == "cancelled"
     assert 0 < len(call["completion_token_ids"]) < 1500
     assert call["capture_complete"] is False
+
+
+def test_idle_trajectory_is_finished_and_the_session_starts_a_new_one(
+    vllm, db_url, engine, start_proxy
+):
+    proxy = start_proxy([vllm.url], db_url, args=["--idle-timeout", "1"])
+    api = client(proxy, "idle")
+    ask = {
+        "model": vllm.model_name,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+    }
+    api.chat.completions.create(**ask)
+    deadline = time.monotonic() + 30
+    while not [t for t in export(engine) if t["status"] == "finished"]:
+        assert time.monotonic() < deadline, "trajectory never finished"
+        time.sleep(0.1)
+    api.chat.completions.create(**ask)
+    wait_for_calls(engine, 2)
+    first, second = export(engine)
+    assert first["status"] == "finished" and first["ended_at"] is not None
+    assert second["session"] == "idle" and second["id"] != first["id"]
+    assert len(first["calls"]) == len(second["calls"]) == 1
