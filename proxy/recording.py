@@ -102,13 +102,6 @@ class Recorder:
             await self._task
         self._executor.shutdown(wait=True)
 
-    async def drain(self) -> None:
-        """Wait until everything recorded so far has been written or spooled."""
-        while self._queue:
-            self._wakeup.set()
-            await asyncio.sleep(self.flush_interval)
-        await asyncio.get_running_loop().run_in_executor(self._executor, lambda: None)
-
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:

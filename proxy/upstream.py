@@ -171,9 +171,12 @@ class UpstreamPool:
                 async with self.session.get(replica.url + "/health", timeout=timeout) as resp:
                     if resp.status == 200:
                         self.mark_ok(replica)
-        except (aiohttp.ClientError, TimeoutError, asyncio.TimeoutError, ValueError):
+        except aiohttp.ClientConnectorError:
             if replica.healthy:
                 self.mark_failed(replica)
+        except (aiohttp.ClientError, TimeoutError, asyncio.TimeoutError, ValueError):
+            # slow or odd answers from a busy replica are not a reason to route around it
+            log.debug("policy version poll of %s failed", replica.url, exc_info=True)
 
 
 async def release(response: aiohttp.ClientResponse) -> None:
