@@ -11,11 +11,11 @@ direct and through the proxy:
 
 Load comes from wrk (with a generated Lua script that counts every request it sends) or,
 when wrk is missing or --loadgen python is given, from a Python client on raw asyncio
-sockets, which on a small machine is itself the bottleneck. After each proxy cell the run
-waits until PostgreSQL holds one calls row per request sent through the proxy, and at the
-end it checks that nothing was lost. It prints a table, proxy/direct ratios, the CPU each
-process used during the c=32 cells, and whether the aims are met (added p50 at c=1 under
-0.5 ms; at least 3,000 req/s at c=32 with recording on).
+sockets (on 2 cores it competes with the servers for CPU: prefer wrk). After each proxy
+cell the run waits until PostgreSQL holds one calls row per request sent through the
+proxy, and at the end it checks that nothing was lost. It prints a table, proxy/direct
+ratios, the CPU each process used during the cells, and whether the aims are met (added
+p50 at c=1 under 0.5 ms; at least 3,000 req/s at c=32 with recording on).
 
 Run: .venv/bin/python -m bench.proxy_overhead [--seconds 5] [--profile /tmp/proxy]
 """
@@ -54,6 +54,8 @@ CHAT_PATH = "/v1/chat/completions"
 AIM_ADDED_P50_MS = 0.5
 AIM_RPS_C32 = 3000.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+BUSY = "_machine busy"
+PROXY_TOTAL = "_proxy process"
 
 MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -240,8 +242,14 @@ def cpu_snapshot(proxy_pid: int | None, upstream_pid: int) -> Counter[str]:
             if found is None:
                 continue
             comm, used = found
-            name = "proxy loop" if task.name == str(proxy_pid) else f"proxy {comm}"
-            ticks[re.sub(r"_\d+$", "", name)] += used
+            if task.name == str(proxy_pid):
+                name = "proxy loop thread"
+            elif comm.startswith("python"):  # Python 3.11 leaves thread names unset
+                name = "proxy other threads (recorder)"
+            else:
+                name = "proxy " + re.sub(r"_\d+$", "", comm)
+            ticks[name] += used
+            ticks[PROXY_TOTAL] += used
     found = _ticks(Path(f"/proc/{upstream_pid}/stat"))
     if found is not None:
         ticks["fake upstream"] += found[1]
@@ -249,6 +257,9 @@ def cpu_snapshot(proxy_pid: int | None, upstream_pid: int) -> Counter[str]:
         found = _ticks(proc / "stat")
         if found is not None and found[0] == "postgres":
             ticks["postgres"] += found[1]
+    with open("/proc/stat") as stat:
+        cpu = [int(x) for x in stat.readline().split()[1:9]]
+    ticks[BUSY] += sum(cpu) - cpu[3] - cpu[4]  # all but idle and iowait
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     self_usage = resource.getrusage(resource.RUSAGE_SELF)
     ticks["load generator"] += round(
@@ -258,11 +269,14 @@ def cpu_snapshot(proxy_pid: int | None, upstream_pid: int) -> Counter[str]:
 
 
 def cpu_use(before: Counter[str], after: Counter[str], seconds: float) -> CpuUse:
-    out = {}
-    for name in after:
-        pct = (after[name] - before.get(name, 0)) / CLK_TCK / seconds * 100.0
-        if pct >= 0.5:
-            out[name] = pct
+    """Per-name CPU %; 'other' is the rest of the machine's busy time (other tenants)."""
+    used = {name: (after[name] - before.get(name, 0)) / CLK_TCK / seconds * 100.0 for name in after}
+    busy = used.pop(BUSY, 0.0)
+    proxy_total = used.pop(PROXY_TOTAL, None)
+    used["other processes"] = max(0.0, busy - sum(used.values()))
+    out = {name: pct for name, pct in used.items() if pct >= 0.5}
+    if proxy_total is not None:
+        out["proxy process total"] = proxy_total
     return CpuUse(dict(sorted(out.items(), key=lambda kv: -kv[1])))
 
 
@@ -541,6 +555,7 @@ class Results:
     streams: dict[str, StreamLatency] = field(default_factory=dict)
     recording: Recording = field(default_factory=Recording)
     profile: str | None = None
+    load_average: list[float] = field(default_factory=list)  # 1-min, at start and at end
 
 
 class Bench:
@@ -677,12 +692,16 @@ class Bench:
         print(
             f"  {key:<26} TTFB p50 {_ms(result.ttfb_p50_ms)} ms  TTLB p50 "
             f"{_ms(result.ttlb_p50_ms)} ms  sent {result.sent:,}"
-            + (f"  ({result.non_2xx} non-2xx, {result.errors} errors)" if result.errors else "")
+            + (
+                f"  ({result.non_2xx} non-2xx, {result.errors} errors)"
+                if result.errors or result.non_2xx
+                else ""
+            )
         )
         return result
 
     def profile(self, path: str) -> None:
-        """py-spy over the proxy during an extra (unreported) c=32 non-streaming cell."""
+        """py-spy over the proxy during an extra (unreported) c=N non-streaming cell."""
         assert self.proxy is not None
         spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         if not Path(spy).exists():
@@ -695,7 +714,7 @@ class Bench:
         spy_proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             time.sleep(0.5)
-            result = self.load(self.proxy_port, False, 32, seconds)
+            result = self.load(self.proxy_port, False, self.args.connections, seconds)
             self.after_proxy_load(result.sent, result.completed)
             _, err = spy_proc.communicate(timeout=seconds + 30)
         finally:
@@ -711,22 +730,25 @@ class Bench:
 
     def run(self) -> Results:
         args = self.args
+        self.results.load_average.append(os.getloadavg()[0])
         self.results.recording.rows_before = count_calls(self.db_url)
         print("warming up (1 s per path) ...")
         self.warm_up()
         s = args.seconds
         print(f"measuring ({s:g} s per cell, load generator: {self.results.loadgen}) ...")
+        n = args.connections
         self.cell("direct  chat   c=1", False, False, 1)
         self.cell("proxy   chat   c=1", True, False, 1)
-        self.cell("direct  chat   c=32", False, False, args.connections)
-        self.cell("proxy   chat   c=32", True, False, args.connections)
+        self.cell(f"direct  chat   c={n}", False, False, args.connections)
+        self.cell(f"proxy   chat   c={n}", True, False, args.connections)
         self.stream_cell("direct  stream c=1", False)
         self.stream_cell("proxy   stream c=1", True)
-        self.cell("direct  stream c=32", False, True, args.connections)
-        self.cell("proxy   stream c=32", True, True, args.connections)
+        self.cell(f"direct  stream c={n}", False, True, args.connections)
+        self.cell(f"proxy   stream c={n}", True, True, args.connections)
         if args.profile:
             self.profile(args.profile)
         recording = self.results.recording
+        self.results.load_average.append(os.getloadavg()[0])
         recording.rows_after = count_calls(self.db_url)
         assert self.proxy is not None
         health = http_get_json(f"http://{HOST}:{self.proxy_port}/healthz")
@@ -746,8 +768,9 @@ def summarise_profile(path: Path, top: int = 14) -> str:
             continue
         count = int(count_text)
         frames = stack.split(";")
-        thread = frames[0]
-        thread = "loop" if "MainThread" in thread else re.sub(r"\s*\(.*$", "", thread)
+        # py-spy --threads labels each stack "thread (0x...): Name"
+        thread = re.sub(r"^thread \([^)]*\):\s*", "", frames[0])
+        thread = "loop" if thread == "MainThread" else re.sub(r"_\d+$", "", thread)
         frames = frames[1:]
         total += count
         per_thread[thread] += count
@@ -807,10 +830,10 @@ def report(results: Results, args: argparse.Namespace) -> bool:
     """Print the table, ratios, aims and recording check; True if recording lost nothing."""
     c = results.cells
     s = results.streams
-    conns = args.connections
+    conns = n = args.connections
     d1, p1 = c["direct  chat   c=1"], c["proxy   chat   c=1"]
-    d32, p32 = c["direct  chat   c=32"], c["proxy   chat   c=32"]
-    ds32, ps32 = c["direct  stream c=32"], c["proxy   stream c=32"]
+    d32, p32 = c[f"direct  chat   c={n}"], c[f"proxy   chat   c={n}"]
+    ds32, ps32 = c[f"direct  stream c={n}"], c[f"proxy   stream c={n}"]
     ds1, ps1 = s["direct  stream c=1"], s["proxy   stream c=1"]
     rows: list[tuple[str, float | None, float | None, bool]] = [
         ("chat     c=1   p50 latency (ms)", d1.p50_ms, p1.p50_ms, True),
@@ -829,8 +852,10 @@ def report(results: Results, args: argparse.Namespace) -> bool:
     print()
     print(
         f"Proxy overhead, {results.seconds:g} s per cell; load: {tool} (stream c=1: Python "
-        f"raw-socket client); proxy records to PostgreSQL; {os.cpu_count()} CPUs"
+        f"raw-socket client); proxy records to PostgreSQL; {os.cpu_count()} CPUs; 1-min load "
+        f"average {' -> '.join(f'{x:.1f}' for x in results.load_average)}"
     )
+    print("(stream TTFB: first byte of the body, i.e. the first SSE event; TTLB: the last)")
     header = f"{'':<34} {'direct':>10} {'proxy':>10} {'added':>10} {'proxy/direct':>13}"
     print(header)
     print("-" * len(header))
@@ -848,8 +873,17 @@ def report(results: Results, args: argparse.Namespace) -> bool:
             f"{_ratio(proxied, direct):>13}"
         )
     print()
-    print("CPU during the cell (% of one core):")
-    for key in ("direct  chat   c=32", "proxy   chat   c=32", "proxy   stream c=32"):
+    print(
+        f"CPU during the cell (% of one core; {os.cpu_count()} cores; postgres counts every "
+        "backend on the server; 'other processes' is load not ours: high means noisy numbers):"
+    )
+    for key in (
+        "direct  chat   c=1",
+        "proxy   chat   c=1",
+        f"direct  chat   c={n}",
+        f"proxy   chat   c={n}",
+        f"proxy   stream c={n}",
+    ):
         cpu = c[key].cpu
         print(f"  {key.strip():<22} {cpu.describe() if cpu else 'n/a'}")
 
@@ -877,7 +911,9 @@ def report(results: Results, args: argparse.Namespace) -> bool:
         f"Recording: {recording.sent_through_proxy:,} requests sent through the proxy; calls "
         f"rows {recording.rows_before:,} -> {recording.rows_after:,} "
         f"(+{recording.added:,}); spooled {recording.spooled}; longest wait for the database "
-        f"to catch up after a cell {max(waits, default=0.0):.2f} s"
+        f"to catch up after a cell {max(waits, default=0.0):.2f} s ({recording.unanswered} of "
+        "the requests were still unanswered when the load generator stopped; they count, "
+        "since the proxy received them)"
     )
     if recording.ok:
         print("  -> every request recorded, nothing lost")
@@ -997,7 +1033,8 @@ def main(argv: list[str] | None = None) -> int:
             recorded = report(results, args)
             if args.json:
                 args.json.write_text(json.dumps(asdict(results), indent=2) + "\n")
-            p32 = results.cells["proxy   chat   c=32"]
+            n = args.connections
+            p32 = results.cells[f"proxy   chat   c={n}"]
             d1, p1 = results.cells["direct  chat   c=1"], results.cells["proxy   chat   c=1"]
             missed = (
                 p32.rps < AIM_RPS_C32 or (p1.p50_ms or 0.0) - (d1.p50_ms or 0.0) >= AIM_ADDED_P50_MS

@@ -137,7 +137,7 @@ class Recorder:
         try:
             self._replay_spool(raise_errors=True)
             with self.engine.begin() as conn:
-                repo.write_batch(conn, **rows)
+                repo.write_batch(conn, **rows, fresh=True)
                 if rows["finished"]:
                     cutoff = now - self.idle_timeout - 10 * self.flush_interval - 5
                     repo.finish_idle(conn, idle_before=datetime.fromtimestamp(cutoff, timezone.utc))

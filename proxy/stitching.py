@@ -10,7 +10,7 @@ their own trajectory. A trajectory idle for `idle_timeout` seconds is finished.
 from __future__ import annotations
 
 import hashlib
-import uuid
+import os
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +20,8 @@ import orjson
 
 
 def new_id() -> str:
-    return uuid.uuid4().hex
+    """A random 128-bit hex id (cheaper than uuid4 on the hot path)."""
+    return os.urandom(16).hex()
 
 
 def _text_of(content: Any) -> str:

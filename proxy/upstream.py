@@ -85,6 +85,8 @@ class UpstreamPool:
 
     def candidates(self, sticky_key: str | None) -> list[Replica]:
         """Replicas in the order to try: the sticky one first, unhealthy ones last."""
+        if len(self.replicas) == 1:
+            return self.replicas
         now = time.monotonic()
         if sticky_key is not None:
             ordered = sorted(self.replicas, key=lambda r: _score(sticky_key, r.url), reverse=True)

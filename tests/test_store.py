@@ -67,15 +67,19 @@ def test_migrations_create_exactly_the_models_tables(db_url: str) -> None:
 def test_replaying_a_batch_changes_nothing(engine: Engine) -> None:
     now = time.time()
     batch = _batch(now)
-    for _ in range(2):  # the spool replays batches that may already be in
+    # live batches are written "fresh" (COPY on PostgreSQL); the spool replays batches
+    # that may already be in
+    for fresh in (True, False):
         with engine.begin() as conn:
-            repo.write_batch(conn, **batch)
+            repo.write_batch(conn, **batch, fresh=fresh)
     with engine.connect() as conn:
         assert conn.execute(select(Call.id)).scalars().all() == ["c1"]
         call = repo.call_by_id(conn, call_id="c1")
         assert call is not None
         assert call["request"]["messages"][0]["content"] == "héllo"
-        assert call["choices"][0]["logprobs"] == [-0.5]
+        assert call["choices"] == batch["calls"][0]["choices"]
+        assert call["prompt_token_suffix"] == [1, 2, 3]
+        assert call["capture_complete"] is True and call["ttft_ms"] is None
         assert conn.execute(select(Trajectory.id)).scalars().all() == ["t1"]
 
 

@@ -96,7 +96,11 @@ class Generation:
         except ProxyError as exc:
             return self.fail(exc)
         upstream_body, asked = prepare_upstream_body(self.api, body)
-        sticky = sticky_key(self.record.session_key, self.api, body)
+        sticky = (
+            sticky_key(self.record.session_key, self.api, body)
+            if len(self.state.pool.replicas) > 1
+            else None
+        )
         if self.record.stream and self._buffer_stream(body, sticky):
             upstream_body["stream"] = False
             upstream_body.pop("stream_options", None)
@@ -213,14 +217,17 @@ class Generation:
         try:
             async for piece in response.content.iter_any():
                 buffer += piece
+                parts = []
                 while not done and (end := buffer.find(b"\n\n")) >= 0:
                     event, buffer = buffer[:end], buffer[end + 2 :]
                     out, done, event_error = self._relay_event(event, assembler, chunk_filter)
                     upstream_error = upstream_error or event_error
-                    if out:
-                        if self.record.ttft_ms is None and assembler.saw_output:
-                            self.record.ttft_ms = self.elapsed_ms()
-                        yield out
+                    parts.append(out)
+                if outgoing := b"".join(parts):
+                    # one write per upstream read: what arrived together leaves together
+                    if self.record.ttft_ms is None and assembler.saw_output:
+                        self.record.ttft_ms = self.elapsed_ms()
+                    yield outgoing
                 if done:
                     break
             if not done:

@@ -6,7 +6,8 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import Connection, case, select, update
+import orjson
+from sqlalchemy import JSON, Connection, case, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from proxy.store.models import Call, Trajectory
@@ -41,9 +42,12 @@ def write_batch(
     trajectories: Sequence[dict[str, Any]],
     calls: Sequence[dict[str, Any]],
     finished: Sequence[dict[str, Any]] = (),
+    fresh: bool = False,
 ) -> None:
     """Insert a batch idempotently: replaying the same batch changes nothing.
 
+    `fresh` batches (never written before) go to PostgreSQL with COPY, about 3x cheaper
+    than INSERT ... ON CONFLICT; a batch that might be in already (spool replay) must not.
     Timestamps arrive as epoch seconds (the spool keeps them that way).
     """
     if trajectories:
@@ -59,11 +63,34 @@ def write_batch(
             },
         )
         conn.execute(stmt, _with_datetimes(trajectories, TRAJECTORY_TIME_FIELDS))
-    if calls:
+    if calls and fresh and conn.dialect.name == "postgresql":
+        _copy_calls(conn, _with_datetimes(calls, CALL_TIME_FIELDS))
+    elif calls:
         stmt = _insert(conn, Call.__table__).on_conflict_do_nothing(index_elements=["id"])
         conn.execute(stmt, _with_datetimes(calls, CALL_TIME_FIELDS))
     for item in finished:
         finish_trajectory(conn, trajectory_id=item["id"], ended_at=to_datetime(item["ended_at"]))
+
+
+_CALL_COLUMNS = [c.name for c in Call.__table__.columns]
+_JSON_COLUMNS = {c.name for c in Call.__table__.columns if isinstance(c.type, JSON)}
+
+
+def _copy_calls(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    raw = conn.connection.driver_connection
+    names = ", ".join(_CALL_COLUMNS)
+    with raw.cursor() as cursor, cursor.copy(f"COPY calls ({names}) FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row(
+                [
+                    _json_text(row.get(name)) if name in _JSON_COLUMNS else row.get(name)
+                    for name in _CALL_COLUMNS
+                ]
+            )
+
+
+def _json_text(value: Any) -> str | None:
+    return None if value is None else orjson.dumps(value).decode()
 
 
 def finish_trajectory(conn: Connection, *, trajectory_id: str, ended_at: datetime | None) -> None:
