@@ -41,7 +41,9 @@ class CallRecord:
     http_status: int = 200
     error: str | None = None
     request: dict[str, Any] | None = None
-    response: dict[str, Any] | None = None
+    response: Any = None
+    # the conversation as chat messages (translated for Responses/Messages): for stitching
+    chat_messages: list[Any] | None = None
     upstream: str | None = None
     model: str | None = None
     policy_version: str | None = None
@@ -195,9 +197,7 @@ class Recorder:
         return (found["id"], _epoch(found["started_at"]), _epoch(found["last_call_at"]))
 
     def _call_row(self, record: CallRecord) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        request = record.request if isinstance(record.request, dict) else None
-        messages = request.get("messages") if request else None
-        messages = messages if isinstance(messages, list) else None
+        messages = record.chat_messages
         capture = record.capture
         if record.session_key is None and capture is None and messages is None:
             # a request refused before it reached a model belongs to no episode

@@ -1,0 +1,309 @@
+"""One recorded generation call, from the client's bytes to the record, for any dialect.
+
+Invariant: every call produces exactly one CallRecord, whatever happens: refused, failed
+upstream, answered, broken off mid-stream or cancelled by the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from proxy.capture import (
+    CHAT,
+    ClientAsked,
+    StreamAssembler,
+    capture_response,
+    prepare_upstream_body,
+)
+from proxy.dialect import Dialect, StreamWriter
+from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from proxy.recording import CallRecord
+from proxy.requests import parse_object, read_body, session_key, sticky_key
+from proxy.state import ProxyState
+from proxy.stitching import new_id
+from proxy.streaming import response_to_chunks
+from proxy.upstream import Replica, release
+
+log = logging.getLogger("onthejob.proxy")
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+UPSTREAM_READ_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError)
+# buffered streams are rebuilt with everything in them; the dialect's writer filters
+_EVERYTHING = ClientAsked(token_ids=True, logprobs=True, stream_usage=True)
+
+
+class Generation:
+    def __init__(self, request: Request, dialect: Dialect) -> None:
+        self.request = request
+        self.dialect = dialect
+        self.state: ProxyState = request.app.state.proxy
+        self.t0 = time.perf_counter()
+        self.record = CallRecord(
+            id=new_id(), api=dialect.api, session_key=None, started_at=time.time()
+        )
+
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1000.0
+
+    def finish(
+        self, *, status: str = "ok", http_status: int = 200, error: str | None = None
+    ) -> None:
+        record = self.record
+        record.status, record.http_status, record.error = status, http_status, error
+        record.latency_ms = self.elapsed_ms()
+        self.state.recorder.record(record)
+
+    def fail(self, exc: ProxyError) -> Response:
+        if isinstance(exc, UpstreamUnavailable | UpstreamTimeout):
+            log.warning("%s %s: %s", self.dialect.api, self.record.id, exc.message)
+        response = self.dialect.error(exc)
+        self.record.response = _json_or_text(bytes(response.body))
+        self.finish(status="error", http_status=exc.status, error=exc.message)
+        return response
+
+    async def run(self) -> Response:
+        record = self.record
+        try:
+            record.session_key = session_key(self.request)
+            body = parse_object(await read_body(self.request, self.state.settings.max_body_bytes))
+            record.request = body
+            model = body.get("model")
+            record.model = model if isinstance(model, str) else None
+            record.stream = body.get("stream") is True
+            upstream_body = await self.dialect.to_upstream(body, self.state, record)
+        except ProxyError as exc:
+            return self.fail(exc)
+        api = self.dialect.capture_api
+        upstream_body, asked = prepare_upstream_body(api, upstream_body)
+        sticky = (
+            sticky_key(record.session_key, api, upstream_body)
+            if len(self.state.pool.replicas) > 1
+            else None
+        )
+        if record.stream and self._buffer_stream(upstream_body, sticky):
+            upstream_body["stream"] = False
+            upstream_body.pop("stream_options", None)
+            return await self._buffered_stream(upstream_body, asked, sticky)
+        try:
+            replica, response = await self._open(upstream_body, sticky)
+        except ProxyError as exc:
+            return self.fail(exc)
+        if response.status != 200 or not record.stream:
+            return await self._whole(response, asked)
+        writer = self.dialect.stream(asked, record)
+        return StreamingResponse(
+            self._relay(replica, response, writer, bool(upstream_body.get("tools"))),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+
+    def _buffer_stream(self, body: dict[str, Any], sticky: str | None) -> bool:
+        """Stream tool calls from a whole upstream answer where streaming loses their tokens."""
+        if self.dialect.capture_api != CHAT or not body.get("tools"):
+            return False
+        mode = self.state.settings.stream_tools_mode
+        if mode == "auto":
+            return self.state.pool.candidates(sticky)[0].drops_stream_tool_tokens
+        return mode == "buffer"
+
+    async def _open(
+        self, upstream_body: dict[str, Any], sticky: str | None
+    ) -> tuple[Replica, aiohttp.ClientResponse]:
+        replica, response = await self.state.pool.open(
+            "POST",
+            self.dialect.upstream_path,
+            body=orjson.dumps(upstream_body),
+            headers=self.state.pool.headers(self.request.headers),
+            sticky_key=sticky,
+        )
+        self.record.upstream = replica.url
+        self.record.policy_version = replica.policy_version
+        return replica, response
+
+    async def _read(self, response: aiohttp.ClientResponse) -> bytes:
+        try:
+            return await response.read()
+        except UPSTREAM_READ_ERRORS as exc:
+            url = self.record.upstream
+            if isinstance(exc, asyncio.TimeoutError | TimeoutError):
+                raise UpstreamTimeout(f"upstream {url} timed out") from exc
+            raise UpstreamUnavailable(f"upstream {url} broke off its answer: {exc}") from exc
+        finally:
+            await release(response)
+
+    async def _read_whole(
+        self, response: aiohttp.ClientResponse
+    ) -> tuple[dict[str, Any] | None, Response | None]:
+        """(parsed 200 body, None) or (None, the response to send because it failed)."""
+        try:
+            raw = await self._read(response)
+        except ProxyError as exc:
+            return None, self.fail(exc)
+        if response.status != 200:
+            # vLLM's own errors reach the client (unchanged, or in the client API's shape)
+            self.record.response = _json_or_text(raw)
+            self.finish(status="error", http_status=response.status, error=_error_message(raw))
+            content_type = response.headers.get("Content-Type", "application/json")
+            return None, self.dialect.upstream_error(response.status, raw, content_type)
+        try:
+            return orjson.loads(raw), None
+        except orjson.JSONDecodeError:
+            error = UpstreamUnavailable(f"upstream {self.record.upstream} sent invalid JSON")
+            return None, self.fail(error)
+
+    async def _whole(self, response: aiohttp.ClientResponse, asked: ClientAsked) -> Response:
+        data, failed = await self._read_whole(response)
+        if data is None:
+            assert failed is not None
+            return failed
+        self.record.capture = capture_response(self.dialect.capture_api, data)
+        try:
+            body = self.dialect.whole(data, asked, self.record)
+        except ProxyError as exc:
+            return self.fail(exc)
+        self.record.response = body
+        self.finish()
+        return Response(orjson.dumps(body), media_type="application/json")
+
+    async def _buffered_stream(
+        self, upstream_body: dict[str, Any], asked: ClientAsked, sticky: str | None
+    ) -> Response:
+        try:
+            _, response = await self._open(upstream_body, sticky)
+        except ProxyError as exc:
+            return self.fail(exc)
+        data, failed = await self._read_whole(response)
+        if data is None:
+            assert failed is not None
+            return failed
+        self.record.capture = capture_response(self.dialect.capture_api, data)
+        writer = self.dialect.stream(asked, self.record)
+        body = b"".join(writer.feed(c) for c in response_to_chunks(data, _EVERYTHING))
+        body += writer.end()
+        self.record.response = self.dialect.streamed(data, writer, self.record)
+        self.record.ttft_ms = self.elapsed_ms()
+        self.finish()
+
+        async def emit() -> AsyncIterator[bytes]:
+            yield body
+
+        return StreamingResponse(emit(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def _relay(
+        self,
+        replica: Replica,
+        response: aiohttp.ClientResponse,
+        writer: StreamWriter,
+        has_tools: bool,
+    ) -> AsyncIterator[bytes]:
+        """Pass chunks on as they arrive while assembling the whole answer for the record."""
+        assembler = StreamAssembler(self.dialect.capture_api)
+        # until the stream ends one way or another, the client is the one who left
+        status, http_status, error = "cancelled", 499, "client disconnected mid-stream"
+        upstream_error: str | None = None
+        buffer = b""
+        done = False
+        try:
+            async for piece in response.content.iter_any():
+                buffer += piece
+                parts = []
+                while not done and (end := buffer.find(b"\n\n")) >= 0:
+                    event, buffer = buffer[:end], buffer[end + 2 :]
+                    out, done, event_error = self._relay_event(event, assembler, writer)
+                    upstream_error = upstream_error or event_error
+                    parts.append(out)
+                if outgoing := b"".join(parts):
+                    # one write per upstream read: what arrived together leaves together
+                    if self.record.ttft_ms is None and assembler.saw_output:
+                        self.record.ttft_ms = self.elapsed_ms()
+                    yield outgoing
+                if done:
+                    break
+            if not done:
+                status, http_status = "error", 502
+                error = f"upstream {replica.url} ended the stream before [DONE]"
+                yield writer.broken(error)
+            elif upstream_error is not None:
+                status, http_status, error = "error", 200, upstream_error
+            else:
+                status, http_status, error = "ok", 200, None
+        except UPSTREAM_READ_ERRORS as exc:
+            status, http_status = "error", 502
+            error = f"upstream {replica.url} broke off the stream: {exc or type(exc).__name__}"
+            yield writer.broken(error)
+        finally:
+            await release(response)
+            self.record.capture = assembler.finish()
+            self.record.response = self.dialect.streamed(assembler.response(), writer, self.record)
+            self._learn_tool_token_drop(replica, has_tools)
+            self.finish(status=status, http_status=http_status, error=error)
+
+    def _relay_event(
+        self, event: bytes, assembler: StreamAssembler, writer: StreamWriter
+    ) -> tuple[bytes, bool, str | None]:
+        """(bytes for the client, whether it was [DONE], an upstream error message)."""
+        data = b"\n".join(
+            line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")
+        )
+        if not data:
+            return b"", False, None  # comments / keep-alives
+        if data == b"[DONE]":
+            return writer.end(), True, None
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return b"", False, None
+        if not isinstance(chunk, dict):
+            return b"", False, None
+        if "error" in chunk:
+            message = _error_message(data)
+            return writer.upstream_error(event, message), False, message
+        assembler.add(chunk)
+        return writer.feed(chunk), False, None
+
+    def _learn_tool_token_drop(self, replica: Replica, has_tools: bool) -> None:
+        capture = self.record.capture
+        if (
+            not has_tools
+            or capture is None
+            or capture.complete
+            or capture.completion_tokens is None
+        ):
+            return
+        if any((c.message or {}).get("tool_calls") for c in capture.choices):
+            if not replica.drops_stream_tool_tokens:
+                log.warning(
+                    "upstream %s drops token ids of streamed tool calls; streaming requests "
+                    "with tools to it are now answered from whole upstream responses",
+                    replica.url,
+                )
+            replica.drops_stream_tool_tokens = True
+
+
+def _json_or_text(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return {"text": raw[:65536].decode("utf-8", "replace")}
+
+
+def _error_message(raw: bytes) -> str:
+    parsed = _json_or_text(raw)
+    if isinstance(parsed, dict):
+        error = parsed.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+        if parsed.get("message"):
+            return str(parsed["message"])
+    return raw[:2000].decode("utf-8", "replace")
