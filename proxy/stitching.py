@@ -41,6 +41,17 @@ def _text_of(content: Any) -> str:
     return str(content)
 
 
+def _canonical_arguments(arguments: Any) -> Any:
+    """Tool arguments as parsed JSON: a harness that re-serialises them (or an API
+    translation, e.g. Anthropic's `input` object) changes whitespace, not meaning."""
+    if isinstance(arguments, str):
+        try:
+            return orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return arguments
+    return arguments
+
+
 def normalise_message(message: Any) -> Any:
     """The parts of a message that identify it, independent of how a client echoes it back.
 
@@ -58,7 +69,7 @@ def normalise_message(message: Any) -> Any:
         normal["tool_calls"] = [
             [
                 (call.get("function") or {}).get("name"),
-                (call.get("function") or {}).get("arguments"),
+                _canonical_arguments((call.get("function") or {}).get("arguments")),
             ]
             for call in tool_calls
             if isinstance(call, dict)

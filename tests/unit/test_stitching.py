@@ -337,3 +337,11 @@ def test_a_revived_session_expires_like_any_other() -> None:
     again, new = tracker.resolve(session_key="s1", messages=None, now=16, find_open=None)
     assert new
     assert again.id != "traj-from-db"
+
+
+def test_tool_arguments_compare_as_json_not_text() -> None:
+    compact = {"role": "assistant", "tool_calls": [_call("a", arguments='{"x":1,"y":[2]}')]}
+    spaced = {"role": "assistant", "tool_calls": [_call("b", arguments='{"y": [2], "x": 1}')]}
+    assert normalise_message(compact) == normalise_message(spaced)
+    broken = {"role": "assistant", "tool_calls": [_call("c", arguments='{"x": 1')]}
+    assert normalise_message(broken)["tool_calls"] == [["add", '{"x": 1']]
