@@ -61,7 +61,7 @@ def test_extra_keys_and_tool_call_ids_are_ignored() -> None:
     assert normalise_message(sent) == {
         "role": "assistant",
         "content": "",
-        "tool_calls": [["add", '{"a": 2}']],
+        "tool_calls": [["add", {"a": 2}]],
     }
 
 
