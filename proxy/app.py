@@ -17,7 +17,10 @@ from starlette.routing import Route
 
 from proxy.errors import error_body
 from proxy.recording import Recorder
+from proxy.response_store import ResponseStore
+from proxy.routes import anthropic as anthropic_routes
 from proxy.routes import openai as openai_routes
+from proxy.routes import responses as responses_routes
 from proxy.settings import Settings
 from proxy.spool import Spool
 from proxy.state import ProxyState
@@ -72,7 +75,9 @@ def create_app(settings: Settings) -> Starlette:
         await pool.start()
         await recorder.start()
         watcher = asyncio.create_task(pool.watch(settings.policy_poll_interval))
-        app.state.proxy = ProxyState(settings=settings, pool=pool, recorder=recorder)
+        app.state.proxy = ProxyState(
+            settings=settings, pool=pool, recorder=recorder, responses=ResponseStore(engine)
+        )
         _tune_gc()
         try:
             yield
@@ -85,7 +90,13 @@ def create_app(settings: Settings) -> Starlette:
             engine.dispose()
 
     return Starlette(
-        routes=[Route("/healthz", healthz, methods=["GET"]), *openai_routes.routes()],
+        routes=[
+            Route("/healthz", healthz, methods=["GET"]),
+            # specific routes first: openai_routes ends with the /v1/* passthrough
+            *anthropic_routes.routes(),
+            *responses_routes.routes(),
+            *openai_routes.routes(),
+        ],
         exception_handlers={HTTPException: _http_error, Exception: _unexpected_error},
         lifespan=lifespan,
     )

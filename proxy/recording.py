@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -44,6 +44,10 @@ class CallRecord:
     response: Any = None
     # the conversation as chat messages (translated for Responses/Messages): for stitching
     chat_messages: list[Any] | None = None
+    # a Responses-API response to keep: {"id", "created_at", "response", "conversation"}
+    stored_response: dict[str, Any] | None = None
+    # per-call working state of the client API's dialect (never stored)
+    context: dict[str, Any] = field(default_factory=dict)
     upstream: str | None = None
     model: str | None = None
     policy_version: str | None = None
@@ -175,12 +179,20 @@ class Recorder:
     def _rows(self, batch: list[CallRecord], now: float) -> dict[str, list[dict[str, Any]]]:
         trajectories: dict[str, dict[str, Any]] = {}
         calls = []
+        responses = []
         for record in batch:
             row, trajectory = self._call_row(record)
             calls.append(row)
             if trajectory is not None:
                 trajectories[trajectory["id"]] = trajectory
-        return {"trajectories": list(trajectories.values()), "calls": calls, "finished": []}
+            if record.stored_response is not None:
+                responses.append({**record.stored_response, "call_id": record.id})
+        return {
+            "trajectories": list(trajectories.values()),
+            "calls": calls,
+            "finished": [],
+            "responses": responses,
+        }
 
     def _find_open(self, session_key: str) -> tuple[str, float, float] | None:
         """A session's open trajectory from the database (after a restart), if reachable."""

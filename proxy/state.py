@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.recording import Recorder
+from proxy.response_store import ResponseStore
 from proxy.settings import Settings
 from proxy.upstream import UpstreamPool
 
@@ -14,3 +15,4 @@ class ProxyState:
     settings: Settings
     pool: UpstreamPool
     recorder: Recorder
+    responses: ResponseStore

@@ -75,3 +75,16 @@ class Call(Base):
     ttft_ms: Mapped[float | None] = mapped_column(Float)
 
     __table_args__ = (Index("ix_calls_trajectory_started", "trajectory_id", "started_at"),)
+
+
+class StoredResponse(Base):
+    """A Responses-API response kept for `previous_response_id` and GET /v1/responses/{id}."""
+
+    __tablename__ = "responses"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    call_id: Mapped[str] = mapped_column(String(32), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    response: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # the conversation (chat messages, instructions excluded) a follow-up continues from
+    conversation: Mapped[list[Any]] = mapped_column(JSON)

@@ -10,7 +10,7 @@ import orjson
 from sqlalchemy import JSON, Connection, case, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from proxy.store.models import Call, Trajectory
+from proxy.store.models import Call, StoredResponse, Trajectory
 
 CALL_TIME_FIELDS = ("started_at",)
 TRAJECTORY_TIME_FIELDS = ("started_at", "last_call_at", "ended_at")
@@ -42,6 +42,7 @@ def write_batch(
     trajectories: Sequence[dict[str, Any]],
     calls: Sequence[dict[str, Any]],
     finished: Sequence[dict[str, Any]] = (),
+    responses: Sequence[dict[str, Any]] = (),
     fresh: bool = False,
 ) -> None:
     """Insert a batch idempotently: replaying the same batch changes nothing.
@@ -68,6 +69,9 @@ def write_batch(
     elif calls:
         stmt = _insert(conn, Call.__table__).on_conflict_do_nothing(index_elements=["id"])
         conn.execute(stmt, _with_datetimes(calls, CALL_TIME_FIELDS))
+    if responses:
+        stmt = _insert(conn, StoredResponse.__table__).on_conflict_do_nothing(index_elements=["id"])
+        conn.execute(stmt, _with_datetimes(responses, ("created_at",)))
     for item in finished:
         finish_trajectory(conn, trajectory_id=item["id"], ended_at=to_datetime(item["ended_at"]))
 
@@ -151,4 +155,11 @@ def calls_of(conn: Connection, *, trajectory_id: str) -> list[dict[str, Any]]:
 
 def call_by_id(conn: Connection, *, call_id: str) -> dict[str, Any] | None:
     row = conn.execute(select(Call.__table__).where(Call.id == call_id)).first()
+    return None if row is None else dict(row._mapping)
+
+
+def stored_response(conn: Connection, *, response_id: str) -> dict[str, Any] | None:
+    row = conn.execute(
+        select(StoredResponse.__table__).where(StoredResponse.id == response_id)
+    ).first()
     return None if row is None else dict(row._mapping)

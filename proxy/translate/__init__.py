@@ -1,0 +1,1 @@
+"""Pure translations between the client-facing APIs and upstream chat completions."""

@@ -1,0 +1,718 @@
+"""Anthropic Messages API <-> chat completions, so `/v1/messages` rides vLLM's chat endpoint.
+
+Pure functions over parsed JSON, no I/O. Invariant: every part of a Messages request is
+either mapped onto the chat request or refused with a `TranslationError` that names it;
+nothing is dropped silently (the few fields ignored on purpose are listed, with the reason,
+next to `_IGNORED_FIELDS` and `_IGNORED_OUTPUT_CONFIG`).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from proxy.capture import REASONING_KEYS
+from proxy.translate.extras import VLLM_EXTRAS, vllm_extras
+
+Event = tuple[str, dict[str, Any]]
+
+_MAPPED_FIELDS = frozenset(
+    {
+        "model",
+        "max_tokens",
+        "messages",
+        "system",
+        "stop_sequences",
+        "temperature",
+        "top_p",
+        "top_k",
+        "metadata",
+        "stream",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "output_config",
+    }
+)
+# Accepted and not forwarded, because none of them changes what the model reads or writes:
+# cache_control (a caching hint; vLLM's prefix cache needs none), service_tier, speed and
+# inference_geo (Anthropic capacity and routing), diagnostics (explains Anthropic's own cache
+# misses), user_profile_id and workspace_id (Anthropic account attribution). Any other
+# non-null field is refused, as Anthropic's API itself refuses unknown fields.
+_IGNORED_FIELDS = frozenset(
+    {
+        "cache_control",
+        "service_tier",
+        "speed",
+        "inference_geo",
+        "diagnostics",
+        "user_profile_id",
+        "workspace_id",
+    }
+)
+# output_config.effort is a hint about how hard to think; the served model has no such dial.
+_IGNORED_OUTPUT_CONFIG = frozenset({"effort"})
+# Tool fields that change what the model sees or may call, which only Anthropic's servers
+# implement (tool search, rendering of examples). cache_control, eager_input_streaming and
+# allowed_callers are hints or concern server tools, so they are ignored.
+_REFUSED_TOOL_FIELDS = ("defer_loading", "input_examples")
+_TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+# The chat request fields that decide the rendered prompt (what count_tokens counts).
+_PROMPT_FIELDS = ("model", "messages", "tools", "add_generation_prompt", "continue_final_message")
+_NUMBER = (int, float)
+
+
+class TranslationError(Exception):
+    """Client error: becomes a 400 in Anthropic's error shape."""
+
+    def __init__(self, message: str, *, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+def error_body(message: str, type_: str = "invalid_request_error") -> dict[str, Any]:
+    """Anthropic's error shape: the body of an error response and the data of an `error` event."""
+    return {"type": "error", "error": {"type": type_, "message": message}}
+
+
+# --- request: Messages -> chat completions --------------------------------------------------
+
+
+def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
+    """The chat completions request for a Messages request; raises TranslationError."""
+    chat = _translate(body)
+    chat["max_tokens"] = _max_tokens(body, required=True)
+    return chat
+
+
+def count_tokens_chat_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The chat request whose rendered prompt `/v1/messages/count_tokens` counts.
+
+    Validated like `messages_to_chat` (so both accept the same requests) except that
+    `max_tokens` is optional; only the fields that shape the prompt are kept.
+    """
+    chat = _translate(body)
+    _max_tokens(body, required=False)
+    return {key: chat[key] for key in _PROMPT_FIELDS if key in chat}
+
+
+def _translate(body: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise TranslationError("the request body must be a JSON object")
+    _check_fields(body)
+    _check_thinking(body)
+    chat: dict[str, Any] = {"model": _model(body), "messages": _chat_messages(body)}
+    tools = _chat_tools(body)
+    if tools:  # vLLM refuses an empty `tools` list; Anthropic treats it as no tools
+        chat["tools"] = tools
+    chat.update(_tool_choice(body, has_tools=bool(tools)))
+    chat.update(_sampling(body))
+    chat.update(_response_format(body))
+    chat.update(vllm_extras(body))
+    if _ends_with_assistant(body):
+        # Anthropic "prefill": the reply continues the final assistant turn.
+        chat["add_generation_prompt"] = False
+        chat["continue_final_message"] = True
+    stream = _optional(body, "stream", bool, "a boolean")
+    if stream is not None:
+        chat["stream"] = stream
+    return chat
+
+
+def _check_fields(body: dict[str, Any]) -> None:
+    for key, value in body.items():
+        if value is None or key in _MAPPED_FIELDS or key in _IGNORED_FIELDS:
+            continue
+        if key in VLLM_EXTRAS:
+            continue  # forwarded as they are
+        raise TranslationError(f"{key}: not supported by this proxy", param=key)
+
+
+def _check_thinking(body: dict[str, Any]) -> None:
+    thinking = body.get("thinking")
+    if thinking is None:
+        return
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    # "adaptive" and "disabled" leave thinking to the model, which is all a served model can
+    # offer (one that always reasons still will); "enabled" promises a budget we cannot keep.
+    if kind in ("adaptive", "disabled"):
+        return
+    raise TranslationError(
+        f"thinking: type {kind!r} is not supported by this proxy; use 'adaptive' or "
+        "'disabled', or omit thinking",
+        param="thinking",
+    )
+
+
+def _model(body: dict[str, Any]) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise TranslationError("model: field required (a non-empty string)", param="model")
+    return model
+
+
+def _max_tokens(body: dict[str, Any], *, required: bool) -> int | None:
+    value = body.get("max_tokens")
+    if value is None and not required:
+        return None
+    if value is None:
+        raise TranslationError("max_tokens: field required", param="max_tokens")
+    # Anthropic's 0 pre-warms its prompt cache without generating; vLLM needs at least 1.
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise TranslationError("max_tokens: expected an integer >= 1", param="max_tokens")
+    return value
+
+
+def _optional(
+    container: dict[str, Any], key: str, kinds: Any, what: str, *, where: str = ""
+) -> Any:
+    """`container[key]` if present and of `kinds` (bools are not numbers), else None."""
+    value = container.get(key)
+    if value is None:
+        return None
+    param = f"{where}.{key}" if where else key
+    if not isinstance(value, kinds) or (isinstance(value, bool) and kinds is not bool):
+        raise TranslationError(f"{param}: expected {what}", param=param)
+    return value
+
+
+def _sampling(body: dict[str, Any]) -> dict[str, Any]:
+    fields = {
+        "temperature": _optional(body, "temperature", _NUMBER, "a number"),
+        "top_p": _optional(body, "top_p", _NUMBER, "a number"),
+        "top_k": _optional(body, "top_k", int, "an integer"),
+        "stop": _stop_sequences(body),
+        "user": _user_id(body),
+    }
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+def _stop_sequences(body: dict[str, Any]) -> list[str] | None:
+    stops = _optional(body, "stop_sequences", list, "a list of strings")
+    if stops is not None and not all(isinstance(stop, str) for stop in stops):
+        raise TranslationError("stop_sequences: expected a list of strings", param="stop_sequences")
+    return stops or None
+
+
+def _user_id(body: dict[str, Any]) -> str | None:
+    metadata = _optional(body, "metadata", dict, "an object")
+    if metadata is None:
+        return None
+    return _optional(metadata, "user_id", str, "a string", where="metadata")
+
+
+def _response_format(body: dict[str, Any]) -> dict[str, Any]:
+    config = _optional(body, "output_config", dict, "an object")
+    if config is None:
+        return {}
+    for key, value in config.items():
+        if key not in ("format", *_IGNORED_OUTPUT_CONFIG) and value is not None:
+            raise TranslationError(
+                f"output_config.{key}: not supported by this proxy", param=f"output_config.{key}"
+            )
+    fmt = config.get("format")
+    if fmt is None:
+        return {}
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise TranslationError(
+            "output_config.format: expected {'type': 'json_schema', 'schema': {...}}",
+            param="output_config.format",
+        )
+    schema = _optional(fmt, "schema", dict, "an object", where="output_config.format")
+    if schema is None:
+        raise TranslationError(
+            "output_config.format.schema: field required", param="output_config.format.schema"
+        )
+    return {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": schema},
+        }
+    }
+
+
+def _ends_with_assistant(body: dict[str, Any]) -> bool:
+    last = body["messages"][-1]
+    return last.get("role") == "assistant"
+
+
+# --- request: conversation ----------------------------------------------------------------
+
+
+def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    turns = body.get("messages")
+    if not isinstance(turns, list) or not turns:
+        raise TranslationError("messages: expected a non-empty list of turns", param="messages")
+    chat = _system_messages(body.get("system"))
+    for i, turn in enumerate(turns):
+        chat.extend(_turn(turn, f"messages.{i}"))
+    return chat
+
+
+def _system_messages(system: Any) -> list[dict[str, Any]]:
+    if system is None:
+        return []
+    text = _plain_text(system, "system")
+    # An empty system prompt means none in Anthropic's API; templates may render "" otherwise.
+    return [{"role": "system", "content": text}] if text else []
+
+
+def _turn(turn: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(turn, dict):
+        raise TranslationError(f"{where}: expected an object with role and content", param=where)
+    role, content = turn.get("role"), turn.get("content")
+    if role == "user":
+        return _user_turn(content, where)
+    if role == "assistant":
+        return [_assistant_turn(content, where)]
+    if role == "system":  # newer SDKs allow inline system turns; kept in place
+        return [{"role": "system", "content": _plain_text(content, f"{where}.content")}]
+    raise TranslationError(
+        f"{where}.role: expected 'user' or 'assistant', got {role!r}", param=f"{where}.role"
+    )
+
+
+def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
+    """A content field as a list of typed blocks (a string is one text block)."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise TranslationError(f"{where}: expected a string or a list of blocks", param=where)
+    for j, block in enumerate(content):
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise TranslationError(
+                f"{where}.{j}: expected a block with a type", param=f"{where}.{j}"
+            )
+    return content
+
+
+def _unsupported(block: dict[str, Any], where: str, allowed: str) -> TranslationError:
+    return TranslationError(
+        f"{where}.type: {block['type']!r} blocks are not supported here by this proxy "
+        f"(supported: {allowed})",
+        param=f"{where}.type",
+    )
+
+
+def _text(block: dict[str, Any], where: str) -> str:
+    if block.get("citations"):
+        raise TranslationError(
+            f"{where}.citations: citations are not supported by this proxy",
+            param=f"{where}.citations",
+        )
+    text = block.get("text")
+    if not isinstance(text, str):
+        raise TranslationError(f"{where}.text: expected a string", param=f"{where}.text")
+    return text
+
+
+def _plain_text(content: Any, where: str) -> str:
+    """Content that may only hold text; several blocks are joined by newlines."""
+    texts = []
+    for j, block in enumerate(_blocks(content, where)):
+        if block["type"] != "text":
+            raise _unsupported(block, f"{where}.{j}", "text")
+        texts.append(_text(block, f"{where}.{j}"))
+    return "\n".join(texts)
+
+
+def _user_turn(content: Any, where: str) -> list[dict[str, Any]]:
+    """A user turn in block order: tool results become `tool` messages, text between them
+    becomes user messages (chat templates expect tool messages right after the call)."""
+    chat: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for j, block in enumerate(_blocks(content, f"{where}.content")):
+        at = f"{where}.content.{j}"
+        if block["type"] == "text":
+            texts.append(_text(block, at))
+        elif block["type"] == "tool_result":
+            chat.extend(_user_message(texts))
+            chat.append(_tool_message(block, at))
+            texts = []
+        else:
+            raise _unsupported(block, at, "text, tool_result")
+    chat.extend(_user_message(texts))
+    return chat or [{"role": "user", "content": ""}]
+
+
+def _user_message(texts: list[str]) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": "\n".join(texts)}] if texts else []
+
+
+def _tool_message(block: dict[str, Any], where: str) -> dict[str, Any]:
+    call_id = block.get("tool_use_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise TranslationError(f"{where}.tool_use_id: field required", param=f"{where}.tool_use_id")
+    content = block.get("content")
+    text = "" if content is None else _plain_text(content, f"{where}.content")
+    if block.get("is_error"):
+        # Chat has no error flag on tool messages; the model learns it from the text.
+        text = f"Error: {text}"
+    return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+
+def _assistant_turn(content: Any, where: str) -> dict[str, Any]:
+    """An assistant turn as one chat message; text blocks are joined (chat keeps no order
+    between text and tool calls) and thinking goes to `reasoning`, as vLLM reads it."""
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    thoughts: list[str] = []
+    for j, block in enumerate(_blocks(content, f"{where}.content")):
+        at = f"{where}.content.{j}"
+        if block["type"] == "text":
+            texts.append(_text(block, at))
+        elif block["type"] == "tool_use":
+            calls.append(_tool_call(block, at))
+        elif block["type"] == "thinking":
+            thoughts.append(_thinking(block, at))
+        else:
+            raise _unsupported(block, at, "text, tool_use, thinking")
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": "\n".join(texts) if texts or not calls else None,
+    }
+    if calls:
+        message["tool_calls"] = calls
+    if thoughts:
+        message["reasoning"] = "\n".join(thoughts)
+    return message
+
+
+def _tool_call(block: dict[str, Any], where: str) -> dict[str, Any]:
+    call_id = _required_str(block, "id", where)
+    name = _required_str(block, "name", where)
+    arguments = block.get("input")
+    if not isinstance(arguments, dict):
+        raise TranslationError(f"{where}.input: expected an object", param=f"{where}.input")
+    # ensure_ascii=False matches how vLLM's tool parsers serialise arguments, so an echoed
+    # call has the same arguments string as the reply it came from (trajectory stitching).
+    dumped = json.dumps(arguments, ensure_ascii=False)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": dumped}}
+
+
+def _thinking(block: dict[str, Any], where: str) -> str:
+    thinking = block.get("thinking")
+    if not isinstance(thinking, str):
+        raise TranslationError(f"{where}.thinking: expected a string", param=f"{where}.thinking")
+    return thinking
+
+
+def _required_str(block: dict[str, Any], key: str, where: str) -> str:
+    value = block.get(key)
+    if not isinstance(value, str) or not value:
+        raise TranslationError(f"{where}.{key}: field required", param=f"{where}.{key}")
+    return value
+
+
+# --- request: tools -----------------------------------------------------------------------
+
+
+def _chat_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
+    tools = _optional(body, "tools", list, "a list of tools")
+    return [_chat_tool(tool, f"tools.{i}") for i, tool in enumerate(tools or [])]
+
+
+def _chat_tool(tool: Any, where: str) -> dict[str, Any]:
+    if not isinstance(tool, dict):
+        raise TranslationError(f"{where}: expected an object", param=where)
+    kind = tool.get("type")
+    if kind not in (None, "custom"):
+        raise TranslationError(
+            f"{where}.type: server tool {kind!r} is not supported by this proxy; "
+            "only client tools (name, description, input_schema) are",
+            param=f"{where}.type",
+        )
+    for key in _REFUSED_TOOL_FIELDS:
+        if tool.get(key):
+            raise TranslationError(
+                f"{where}.{key}: not supported by this proxy", param=f"{where}.{key}"
+            )
+    function: dict[str, Any] = {"name": _required_str(tool, "name", where)}
+    description = _optional(tool, "description", str, "a string", where=where)
+    if description is not None:
+        function["description"] = description
+    schema = _optional(tool, "input_schema", dict, "an object", where=where)
+    if schema is None:
+        raise TranslationError(
+            f"{where}.input_schema: field required", param=f"{where}.input_schema"
+        )
+    function["parameters"] = schema
+    strict = _optional(tool, "strict", bool, "a boolean", where=where)
+    if strict is not None:
+        function["strict"] = strict
+    return {"type": "function", "function": function}
+
+
+def _tool_choice(body: dict[str, Any], *, has_tools: bool) -> dict[str, Any]:
+    choice = _optional(body, "tool_choice", dict, "an object")
+    if choice is None:
+        return {}
+    kind = choice.get("type")
+    if isinstance(kind, str) and kind in _TOOL_CHOICES:
+        value: Any = _TOOL_CHOICES[kind]
+    elif kind == "tool":
+        name = _required_str(choice, "name", "tool_choice")
+        value = {"type": "function", "function": {"name": name}}
+    else:
+        raise TranslationError(
+            f"tool_choice.type: expected 'auto', 'any', 'tool' or 'none', got {kind!r}",
+            param="tool_choice.type",
+        )
+    if not has_tools:
+        # Without tools, auto and none mean the same as no choice; vLLM refuses them anyway.
+        if kind in ("auto", "none"):
+            return {}
+        raise TranslationError(f"tool_choice: {kind!r} needs tools", param="tool_choice")
+    chat: dict[str, Any] = {"tool_choice": value}
+    if _optional(choice, "disable_parallel_tool_use", bool, "a boolean", where="tool_choice"):
+        chat["parallel_tool_calls"] = False
+    return chat
+
+
+# --- response: chat completion -> Message -------------------------------------------------
+
+
+def chat_to_message(chat: dict[str, Any], *, model: str) -> dict[str, Any]:
+    """The Messages response for a whole chat completion (its choice 0).
+
+    A tool call whose arguments are not a JSON object gets `input: {}`: Anthropic's input
+    must be an object, and the client's tool then rejects the call, which the model sees.
+    """
+    choice = _first_choice(chat)
+    message = choice.get("message") or {}
+    calls = message.get("tool_calls") or []
+    content = [
+        *_thinking_blocks(message),
+        *_text_blocks(message.get("content")),
+        *(_tool_use_block(call) for call in calls),
+    ]
+    reason, sequence = _stop_reason(
+        choice.get("finish_reason"), choice.get("stop_reason"), tool_used=bool(calls)
+    )
+    usage = chat.get("usage") or {}
+    return {
+        "id": _message_id(chat.get("id")),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        # Anthropic answers an empty completion with one empty text block, not [].
+        "content": content or [{"type": "text", "text": ""}],
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": {
+            "input_tokens": _count(usage, "prompt_tokens"),
+            "output_tokens": _count(usage, "completion_tokens"),
+        },
+    }
+
+
+def _first_choice(chat: dict[str, Any]) -> dict[str, Any]:
+    choices = [c for c in chat.get("choices") or [] if isinstance(c, dict)]
+    if not choices:
+        raise ValueError("the upstream chat completion has no choices")
+    return next((c for c in choices if c.get("index", 0) == 0), choices[0])
+
+
+def _reasoning(container: dict[str, Any]) -> str:
+    # Servers may send the same text under both names; take one.
+    return next((container[key] for key in REASONING_KEYS if container.get(key)), "")
+
+
+def _thinking_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    text = _reasoning(message)
+    return [{"type": "thinking", "thinking": text, "signature": ""}] if text else []
+
+
+def _text_blocks(content: Any) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) and content else []
+
+
+def _tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function") or {}
+    return {
+        "type": "tool_use",
+        "id": call.get("id") or _tool_id(),
+        "name": function.get("name") or "",
+        "input": _tool_input(function.get("arguments")),
+    }
+
+
+def _tool_input(arguments: Any) -> dict[str, Any]:
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else None
+    except json.JSONDecodeError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _stop_reason(finish_reason: Any, matched: Any, *, tool_used: bool) -> tuple[str, str | None]:
+    """Anthropic's (stop_reason, stop_sequence) for a chat choice's finish."""
+    if finish_reason == "length":
+        return "max_tokens", None
+    # A forced (named) tool call finishes with "stop", so the calls themselves decide.
+    if tool_used:
+        return "tool_use", None
+    # vLLM puts a matched stop string in `stop_reason`; an int there is a stop token id.
+    if isinstance(matched, str):
+        return "stop_sequence", matched
+    return "end_turn", None
+
+
+def _message_id(chat_id: Any) -> str:
+    if isinstance(chat_id, str) and chat_id:
+        return "msg_" + chat_id.removeprefix("chatcmpl-")
+    return "msg_" + uuid.uuid4().hex
+
+
+def _tool_id() -> str:
+    return "toolu_" + uuid.uuid4().hex
+
+
+def _count(usage: dict[str, Any], key: str) -> int:
+    value = usage.get(key)
+    return value if isinstance(value, int) else 0
+
+
+# --- response: chunk stream -> event stream -----------------------------------------------
+
+
+def _event(name: str, **fields: Any) -> Event:
+    return name, {"type": name, **fields}
+
+
+class MessagesStream:
+    """Turns vLLM chat.completion.chunk dicts, in order, into Anthropic stream events.
+
+    Invariant: blocks are numbered 0, 1, 2, ... and at most one is open; a delta of another
+    kind (thinking, text, or a different tool call) closes the open block first. Only choice
+    0 is translated; token ids and logprobs are left to the recorder.
+    """
+
+    def __init__(self, *, model: str) -> None:
+        self._model = model
+        self._started = False
+        self._done = False
+        self._blocks = 0  # blocks opened so far; an open block has index _blocks - 1
+        self._open: str | None = None  # kind of the open block
+        self._open_call: int | None = None  # chat tool-call index of the open tool_use block
+        self._calls: set[int] = set()
+        self._finish_reason: Any = None
+        self._matched: Any = None
+        self._usage: dict[str, Any] = {}
+
+    def feed(self, chunk: dict[str, Any]) -> list[Event]:
+        if self._done:
+            raise RuntimeError("MessagesStream.feed after the stream ended")
+        events = [] if self._started else self._start(chunk)
+        if isinstance(chunk.get("usage"), dict):
+            self._usage = chunk["usage"]  # cumulative, so the last one wins
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) == 0:
+                events += self._choice(choice)
+        return events
+
+    def finish(self) -> list[Event]:
+        """The closing events; safe when no finish reason or usage arrived."""
+        if self._done:
+            return []
+        events = [] if self._started else self._start({})
+        if self._blocks == 0:  # as in chat_to_message: one empty text block, never none
+            events += self._open_block("text", {"type": "text", "text": ""})
+        events += self._close()
+        reason, sequence = _stop_reason(
+            self._finish_reason, self._matched, tool_used=bool(self._calls)
+        )
+        usage = {"output_tokens": _count(self._usage, "completion_tokens")}
+        if "prompt_tokens" in self._usage:  # corrects message_start when ids were missing
+            usage["input_tokens"] = _count(self._usage, "prompt_tokens")
+        self._done = True
+        delta = {"stop_reason": reason, "stop_sequence": sequence}
+        return [*events, _event("message_delta", delta=delta, usage=usage), _event("message_stop")]
+
+    def error(self, message: str) -> list[Event]:
+        """The event for a stream that broke off; nothing follows it."""
+        self._done = True
+        return [("error", error_body(message, "api_error"))]
+
+    def _start(self, chunk: dict[str, Any]) -> list[Event]:
+        self._started = True
+        prompt = chunk.get("prompt_token_ids")
+        message = {
+            "id": _message_id(chunk.get("id")),
+            "type": "message",
+            "role": "assistant",
+            "model": self._model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": len(prompt) if isinstance(prompt, list) else 0,
+                "output_tokens": 0,
+            },
+        }
+        return [_event("message_start", message=message), _event("ping")]
+
+    def _choice(self, choice: dict[str, Any]) -> list[Event]:
+        delta = choice.get("delta") or {}
+        events: list[Event] = []
+        reasoning = _reasoning(delta)
+        if reasoning:
+            events += self._append("thinking", {"type": "thinking_delta", "thinking": reasoning})
+        if isinstance(delta.get("content"), str) and delta["content"]:
+            events += self._append("text", {"type": "text_delta", "text": delta["content"]})
+        for call in delta.get("tool_calls") or []:
+            events += self._tool_call(call)
+        if choice.get("finish_reason"):
+            self._finish_reason = choice["finish_reason"]
+            self._matched = choice.get("stop_reason")
+        return events
+
+    def _append(self, kind: str, delta: dict[str, Any]) -> list[Event]:
+        """A thinking or text delta, opening a block of that kind first if needed."""
+        events: list[Event] = []
+        if self._open != kind:
+            empty = {"thinking": "", "signature": ""} if kind == "thinking" else {"text": ""}
+            events = self._close() + self._open_block(kind, {"type": kind, **empty})
+        return [*events, self._delta(delta)]
+
+    def _tool_call(self, call: dict[str, Any]) -> list[Event]:
+        index = call.get("index", 0)
+        function = call.get("function") or {}
+        events: list[Event] = []
+        if not (self._open == "tool_use" and self._open_call == index):
+            if index in self._calls:
+                # vLLM streams calls one after another; a closed block cannot be reopened.
+                raise RuntimeError(f"tool call {index} continued after its block was closed")
+            block = {
+                "type": "tool_use",
+                "id": call.get("id") or _tool_id(),
+                "name": function.get("name") or "",
+                "input": {},
+            }
+            events = self._close() + self._open_block("tool_use", block)
+            self._calls.add(index)
+            self._open_call = index
+        arguments = function.get("arguments")
+        if isinstance(arguments, str) and arguments:
+            events.append(self._delta({"type": "input_json_delta", "partial_json": arguments}))
+        return events
+
+    def _open_block(self, kind: str, block: dict[str, Any]) -> list[Event]:
+        event = _event("content_block_start", index=self._blocks, content_block=block)
+        self._blocks += 1
+        self._open = kind
+        return [event]
+
+    def _delta(self, delta: dict[str, Any]) -> Event:
+        return _event("content_block_delta", index=self._blocks - 1, delta=delta)
+
+    def _close(self) -> list[Event]:
+        if self._open is None:
+            return []
+        self._open = None
+        self._open_call = None
+        return [_event("content_block_stop", index=self._blocks - 1)]
