@@ -115,6 +115,8 @@ class UpstreamPool:
             headers["Authorization"] = f"Bearer {self._api_key}"
         elif "authorization" in client_headers:
             headers["Authorization"] = client_headers["authorization"]
+        elif "x-api-key" in client_headers:  # Anthropic clients; vLLM's --api-key is bearer
+            headers["Authorization"] = f"Bearer {client_headers['x-api-key']}"
         return headers
 
     async def open(

@@ -1,0 +1,30 @@
+"""Replica choice and the headers sent upstream (no network)."""
+
+from __future__ import annotations
+
+from proxy.upstream import UpstreamPool
+
+
+def pool(urls: list[str], api_key: str | None = None) -> UpstreamPool:
+    return UpstreamPool(urls, connect_timeout=1, total_timeout=1, retry_after=1, api_key=api_key)
+
+
+def test_client_credentials_reach_vllm_as_a_bearer_token() -> None:
+    assert pool(["http://a"]).headers({"authorization": "Bearer k"})["Authorization"] == "Bearer k"
+    assert pool(["http://a"]).headers({"x-api-key": "k"})["Authorization"] == "Bearer k"
+    assert "Authorization" not in pool(["http://a"]).headers({})
+    configured = pool(["http://a"], api_key="mine").headers({"authorization": "Bearer theirs"})
+    assert configured["Authorization"] == "Bearer mine"
+
+
+def test_sticky_order_is_stable_and_failed_replicas_go_last() -> None:
+    replicas = pool(["http://a", "http://b", "http://c"])
+    first = [r.url for r in replicas.candidates("s:one")]
+    assert [r.url for r in replicas.candidates("s:one")] == first
+    spread = {replicas.candidates(f"s:{i}")[0].url for i in range(30)}
+    assert spread == {"http://a", "http://b", "http://c"}
+    replicas.mark_failed(replicas.candidates("s:one")[0])
+    after = [r.url for r in replicas.candidates("s:one")]
+    assert after[-1] == first[0] and after[:2] == [u for u in first if u != first[0]]
+    replicas.mark_ok(next(r for r in replicas.replicas if r.url == first[0]))
+    assert [r.url for r in replicas.candidates("s:one")] == first
