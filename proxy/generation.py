@@ -27,7 +27,7 @@ from proxy.capture import (
 from proxy.dialect import Dialect, StreamWriter
 from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
 from proxy.recording import CallRecord
-from proxy.requests import parse_object, read_body, session_key, sticky_key
+from proxy.requests import parse_object, read_body, session_key, sticky_key, task_key
 from proxy.state import ProxyState
 from proxy.stitching import new_id
 from proxy.streaming import response_to_chunks
@@ -74,6 +74,7 @@ class Generation:
         record = self.record
         try:
             record.session_key = session_key(self.request)
+            record.task_key = task_key(self.request)
             body = parse_object(await read_body(self.request, self.state.settings.max_body_bytes))
             record.request = body
             model = body.get("model")

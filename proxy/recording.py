@@ -21,7 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from proxy.capture import Capture
 from proxy.spool import Spool
-from proxy.stitching import TrajectoryTracker, continuation_hash
+from proxy.stitching import TrajectoryTracker, continuation_hash, derive_task_key
 from proxy.store import repo
 from proxy.store.tokens import common_prefix_len, first_completion
 
@@ -46,6 +46,8 @@ class CallRecord:
     chat_messages: list[Any] | None = None
     # a Responses-API response to keep: {"id", "created_at", "response", "conversation"}
     stored_response: dict[str, Any] | None = None
+    # explicit task key (X-Onthejob-Task); else derived from the first user message
+    task_key: str | None = None
     # per-call working state of the client API's dialect (never stored)
     context: dict[str, Any] = field(default_factory=dict)
     upstream: str | None = None
@@ -214,12 +216,14 @@ class Recorder:
         if record.session_key is None and capture is None and messages is None:
             # a request refused before it reached a model belongs to no episode
             return self._bare_row(record), None
-        state, _ = self.tracker.resolve(
+        state, is_new = self.tracker.resolve(
             session_key=record.session_key,
             messages=messages,
             now=record.started_at,
             find_open=self._find_open,
         )
+        if is_new or state.task_key is None:
+            state.task_key = record.task_key or derive_task_key(messages)
         prompt = capture.prompt_token_ids if capture else None
         choices = [c.as_record() for c in capture.choices] if capture else None
         parent_id, prefix_len, suffix = None, 0, prompt
@@ -257,6 +261,7 @@ class Recorder:
         trajectory = {
             "id": state.id,
             "session_key": state.session_key,
+            "task_key": state.task_key,
             "status": "open",
             "started_at": state.started_at,
             "last_call_at": state.last_call_at,

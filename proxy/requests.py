@@ -12,6 +12,7 @@ from proxy.capture import CHAT, COMPLETIONS
 from proxy.errors import BadRequest
 
 SESSION_HEADER = "x-onthejob-session"
+TASK_HEADER = "x-onthejob-task"
 MAX_SESSION_KEY = 200
 
 
@@ -86,3 +87,13 @@ def sticky_key(session: str | None, api: str, body: dict[str, Any]) -> str | Non
         return "m:" + hashlib.blake2b(orjson.dumps(opening), digest_size=12).hexdigest()
     except TypeError:
         return None
+
+
+def task_key(request: Request) -> str | None:
+    """Explicit task key from the X-Onthejob-Task header (what makes runs comparable)."""
+    key = request.headers.get(TASK_HEADER)
+    if key is None:
+        return None
+    if not key or len(key) > 500 or not key.isprintable():
+        raise BadRequest("task key must be 1-500 printable characters", code="invalid_task")
+    return key

@@ -115,12 +115,25 @@ def continuation_hash(messages: list[Any], reply: dict[str, Any] | None) -> str 
     return hasher.add(reply)
 
 
+def derive_task_key(messages: list[Any] | None) -> str | None:
+    """The implicit task key: the first user message, normalised (case, whitespace)."""
+    for message in messages or []:
+        if isinstance(message, dict) and message.get("role") == "user":
+            text = " ".join(_text_of(message.get("content")).lower().split())
+            if len(text) <= 200:
+                return "msg:" + text
+            digest = hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
+            return f"msg:{text[:180]}~{digest}"
+    return None
+
+
 @dataclass
 class TrajectoryState:
     id: str
     session_key: str | None
     started_at: float
     last_call_at: float
+    task_key: str | None = None
     last_call_id: str | None = None
     # prompt + first completion of the last call: the base the next prompt is stored against
     last_sequence: list[int] = field(default_factory=list)

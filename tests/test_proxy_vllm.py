@@ -277,9 +277,19 @@ def test_header_session_key(proxy, vllm, engine):
         api.chat.completions.create(
             model=vllm.model_name, messages=[{"role": "user", "content": "hi"}], max_tokens=3
         )
-    wait_for_calls(engine, 2)
-    (trajectory,) = export(engine)
-    assert trajectory["session"] == "from-header" and len(trajectory["calls"]) == 2
+    tasked = openai.OpenAI(
+        base_url=proxy.url + "/v1", api_key="x", default_headers={"X-Onthejob-Task": "t-42"}
+    )
+    tasked.chat.completions.create(
+        model=vllm.model_name, messages=[{"role": "user", "content": "other"}], max_tokens=3
+    )
+    wait_for_calls(engine, 3)
+    by_session = {t["session"]: t for t in export(engine)}
+    trajectory = by_session["from-header"]
+    assert len(trajectory["calls"]) == 2
+    # no explicit task: derived from the first user message, normalised
+    assert trajectory["task_key"] == "msg:hi"
+    assert by_session[None]["task_key"] == "t-42"
 
 
 def test_client_disconnect_mid_stream_is_recorded_cancelled(proxy, vllm, engine):

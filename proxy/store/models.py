@@ -88,3 +88,80 @@ class StoredResponse(Base):
     response: Mapped[dict[str, Any]] = mapped_column(JSON)
     # the conversation (chat messages, instructions excluded) a follow-up continues from
     conversation: Mapped[list[Any]] = mapped_column(JSON)
+
+
+class Task(Base):
+    """A known task: what makes trajectories comparable, and what a good outcome is."""
+
+    __tablename__ = "tasks"
+
+    key: Mapped[str] = mapped_column(String(500), primary_key=True)
+    prompt: Mapped[str | None] = mapped_column(Text)
+    answer: Mapped[str | None] = mapped_column(Text)
+    match: Mapped[str] = mapped_column(String(16), default="exact")
+    tolerance: Mapped[float] = mapped_column(Float, default=1e-6)
+    task_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
+
+
+class Grade(Base):
+    """The reward a finished trajectory got, with what the graders said."""
+
+    __tablename__ = "grades"
+
+    trajectory_id: Mapped[str] = mapped_column(ForeignKey("trajectories.id"), primary_key=True)
+    reward: Mapped[float | None] = mapped_column(Float)
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    graded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    # the learner step that trained on it (None: not yet used)
+    trained_in_step: Mapped[int | None] = mapped_column(Integer, index=True)
+
+
+class Feedback(Base):
+    """A reward posted by the harness owner or an end user."""
+
+    __tablename__ = "feedback"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    trajectory_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    session_key: Mapped[str | None] = mapped_column(String(200), index=True)
+    reward: Mapped[float] = mapped_column(Float)
+    comment: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class PolicyVersion(Base):
+    """Weights that were (or were tried to be) served."""
+
+    __tablename__ = "policy_versions"
+
+    version: Mapped[str] = mapped_column(String(200), primary_key=True)
+    ordinal: Mapped[int] = mapped_column(Integer, unique=True)
+    parent: Mapped[str | None] = mapped_column(String(200))
+    checkpoint_path: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # serving | superseded | rolled_back | failed
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    swap_seconds: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class TrainingStep(Base):
+    """One optimizer step of the learner and what it measured."""
+
+    __tablename__ = "training_steps"
+
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class LearnerState(Base):
+    """Small key/value state the learner resumes from (running baselines, knobs)."""
+
+    __tablename__ = "learner_state"
+
+    key: Mapped[str] = mapped_column(String(100), primary_key=True)
+    value: Mapped[Any] = mapped_column(JSON)

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import orjson
-from sqlalchemy import JSON, Connection, case, select, update
+from sqlalchemy import JSON, Connection, case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from proxy.store.models import Call, StoredResponse, Trajectory
@@ -60,7 +60,8 @@ def write_batch(
             set_={
                 "last_call_at": case(
                     (newer, stmt.excluded.last_call_at), else_=table.c.last_call_at
-                )
+                ),
+                "task_key": func.coalesce(table.c.task_key, stmt.excluded.task_key),
             },
         )
         conn.execute(stmt, _with_datetimes(trajectories, TRAJECTORY_TIME_FIELDS))
