@@ -6,7 +6,7 @@ This format is a public interface (documented in the README); add fields, never 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import IO, Any
 
 import orjson
@@ -20,7 +20,7 @@ def _iso(value: datetime | None) -> str | None:
     if value is None:
         return None
     if value.tzinfo is None:  # SQLite returns naive datetimes; they are stored as UTC
-        value = value.replace(tzinfo=timezone.utc)
+        value = value.replace(tzinfo=UTC)
     return value.isoformat()
 
 
@@ -54,10 +54,15 @@ def export_call(call: dict[str, Any], prompt: list[int] | None) -> dict[str, Any
 
 
 def iter_trajectories(
-    engine: Engine, *, session_key: str | None = None, since: datetime | None = None
+    engine: Engine,
+    *,
+    session_key: str | None = None,
+    since: datetime | None = None,
+    ids: list[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
     with engine.connect() as conn:
-        for trajectory in list(repo.trajectories(conn, session_key=session_key, since=since)):
+        found = repo.trajectories(conn, session_key=session_key, since=since, ids=ids)
+        for trajectory in list(found):
             calls = repo.calls_of(conn, trajectory_id=trajectory["id"])
             prompts = materialize_prompts(
                 calls, lambda call_id: repo.call_by_id(conn, call_id=call_id)

@@ -13,7 +13,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine
@@ -148,7 +148,7 @@ class Recorder:
                 repo.write_batch(conn, **rows, fresh=True)
                 if rows["finished"]:
                     cutoff = now - self.idle_timeout - 10 * self.flush_interval - 5
-                    repo.finish_idle(conn, idle_before=datetime.fromtimestamp(cutoff, timezone.utc))
+                    repo.finish_idle(conn, idle_before=datetime.fromtimestamp(cutoff, UTC))
             self.written += len(rows["calls"])
         except SQLAlchemyError as exc:
             log.warning("database unreachable (%s); spooling %d calls", _short(exc), len(batch))
@@ -302,7 +302,7 @@ class Recorder:
 
 def _epoch(value: datetime) -> float:
     if value.tzinfo is None:  # SQLite hands back naive datetimes; we store UTC
-        value = value.replace(tzinfo=timezone.utc)
+        value = value.replace(tzinfo=UTC)
     return value.timestamp()
 
 

@@ -148,7 +148,7 @@ class UpstreamPool:
                 raise UpstreamUnavailable(
                     f"upstream {replica.url} dropped the connection: {exc}"
                 ) from exc
-            except (TimeoutError, asyncio.TimeoutError) as exc:
+            except TimeoutError as exc:
                 raise UpstreamTimeout(f"upstream {replica.url} timed out") from exc
             except aiohttp.ClientError as exc:
                 raise UpstreamUnavailable(f"upstream {replica.url} failed: {exc}") from exc
@@ -178,7 +178,7 @@ class UpstreamPool:
         except aiohttp.ClientConnectorError:
             if replica.healthy:
                 self.mark_failed(replica)
-        except (aiohttp.ClientError, TimeoutError, asyncio.TimeoutError, ValueError):
+        except (aiohttp.ClientError, TimeoutError, ValueError):
             # slow or odd answers from a busy replica are not a reason to route around it
             log.debug("policy version poll of %s failed", replica.url, exc_info=True)
 

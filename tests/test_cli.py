@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import orjson
 import pytest
@@ -42,7 +42,7 @@ def test_help_lists_every_option(command: list[str]) -> None:
 
 
 def _seed(engine: Engine) -> None:
-    day = datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp()
+    day = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
     rows = []
     for i, (session, at) in enumerate((("a", day), ("b", day + 86400), ("a", day + 172800))):
         rows.append(

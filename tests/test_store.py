@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, inspect, select
 
@@ -93,7 +93,7 @@ def test_trajectory_last_call_only_moves_forward(engine: Engine) -> None:
         repo.write_batch(conn, **batch)  # an older replayed batch must not move it back
         last = conn.execute(select(Trajectory.last_call_at)).scalar_one()
     if last.tzinfo is None:
-        last = last.replace(tzinfo=timezone.utc)
+        last = last.replace(tzinfo=UTC)
     assert abs(last.timestamp() - (now + 60)) < 1e-3
 
 
@@ -103,7 +103,7 @@ def test_finish_idle_and_open_lookup(engine: Engine) -> None:
         repo.write_batch(conn, **_batch(now - 600))
         found = repo.open_trajectory_for_session(conn, session_key="s")
         assert found is not None and found["id"] == "t1"
-        cutoff = datetime.now(timezone.utc) - timedelta(seconds=300)
+        cutoff = datetime.now(UTC) - timedelta(seconds=300)
         assert repo.finish_idle(conn, idle_before=cutoff) == 1
         assert repo.open_trajectory_for_session(conn, session_key="s") is None
         assert conn.execute(select(Trajectory.status)).scalar_one() == "finished"

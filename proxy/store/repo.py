@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -17,7 +17,7 @@ TRAJECTORY_TIME_FIELDS = ("started_at", "last_call_at", "ended_at")
 
 
 def to_datetime(epoch: float | None) -> datetime | None:
-    return None if epoch is None else datetime.fromtimestamp(epoch, tz=timezone.utc)
+    return None if epoch is None else datetime.fromtimestamp(epoch, tz=UTC)
 
 
 def _insert(conn: Connection, table: Any) -> Any:
@@ -132,6 +132,7 @@ def trajectories(
     session_key: str | None = None,
     since: datetime | None = None,
     status: str | None = None,
+    ids: list[str] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Trajectories (as dicts) oldest first; `since` matches any activity after it."""
     query = select(Trajectory.__table__).order_by(Trajectory.started_at, Trajectory.id)
@@ -141,6 +142,8 @@ def trajectories(
         query = query.where(Trajectory.last_call_at >= since)
     if status is not None:
         query = query.where(Trajectory.status == status)
+    if ids is not None:
+        query = query.where(Trajectory.id.in_(ids))
     for row in conn.execute(query).yield_per(200):
         yield dict(row._mapping)
 
