@@ -19,6 +19,7 @@ from proxy.errors import error_body
 from proxy.recording import Recorder
 from proxy.response_store import ResponseStore
 from proxy.routes import anthropic as anthropic_routes
+from proxy.routes import feedback as feedback_routes
 from proxy.routes import openai as openai_routes
 from proxy.routes import responses as responses_routes
 from proxy.settings import Settings
@@ -93,6 +94,7 @@ def create_app(settings: Settings) -> Starlette:
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
             # specific routes first: openai_routes ends with the /v1/* passthrough
+            *feedback_routes.routes(),
             *anthropic_routes.routes(),
             *responses_routes.routes(),
             *openai_routes.routes(),

@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     # a stream once an upstream is seen dropping streamed tool-call token ids.
     stream_tools_mode: str = "auto"
     auto_migrate: bool = True
+    # bearer tokens: feedback posting (falls back to the admin token); never logged
+    feedback_token: str | None = None
+    admin_token: str | None = None
 
     @field_validator("upstreams", mode="before")
     @classmethod

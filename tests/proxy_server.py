@@ -26,7 +26,9 @@ class ProxyServer:
         log_path: Path,
         args: list[str] | None = None,
         port: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
+        self.env = {**os.environ, **(env or {})}
         self.upstreams = upstreams
         self.db_url = db_url
         self.spool = spool
@@ -46,7 +48,7 @@ class ProxyServer:
     def start(self, timeout: float = 60.0) -> ProxyServer:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ)
+                self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.env
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
