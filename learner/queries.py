@@ -1,0 +1,237 @@
+"""The learner's reads and writes on the shared store. Callers own the transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from proxy.store.models import (
+    Call,
+    Feedback,
+    Grade,
+    LearnerState,
+    PolicyVersion,
+    Task,
+    TrainingStep,
+    Trajectory,
+)
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _insert(conn: Connection, table: Any) -> Any:
+    return (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
+
+
+def ungraded_finished(conn: Connection, *, limit: int) -> list[str]:
+    """Ids of finished trajectories with no grade yet, oldest first."""
+    rows = conn.execute(
+        select(Trajectory.id)
+        .outerjoin(Grade, Grade.trajectory_id == Trajectory.id)
+        .where(Trajectory.status == "finished", Grade.trajectory_id.is_(None))
+        .order_by(Trajectory.last_call_at)
+        .limit(limit)
+    )
+    return [r[0] for r in rows]
+
+
+def save_grade(
+    conn: Connection,
+    *,
+    trajectory_id: str,
+    reward: float | None,
+    detail: dict[str, Any],
+    error: str | None,
+) -> None:
+    values = {
+        "trajectory_id": trajectory_id,
+        "reward": reward,
+        "detail": detail,
+        "error": error,
+        "graded_at": now(),
+    }
+    stmt = _insert(conn, Grade.__table__).values(values)
+    conn.execute(stmt.on_conflict_do_nothing(index_elements=["trajectory_id"]))
+    conn.execute(update(Trajectory).where(Trajectory.id == trajectory_id).values(reward=reward))
+
+
+def trainable_grades(conn: Connection) -> list[dict[str, Any]]:
+    """Graded trajectories not yet trained on: id, task_key, reward, policy version."""
+    first_version = (
+        select(Call.policy_version)
+        .where(Call.trajectory_id == Trajectory.id)
+        .order_by(Call.started_at)
+        .limit(1)
+        .scalar_subquery()
+    )
+    rows = conn.execute(
+        select(
+            Grade.trajectory_id,
+            Trajectory.task_key,
+            Grade.reward,
+            first_version.label("policy_version"),
+        )
+        .join(Trajectory, Trajectory.id == Grade.trajectory_id)
+        .where(Grade.trained_in_step.is_(None), Grade.reward.is_not(None))
+        .order_by(Grade.graded_at)
+    )
+    return [dict(r._mapping) for r in rows]
+
+
+def mark_trained(conn: Connection, *, trajectory_ids: Sequence[str], step: int) -> None:
+    if trajectory_ids:
+        conn.execute(
+            update(Grade)
+            .where(Grade.trajectory_id.in_(list(trajectory_ids)))
+            .values(trained_in_step=step)
+        )
+
+
+def version_ordinals(conn: Connection) -> dict[str, int]:
+    rows = conn.execute(select(PolicyVersion.version, PolicyVersion.ordinal))
+    return {version: ordinal for version, ordinal in rows}
+
+
+def serving_version(conn: Connection) -> dict[str, Any] | None:
+    row = conn.execute(
+        select(PolicyVersion.__table__)
+        .where(PolicyVersion.status == "serving")
+        .order_by(PolicyVersion.ordinal.desc())
+        .limit(1)
+    ).first()
+    return None if row is None else dict(row._mapping)
+
+
+def next_ordinal(conn: Connection) -> int:
+    current = conn.execute(select(func.max(PolicyVersion.ordinal))).scalar()
+    return 0 if current is None else int(current) + 1
+
+
+def add_version(
+    conn: Connection,
+    *,
+    version: str,
+    ordinal: int,
+    parent: str | None,
+    checkpoint_path: str | None,
+    status: str,
+    swap_seconds: float | None = None,
+    error: str | None = None,
+    metrics: dict[str, Any] | None = None,
+) -> None:
+    if status == "serving":
+        conn.execute(
+            update(PolicyVersion)
+            .where(PolicyVersion.status == "serving")
+            .values(status="superseded")
+        )
+    conn.execute(
+        _insert(conn, PolicyVersion.__table__).values(
+            version=version,
+            ordinal=ordinal,
+            parent=parent,
+            checkpoint_path=checkpoint_path,
+            created_at=now(),
+            status=status,
+            swap_seconds=swap_seconds,
+            error=error,
+            metrics=metrics,
+        )
+    )
+
+
+def set_version_status(conn: Connection, *, version: str, status: str) -> None:
+    if status == "serving":
+        conn.execute(
+            update(PolicyVersion)
+            .where(PolicyVersion.status == "serving")
+            .values(status="superseded")
+        )
+    conn.execute(
+        update(PolicyVersion).where(PolicyVersion.version == version).values(status=status)
+    )
+
+
+def version(conn: Connection, *, version: str) -> dict[str, Any] | None:
+    row = conn.execute(
+        select(PolicyVersion.__table__).where(PolicyVersion.version == version)
+    ).first()
+    return None if row is None else dict(row._mapping)
+
+
+def last_step(conn: Connection) -> int:
+    value = conn.execute(select(func.max(TrainingStep.step))).scalar()
+    return 0 if value is None else int(value)
+
+
+def add_step(conn: Connection, *, step: int, version: str | None, metrics: dict[str, Any]) -> None:
+    conn.execute(
+        _insert(conn, TrainingStep.__table__).values(
+            step=step, version=version, created_at=now(), metrics=metrics
+        )
+    )
+
+
+def get_state(conn: Connection, key: str) -> Any:
+    return conn.execute(select(LearnerState.value).where(LearnerState.key == key)).scalar()
+
+
+def set_state(conn: Connection, key: str, value: Any) -> None:
+    stmt = _insert(conn, LearnerState.__table__).values(key=key, value=value)
+    conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"value": value}))
+
+
+def upsert_tasks(conn: Connection, tasks: Sequence[dict[str, Any]]) -> None:
+    for task in tasks:
+        values = {
+            "key": task["key"],
+            "prompt": task.get("prompt"),
+            "answer": task.get("answer"),
+            "match": task.get("match", "exact"),
+            "tolerance": task.get("tolerance", 1e-6),
+            "metadata": task.get("metadata"),
+        }
+        stmt = _insert(conn, Task.__table__).values(values)
+        update_values = {k: v for k, v in values.items() if k != "key"}
+        conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_=update_values))
+
+
+def latest_feedback(
+    conn: Connection, *, trajectory_id: str, session_key: str | None
+) -> tuple[float, str | None] | None:
+    """The newest reward posted for this trajectory (or its session)."""
+    condition = Feedback.trajectory_id == trajectory_id
+    if session_key is not None:
+        condition = condition | (Feedback.session_key == session_key)
+    row = conn.execute(
+        select(Feedback.reward, Feedback.comment)
+        .where(condition)
+        .order_by(Feedback.created_at.desc(), Feedback.id.desc())
+        .limit(1)
+    ).first()
+    return None if row is None else (float(row[0]), row[1])
+
+
+def add_feedback(
+    conn: Connection,
+    *,
+    reward: float,
+    trajectory_id: str | None,
+    session_key: str | None,
+    comment: str | None,
+) -> None:
+    conn.execute(
+        _insert(conn, Feedback.__table__).values(
+            trajectory_id=trajectory_id,
+            session_key=session_key,
+            reward=reward,
+            comment=comment,
+            created_at=now(),
+        )
+    )
