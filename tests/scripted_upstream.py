@@ -53,6 +53,7 @@ class ScriptedUpstream:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._gate = threading.Event()
+        self.hung_up = threading.Event()  # the proxy closed the upstream connection early
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
         self._ready = threading.Event()
@@ -71,7 +72,14 @@ class ScriptedUpstream:
             assert request.transport is not None
             request.transport.abort()  # the replica dies mid-answer
             return response
-        await asyncio.get_running_loop().run_in_executor(None, self._gate.wait, 30)
+        # hold the answer until released, noticing if the proxy hangs up meanwhile
+        deadline = asyncio.get_running_loop().time() + 30
+        while not self._gate.is_set() and asyncio.get_running_loop().time() < deadline:
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                self.hung_up.set()
+                return response
+            await asyncio.sleep(0.01)
         for item in self.after:
             await response.write(b"data: " + orjson.dumps(item) + b"\n\n")
         await response.write(b"data: [DONE]\n\n")

@@ -59,3 +59,28 @@ def test_upstream_breaking_off_ends_with_an_error_event(db_url: str, engine: Eng
     assert {c["status"] for c in calls} == {"error"}
     assert all(c["completion_token_ids"] == [5] for c in calls)
     assert all(c["capture_complete"] is False for c in calls)
+
+
+def test_client_leaving_mid_stream_is_recorded_cancelled_and_hangs_up_upstream(
+    db_url: str, engine: Engine, start_proxy
+) -> None:
+    first = [chunk("Hello", token_id=7)]
+    with ScriptedUpstream(first, [chunk(" never", token_id=8, finish="stop")]) as upstream:
+        proxy = start_proxy([upstream.url], db_url)
+        body = {
+            "model": "scripted",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+        }
+        with httpx.Client(timeout=20) as http:
+            with http.stream("POST", proxy.url + "/v1/chat/completions", json=body) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: {"):
+                        break  # leave while the upstream still holds the rest
+        wait_for_calls(engine, 1, status="cancelled")
+        # the proxy stopped the generation upstream instead of letting it run on
+        assert upstream.hung_up.wait(20)
+    (call,) = export(engine)[0]["calls"]
+    assert call["status"] == "cancelled" and call["http_status"] == 499
+    assert call["completion_token_ids"] == [7]
+    assert call["capture_complete"] is False

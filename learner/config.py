@@ -1,0 +1,77 @@
+"""Learner configuration: defaults < TOML file (--config) < ONTHEJOB_LEARN_* env < flags."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class LearnerConfig:
+    database_url: str = "sqlite:///onthejob.db"
+    upstreams: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8000"])
+    model: str = ""  # the base model directory (what vLLM was started with)
+    checkpoints: str = "checkpoints"
+    graders: list[str] = field(default_factory=lambda: ["reference"])
+    tasks: str | None = None  # JSONL task table loaded into the database at start
+    lora: bool = False
+    learning_rate: float = 1e-5
+    batch_trajectories: int = 16  # train once this many trajectories carry a signal
+    max_staleness: int = 4
+    std_normalise: bool = False
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    max_importance_weight: float = 2.0
+    kl_coef: float = 0.0
+    max_grad_norm: float = 1.0
+    micro_batch_tokens: int = 8192
+    mask_truncated: bool = True
+    max_sequence_mismatch: float = 1.0
+    verify_tolerance: float = 1e-3
+    poll_interval: float = 1.0
+    max_steps: int | None = None  # stop after this many steps (None: run forever)
+    judge_base_url: str | None = None
+    judge_model: str | None = None
+    command_timeout: float = 30.0
+    feedback_wait: float = 3600.0
+    device: str | None = None
+
+    @classmethod
+    def load(cls, *, config_file: Path | None, overrides: dict[str, Any]) -> LearnerConfig:
+        values: dict[str, Any] = {}
+        names = {f.name: f for f in fields(cls)}
+        if config_file is not None:
+            data = tomllib.loads(config_file.read_text())
+            unknown = sorted(set(data) - set(names))
+            if unknown:
+                raise ValueError(f"{config_file}: unknown settings {', '.join(unknown)}")
+            values.update(data)
+        for name, spec in names.items():
+            env = os.environ.get(f"ONTHEJOB_LEARN_{name.upper()}")
+            if env is not None:
+                values[name] = _parse_env(env, spec.type)
+        if "database_url" not in values and os.environ.get("ONTHEJOB_DATABASE_URL"):
+            values["database_url"] = os.environ["ONTHEJOB_DATABASE_URL"]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        config = cls(**values)
+        if not config.model:
+            raise ValueError("--model is required: the base model directory vLLM serves")
+        return config
+
+
+def _parse_env(text: str, kind: Any) -> Any:
+    kind = str(kind)
+    if "list" in kind:
+        return [part for part in text.split(",") if part]
+    if "bool" in kind:
+        return text.lower() in ("1", "true", "yes", "on")
+    if "int" in kind and "None" not in kind:
+        return int(text)
+    if "float" in kind:
+        return float(text)
+    if "int" in kind:
+        return int(text)
+    return text

@@ -1,0 +1,53 @@
+"""What every grader returns and the interface the learner calls.
+
+Invariant: a grader never raises for a bad trajectory; it returns one `Grade` per
+trajectory, in order, and a failure is a Grade with `error` set (the trajectory is skipped).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from learner.graders.tasks import TaskTable
+
+
+@dataclass(frozen=True)
+class Grade:
+    """A reward with the record that explains it (stored next to the reward)."""
+
+    reward: float | None  # None when the grader could not grade (error, or waiting for feedback)
+    detail: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # the trajectory is skipped; the loop carries on
+    pending: bool = False  # not gradable yet: ask again later
+
+    @classmethod
+    def failed(cls, error: str, **detail: Any) -> Grade:
+        return cls(reward=None, detail=detail, error=error)
+
+    @classmethod
+    def waiting(cls, **detail: Any) -> Grade:
+        return cls(reward=None, detail=detail, pending=True)
+
+
+class Grader(Protocol):
+    name: str
+
+    def grade(self, trajectories: list[dict[str, Any]], *, tasks: TaskTable) -> list[Grade]:
+        """One Grade per trajectory, same order. Graders that compare trajectories with each
+        other (the judge) treat the list as a group: pass trajectories of one task together."""
+        ...
+
+
+def as_reward(value: object) -> float:
+    """A user-supplied reward as a float: numbers and bools (True -> 1.0); a NaN or infinity
+    is refused because one bad reward would poison a whole training step."""
+    if not isinstance(value, numbers.Real):
+        raise ValueError(f"expected a number, got {type(value).__name__}: {value!r:.200}")
+    reward = float(value)
+    if not math.isfinite(reward):
+        raise ValueError(f"expected a finite number, got {reward!r}")
+    return reward

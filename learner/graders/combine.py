@@ -1,0 +1,195 @@
+"""Grader specs (`--grader SPEC[@WEIGHT]`) and their weighted combination.
+
+SPEC is `reference`, `python:MODULE:FUNCTION`, `command:SHELL_COMMAND`, `judge[:BASE_URL]` or
+`feedback`. Invariant: a trajectory gets a reward only when every component graded it; any
+component error makes it an error (skipped), else any pending component makes it pending.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from learner.graders.base import Grade, Grader
+from learner.graders.command import CommandGrader
+from learner.graders.feedback import FeedbackGrader, FeedbackSource
+from learner.graders.judge import JudgeGrader
+from learner.graders.judge_prompt import DEFAULT_RUBRIC
+from learner.graders.python import PythonGrader
+from learner.graders.reference import ReferenceGrader
+from learner.graders.tasks import TaskTable
+
+# Cheap and possibly-pending graders run first: a trajectory that is already pending or
+# failed is not sent to the slow ones (commands, the judge) at all.
+_ORDER = {"feedback": 0, "reference": 1, "python": 2, "command": 3, "judge": 4}
+_FORMS = "reference, python:MODULE:FUNCTION, command:SHELL_COMMAND, judge[:BASE_URL], feedback"
+# Only a trailing @<number> is a weight: commands and URLs may contain '@' and ':' themselves.
+_WEIGHT = re.compile(r"@([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
+
+
+def parse_spec(spec: str) -> tuple[str, str | None, float]:
+    """'KIND[:ARG][@WEIGHT]' -> (kind, arg or None, weight); ValueError saying what is wrong."""
+    body, weight = _split_weight(spec.strip())
+    kind, colon, arg = body.partition(":")
+    kind = kind.strip()
+    if kind not in _ORDER:
+        hint = " (a weight is @ followed by a number)" if "@" in kind else ""
+        raise ValueError(f"grader spec {spec!r}: unknown kind {kind!r}{hint}; expected {_FORMS}")
+    if kind in ("reference", "feedback") and colon:
+        raise ValueError(f"grader spec {spec!r}: {kind} takes no argument")
+    if kind == "python" and not re.fullmatch(r"[\w.]+:[\w.]+", arg.strip()):
+        raise ValueError(f"grader spec {spec!r}: expected python:MODULE:FUNCTION")
+    if kind == "command" and not arg.strip():
+        raise ValueError(f"grader spec {spec!r}: expected command:SHELL_COMMAND")
+    if kind == "judge" and colon and not re.match(r"https?://\S+$", arg.strip()):
+        raise ValueError(f"grader spec {spec!r}: expected judge or judge:http(s)://HOST[:PORT]/v1")
+    return kind, arg.strip() or None, weight
+
+
+def _split_weight(spec: str) -> tuple[str, float]:
+    found = _WEIGHT.search(spec)
+    if found is None:
+        return spec, 1.0
+    weight = float(found.group(1))
+    if not math.isfinite(weight) or weight <= 0:
+        raise ValueError(f"grader spec {spec!r}: the weight must be a positive number")
+    return spec[: found.start()], weight
+
+
+def build_graders(
+    specs: Sequence[str],
+    *,
+    judge_base_url: str | None = None,
+    judge_model: str | None = None,
+    judge_rubric: str = DEFAULT_RUBRIC,
+    feedback_source: FeedbackSource | None = None,
+    feedback_wait_seconds: float = 3600.0,
+    command_timeout: float = 30.0,
+) -> CombinedGrader:
+    """The graders named by `specs`, combined; ValueError for a bad or duplicated spec."""
+    if not specs:
+        raise ValueError(f"no grader given; expected one or more of {_FORMS}")
+    components: list[tuple[int, Grader, float]] = []
+    for spec in specs:
+        kind, arg, weight = parse_spec(spec)
+        grader = _build_one(
+            kind,
+            arg,
+            judge_base_url=judge_base_url,
+            judge_model=judge_model,
+            judge_rubric=judge_rubric,
+            feedback_source=feedback_source,
+            feedback_wait_seconds=feedback_wait_seconds,
+            command_timeout=command_timeout,
+        )
+        if any(grader.name == other.name for _, other, _ in components):
+            raise ValueError(f"grader spec {spec!r}: {grader.name!r} is given twice")
+        components.append((_ORDER[kind], grader, weight))
+    components.sort(key=lambda item: item[0])
+    return CombinedGrader([(grader, weight) for _, grader, weight in components])
+
+
+def _build_one(
+    kind: str,
+    arg: str | None,
+    *,
+    judge_base_url: str | None,
+    judge_model: str | None,
+    judge_rubric: str,
+    feedback_source: FeedbackSource | None,
+    feedback_wait_seconds: float,
+    command_timeout: float,
+) -> Grader:
+    if kind == "reference":
+        return ReferenceGrader()
+    if kind == "python":
+        return PythonGrader(arg or "")
+    if kind == "command":
+        return CommandGrader(arg or "", timeout=command_timeout)
+    if kind == "judge":
+        base_url = arg or judge_base_url
+        if base_url is None:
+            raise ValueError("grader spec 'judge': no judge base URL; use judge:BASE_URL")
+        name = f"judge:{arg}" if arg else "judge"
+        return JudgeGrader(base_url, model=judge_model, rubric=judge_rubric, name=name)
+    if feedback_source is None:
+        raise ValueError("grader spec 'feedback': no feedback source is configured")
+    return FeedbackGrader(feedback_source, wait_seconds=feedback_wait_seconds)
+
+
+class CombinedGrader:
+    """The weighted mean of its components' rewards (weights normalised over the components)."""
+
+    def __init__(self, components: Sequence[tuple[Grader, float]]) -> None:
+        if not components or any(weight <= 0 for _, weight in components):
+            raise ValueError("a combined grader needs components with positive weights")
+        self.components = list(components)
+        self.name = " + ".join(f"{grader.name}@{weight:g}" for grader, weight in self.components)
+
+    def grade(self, trajectories: list[dict[str, Any]], *, tasks: TaskTable) -> list[Grade]:
+        results = [_Partial() for _ in trajectories]
+        alive = list(range(len(trajectories)))
+        for grader, weight in self.components:
+            if not alive:
+                break
+            grades = _grade_safely(grader, [trajectories[i] for i in alive], tasks)
+            for index, grade in zip(alive, grades, strict=True):
+                results[index].add(grader.name, weight, grade)
+            alive = [i for i in alive if results[i].still_gradable]
+        return [result.grade() for result in results]
+
+    def close(self) -> None:
+        for grader, _ in self.components:
+            close = getattr(grader, "close", None)
+            if callable(close):
+                close()
+
+
+class _Partial:
+    """One trajectory's grades so far."""
+
+    def __init__(self) -> None:
+        self.detail: dict[str, Any] = {}
+        self.errors: list[str] = []
+        self.pending = False
+        self.weighted: list[tuple[float, float]] = []  # (weight, reward)
+
+    @property
+    def still_gradable(self) -> bool:
+        return not self.errors and not self.pending
+
+    def add(self, name: str, weight: float, grade: Grade) -> None:
+        entry: dict[str, Any] = {"reward": grade.reward, "weight": weight, "detail": grade.detail}
+        if grade.error is not None:
+            entry["error"] = grade.error
+            self.errors.append(f"{name}: {grade.error}")
+        elif grade.pending:
+            entry["pending"] = True
+            self.pending = True
+        elif grade.reward is None:
+            self.errors.append(f"{name}: gave neither a reward nor an error")
+        else:
+            self.weighted.append((weight, grade.reward))
+        self.detail[name] = entry
+
+    def grade(self) -> Grade:
+        if self.errors:
+            return Grade(reward=None, detail=self.detail, error="; ".join(self.errors))
+        if self.pending:
+            return Grade(reward=None, detail=self.detail, pending=True)
+        total = sum(weight for weight, _ in self.weighted)
+        reward = sum(weight * reward for weight, reward in self.weighted) / total
+        return Grade(reward=reward, detail=self.detail)
+
+
+def _grade_safely(grader: Grader, batch: list[dict[str, Any]], tasks: TaskTable) -> list[Grade]:
+    """A grader that breaks its promise (raises, or miscounts) fails this batch, not the loop."""
+    try:
+        grades = grader.grade(batch, tasks=tasks)
+    except Exception as exc:
+        return [Grade.failed(f"{type(exc).__name__}: {exc}")] * len(batch)
+    if len(grades) != len(batch):
+        return [Grade.failed(f"returned {len(grades)} grades for {len(batch)}")] * len(batch)
+    return grades

@@ -1,0 +1,167 @@
+"""The `judge[:BASE_URL]` grader: an LLM scores a group of trajectories of one task against
+each other, through any OpenAI-compatible endpoint (by default the served model itself).
+
+Invariant: one chat call per group; any failure (transport, refusal, unreadable verdict)
+becomes error Grades for that group only, never an exception.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+import openai
+
+from learner.graders.base import Grade
+from learner.graders.extract import final_answer, task_prompt
+from learner.graders.judge_prompt import (
+    DEFAULT_RUBRIC,
+    MAX_SCORE,
+    build_messages,
+    labels,
+    parse_verdict,
+    response_format,
+)
+from learner.graders.tasks import TaskTable
+
+
+class JudgeError(Exception):
+    """The judge could not give a verdict for a group."""
+
+
+class JudgeGrader:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str | None = None,  # None: the model the trajectories used
+        rubric: str = DEFAULT_RUBRIC,
+        name: str = "judge",
+        api_key: str | None = None,
+        timeout: float = 120.0,
+        max_retries: int = 2,
+        max_tokens: int = 1024,
+        temperature: float = 0.0,
+        seed: int | None = None,  # servers that honour it (vLLM) then sample reproducibly
+        max_answer_chars: int = 4000,
+        max_reasoning_chars: int = 1500,
+        structured: bool = True,  # False for endpoints without json_schema response formats
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        self.name = name
+        self.model = model
+        self.rubric = rubric
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.seed = seed
+        self.max_answer_chars = max_answer_chars
+        self.max_reasoning_chars = max_reasoning_chars
+        self.structured = structured
+        self.client = openai.OpenAI(
+            base_url=base_url,
+            # vLLM without --api-key accepts anything; the SDK insists on some key.
+            api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
+            timeout=timeout,
+            max_retries=max_retries,
+            http_client=http_client,
+        )
+
+    def close(self) -> None:
+        self.client.close()
+
+    def grade(self, trajectories: list[dict[str, Any]], *, tasks: TaskTable) -> list[Grade]:
+        grades: list[Grade | None] = [None] * len(trajectories)
+        for members in _groups(trajectories):
+            group = [trajectories[i] for i in members]
+            for index, grade in zip(members, self._grade_group(group, tasks), strict=True):
+                grades[index] = grade
+        return [g if g is not None else Grade.failed("not graded") for g in grades]
+
+    def _grade_group(self, group: list[dict[str, Any]], tasks: TaskTable) -> list[Grade]:
+        answers = [final_answer(t) for t in group]
+        judged = [i for i, answer in enumerate(answers) if answer is not None]
+        grades = [Grade.failed("no final answer to judge (no successful reply)")] * len(group)
+        if not judged:
+            return grades
+        texts = [answer for answer in answers if answer is not None]
+        try:
+            verdict_grades = self._judge(group[judged[0]], texts, tasks)
+        except (JudgeError, openai.OpenAIError) as exc:
+            verdict_grades = [Grade.failed(f"judge: {exc}")] * len(judged)
+        for i, grade in zip(judged, verdict_grades, strict=True):
+            grades[i] = grade
+        return grades
+
+    def _judge(self, first: dict[str, Any], answers: list[str], tasks: TaskTable) -> list[Grade]:
+        names = labels(len(answers))
+        model = self.model or _model_of(first) or self._served_model()
+        text = self._ask(model, _prompt_of(first, tasks), answers, names)
+        try:
+            verdict = parse_verdict(text, names)
+        except ValueError as exc:
+            raise JudgeError(f"{exc} (model {model})") from exc
+        common = {"reasoning": verdict.reasoning, "model": model, "candidates": len(names)}
+        return [
+            Grade(
+                reward=verdict.scores[name] / MAX_SCORE,
+                detail={"label": name, "score": verdict.scores[name], **common},
+            )
+            for name in names
+        ]
+
+    def _ask(self, model: str, prompt: str | None, answers: list[str], names: list[str]) -> str:
+        messages = build_messages(
+            prompt, answers, rubric=self.rubric, max_answer_chars=self.max_answer_chars
+        )
+        extra: dict[str, Any] = {} if self.seed is None else {"seed": self.seed}
+        if self.structured:
+            extra["response_format"] = response_format(
+                names, max_reasoning_chars=self.max_reasoning_chars
+            )
+        completion = self.client.chat.completions.create(
+            model=model,
+            messages=messages,  # type: ignore[arg-type]  # plain dicts of the documented shape
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            **extra,
+        )
+        if not completion.choices or not completion.choices[0].message.content:
+            raise JudgeError(f"empty reply from {model}")
+        choice = completion.choices[0]
+        if choice.finish_reason == "length":
+            raise JudgeError(f"reply cut at max_tokens={self.max_tokens} (model {model})")
+        return choice.message.content or ""
+
+    def _served_model(self) -> str:
+        models = self.client.models.list().data
+        if not models:
+            raise JudgeError("no model given and the endpoint serves none")
+        return models[0].id
+
+
+def _groups(trajectories: list[dict[str, Any]]) -> list[list[int]]:
+    """Indices grouped by task key; a trajectory without one is compared with nothing else."""
+    by_key: dict[str, list[int]] = {}
+    groups: list[list[int]] = []
+    for index, trajectory in enumerate(trajectories):
+        key = trajectory.get("task_key")
+        if key is None:
+            groups.append([index])
+        elif key in by_key:
+            by_key[key].append(index)
+        else:
+            by_key[key] = [index]
+            groups.append(by_key[key])
+    return groups
+
+
+def _prompt_of(trajectory: dict[str, Any], tasks: TaskTable) -> str | None:
+    key = trajectory.get("task_key")
+    task = tasks.get(key) if key is not None else None
+    return task.prompt if task is not None and task.prompt else task_prompt(trajectory)
+
+
+def _model_of(trajectory: dict[str, Any]) -> str | None:
+    models = [c.get("model") for c in trajectory.get("calls") or [] if c.get("model")]
+    return models[-1] if models else None

@@ -1,0 +1,153 @@
+"""The task table: reference answers (and prompts) by task key, loaded from JSONL.
+
+One JSON object a line: {"id", "prompt"?, "answer"?, "match"?, "tolerance"?, "metadata"?}.
+Invariant: a table that loaded is valid; every mistake is reported with its line and field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MATCH_KINDS = ("exact", "numeric", "regex", "contains")
+_FIELDS = {"id", "prompt", "answer", "match", "tolerance", "metadata"}
+
+
+class TaskTableError(ValueError):
+    """A task file that cannot be used; the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class Task:
+    key: str
+    prompt: str | None = None
+    answer: str | None = None
+    match: str = "exact"  # one of MATCH_KINDS
+    tolerance: float = 1e-6  # absolute, for match="numeric"
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class TaskTable(Mapping[str, Task]):
+    """Read-only mapping task key -> Task."""
+
+    def __init__(self, tasks: Mapping[str, Task] | None = None) -> None:
+        self._tasks = dict(tasks or {})
+
+    @classmethod
+    def from_jsonl(cls, path: str | Path) -> TaskTable:
+        tasks: dict[str, Task] = {}
+        with open(path, encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path} line {number}"
+                task = parse_task(line, where=where)
+                if task.key in tasks:
+                    raise TaskTableError(f"{where}: field 'id': duplicate task id {task.key!r}")
+                tasks[task.key] = task
+        return cls(tasks)
+
+    def __getitem__(self, key: str) -> Task:
+        return self._tasks[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tasks)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+
+def parse_task(line: str, *, where: str) -> Task:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise TaskTableError(f"{where}: not valid JSON: {exc}") from exc
+    if not isinstance(row, dict):
+        raise TaskTableError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    unknown = sorted(set(row) - _FIELDS)
+    if unknown:  # a typo like "anwser" would otherwise silently drop the reference
+        raise TaskTableError(f"{where}: field {unknown[0]!r}: unknown (known: {sorted(_FIELDS)})")
+    task = Task(
+        key=_key(row, where),
+        prompt=_optional_text(row, "prompt", where),
+        answer=_answer(row, where),
+        match=_match(row, where),
+        tolerance=_tolerance(row, where),
+        metadata=_metadata(row, where),
+    )
+    _check_answer_fits_match(task, where)
+    return task
+
+
+def _fail(where: str, name: str, message: str) -> TaskTableError:
+    return TaskTableError(f"{where}: field {name!r}: {message}")
+
+
+def _key(row: dict[str, Any], where: str) -> str:
+    if "id" not in row:
+        raise _fail(where, "id", "missing")
+    if not isinstance(row["id"], str) or not row["id"]:
+        raise _fail(where, "id", "expected a non-empty string")
+    return row["id"]
+
+
+def _optional_text(row: dict[str, Any], name: str, where: str) -> str | None:
+    value = row.get(name)
+    if value is not None and not isinstance(value, str):
+        raise _fail(where, name, f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _answer(row: dict[str, Any], where: str) -> str | None:
+    value = row.get("answer")
+    # Numbers are accepted as written ("answer": 42) because numeric tasks are common.
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return _optional_text(row, "answer", where)
+
+
+def _match(row: dict[str, Any], where: str) -> str:
+    value = row.get("match", "exact")
+    if value not in MATCH_KINDS:
+        raise _fail(where, "match", f"expected one of {list(MATCH_KINDS)}, got {value!r}")
+    return value
+
+
+def _tolerance(row: dict[str, Any], where: str) -> float:
+    value = row.get("tolerance", 1e-6)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _fail(where, "tolerance", f"expected a number, got {type(value).__name__}")
+    if not math.isfinite(value) or value < 0:
+        raise _fail(where, "tolerance", f"expected a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def _metadata(row: dict[str, Any], where: str) -> dict[str, Any]:
+    value = row.get("metadata", {})
+    if not isinstance(value, dict):
+        raise _fail(where, "metadata", f"expected an object, got {type(value).__name__}")
+    return value
+
+
+def _check_answer_fits_match(task: Task, where: str) -> None:
+    # Checked at load time so a bad reference fails the start, not every grade.
+    if task.answer is None:
+        return
+    if task.match == "numeric":
+        try:
+            value = float(task.answer)
+        except ValueError:
+            message = f"match is numeric but {task.answer!r} is not a number"
+            raise _fail(where, "answer", message) from None
+        if not math.isfinite(value):
+            raise _fail(where, "answer", f"expected a finite number, got {task.answer!r}")
+    elif task.match == "regex":
+        try:
+            re.compile(task.answer)
+        except re.error as exc:
+            raise _fail(where, "answer", f"invalid regular expression: {exc}") from exc

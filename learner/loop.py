@@ -1,0 +1,326 @@
+"""`onthejob learn`: grade finished trajectories, run GRPO on their exact tokens, publish.
+
+One iteration: grade what finished -> if enough trajectories carry a signal, one optimizer
+step -> checkpoint -> hot-swap into every vLLM replica -> verify -> record. A failed swap is
+rolled back (the previous version keeps serving, the trainer returns to its weights).
+Everything the learner needs to resume lives in the database and the checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+
+from learner import queries
+from learner.checkpoint import load_model, save_checkpoint
+from learner.config import LearnerConfig
+from learner.graders.combine import build_graders
+from learner.graders.tasks import TaskTable
+from learner.grouping import GroupingConfig, RunningBaselines, Scored, compute_advantages
+from learner.loss import LossConfig
+from learner.publisher import FullReloadPublisher, Probe, current_version
+from learner.samples import Sample, build_samples, sampling_defaults
+from learner.trainer import Trainer, TrainerConfig
+from proxy.export import iter_trajectories
+from proxy.store import db
+
+log = logging.getLogger("onthejob.learner")
+
+PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
+
+
+class DatabaseFeedback:
+    """Feedback posted through the proxy's feedback endpoint, read from the store."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def reward_for(
+        self, trajectory_id: str, session: str | None
+    ) -> tuple[float, str | None] | None:
+        with self.engine.connect() as conn:
+            return queries.latest_feedback(conn, trajectory_id=trajectory_id, session_key=session)
+
+
+class Learner:
+    def __init__(self, config: LearnerConfig) -> None:
+        self.config = config
+        db.upgrade(config.database_url)
+        self.engine = db.make_engine(config.database_url)
+        self.model_dir = Path(config.model)
+        self.checkpoints = Path(config.checkpoints)
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        self.defaults = sampling_defaults(self.model_dir)
+        self.grader = build_graders(
+            config.graders,
+            judge_base_url=config.judge_base_url or config.upstreams[0] + "/v1",
+            judge_model=config.judge_model,
+            feedback_source=DatabaseFeedback(self.engine),
+            feedback_wait_seconds=config.feedback_wait,
+            command_timeout=config.command_timeout,
+        )
+        self.grouping = GroupingConfig(
+            max_staleness=config.max_staleness, std_normalise=config.std_normalise
+        )
+        self.trainer_config = TrainerConfig(
+            learning_rate=config.learning_rate,
+            max_grad_norm=config.max_grad_norm,
+            micro_batch_tokens=config.micro_batch_tokens,
+            mask_truncated=config.mask_truncated,
+            max_sequence_mismatch=config.max_sequence_mismatch,
+            loss=LossConfig(
+                clip_low=config.clip_low,
+                clip_high=config.clip_high,
+                max_importance_weight=config.max_importance_weight,
+                kl_coef=config.kl_coef,
+            ),
+        )
+        self.tasks = TaskTable()
+        self.trainer: Trainer | None = None
+        self.publisher: FullReloadPublisher | None = None
+        self.serving: dict[str, Any] | None = None
+        self.baselines = RunningBaselines()
+        self.step = 0
+
+    # -- start-up ---------------------------------------------------------------------
+    def start(self) -> None:
+        if self.config.tasks:
+            self._load_tasks(Path(self.config.tasks))
+        with self.engine.begin() as conn:
+            self.serving = queries.serving_version(conn)
+            self.step = queries.last_step(conn)
+            state = queries.get_state(conn, "baselines")
+            if state:
+                self.baselines = RunningBaselines.from_state(state)
+            if self.serving is None:
+                # the weights vLLM serves now become version 0; its checkpoint is written
+                # by us so it always holds lm_head.weight (a rollback to it must be exact)
+                version = current_version(self.config.upstreams[0])
+                base = self.checkpoints / "base"
+                if not base.exists():
+                    save_checkpoint(load_model(self.model_dir), base, source_dir=self.model_dir)
+                queries.add_version(
+                    conn,
+                    version=version,
+                    ordinal=queries.next_ordinal(conn),
+                    parent=None,
+                    checkpoint_path=str(base),
+                    status="serving",
+                )
+                self.serving = queries.serving_version(conn)
+        assert self.serving is not None
+        source = Path(self.serving["checkpoint_path"])
+        self.trainer = Trainer(load_model(source), self.trainer_config, self.config.device)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        probe = Probe(prompt_token_ids=list(tokenizer(PROBE_TEXT)["input_ids"]))
+        self.publisher = FullReloadPublisher(
+            self.config.upstreams,
+            probe=probe,
+            tolerance=self.config.verify_tolerance,
+            last_good=source,
+        )
+        self._resync(source)
+        log.info(
+            "learner ready: serving %s (step %d), graders %s",
+            self.serving["version"],
+            self.step,
+            ", ".join(self.config.graders),
+        )
+
+    def _resync(self, source: Path) -> None:
+        """After a crash, make every replica serve what the database says is serving."""
+        assert self.serving is not None and self.publisher is not None
+        assert self.trainer is not None
+        version = self.serving["version"]
+        stale = [u for u in self.config.upstreams if current_version(u) != version]
+        if stale:
+            log.info("replicas %s are not on %s; publishing it again", stale, version)
+            result = self.publisher.rollback(source, version, expected=self.trainer.logprobs_of)
+            if not result.ok:
+                raise RuntimeError(f"could not restore {version} on {stale}: {result.error}")
+
+    def _load_tasks(self, path: Path) -> None:
+        table = TaskTable.from_jsonl(path)
+        rows = [
+            {
+                "key": t.key,
+                "prompt": t.prompt,
+                "answer": t.answer,
+                "match": t.match,
+                "tolerance": t.tolerance,
+                "metadata": t.metadata,
+            }
+            for t in table.values()
+        ]
+        with self.engine.begin() as conn:
+            queries.upsert_tasks(conn, rows)
+        self.tasks = table
+        log.info("loaded %d tasks from %s", len(rows), path)
+
+    # -- the loop ---------------------------------------------------------------------
+    def run(self) -> None:
+        self.start()
+        while self.config.max_steps is None or self.step < self.config.max_steps:
+            graded = self.grade_finished()
+            trained = self.maybe_train()
+            if not graded and not trained:
+                time.sleep(self.config.poll_interval)
+
+    def grade_finished(self) -> int:
+        with self.engine.connect() as conn:
+            ids = queries.ungraded_finished(conn, limit=256)
+        if not ids:
+            return 0
+        trajectories = list(iter_trajectories(self.engine, ids=ids))
+        grades = self.grader.grade(trajectories, tasks=self.tasks)
+        saved = 0
+        with self.engine.begin() as conn:
+            for trajectory, grade in zip(trajectories, grades, strict=True):
+                if grade.pending:
+                    continue
+                queries.save_grade(
+                    conn,
+                    trajectory_id=trajectory["id"],
+                    reward=grade.reward,
+                    detail=grade.detail,
+                    error=grade.error,
+                )
+                saved += 1
+                if grade.error:
+                    log.warning("trajectory %s not graded: %s", trajectory["id"], grade.error)
+        return saved
+
+    def maybe_train(self) -> bool:
+        with self.engine.connect() as conn:
+            rows = queries.trainable_grades(conn)
+            ordinals = queries.version_ordinals(conn)
+        if not rows:
+            return False
+        assert self.serving is not None
+        current = int(self.serving["ordinal"])
+        scored = [
+            Scored(
+                trajectory_id=r["trajectory_id"],
+                task_key=r["task_key"] or r["trajectory_id"],
+                reward=float(r["reward"]),
+                version_index=ordinals.get(r["policy_version"], 0),
+            )
+            for r in rows
+        ]
+        advantaged, group_metrics = compute_advantages(
+            scored, current_version_index=current, baselines=self.baselines, config=self.grouping
+        )
+        if len(advantaged) < self.config.batch_trajectories:
+            return False
+        self._train(advantaged, [s.trajectory_id for s in scored], group_metrics)
+        return True
+
+    def _train(
+        self, advantaged: list[Any], considered: list[str], group_metrics: dict[str, float]
+    ) -> None:
+        assert self.trainer is not None and self.publisher is not None and self.serving
+        advantage_of = {a.trajectory_id: a.advantage for a in advantaged}
+        trajectories = list(iter_trajectories(self.engine, ids=list(advantage_of)))
+        samples: list[Sample] = []
+        advantages: list[float] = []
+        for trajectory in trajectories:
+            for sample in build_samples(trajectory, defaults=self.defaults):
+                samples.append(sample)
+                advantages.append(advantage_of[trajectory["id"]])
+        keep = set(map(id, self.trainer.trainable(samples)))
+        pairs = [(s, a) for s, a in zip(samples, advantages, strict=True) if id(s) in keep]
+        step = self.step + 1
+        metrics = self.trainer.step([s for s, _ in pairs], [a for _, a in pairs])
+        metrics.update(group_metrics)
+        version = f"step-{step}"
+        checkpoint = save_checkpoint(
+            self.trainer.model, self.checkpoints / version, source_dir=self.model_dir
+        )
+        result = self.publisher.publish(checkpoint, version, expected=self.trainer.logprobs_of)
+        metrics.update(swap_seconds=result.swap_seconds, max_logprob_diff=result.max_logprob_diff)
+        with self.engine.begin() as conn:
+            ordinal = queries.next_ordinal(conn)
+            if result.ok:
+                queries.add_version(
+                    conn,
+                    version=version,
+                    ordinal=ordinal,
+                    parent=self.serving["version"],
+                    checkpoint_path=str(checkpoint),
+                    status="serving",
+                    swap_seconds=result.swap_seconds,
+                    metrics=metrics,
+                )
+            else:
+                queries.add_version(
+                    conn,
+                    version=version,
+                    ordinal=ordinal,
+                    parent=self.serving["version"],
+                    checkpoint_path=str(checkpoint),
+                    status="rolled_back",
+                    swap_seconds=result.swap_seconds,
+                    error=result.error,
+                    metrics=metrics,
+                )
+            queries.add_step(
+                conn, step=step, version=version if result.ok else None, metrics=metrics
+            )
+            queries.mark_trained(conn, trajectory_ids=considered, step=step)
+            queries.set_state(conn, "baselines", self.baselines.state())
+            if result.ok:
+                self.serving = queries.serving_version(conn)
+        if not result.ok:
+            self._roll_back(version, result.error)
+        self.step = step
+        log.info(
+            "step %d: %d samples, %d tokens, reward %.3f, loss %.4f, clip %.3f, "
+            "mismatch-kl %.2e, swap %.2fs -> %s",
+            step,
+            len(pairs),
+            int(metrics.get("trained_tokens", 0)),
+            group_metrics.get("mean_reward", float("nan")),
+            metrics.get("loss", float("nan")),
+            metrics.get("clip_fraction", float("nan")),
+            metrics.get("mismatch_kl", float("nan")),
+            result.swap_seconds,
+            version if result.ok else f"ROLLED BACK ({result.error})",
+        )
+
+    def _roll_back(self, failed: str, error: str | None) -> None:
+        """The previous version keeps serving; the trainer returns to its weights."""
+        assert self.serving is not None and self.publisher is not None
+        previous = Path(self.serving["checkpoint_path"])
+        log.error("version %s failed verification (%s); rolling back", failed, error)
+        self.trainer = Trainer(load_model(previous), self.trainer_config, self.config.device)
+        result = self.publisher.rollback(
+            previous, self.serving["version"], expected=self.trainer.logprobs_of
+        )
+        if not result.ok:
+            log.error("rollback to %s failed too: %s", self.serving["version"], result.error)
+
+
+def rollback_to(config: LearnerConfig, version: str) -> str:
+    """`onthejob rollback VERSION`: serve an earlier version again."""
+    engine = db.make_engine(config.database_url)
+    try:
+        with engine.begin() as conn:
+            target = queries.version(conn, version=version)
+            if target is None or not target["checkpoint_path"]:
+                raise ValueError(f"unknown policy version {version!r}")
+            checkpoint = Path(target["checkpoint_path"])
+            publisher = FullReloadPublisher(config.upstreams, probe=Probe(prompt_token_ids=[1]))
+            model = Trainer(load_model(checkpoint), TrainerConfig(), config.device)
+            result = publisher.rollback(checkpoint, version, expected=model.logprobs_of)
+            if not result.ok:
+                raise ValueError(f"rolling back to {version} failed: {result.error}")
+            queries.set_version_status(conn, version=version, status="serving")
+    finally:
+        engine.dispose()
+    return version

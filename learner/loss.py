@@ -1,0 +1,190 @@
+"""The GRPO policy loss: token-level clipped policy gradient on exactly the sampled tokens.
+
+Invariant: the loss is a SUM over trained tokens divided by the global trained-token count, so
+the losses of any split of a batch into micro-batches (or ranks) add up to the full-batch loss,
+and a token outside ``loss_mask`` contributes neither value nor gradient.
+
+Per trained token, with ``log r = logprobs - behaviour_logprobs`` (current policy vs the
+logprob vLLM recorded when it sampled the token) and the sequence's advantage ``A``:
+
+    w         = min(r, C)                                  truncated importance weight
+    objective = min(w * A, clip(r, 1 - clip_low, 1 + clip_high) * A)
+    loss      = -(sum(objective) - kl_coef * sum(k3(ref, logprobs))) / total_tokens
+
+What is truncated, and why: the learner takes one optimizer step per batch, so when the loss is
+computed the current policy is the one the trainer would recompute for the sampling version.
+For a fresh sample ``r`` is therefore pure trainer/vLLM numerical mismatch (close to 1); for a
+stale sample (served by an older version) it also carries the policy lag since then. The clip
+only bounds ``r`` in the direction that would increase the objective; for ``A < 0`` and a large
+``r`` the min picks the unclipped branch and the token's gradient weight ``r * A`` is
+unbounded. Truncation caps that weight at ``C = max_importance_weight`` in value AND as the
+coefficient of ``A * grad(logprob)`` -- the gradient keeps flowing with weight ``C`` (truncated
+importance sampling), it is not zeroed (as dual-clip PPO would). Because ``C >= 1 + clip_high``
+the cap never binds for ``A > 0``: the clip binds first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    clip_low: float = 0.2  # ratio lower bound 1 - clip_low
+    clip_high: float = 0.28  # clip-higher (DAPO): upper bound 1 + clip_high
+    max_importance_weight: float = 2.0  # cap C on the behaviour importance weight (see module)
+    kl_coef: float = 0.0  # optional KL to a reference policy (k3 estimator)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.clip_low < 1.0:
+            raise ValueError(f"clip_low must be in [0, 1), got {self.clip_low}")
+        if self.clip_high < 0.0:
+            raise ValueError(f"clip_high must be >= 0, got {self.clip_high}")
+        # Below 1 + clip_high the cap would override clip-higher for positive advantages.
+        if self.max_importance_weight < 1.0 + self.clip_high:
+            raise ValueError(
+                f"max_importance_weight must be >= 1 + clip_high = {1.0 + self.clip_high}, "
+                f"got {self.max_importance_weight}"
+            )
+        if self.kl_coef < 0.0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+
+
+@dataclass(frozen=True)
+class LossBatch:
+    """One micro-batch. Values at positions outside ``loss_mask`` are ignored (may be garbage)."""
+
+    logprobs: torch.Tensor  # [B, T] current policy logprob of each token (requires grad)
+    behaviour_logprobs: torch.Tensor  # [B, T] logprobs vLLM recorded when it sampled the token
+    advantages: torch.Tensor  # [B] per sequence, broadcast over its tokens
+    loss_mask: torch.Tensor  # [B, T] bool: True only on sampled tokens that are trained
+    ref_logprobs: torch.Tensor | None = None  # [B, T] reference policy, for the KL term
+
+
+def policy_loss(
+    batch: LossBatch, config: LossConfig, *, total_tokens: int
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss of one micro-batch, normalised by ``total_tokens``: the GLOBAL count of trained
+    tokens across all micro-batches and ranks of the optimizer step."""
+    _check_batch(batch)
+    if total_tokens <= 0:
+        raise ValueError(f"total_tokens must be > 0, got {total_tokens}")
+    mask = batch.loss_mask
+    log_ratio = _masked(batch.logprobs - batch.behaviour_logprobs, mask)
+    advantages = batch.advantages.to(log_ratio.dtype).unsqueeze(-1).expand_as(log_ratio)
+    objective, clipped, weight = _clipped_objective(log_ratio, advantages, config)
+    loss = -objective[mask].sum() / total_tokens
+    metrics = _ratio_metrics(log_ratio, mask, clipped, weight, config)
+    if batch.ref_logprobs is not None:
+        kl = _k3(_masked(batch.ref_logprobs - batch.logprobs, mask))
+        loss = loss + config.kl_coef * kl[mask].sum() / total_tokens
+        metrics["kl"] = _masked_mean(kl.detach(), mask)
+    return loss, metrics
+
+
+def sequence_mismatch(
+    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, loss_mask: torch.Tensor
+) -> torch.Tensor:
+    """[B] mean k3 estimate of KL(vLLM || trainer) over each sequence's trained tokens (0 for a
+    sequence without any), on the same scale as the ``mismatch_kl`` metric, so the trainer can
+    drop sequences whose recorded and recomputed logprobs disagree far more than the rest."""
+    with torch.no_grad():
+        k3 = _k3(_masked(logprobs - behaviour_logprobs, loss_mask))
+        counts = loss_mask.sum(dim=-1).clamp_min(1)
+        return (k3 * loss_mask).sum(dim=-1) / counts
+
+
+def _check_batch(batch: LossBatch) -> None:
+    shape = batch.logprobs.shape
+    if batch.logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be [B, T], got shape {tuple(shape)}")
+    tensors = {"behaviour_logprobs": batch.behaviour_logprobs, "loss_mask": batch.loss_mask}
+    if batch.ref_logprobs is not None:
+        tensors["ref_logprobs"] = batch.ref_logprobs
+    for name, tensor in tensors.items():
+        if tensor.shape != shape:
+            raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {tuple(shape)}")
+    if batch.advantages.shape != shape[:1]:
+        raise ValueError(
+            f"advantages must be [B] = [{shape[0]}], got {tuple(batch.advantages.shape)}"
+        )
+    # A float mask would silently weight tokens instead of selecting them.
+    if batch.loss_mask.dtype != torch.bool:
+        raise ValueError(f"loss_mask must be bool, got {batch.loss_mask.dtype}")
+
+
+def _masked(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # Zero outside the mask so that prompt positions (logprob 0, -inf or junk) can never turn
+    # into inf/nan in the forward pass or leak a nan gradient through a multiply-by-zero.
+    return torch.where(mask, log_ratio, torch.zeros_like(log_ratio))
+
+
+def _clipped_objective(
+    log_ratio: torch.Tensor, advantages: torch.Tensor, config: LossConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token objective, where clipping zeroed the gradient, and the weight w = min(r, C)."""
+    weight = _truncated_ratio(log_ratio, config.max_importance_weight)
+    # Clipping in log space keeps the gradient exactly 0 outside the band even if r overflows.
+    low, high = math.log1p(-config.clip_low), math.log1p(config.clip_high)
+    clipped_ratio = log_ratio.clamp(low, high).exp()
+    objective = torch.minimum(weight * advantages, clipped_ratio * advantages)
+    # Active clipping = the clip took the min: only past the band in the direction A pushes.
+    clipped = ((advantages > 0) & (log_ratio > high)) | ((advantages < 0) & (log_ratio < low))
+    return objective, clipped, weight
+
+
+def _truncated_ratio(log_ratio: torch.Tensor, cap: float) -> torch.Tensor:
+    """min(r, cap) in value, with d/dθ = min(r, cap) * d(log r)/dθ: the excess over the cap is
+    subtracted as a constant, so a capped token still gets gradient, at weight ``cap``."""
+    excess = (log_ratio - math.log(cap)).clamp_min(0.0).detach()
+    return (log_ratio - excess).exp()
+
+
+def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k3 estimate of KL(p || q) from log(q / p) at a sample drawn from p: non-negative,
+    unbiased, zero exactly when the two logprobs agree."""
+    return log_ratio.exp() - 1.0 - log_ratio
+
+
+def _ratio_metrics(
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    clipped: torch.Tensor,
+    weight: torch.Tensor,
+    config: LossConfig,
+) -> dict[str, float]:
+    """Statistics over this micro-batch's trained tokens; ``tokens`` lets the caller weight
+    them when averaging over micro-batches. Neutral values (ratio 1) when there are none."""
+    tokens = int(mask.sum())
+    log_ratio, weight = log_ratio.detach()[mask], weight.detach()[mask]
+    if tokens == 0:
+        return {
+            "tokens": 0.0,
+            "clip_fraction": 0.0,
+            "truncated_fraction": 0.0,
+            "ratio_mean": 1.0,
+            "ratio_min": 1.0,
+            "ratio_max": 1.0,
+            "importance_weight_mean": 1.0,
+            "importance_weight_std": 0.0,
+            "mismatch_kl": 0.0,
+        }
+    ratio = log_ratio.exp()
+    return {
+        "tokens": float(tokens),
+        "clip_fraction": clipped[mask].float().mean().item(),
+        "truncated_fraction": (ratio > config.max_importance_weight).float().mean().item(),
+        "ratio_mean": ratio.mean().item(),
+        "ratio_min": ratio.min().item(),
+        "ratio_max": ratio.max().item(),
+        "importance_weight_mean": weight.mean().item(),
+        "importance_weight_std": weight.std(correction=0).item(),
+        "mismatch_kl": _k3(log_ratio).mean().item(),
+    }
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    return values[mask].mean().item() if bool(mask.any()) else 0.0

