@@ -9,6 +9,7 @@ Everything the learner needs to resume lives in the database and the checkpoints
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -239,9 +240,12 @@ class Learner:
         metrics = self.trainer.step([s for s, _ in pairs], [a for _, a in pairs])
         metrics.update(group_metrics)
         version = f"step-{step}"
-        checkpoint = save_checkpoint(
-            self.trainer.model, self.checkpoints / version, source_dir=self.model_dir
-        )
+        target = self.checkpoints / version
+        if target.exists():
+            # left by a run that died before recording this step: the database, not the
+            # directory, says what was published, so the half-done attempt is redone
+            shutil.rmtree(target)
+        checkpoint = save_checkpoint(self.trainer.model, target, source_dir=self.model_dir)
         result = self.publisher.publish(checkpoint, version, expected=self.trainer.logprobs_of)
         metrics.update(swap_seconds=result.swap_seconds, max_logprob_diff=result.max_logprob_diff)
         with self.engine.begin() as conn:

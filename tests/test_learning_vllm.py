@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 PROMPTS = [f"Write something, take {i}." for i in range(4)]
 STEPS = int(os.environ.get("ONTHEJOB_TEST_LEARN_STEPS", "25"))
-LEARNING_RATE = os.environ.get("ONTHEJOB_TEST_LEARN_LR", "3e-2")
+LEARNING_RATE = os.environ.get("ONTHEJOB_TEST_LEARN_LR", "3e-3")
 
 
 async def traffic(base_url: str, model: str, rounds: int, group: int = 8) -> list[float]:
@@ -72,41 +72,47 @@ def test_traffic_through_the_proxy_makes_the_model_better(
     base = proxy.url + "/v1"
     engine = db.make_engine(pg_url)
     learner_log = open(tmp_path / "learner.log", "wb")
-    learner = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "proxy.cli",
-            "learn",
-            "--db",
-            pg_url,
-            "--upstream",
-            vllm.url,
-            "--model",
-            str(tiny_model),
-            "--checkpoints",
-            str(tmp_path / "checkpoints"),
-            "--grader",
-            "python:tests.learning_rewards:share_of_a_reward",
-            "--batch-trajectories",
-            "32",
-            "--learning-rate",
-            "3e-3",
-            "--max-steps",
-            str(STEPS),
-            "--no-mask-truncated",
-            "--poll-interval",
-            "0.2",
-        ],
-        stdout=learner_log,
-        stderr=subprocess.STDOUT,
-    )
+    command = [
+        sys.executable,
+        "-m",
+        "proxy.cli",
+        "learn",
+        "--db",
+        pg_url,
+        "--upstream",
+        vllm.url,
+        "--model",
+        str(tiny_model),
+        "--checkpoints",
+        str(tmp_path / "checkpoints"),
+        "--grader",
+        "python:tests.learning_rewards:share_of_a_reward",
+        "--batch-trajectories",
+        "32",
+        "--learning-rate",
+        LEARNING_RATE,
+        "--max-steps",
+        str(STEPS),
+        "--no-mask-truncated",
+        "--poll-interval",
+        "0.2",
+    ]
+
+    def start_learner() -> subprocess.Popen:
+        return subprocess.Popen(command, stdout=learner_log, stderr=subprocess.STDOUT)
+
+    learner = start_learner()
     try:
         curve = []
         for step in range(1, STEPS + 1):
             # each round is fresh traffic from the version being served
             curve.append(mean(asyncio.run(traffic(base, vllm.model_name, rounds=1))))
             wait_for_step(engine, step, learner, tmp_path / "learner.log")
+            if step == STEPS // 2:
+                # a crash half-way: the new learner resumes from the database and checkpoints
+                learner.kill()
+                learner.wait()
+                learner = start_learner()
         learner.wait(timeout=60)
         assert learner.returncode == 0, (tmp_path / "learner.log").read_text()[-3000:]
         before = curve[0]
@@ -125,11 +131,40 @@ def test_traffic_through_the_proxy_makes_the_model_better(
                 .all()
             )
         latest = versions[-1].version
-        assert len(steps) == STEPS and all(v is not None for _, v in steps)  # every swap verified
+        # resumed without redoing or skipping a step; every swap verified
+        assert sorted(n for n, _ in steps) == list(range(1, STEPS + 1))
+        assert all(v is not None for _, v in steps)
         assert {status for _, status in versions[:-1]} <= {"superseded"}
         assert versions[-1].status == "serving"
         assert httpx.get(vllm.url + "/weight_info").json()["weight_version"] == latest
         assert set(latest_calls) == {latest}  # records after the swap carry the new version
+
+        # an operator rolls back to an earlier version
+        rolled = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "proxy.cli",
+                "rollback",
+                "step-1",
+                "--db",
+                pg_url,
+                "--upstream",
+                vllm.url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert rolled.returncode == 0, rolled.stderr
+        assert httpx.get(vllm.url + "/weight_info").json()["weight_version"] == "step-1"
+        with engine.connect() as conn:
+            serving = (
+                conn.execute(select(PolicyVersion.version).where(PolicyVersion.status == "serving"))
+                .scalars()
+                .all()
+            )
+        assert serving == ["step-1"]
     finally:
         if learner.poll() is None:
             learner.kill()

