@@ -211,6 +211,7 @@ class Learner:
                 task_key=r["task_key"] or r["trajectory_id"],
                 reward=float(r["reward"]),
                 version_index=ordinals.get(r["policy_version"], 0),
+                group_id=r["group_key"],
             )
             for r in rows
         ]

@@ -62,7 +62,10 @@ def save_grade(
 
 
 def trainable_grades(conn: Connection) -> list[dict[str, Any]]:
-    """Graded trajectories not yet trained on: id, task_key, reward, policy version."""
+    """Graded trajectories not yet trained on: id, task_key, group_key, reward, policy version.
+
+    group_key: the explicit GRPO group (fan-out siblings share one), None for organic ones.
+    """
     first_version = (
         select(Call.policy_version)
         .where(Call.trajectory_id == Trajectory.id)
@@ -74,6 +77,7 @@ def trainable_grades(conn: Connection) -> list[dict[str, Any]]:
         select(
             Grade.trajectory_id,
             Trajectory.task_key,
+            Trajectory.group_key,
             Grade.reward,
             first_version.label("policy_version"),
         )

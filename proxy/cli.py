@@ -78,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--upstream-timeout", type=float, metavar="SECONDS", help="per upstream call (default 600)"
     )
+    serve.add_argument(
+        "--fanout",
+        type=int,
+        metavar="N",
+        help="sample single-turn chat requests N times upstream, answer with the first and "
+        "record all N as one GRPO group (default 1 = off)",
+    )
     serve.set_defaults(func=cmd_serve)
 
     database = commands.add_parser("db", help="database schema (Alembic)")
@@ -196,6 +203,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         stream_tools_mode=args.stream_tools_mode,
         max_body_bytes=args.max_body_bytes,
         upstream_timeout=args.upstream_timeout,
+        fanout=args.fanout,
     )
     uvicorn.run(
         create_app(settings),

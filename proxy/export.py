@@ -71,6 +71,7 @@ def iter_trajectories(
                 "id": trajectory["id"],
                 "session": trajectory["session_key"],
                 "task_key": trajectory["task_key"],
+                "group_key": trajectory["group_key"],
                 "status": trajectory["status"],
                 "reward": trajectory["reward"],
                 "started_at": _iso(trajectory["started_at"]),

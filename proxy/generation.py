@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -19,6 +19,7 @@ from starlette.responses import Response, StreamingResponse
 
 from proxy.capture import (
     CHAT,
+    Capture,
     ClientAsked,
     StreamAssembler,
     capture_response,
@@ -26,6 +27,7 @@ from proxy.capture import (
 )
 from proxy.dialect import Dialect, StreamWriter
 from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from proxy.fanout import FanoutStream, choice_response, fanout_eligible, split_capture
 from proxy.recording import CallRecord
 from proxy.requests import parse_object, read_body, session_key, sticky_key, task_key
 from proxy.state import ProxyState
@@ -50,6 +52,10 @@ class Generation:
         self.record = CallRecord(
             id=new_id(), api=dialect.api, session_key=None, started_at=time.time()
         )
+        # fan-out: how many choices are sampled for the client's one (1: no fan-out), and
+        # the records of those the client does not get, recorded if the call succeeds
+        self.fanout = 1
+        self.siblings: list[CallRecord] = []
 
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1000.0
@@ -60,7 +66,14 @@ class Generation:
         record = self.record
         record.status, record.http_status, record.error = status, http_status, error
         record.latency_ms = self.elapsed_ms()
+        siblings = self.siblings if status == "ok" else []
+        if siblings:
+            record.group_key = f"fanout:{record.id}"
         self.state.recorder.record(record)
+        for sibling in siblings:
+            sibling.group_key = record.group_key
+            sibling.latency_ms = record.latency_ms
+            self.state.recorder.record(sibling)
 
     def fail(self, exc: ProxyError) -> Response:
         if isinstance(exc, UpstreamUnavailable | UpstreamTimeout):
@@ -85,6 +98,9 @@ class Generation:
             return self.fail(exc)
         api = self.dialect.capture_api
         upstream_body, asked = prepare_upstream_body(api, upstream_body)
+        fanout = self.state.settings.fanout
+        if fanout > 1 and self.dialect.api == CHAT and fanout_eligible(body):
+            self.fanout = upstream_body["n"] = fanout
         sticky = (
             sticky_key(record.session_key, api, upstream_body)
             if len(self.state.pool.replicas) > 1
@@ -101,6 +117,8 @@ class Generation:
         if response.status != 200 or not record.stream:
             return await self._whole(response, asked)
         writer = self.dialect.stream(asked, record)
+        if self.fanout > 1:
+            writer = FanoutStream(writer)
         return StreamingResponse(
             self._relay(replica, response, writer, bool(upstream_body.get("tools"))),
             media_type="text/event-stream",
@@ -166,7 +184,11 @@ class Generation:
         if data is None:
             assert failed is not None
             return failed
-        self.record.capture = capture_response(self.dialect.capture_api, data)
+        data = self._capture(
+            capture_response(self.dialect.capture_api, data),
+            data,
+            lambda part, record: self.dialect.whole(part, asked, record),
+        )
         try:
             body = self.dialect.whole(data, asked, self.record)
         except ProxyError as exc:
@@ -186,8 +208,12 @@ class Generation:
         if data is None:
             assert failed is not None
             return failed
-        self.record.capture = capture_response(self.dialect.capture_api, data)
         writer = self.dialect.stream(asked, self.record)
+        data = self._capture(
+            capture_response(self.dialect.capture_api, data),
+            data,
+            lambda part, record: self.dialect.streamed(part, writer, record),
+        )
         body = b"".join(writer.feed(c) for c in response_to_chunks(data, _EVERYTHING))
         body += writer.end()
         self.record.response = self.dialect.streamed(data, writer, self.record)
@@ -243,9 +269,14 @@ class Generation:
             yield writer.broken(error)
         finally:
             await release(response)
-            self.record.capture = assembler.finish()
-            self.record.response = self.dialect.streamed(assembler.response(), writer, self.record)
-            self._learn_tool_token_drop(replica, has_tools)
+            capture = assembler.finish()
+            assembled = self._capture(
+                capture,
+                assembler.response(),
+                lambda part, record: self.dialect.streamed(part, writer, record),
+            )
+            self.record.response = self.dialect.streamed(assembled, writer, self.record)
+            self._learn_tool_token_drop(replica, has_tools, capture)
             self.finish(status=status, http_status=http_status, error=error)
 
     def _relay_event(
@@ -271,8 +302,46 @@ class Generation:
         assembler.add(chunk)
         return writer.feed(chunk), False, None
 
-    def _learn_tool_token_drop(self, replica: Replica, has_tools: bool) -> None:
-        capture = self.record.capture
+    def _capture(
+        self,
+        capture: Capture,
+        data: dict[str, Any],
+        respond: Callable[[dict[str, Any], CallRecord], Any],
+    ) -> dict[str, Any]:
+        """Take the upstream's capture; the upstream response the client's body comes from.
+
+        Fanned out, the client's record keeps choice 0 and gets that choice alone as its
+        response; every other choice becomes a sibling record with its own capture and the
+        response `respond` makes for it (what the client would have received for it).
+        """
+        parts = split_capture(capture) if self.fanout > 1 else []
+        if not parts or parts[0][0] != 0:
+            self.record.capture = capture
+            return data
+        record = self.record
+        for index, part in parts[1:]:
+            sibling = CallRecord(
+                id=new_id(),
+                api=record.api,
+                session_key=None,  # session feedback is about the answer the client got
+                started_at=record.started_at,
+                stream=record.stream,
+                request=record.request,
+                chat_messages=record.chat_messages,
+                task_key=record.task_key,
+                upstream=record.upstream,
+                model=record.model,
+                policy_version=record.policy_version,
+                capture=part,
+                fanout_parent=record.id,
+            )
+            sibling.response = respond(_choice_response(data, index, part), sibling)
+            self.siblings.append(sibling)
+        record.capture = parts[0][1]
+        return _choice_response(data, 0, record.capture)
+
+    def _learn_tool_token_drop(self, replica: Replica, has_tools: bool, capture: Capture) -> None:
+        """`capture`: all choices the upstream streamed (fanned out: not just the client's)."""
         if (
             not has_tools
             or capture is None
@@ -288,6 +357,11 @@ class Generation:
                     replica.url,
                 )
             replica.drops_stream_tool_tokens = True
+
+
+def _choice_response(data: dict[str, Any], index: int, part: Capture) -> dict[str, Any]:
+    """The response for one fanned-out choice; its usage counts the tokens it sampled."""
+    return choice_response(data, index, len(part.choices[0].token_ids))
 
 
 def _json_or_text(raw: bytes) -> Any:

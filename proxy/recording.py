@@ -21,7 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from proxy.capture import Capture
 from proxy.spool import Spool
-from proxy.stitching import TrajectoryTracker, continuation_hash, derive_task_key
+from proxy.stitching import TrajectoryTracker, continuation_hash, derive_task_key, new_id
 from proxy.store import repo
 from proxy.store.tokens import common_prefix_len, first_completion
 
@@ -56,6 +56,11 @@ class CallRecord:
     capture: Capture | None = None
     latency_ms: float | None = None
     ttft_ms: float | None = None
+    # fan-out: the GRPO group of this call's choice. A sibling -- a choice sampled for the
+    # client's call but not returned -- names that call in `fanout_parent`; it gets its own
+    # trajectory, finished at once, and its prompt is stored by reference to that call.
+    group_key: str | None = None
+    fanout_parent: str | None = None
 
 
 class Recorder:
@@ -183,7 +188,10 @@ class Recorder:
         calls = []
         responses = []
         for record in batch:
-            row, trajectory = self._call_row(record)
+            if record.fanout_parent is not None:
+                row, trajectory = self._sibling_row(record)
+            else:
+                row, trajectory = self._call_row(record)
             calls.append(row)
             if trajectory is not None:
                 trajectories[trajectory["id"]] = trajectory
@@ -224,6 +232,9 @@ class Recorder:
         )
         if is_new or state.task_key is None:
             state.task_key = record.task_key or derive_task_key(messages)
+        if is_new and record.group_key is not None:
+            # a fan-out call joining a session's open trajectory leaves that one ungrouped
+            state.group_key = record.group_key
         prompt = capture.prompt_token_ids if capture else None
         choices = [c.as_record() for c in capture.choices] if capture else None
         parent_id, prefix_len, suffix = None, 0, prompt
@@ -243,28 +254,57 @@ class Recorder:
             self.tracker.touch(
                 state, record.started_at, state.last_call_id or "", state.last_sequence
             )
-        row = self._bare_row(record) | {
-            "trajectory_id": state.id,
-            "prompt_parent_id": parent_id,
-            "prompt_prefix_len": prefix_len,
-            "prompt_token_suffix": suffix,
-            "prompt_len": None if prompt is None else len(prompt),
-            "choices": choices,
-            "finish_reason": capture.choices[0].finish_reason
-            if capture and capture.choices
-            else None,
-            "prompt_tokens": capture.prompt_tokens if capture else None,
-            "completion_tokens": capture.completion_tokens if capture else None,
-            "capture_complete": bool(capture and capture.complete and record.status == "ok"),
-            "continuation_hash": digest,
-        }
+        row = (
+            self._bare_row(record)
+            | _capture_columns(record)
+            | {
+                "trajectory_id": state.id,
+                "prompt_parent_id": parent_id,
+                "prompt_prefix_len": prefix_len,
+                "prompt_token_suffix": suffix,
+                "continuation_hash": digest,
+            }
+        )
         trajectory = {
             "id": state.id,
             "session_key": state.session_key,
             "task_key": state.task_key,
+            "group_key": state.group_key,
             "status": "open",
             "started_at": state.started_at,
             "last_call_at": state.last_call_at,
+            "ended_at": None,
+        }
+        return row, trajectory
+
+    @staticmethod
+    def _sibling_row(record: CallRecord) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A fan-out choice the client never saw: its own trajectory, finished at once.
+
+        Nobody continues it (no continuation is offered, no session); its prompt is the
+        client's call's prompt, stored as a reference to that call.
+        """
+        prompt = record.capture.prompt_token_ids if record.capture else None
+        trajectory_id = new_id()
+        row = (
+            Recorder._bare_row(record)
+            | _capture_columns(record)
+            | {
+                "trajectory_id": trajectory_id,
+                "prompt_parent_id": record.fanout_parent if prompt else None,
+                "prompt_prefix_len": len(prompt) if prompt else 0,
+                "prompt_token_suffix": None if prompt is None else [],
+            }
+        )
+        trajectory = {
+            "id": trajectory_id,
+            "session_key": None,
+            "task_key": record.task_key or derive_task_key(record.chat_messages),
+            "group_key": record.group_key,
+            "status": "finished",
+            "started_at": record.started_at,
+            "last_call_at": record.started_at,
+            "ended_at": record.started_at,
         }
         return row, trajectory
 
@@ -298,6 +338,20 @@ class Recorder:
             "latency_ms": record.latency_ms,
             "ttft_ms": record.ttft_ms,
         }
+
+
+def _capture_columns(record: CallRecord) -> dict[str, Any]:
+    """The call columns that come from its token capture."""
+    capture = record.capture
+    prompt = capture.prompt_token_ids if capture else None
+    return {
+        "prompt_len": None if prompt is None else len(prompt),
+        "choices": [c.as_record() for c in capture.choices] if capture else None,
+        "finish_reason": capture.choices[0].finish_reason if capture and capture.choices else None,
+        "prompt_tokens": capture.prompt_tokens if capture else None,
+        "completion_tokens": capture.completion_tokens if capture else None,
+        "capture_complete": bool(capture and capture.complete and record.status == "ok"),
+    }
 
 
 def _epoch(value: datetime) -> float:

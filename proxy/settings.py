@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     # a stream once an upstream is seen dropping streamed tool-call token ids.
     stream_tools_mode: str = "auto"
     auto_migrate: bool = True
+    # Fan-out: single-turn chat requests are sampled this many times upstream, the client
+    # gets the first answer and all are recorded as one GRPO group. 1 = off.
+    fanout: int = 1
     # bearer tokens: feedback posting (falls back to the admin token); never logged
     feedback_token: str | None = None
     admin_token: str | None = None
@@ -67,4 +70,11 @@ class Settings(BaseSettings):
     def _check_mode(cls, value: str) -> str:
         if value not in ("auto", "stream", "buffer"):
             raise ValueError("stream_tools_mode must be auto, stream or buffer")
+        return value
+
+    @field_validator("fanout")
+    @classmethod
+    def _check_fanout(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("fanout must be at least 1 (1 = off)")
         return value

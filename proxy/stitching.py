@@ -134,6 +134,7 @@ class TrajectoryState:
     started_at: float
     last_call_at: float
     task_key: str | None = None
+    group_key: str | None = None  # fan-out: the GRPO group its first call was sampled in
     last_call_id: str | None = None
     # prompt + first completion of the last call: the base the next prompt is stored against
     last_sequence: list[int] = field(default_factory=list)

@@ -25,6 +25,8 @@ class Trajectory(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     session_key: Mapped[str | None] = mapped_column(String(200), index=True)
     task_key: Mapped[str | None] = mapped_column(String(500), index=True)
+    # an explicit GRPO group (fan-out: "fanout:<call id>"); the learner groups by it first
+    group_key: Mapped[str | None] = mapped_column(String(200), index=True)
     # open -> finished (idle timeout or explicit finish)
     status: Mapped[str] = mapped_column(String(16), index=True, default="open")
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

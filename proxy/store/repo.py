@@ -62,6 +62,7 @@ def write_batch(
                     (newer, stmt.excluded.last_call_at), else_=table.c.last_call_at
                 ),
                 "task_key": func.coalesce(table.c.task_key, stmt.excluded.task_key),
+                "group_key": func.coalesce(table.c.group_key, stmt.excluded.group_key),
             },
         )
         conn.execute(stmt, _with_datetimes(trajectories, TRAJECTORY_TIME_FIELDS))
