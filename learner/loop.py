@@ -251,29 +251,17 @@ class Learner:
         metrics.update(swap_seconds=result.swap_seconds, max_logprob_diff=result.max_logprob_diff)
         with self.engine.begin() as conn:
             ordinal = queries.next_ordinal(conn)
-            if result.ok:
-                queries.add_version(
-                    conn,
-                    version=version,
-                    ordinal=ordinal,
-                    parent=self.serving["version"],
-                    checkpoint_path=str(checkpoint),
-                    status="serving",
-                    swap_seconds=result.swap_seconds,
-                    metrics=metrics,
-                )
-            else:
-                queries.add_version(
-                    conn,
-                    version=version,
-                    ordinal=ordinal,
-                    parent=self.serving["version"],
-                    checkpoint_path=str(checkpoint),
-                    status="rolled_back",
-                    swap_seconds=result.swap_seconds,
-                    error=result.error,
-                    metrics=metrics,
-                )
+            queries.add_version(
+                conn,
+                version=version,
+                ordinal=ordinal,
+                parent=self.serving["version"],
+                checkpoint_path=str(checkpoint),
+                status="serving" if result.ok else "rolled_back",
+                swap_seconds=result.swap_seconds,
+                error=result.error,
+                metrics=metrics,
+            )
             queries.add_step(
                 conn, step=step, version=version if result.ok else None, metrics=metrics
             )

@@ -130,11 +130,7 @@ def add_version(
     metrics: dict[str, Any] | None = None,
 ) -> None:
     if status == "serving":
-        conn.execute(
-            update(PolicyVersion)
-            .where(PolicyVersion.status == "serving")
-            .values(status="superseded")
-        )
+        _supersede_serving(conn)
     conn.execute(
         _insert(conn, PolicyVersion.__table__).values(
             version=version,
@@ -150,13 +146,16 @@ def add_version(
     )
 
 
+def _supersede_serving(conn: Connection) -> None:
+    """Only one version serves at a time."""
+    conn.execute(
+        update(PolicyVersion).where(PolicyVersion.status == "serving").values(status="superseded")
+    )
+
+
 def set_version_status(conn: Connection, *, version: str, status: str) -> None:
     if status == "serving":
-        conn.execute(
-            update(PolicyVersion)
-            .where(PolicyVersion.status == "serving")
-            .values(status="superseded")
-        )
+        _supersede_serving(conn)
     conn.execute(
         update(PolicyVersion).where(PolicyVersion.version == version).values(status=status)
     )

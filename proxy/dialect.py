@@ -7,6 +7,7 @@ dialect passes bodies through; the Responses and Messages dialects translate to 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
@@ -113,3 +114,38 @@ class OpenAIDialect:
 
     def streamed(self, assembled: dict[str, Any], writer: StreamWriter, record: CallRecord) -> Any:
         return assembled
+
+
+class TranslatedStream(Protocol):
+    """A pure translator of upstream chat chunks into another API's stream events."""
+
+    def feed(self, chunk: dict[str, Any]) -> list[Any]: ...
+    def finish(self) -> list[Any]: ...
+    def error(self, message: str) -> list[Any]: ...
+
+
+class TranslatedWriter:
+    """A StreamWriter over a translator: after the stream ends or breaks, it stays silent."""
+
+    def __init__(self, stream: TranslatedStream, encode: Callable[[list[Any]], bytes]) -> None:
+        self.stream = stream
+        self._encode = encode
+        self._closed = False
+
+    def feed(self, chunk: dict[str, Any]) -> bytes:
+        return b"" if self._closed else self._encode(self.stream.feed(chunk))
+
+    def end(self) -> bytes:
+        return self._close(self.stream.finish)
+
+    def broken(self, message: str) -> bytes:
+        return self._close(lambda: self.stream.error(message))
+
+    def upstream_error(self, event: bytes, message: str) -> bytes:
+        return self.broken(message)
+
+    def _close(self, closing: Callable[[], list[Any]]) -> bytes:
+        if self._closed:
+            return b""
+        self._closed = True
+        return self._encode(closing())

@@ -35,9 +35,26 @@ class BadRequest(ProxyError):
     type = "invalid_request_error"
 
 
+class Unauthorized(ProxyError):
+    status = 401
+    type = "authentication_error"
+
+
 class Forbidden(ProxyError):
     status = 403
     type = "permission_error"
+
+
+class NotFound(ProxyError):
+    status = 404
+    type = "invalid_request_error"
+
+
+class ServiceUnavailable(ProxyError):
+    """Something the proxy needs besides the upstream (e.g. its database) is unreachable."""
+
+    status = 503
+    type = "server_error"
 
 
 class UpstreamUnavailable(ProxyError):

@@ -23,11 +23,11 @@ from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
 from pydantic_ai.providers.anthropic import AnthropicProvider
 from pydantic_ai.providers.openai import OpenAIProvider
 
+from tests.forcing import CALL_ADD_REGEX
 from tests.records import export, wait_for_calls
 
 pytestmark = [pytest.mark.vllm]
 
-CALL_ADD = r'<tool_call>\{"name": "add", "arguments": \{"a": 1, "b": 2\}\}</tool_call>'
 ANSWER = "The answer is 3."
 
 
@@ -48,7 +48,7 @@ def _has_tool_result(body: dict[str, Any]) -> bool:
 
 def _steer(content: bytes) -> bytes:
     body = orjson.loads(content)
-    regex = ANSWER.replace(".", r"\.") if _has_tool_result(body) else CALL_ADD
+    regex = ANSWER.replace(".", r"\.") if _has_tool_result(body) else CALL_ADD_REGEX
     body["structured_outputs"] = {"regex": regex}
     for tool in body.get("tools") or []:
         # vLLM's strict tool grammar would take precedence over the steering regex

@@ -5,6 +5,7 @@ from __future__ import annotations
 import anthropic
 import pytest
 
+from tests.forcing import ADD_PARAMETERS, FORCE_CALL
 from tests.records import export, wait_for_calls
 
 pytestmark = [pytest.mark.vllm]
@@ -13,23 +14,7 @@ pytestmark = [pytest.mark.vllm]
 ADD_TOOL = {
     "name": "add",
     "description": "Add two small numbers.",
-    "input_schema": {
-        "type": "object",
-        "properties": {
-            "a": {"type": "integer", "enum": [1, 2, 3]},
-            "b": {"type": "integer", "enum": [1, 2, 3]},
-        },
-        "required": ["a", "b"],
-        "additionalProperties": False,
-    },
-}
-
-
-# the random tiny model calls a tool only when vLLM's structured outputs make it
-FORCE_CALL = {
-    "structured_outputs": {
-        "regex": r'<tool_call>\{"name": "add", "arguments": \{"a": 1, "b": 2\}\}</tool_call>'
-    }
+    "input_schema": ADD_PARAMETERS,
 }
 
 

@@ -7,6 +7,7 @@ import json
 import openai
 import pytest
 
+from tests.forcing import ADD_PARAMETERS, FORCE_CALL
 from tests.records import export, wait_for_calls
 
 pytestmark = [pytest.mark.vllm]
@@ -15,23 +16,7 @@ ADD_TOOL = {
     "type": "function",
     "name": "add",
     "description": "Add two small numbers.",
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "a": {"type": "integer", "enum": [1, 2, 3]},
-            "b": {"type": "integer", "enum": [1, 2, 3]},
-        },
-        "required": ["a", "b"],
-        "additionalProperties": False,
-    },
-}
-
-
-# the random tiny model calls a tool only when vLLM's structured outputs make it
-FORCE_CALL = {
-    "structured_outputs": {
-        "regex": r'<tool_call>\{"name": "add", "arguments": \{"a": 1, "b": 2\}\}</tool_call>'
-    }
+    "parameters": ADD_PARAMETERS,
 }
 
 

@@ -7,6 +7,7 @@ import json
 import openai
 import pytest
 
+from tests.forcing import FORCE_CALL
 from tests.records import export, wait_for_calls
 
 pytestmark = [pytest.mark.vllm]
@@ -25,11 +26,6 @@ TOOLS = [
         },
     }
 ]
-FORCE_CALL = {
-    "structured_outputs": {
-        "regex": r'<tool_call>\{"name": "add", "arguments": \{"a": 1, "b": 2\}\}</tool_call>'
-    }
-}
 
 
 def ask(api: openai.OpenAI, model: str, messages: list, stream: bool):

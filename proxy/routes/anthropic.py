@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from proxy.capture import CHAT, ClientAsked
-from proxy.dialect import StreamWriter
+from proxy.dialect import StreamWriter, TranslatedWriter
 from proxy.errors import BadRequest, ProxyError
 from proxy.generation import Generation
 from proxy.recording import CallRecord
@@ -57,30 +57,6 @@ def _events(events: list[tuple[str, dict[str, Any]]]) -> bytes:
     )
 
 
-class MessagesWriter:
-    def __init__(self, model: str) -> None:
-        self.stream = translate.MessagesStream(model=model)
-        self._closed = False
-
-    def feed(self, chunk: dict[str, Any]) -> bytes:
-        return b"" if self._closed else _events(self.stream.feed(chunk))
-
-    def end(self) -> bytes:
-        if self._closed:
-            return b""
-        self._closed = True
-        return _events(self.stream.finish())
-
-    def broken(self, message: str) -> bytes:
-        if self._closed:
-            return b""
-        self._closed = True
-        return _events(self.stream.error(message))
-
-    def upstream_error(self, event: bytes, message: str) -> bytes:
-        return self.broken(message)
-
-
 class MessagesDialect:
     api = "messages"
     capture_api = CHAT
@@ -106,7 +82,7 @@ class MessagesDialect:
         return translate.chat_to_message(data, model=record.model or "")
 
     def stream(self, asked: ClientAsked, record: CallRecord) -> StreamWriter:
-        return MessagesWriter(record.model or "")
+        return TranslatedWriter(translate.MessagesStream(model=record.model or ""), _events)
 
     def streamed(self, assembled: dict[str, Any], writer: StreamWriter, record: CallRecord) -> Any:
         return translate.chat_to_message(assembled, model=record.model or "")

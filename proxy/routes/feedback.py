@@ -17,29 +17,21 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from learner import queries
-from proxy.errors import BadRequest, ProxyError, error_body, error_response
+from proxy.errors import (
+    BadRequest,
+    Forbidden,
+    ProxyError,
+    ServiceUnavailable,
+    Unauthorized,
+    error_response,
+)
 from proxy.requests import parse_object, read_body
 from proxy.state import ProxyState
 
 
-class Unauthorized(ProxyError):
-    status = 401
-    type = "authentication_error"
-
-
-class Disabled(ProxyError):
-    status = 403
-    type = "permission_error"
-
-
-class Unavailable(ProxyError):
-    status = 503
-    type = "server_error"
-
-
 def _check_token(request: Request, expected: str | None) -> None:
     if not expected:
-        raise Disabled("feedback is disabled: set ONTHEJOB_FEEDBACK_TOKEN on the proxy")
+        raise Forbidden("feedback is disabled: set ONTHEJOB_FEEDBACK_TOKEN on the proxy")
     given = request.headers.get("authorization", "")
     token = given[7:] if given.lower().startswith("bearer ") else ""
     if not hmac.compare_digest(token.encode(), expected.encode()):
@@ -84,9 +76,7 @@ async def post_feedback(request: Request) -> Response:
     try:
         await asyncio.to_thread(write)
     except SQLAlchemyError:
-        return JSONResponse(
-            error_body("the database is unreachable; retry later", "server_error"), 503
-        )
+        return error_response(ServiceUnavailable("the database is unreachable; retry later"))
     return JSONResponse({"ok": True, **feedback}, status_code=201)
 
 

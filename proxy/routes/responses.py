@@ -16,22 +16,19 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from proxy.capture import CHAT, ClientAsked
-from proxy.dialect import StreamWriter
-from proxy.errors import BadRequest, ProxyError, error_body, error_response
+from proxy.dialect import StreamWriter, TranslatedWriter
+from proxy.errors import (
+    BadRequest,
+    NotFound,
+    ProxyError,
+    ServiceUnavailable,
+    error_body,
+    error_response,
+)
 from proxy.generation import Generation
 from proxy.recording import CallRecord
 from proxy.state import ProxyState
 from proxy.translate import responses as translate
-
-
-class NotFound(ProxyError):
-    status = 404
-    type = "invalid_request_error"
-
-
-class StoreUnavailable(ProxyError):
-    status = 503
-    type = "server_error"
 
 
 def _events(events: list[dict[str, Any]]) -> bytes:
@@ -39,30 +36,6 @@ def _events(events: list[dict[str, Any]]) -> bytes:
         b"event: " + str(e["type"]).encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n"
         for e in events
     )
-
-
-class ResponsesWriter:
-    def __init__(self, stream: translate.ResponsesStream) -> None:
-        self.stream = stream
-        self._closed = False
-
-    def feed(self, chunk: dict[str, Any]) -> bytes:
-        return b"" if self._closed else _events(self.stream.feed(chunk))
-
-    def end(self) -> bytes:
-        if self._closed:
-            return b""
-        self._closed = True
-        return _events(self.stream.finish())
-
-    def broken(self, message: str) -> bytes:
-        if self._closed:
-            return b""
-        self._closed = True
-        return _events(self.stream.error(message))
-
-    def upstream_error(self, event: bytes, message: str) -> bytes:
-        return self.broken(message)
 
 
 class ResponsesDialect:
@@ -100,7 +73,7 @@ class ResponsesDialect:
         try:
             stored = await state.responses.get(previous)
         except SQLAlchemyError as exc:
-            raise StoreUnavailable(
+            raise ServiceUnavailable(
                 "stored responses are unavailable: the database is unreachable"
             ) from exc
         if stored is None:
@@ -129,16 +102,16 @@ class ResponsesDialect:
 
     def stream(self, asked: ClientAsked, record: CallRecord) -> StreamWriter:
         context = record.context
-        return ResponsesWriter(
-            translate.ResponsesStream(
-                request=record.request or {},
-                response_id=context["response_id"],
-                created_at=context["created_at"],
-            )
+        translator = translate.ResponsesStream(
+            request=record.request or {},
+            response_id=context["response_id"],
+            created_at=context["created_at"],
         )
+        return TranslatedWriter(translator, _events)
 
     def streamed(self, assembled: dict[str, Any], writer: StreamWriter, record: CallRecord) -> Any:
-        assert isinstance(writer, ResponsesWriter)
+        assert isinstance(writer, TranslatedWriter)
+        assert isinstance(writer.stream, translate.ResponsesStream)
         response = writer.stream.response
         if response.get("status") == "completed" or response.get("status") == "incomplete":
             self._keep(response, record)
@@ -172,7 +145,7 @@ async def retrieve(request: Request) -> Response:
     try:
         stored = await state.responses.get(response_id)
     except SQLAlchemyError:
-        return error_response(StoreUnavailable("the database is unreachable"))
+        return error_response(ServiceUnavailable("the database is unreachable"))
     if stored is None:
         return JSONResponse(
             error_body(f"Response with id '{response_id}' not found.", "invalid_request_error"),
