@@ -199,7 +199,8 @@ class Learner:
 
     def maybe_train(self) -> bool:
         with self.engine.connect() as conn:
-            rows = queries.trainable_grades(conn)
+            waiting = queries.incomplete_groups(conn)
+            rows = [r for r in queries.trainable_grades(conn) if r["group_key"] not in waiting]
             ordinals = queries.version_ordinals(conn)
         if not rows:
             return False

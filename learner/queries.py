@@ -88,6 +88,22 @@ def trainable_grades(conn: Connection) -> list[dict[str, Any]]:
     return [dict(r._mapping) for r in rows]
 
 
+def incomplete_groups(conn: Connection) -> set[str]:
+    """Explicit groups (fan-out) some of whose trajectories are not graded yet.
+
+    Their members wait: trained early, the siblings would form a group without the answer
+    the client got (which finishes later, on idle timeout).
+    """
+    rows = conn.execute(
+        select(Trajectory.group_key)
+        .outerjoin(Grade, Grade.trajectory_id == Trajectory.id)
+        .where(Trajectory.group_key.is_not(None))
+        .group_by(Trajectory.group_key)
+        .having(func.count(Grade.trajectory_id) < func.count(Trajectory.id))
+    )
+    return {r[0] for r in rows}
+
+
 def mark_trained(conn: Connection, *, trajectory_ids: Sequence[str], step: int) -> None:
     if trajectory_ids:
         conn.execute(

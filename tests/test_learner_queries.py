@@ -1,0 +1,56 @@
+"""The learner's store queries on both databases."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import Engine
+
+from learner import queries
+from proxy.store import repo
+
+
+def _trajectory(tid: str, group: str | None, now: float) -> dict:
+    return {
+        "id": tid,
+        "session_key": None,
+        "task_key": "task",
+        "group_key": group,
+        "status": "finished",
+        "started_at": now,
+        "last_call_at": now,
+    }
+
+
+def test_fanout_groups_wait_until_every_member_is_graded(engine: Engine) -> None:
+    now = time.time()
+    members = [("a1", "g1"), ("a2", "g1"), ("a3", "g1"), ("b1", "g2"), ("b2", "g2"), ("c", None)]
+    with engine.begin() as conn:
+        repo.write_batch(conn, trajectories=[_trajectory(t, g, now) for t, g in members], calls=[])
+        for tid in ("a1", "a2", "b1", "b2", "c"):
+            queries.save_grade(conn, trajectory_id=tid, reward=0.5, detail={}, error=None)
+        assert queries.incomplete_groups(conn) == {"g1"}
+        trainable = {r["trajectory_id"]: r["group_key"] for r in queries.trainable_grades(conn)}
+        assert trainable == {"a1": "g1", "a2": "g1", "b1": "g2", "b2": "g2", "c": None}
+        # a grader error still counts as graded: the group is complete, the member untrainable
+        queries.save_grade(conn, trajectory_id="a3", reward=None, detail={}, error="boom")
+        assert queries.incomplete_groups(conn) == set()
+        assert "a3" not in {r["trajectory_id"] for r in queries.trainable_grades(conn)}
+
+
+def test_versions_serve_one_at_a_time_and_state_round_trips(engine: Engine) -> None:
+    with engine.begin() as conn:
+        queries.add_version(
+            conn, version="v0", ordinal=0, parent=None, checkpoint_path="/a", status="serving"
+        )
+        queries.add_version(
+            conn, version="v1", ordinal=1, parent="v0", checkpoint_path="/b", status="serving"
+        )
+        assert queries.serving_version(conn)["version"] == "v1"
+        assert queries.version(conn, version="v0")["status"] == "superseded"
+        queries.set_version_status(conn, version="v0", status="serving")
+        assert queries.serving_version(conn)["version"] == "v0"
+        assert queries.next_ordinal(conn) == 2
+        queries.set_state(conn, "baselines", {"task": 0.25})
+        queries.set_state(conn, "baselines", {"task": 0.5})
+        assert queries.get_state(conn, "baselines") == {"task": 0.5}
