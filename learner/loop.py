@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
+from tqdm import tqdm
 
 from learner import queries
 from learner.checkpoint import load_model, save_checkpoint
@@ -31,6 +32,8 @@ from proxy.store import db
 
 log = logging.getLogger("onthejob.learner")
 
+GRADE_BATCH = 256
+PENDING_RECHECK = 30.0  # seconds before trajectories waiting for feedback are graded again
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
 
 
@@ -86,6 +89,9 @@ class Learner:
         self.serving: dict[str, Any] | None = None
         self.baselines = RunningBaselines()
         self.step = 0
+        self._grading: tqdm | None = None
+        self._pending: set[str] = set()
+        self._pending_since = time.monotonic()
 
     # -- start-up ---------------------------------------------------------------------
     def start(self) -> None:
@@ -175,7 +181,14 @@ class Learner:
 
     def grade_finished(self) -> int:
         with self.engine.connect() as conn:
-            ids = queries.ungraded_finished(conn, limit=256)
+            if time.monotonic() - self._pending_since > PENDING_RECHECK:
+                # feedback may have arrived for what was waiting: look at it again
+                self._pending, self._pending_since = set(), time.monotonic()
+            ids = queries.ungraded_finished(conn, limit=GRADE_BATCH, skip=sorted(self._pending))
+            backlog = queries.count_ungraded_finished(conn) if len(ids) == GRADE_BATCH else 0
+        if backlog > GRADE_BATCH and self._grading is None:
+            # a long phase (e.g. a learner started on a full database): show progress
+            self._grading = tqdm(total=backlog, desc="grading", unit="trajectory")
         if not ids:
             return 0
         trajectories = list(iter_trajectories(self.engine, ids=ids))
@@ -184,6 +197,7 @@ class Learner:
         with self.engine.begin() as conn:
             for trajectory, grade in zip(trajectories, grades, strict=True):
                 if grade.pending:
+                    self._pending.add(trajectory["id"])  # not before the next recheck
                     continue
                 queries.save_grade(
                     conn,
@@ -195,6 +209,11 @@ class Learner:
                 saved += 1
                 if grade.error:
                     log.warning("trajectory %s not graded: %s", trajectory["id"], grade.error)
+        if self._grading is not None:
+            self._grading.update(len(trajectories))
+            if len(ids) < GRADE_BATCH:
+                self._grading.close()
+                self._grading = None
         return saved
 
     def maybe_train(self) -> bool:

@@ -29,16 +29,29 @@ def _insert(conn: Connection, table: Any) -> Any:
     return (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
 
 
-def ungraded_finished(conn: Connection, *, limit: int) -> list[str]:
-    """Ids of finished trajectories with no grade yet, oldest first."""
-    rows = conn.execute(
+def ungraded_finished(conn: Connection, *, limit: int, skip: Sequence[str] = ()) -> list[str]:
+    """Ids of finished trajectories with no grade yet, oldest first, except `skip`."""
+    query = (
         select(Trajectory.id)
         .outerjoin(Grade, Grade.trajectory_id == Trajectory.id)
         .where(Trajectory.status == "finished", Grade.trajectory_id.is_(None))
         .order_by(Trajectory.last_call_at)
         .limit(limit)
     )
-    return [r[0] for r in rows]
+    if skip:
+        query = query.where(Trajectory.id.not_in(list(skip)))
+    return [r[0] for r in conn.execute(query)]
+
+
+def count_ungraded_finished(conn: Connection) -> int:
+    return int(
+        conn.execute(
+            select(func.count())
+            .select_from(Trajectory)
+            .outerjoin(Grade, Grade.trajectory_id == Trajectory.id)
+            .where(Trajectory.status == "finished", Grade.trajectory_id.is_(None))
+        ).scalar_one()
+    )
 
 
 def save_grade(
