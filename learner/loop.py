@@ -9,11 +9,13 @@ Everything the learner needs to resume lives in the database and the checkpoints
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from sqlalchemy import Engine
 from tqdm import tqdm
 
@@ -103,7 +105,8 @@ class Learner:
             state = queries.get_state(conn, "baselines")
             if state:
                 self.baselines = RunningBaselines.from_state(state)
-            if self.serving is None:
+            first_start = self.serving is None
+            if first_start:
                 # the weights vLLM serves now become version 0; its checkpoint is written
                 # by us so it always holds lm_head.weight (a rollback to it must be exact)
                 version = current_version(self.config.upstreams[0])
@@ -122,6 +125,7 @@ class Learner:
         assert self.serving is not None
         source = Path(self.serving["checkpoint_path"])
         self.trainer = Trainer(load_model(source), self.trainer_config, self.config.device)
+        self._load_optimizer(source)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
@@ -132,7 +136,8 @@ class Learner:
             tolerance=self.config.verify_tolerance,
             last_good=source,
         )
-        self._resync(source)
+        if not first_start:
+            self._resync(source)
         log.info(
             "learner ready: serving %s (step %d), graders %s",
             self.serving["version"],
@@ -145,12 +150,11 @@ class Learner:
         assert self.serving is not None and self.publisher is not None
         assert self.trainer is not None
         version = self.serving["version"]
-        stale = [u for u in self.config.upstreams if current_version(u) != version]
-        if stale:
-            log.info("replicas %s are not on %s; publishing it again", stale, version)
-            result = self.publisher.rollback(source, version, expected=self.trainer.logprobs_of)
-            if not result.ok:
-                raise RuntimeError(f"could not restore {version} on {stale}: {result.error}")
+        # always swap in what the database says serves, verified: a learner that died in
+        # the middle of a swap may have left a replica paused or holding unpublished weights
+        result = self.publisher.rollback(source, version, expected=self.trainer.logprobs_of)
+        if not result.ok:
+            raise RuntimeError(f"could not restore {version}: {result.error}")
 
     def _load_tasks(self, path: Path) -> None:
         table = TaskTable.from_jsonl(path)
@@ -216,7 +220,22 @@ class Learner:
                 self._grading = None
         return saved
 
+    def _follow_operator(self) -> None:
+        """`onthejob rollback` may have changed what serves: train on from there."""
+        assert self.serving is not None
+        with self.engine.connect() as conn:
+            serving = queries.serving_version(conn)
+        if serving is not None and serving["version"] != self.serving["version"]:
+            log.info(
+                "now serving %s (changed by an operator); training from it", serving["version"]
+            )
+            self.serving = serving
+            source = Path(serving["checkpoint_path"])
+            self.trainer = Trainer(load_model(source), self.trainer_config, self.config.device)
+            self._load_optimizer(source)
+
     def maybe_train(self) -> bool:
+        self._follow_operator()
         with self.engine.connect() as conn:
             waiting = queries.incomplete_groups(conn)
             rows = [r for r in queries.trainable_grades(conn) if r["group_key"] not in waiting]
@@ -235,11 +254,14 @@ class Learner:
             )
             for r in rows
         ]
+        # on a copy: the same rows come back at every poll until a step consumes them
+        baselines = RunningBaselines.from_state(self.baselines.state())
         advantaged, group_metrics = compute_advantages(
-            scored, current_version_index=current, baselines=self.baselines, config=self.grouping
+            scored, current_version_index=current, baselines=baselines, config=self.grouping
         )
         if len(advantaged) < self.config.batch_trajectories:
             return False
+        self.baselines = baselines
         self._train(advantaged, [s.trajectory_id for s in scored], group_metrics)
         return True
 
@@ -260,13 +282,22 @@ class Learner:
         step = self.step + 1
         metrics = self.trainer.step([s for s, _ in pairs], [a for _, a in pairs])
         metrics.update(group_metrics)
-        version = f"step-{step}"
+        if metrics.get("skipped"):
+            # nothing trainable (all truncated or without captured tokens): no new version
+            with self.engine.begin() as conn:
+                queries.mark_trained(conn, trajectory_ids=considered, step=-1)
+                queries.set_state(conn, "baselines", self.baselines.state())
+            log.info("batch of %d trajectories had nothing to train on", len(considered))
+            return
+        # unique: a step redone after a crash must not reuse a name vLLM may have served
+        version = f"step-{step}-{os.urandom(3).hex()}"
         target = self.checkpoints / version
         if target.exists():
             # left by a run that died before recording this step: the database, not the
             # directory, says what was published, so the half-done attempt is redone
             shutil.rmtree(target)
         checkpoint = save_checkpoint(self.trainer.model, target, source_dir=self.model_dir)
+        self._save_optimizer(checkpoint)
         result = self.publisher.publish(checkpoint, version, expected=self.trainer.logprobs_of)
         metrics.update(swap_seconds=result.swap_seconds, max_logprob_diff=result.max_logprob_diff)
         with self.engine.begin() as conn:
@@ -306,12 +337,31 @@ class Learner:
             version if result.ok else f"ROLLED BACK ({result.error})",
         )
 
+    @staticmethod
+    def _optimizer_path(checkpoint: Path) -> Path:
+        # beside the directory vLLM loads, never inside it
+        return checkpoint.with_name(checkpoint.name + ".optimizer.pt")
+
+    def _save_optimizer(self, checkpoint: Path) -> None:
+        assert self.trainer is not None
+        path = self._optimizer_path(checkpoint)
+        torch.save(self.trainer.optimizer.state_dict(), path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").replace(path)
+
+    def _load_optimizer(self, checkpoint: Path) -> None:
+        """AdamW moments of that checkpoint, so a resumed run continues the same run."""
+        assert self.trainer is not None
+        path = self._optimizer_path(checkpoint)
+        if path.exists():
+            self.trainer.optimizer.load_state_dict(torch.load(path, weights_only=True))
+
     def _roll_back(self, failed: str, error: str | None) -> None:
         """The previous version keeps serving; the trainer returns to its weights."""
         assert self.serving is not None and self.publisher is not None
         previous = Path(self.serving["checkpoint_path"])
         log.error("version %s failed verification (%s); rolling back", failed, error)
         self.trainer = Trainer(load_model(previous), self.trainer_config, self.config.device)
+        self._load_optimizer(previous)
         result = self.publisher.rollback(
             previous, self.serving["version"], expected=self.trainer.logprobs_of
         )

@@ -16,6 +16,16 @@ from pathlib import Path
 from typing import Any
 
 NEUTRAL_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
+# vLLM's threshold below which a temperature means greedy sampling
+GREEDY_BELOW = 1e-5
+# processors vLLM applies before it reports logprobs that the trainer does not model
+UNMODELLED: dict[str, Any] = {
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "logit_bias": None,
+}
 
 
 @dataclass(frozen=True)
@@ -53,10 +63,10 @@ class Sample:
 def sampling_defaults(model_dir: Path) -> dict[str, Any]:
     """vLLM's defaults when a request sets nothing: the model's generation_config.json."""
     path = model_dir / "generation_config.json"
-    defaults = dict(NEUTRAL_SAMPLING)
+    defaults: dict[str, Any] = dict(NEUTRAL_SAMPLING)
     if path.exists():
         config = json.loads(path.read_text())
-        for key in defaults:
+        for key in (*NEUTRAL_SAMPLING, *UNMODELLED):
             if config.get(key) is not None:
                 defaults[key] = config[key]
     return defaults
@@ -69,16 +79,29 @@ def call_sampling(request: dict[str, Any] | None, defaults: dict[str, Any]) -> S
         value = request.get(key)
         return defaults[key] if value is None else value
 
-    return Sampling(
-        temperature=float(pick("temperature")),
-        top_p=float(pick("top_p")),
-        top_k=int(pick("top_k")),
-    )
+    temperature = float(pick("temperature"))
+    if temperature < GREEDY_BELOW:
+        # vLLM samples greedily and ignores top-p/top-k then: its logprobs are plain
+        return Sampling()
+    return Sampling(temperature=temperature, top_p=float(pick("top_p")), top_k=int(pick("top_k")))
 
 
-def _trainable(call: dict[str, Any]) -> bool:
+def unmodelled_processing(request: dict[str, Any] | None, defaults: dict[str, Any]) -> str | None:
+    """A logits processor the trainer does not reproduce, so vLLM's logprobs would not
+    match: such calls are not trained on (run vLLM with `--generation-config vllm` to keep
+    a model's own defaults, e.g. a repetition penalty, out of the way)."""
+    request = request or {}
+    for key, neutral in UNMODELLED.items():
+        value = request.get(key, defaults.get(key))
+        if value is not None and value != neutral:
+            return key
+    return None
+
+
+def _trainable(call: dict[str, Any], defaults: dict[str, Any]) -> bool:
     return (
-        call.get("status") == "ok"
+        unmodelled_processing(call.get("request"), defaults) is None
+        and call.get("status") == "ok"
         and bool(call.get("capture_complete"))
         and call.get("prompt_token_ids") is not None
         and bool(call.get("completion_token_ids"))
@@ -93,7 +116,7 @@ def build_samples(
     samples: list[Sample] = []
     current: Sample | None = None
     for call in trajectory["calls"]:
-        if not _trainable(call):
+        if not _trainable(call, defaults):
             current = None  # unknown tokens in between: nothing may extend across them
             continue
         prompt = list(call["prompt_token_ids"])

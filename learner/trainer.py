@@ -143,14 +143,23 @@ class Trainer:
         )
 
     def step(self, samples: list[Sample], advantages: list[float]) -> dict[str, Any]:
-        """One optimizer step over all samples (gradient accumulation across micro-batches)."""
+        """One optimizer step over all samples (gradient accumulation across micro-batches).
+
+        The loss is normalised by the trained tokens that remain after sequences with too
+        large a recorded-vs-recomputed mismatch are dropped; metrics are token-weighted
+        means over micro-batches, except minima and maxima.
+        """
         started = time.monotonic()
-        self.model.train()
-        total_tokens = sum(s.trained_tokens for s in samples)
+        # no dropout: the ratio compares against vLLM, which samples without it
+        self.model.eval()
+        # position 0 predicts nothing: only tokens after it can carry loss
+        total_tokens = sum(sum(s.loss_mask[1:]) for s in samples)
         if total_tokens == 0:
             return {"tokens": 0, "skipped": "no trainable tokens"}
-        totals: dict[str, float] = {}
-        dropped = 0
+        sums: dict[str, float] = {}
+        extremes: dict[str, float] = {}
+        kept = dropped = 0
+        loss_sum = 0.0
         for batch in micro_batches(samples, advantages, self.config.micro_batch_tokens):
             tensors = self._tensors(batch)
             logprobs = self.token_logprobs(batch, tensors)
@@ -168,27 +177,37 @@ class Trainer:
                 self.config.loss,
                 total_tokens=total_tokens,
             )
+            tokens = int(metrics.get("tokens", 0))
+            if tokens == 0:
+                continue
             loss.backward()
-            weight = float(metrics.get("tokens", 0)) / total_tokens
-            for key, value in metrics.items():
-                if isinstance(value, int | float) and math.isfinite(value):
-                    totals[key] = totals.get(key, 0.0) + (
-                        value if key in ("tokens",) else value * weight
-                    )
-            totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
+            kept += tokens
+            loss_sum += float(loss.detach())
+            _accumulate(sums, extremes, metrics, tokens)
+        if kept == 0:
+            self.optimizer.zero_grad(set_to_none=True)
+            return {"tokens": 0, "dropped_mismatch": dropped, "skipped": "all sequences dropped"}
+        if kept < total_tokens:
+            # renormalise: dropped sequences must not shrink the step of the others
+            for parameter in self.model.parameters():
+                if parameter.grad is not None:
+                    parameter.grad.mul_(total_tokens / kept)
+            loss_sum *= total_tokens / kept
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.config.max_grad_norm
         )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        totals.update(
-            samples=len(samples),
-            trained_tokens=total_tokens,
-            dropped_mismatch=dropped,
-            grad_norm=float(grad_norm),
-            step_seconds=time.monotonic() - started,
-        )
-        return totals
+        return {
+            **{key: value / kept for key, value in sums.items()},
+            **extremes,
+            "loss": loss_sum,
+            "samples": len(samples),
+            "trained_tokens": kept,
+            "dropped_mismatch": dropped,
+            "grad_norm": float(grad_norm),
+            "step_seconds": time.monotonic() - started,
+        }
 
     @torch.no_grad()
     def logprobs_of(self, prompt: list[int], completion: list[int]) -> list[float]:
@@ -200,3 +219,17 @@ class Trainer:
         targets = ids[:, 1:]
         picked = all_logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)[0]
         return picked[len(prompt) - 1 :].tolist()
+
+
+def _accumulate(
+    sums: dict[str, float], extremes: dict[str, float], metrics: dict[str, Any], tokens: int
+) -> None:
+    for key, value in metrics.items():
+        if key == "tokens" or not isinstance(value, int | float) or not math.isfinite(value):
+            continue
+        if key.endswith("_min"):
+            extremes[key] = min(extremes.get(key, value), value)
+        elif key.endswith("_max"):
+            extremes[key] = max(extremes.get(key, value), value)
+        else:
+            sums[key] = sums.get(key, 0.0) + value * tokens

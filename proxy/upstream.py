@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import aiohttp
 import orjson
+import yarl
 
 from proxy.errors import UpstreamTimeout, UpstreamUnavailable
 
@@ -137,7 +138,12 @@ class UpstreamPool:
         for replica in self.candidates(sticky_key):
             try:
                 response = await self.session.request(
-                    method, replica.url + path, data=body, headers=headers
+                    method,
+                    # as given: no normalisation of dot segments, no redirects followed
+                    yarl.URL(replica.url + path, encoded=True),
+                    data=body,
+                    headers=headers,
+                    allow_redirects=False,
                 )
             except aiohttp.ClientConnectorError:
                 self.mark_failed(replica)
@@ -166,8 +172,9 @@ class UpstreamPool:
         timeout = aiohttp.ClientTimeout(total=max(self._connect_timeout, 2.0))
         try:
             async with self.session.get(replica.url + "/weight_info", timeout=timeout) as resp:
-                if resp.status == 200:
-                    version = orjson.loads(await resp.read()).get("weight_version")
+                info = orjson.loads(await resp.read()) if resp.status == 200 else None
+                if isinstance(info, dict):
+                    version = info.get("weight_version")
                     if version is not None and str(version) != replica.policy_version:
                         log.info("upstream %s serves policy version %s", replica.url, version)
                         replica.policy_version = str(version)

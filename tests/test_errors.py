@@ -128,3 +128,28 @@ def test_unknown_routes_answer_json_errors(db_url, start_proxy):
     # vLLM's dev-mode endpoints live outside /v1 and are never forwarded
     for path in ("/collective_rpc", "/pause", "/update_weight_version", "/weight_info"):
         assert httpx.post(proxy.url + path, json={}).status_code in (404, 405)
+
+
+@pytest.mark.vllm
+def test_dev_mode_routes_stay_unreachable_through_dot_segments(vllm, db_url, start_proxy):
+    import http.client
+
+    proxy = start_proxy([vllm.url], db_url)
+    paths = [
+        "/v1/../is_paused",
+        "/v1/%2e%2e/is_paused",
+        "/v1/x/%2e%2e/%2e%2e/server_info",
+        "/v1/%2E%2E/weight_info",
+        "/v1/x/../load_lora_adapter",
+        "/v1/..%2fpause",
+        # variants of recorded routes must not be answered unrecorded
+        "/v1/chat/completions/",
+        "/v1/chat/completions/batch",
+    ]
+    for path in paths:
+        connection = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
+        connection.request("POST", path, body=b"{}", headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 403, (path, response.status)
+        connection.close()
+    assert httpx.get(proxy.url + "/v1/models").status_code == 200

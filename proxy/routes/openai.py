@@ -20,7 +20,23 @@ from proxy.upstream import release
 log = logging.getLogger("onthejob.proxy")
 
 # vLLM's runtime LoRA management lives under /v1 but must never be reachable through us.
-BLOCKED_PATHS = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
+BLOCKED = {"load_lora_adapter", "unload_lora_adapter"}
+# generation routes are answered (and recorded) by their own handlers; a variant of their
+# path (trailing slash, /batch, ...) must not slip through unrecorded
+RECORDED = {"chat", "completions", "responses", "messages"}
+
+
+def _refuse_passthrough(path: str) -> str | None:
+    """Why a /v1/* path may not be forwarded, or None. Checked on the decoded path:
+    dot segments or encoded separators could otherwise reach vLLM's dev-mode routes."""
+    segments = path.split("/")[2:]
+    if any(seg in (".", "..") or "\\" in seg or "%" in seg for seg in segments):
+        return "path segments '.', '..', backslashes and escapes are not forwarded"
+    if segments and segments[0] in BLOCKED:
+        return "not available through the proxy"
+    if segments and segments[0] in RECORDED:
+        return "use the exact route (e.g. /v1/chat/completions) so the call is recorded"
+    return None
 
 
 def _state(request: Request) -> ProxyState:
@@ -54,8 +70,9 @@ async def passthrough(request: Request) -> Response:
     """Any other /v1/* route, forwarded untouched (not recorded: it samples no tokens)."""
     state = _state(request)
     path = "/v1/" + request.path_params["path"]
-    if path.rstrip("/") in BLOCKED_PATHS:
-        return error_response(Forbidden(f"{path} is not available through the proxy"))
+    refusal = _refuse_passthrough(path)
+    if refusal is not None:
+        return error_response(Forbidden(f"{path}: {refusal}"))
     try:
         session = session_key(request)
         body = await read_body(request, state.settings.max_body_bytes)
