@@ -378,12 +378,25 @@ def rollback_to(config: LearnerConfig, version: str) -> str:
             if target is None or not target["checkpoint_path"]:
                 raise ValueError(f"unknown policy version {version!r}")
             checkpoint = Path(target["checkpoint_path"])
+            current = queries.serving_version(conn)
+            # a new version (fresh ordinal) with the old weights: staleness keeps counting
+            # forwards, and what the rolled-away versions produced counts as old
+            ordinal = queries.next_ordinal(conn)
+            label = f"{version}+rollback-{ordinal}"
             publisher = FullReloadPublisher(config.upstreams, probe=Probe(prompt_token_ids=[1]))
             model = Trainer(load_model(checkpoint), TrainerConfig(), config.device)
-            result = publisher.rollback(checkpoint, version, expected=model.logprobs_of)
+            result = publisher.rollback(checkpoint, label, expected=model.logprobs_of)
             if not result.ok:
                 raise ValueError(f"rolling back to {version} failed: {result.error}")
-            queries.set_version_status(conn, version=version, status="serving")
+            queries.add_version(
+                conn,
+                version=label,
+                ordinal=ordinal,
+                parent=None if current is None else current["version"],
+                checkpoint_path=str(checkpoint),
+                status="serving",
+                swap_seconds=result.swap_seconds,
+            )
+            return label
     finally:
         engine.dispose()
-    return version

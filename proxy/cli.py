@@ -309,10 +309,10 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
     config = _learner_config(args, model="-")
     try:
-        rollback_to(config, args.version)
+        label = rollback_to(config, args.version)
     except ValueError as exc:
         raise SystemExit(f"onthejob rollback: {exc}") from exc
-    print(f"serving {args.version}")
+    print(f"serving the weights of {args.version} as {label}")
     return 0
 
 

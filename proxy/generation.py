@@ -26,7 +26,7 @@ from proxy.capture import (
     prepare_upstream_body,
 )
 from proxy.dialect import Dialect, StreamWriter
-from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable
+from proxy.errors import BadRequest, ProxyError, UpstreamTimeout, UpstreamUnavailable
 from proxy.fanout import FanoutStream, choice_response, fanout_eligible, split_capture
 from proxy.recording import CallRecord
 from proxy.requests import parse_object, read_body, session_key, sticky_key, task_key
@@ -96,6 +96,11 @@ class Generation:
             upstream_body = await self.dialect.to_upstream(body, self.state, record)
         except ProxyError as exc:
             return self.fail(exc)
+        except (TypeError, AttributeError, ValueError, KeyError) as exc:
+            # a body of the wrong shape somewhere a translator did not check: still the
+            # client's error, answered and recorded like any other
+            log.info("%s %s: malformed body: %r", self.dialect.api, record.id, exc)
+            return self.fail(BadRequest(f"malformed request body: {exc}", code="invalid_body"))
         api = self.dialect.capture_api
         upstream_body, asked = prepare_upstream_body(api, upstream_body)
         fanout = self.state.settings.fanout

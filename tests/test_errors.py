@@ -153,3 +153,16 @@ def test_dev_mode_routes_stay_unreachable_through_dot_segments(vllm, db_url, sta
         assert response.status == 403, (path, response.status)
         connection.close()
     assert httpx.get(proxy.url + "/v1/models").status_code == 200
+
+
+def test_malformed_translated_bodies_are_400_and_recorded(db_url, engine, start_proxy):
+    proxy = start_proxy([f"http://127.0.0.1:{free_port()}"], db_url)
+    bodies = [
+        {"model": "m", "input": "hi", "reasoning": "high"},
+        {"model": "m", "input": "hi", "include": [{}]},
+        {"model": "m", "input": [{"role": [], "content": "x"}]},
+    ]
+    for body in bodies:
+        assert_openai_error(httpx.post(proxy.url + "/v1/responses", json=body), 400)
+    wait_for_calls(engine, len(bodies))
+    assert [c["http_status"] for c in recorded(engine)] == [400] * len(bodies)

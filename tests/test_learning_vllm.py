@@ -139,14 +139,15 @@ def test_traffic_through_the_proxy_makes_the_model_better(
         assert httpx.get(vllm.url + "/weight_info").json()["weight_version"] == latest
         assert set(latest_calls) == {latest}  # records after the swap carry the new version
 
-        # an operator rolls back to an earlier version
+        # an operator rolls back to an earlier version: served as a new version
+        first = dict(steps)[1]
         rolled = subprocess.run(
             [
                 sys.executable,
                 "-m",
                 "proxy.cli",
                 "rollback",
-                "step-1",
+                first,
                 "--db",
                 pg_url,
                 "--upstream",
@@ -157,14 +158,16 @@ def test_traffic_through_the_proxy_makes_the_model_better(
             timeout=120,
         )
         assert rolled.returncode == 0, rolled.stderr
-        assert httpx.get(vllm.url + "/weight_info").json()["weight_version"] == "step-1"
+        label = httpx.get(vllm.url + "/weight_info").json()["weight_version"]
+        assert label.startswith(first + "+rollback-")
         with engine.connect() as conn:
-            serving = (
-                conn.execute(select(PolicyVersion.version).where(PolicyVersion.status == "serving"))
-                .scalars()
-                .all()
-            )
-        assert serving == ["step-1"]
+            serving = conn.execute(
+                select(PolicyVersion.version, PolicyVersion.checkpoint_path).where(
+                    PolicyVersion.status == "serving"
+                )
+            ).all()
+        assert [v for v, _ in serving] == [label]
+        assert serving[0][1].endswith(first)
     finally:
         if learner.poll() is None:
             learner.kill()
