@@ -130,6 +130,7 @@ async def healthz(request: Request) -> Response:
                 "spool_bytes": state.recorder.spool.size(),
                 "written": state.recorder.written,
                 "spooled": state.recorder.spooled,
+                "rejected": state.recorder.rejected,
             },
         }
     )

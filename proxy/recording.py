@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 
 from proxy.capture import Capture
 from proxy.spool import Spool
@@ -88,6 +89,8 @@ class Recorder:
         self._last_sweep = 0.0
         self.written = 0
         self.spooled = 0
+        self.rejected = 0
+        self.rejected_path = spool.path.with_name(spool.path.name + ".rejected")
 
     # -- request path --------------------------------------------------------------------
     def record(self, call: CallRecord) -> None:
@@ -126,9 +129,9 @@ class Recorder:
             batch, self._queue = self._queue, []
             try:
                 await loop.run_in_executor(self._executor, self._flush, batch)
-            except Exception:  # never let the writer die: it is the only one
-                log.exception("recorder flush failed; %d records kept in memory", len(batch))
-                self._queue[:0] = batch
+            except Exception as exc:  # never let the writer die: it is the only one
+                log.exception("recorder flush failed; %d records set aside", len(batch))
+                await loop.run_in_executor(self._executor, self._set_aside, batch, exc)
             if self._closing and not self._queue:
                 return
 
@@ -149,16 +152,55 @@ class Recorder:
             return
         try:
             self._replay_spool(raise_errors=True)
-            with self.engine.begin() as conn:
-                repo.write_batch(conn, **rows, fresh=True)
-                if rows["finished"]:
-                    cutoff = now - self.idle_timeout - 10 * self.flush_interval - 5
+            self._write(rows, fresh=True)
+            if rows["finished"]:
+                cutoff = now - self.idle_timeout - 10 * self.flush_interval - 5
+                with self.engine.begin() as conn:
                     repo.finish_idle(conn, idle_before=datetime.fromtimestamp(cutoff, UTC))
-            self.written += len(rows["calls"])
-        except SQLAlchemyError as exc:
-            log.warning("database unreachable (%s); spooling %d calls", _short(exc), len(batch))
+        except Unreachable as exc:
+            log.warning("database unreachable (%s); spooling %d calls", exc, len(batch))
             self._db_retry_at = time.monotonic() + 1.0
             self._to_spool(rows)
+
+    def _write(self, rows: dict[str, list[dict[str, Any]]], *, fresh: bool) -> None:
+        """Write a batch; a row the database refuses is set aside, never blocks the rest.
+
+        Raises Unreachable when the database cannot be reached (the caller spools).
+        """
+        try:
+            with self.engine.begin() as conn:
+                repo.write_batch(conn, **rows, fresh=fresh)
+            self.written += len(rows.get("calls", []))
+            return
+        except Exception as exc:
+            if _unreachable(exc):
+                raise Unreachable(_short(exc)) from exc
+            log.error("database refused a batch (%s); writing its rows one by one", _short(exc))
+        for single in _singles(rows):
+            try:
+                with self.engine.begin() as conn:
+                    repo.write_batch(conn, **single)
+                self.written += len(single.get("calls", []))
+            except Exception as exc:
+                if _unreachable(exc):
+                    raise Unreachable(_short(exc)) from exc
+                self._reject(single, exc)
+
+    def _set_aside(self, batch: list[CallRecord], exc: BaseException) -> None:
+        """Records whose rows could not even be built: kept, without their trajectory."""
+        calls = []
+        for record in batch:
+            try:
+                calls.append(self._bare_row(record))
+            except Exception:  # a record we cannot describe at all is only counted
+                log.exception("record %s could not be kept", record.id)
+        self._reject({"trajectories": [], "calls": calls, "finished": [], "responses": []}, exc)
+
+    def _reject(self, rows: dict[str, list[dict[str, Any]]], exc: BaseException) -> None:
+        """Keep a refused row beside the spool (not replayed) and say so loudly."""
+        Spool(self.rejected_path).append({"error": _short(exc), "rows": rows})
+        self.rejected += len(rows.get("calls", [])) or len(rows.get("trajectories", []))
+        log.error("database refused a row (%s); kept in %s", _short(exc), self.rejected_path)
 
     def _to_spool(self, rows: dict[str, list[dict[str, Any]]]) -> None:
         if any(rows.values()):
@@ -170,17 +212,15 @@ class Recorder:
         if not batches:
             return
         try:
-            with self.engine.begin() as conn:
-                for rows in batches:
-                    repo.write_batch(conn, **rows)
-        except SQLAlchemyError as exc:
+            for rows in batches:
+                self._write(rows, fresh=False)  # may be in already: idempotent inserts
+        except Unreachable as exc:
             if raise_errors:
                 raise
-            log.warning("spool replay deferred: database unreachable (%s)", _short(exc))
+            log.warning("spool replay deferred: database unreachable (%s)", exc)
             return
         self.spool.clear()
         replayed = sum(len(b.get("calls", [])) for b in batches)
-        self.written += replayed
         log.info("replayed %d spooled calls into the database", replayed)
 
     def _rows(self, batch: list[CallRecord], now: float) -> dict[str, list[dict[str, Any]]]:
@@ -268,7 +308,7 @@ class Recorder:
         trajectory = {
             "id": state.id,
             "session_key": state.session_key,
-            "task_key": state.task_key,
+            "task_key": _text(state.task_key, 500),
             "group_key": state.group_key,
             "status": "open",
             "started_at": state.started_at,
@@ -315,13 +355,13 @@ class Recorder:
             "trajectory_id": None,
             "session_key": record.session_key,
             "api": record.api,
-            "upstream": record.upstream,
-            "model": record.model,
+            "upstream": _text(record.upstream, 500),
+            "model": _text(record.model, 500),
             "policy_version": record.policy_version,
             "stream": record.stream,
             "status": record.status,
             "http_status": record.http_status,
-            "error": record.error,
+            "error": _text(record.error),
             "request": record.request,
             "response": record.response,
             "prompt_parent_id": None,
@@ -352,6 +392,41 @@ def _capture_columns(record: CallRecord) -> dict[str, Any]:
         "completion_tokens": capture.completion_tokens if capture else None,
         "capture_complete": bool(capture and capture.complete and record.status == "ok"),
     }
+
+
+def _text(value: str | None, limit: int | None = None) -> str | None:
+    """Text a database column takes: no NUL (PostgreSQL refuses it), within its length."""
+    if value is None:
+        return None
+    value = value.replace("\x00", "\ufffd")
+    return value if limit is None else value[:limit]
+
+
+class Unreachable(Exception):
+    """The database could not be reached (as opposed to refusing a row)."""
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Connection-level failures; anything else is about the data being written."""
+    if isinstance(exc, OperationalError | InterfaceError):
+        return True
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | OSError)
+
+
+def _singles(rows: dict[str, list[dict[str, Any]]]) -> list[dict[str, list[dict[str, Any]]]]:
+    """A batch split into one-row batches; trajectories first (calls refer to them)."""
+    empty: dict[str, list[dict[str, Any]]] = {
+        "trajectories": [],
+        "calls": [],
+        "finished": [],
+        "responses": [],
+    }
+    out = []
+    for key in ("trajectories", "calls", "responses", "finished"):
+        out += [{**empty, key: [row]} for row in rows.get(key, [])]
+    return out
 
 
 def _epoch(value: datetime) -> float:
