@@ -283,7 +283,12 @@ class Recorder:
             if prefix_len:
                 parent_id, suffix = state.last_call_id, prompt[prefix_len:]
         digest = None
-        if capture and capture.choices and messages is not None:
+        if record.status != "ok":
+            # a failed or cancelled call is retried with the same messages: the retry, not
+            # this call, continues the conversation (and its partial reply is no reply)
+            if self.tracker.taken is not None:
+                self.tracker.give_back(self.tracker.taken, state)
+        elif capture and capture.choices and messages is not None:
             digest = continuation_hash(messages, capture.choices[0].message)
             self.tracker.offer_continuation(digest, state)
         if prompt is not None:

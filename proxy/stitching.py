@@ -150,6 +150,7 @@ class TrajectoryTracker:
         self._by_id: OrderedDict[str, TrajectoryState] = OrderedDict()
         # continuation hash -> trajectory ids waiting to be continued, oldest first
         self._continuations: dict[str, list[str]] = {}
+        self.taken: str | None = None
 
     def resolve(
         self,
@@ -162,8 +163,10 @@ class TrajectoryTracker:
         """The trajectory this call belongs to, and whether it is new.
 
         `find_open(session_key)` looks up a session's open trajectory (id, started_at,
-        last_call_at) that this process does not know, e.g. after a restart.
+        last_call_at) that this process does not know, e.g. after a restart. The
+        continuation point a call took is left in `taken` (see `give_back`).
         """
+        self.taken: str | None = None
         if session_key is not None:
             state = self._by_session.get(session_key)
             if state is None and find_open is not None:
@@ -181,8 +184,13 @@ class TrajectoryTracker:
             for digest in reversed(prefix_hashes(messages)):
                 state = self._take_continuation(digest, now)
                 if state is not None:
+                    self.taken = digest
                     return state, False
         return self._open(None, now), True
+
+    def give_back(self, digest: str, state: TrajectoryState) -> None:
+        """Return a continuation point a failed call took: its retry must find it."""
+        self._continuations.setdefault(digest, []).insert(0, state.id)
 
     def offer_continuation(self, digest: str | None, state: TrajectoryState) -> None:
         """Let a later call that sends back `digest`'s conversation continue `state`."""

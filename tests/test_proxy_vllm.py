@@ -313,3 +313,19 @@ def test_idle_trajectory_is_finished_and_the_session_starts_a_new_one(
     assert first["status"] == "finished" and first["ended_at"] is not None
     assert second["session"] == "idle" and second["id"] != first["id"]
     assert len(first["calls"]) == len(second["calls"]) == 1
+
+
+def test_a_retried_call_continues_the_conversation_after_a_failure(proxy, vllm, engine):
+    api = client(proxy)
+    messages = [{"role": "user", "content": "start"}]
+    reply = api.chat.completions.create(model=vllm.model_name, messages=messages, max_tokens=4)
+    messages += [
+        {"role": "assistant", "content": reply.choices[0].message.content},
+        {"role": "user", "content": "go on"},
+    ]
+    with pytest.raises(openai.BadRequestError):  # vLLM refuses; the harness retries
+        api.chat.completions.create(model=vllm.model_name, messages=messages, max_tokens=10**6)
+    api.chat.completions.create(model=vllm.model_name, messages=messages, max_tokens=4)
+    wait_for_calls(engine, 3)
+    (trajectory,) = export(engine)
+    assert [c["status"] for c in trajectory["calls"]] == ["ok", "error", "ok"]

@@ -345,3 +345,17 @@ def test_tool_arguments_compare_as_json_not_text() -> None:
     assert normalise_message(compact) == normalise_message(spaced)
     broken = {"role": "assistant", "tool_calls": [_call("c", arguments='{"x": 1')]}
     assert normalise_message(broken)["tool_calls"] == [["add", '{"x": 1']]
+
+
+def test_a_failed_call_gives_its_continuation_point_back_for_the_retry() -> None:
+    tracker = TrajectoryTracker(idle_timeout=60)
+    first = [{"role": "user", "content": "hi"}]
+    reply = {"role": "assistant", "content": "hello"}
+    state, _ = tracker.resolve(session_key=None, messages=first, now=0.0)
+    tracker.offer_continuation(continuation_hash(first, reply), state)
+    follow_up = [*first, reply, {"role": "user", "content": "more"}]
+    failed, _ = tracker.resolve(session_key=None, messages=follow_up, now=1.0)
+    assert failed is state and tracker.taken is not None
+    tracker.give_back(tracker.taken, failed)
+    retry, new = tracker.resolve(session_key=None, messages=follow_up, now=2.0)
+    assert retry is state and not new
