@@ -16,11 +16,12 @@ from starlette.routing import BaseRoute, Route
 from proxy.capture import CHAT, ClientAsked
 from proxy.dialect import StreamWriter, TranslatedWriter
 from proxy.errors import BadRequest, ProxyError
-from proxy.generation import Generation
+from proxy.generation import UPSTREAM_READ_ERRORS, Generation
 from proxy.recording import CallRecord
 from proxy.requests import parse_object, read_body
 from proxy.state import ProxyState
 from proxy.translate import messages as translate
+from proxy.upstream import release
 
 # HTTP status -> Anthropic error type
 ERROR_TYPES = {
@@ -121,13 +122,21 @@ async def count_tokens(request: Request) -> Response:
             headers=state.pool.headers(request.headers),
             sticky_key=None,
         )
-        raw = await response.read()
-        response.release()
     except ProxyError as exc:
         return anthropic_error(exc.status, exc.message)
+    try:
+        raw = await response.read()
+    except UPSTREAM_READ_ERRORS as exc:
+        return anthropic_error(502, f"upstream broke off while counting tokens: {exc}")
+    finally:
+        await release(response)
     if response.status != 200:
         return anthropic_error(response.status, _message_of(raw))
-    return JSONResponse({"input_tokens": int(orjson.loads(raw)["count"])})
+    try:
+        count = int(orjson.loads(raw)["count"])
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return anthropic_error(502, "upstream's /tokenize answered without a token count")
+    return JSONResponse({"input_tokens": count})
 
 
 def routes() -> list[BaseRoute]:
