@@ -57,10 +57,6 @@ class LearnerConfig:
             values["database_url"] = os.environ["ONTHEJOB_DATABASE_URL"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         config = cls(**values)
-        if config.kl_coef > 0:
-            raise ValueError(
-                "kl_coef > 0 needs a reference model, which the learner does not keep yet"
-            )
         if not config.model:
             raise ValueError("--model is required: the base model directory vLLM serves")
         return config

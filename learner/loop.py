@@ -124,7 +124,7 @@ class Learner:
                 self.serving = queries.serving_version(conn)
         assert self.serving is not None
         source = Path(self.serving["checkpoint_path"])
-        self.trainer = Trainer(load_model(source), self.trainer_config, self.config.device)
+        self.trainer = self._trainer(source)
         self._load_optimizer(source)
         from transformers import AutoTokenizer
 
@@ -231,7 +231,7 @@ class Learner:
             )
             self.serving = serving
             source = Path(serving["checkpoint_path"])
-            self.trainer = Trainer(load_model(source), self.trainer_config, self.config.device)
+            self.trainer = self._trainer(source)
             self._load_optimizer(source)
 
     def maybe_train(self) -> bool:
@@ -337,6 +337,13 @@ class Learner:
             version if result.ok else f"ROLLED BACK ({result.error})",
         )
 
+    def _trainer(self, source: Path) -> Trainer:
+        # the KL term (kl_coef > 0) anchors to the base model, version 0
+        reference = None
+        if self.trainer_config.loss.kl_coef > 0:
+            reference = load_model(self.checkpoints / "base")
+        return Trainer(load_model(source), self.trainer_config, self.config.device, reference)
+
     @staticmethod
     def _optimizer_path(checkpoint: Path) -> Path:
         # beside the directory vLLM loads, never inside it
@@ -360,7 +367,7 @@ class Learner:
         assert self.serving is not None and self.publisher is not None
         previous = Path(self.serving["checkpoint_path"])
         log.error("version %s failed verification (%s); rolling back", failed, error)
-        self.trainer = Trainer(load_model(previous), self.trainer_config, self.config.device)
+        self.trainer = self._trainer(previous)
         self._load_optimizer(previous)
         result = self.publisher.rollback(
             previous, self.serving["version"], expected=self.trainer.logprobs_of

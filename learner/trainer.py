@@ -91,11 +91,21 @@ def micro_batches(
 
 class Trainer:
     def __init__(
-        self, model: torch.nn.Module, config: TrainerConfig, device: str | None = None
+        self,
+        model: torch.nn.Module,
+        config: TrainerConfig,
+        device: str | None = None,
+        reference: torch.nn.Module | None = None,
     ) -> None:
+        """`reference`: a frozen policy for the KL term (needed when loss.kl_coef > 0)."""
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = model.to(self.device)
         self.config = config
+        if config.loss.kl_coef > 0 and reference is None:
+            raise ValueError("kl_coef > 0 needs a reference model")
+        self.reference = None if reference is None else reference.to(self.device).eval()
+        if self.reference is not None:
+            self.reference.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
             model.parameters(),
             lr=config.learning_rate,
@@ -173,6 +183,7 @@ class Trainer:
                     behaviour_logprobs=tensors["behaviour"],
                     advantages=tensors["advantages"],
                     loss_mask=mask,
+                    ref_logprobs=self._reference_logprobs(batch, tensors),
                 ),
                 self.config.loss,
                 total_tokens=total_tokens,
@@ -208,6 +219,19 @@ class Trainer:
             "grad_norm": float(grad_norm),
             "step_seconds": time.monotonic() - started,
         }
+
+    @torch.no_grad()
+    def _reference_logprobs(
+        self, batch: MicroBatch, tensors: dict[str, torch.Tensor]
+    ) -> torch.Tensor | None:
+        if self.reference is None or self.config.loss.kl_coef == 0:
+            return None
+        logits = self.reference(
+            input_ids=tensors["ids"], attention_mask=tensors["attention"]
+        ).logits
+        return processed_logprobs(
+            logits[:, :-1].float(), tensors["targets"], batch.samples[0].sampling
+        )
 
     @torch.no_grad()
     def logprobs_of(self, prompt: list[int], completion: list[int]) -> list[float]:

@@ -67,3 +67,39 @@ def test_a_step_raises_the_logprob_of_rewarded_tokens(tmp_path: Path) -> None:
     after = trainer.logprobs_of(prompt, completion)
     assert sum(after) > sum(before)
     assert metrics["trained_tokens"] == 3 and metrics["grad_norm"] > 0
+
+
+def test_the_kl_term_changes_the_update_and_is_reported(tmp_path: Path) -> None:
+    import copy
+
+    import pytest
+
+    from learner.checkpoint import load_model
+    from learner.loss import LossConfig
+    from learner.tiny_model import build_tiny_model
+
+    base = load_model(build_tiny_model(tmp_path / "m", seed=0))
+    other = load_model(build_tiny_model(tmp_path / "r", seed=1))  # a reference unlike it
+    with pytest.raises(ValueError, match="reference"):
+        Trainer(copy.deepcopy(base), TrainerConfig(loss=LossConfig(kl_coef=0.5)), "cpu")
+    prompt, completion = [1, 10, 20, 30], [40, 50, 60]
+    updated = {}
+    for kl in (0.0, 5.0):
+        trainer = Trainer(
+            copy.deepcopy(base),
+            TrainerConfig(learning_rate=1e-2, loss=LossConfig(kl_coef=kl)),
+            "cpu",
+            reference=copy.deepcopy(other),
+        )
+        before = trainer.logprobs_of(prompt, completion)
+        sample = Sample(
+            trajectory_id="t",
+            token_ids=prompt + completion,
+            loss_mask=[False] * 4 + [True] * 3,
+            logprobs=[0.0] * 4 + before,
+        )
+        metrics = trainer.step([sample], [1.0])
+        assert ("kl" in metrics) == (kl > 0)
+        updated[kl] = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+    assert metrics["kl"] > 0
+    assert not torch.allclose(updated[0.0], updated[5.0])
