@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection, func, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
 from proxy.store.models import (
     Call,
@@ -19,14 +18,11 @@ from proxy.store.models import (
     TrainingStep,
     Trajectory,
 )
+from proxy.store.repo import insert_for
 
 
 def now() -> datetime:
     return datetime.now(UTC)
-
-
-def _insert(conn: Connection, table: Any) -> Any:
-    return (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
 
 
 def ungraded_finished(conn: Connection, *, limit: int, skip: Sequence[str] = ()) -> list[str]:
@@ -69,7 +65,7 @@ def save_grade(
         "error": error,
         "graded_at": now(),
     }
-    stmt = _insert(conn, Grade.__table__).values(values)
+    stmt = insert_for(conn, Grade.__table__).values(values)
     conn.execute(stmt.on_conflict_do_nothing(index_elements=["trajectory_id"]))
     conn.execute(update(Trajectory).where(Trajectory.id == trajectory_id).values(reward=reward))
 
@@ -161,7 +157,7 @@ def add_version(
     if status == "serving":
         _supersede_serving(conn)
     conn.execute(
-        _insert(conn, PolicyVersion.__table__).values(
+        insert_for(conn, PolicyVersion.__table__).values(
             version=version,
             ordinal=ordinal,
             parent=parent,
@@ -204,7 +200,7 @@ def last_step(conn: Connection) -> int:
 
 def add_step(conn: Connection, *, step: int, version: str | None, metrics: dict[str, Any]) -> None:
     conn.execute(
-        _insert(conn, TrainingStep.__table__).values(
+        insert_for(conn, TrainingStep.__table__).values(
             step=step, version=version, created_at=now(), metrics=metrics
         )
     )
@@ -215,7 +211,7 @@ def get_state(conn: Connection, key: str) -> Any:
 
 
 def set_state(conn: Connection, key: str, value: Any) -> None:
-    stmt = _insert(conn, LearnerState.__table__).values(key=key, value=value)
+    stmt = insert_for(conn, LearnerState.__table__).values(key=key, value=value)
     conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"value": value}))
 
 
@@ -229,7 +225,7 @@ def upsert_tasks(conn: Connection, tasks: Sequence[dict[str, Any]]) -> None:
             "tolerance": task.get("tolerance", 1e-6),
             "metadata": task.get("metadata"),
         }
-        stmt = _insert(conn, Task.__table__).values(values)
+        stmt = insert_for(conn, Task.__table__).values(values)
         update_values = {k: v for k, v in values.items() if k != "key"}
         conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_=update_values))
 
@@ -259,7 +255,7 @@ def add_feedback(
     comment: str | None,
 ) -> None:
     conn.execute(
-        _insert(conn, Feedback.__table__).values(
+        insert_for(conn, Feedback.__table__).values(
             trajectory_id=trajectory_id,
             session_key=session_key,
             reward=reward,

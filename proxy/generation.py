@@ -175,7 +175,9 @@ class Generation:
         if response.status != 200:
             # vLLM's own errors reach the client (unchanged, or in the client API's shape)
             self.record.response = _json_or_text(raw)
-            self.finish(status="error", http_status=response.status, error=_error_message(raw))
+            self.finish(
+                status="error", http_status=response.status, error=upstream_error_message(raw)
+            )
             content_type = response.headers.get("Content-Type", "application/json")
             return None, self.dialect.upstream_error(response.status, raw, content_type)
         try:
@@ -302,7 +304,7 @@ class Generation:
         if not isinstance(chunk, dict):
             return b"", False, None
         if "error" in chunk:
-            message = _error_message(data)
+            message = upstream_error_message(data)
             return writer.upstream_error(event, message), False, message
         assembler.add(chunk)
         return writer.feed(chunk), False, None
@@ -376,7 +378,8 @@ def _json_or_text(raw: bytes) -> Any:
         return {"text": raw[:65536].decode("utf-8", "replace")}
 
 
-def _error_message(raw: bytes) -> str:
+def upstream_error_message(raw: bytes) -> str:
+    """The message of an upstream error body (OpenAI shape or close), else its text."""
     parsed = _json_or_text(raw)
     if isinstance(parsed, dict):
         error = parsed.get("error")

@@ -16,7 +16,7 @@ from starlette.routing import BaseRoute, Route
 from proxy.capture import CHAT, ClientAsked
 from proxy.dialect import StreamWriter, TranslatedWriter
 from proxy.errors import BadRequest, ProxyError
-from proxy.generation import UPSTREAM_READ_ERRORS, Generation
+from proxy.generation import UPSTREAM_READ_ERRORS, Generation, upstream_error_message
 from proxy.recording import CallRecord
 from proxy.requests import parse_object, read_body
 from proxy.state import ProxyState
@@ -38,17 +38,6 @@ ERROR_TYPES = {
 def anthropic_error(status: int, message: str) -> Response:
     body = translate.error_body(message, ERROR_TYPES.get(status, "api_error"))
     return JSONResponse(body, status_code=status)
-
-
-def _message_of(raw: bytes) -> str:
-    try:
-        parsed = orjson.loads(raw)
-        error = parsed.get("error") if isinstance(parsed, dict) else None
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])
-    except orjson.JSONDecodeError:
-        pass
-    return raw[:2000].decode("utf-8", "replace")
 
 
 def _events(events: list[tuple[str, dict[str, Any]]]) -> bytes:
@@ -77,7 +66,7 @@ class MessagesDialect:
         return anthropic_error(exc.status, exc.message)
 
     def upstream_error(self, status: int, raw: bytes, content_type: str) -> Response:
-        return anthropic_error(status, _message_of(raw))
+        return anthropic_error(status, upstream_error_message(raw))
 
     def whole(self, data: dict[str, Any], asked: ClientAsked, record: CallRecord) -> Any:
         return translate.chat_to_message(data, model=record.model or "")
@@ -131,7 +120,7 @@ async def count_tokens(request: Request) -> Response:
     finally:
         await release(response)
     if response.status != 200:
-        return anthropic_error(response.status, _message_of(raw))
+        return anthropic_error(response.status, upstream_error_message(raw))
     try:
         count = int(orjson.loads(raw)["count"])
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):

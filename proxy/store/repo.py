@@ -20,7 +20,8 @@ def to_datetime(epoch: float | None) -> datetime | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, tz=UTC)
 
 
-def _insert(conn: Connection, table: Any) -> Any:
+def insert_for(conn: Connection, table: Any) -> Any:
+    """An INSERT with the dialect's ON CONFLICT support (PostgreSQL or SQLite)."""
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     return dialect.insert(table)
 
@@ -53,7 +54,7 @@ def write_batch(
     """
     if trajectories:
         table = Trajectory.__table__
-        stmt = _insert(conn, table)
+        stmt = insert_for(conn, table)
         newer = stmt.excluded.last_call_at > table.c.last_call_at
         stmt = stmt.on_conflict_do_update(
             index_elements=[table.c.id],
@@ -69,10 +70,12 @@ def write_batch(
     if calls and fresh and conn.dialect.name == "postgresql":
         _copy_calls(conn, _with_datetimes(calls, CALL_TIME_FIELDS))
     elif calls:
-        stmt = _insert(conn, Call.__table__).on_conflict_do_nothing(index_elements=["id"])
+        stmt = insert_for(conn, Call.__table__).on_conflict_do_nothing(index_elements=["id"])
         conn.execute(stmt, _with_datetimes(calls, CALL_TIME_FIELDS))
     if responses:
-        stmt = _insert(conn, StoredResponse.__table__).on_conflict_do_nothing(index_elements=["id"])
+        stmt = insert_for(conn, StoredResponse.__table__).on_conflict_do_nothing(
+            index_elements=["id"]
+        )
         conn.execute(stmt, _with_datetimes(responses, ("created_at",)))
     for item in finished:
         finish_trajectory(conn, trajectory_id=item["id"], ended_at=to_datetime(item["ended_at"]))
