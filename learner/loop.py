@@ -19,7 +19,7 @@ import torch
 from sqlalchemy import Engine
 from tqdm import tqdm
 
-from learner import queries
+from learner import control, queries
 from learner.checkpoint import load_model, save_checkpoint
 from learner.config import LearnerConfig
 from learner.graders.combine import build_graders
@@ -178,6 +178,8 @@ class Learner:
     def run(self) -> None:
         self.start()
         while self.config.max_steps is None or self.step < self.config.max_steps:
+            if control.follow(self):  # operator pause and live knobs (admin API)
+                continue
             graded = self.grade_finished()
             trained = self.maybe_train()
             if not graded and not trained:

@@ -1,0 +1,116 @@
+"""Operator control of a running learner, through the store (the admin API writes it).
+
+Two LearnerState keys: "control" (written by operators: pause, live knobs) and "learner"
+(the learner's heartbeat: what it applied, its step, when it last looked). Invariant: the
+learner reads the control once per loop iteration and never writes it; operators never
+write the heartbeat.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection
+
+from learner import queries
+
+if TYPE_CHECKING:
+    from learner.loop import Learner
+
+CONTROL_KEY = "control"
+HEARTBEAT_KEY = "learner"
+
+
+@dataclass(frozen=True)
+class Control:
+    """What operators asked for; None means 'as the learner was started'."""
+
+    paused: bool = False
+    learning_rate: float | None = None
+    batch_trajectories: int | None = None
+    max_staleness: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.learning_rate is not None and not (
+            math.isfinite(self.learning_rate) and 0 < self.learning_rate <= 1
+        ):
+            raise ValueError("learning_rate must be in (0, 1]")
+        if self.batch_trajectories is not None and not 1 <= self.batch_trajectories <= 100_000:
+            raise ValueError("batch_trajectories must be between 1 and 100000")
+        if self.max_staleness is not None and not 0 <= self.max_staleness <= 1_000_000:
+            raise ValueError("max_staleness must be between 0 and 1000000")
+
+    @classmethod
+    def from_state(cls, value: Any) -> Control:
+        if not isinstance(value, dict):
+            return cls()
+        names = {f.name for f in dataclasses.fields(cls)}
+        try:
+            return cls(**{k: v for k, v in value.items() if k in names})
+        except (TypeError, ValueError):
+            return cls()  # a hand-edited row must not stop the learner
+
+    def state(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def read_control(conn: Connection) -> Control:
+    return Control.from_state(queries.get_state(conn, CONTROL_KEY))
+
+
+def write_control(conn: Connection, control: Control) -> None:
+    queries.set_state(conn, CONTROL_KEY, control.state())
+
+
+def read_heartbeat(conn: Connection) -> dict[str, Any] | None:
+    value = queries.get_state(conn, HEARTBEAT_KEY)
+    return value if isinstance(value, dict) else None
+
+
+def follow(learner: Learner) -> bool:
+    """Apply the operator's knobs to `learner` and report in; True while paused (after
+    waiting one poll interval, so the caller can simply `continue`)."""
+    with learner.engine.begin() as conn:
+        control = read_control(conn)
+        _apply(learner, control)
+        queries.set_state(conn, HEARTBEAT_KEY, _heartbeat(learner, control))
+    if control.paused:
+        time.sleep(learner.config.poll_interval)
+    return control.paused
+
+
+def _apply(learner: Learner, control: Control) -> None:
+    config = learner.config
+    if control.learning_rate is not None and control.learning_rate != config.learning_rate:
+        config.learning_rate = control.learning_rate
+        learner.trainer_config = dataclasses.replace(
+            learner.trainer_config, learning_rate=control.learning_rate
+        )
+        if learner.trainer is not None:
+            learner.trainer.set_learning_rate(control.learning_rate)
+    if control.batch_trajectories is not None:
+        config.batch_trajectories = control.batch_trajectories
+    if control.max_staleness is not None and control.max_staleness != config.max_staleness:
+        config.max_staleness = control.max_staleness
+        learner.grouping = dataclasses.replace(
+            learner.grouping, max_staleness=control.max_staleness
+        )
+
+
+def _heartbeat(learner: Learner, control: Control) -> dict[str, Any]:
+    config = learner.config
+    return {
+        "at": datetime.now(UTC).isoformat(),
+        "paused": control.paused,
+        "step": learner.step,
+        "serving": None if learner.serving is None else learner.serving["version"],
+        "learning_rate": config.learning_rate,
+        "batch_trajectories": config.batch_trajectories,
+        "max_staleness": config.max_staleness,
+        "poll_interval": config.poll_interval,
+    }
