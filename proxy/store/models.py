@@ -103,6 +103,11 @@ class Task(Base):
     match: Mapped[str] = mapped_column(String(16), default="exact")
     tolerance: Mapped[float] = mapped_column(Float, default=1e-6)
     task_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
+    # rollout runner (learner/rollout): a learner grader SPEC for this task, a shell command
+    # preparing a fresh working directory, and one run there afterwards printing the reward
+    grader: Mapped[str | None] = mapped_column(String(500))
+    setup: Mapped[str | None] = mapped_column(Text)
+    check: Mapped[str | None] = mapped_column(Text)
 
 
 class Grade(Base):
@@ -167,3 +172,60 @@ class LearnerState(Base):
 
     key: Mapped[str] = mapped_column(String(100), primary_key=True)
     value: Mapped[Any] = mapped_column(JSON)
+
+
+class RolloutRun(Base):
+    """One run of a harness command on one task by the rollout runner (learner/rollout).
+
+    Its trajectories are those with this `session_key` (the harness's base URL is
+    /s/<session_key>/v1); the runner grades the run and stamps them with the task key and
+    `group_key` (same rollout, round, task and policy version), so the learner neither grades
+    them itself nor trains on a group before all its runs are done.
+    """
+
+    __tablename__ = "rollout_runs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    rollout_id: Mapped[str] = mapped_column(String(32), index=True)
+    task_set: Mapped[str] = mapped_column(String(200), index=True)
+    task_key: Mapped[str] = mapped_column(String(500), index=True)
+    epoch: Mapped[int] = mapped_column(Integer)
+    sample: Mapped[int] = mapped_column(Integer)
+    session_key: Mapped[str] = mapped_column(String(200), unique=True)
+    group_key: Mapped[str | None] = mapped_column(String(200), index=True)
+    eval: Mapped[bool] = mapped_column(Boolean, default=False)
+    # running -> ok | failed | timeout | cancelled
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    command: Mapped[list[Any] | None] = mapped_column(JSON)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    stdout: Mapped[str | None] = mapped_column(Text)
+    stderr: Mapped[str | None] = mapped_column(Text)
+    # the working directory's final state: {relative path: text, or a note for binary/big}
+    workdir: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    policy_version: Mapped[str | None] = mapped_column(String(200), index=True)
+    trajectory_ids: Mapped[list[Any] | None] = mapped_column(JSON)
+    reward: Mapped[float | None] = mapped_column(Float)
+    grade_detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class EvalResult(Base):
+    """Success of one policy version on one task of a task set, from one eval rollout."""
+
+    __tablename__ = "eval_results"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    rollout_id: Mapped[str] = mapped_column(String(32), index=True)
+    task_set: Mapped[str] = mapped_column(String(200), index=True)
+    policy_version: Mapped[str | None] = mapped_column(String(200), index=True)
+    task_key: Mapped[str] = mapped_column(String(500))
+    runs: Mapped[int] = mapped_column(Integer)
+    successes: Mapped[int] = mapped_column(Integer)
+    mean_reward: Mapped[float] = mapped_column(Float)
+    pass_at_1: Mapped[float] = mapped_column(Float)
+    # pass@k with k = the group size (the unbiased estimator over `runs` samples)
+    k: Mapped[int] = mapped_column(Integer)
+    pass_at_k: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
