@@ -3,8 +3,8 @@
 Requests are spread over healthy replicas by rendezvous hashing on a sticky key (session or
 conversation), so a conversation keeps hitting the replica holding its prefix cache and
 only the conversations of a lost replica move. A replica that cannot be connected to is
-taken out and tried again after a back-off; a request that failed to connect moves on to
-the next replica, so the client never sees that failure.
+taken out and tried again after a back-off; a request whose replica refused or dropped the
+connection before answering moves on to the next replica, so the client never sees that.
 """
 
 from __future__ import annotations
@@ -129,12 +129,15 @@ class UpstreamPool:
         headers: Mapping[str, str],
         sticky_key: str | None,
     ) -> tuple[Replica, aiohttp.ClientResponse]:
-        """Send a request to the first replica that accepts the connection.
+        """Send a request to the first replica that answers it.
 
-        The caller must release the response. Only connection failures move on to the next
-        replica: once a request is sent, a retry could run the generation twice.
+        The caller must release the response. A replica that refuses the connection, or
+        drops it before any response byte, is marked down and the next one is tried: a
+        generation has no side effects, so the worst a retry costs is the compute of a
+        half-started answer on a replica that is going away. A kept-alive connection to a
+        replica that died since is the common case, and the client must not see it.
         """
-        tried: list[str] = []
+        failures: list[str] = []
         for replica in self.candidates(sticky_key):
             try:
                 response = await self.session.request(
@@ -145,22 +148,21 @@ class UpstreamPool:
                     headers=headers,
                     allow_redirects=False,
                 )
-            except aiohttp.ClientConnectorError:
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 self.mark_failed(replica)
-                tried.append(replica.url)
+                failures.append(f"{replica.url} (connect: {_reason(exc)})")
                 continue
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                 self.mark_failed(replica)
-                raise UpstreamUnavailable(
-                    f"upstream {replica.url} dropped the connection: {exc}"
-                ) from exc
+                failures.append(f"{replica.url} (dropped the connection: {_reason(exc)})")
+                continue
             except TimeoutError as exc:
                 raise UpstreamTimeout(f"upstream {replica.url} timed out") from exc
             except aiohttp.ClientError as exc:
                 raise UpstreamUnavailable(f"upstream {replica.url} failed: {exc}") from exc
             self.mark_ok(replica)
             return replica, response
-        raise UpstreamUnavailable(f"no upstream reachable (tried {', '.join(tried)})")
+        raise UpstreamUnavailable(f"no upstream reachable: tried {'; '.join(failures)}")
 
     async def watch(self, interval: float) -> None:
         """Forever: refresh each replica's policy version; probe replicas that are out."""
@@ -188,6 +190,10 @@ class UpstreamPool:
         except (aiohttp.ClientError, TimeoutError, ValueError):
             # slow or odd answers from a busy replica are not a reason to route around it
             log.debug("policy version poll of %s failed", replica.url, exc_info=True)
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
 
 
 async def release(response: aiohttp.ClientResponse) -> None:
