@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, exists, func, select, update
+from sqlalchemy.orm import aliased
 
 from proxy.store.models import (
     Call,
@@ -14,6 +15,7 @@ from proxy.store.models import (
     Grade,
     LearnerState,
     PolicyVersion,
+    RolloutRun,
     Task,
     TrainingStep,
     Trajectory,
@@ -25,12 +27,18 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
+def _not_a_rollout_run() -> Any:
+    """Rollout runs are graded by the runner (learner/rollout), never by the learner."""
+    return ~exists().where(RolloutRun.session_key == Trajectory.session_key)
+
+
 def ungraded_finished(conn: Connection, *, limit: int, skip: Sequence[str] = ()) -> list[str]:
     """Ids of finished trajectories with no grade yet, oldest first, except `skip`."""
     query = (
         select(Trajectory.id)
         .outerjoin(Grade, Grade.trajectory_id == Trajectory.id)
         .where(Trajectory.status == "finished", Grade.trajectory_id.is_(None))
+        .where(_not_a_rollout_run())
         .order_by(Trajectory.last_call_at)
         .limit(limit)
     )
@@ -46,6 +54,7 @@ def count_ungraded_finished(conn: Connection) -> int:
             .select_from(Trajectory)
             .outerjoin(Grade, Grade.trajectory_id == Trajectory.id)
             .where(Trajectory.status == "finished", Grade.trajectory_id.is_(None))
+            .where(_not_a_rollout_run())
         ).scalar_one()
     )
 
@@ -109,6 +118,25 @@ def incomplete_groups(conn: Connection) -> set[str]:
         .where(Trajectory.group_key.is_not(None))
         .group_by(Trajectory.group_key)
         .having(func.count(Grade.trajectory_id) < func.count(Trajectory.id))
+    )
+    return {r[0] for r in rows} | rollout_groups_still_running(conn)
+
+
+def rollout_groups_still_running(conn: Connection) -> set[str]:
+    """Rollout groups one of whose runs (same rollout, round and task) is still running."""
+    running = aliased(RolloutRun)
+    rows = conn.execute(
+        select(RolloutRun.group_key)
+        .distinct()
+        .where(RolloutRun.group_key.is_not(None))
+        .where(
+            exists().where(
+                running.rollout_id == RolloutRun.rollout_id,
+                running.epoch == RolloutRun.epoch,
+                running.task_key == RolloutRun.task_key,
+                running.status == "running",
+            )
+        )
     )
     return {r[0] for r in rows}
 
@@ -225,6 +253,8 @@ def upsert_tasks(conn: Connection, tasks: Sequence[dict[str, Any]]) -> None:
             "tolerance": task.get("tolerance", 1e-6),
             "metadata": task.get("metadata"),
         }
+        # rollout columns only when given: a reference-only reload keeps them
+        values |= {k: task[k] for k in ("grader", "setup", "check") if k in task}
         stmt = insert_for(conn, Task.__table__).values(values)
         update_values = {k: v for k, v in values.items() if k != "key"}
         conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_=update_values))

@@ -185,6 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--port", type=int, default=8080, help="proxy port (default 8080)")
     demo.set_defaults(func=cmd_demo)
+
+    from learner.rollout.cli import add_commands as add_rollout_commands
+
+    add_rollout_commands(commands, _add_db)  # rollout, eval-report, tasks
     return parser
 
 

@@ -1,6 +1,9 @@
 """The task table: reference answers (and prompts) by task key, loaded from JSONL.
 
-One JSON object a line: {"id", "prompt"?, "answer"?, "match"?, "tolerance"?, "metadata"?}.
+One JSON object a line: {"id", "prompt"?, "answer"?, "match"?, "tolerance"?, "grader"?,
+"setup"?, "check"?, "metadata"?}. `grader` is a learner grader SPEC for this task; `setup`
+and `check` are shell commands the rollout runner runs in a run's fresh working directory
+before the harness and after it (the check's exit code or printed number is the reward).
 Invariant: a table that loaded is valid; every mistake is reported with its line and field.
 """
 
@@ -15,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 MATCH_KINDS = ("exact", "numeric", "regex", "contains")
-_FIELDS = {"id", "prompt", "answer", "match", "tolerance", "metadata"}
+_FIELDS = {"id", "prompt", "answer", "match", "tolerance", "grader", "setup", "check", "metadata"}
 
 
 class TaskTableError(ValueError):
@@ -30,6 +33,23 @@ class Task:
     match: str = "exact"  # one of MATCH_KINDS
     tolerance: float = 1e-6  # absolute, for match="numeric"
     metadata: dict[str, Any] = field(default_factory=dict)
+    grader: str | None = None  # a grader SPEC (learner.graders.combine), for this task only
+    setup: str | None = None  # shell command preparing a run's working directory
+    check: str | None = None  # shell command grading it: exit code or printed number
+
+    def row(self) -> dict[str, Any]:
+        """The task table's row (proxy.store.models.Task)."""
+        return {
+            "key": self.key,
+            "prompt": self.prompt,
+            "answer": self.answer,
+            "match": self.match,
+            "tolerance": self.tolerance,
+            "metadata": self.metadata,
+            "grader": self.grader,
+            "setup": self.setup,
+            "check": self.check,
+        }
 
 
 class TaskTable(Mapping[str, Task]):
@@ -79,6 +99,9 @@ def parse_task(line: str, *, where: str) -> Task:
         match=_match(row, where),
         tolerance=_tolerance(row, where),
         metadata=_metadata(row, where),
+        grader=_grader(row, where),
+        setup=_command(row, "setup", where),
+        check=_command(row, "check", where),
     )
     _check_answer_fits_match(task, where)
     return task
@@ -125,6 +148,25 @@ def _tolerance(row: dict[str, Any], where: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise _fail(where, "tolerance", f"expected a finite number >= 0, got {value!r}")
     return float(value)
+
+
+def _grader(row: dict[str, Any], where: str) -> str | None:
+    from learner.graders.combine import parse_spec  # combine imports this module
+
+    value = _optional_text(row, "grader", where)
+    if value is not None:
+        try:
+            parse_spec(value)
+        except ValueError as exc:
+            raise _fail(where, "grader", str(exc)) from None
+    return value
+
+
+def _command(row: dict[str, Any], name: str, where: str) -> str | None:
+    value = _optional_text(row, name, where)
+    if value is not None and not value.strip():
+        raise _fail(where, name, "expected a shell command, got an empty string")
+    return value
 
 
 def _metadata(row: dict[str, Any], where: str) -> dict[str, Any]:

@@ -1,0 +1,209 @@
+"""Sub-commands `rollout`, `eval-report` and `tasks load|list`, hooked into `onthejob`.
+
+Kept light: everything heavy is imported when a command runs, not when the parser is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from proxy.settings import DEFAULT_SQLITE_URL
+
+Adder = Callable[[argparse.ArgumentParser], None]
+
+
+def database_url(args: argparse.Namespace) -> str:
+    return args.db or os.environ.get("ONTHEJOB_DATABASE_URL") or DEFAULT_SQLITE_URL
+
+
+def _reward(text: str) -> float | None:
+    if text.lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'none', got {text!r}") from None
+
+
+def add_commands(commands: Any, add_db: Adder) -> None:
+    """Register the sub-commands on `onthejob`'s sub-parsers."""
+    _add_rollout(commands, add_db)
+    report = commands.add_parser(
+        "eval-report",
+        help="print eval success per policy version and task set",
+        description="Mean reward, pass@1 and pass@k of every policy version on every task "
+        "set evaluated with `onthejob rollout --eval`, oldest version first.",
+    )
+    add_db(report)
+    report.set_defaults(func=cmd_eval_report)
+    tasks = commands.add_parser("tasks", help="the task table (task sets for rollouts)")
+    actions = tasks.add_subparsers(dest="tasks_command", required=True, metavar="ACTION")
+    load = actions.add_parser("load", help="validate a JSONL task set and load it")
+    load.add_argument("file", metavar="FILE")
+    add_db(load)
+    load.set_defaults(func=cmd_tasks_load)
+    listing = actions.add_parser("list", help="list the task table")
+    add_db(listing)
+    listing.set_defaults(func=cmd_tasks_list)
+
+
+def _add_rollout(commands: Any, add_db: Adder) -> None:
+    rollout = commands.add_parser(
+        "rollout",
+        help="run a harness command G times per task through the proxy and grade the runs",
+        description="Run COMMAND (a black-box harness) group-size times per task, each in a "
+        "fresh working directory, with OPENAI_BASE_URL / OPENAI_API_BASE / ANTHROPIC_BASE_URL "
+        "pointing at the proxy under a session key of its own; the prompt is `{prompt}` in "
+        "ARGS, on stdin and in ONTHEJOB_PROMPT. Each run is graded (the task's check command, "
+        "its grader, --grader, or its reference answer) and the learner trains on the groups; "
+        "with --eval, success per task is stored instead. Ctrl-C stops cleanly.",
+        usage="onthejob rollout --proxy URL --tasks FILE [options] -- COMMAND [ARGS...]",
+    )
+    rollout.add_argument("--proxy", required=True, metavar="URL", help="the onthejob proxy")
+    rollout.add_argument("--tasks", required=True, metavar="FILE", help="task set (JSONL)")
+    rollout.add_argument("--name", help="task set name for eval results (default: file stem)")
+    rollout.add_argument("--group-size", type=int, default=4, metavar="G", help="default 4")
+    rollout.add_argument("--concurrency", type=int, default=4, metavar="C", help="default 4")
+    rollout.add_argument("--epochs", type=int, default=1, metavar="E", help="default 1")
+    rollout.add_argument(
+        "--timeout", type=float, default=600.0, metavar="S", help="per run (default 600)"
+    )
+    rollout.add_argument(
+        "--eval", action="store_true", help="no training signal: report success per task"
+    )
+    add_db(rollout)
+    rollout.add_argument(
+        "--grader", metavar="SPEC", help="grader for tasks without check/grader (learner SPEC)"
+    )
+    rollout.add_argument(
+        "--failure-reward",
+        type=_reward,
+        default=0.0,
+        metavar="X",
+        help="reward of a run that timed out or exited non-zero (default 0; 'none': no reward)",
+    )
+    rollout.add_argument(
+        "--success-threshold",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="eval: a run succeeds with at least this reward (default 1.0)",
+    )
+    rollout.add_argument("--check-timeout", type=float, default=120.0, metavar="S")
+    rollout.add_argument("--keep-workdirs", action="store_true", help="do not delete run dirs")
+    rollout.add_argument("--no-progress", action="store_true", help="no progress bar")
+    rollout.add_argument("harness", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS")
+    rollout.set_defaults(func=cmd_rollout)
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from learner.graders.tasks import TaskTableError
+    from learner.rollout.progress import ProgressBar
+    from learner.rollout.report import format_table
+    from learner.rollout.runner import RolloutConfig, run_rollout
+    from learner.rollout.taskset import load_task_set
+
+    command = args.harness[1:] if args.harness[:1] == ["--"] else args.harness
+    try:
+        task_set = load_task_set(args.tasks, name=args.name)
+        if args.grader:
+            from learner.graders.combine import parse_spec
+
+            parse_spec(args.grader)
+        config = RolloutConfig(
+            proxy_url=args.proxy,
+            command=command,
+            tasks=task_set,
+            database_url=database_url(args),
+            group_size=args.group_size,
+            concurrency=args.concurrency,
+            epochs=args.epochs,
+            timeout=args.timeout,
+            eval=args.eval,
+            grader=args.grader,
+            failure_reward=args.failure_reward,
+            success_threshold=args.success_threshold,
+            check_timeout=args.check_timeout,
+            keep_workdirs=args.keep_workdirs,
+        )
+    except (TaskTableError, ValueError) as exc:
+        raise SystemExit(f"onthejob rollout: {exc}") from exc
+    label = "eval" if args.eval else "rollout"
+    bar = ProgressBar(label, disable=args.no_progress)
+    try:
+        summary = run_rollout(config, on_progress=bar.update)
+    finally:
+        bar.close()
+    ended = len(summary.runs)
+    mean = summary.mean_reward
+    print(
+        f"{label} {summary.rollout_id}: {ended} runs of {len(config.tasks.tasks)} tasks, "
+        f"mean reward {'-' if mean is None else f'{mean:.3f}'}"
+        + (" (cancelled)" if summary.cancelled else ""),
+        file=sys.stderr,
+    )
+    if summary.eval_rows:
+        print(format_table(summary.eval_rows, first="policy version / task"))
+    return 130 if summary.cancelled else 0
+
+
+def cmd_eval_report(args: argparse.Namespace) -> int:
+    from learner import queries
+    from learner.rollout import store
+    from learner.rollout.report import by_version_and_set, format_table
+    from proxy.store import db
+
+    engine = db.make_engine(database_url(args))
+    try:
+        with engine.connect() as conn:
+            results = store.eval_results(conn)
+            order = queries.version_ordinals(conn)
+    finally:
+        engine.dispose()
+    if not results:
+        print("no eval results yet: run `onthejob rollout --eval ...`", file=sys.stderr)
+        return 1
+    print(format_table(by_version_and_set(results, order=order)))
+    return 0
+
+
+def cmd_tasks_load(args: argparse.Namespace) -> int:
+    from learner.graders.tasks import TaskTableError
+    from learner.rollout.taskset import load_task_set, store_tasks
+    from proxy.store import db
+
+    try:
+        task_set = load_task_set(args.file)
+    except TaskTableError as exc:
+        raise SystemExit(f"onthejob tasks load: {exc}") from exc
+    url = database_url(args)
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    try:
+        with engine.begin() as conn:
+            count = store_tasks(conn, task_set)
+    finally:
+        engine.dispose()
+    print(f"loaded {count} tasks from {args.file}")
+    return 0
+
+
+def cmd_tasks_list(args: argparse.Namespace) -> int:
+    from learner.rollout.taskset import list_tasks
+    from proxy.store import db
+
+    engine = db.make_engine(database_url(args))
+    try:
+        with engine.connect() as conn:
+            rows = list_tasks(conn)
+    finally:
+        engine.dispose()
+    for row in rows:
+        how = [name for name in ("answer", "grader", "setup", "check") if row.get(name)]
+        prompt = (row["prompt"] or "").replace("\n", " ")
+        print(f"{row['key']}\t{','.join(how) or '-'}\t{prompt[:60]}")
+    return 0
