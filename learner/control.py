@@ -1,29 +1,37 @@
 """Operator control of a running learner, through the store (the admin API writes it).
 
-Two LearnerState keys: "control" (written by operators: pause, live knobs) and "learner"
-(the learner's heartbeat: what it applied, its step, when it last looked). Invariant: the
-learner reads the control once per loop iteration and never writes it; operators never
-write the heartbeat.
+LearnerState keys: "control" (written by operators: pause, live knobs), "tasks_revision"
+(bumped by operators when they load or delete tasks: the learner then reloads its task table
+from the store) and "learner" (the learner's heartbeat: what it applied, its step, when it
+last looked). Invariant: the learner reads the first two once per loop iteration and never
+writes them; operators never write the heartbeat.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, select
 
 from learner import queries
+from learner.graders.tasks import Task as TaskSpec
+from learner.graders.tasks import TaskTable
+from proxy.store.models import Task
 
 if TYPE_CHECKING:
     from learner.loop import Learner
 
+log = logging.getLogger("onthejob.learner")
+
 CONTROL_KEY = "control"
 HEARTBEAT_KEY = "learner"
+TASKS_REVISION_KEY = "tasks_revision"
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,7 @@ def follow(learner: Learner) -> bool:
     with learner.engine.begin() as conn:
         control = read_control(conn)
         _apply(learner, control)
+        _follow_tasks(learner, conn)
         queries.set_state(conn, HEARTBEAT_KEY, _heartbeat(learner, control))
     if control.paused:
         time.sleep(learner.config.poll_interval)
@@ -100,6 +109,28 @@ def _apply(learner: Learner, control: Control) -> None:
         learner.grouping = dataclasses.replace(
             learner.grouping, max_staleness=control.max_staleness
         )
+
+
+def _follow_tasks(learner: Learner, conn: Connection) -> None:
+    revision = queries.get_state(conn, TASKS_REVISION_KEY)
+    if revision is None or revision == getattr(learner, "_tasks_revision", None):
+        return
+    rows = conn.execute(select(Task.__table__)).mappings()
+    learner.tasks = TaskTable(
+        {
+            row["key"]: TaskSpec(
+                key=row["key"],
+                prompt=row["prompt"],
+                answer=row["answer"],
+                match=row["match"],
+                tolerance=row["tolerance"],
+                metadata=row["metadata"] or {},
+            )
+            for row in rows
+        }
+    )
+    learner._tasks_revision = revision  # type: ignore[attr-defined]
+    log.info("task table reloaded from the store: %d tasks", len(learner.tasks))
 
 
 def _heartbeat(learner: Learner, control: Control) -> dict[str, Any]:

@@ -13,8 +13,10 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
+from proxy import metrics
+from proxy.admin.app import attach, create_admin_app
 from proxy.errors import error_body
 from proxy.recording import Recorder
 from proxy.response_store import ResponseStore
@@ -55,6 +57,8 @@ def create_app(settings: Settings) -> Starlette:
     """The proxy app. Plain Starlette at the root: FastAPI's per-request machinery costs
     measurable latency on the hot path (bench/proxy_overhead.py)."""
 
+    admin = create_admin_app()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await asyncio.to_thread(prepare_database, settings)
@@ -79,6 +83,7 @@ def create_app(settings: Settings) -> Starlette:
         app.state.proxy = ProxyState(
             settings=settings, pool=pool, recorder=recorder, responses=ResponseStore(engine)
         )
+        attach(admin, app.state.proxy)
         _tune_gc()
         try:
             yield
@@ -93,6 +98,8 @@ def create_app(settings: Settings) -> Starlette:
     return Starlette(
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics.endpoint, methods=["GET"]),
+            Mount("/admin", app=admin),
             # specific routes first: openai_routes ends with the /v1/* passthrough
             *feedback_routes.routes(),
             *anthropic_routes.routes(),
@@ -100,6 +107,7 @@ def create_app(settings: Settings) -> Starlette:
             *openai_routes.routes(),
         ],
         exception_handlers={HTTPException: _http_error, Exception: _unexpected_error},
+        middleware=[metrics.middleware()],
         lifespan=lifespan,
     )
 

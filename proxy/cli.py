@@ -8,6 +8,8 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from proxy.settings import Settings
 
 
@@ -24,7 +26,11 @@ def _settings(args: argparse.Namespace, **extra: object) -> Settings:
     values = {k: v for k, v in extra.items() if v is not None}
     if getattr(args, "db", None):
         values["database_url"] = args.db
-    return Settings(**values)
+    try:
+        return Settings(**values)
+    except ValidationError as exc:
+        problems = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+        raise SystemExit(f"onthejob {args.command}: {problems}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_SQLITE_URL = "sqlite:///onthejob.db"
@@ -78,3 +79,22 @@ class Settings(BaseSettings):
         if value < 1:
             raise ValueError("fanout must be at least 1 (1 = off)")
         return value
+
+    @model_validator(mode="after")
+    def _exposed_needs_admin_token(self) -> Settings:
+        # the admin API can roll back the served model: never reachable without a token
+        if not self.admin_token and not is_loopback(self.host):
+            raise ValueError(
+                f"binding to {self.host} (not a loopback address) needs an admin token: "
+                "set ONTHEJOB_ADMIN_TOKEN"
+            )
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything

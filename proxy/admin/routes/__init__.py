@@ -1,0 +1,1 @@
+"""Routers of the admin API, one per resource."""

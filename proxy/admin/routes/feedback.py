@@ -1,0 +1,93 @@
+"""Rewards from operators: post or correct the reward of a trajectory or a session.
+
+Stored like POST /v1/onthejob/feedback (the feedback grader reads it). A trajectory that is
+graded but not trained on yet gets its grade corrected at once, so the learner trains on
+the operator's reward; one already trained on keeps its grade (the step is history) and
+only shows the new reward.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from sqlalchemy import Connection, select, update
+
+from learner import queries
+from proxy.admin import trajectories as store
+from proxy.admin.deps import EngineDep
+from proxy.admin.errors import not_found
+from proxy.admin.schemas import FeedbackIn, Key
+from proxy.store.models import Grade, Trajectory
+
+router = APIRouter(tags=["rewards"])
+
+
+def _targets(conn: Connection, body: FeedbackIn) -> list[str]:
+    if body.trajectory_id is not None:
+        condition = Trajectory.id == body.trajectory_id
+    else:
+        condition = Trajectory.session_key == body.session
+    return [r[0] for r in conn.execute(select(Trajectory.id).where(condition))]
+
+
+def _correct(conn: Connection, trajectory_id: str, body: FeedbackIn) -> bool:
+    grade = conn.execute(
+        select(Grade.reward, Grade.detail, Grade.trained_in_step).where(
+            Grade.trajectory_id == trajectory_id
+        )
+    ).first()
+    conn.execute(
+        update(Trajectory).where(Trajectory.id == trajectory_id).values(reward=body.reward)
+    )
+    if grade is None or grade.trained_in_step is not None:
+        return False
+    detail = dict(grade.detail or {})
+    detail["operator"] = {"reward": body.reward, "comment": body.comment, "was": grade.reward}
+    conn.execute(
+        update(Grade)
+        .where(Grade.trajectory_id == trajectory_id)
+        .values(reward=body.reward, detail=detail, error=None)
+    )
+    return True
+
+
+@router.post("/feedback", status_code=201, summary="Post or correct a reward")
+def post_feedback(engine: EngineDep, body: FeedbackIn) -> dict[str, Any]:
+    """Give exactly one of `trajectory_id` or `session` (all its trajectories)."""
+    with engine.begin() as conn:
+        targets = _targets(conn, body)
+        if not targets:
+            what = "trajectory" if body.trajectory_id is not None else "session"
+            raise not_found(what, body.trajectory_id or body.session or "")
+        queries.add_feedback(
+            conn,
+            reward=body.reward,
+            trajectory_id=body.trajectory_id,
+            session_key=body.session,
+            comment=body.comment,
+        )
+        corrected = [t for t in targets if _correct(conn, t, body)]
+    return {
+        "ok": True,
+        "reward": body.reward,
+        "comment": body.comment,
+        "trajectory_id": body.trajectory_id,
+        "session": body.session,
+        "trajectories": targets,
+        "grades_corrected": corrected,
+    }
+
+
+@router.get("/feedback", summary="Recent feedback")
+def list_feedback(
+    engine: EngineDep,
+    trajectory_id: Annotated[Key | None, Query()] = None,
+    session: Annotated[Key | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    with engine.connect() as conn:
+        items = store.feedback_for(
+            conn, trajectory_id=trajectory_id, session_key=session, limit=limit
+        )
+    return {"items": items}

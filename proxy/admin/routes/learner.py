@@ -1,0 +1,124 @@
+"""The learner: status, pause/resume, live knobs. Operators write the "control" state;
+the learner applies it once per loop iteration and answers with a heartbeat
+(learner/control.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter
+from sqlalchemy import Connection, func, select
+
+from learner import queries
+from learner.control import Control, read_control, read_heartbeat, write_control
+from proxy.admin.deps import EngineDep, StateDep
+from proxy.admin.schemas import KnobsIn
+from proxy.admin.trajectories import iso
+from proxy.store.models import Grade, TrainingStep, Trajectory
+
+router = APIRouter(tags=["learner"])
+ALIVE_POLLS = 5  # a heartbeat older than this many poll intervals (at least 15 s): stopped
+
+
+def _age(heartbeat: dict[str, Any] | None) -> float | None:
+    if not heartbeat or not isinstance(heartbeat.get("at"), str):
+        return None
+    try:
+        at = datetime.fromisoformat(heartbeat["at"])
+    except ValueError:
+        return None
+    return (datetime.now(UTC) - at).total_seconds()
+
+
+def _queue(conn: Connection) -> dict[str, int]:
+    graded_waiting = conn.execute(
+        select(func.count())
+        .select_from(Grade)
+        .where(Grade.trained_in_step.is_(None), Grade.reward.is_not(None))
+    ).scalar_one()
+    open_count = conn.execute(
+        select(func.count()).select_from(Trajectory).where(Trajectory.status == "open")
+    ).scalar_one()
+    return {
+        "open": int(open_count),
+        "ungraded_finished": queries.count_ungraded_finished(conn),
+        "graded_untrained": int(graded_waiting),
+    }
+
+
+def _last_step(conn: Connection) -> dict[str, Any] | None:
+    row = conn.execute(
+        select(TrainingStep.__table__).order_by(TrainingStep.step.desc()).limit(1)
+    ).first()
+    if row is None:
+        return None
+    step = dict(row._mapping)
+    step["created_at"] = iso(step["created_at"])
+    return step
+
+
+def status(conn: Connection, fanout: int) -> dict[str, Any]:
+    control = read_control(conn)
+    heartbeat = read_heartbeat(conn)
+    age = _age(heartbeat)
+    poll = float((heartbeat or {}).get("poll_interval") or 1.0)
+    alive = age is not None and age < max(15.0, ALIVE_POLLS * poll)
+    if not alive:
+        state = "stopped" if heartbeat else "never_seen"
+    else:
+        state = "paused" if (heartbeat or {}).get("paused") else "running"
+    serving = queries.serving_version(conn)
+    return {
+        "state": state,
+        "pause_requested": control.paused,
+        "control": control.state(),
+        "heartbeat": heartbeat,
+        "heartbeat_age_s": age,
+        "last_step": _last_step(conn),
+        "serving": None if serving is None else serving["version"],
+        "queue": _queue(conn),
+        "fanout": fanout,
+    }
+
+
+@router.get("/learner", summary="Learner status, queue and knobs")
+def get_status(engine: EngineDep, state: StateDep) -> dict[str, Any]:
+    """`state`: running, paused, stopped (no heartbeat lately) or never_seen."""
+    with engine.connect() as conn:
+        return status(conn, state.settings.fanout)
+
+
+def _set(engine: Any, **changes: Any) -> Control:
+    with engine.begin() as conn:
+        current = read_control(conn).state()
+        current.update(changes)
+        control = Control(**current)
+        write_control(conn, control)
+    return control
+
+
+@router.post("/learner/pause", summary="Pause learning (grading and training)")
+def pause(engine: EngineDep, state: StateDep) -> dict[str, Any]:
+    _set(engine, paused=True)
+    return get_status(engine, state)
+
+
+@router.post("/learner/resume", summary="Resume learning")
+def resume(engine: EngineDep, state: StateDep) -> dict[str, Any]:
+    _set(engine, paused=False)
+    return get_status(engine, state)
+
+
+@router.patch("/learner/knobs", summary="Change knobs live")
+def knobs(engine: EngineDep, state: StateDep, body: KnobsIn) -> dict[str, Any]:
+    """Only the fields sent change; null returns a knob to the learner's own setting.
+    `fanout` is this proxy's (applied at once); the others the learner applies at its next
+    iteration."""
+    sent = body.model_dump(exclude_unset=True)
+    if "fanout" in sent:
+        fanout = sent.pop("fanout")
+        state.settings.fanout = 1 if fanout is None else fanout
+    if sent:
+        _set(engine, **sent)
+    return get_status(engine, state)

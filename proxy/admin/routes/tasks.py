@@ -1,0 +1,141 @@
+"""Tasks: the reference answers graders compare against (list, load, delete).
+
+Loading validates every task with the task-file parser (learner/graders/tasks.py) before
+anything is written; a change bumps the "tasks_revision" state, on which a running learner
+reloads its table from the store (learner/control.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Response
+from sqlalchemy import Connection, delete, func, select
+
+from learner import queries
+from learner.control import TASKS_REVISION_KEY
+from learner.graders.tasks import Task as TaskSpec
+from learner.graders.tasks import TaskTableError, parse_task
+from proxy.admin.deps import EngineDep
+from proxy.admin.errors import AdminError, not_found
+from proxy.admin.schemas import TaskKeyText, TasksIn
+from proxy.store.models import Task, Trajectory
+
+router = APIRouter(tags=["tasks"])
+TaskKey = Annotated[TaskKeyText, Path()]
+
+
+def _row(task: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "key": task["key"],
+        "prompt": task["prompt"],
+        "answer": task["answer"],
+        "match": task["match"],
+        "tolerance": task["tolerance"],
+        "metadata": task["metadata"],
+        "trajectories": stats.get("trajectories", 0),
+        "mean_reward": stats.get("mean_reward"),
+    }
+
+
+def _stats(conn: Connection, keys: list[str]) -> dict[str, dict[str, Any]]:
+    if not keys:
+        return {}
+    rows = conn.execute(
+        select(Trajectory.task_key, func.count(), func.avg(Trajectory.reward))
+        .where(Trajectory.task_key.in_(keys))
+        .group_by(Trajectory.task_key)
+    )
+    return {
+        key: {"trajectories": int(n), "mean_reward": None if mean is None else float(mean)}
+        for key, n, mean in rows
+    }
+
+
+def _bump(conn: Connection) -> None:
+    revision = queries.get_state(conn, TASKS_REVISION_KEY)
+    queries.set_state(conn, TASKS_REVISION_KEY, (revision if isinstance(revision, int) else 0) + 1)
+
+
+@router.get("/tasks", summary="List tasks, by key")
+def list_tasks(
+    engine: EngineDep,
+    after: Annotated[TaskKeyText | None, Query(description="last key of the previous page")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    query = select(Task.__table__).order_by(Task.key).limit(limit + 1)
+    if after is not None:
+        query = query.where(Task.key > after)
+    with engine.connect() as conn:
+        rows = [dict(r._mapping) for r in conn.execute(query)]
+        more = len(rows) > limit
+        rows = rows[:limit]
+        stats = _stats(conn, [r["key"] for r in rows])
+    return {
+        "items": [_row(r, stats.get(r["key"], {})) for r in rows],
+        "next_after": rows[-1]["key"] if more else None,
+    }
+
+
+def _parse(body: TasksIn) -> list[TaskSpec]:
+    if body.jsonl is not None:
+        lines = [(f"jsonl line {n}", line) for n, line in enumerate(body.jsonl.splitlines(), 1)]
+    else:
+        lines = [(f"tasks[{i}]", json.dumps(t)) for i, t in enumerate(body.tasks or [])]
+    out: dict[str, TaskSpec] = {}
+    try:
+        for where, line in lines:
+            if not line.strip():
+                continue
+            task = parse_task(line, where=where)
+            if task.key in out:
+                raise TaskTableError(f"{where}: field 'id': duplicate task id {task.key!r}")
+            if len(task.key) > 500:
+                raise TaskTableError(f"{where}: field 'id': longer than 500 characters")
+            out[task.key] = task
+    except TaskTableError as exc:
+        raise AdminError(400, str(exc), param="tasks") from None
+    if not out:
+        raise AdminError(400, "no tasks given", param="tasks")
+    return list(out.values())
+
+
+@router.post("/tasks", status_code=201, summary="Load (add or replace) tasks")
+def load_tasks(engine: EngineDep, body: TasksIn) -> dict[str, Any]:
+    """Objects like the lines of a task file: {"id", "prompt"?, "answer"?, "match"?,
+    "tolerance"?, "metadata"?}. All are checked first; one bad task loads none."""
+    tasks = _parse(body)
+    rows = [
+        {
+            "key": t.key,
+            "prompt": t.prompt,
+            "answer": t.answer,
+            "match": t.match,
+            "tolerance": t.tolerance,
+            "metadata": t.metadata,
+        }
+        for t in tasks
+    ]
+    with engine.begin() as conn:
+        queries.upsert_tasks(conn, rows)
+        _bump(conn)
+    return {"loaded": len(rows), "keys": [r["key"] for r in rows][:1000]}
+
+
+@router.get("/tasks/{key:path}", summary="One task")
+def get_task(engine: EngineDep, key: TaskKey) -> dict[str, Any]:
+    with engine.connect() as conn:
+        row = conn.execute(select(Task.__table__).where(Task.key == key)).first()
+        if row is None:
+            raise not_found("task", key)
+        return _row(dict(row._mapping), _stats(conn, [key]).get(key, {}))
+
+
+@router.delete("/tasks/{key:path}", status_code=204, summary="Delete a task")
+def delete_task(engine: EngineDep, key: TaskKey) -> Response:
+    with engine.begin() as conn:
+        if conn.execute(delete(Task).where(Task.key == key)).rowcount == 0:
+            raise not_found("task", key)
+        _bump(conn)
+    return Response(status_code=204)

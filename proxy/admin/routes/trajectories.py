@@ -1,0 +1,96 @@
+"""Trajectories: list (filters, cursor pages), one with its conversation and tokens, export."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import StreamingResponse
+
+from proxy.admin import trajectories as store
+from proxy.admin.conversation import conversation
+from proxy.admin.deps import DetokenizerDep, EngineDep
+from proxy.admin.errors import not_found
+from proxy.admin.schemas import TrajectoryFilter, TrajectoryPage
+from proxy.admin.tokens import token_sequences
+from proxy.export import iter_trajectories
+
+router = APIRouter(tags=["trajectories"])
+EXPORT_CHUNK = 200
+TrajectoryId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+
+
+@router.get("/trajectories", summary="List trajectories, newest first")
+def list_trajectories(
+    engine: EngineDep, page: Annotated[TrajectoryPage, Query()]
+) -> dict[str, Any]:
+    """A page of trajectories matching every filter given; pass `next_cursor` back as
+    `cursor` for the next page (null on the last one)."""
+    with engine.connect() as conn:
+        return store.list_page(conn, f=page, limit=page.limit, cursor=page.cursor)
+
+
+def _detail(engine: Any, trajectory_id: str) -> dict[str, Any]:
+    found = list(iter_trajectories(engine, ids=[trajectory_id]))
+    if not found:
+        raise not_found("trajectory", trajectory_id)
+    trajectory = found[0]
+    with engine.connect() as conn:
+        grade = store.grade_of(conn, trajectory_id=trajectory_id)
+        feedback = store.feedback_for(
+            conn, trajectory_id=trajectory_id, session_key=trajectory["session"]
+        )
+    return {
+        **trajectory,
+        "grade": grade,
+        "feedback": feedback,
+        "messages": conversation(trajectory["calls"]),
+        "tokens": token_sequences(trajectory),
+    }
+
+
+@router.get("/trajectories/{trajectory_id}", summary="One trajectory in full")
+async def get_trajectory(
+    engine: EngineDep,
+    detokenizer: DetokenizerDep,
+    trajectory_id: TrajectoryId,
+    token_text: Annotated[bool, Query(description="add each token's text (asks vLLM)")] = True,
+) -> dict[str, Any]:
+    """The trajectory in the export format plus its grade, feedback, conversation
+    (`messages`) and token sequences (`tokens`: token_ids, loss_mask, logprobs; the loss
+    mask is true on the tokens the learner trains on)."""
+    detail = await asyncio.to_thread(_detail, engine, trajectory_id)
+    if token_text and detail["tokens"]:
+        ids = {t for seq in detail["tokens"] for t in seq["token_ids"]}
+        pieces = await detokenizer.pieces_for(ids)
+        for seq in detail["tokens"]:
+            seq["token_text"] = (
+                None if pieces is None else [pieces.get(t) for t in seq["token_ids"]]
+            )
+    return detail
+
+
+def _export_lines(engine: Any, ids: list[str]) -> Iterator[bytes]:
+    for start in range(0, len(ids), EXPORT_CHUNK):
+        for row in iter_trajectories(engine, ids=ids[start : start + EXPORT_CHUNK]):
+            yield orjson.dumps(row, option=orjson.OPT_NAIVE_UTC) + b"\n"
+
+
+@router.get(
+    "/export",
+    summary="Export trajectories as JSON Lines",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/x-ndjson": {}}}},
+)
+def export(engine: EngineDep, f: Annotated[TrajectoryFilter, Query()]) -> StreamingResponse:
+    """One trajectory per line, oldest first, in the format of `onthejob export`."""
+    with engine.connect() as conn:
+        ids = store.matching_ids(conn, f=f)
+    return StreamingResponse(
+        _export_lines(engine, ids),
+        media_type="application/x-ndjson",
+        headers={"Content-Disposition": 'attachment; filename="trajectories.jsonl"'},
+    )

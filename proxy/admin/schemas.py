@@ -1,0 +1,131 @@
+"""Input models of the admin API: every field bounded, every string storable.
+
+Strings must be valid UTF-8 without NUL (PostgreSQL refuses both; a refusal there would
+otherwise surface as a server error), timestamps are made UTC.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+
+def _storable(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError("must be valid UTF-8 text") from exc
+    return value
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError as exc:
+        raise ValueError("is out of range") from exc
+
+
+Text = Annotated[str, AfterValidator(_storable)]
+Key = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_storable)]
+TaskKeyText = Annotated[str, Field(min_length=1, max_length=500), AfterValidator(_storable)]
+Time = Annotated[datetime | None, AfterValidator(_utc)]
+Reward = Annotated[float, Field(allow_inf_nan=False, ge=-1e9, le=1e9)]
+
+
+class TrajectoryFilter(BaseModel):
+    """Which trajectories: every given condition must hold."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session: Key | None = Field(None, description="session key")
+    task_key: TaskKeyText | None = None
+    status: Literal["open", "finished"] | None = None
+    policy_version: Key | None = Field(None, description="a call was served by this version")
+    min_reward: Reward | None = None
+    max_reward: Reward | None = None
+    graded: bool | None = Field(None, description="has a reward (true) or not yet (false)")
+    since: Time = Field(None, description="started at or after (ISO 8601; naive = UTC)")
+    until: Time = Field(None, description="started before (ISO 8601; naive = UTC)")
+    q: Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_storable)] | None = (
+        Field(None, description="text in a request (messages, prompt, input), case-insensitive")
+    )
+
+    @model_validator(mode="after")
+    def _ranges(self) -> TrajectoryFilter:
+        if (
+            self.min_reward is not None
+            and self.max_reward is not None
+            and self.min_reward > self.max_reward
+        ):
+            raise ValueError("min_reward is greater than max_reward")
+        if self.since is not None and self.until is not None and self.since >= self.until:
+            raise ValueError("since must be before until")
+        return self
+
+
+class TrajectoryPage(TrajectoryFilter):
+    limit: int = Field(50, ge=1, le=500)
+    cursor: Annotated[str, Field(max_length=500)] | None = Field(
+        None, description="next_cursor of the previous page"
+    )
+
+
+class FeedbackIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    trajectory_id: Key | None = None
+    session: Key | None = None
+    reward: Reward
+    comment: Annotated[str, Field(max_length=10_000), AfterValidator(_storable)] | None = None
+
+    @model_validator(mode="after")
+    def _target(self) -> FeedbackIn:
+        if (self.trajectory_id is None) == (self.session is None):
+            raise ValueError("give exactly one of trajectory_id or session")
+        return self
+
+
+class TasksIn(BaseModel):
+    """Tasks in the task-file format (README), as objects or as JSON Lines text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: Annotated[list[dict[str, Any]], Field(max_length=10_000)] | None = None
+    jsonl: Annotated[str, Field(max_length=20_000_000), AfterValidator(_storable)] | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> TasksIn:
+        if (self.tasks is None) == (self.jsonl is None):
+            raise ValueError("give exactly one of tasks (a list of objects) or jsonl (text)")
+        return self
+
+
+class KnobsIn(BaseModel):
+    """Live knobs; a field set to null returns to what the process was started with."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    learning_rate: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
+    batch_trajectories: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    max_staleness: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+    fanout: Annotated[int, Field(ge=1, le=64)] | None = Field(
+        None, description="group size of fan-out (this proxy process, applied at once)"
+    )
+
+
+class StatsQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    since: Time = Field(
+        None, description="default: 24 hours (hour buckets) or 30 days (day buckets) before until"
+    )
+    until: Time = Field(None, description="default: now")
+    bucket: Literal["hour", "day"] = "hour"

@@ -1,0 +1,206 @@
+"""`GET /metrics` in the Prometheus text format, and the cheap request instrumentation.
+
+Per request: one perf_counter pair, one cached counter child and one histogram observation
+(label children are looked up once per route/status and kept). Everything else (recording
+backlog, upstream health, learner step, reward, swap time) is read when scraped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+from sqlalchemy import Engine, select
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from learner import queries
+from proxy.state import ProxyState
+from proxy.store.models import TrainingStep
+
+log = logging.getLogger("onthejob.metrics")
+
+disable_created_metrics()  # *_created series double the output and nobody graphs them
+REGISTRY = CollectorRegistry(auto_describe=True)
+REQUESTS = Counter(
+    "onthejob_http_requests",
+    "HTTP requests answered by the proxy, by route and status",
+    ["route", "status"],
+    registry=REGISTRY,
+)
+LATENCY = Histogram(
+    "onthejob_http_request_duration_seconds",
+    "Time from request to the end of the response (whole stream), by route",
+    ["route"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+    registry=REGISTRY,
+)
+
+_KNOWN = {
+    p: p
+    for p in (
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/models",
+        "/v1/onthejob/feedback",
+        "/healthz",
+        "/metrics",
+    )
+}
+
+
+def route_label(path: str) -> str:
+    """A bounded set of labels: session keys and ids never become label values."""
+    if path.startswith("/s/"):
+        parts = path.split("/", 3)
+        path = "/" + parts[3] if len(parts) > 3 else "/"
+    known = _KNOWN.get(path)
+    if known is not None:
+        return known
+    if path.startswith("/admin/api/"):
+        return "/admin/api"
+    if path.startswith("/admin"):
+        return "/admin"
+    if path.startswith("/v1/responses/"):
+        return "/v1/responses/{id}"
+    if path.startswith("/v1/"):
+        return "/v1/*"
+    return "other"
+
+
+class MetricsMiddleware:
+    """Pure ASGI (no BaseHTTPMiddleware: it would buffer the hot path's streams)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._counters: dict[tuple[str, int], Any] = {}
+        self._histograms: dict[str, Any] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500  # what the client gets if the app dies before answering
+        start = time.perf_counter()
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            self._observe(route_label(scope["path"]), status, time.perf_counter() - start)
+
+    def _observe(self, route: str, status: int, seconds: float) -> None:
+        counter = self._counters.get((route, status))
+        if counter is None:
+            counter = self._counters[(route, status)] = REQUESTS.labels(route, str(status))
+        counter.inc()
+        histogram = self._histograms.get(route)
+        if histogram is None:
+            histogram = self._histograms[route] = LATENCY.labels(route)
+        histogram.observe(seconds)
+
+
+def middleware() -> Middleware:
+    return Middleware(MetricsMiddleware)
+
+
+def _learner_snapshot(engine: Engine) -> dict[str, Any]:
+    with engine.connect() as conn:
+        step = conn.execute(
+            select(TrainingStep.step, TrainingStep.metrics)
+            .order_by(TrainingStep.step.desc())
+            .limit(1)
+        ).first()
+        serving = queries.serving_version(conn)
+        ungraded = queries.count_ungraded_finished(conn)
+    metrics = (step.metrics if step is not None else None) or {}
+    return {
+        "step": None if step is None else step.step,
+        "reward": metrics.get("mean_reward"),
+        "step_swap_seconds": metrics.get("swap_seconds"),
+        "serving_ordinal": None if serving is None else serving["ordinal"],
+        "serving_swap_seconds": None if serving is None else serving["swap_seconds"],
+        "ungraded": ungraded,
+    }
+
+
+class _StateCollector(Collector):
+    def __init__(self, state: ProxyState, learner: dict[str, Any] | None) -> None:
+        self.state = state
+        self.learner = learner
+
+    def collect(self) -> Any:
+        recorder = self.state.recorder
+        for name, help_text, value in (
+            ("recording_queue_depth", "Records waiting to be written", recorder.queue_depth),
+            ("spool_bytes", "Size of the spool file (records held while the DB is away)", None),
+            ("records_written", "Records written to the database since start", recorder.written),
+            ("records_spooled", "Records spooled since start", recorder.spooled),
+            ("records_rejected", "Records the database refused since start", recorder.rejected),
+        ):
+            if value is None:
+                value = recorder.spool.size()
+            yield GaugeMetricFamily(f"onthejob_{name}", help_text, value=float(value))
+        healthy = GaugeMetricFamily(
+            "onthejob_upstream_healthy", "1 if the vLLM replica is reachable", labels=["upstream"]
+        )
+        for replica in self.state.pool.replicas:
+            healthy.add_metric([replica.url], 1.0 if replica.healthy else 0.0)
+        yield healthy
+        yield from self._learner()
+
+    def _learner(self) -> Any:
+        learner = self.learner
+        if learner is None:
+            return
+        for key, name, help_text in (
+            ("step", "learner_step", "Last learner step recorded"),
+            ("reward", "learner_reward", "Mean reward of the last step's batch"),
+            ("step_swap_seconds", "learner_swap_seconds", "Hot-swap time of the last step"),
+            ("serving_ordinal", "serving_version_ordinal", "Ordinal of the serving version"),
+            ("serving_swap_seconds", "serving_swap_seconds", "Hot-swap time of the serving one"),
+            ("ungraded", "learner_ungraded_trajectories", "Finished trajectories not graded"),
+        ):
+            value = learner.get(key)
+            if isinstance(value, int | float):
+                yield GaugeMetricFamily(f"onthejob_{name}", help_text, value=float(value))
+
+
+def _render(state: ProxyState) -> bytes:
+    try:
+        learner: dict[str, Any] | None = _learner_snapshot(state.recorder.engine)
+    except SQLAlchemyError as exc:
+        log.warning("metrics without learner figures: database error %s", exc)
+        learner = None
+    scrape = CollectorRegistry(auto_describe=False)
+    scrape.register(_StateCollector(state, learner))
+    return generate_latest(REGISTRY) + generate_latest(scrape)
+
+
+async def endpoint(request: Request) -> Response:
+    state: ProxyState = request.app.state.proxy
+    body = await asyncio.to_thread(_render, state)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
