@@ -57,6 +57,7 @@ def create_app(settings: Settings) -> Starlette:
     """The proxy app. Plain Starlette at the root: FastAPI's per-request machinery costs
     measurable latency on the hot path (bench/proxy_overhead.py)."""
 
+    settings.check_exposure()
     admin = create_admin_app()
 
     @contextlib.asynccontextmanager

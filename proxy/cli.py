@@ -215,8 +215,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         upstream_timeout=args.upstream_timeout,
         fanout=args.fanout,
     )
+    try:
+        app = create_app(settings)
+    except ValueError as exc:
+        raise SystemExit(f"onthejob serve: {exc}") from None
     uvicorn.run(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         loop="uvloop",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_SQLITE_URL = "sqlite:///onthejob.db"
@@ -80,15 +80,15 @@ class Settings(BaseSettings):
             raise ValueError("fanout must be at least 1 (1 = off)")
         return value
 
-    @model_validator(mode="after")
-    def _exposed_needs_admin_token(self) -> Settings:
-        # the admin API can roll back the served model: never reachable without a token
+    def check_exposure(self) -> None:
+        """Refuse to serve on a non-loopback address without an admin token: the admin API
+        can roll back the served model. Checked when the proxy starts, not for every
+        command (containers set ONTHEJOB_HOST=0.0.0.0 for all of them)."""
         if not self.admin_token and not is_loopback(self.host):
             raise ValueError(
                 f"binding to {self.host} (not a loopback address) needs an admin token: "
                 "set ONTHEJOB_ADMIN_TOKEN"
             )
-        return self
 
 
 def is_loopback(host: str) -> bool:
