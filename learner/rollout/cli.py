@@ -147,7 +147,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     if summary.eval_rows:
-        print(format_table(summary.eval_rows, first="policy version / task"))
+        print(format_table(summary.eval_rows, per_task=True))
     return 130 if summary.cancelled else 0
 
 

@@ -89,16 +89,18 @@ def by_version_and_set(
     )
 
 
-def format_table(rows: Sequence[dict[str, Any]], *, first: str = "policy version") -> str:
-    """A plain text table (what `eval-report` and the end of an eval rollout print)."""
-    header = [first, "task set", "tasks", "runs", "mean reward", "pass@1", "pass@k"]
+def format_table(rows: Sequence[dict[str, Any]], *, per_task: bool = False) -> str:
+    """A plain text table: per version and task set (`eval-report`), or per version and
+    task (the end of an eval rollout)."""
+    second, third = ("task", "task_key") if per_task else ("task set", "task_set")
+    header = ["policy version", second, "tasks", "runs", "mean reward", "pass@1", "pass@k"]
     lines = [header]
     for r in rows:
         lines.append(
             [
                 str(r.get("policy_version") or "?"),
-                str(r.get("task_set", "")),
-                str(r.get("tasks", "")),
+                str(r.get(third, "")),
+                str(r.get("tasks", 1)),
                 str(r["runs"]),
                 f"{r['mean_reward']:.3f}",
                 f"{r['pass_at_1']:.3f}",
