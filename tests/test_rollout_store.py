@@ -1,0 +1,146 @@
+"""The runner's store and the learner's view of rollout runs, on PostgreSQL and SQLite."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sqlalchemy import Engine
+
+from learner import queries
+from learner.rollout import store
+from learner.rollout.taskset import list_tasks, load_task_set, store_tasks
+from proxy.store import repo
+
+
+def _trajectory(tid: str, session: str | None, now: float) -> dict:
+    return {
+        "id": tid,
+        "session_key": session,
+        "task_key": "msg:derived by the proxy",
+        "group_key": None,
+        "status": "open",
+        "started_at": now,
+        "last_call_at": now,
+    }
+
+
+def _start(conn, run_id: str, *, epoch: int = 0, task: str = "t1") -> None:
+    store.start_run(
+        conn,
+        id=run_id,
+        rollout_id="r1",
+        task_set="set",
+        task_key=task,
+        epoch=epoch,
+        sample=0,
+        session_key=store.session_key_for(run_id),
+        eval=False,
+        command=["agent"],
+    )
+
+
+def test_learner_leaves_rollout_runs_to_the_runner_and_waits_for_whole_groups(
+    engine: Engine,
+) -> None:
+    now = time.time()
+    with engine.begin() as conn:
+        for run_id in ("a", "b", "c"):
+            _start(conn, run_id)
+        rows = [_trajectory(f"t{r}", store.session_key_for(r), now) for r in "abc"]
+        rows.append(_trajectory("organic", None, now))
+        repo.write_batch(conn, trajectories=rows, calls=[])
+        for row in rows:  # e.g. finished by the proxy's idle timeout before the run ended
+            repo.finish_trajectory(conn, trajectory_id=row["id"], ended_at=None)
+        # the learner grades organic traffic only
+        assert queries.ungraded_finished(conn, limit=10) == ["organic"]
+        assert queries.count_ungraded_finished(conn) == 1
+
+        group = store.group_key_for("r1", 0, "t1", "v0")
+        for run_id, reward in (("a", 1.0), ("b", 0.0)):
+            ids = store.trajectory_ids(conn, session_key=store.session_key_for(run_id))
+            assert ids == [f"t{run_id}"]
+            store.stamp_trajectories(conn, ids=ids, task_key="t1", group_key=group)
+            store.save_grades(conn, ids=ids, reward=reward, detail={}, error=None, trainable=True)
+            store.finish_run(conn, run_id=run_id, status="ok", reward=reward, group_key=group)
+        # run c still runs: its graded siblings wait
+        assert group in queries.incomplete_groups(conn)
+        store.finish_run(conn, run_id="c", status="timeout", reward=0.0, group_key=group)
+        store.stamp_trajectories(conn, ids=["tc"], task_key="t1", group_key=group)
+        store.save_grades(conn, ids=["tc"], reward=0.0, detail={}, error=None, trainable=True)
+        assert queries.incomplete_groups(conn) == set()
+        trainable = {r["trajectory_id"]: r for r in queries.trainable_grades(conn)}
+        assert set(trainable) == {"ta", "tb", "tc"}
+        assert {r["task_key"] for r in trainable.values()} == {"t1"}
+        assert {r["group_key"] for r in trainable.values()} == {group}
+        # a late record of the run (same trajectory) keeps the runner's task and group
+        late = {**_trajectory("ta", store.session_key_for("a"), now + 1), "task_key": "msg:x"}
+        repo.write_batch(conn, trajectories=[late], calls=[])
+        (row,) = [r for r in queries.trainable_grades(conn) if r["trajectory_id"] == "ta"]
+        assert (row["task_key"], row["group_key"]) == ("t1", group)
+
+
+def test_eval_grades_are_never_trained_on_and_unfinished_runs_are_cancelled(
+    engine: Engine,
+) -> None:
+    now = time.time()
+    with engine.begin() as conn:
+        _start(conn, "e")
+        _start(conn, "left", task="t2")
+        repo.write_batch(
+            conn, trajectories=[_trajectory("te", store.session_key_for("e"), now)], calls=[]
+        )
+        store.stamp_trajectories(conn, ids=["te"], task_key="t1", group_key="g")
+        store.save_grades(conn, ids=["te"], reward=1.0, detail={}, error=None, trainable=False)
+        store.finish_run(conn, run_id="e", status="ok", reward=1.0)
+        assert queries.trainable_grades(conn) == []
+        assert store.cancel_unfinished(conn, rollout_id="r1") == 1
+        runs = {r["id"]: r for r in store.runs_of(conn, rollout_id="r1")}
+    assert runs["left"]["status"] == "cancelled" and runs["left"]["ended_at"] is not None
+    assert runs["e"]["status"] == "ok"
+
+
+def test_group_keys_fit_and_separate_rounds_tasks_and_versions() -> None:
+    keys = {
+        store.group_key_for("r" * 16, epoch, task, version)
+        for epoch in (0, 1)
+        for task in ("a", "x" * 500)
+        for version in (None, "v" * 200)
+    }
+    assert len(keys) == 8 and all(len(k) <= 200 for k in keys)
+
+
+def test_tasks_load_and_list(db_url: str, tmp_path: Path, engine: Engine) -> None:
+    path = tmp_path / "set.jsonl"
+    path.write_text(
+        '{"id": "a", "prompt": "Say 4", "answer": "4"}\n'
+        '{"id": "b", "prompt": "Fix it", "setup": "cp -r /fixture .", "check": "make test",'
+        ' "grader": "reference", "metadata": {"kind": "repo"}}\n'
+    )
+    run = [sys.executable, "-m", "proxy.cli", "--log-level", "warning", "tasks"]
+    loaded = subprocess.run(
+        [*run, "load", str(path), "--db", db_url], capture_output=True, text=True, timeout=60
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    assert "loaded 2 tasks" in loaded.stdout
+    listed = subprocess.run(
+        [*run, "list", "--db", db_url], capture_output=True, text=True, timeout=60
+    )
+    assert listed.stdout.splitlines() == ["a\tanswer\tSay 4", "b\tgrader,setup,check\tFix it"]
+    with engine.begin() as conn:
+        rows = {r["key"]: r for r in list_tasks(conn)}
+        assert rows["b"]["check"] == "make test" and rows["b"]["metadata"] == {"kind": "repo"}
+        # loading again (changed) leaves one row per id
+        path.write_text('{"id": "b", "prompt": "Fix it now", "check": "make check"}\n')
+        store_tasks(conn, load_task_set(path))
+        rows = {r["key"]: r for r in list_tasks(conn)}
+    assert len(rows) == 2 and rows["b"]["check"] == "make check"
+
+    path.write_text('{"id": "a", "prompt": "x"}\n{"id": "b", "check": ""}\n')
+    bad = subprocess.run(
+        [*run, "load", str(path), "--db", db_url], capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode != 0
+    assert "line 2: field 'check'" in bad.stderr
