@@ -1,7 +1,8 @@
 """The compose files' structure and that everything they use is documented (no Docker needed).
 
-docker-compose.yml (GPU) and docker-compose.cpu.yml (vLLM-CPU) are parsed with PyYAML; when a
-`docker compose` CLI is installed, it also has to accept both files.
+docker-compose.yml (GPU), docker-compose.cpu.yml (vLLM-CPU) and the docker-compose.replicas.yml
+overlay are parsed with PyYAML; when a `docker compose` CLI is installed, it also has to
+accept them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GPU_FILE = ROOT / "docker-compose.yml"
 CPU_FILE = ROOT / "docker-compose.cpu.yml"
 ENV_EXAMPLE = ROOT / ".env.example"
+REPLICAS_FILE = ROOT / "docker-compose.replicas.yml"
 COMPOSE_FILES = [GPU_FILE, CPU_FILE]
 
 SERVICES = {"postgres", "migrate", "vllm", "proxy", "learner"}
@@ -36,8 +40,24 @@ VARIABLE = re.compile(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)")
 ASSIGNMENT = re.compile(r"^(#\s*)?([A-Z][A-Z0-9_]*)=(\S*)$")
 
 
+class ComposeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader plus compose's merge tags (!override, !reset) as plain values."""
+
+
+def _untagged(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    if isinstance(node, yaml.SequenceNode):
+        return loader.construct_sequence(node, deep=True)
+    if isinstance(node, yaml.MappingNode):
+        return loader.construct_mapping(node, deep=True)
+    return loader.construct_scalar(node)  # type: ignore[arg-type]
+
+
+for _tag in ("!override", "!reset"):
+    ComposeLoader.add_constructor(_tag, _untagged)
+
+
 def load(path: Path) -> dict[str, Any]:
-    data = yaml.safe_load(path.read_text())
+    data = yaml.load(path.read_text(), Loader=ComposeLoader)  # a SafeLoader subclass
     assert isinstance(data, dict), f"{path.name} is not a mapping"
     return data
 
@@ -73,6 +93,15 @@ def volume_targets(service: dict[str, Any]) -> dict[str, str]:
         source, target = re.split(r":(?![^{}]*\})", entry)[:2]
         out[target] = source
     return out
+
+
+def upstreams(command: list[str]) -> list[str]:
+    return [command[i + 1] for i, arg in enumerate(command) if arg == "--upstream"]
+
+
+def without_upstreams(command: list[str]) -> list[str]:
+    drop = {i for i, arg in enumerate(command) if arg == "--upstream"}
+    return [arg for i, arg in enumerate(command) if i not in drop and i - 1 not in drop]
 
 
 def gpu_reservations(service: dict[str, Any]) -> list[dict[str, Any]]:
@@ -141,10 +170,10 @@ def test_migrations_vllm_flags_and_wiring(path: Path) -> None:
     ):
         assert flag in vllm, flag
     assert svc["vllm"]["environment"]["VLLM_SERVER_DEV_MODE"] == "1"
-    assert svc["proxy"]["environment"]["ONTHEJOB_UPSTREAMS"] == "http://vllm:8000"
+    assert upstreams(svc["proxy"]["command"]) == ["http://vllm:8000"]
     learner = svc["learner"]["command"]
     assert learner[:2] == ["onthejob", "learn"]
-    assert learner[learner.index("--upstream") + 1] == "http://vllm:8000"
+    assert upstreams(learner) == ["http://vllm:8000"]
     assert learner[learner.index("--checkpoints") + 1] == CHECKPOINTS
     # vLLM loads the model the learner trains from the same path
     model_arg = next(a for a in argv(svc["vllm"]) if a.startswith("--model="))
@@ -185,6 +214,8 @@ def test_gpu_reservations_only_in_the_gpu_file() -> None:
 def test_secrets_come_from_env_only(path: Path) -> None:
     text = path.read_text()
     assert "${POSTGRES_PASSWORD:?" in text
+    admin = services(path)["proxy"]["environment"]["ONTHEJOB_ADMIN_TOKEN"]
+    assert admin.startswith("${ONTHEJOB_ADMIN_TOKEN:?")
     for line in text.splitlines():
         if "PASSWORD" in line or "TOKEN" in line:
             assert "${" in line or line.lstrip().startswith("#"), line
@@ -195,9 +226,34 @@ def test_secrets_come_from_env_only(path: Path) -> None:
     assert "*" in ignored and "!.env" not in ignored
 
 
+def test_replicas_overlay_hot_swaps_every_replica() -> None:
+    overlay = services(REPLICAS_FILE)
+    replicas = ["vllm"] + [
+        name for name, s in overlay.items() if s.get("extends", {}).get("service") == "vllm"
+    ]
+    assert len(replicas) >= 2
+    urls = [f"http://{name}:8000" for name in replicas]
+    # the proxy spreads calls over all of them; the learner publishes into each
+    base = services(GPU_FILE)
+    for name in ("proxy", "learner"):
+        command, original = overlay[name]["command"], base[name]["command"]
+        assert upstreams(command) == urls, name
+        assert without_upstreams(command) == without_upstreams(original), name
+    (first_gpu,) = gpu_reservations(base["vllm"])
+    for name in replicas[1:]:
+        replica = overlay[name]
+        assert "ports" not in replica
+        assert replica["extends"]["file"] == GPU_FILE.name
+        (device,) = gpu_reservations(replica)
+        assert device["device_ids"] != first_gpu["device_ids"], f"{name} shares vllm's GPU"
+        assert base["vllm"]["depends_on"].keys() <= replica["depends_on"].keys()
+        for dependant in ("proxy", "learner"):
+            assert overlay[dependant]["depends_on"][name]["condition"] == "service_healthy"
+
+
 def test_every_compose_variable_is_documented() -> None:
     used = set()
-    for path in COMPOSE_FILES:
+    for path in (*COMPOSE_FILES, REPLICAS_FILE):
         used |= set(VARIABLE.findall(path.read_text()))
     assert {"POSTGRES_PASSWORD", "MODEL", "PROXY_PORT"} <= used
     missing = sorted(used - documented_names())
@@ -211,7 +267,7 @@ def test_every_setting_is_documented_with_its_default(monkeypatch: pytest.Monkey
         f"ONTHEJOB_LEARN_{f.name.upper()}": f.name for f in dataclasses.fields(LearnerConfig)
     }
     missing = sorted((set(proxy) | set(learner)) - names)
-    assert not missing, f"settings not documented in .env.example: {missing}"
+    assert not missing, f"settings not documented in .env.example (add them there): {missing}"
 
     # A commented `# NAME=value` line claims the built-in default: parse it as the code does.
     defaults = commented_defaults()
@@ -242,6 +298,43 @@ def test_every_setting_is_documented_with_its_default(monkeypatch: pytest.Monkey
             pytest.fail(f".env.example shows a default for {env}, which is no setting")
 
 
+# What the Dockerfile copies into its build stage (and .dockerignore lets through).
+IMAGE_SOURCES = ("pyproject.toml", "README.md", "proxy", "learner", "migrations")
+
+
+@pytest.mark.slow
+def test_the_installed_package_holds_every_file_the_code_ships(tmp_path: Path) -> None:
+    """The image runs a non-editable install: data files left out of the wheel (templates,
+    static files, migrations) would only be missed there, never in the editable .venv."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs a git checkout to know which files are tracked")
+    listed = subprocess.run(
+        ["git", "ls-files", "--", *IMAGE_SOURCES[2:]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    shipped = {f for f in listed if "/tests/" not in f and (ROOT / f).is_file()}
+    context = tmp_path / "context"
+    for name in [*IMAGE_SOURCES[:2], *shipped]:
+        (context / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, context / name)
+    wheels = tmp_path / "wheels"
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+    subprocess.run(
+        [*pip_wheel, "-w", str(wheels), str(context)],
+        capture_output=True,
+        check=True,
+        timeout=300,
+    )
+    (wheel,) = wheels.glob("onthejob-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        packed = set(archive.namelist())
+    missing = sorted(shipped - packed)
+    assert not missing, f"tracked but not in the wheel (pyproject package-data?): {missing}"
+
+
 def compose_cli() -> list[str] | None:
     """`docker compose` (v2 plugin) or a v2 `docker-compose` binary; it needs no daemon."""
     candidates = [["docker", "compose"], ["docker-compose"]]
@@ -254,19 +347,26 @@ def compose_cli() -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: p.name)
-def test_docker_compose_accepts_the_file(path: Path) -> None:
+@pytest.mark.parametrize(
+    "paths",
+    [[GPU_FILE], [CPU_FILE], [GPU_FILE, REPLICAS_FILE]],
+    ids=lambda paths: "+".join(p.name for p in paths),
+)
+def test_docker_compose_accepts_the_files(paths: list[Path]) -> None:
     cli = compose_cli()
     if cli is None:
         pytest.skip("no Docker Compose v2 CLI installed (docker compose / docker-compose)")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ONTHEJOB_", "COMPOSE_"))}
-    args = [*cli, "--project-directory", str(ROOT), "-f", str(path)]
+    args = [*cli, "--project-directory", str(ROOT)]
+    for path in paths:
+        args += ["-f", str(path)]
     args += ["--env-file", str(ENV_EXAMPLE), "config", "-q"]
-    # The example leaves the password empty on purpose: compose must refuse to start...
-    refused = subprocess.run(args, capture_output=True, text=True, env=env, check=False)
-    assert refused.returncode != 0
-    assert "POSTGRES_PASSWORD" in refused.stderr
-    # ...and accept the file once it is set.
-    env["POSTGRES_PASSWORD"] = "example-password"
+    # The example leaves the secrets empty on purpose: compose must refuse to start...
+    for name in ("POSTGRES_PASSWORD", "ONTHEJOB_ADMIN_TOKEN"):
+        refused = subprocess.run(args, capture_output=True, text=True, env=env, check=False)
+        assert refused.returncode != 0
+        assert name in refused.stderr
+        env[name] = "example-secret"
+    # ...and accept the files once they are set.
     done = subprocess.run(args, capture_output=True, text=True, env=env, check=False)
     assert done.returncode == 0, done.stderr
