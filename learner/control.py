@@ -112,7 +112,8 @@ def _apply(learner: Learner, control: Control) -> None:
 
 
 def _follow_tasks(learner: Learner, conn: Connection) -> None:
-    revision = queries.get_state(conn, TASKS_REVISION_KEY)
+    state = queries.get_state(conn, TASKS_REVISION_KEY)
+    revision = state.get("revision") if isinstance(state, dict) else None
     if revision is None or revision == getattr(learner, "_tasks_revision", None):
         return
     rows = conn.execute(select(Task.__table__)).mappings()

@@ -54,8 +54,10 @@ def _stats(conn: Connection, keys: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def _bump(conn: Connection) -> None:
-    revision = queries.get_state(conn, TASKS_REVISION_KEY)
-    queries.set_state(conn, TASKS_REVISION_KEY, (revision if isinstance(revision, int) else 0) + 1)
+    # an object, not a bare number: SQLite's JSON column affinity turns "1" into 1 (not JSON)
+    state = queries.get_state(conn, TASKS_REVISION_KEY)
+    revision = state.get("revision", 0) if isinstance(state, dict) else 0
+    queries.set_state(conn, TASKS_REVISION_KEY, {"revision": revision + 1})
 
 
 @router.get("/tasks", summary="List tasks, by key")

@@ -1,0 +1,507 @@
+"""The admin API on a running proxy, against PostgreSQL and SQLite.
+
+Rows are written with the store's own batch writer (proxy/store/repo.py, what the recorder
+uses) and the learner's queries; the API is read over real HTTP from a proxy subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+from sqlalchemy import Engine, select
+
+from learner import queries
+from learner.config import LearnerConfig
+from learner.control import follow
+from learner.loop import Learner
+from learner.vllm_server import free_port
+from proxy.export import iter_trajectories
+from proxy.store import repo
+from proxy.store.models import Grade
+from tests.proxy_server import ProxyServer
+
+TOKEN = "admin-secret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+N = 23  # more than one page of PAGE
+PAGE = 5
+
+
+def chat_call(
+    call_id: str,
+    trajectory_id: str,
+    *,
+    started: float,
+    prompt: list[int],
+    completion: list[int],
+    messages: list[dict[str, Any]],
+    reply: str,
+    version: str,
+    status: str = "ok",
+    latency_ms: float = 100.0,
+    parent: str | None = None,
+    prefix_len: int = 0,
+) -> dict[str, Any]:
+    """A chat-completions call row as the recorder writes it."""
+    ok = status == "ok"
+    return {
+        "id": call_id,
+        "trajectory_id": trajectory_id,
+        "session_key": None,
+        "api": "chat.completions",
+        "upstream": "http://vllm:8000",
+        "model": "tiny",
+        "policy_version": version,
+        "stream": False,
+        "status": status,
+        "http_status": 200 if ok else 502,
+        "error": None if ok else "upstream unreachable",
+        "request": {"model": "tiny", "messages": messages},
+        "response": {"choices": [{"index": 0, "message": {"role": "assistant", "content": reply}}]}
+        if ok
+        else None,
+        "prompt_parent_id": parent,
+        "prompt_prefix_len": prefix_len,
+        "prompt_token_suffix": prompt[prefix_len:],
+        "prompt_len": len(prompt),
+        "choices": [
+            {
+                "index": 0,
+                "token_ids": completion,
+                "logprobs": [-0.5] * len(completion),
+                "finish_reason": "stop",
+                "capture_complete": True,
+            }
+        ],
+        "finish_reason": "stop",
+        "prompt_tokens": len(prompt),
+        "completion_tokens": len(completion),
+        "capture_complete": ok,
+        "continuation_hash": None,
+        "started_at": started,
+        "latency_ms": latency_ms,
+        "ttft_ms": None,
+    }
+
+
+def seed(engine: Engine, n: int = N, *, now: float | None = None) -> list[dict[str, Any]]:
+    """n two-turn trajectories, 10 minutes apart, newest first in the returned list.
+
+    Trajectory i: session "s{i}", task "task-{i % 3}", version v{i % 2}, reward i/n when
+    i is even (graded), the last one open; call 2 of trajectory 4 failed.
+    """
+    now = now or time.time()
+    made = []
+    with engine.begin() as conn:
+        for i in range(n):
+            started = now - (n - i) * 600
+            tid = f"traj{i:03d}"
+            first_prompt = [1, 2, 3, 10 + i]
+            first_completion = [20, 21, 22]
+            second_prompt = [*first_prompt, *first_completion, 4, 5]
+            messages = [{"role": "user", "content": f"question number {i}"}]
+            follow_up = [
+                *messages,
+                {"role": "assistant", "content": f"answer {i}"},
+                {"role": "user", "content": "and then?"},
+            ]
+            calls = [
+                chat_call(
+                    f"c{i:03d}a",
+                    tid,
+                    started=started,
+                    prompt=first_prompt,
+                    completion=first_completion,
+                    messages=messages,
+                    reply=f"answer {i}",
+                    version=f"v{i % 2}",
+                    latency_ms=100.0 + i,
+                ),
+                chat_call(
+                    f"c{i:03d}b",
+                    tid,
+                    started=started + 1,
+                    prompt=second_prompt,
+                    completion=[30, 31],
+                    messages=follow_up,
+                    reply="the end",
+                    version=f"v{i % 2}",
+                    status="error" if i == 4 else "ok",
+                    latency_ms=1000.0 + i,
+                    parent=f"c{i:03d}a",
+                    prefix_len=len(first_prompt) + len(first_completion),
+                ),
+            ]
+            trajectory = {
+                "id": tid,
+                "session_key": f"s{i}",
+                "task_key": f"task-{i % 3}",
+                "group_key": None,
+                "status": "open",
+                "started_at": started,
+                "last_call_at": started + 1,
+                "ended_at": None,
+            }
+            finished = [] if i == n - 1 else [{"id": tid, "ended_at": started + 2}]
+            repo.write_batch(conn, trajectories=[trajectory], calls=calls, finished=finished)
+            if i % 2 == 0 and i != n - 1:
+                queries.save_grade(
+                    conn, trajectory_id=tid, reward=i / n, detail={"grader": "test"}, error=None
+                )
+            made.append({"id": tid, "started": started, "reward": i / n if i % 2 == 0 else None})
+    return list(reversed(made))
+
+
+@pytest.fixture
+def admin(db_url: str, engine: Engine, start_proxy: Callable[..., ProxyServer]) -> ProxyServer:
+    """A proxy with an admin token; its upstream is not needed by these routes."""
+    return start_proxy(
+        [f"http://127.0.0.1:{free_port()}"], db_url, env={"ONTHEJOB_ADMIN_TOKEN": TOKEN}
+    )
+
+
+@pytest.fixture
+def api(admin: ProxyServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=admin.url + "/admin/api", headers=AUTH, timeout=30) as client:
+        yield client
+
+
+def error_of(response: httpx.Response, status: int) -> str:
+    assert response.status_code == status, response.text
+    return response.json()["error"]["message"]
+
+
+def test_every_route_needs_the_token(api: httpx.Client, admin: ProxyServer) -> None:
+    schema = httpx.get(admin.url + "/admin/api/openapi.json").json()
+    assert "/api/trajectories" in schema["paths"]
+    for path in ("/trajectories", "/stats", "/learner", "/versions", "/tasks", "/export"):
+        missing = httpx.get(admin.url + "/admin/api" + path)
+        assert "token" in error_of(missing, 401)
+        wrong = httpx.get(admin.url + "/admin/api" + path, headers={"Authorization": "Bearer x"})
+        assert wrong.json()["error"]["type"] == "authentication_error"
+        assert wrong.status_code == 401
+        assert api.get(path).status_code == 200
+    posted = httpx.post(admin.url + "/admin/api/learner/pause")
+    assert posted.status_code == 401
+
+
+def test_the_admin_api_is_off_without_a_token(
+    db_url: str, engine: Engine, start_proxy: Callable[..., ProxyServer]
+) -> None:
+    proxy = start_proxy([f"http://127.0.0.1:{free_port()}"], db_url)
+    response = httpx.get(proxy.url + "/admin/api/trajectories", headers=AUTH)
+    assert "ONTHEJOB_ADMIN_TOKEN" in error_of(response, 403)
+
+
+def test_pages_walk_every_trajectory_once_newest_first(api: httpx.Client, engine: Engine) -> None:
+    made = seed(engine)
+    seen: list[str] = []
+    cursor = None
+    pages = 0
+    while True:
+        params: dict[str, Any] = {"limit": PAGE}
+        if cursor:
+            params["cursor"] = cursor
+        page = api.get("/trajectories", params=params).json()
+        pages += 1
+        assert len(page["items"]) <= PAGE
+        seen += [t["id"] for t in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert pages == -(-N // PAGE)
+    assert seen == [m["id"] for m in made]
+    first = api.get("/trajectories", params={"limit": 1}).json()["items"][0]
+    assert first["calls"] == 2 and first["status"] == "open"
+    assert first["completion_tokens"] == 5 and first["policy_versions"] == ["v0"]
+    # a trajectory arriving while paging does not shift the pages after the cursor
+    cursor = api.get("/trajectories", params={"limit": PAGE}).json()["next_cursor"]
+    seed(engine, 1, now=time.time() + 10_000)
+    after = api.get("/trajectories", params={"limit": PAGE, "cursor": cursor}).json()
+    assert [t["id"] for t in after["items"]] == seen[PAGE : 2 * PAGE]
+
+
+def ids(api: httpx.Client, **params: Any) -> set[str]:
+    response = api.get("/trajectories", params={"limit": 500, **params})
+    assert response.status_code == 200, response.text
+    return {t["id"] for t in response.json()["items"]}
+
+
+def test_filters(api: httpx.Client, engine: Engine) -> None:
+    made = seed(engine)
+    by_index = {int(m["id"][4:]): m for m in made}
+    assert ids(api, session="s7") == {"traj007"}
+    assert ids(api, task_key="task-1") == {f"traj{i:03d}" for i in range(N) if i % 3 == 1}
+    assert ids(api, status="open") == {f"traj{N - 1:03d}"}
+    assert ids(api, policy_version="v1") == {f"traj{i:03d}" for i in range(N) if i % 2}
+    graded = {f"traj{i:03d}" for i in range(0, N - 1, 2)}
+    assert ids(api, graded="true") == graded
+    assert ids(api, min_reward=0.5) == {f"traj{i:03d}" for i in range(0, N - 1, 2) if i / N >= 0.5}
+    assert ids(api, min_reward=0.1, max_reward=0.2) == {
+        f"traj{i:03d}" for i in range(0, N - 1, 2) if 0.1 <= i / N <= 0.2
+    }
+    since = datetime.fromtimestamp(by_index[20]["started"], UTC)
+    until = datetime.fromtimestamp(by_index[22]["started"], UTC)
+    assert ids(api, since=since.isoformat(), until=until.isoformat()) == {"traj020", "traj021"}
+    # text search in the recorded requests, case-insensitive, % and _ taken literally
+    assert ids(api, q="QUESTION NUMBER 13") == {"traj013"}
+    assert ids(api, q="and then") == {m["id"] for m in made}
+    assert ids(api, q="100%") == set()
+    assert ids(api, q="_") == set()
+    assert ids(api, session="s7", status="open") == set()
+
+
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [
+        ({"limit": 0}, "limit"),
+        ({"limit": 501}, "limit"),
+        ({"cursor": "not-a-cursor"}, "cursor"),
+        ({"status": "done"}, "status"),
+        ({"min_reward": "nan"}, "min_reward"),
+        ({"min_reward": 1, "max_reward": 0}, None),
+        ({"since": "yesterday"}, "since"),
+        ({"session": "a\x00b"}, "session"),
+        ({"q": ""}, "q"),
+        ({"unknown": 1}, "unknown"),
+    ],
+)
+def test_bad_list_input_is_a_clear_400(
+    api: httpx.Client, params: dict[str, Any], param: str | None
+) -> None:
+    response = api.get("/trajectories", params=params)
+    message = error_of(response, 400)
+    assert message
+    if param is not None:
+        assert response.json()["error"]["param"] == param
+
+
+def test_one_trajectory_with_conversation_and_tokens(api: httpx.Client, engine: Engine) -> None:
+    seed(engine)
+    with engine.begin() as conn:
+        queries.add_feedback(
+            conn, reward=1.0, trajectory_id="traj002", session_key=None, comment="nice"
+        )
+    detail = api.get("/trajectories/traj002", params={"token_text": "false"}).json()
+    assert [c["id"] for c in detail["calls"]] == ["c002a", "c002b"]
+    assert detail["grade"]["reward"] == pytest.approx(2 / N)
+    assert detail["feedback"][0]["comment"] == "nice"
+    assert [(m["role"], m["text"]) for m in detail["messages"]] == [
+        ("user", "question number 2"),
+        ("assistant", "answer 2"),
+        ("user", "and then?"),
+        ("assistant", "the end"),
+    ]
+    assert detail["messages"][1]["call_id"] == "c002a"
+    [sequence] = detail["tokens"]
+    # the second call extends the first: one sequence, loss only on sampled tokens
+    assert sequence["token_ids"] == [1, 2, 3, 12, 20, 21, 22, 4, 5, 30, 31]
+    assert sequence["loss_mask"] == [False] * 4 + [True] * 3 + [False] * 2 + [True] * 2
+    assert sequence["logprobs"] == [0.0] * 4 + [-0.5] * 3 + [0.0] * 2 + [-0.5] * 2
+    # the failed second call of traj004 is no training data: only the first call's tokens
+    broken = api.get("/trajectories/traj004", params={"token_text": "false"}).json()
+    assert [s["trained_tokens"] for s in broken["tokens"]] == [3]
+    assert broken["messages"][-1]["role"] == "error"
+    # the upstream is down: no token texts, still an answer
+    with_text = api.get("/trajectories/traj002").json()
+    assert with_text["tokens"][0]["token_text"] is None
+    assert "no trajectory" in error_of(api.get("/trajectories/nope"), 404)
+    assert api.get("/trajectories/" + "x" * 65).status_code == 400
+
+
+def test_feedback_posts_and_corrects_rewards(api: httpx.Client, engine: Engine) -> None:
+    seed(engine)
+    response = api.post(
+        "/feedback", json={"trajectory_id": "traj002", "reward": 0.9, "comment": "good"}
+    )
+    assert response.status_code == 201, response.text
+    assert response.json()["grades_corrected"] == ["traj002"]
+    with engine.begin() as conn:
+        before = conn.execute(
+            select(Grade.reward).where(Grade.trajectory_id == "traj004")
+        ).scalar_one()
+        queries.mark_trained(conn, trajectory_ids=["traj004"], step=1)
+    detail = api.get("/trajectories/traj002", params={"token_text": "false"}).json()
+    assert detail["reward"] == 0.9 and detail["grade"]["reward"] == 0.9
+    assert detail["grade"]["detail"]["operator"]["was"] == pytest.approx(2 / N)
+    # trained on already: the step stays as it was, the trajectory shows the new reward
+    trained = api.post("/feedback", json={"trajectory_id": "traj004", "reward": -1})
+    assert trained.json()["grades_corrected"] == []
+    after = api.get("/trajectories/traj004", params={"token_text": "false"}).json()
+    assert after["reward"] == -1 and after["grade"]["reward"] == before
+    by_session = api.post("/feedback", json={"session": "s3", "reward": 0.25})
+    assert by_session.status_code == 201 and by_session.json()["trajectories"] == ["traj003"]
+    assert api.get("/feedback", params={"session": "s3"}).json()["items"][0]["reward"] == 0.25
+    assert "trajectory" in error_of(
+        api.post("/feedback", json={"trajectory_id": "no", "reward": 1}), 404
+    )
+    for bad in (
+        {"reward": 1},
+        {"trajectory_id": "traj002", "session": "s2", "reward": 1},
+        {"trajectory_id": "traj002", "reward": "high"},
+        {"trajectory_id": "traj002", "reward": 1e300},
+        {"trajectory_id": "traj002", "reward": 1, "extra": True},
+    ):
+        assert error_of(api.post("/feedback", json=bad), 400), bad
+    assert (
+        api.post(
+            "/feedback", content=b"{not json", headers={"content-type": "application/json"}
+        ).status_code
+        == 400
+    )
+
+
+def test_tasks_load_list_delete(api: httpx.Client, engine: Engine) -> None:
+    seed(engine)
+    lines = [
+        {"id": "task-0", "prompt": "p0", "answer": "42", "match": "numeric"},
+        {"id": "what is 1/2?", "answer": "0.5"},
+    ]
+    loaded = api.post("/tasks", json={"jsonl": "\n".join(json.dumps(t) for t in lines)})
+    assert loaded.status_code == 201, loaded.text
+    assert api.post("/tasks", json={"tasks": [{"id": "t3", "answer": "x"}]}).status_code == 201
+    listed = api.get("/tasks", params={"limit": 2}).json()
+    assert [t["key"] for t in listed["items"]] == ["t3", "task-0"]
+    assert listed["items"][1]["trajectories"] == len(range(0, N, 3))
+    rest = api.get("/tasks", params={"limit": 2, "after": listed["next_after"]}).json()
+    assert [t["key"] for t in rest["items"]] == ["what is 1/2?"] and rest["next_after"] is None
+    assert api.get("/tasks/" + quote("what is 1/2?", safe="")).json()["answer"] == "0.5"
+    bad = api.post(
+        "/tasks", json={"tasks": [{"id": "ok"}, {"id": "n", "answer": "x", "match": "numeric"}]}
+    )
+    assert "tasks[1]" in error_of(bad, 400)
+    assert "line 2" in error_of(
+        api.post("/tasks", json={"jsonl": '{"id": "a"}\n{"anwser": 1}'}), 400
+    )
+    assert error_of(api.post("/tasks", json={"tasks": []}), 400)
+    assert api.get("/tasks/ok").status_code == 404  # nothing of a bad load was written
+    assert api.delete("/tasks/" + quote("what is 1/2?", safe="")).status_code == 204
+    assert "no task" in error_of(api.delete("/tasks/" + quote("what is 1/2?", safe="")), 404)
+    with engine.connect() as conn:
+        assert queries.get_state(conn, "tasks_revision") == {"revision": 3}
+
+
+def test_versions_listed_with_rewards_and_guarded(api: httpx.Client, engine: Engine) -> None:
+    seed(engine)
+    with engine.begin() as conn:
+        queries.add_version(
+            conn, version="v0", ordinal=0, parent=None, checkpoint_path=None, status="superseded"
+        )
+        queries.add_version(
+            conn,
+            version="v1",
+            ordinal=1,
+            parent="v0",
+            checkpoint_path="/nonexistent",
+            status="serving",
+            swap_seconds=0.05,
+            metrics={"loss": 0.1},
+        )
+    listed = api.get("/versions").json()
+    assert listed["serving"] == "v1"
+    v1, v0 = listed["items"]
+    assert v1["metrics"] == {"loss": 0.1} and v1["swap_seconds"] == 0.05
+    assert v1["calls"] == 2 * len(range(1, N, 2))
+    graded_v0 = [i / N for i in range(0, N - 1, 2)]
+    assert v0["trajectories_graded"] == len(graded_v0)
+    assert v0["mean_reward"] == pytest.approx(sum(graded_v0) / len(graded_v0))
+    assert v1["trajectories_graded"] == 0 and v1["mean_reward"] is None
+    assert "no policy version" in error_of(api.post("/versions/nope/rollback"), 404)
+    assert "already serving" in error_of(api.post("/versions/v1/promote"), 409)
+    assert "no checkpoint" in error_of(api.post("/versions/v0/rollback"), 409)
+
+
+def test_learner_pause_and_knobs_reach_the_learner(
+    api: httpx.Client, engine: Engine, db_url: str, tmp_path: Any
+) -> None:
+    assert api.get("/learner").json()["state"] == "never_seen"
+    assert api.post("/learner/pause").json()["pause_requested"] is True
+    changed = api.patch(
+        "/learner/knobs", json={"learning_rate": 3e-4, "max_staleness": 1, "fanout": 4}
+    ).json()
+    assert changed["control"]["learning_rate"] == 3e-4 and changed["fanout"] == 4
+    for bad in ({"learning_rate": 0}, {"batch_trajectories": 0}, {"fanout": 100}, {"x": 1}):
+        assert error_of(api.patch("/learner/knobs", json=bad), 400), bad
+    learner = Learner(
+        LearnerConfig(
+            database_url=db_url,
+            model=str(tmp_path),
+            checkpoints=str(tmp_path / "ckpt"),
+            poll_interval=0.01,
+        )
+    )
+    try:
+        assert follow(learner) is True  # paused
+        assert learner.config.learning_rate == 3e-4
+        assert learner.trainer_config.learning_rate == 3e-4
+        assert learner.grouping.max_staleness == 1
+        status = api.get("/learner").json()
+        assert status["state"] == "paused" and status["heartbeat"]["learning_rate"] == 3e-4
+        api.post("/learner/resume")
+        api.patch("/learner/knobs", json={"batch_trajectories": 2})
+        assert follow(learner) is False
+        assert learner.config.batch_trajectories == 2
+        assert api.get("/learner").json()["state"] == "running"
+        # tasks loaded through the API reach the learner's grader table
+        api.post("/tasks", json={"tasks": [{"id": "k", "answer": "7"}]})
+        follow(learner)
+        assert learner.tasks["k"].answer == "7"
+    finally:
+        learner.engine.dispose()
+
+
+def test_stats(api: httpx.Client, engine: Engine) -> None:
+    now = time.time()
+    seed(engine, now=now)
+    until = datetime.fromtimestamp(now, UTC) + timedelta(minutes=1)
+    since = until - timedelta(hours=6)
+    body = api.get("/stats", params={"since": since.isoformat(), "until": until.isoformat()}).json()
+    traffic = body["traffic"]
+    in_window = [i for i in range(N) if now - (N - i) * 600 >= since.timestamp()]
+    assert traffic["calls"] == 2 * len(in_window)
+    assert traffic["errors"] == (1 if 4 in in_window else 0)
+    assert traffic["tokens_out"] == 5 * len(in_window)
+    assert traffic["calls_per_minute"] == pytest.approx(traffic["calls"] / 360)
+    latencies = sorted([100.0 + i for i in in_window] + [1000.0 + i for i in in_window])
+    assert traffic["latency_ms"]["p50"] == latencies[round(0.5 * (len(latencies) - 1))]
+    assert traffic["latency_ms"]["p99"] == latencies[-1]
+    assert sum(b["calls"] for b in traffic["series"]) == traffic["calls"]
+    assert all(b["t"].endswith(":00:00Z") for b in traffic["series"])
+    rewards = body["rewards"]
+    by_version = {r["version"]: r for r in rewards["by_version"]}
+    assert set(by_version) == {"v0"}
+    assert by_version["v0"]["trajectories"] == len(range(0, N - 1, 2))
+    by_task = {r["task_key"]: r for r in rewards["by_task"]}
+    assert by_task["task-0"]["mean_reward"] == pytest.approx(
+        sum(i / N for i in range(0, N - 1, 6)) / len(range(0, N - 1, 6))
+    )
+    day = api.get("/stats", params={"bucket": "day"}).json()
+    assert sum(b["calls"] for b in day["traffic"]["series"]) == 2 * N
+    assert all(b["t"].endswith("T00:00:00Z") for b in day["traffic"]["series"])
+    assert error_of(
+        api.get("/stats", params={"since": until.isoformat(), "until": since.isoformat()}), 400
+    )
+    assert "too long" in error_of(api.get("/stats", params={"since": "2000-01-01"}), 400)
+
+
+def test_export_streams_the_export_format(api: httpx.Client, engine: Engine) -> None:
+    seed(engine)
+    response = api.get("/export", params={"task_key": "task-2"})
+    assert response.headers["content-type"].startswith("application/x-ndjson")
+    rows = [json.loads(line) for line in response.text.splitlines()]
+    expected_ids = [f"traj{i:03d}" for i in range(N) if i % 3 == 2]
+    assert [r["id"] for r in rows] == expected_ids  # oldest first
+    reference = json.loads(
+        json.dumps(list(iter_trajectories(engine, ids=expected_ids)), default=str)
+    )
+    assert [r["calls"][0]["prompt_token_ids"] for r in rows] == [
+        r["calls"][0]["prompt_token_ids"] for r in reference
+    ]
+    assert set(rows[0]) == set(reference[0])
+    assert api.get("/export", params={"session": "none"}).text == ""
