@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench
+.PHONY: setup browser demo test lint bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,12 +14,24 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) browser
+
+# Debian's chromium for the dashboard test (tests/test_dashboard.py drives it through
+# Playwright; no browser is ever downloaded). Installed with apt-get when running as root;
+# otherwise a note, and that one test skips.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; \
+	  else \
+	    echo "note: chromium is missing (apt-get install chromium as root);" \
+	      "tests/test_dashboard.py will be skipped"; \
+	  fi; }
 
 demo: $(STAMP)
 	$(VENV)/bin/onthejob demo
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(VENV)/bin/python -m pytest
 
 lint: $(STAMP)
