@@ -1,0 +1,300 @@
+// The onthejob dashboard: plain JS over the admin API. Recorded text is untrusted, so
+// every value reaches the page through textContent, never innerHTML.
+"use strict";
+
+const API = "api";
+const POLL_MS = 5000;
+const state = { token: sessionStorage.getItem("onthejob-token"), view: "overview", cursor: null, open: null, timer: null };
+const $ = (id) => document.getElementById(id);
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") node.className = v;
+    else if (k.startsWith("data-")) node.setAttribute(k, v);
+    else node[k] = v;
+  }
+  for (const child of children) {
+    if (child === null || child === undefined) continue;
+    node.appendChild(typeof child === "string" ? document.createTextNode(child) : child);
+  }
+  return node;
+}
+
+class Unauthorized extends Error {}
+
+async function api(path, options = {}) {
+  const response = await fetch(`${API}${path}`, {
+    ...options,
+    headers: { Authorization: `Bearer ${state.token}`, "Content-Type": "application/json", ...(options.headers || {}) },
+  });
+  if (response.status === 401) throw new Unauthorized("wrong token");
+  const body = response.status === 204 ? null : await response.json();
+  if (!response.ok) throw new Error((body && body.error && body.error.message) || `HTTP ${response.status}`);
+  return body;
+}
+
+function say(text, isError) {
+  const box = $("message");
+  box.textContent = text;
+  box.classList.toggle("error", Boolean(isError));
+  box.hidden = !text;
+}
+
+const fmt = window.charts.formatNumber;
+const shortTime = (iso) => (iso ? iso.replace("T", " ").slice(0, 19) : "–");
+
+// -- login ---------------------------------------------------------------------------
+async function login(event) {
+  event.preventDefault();
+  state.token = $("token").value.trim();
+  try {
+    await api("/learner");
+  } catch (err) {
+    $("login-error").textContent = err instanceof Unauthorized ? "That token is not the admin token." : String(err.message);
+    $("login-error").hidden = false;
+    return;
+  }
+  sessionStorage.setItem("onthejob-token", state.token);
+  start();
+}
+
+function logout() {
+  sessionStorage.removeItem("onthejob-token");
+  state.token = null;
+  clearInterval(state.timer);
+  $("main-view").hidden = true;
+  $("login-view").hidden = false;
+}
+
+function start() {
+  $("login-view").hidden = true;
+  $("main-view").hidden = false;
+  show(state.view);
+  clearInterval(state.timer);
+  state.timer = setInterval(() => refresh(false), POLL_MS);
+}
+
+async function guarded(fn) {
+  try {
+    await fn();
+  } catch (err) {
+    if (err instanceof Unauthorized) logout();
+    else say(String(err.message), true);
+  }
+}
+
+function show(view) {
+  state.view = view;
+  for (const tab of document.querySelectorAll(".tab")) tab.classList.toggle("active", tab.dataset.view === view);
+  for (const name of ["overview", "trajectories", "versions", "tasks"]) $(`view-${name}`).hidden = name !== view;
+  refresh(true);
+}
+
+// live updates: the visible view is polled; an open trajectory is left as it is
+function refresh(first) {
+  const work = {
+    overview: loadOverview,
+    trajectories: () => (first ? loadTrajectories(true) : Promise.resolve()),
+    versions: loadVersions,
+    tasks: loadTasks,
+  }[state.view];
+  return guarded(async () => {
+    await work();
+    $("updated").textContent = "updated " + new Date().toLocaleTimeString();
+  });
+}
+
+// -- overview ------------------------------------------------------------------------
+async function loadOverview() {
+  const [stats, learner] = await Promise.all([api("/stats"), api("/learner")]);
+  const t = stats.traffic;
+  $("card-calls").textContent = fmt(t.calls_per_minute);
+  $("card-errors").textContent = `${fmt(100 * t.error_rate)} %`;
+  const ms = (v) => (v === null ? "–" : String(Math.round(v)));
+  $("card-latency").textContent = `${ms(t.latency_ms.p50)} / ${ms(t.latency_ms.p99)} ms`;
+  $("card-tokens").textContent = `${t.tokens_in} / ${t.tokens_out}`;
+  $("card-version").textContent = learner.serving || "–";
+  showLearner(learner);
+  window.charts.barChart(
+    $("chart-reward-version"),
+    stats.rewards.by_version.map((r) => ({ label: r.version || "(none)", value: r.mean_reward, title: `${r.version} (${r.trajectories} graded)` })),
+  );
+  window.charts.lineChart(
+    $("chart-reward-time"),
+    stats.rewards.series.map((p) => ({ label: p.t.slice(5, 16).replace("T", " "), value: p.mean_reward })),
+  );
+  const traffic = [];
+  for (const b of t.series) {
+    traffic.push({ label: b.t.slice(11, 16), value: b.calls - b.errors, title: `${b.t} ok` });
+    if (b.errors) traffic.push({ label: "", value: b.errors, cls: "error", title: `${b.t} errors` });
+  }
+  window.charts.barChart($("chart-traffic"), traffic);
+}
+
+function showLearner(learner) {
+  const names = { running: "running", paused: "paused", stopped: "not running", never_seen: "not started" };
+  const pending = learner.pause_requested && learner.state === "running" ? " (pausing)" : "";
+  $("card-learner").textContent = (names[learner.state] || learner.state) + pending;
+  const step = learner.last_step ? `step ${learner.last_step.step}` : "no step yet";
+  const q = learner.queue;
+  $("learner-detail").textContent = `${step} · ${q.ungraded_finished} to grade · ${q.graded_untrained} graded, waiting · ${q.open} open`;
+}
+
+async function setPaused(paused) {
+  await guarded(async () => {
+    showLearner(await api(paused ? "/learner/pause" : "/learner/resume", { method: "POST" }));
+    say(paused ? "Learning paused." : "Learning resumed.");
+  });
+}
+
+// -- trajectories --------------------------------------------------------------------
+function filterParams() {
+  const params = new URLSearchParams();
+  for (const [k, v] of new FormData($("filters")).entries()) if (String(v).trim()) params.set(k, String(v).trim());
+  return params;
+}
+
+async function loadTrajectories(reset) {
+  const params = filterParams();
+  params.set("limit", "50");
+  if (!reset && state.cursor) params.set("cursor", state.cursor);
+  const page = await api(`/trajectories?${params}`);
+  const body = $("trajectory-table").tBodies[0];
+  if (reset) body.replaceChildren();
+  for (const t of page.items) {
+    const row = el(
+      "tr",
+      { "data-id": t.id },
+      el("td", {}, shortTime(t.started_at)),
+      el("td", { title: t.task_key || "" }, (t.task_key || "–").slice(0, 48)),
+      el("td", {}, t.policy_versions.join(", ") || "–"),
+      el("td", {}, `${t.calls}${t.errors ? ` (${t.errors} err)` : ""}`),
+      el("td", {}, t.reward === null ? "–" : fmt(t.reward)),
+      el("td", {}, t.status),
+    );
+    row.addEventListener("click", () => guarded(() => openTrajectory(t.id)));
+    body.appendChild(row);
+  }
+  state.cursor = page.next_cursor;
+  $("more").hidden = !page.next_cursor;
+}
+
+async function openTrajectory(id) {
+  const t = await api(`/trajectories/${encodeURIComponent(id)}`);
+  state.open = t;
+  $("viewer").hidden = false;
+  $("viewer-title").textContent = t.id;
+  $("viewer-meta").textContent = `session ${t.session || "–"} · task ${t.task_key || "–"} · ${t.status} · ${t.calls.length} calls · started ${shortTime(t.started_at)}`;
+  showReward(t);
+  renderConversation(t.messages);
+  renderTokens(t.tokens);
+}
+
+function showReward(t) {
+  $("viewer-reward").textContent = t.reward === null ? "not graded" : fmt(t.reward);
+  $("viewer-grade").textContent = t.grade ? JSON.stringify({ reward: t.grade.reward, error: t.grade.error, detail: t.grade.detail, trained_in_step: t.grade.trained_in_step }, null, 1) : "no grade yet";
+  const list = $("viewer-feedback");
+  list.replaceChildren(...t.feedback.map((f) => el("li", {}, `${shortTime(f.created_at)}: ${fmt(f.reward)}${f.comment ? ` — ${f.comment}` : ""}`)));
+}
+
+function renderConversation(messages) {
+  const box = $("conversation");
+  box.replaceChildren();
+  for (const m of messages) {
+    const node = el("div", { class: `msg ${m.role}` }, el("span", { class: "role" }, m.role + (m.tool_call_id ? ` · ${m.tool_call_id}` : "")), m.text);
+    for (const call of m.tool_calls) node.appendChild(el("div", { class: "toolcall" }, `${call.name}(${call.arguments})`));
+    box.appendChild(node);
+  }
+}
+
+function renderTokens(sequences) {
+  const box = $("tokens");
+  box.replaceChildren();
+  if (!sequences.length) box.appendChild(el("span", { class: "muted" }, "no trainable tokens captured"));
+  sequences.forEach((seq, s) => {
+    if (s) box.appendChild(el("span", { class: "seq-break" }));
+    seq.token_ids.forEach((id, i) => {
+      const text = seq.token_text ? seq.token_text[i] : null;
+      const trained = seq.loss_mask[i];
+      const title = `id ${id}` + (trained ? ` · logprob ${seq.logprobs[i].toFixed(4)}` : " · context (not trained)");
+      box.appendChild(el("span", { class: trained ? "tok trained" : "tok", title }, text === null ? `[${id}]` : text));
+    });
+  });
+}
+
+async function feedback(reward) {
+  if (!state.open) return;
+  await guarded(async () => {
+    await api("/feedback", { method: "POST", body: JSON.stringify({ trajectory_id: state.open.id, reward, comment: reward > 0 ? "thumbs up" : "thumbs down" }) });
+    await openTrajectory(state.open.id);
+    say(`Reward ${reward} recorded for ${state.open.id}.`);
+  });
+}
+
+// -- versions ------------------------------------------------------------------------
+async function loadVersions() {
+  const data = await api("/versions");
+  const body = $("version-table").tBodies[0];
+  body.replaceChildren();
+  for (const v of data.items) {
+    const actions = el("td", {});
+    if (v.status !== "serving" && v.has_checkpoint) {
+      const serving = data.items.find((x) => x.version === data.serving);
+      const older = !serving || v.ordinal < serving.ordinal;
+      const action = older ? "rollback" : "promote";
+      const button = el("button", { class: action, "data-version": v.version }, older ? "Roll back to this" : "Promote");
+      button.addEventListener("click", () => swap(v.version, action));
+      actions.appendChild(button);
+    }
+    body.appendChild(
+      el(
+        "tr",
+        { "data-version": v.version },
+        el("td", {}, v.version),
+        el("td", { class: `status-${v.status}` }, v.status),
+        el("td", {}, shortTime(v.created_at)),
+        el("td", {}, v.mean_reward === null ? "–" : fmt(v.mean_reward)),
+        el("td", {}, String(v.trajectories_graded)),
+        el("td", {}, String(v.calls)),
+        el("td", {}, v.swap_seconds === null ? "–" : fmt(v.swap_seconds)),
+        actions,
+      ),
+    );
+  }
+}
+
+async function swap(version, action) {
+  if (!window.confirm(`${action === "rollback" ? "Roll back to" : "Promote"} ${version}? vLLM will serve its weights.`)) return;
+  say(`${action} to ${version}…`);
+  await guarded(async () => {
+    const result = await api(`/versions/${encodeURIComponent(version)}/${action}`, { method: "POST" });
+    say(`Now serving ${result.serving} (the weights of ${version}).`);
+    await loadVersions();
+  });
+}
+
+// -- tasks ---------------------------------------------------------------------------
+async function loadTasks() {
+  const data = await api("/tasks?limit=500");
+  const body = $("task-table").tBodies[0];
+  body.replaceChildren(
+    ...data.items.map((t) =>
+      el("tr", {}, el("td", {}, t.key), el("td", {}, t.answer || "–"), el("td", {}, t.match), el("td", {}, String(t.trajectories)), el("td", {}, t.mean_reward === null ? "–" : fmt(t.mean_reward))),
+    ),
+  );
+}
+
+// -- wiring --------------------------------------------------------------------------
+document.addEventListener("DOMContentLoaded", () => {
+  $("login-form").addEventListener("submit", login);
+  $("logout").addEventListener("click", logout);
+  for (const tab of document.querySelectorAll(".tab")) tab.addEventListener("click", () => show(tab.dataset.view));
+  $("pause").addEventListener("click", () => setPaused(true));
+  $("resume").addEventListener("click", () => setPaused(false));
+  $("filters").addEventListener("submit", (e) => { e.preventDefault(); guarded(() => loadTrajectories(true)); });
+  $("more").addEventListener("click", () => guarded(() => loadTrajectories(false)));
+  $("thumbs-up").addEventListener("click", () => feedback(1));
+  $("thumbs-down").addEventListener("click", () => feedback(0));
+  if (state.token) start();
+});

@@ -1,0 +1,97 @@
+// Small SVG charts for the dashboard: no library, text only through textContent.
+"use strict";
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+function svgEl(name, attrs, text) {
+  const el = document.createElementNS(SVG_NS, name);
+  for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, String(v));
+  if (text !== undefined) el.textContent = text;
+  return el;
+}
+
+function chartFrame(svg) {
+  while (svg.firstChild) svg.removeChild(svg.firstChild);
+  const width = svg.clientWidth || 420;
+  const height = svg.clientHeight || 220;
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  return { width, height, left: 40, right: 10, top: 18, bottom: 34 };
+}
+
+function noData(svg, f) {
+  svg.appendChild(svgEl("text", { x: f.width / 2, y: f.height / 2, "text-anchor": "middle" }, "no data yet"));
+  svg.dataset.points = "0";
+}
+
+function yAxis(svg, f, min, max) {
+  const y = (v) => f.top + (f.height - f.top - f.bottom) * (1 - (v - min) / (max - min || 1));
+  svg.appendChild(svgEl("line", { class: "axis", x1: f.left, x2: f.width - f.right, y1: y(min), y2: y(min) }));
+  for (const v of [min, (min + max) / 2, max]) {
+    svg.appendChild(svgEl("text", { x: f.left - 4, y: y(v) + 3, "text-anchor": "end" }, formatNumber(v)));
+  }
+  return y;
+}
+
+function formatNumber(v) {
+  if (v === null || v === undefined || Number.isNaN(v)) return "–";
+  const a = Math.abs(v);
+  if (a !== 0 && (a < 0.01 || a >= 1e5)) return v.toExponential(1);
+  return String(Math.round(v * 1000) / 1000);
+}
+
+// items: [{label, value, cls?, title?}]
+function barChart(svg, items) {
+  const f = chartFrame(svg);
+  if (!items.length) return noData(svg, f);
+  const values = items.map((i) => i.value);
+  const min = Math.min(0, ...values);
+  const max = Math.max(0, ...values);
+  const y = yAxis(svg, f, min, max === min ? min + 1 : max);
+  const slot = (f.width - f.left - f.right) / items.length;
+  items.forEach((item, i) => {
+    const x = f.left + i * slot + slot * 0.15;
+    const top = Math.min(y(item.value), y(0));
+    const bar = svgEl("rect", {
+      class: "bar " + (item.cls || ""),
+      x, y: top, width: Math.max(1, slot * 0.7), height: Math.max(1, Math.abs(y(item.value) - y(0))),
+    });
+    bar.appendChild(svgEl("title", {}, `${item.title || item.label}: ${formatNumber(item.value)}`));
+    svg.appendChild(bar);
+    if (items.length <= 12) {
+      const above = item.value >= 0 ? top - 3 : top + Math.abs(y(item.value) - y(0)) + 11;
+      svg.appendChild(svgEl("text", { class: "value", x: x + slot * 0.35, y: above, "text-anchor": "middle" }, formatNumber(item.value)));
+    }
+    if (items.length <= 24) {
+      const label = item.label.length > 14 ? item.label.slice(0, 13) + "…" : item.label;
+      svg.appendChild(svgEl("text", { x: x + slot * 0.35, y: f.height - f.bottom + 12, "text-anchor": "middle" }, label));
+    }
+  });
+  svg.dataset.points = String(items.length);
+}
+
+// points: [{label, value}] in time order
+function lineChart(svg, points) {
+  const f = chartFrame(svg);
+  if (!points.length) return noData(svg, f);
+  const values = points.map((p) => p.value);
+  let min = Math.min(...values);
+  let max = Math.max(...values);
+  if (min === max) { min -= 0.5; max += 0.5; }
+  const y = yAxis(svg, f, min, max);
+  const step = points.length > 1 ? (f.width - f.left - f.right) / (points.length - 1) : 0;
+  const x = (i) => f.left + (points.length > 1 ? i * step : (f.width - f.left - f.right) / 2);
+  const path = points.map((p, i) => `${i ? "L" : "M"}${x(i)},${y(p.value)}`).join(" ");
+  svg.appendChild(svgEl("path", { class: "line", d: path }));
+  points.forEach((p, i) => {
+    const dot = svgEl("circle", { class: "dot", cx: x(i), cy: y(p.value), r: 3 });
+    dot.appendChild(svgEl("title", {}, `${p.label}: ${formatNumber(p.value)}`));
+    svg.appendChild(dot);
+  });
+  const ends = points.length > 1 ? [[0, "start"], [points.length - 1, "end"]] : [[0, "middle"]];
+  for (const [i, anchor] of ends) {
+    svg.appendChild(svgEl("text", { x: x(i), y: f.height - f.bottom + 12, "text-anchor": anchor }, points[i].label));
+  }
+  svg.dataset.points = String(points.length);
+}
+
+window.charts = { barChart, lineChart, formatNumber };

