@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 
 from learner import queries
 from learner.vllm_server import free_port
-from proxy.metrics import route_label
+from proxy.metrics import RequestStats, route_label
 from tests.proxy_server import ProxyServer
 
 
@@ -63,8 +63,11 @@ def test_metrics_count_requests_and_show_the_learner(
     # the session key never becomes a label: both calls count under one route
     chat = value("onthejob_http_requests_total", route="/v1/chat/completions", status="502")
     assert chat == 2
-    count = value("onthejob_http_request_duration_seconds_count", route="/v1/chat/completions")
-    assert count == 2
+    latency = "onthejob_http_request_duration_seconds"
+    labels = {"route": "/v1/chat/completions", "status": "502"}
+    assert value(latency + "_count", **labels) == 2
+    assert value(latency + "_bucket", le="+Inf", **labels) == 2
+    assert 0 < value(latency + "_sum", **labels) < 60
     assert value("onthejob_records_written") >= 2
     assert value("onthejob_recording_queue_depth") == 0
     assert value("onthejob_spool_bytes") == 0
@@ -84,3 +87,17 @@ def test_route_labels_are_bounded() -> None:
     assert route_label("/admin/static/app.js") == "/admin"
     assert route_label("/wp-login.php") == "other"
     assert route_label("/s/") == "other"
+
+
+def test_request_histogram_buckets_are_cumulative_and_inclusive() -> None:
+    stats = RequestStats()
+    for seconds in (0.001, 0.002, 0.5, 400.0):
+        stats.observe("/v1/completions", 200, seconds)
+    requests, latency = stats.families()
+    assert [s.value for s in requests.samples] == [4]
+    buckets = {s.labels["le"]: s.value for s in latency.samples if s.name.endswith("_bucket")}
+    assert buckets["0.001"] == 1  # le is inclusive
+    assert buckets["0.005"] == 2 and buckets["0.5"] == 3 and buckets["300.0"] == 3
+    assert buckets["+Inf"] == 4
+    [total] = [s.value for s in latency.samples if s.name.endswith("_sum")]
+    assert total == 0.001 + 0.002 + 0.5 + 400.0
