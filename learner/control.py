@@ -32,6 +32,7 @@ log = logging.getLogger("onthejob.learner")
 CONTROL_KEY = "control"
 HEARTBEAT_KEY = "learner"
 TASKS_REVISION_KEY = "tasks_revision"
+KNOBS = ("learning_rate", "batch_trajectories", "max_staleness")
 
 
 @dataclass(frozen=True)
@@ -94,21 +95,27 @@ def follow(learner: Learner) -> bool:
 
 
 def _apply(learner: Learner, control: Control) -> None:
+    """Set each knob to the operator's value, or back to the learner's own when cleared."""
     config = learner.config
-    if control.learning_rate is not None and control.learning_rate != config.learning_rate:
-        config.learning_rate = control.learning_rate
+    own = getattr(learner, "_own_knobs", None)
+    if own is None:
+        own = {name: getattr(config, name) for name in KNOBS}
+        learner._own_knobs = own  # type: ignore[attr-defined]
+    wanted = {
+        name: own[name] if getattr(control, name) is None else getattr(control, name)
+        for name in KNOBS
+    }
+    if wanted["learning_rate"] != config.learning_rate:
+        config.learning_rate = wanted["learning_rate"]
         learner.trainer_config = dataclasses.replace(
-            learner.trainer_config, learning_rate=control.learning_rate
+            learner.trainer_config, learning_rate=config.learning_rate
         )
         if learner.trainer is not None:
-            learner.trainer.set_learning_rate(control.learning_rate)
-    if control.batch_trajectories is not None:
-        config.batch_trajectories = control.batch_trajectories
-    if control.max_staleness is not None and control.max_staleness != config.max_staleness:
-        config.max_staleness = control.max_staleness
-        learner.grouping = dataclasses.replace(
-            learner.grouping, max_staleness=control.max_staleness
-        )
+            learner.trainer.set_learning_rate(config.learning_rate)
+    config.batch_trajectories = wanted["batch_trajectories"]
+    if wanted["max_staleness"] != config.max_staleness:
+        config.max_staleness = wanted["max_staleness"]
+        learner.grouping = dataclasses.replace(learner.grouping, max_staleness=config.max_staleness)
 
 
 def _follow_tasks(learner: Learner, conn: Connection) -> None:

@@ -448,6 +448,12 @@ def test_learner_pause_and_knobs_reach_the_learner(
         assert follow(learner) is False
         assert learner.config.batch_trajectories == 2
         assert api.get("/learner").json()["state"] == "running"
+        # a knob set to null goes back to what the learner was started with
+        api.patch("/learner/knobs", json={"learning_rate": None})
+        follow(learner)
+        assert learner.config.learning_rate == LearnerConfig.learning_rate
+        assert learner.trainer_config.learning_rate == LearnerConfig.learning_rate
+        assert learner.config.batch_trajectories == 2
         # tasks loaded through the API reach the learner's grader table
         api.post("/tasks", json={"tasks": [{"id": "k", "answer": "7"}]})
         follow(learner)
