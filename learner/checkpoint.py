@@ -43,12 +43,12 @@ def save_checkpoint(model: PreTrainedModel, out_dir: Path, *, source_dir: Path) 
         save_file(checkpoint_tensors(model), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         model.config.save_pretrained(str(tmp))
         _copy_side_files(Path(source_dir), tmp)
-        _fsync_tree(tmp)  # contents on disk before the rename publishes them
+        fsync_tree(tmp)  # contents on disk before the rename publishes them
         os.rename(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _fsync_dir(out_dir.parent)  # make the rename itself survive a crash
+    fsync_dir(out_dir.parent)  # make the rename itself survive a crash
     return out_dir
 
 
@@ -168,14 +168,14 @@ def _is_side_file(name: str) -> bool:
     return not (hidden or name in _NOT_COPIED or name.endswith(_WEIGHT_SUFFIXES))
 
 
-def _fsync_tree(directory: Path) -> None:
+def fsync_tree(directory: Path) -> None:
     for path in directory.iterdir():
         with open(path, "rb") as f:
             os.fsync(f.fileno())
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -17,7 +17,15 @@ class LearnerConfig:
     checkpoints: str = "checkpoints"
     graders: list[str] = field(default_factory=lambda: ["reference"])
     tasks: str | None = None  # JSONL task table loaded into the database at start
-    lora: bool = False
+    lora: bool = False  # train a LoRA adapter (peft) instead of all weights
+    lora_rank: int = 16  # vLLM's --max-lora-rank must be at least this
+    lora_alpha: float = 32.0
+    lora_targets: list[str] = field(
+        default_factory=lambda: [
+            *("q_proj", "k_proj", "v_proj", "o_proj"),
+            *("gate_proj", "up_proj", "down_proj"),
+        ]
+    )
     learning_rate: float = 1e-5
     batch_trajectories: int = 16  # train once this many trajectories carry a signal
     max_staleness: int = 4

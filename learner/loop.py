@@ -25,8 +25,18 @@ from learner.config import LearnerConfig
 from learner.graders.combine import build_graders
 from learner.graders.tasks import TaskTable
 from learner.grouping import GroupingConfig, RunningBaselines, Scored, compute_advantages
+from learner.lora import (
+    LoraSettings,
+    adapter_base,
+    is_adapter,
+    load_trainable,
+    merge,
+    save_adapter,
+    wrap,
+)
+from learner.lora_publisher import LoraPublisher
 from learner.loss import LossConfig
-from learner.publisher import FullReloadPublisher, Probe, current_version
+from learner.publisher import FullReloadPublisher, Probe, current_version, served_adapters
 from learner.samples import Sample, build_samples, sampling_defaults
 from learner.trainer import Trainer, TrainerConfig
 from proxy.export import iter_trajectories
@@ -72,6 +82,9 @@ class Learner:
         self.grouping = GroupingConfig(
             max_staleness=config.max_staleness, std_normalise=config.std_normalise
         )
+        self.lora_settings = LoraSettings(
+            rank=config.lora_rank, alpha=config.lora_alpha, targets=tuple(config.lora_targets)
+        )
         self.trainer_config = TrainerConfig(
             learning_rate=config.learning_rate,
             max_grad_norm=config.max_grad_norm,
@@ -110,6 +123,11 @@ class Learner:
                 # the weights vLLM serves now become version 0; its checkpoint is written
                 # by us so it always holds lm_head.weight (a rollback to it must be exact)
                 version = current_version(self.config.upstreams[0])
+                if version in served_adapters(self.config.upstreams[0]):
+                    # an adapter from some other run answers now: version 0 is the base,
+                    # under a name of its own, swapped in below like after a crash
+                    version = f"base-{os.urandom(3).hex()}"
+                    first_start = False
                 base = self.checkpoints / "base"
                 if not base.exists():
                     save_checkpoint(load_model(self.model_dir), base, source_dir=self.model_dir)
@@ -130,12 +148,7 @@ class Learner:
 
         tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         probe = Probe(prompt_token_ids=list(tokenizer(PROBE_TEXT)["input_ids"]))
-        self.publisher = FullReloadPublisher(
-            self.config.upstreams,
-            probe=probe,
-            tolerance=self.config.verify_tolerance,
-            last_good=source,
-        )
+        self.publisher = self._publisher(probe, source)
         if not first_start:
             self._resync(source)
         log.info(
@@ -298,7 +311,7 @@ class Learner:
             # left by a run that died before recording this step: the database, not the
             # directory, says what was published, so the half-done attempt is redone
             shutil.rmtree(target)
-        checkpoint = save_checkpoint(self.trainer.model, target, source_dir=self.model_dir)
+        checkpoint = self._save(target)
         self._save_optimizer(checkpoint)
         result = self.publisher.publish(checkpoint, version, expected=self.trainer.logprobs_of)
         metrics.update(swap_seconds=result.swap_seconds, max_logprob_diff=result.max_logprob_diff)
@@ -339,12 +352,50 @@ class Learner:
             version if result.ok else f"ROLLED BACK ({result.error})",
         )
 
+    def _publisher(self, probe: Probe, source: Path) -> FullReloadPublisher:
+        # what the replicas hold besides any adapter: the full checkpoint under it
+        base = lora_base(source)
+        if not self.config.lora:
+            return FullReloadPublisher(
+                self.config.upstreams,
+                probe=probe,
+                tolerance=self.config.verify_tolerance,
+                last_good=base,
+            )
+        return LoraPublisher(
+            self.config.upstreams,
+            probe=probe,
+            tolerance=self.config.verify_tolerance,
+            last_good=base,
+            max_rank=self.config.lora_rank,
+        )
+
     def _trainer(self, source: Path) -> Trainer:
-        # the KL term (kl_coef > 0) anchors to the base model, version 0
+        model: torch.nn.Module
+        if self.config.lora:
+            # an adapter trains on; full weights get a fresh adapter (B = 0: same policy)
+            model = (
+                load_trainable(source)
+                if is_adapter(source)
+                else wrap(load_model(source), self.lora_settings)
+            )
+        elif is_adapter(source):
+            model = merge(load_trainable(source))  # LoRA switched off: train its merged weights
+        else:
+            model = load_model(source)
+        # the KL term (kl_coef > 0) anchors to the base model, version 0; a LoRA model's
+        # own base (adapter off) is that anchor when it was trained from version 0
         reference = None
-        if self.trainer_config.loss.kl_coef > 0:
+        if self.trainer_config.loss.kl_coef > 0 and not self.config.lora:
             reference = load_model(self.checkpoints / "base")
-        return Trainer(load_model(source), self.trainer_config, self.config.device, reference)
+        return Trainer(model, self.trainer_config, self.config.device, reference)
+
+    def _save(self, target: Path) -> Path:
+        assert self.trainer is not None and self.serving is not None
+        if self.config.lora:
+            serving = Path(self.serving["checkpoint_path"])
+            return save_adapter(self.trainer.model, target, base_dir=lora_base(serving))
+        return save_checkpoint(self.trainer.model, target, source_dir=self.model_dir)
 
     @staticmethod
     def _optimizer_path(checkpoint: Path) -> Path:
@@ -362,7 +413,11 @@ class Learner:
         assert self.trainer is not None
         path = self._optimizer_path(checkpoint)
         if path.exists():
-            self.trainer.optimizer.load_state_dict(torch.load(path, weights_only=True))
+            try:
+                self.trainer.optimizer.load_state_dict(torch.load(path, weights_only=True))
+            except ValueError as exc:
+                # saved for other parameters (LoRA switched on or off): start the moments anew
+                log.warning("optimizer state %s does not fit (%s); starting afresh", path, exc)
 
     def _roll_back(self, failed: str, error: str | None) -> None:
         """The previous version keeps serving; the trainer returns to its weights."""
@@ -376,6 +431,11 @@ class Learner:
         )
         if not result.ok:
             log.error("rollback to %s failed too: %s", self.serving["version"], result.error)
+
+
+def lora_base(checkpoint: Path) -> Path:
+    """The full weights a checkpoint serves on: itself, or the base an adapter names."""
+    return adapter_base(checkpoint) if is_adapter(checkpoint) else checkpoint
 
 
 def rollback_to(config: LearnerConfig, version: str) -> str:
@@ -392,8 +452,14 @@ def rollback_to(config: LearnerConfig, version: str) -> str:
             # forwards, and what the rolled-away versions produced counts as old
             ordinal = queries.next_ordinal(conn)
             label = f"{version}+rollback-{ordinal}"
-            publisher = FullReloadPublisher(config.upstreams, probe=Probe(prompt_token_ids=[1]))
-            model = Trainer(load_model(checkpoint), TrainerConfig(), config.device)
+            # what the replicas hold under any adapter; a full reload if that is not it
+            served = None if current is None else lora_base(Path(current["checkpoint_path"]))
+            probe = Probe(prompt_token_ids=[1])
+            publisher = LoraPublisher(config.upstreams, probe=probe, last_good=served)
+            weights = (
+                load_trainable(checkpoint) if is_adapter(checkpoint) else load_model(checkpoint)
+            )
+            model = Trainer(weights, TrainerConfig(), config.device)
             result = publisher.rollback(checkpoint, label, expected=model.logprobs_of)
             if not result.ok:
                 raise ValueError(f"rolling back to {version} failed: {result.error}")

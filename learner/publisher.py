@@ -72,7 +72,7 @@ class PublishResult:
 
 
 class WeightPublisher(Protocol):
-    """A way to put a checkpoint into the serving replicas (full reload; LoRA may follow)."""
+    """A way to put a checkpoint into the serving replicas (full reload, or LoRA adapter)."""
 
     def publish(
         self, checkpoint_dir: Path, version: str, *, expected: ExpectedLogprobs
@@ -154,7 +154,7 @@ class FullReloadPublisher:
                 if expected is not None:
                     self._verify_all(client, expected, result)
             except (httpx.HTTPError, PublishError, CheckpointError) as exc:
-                result.error = _reason(exc)
+                result.error = failure_reason(exc)
                 return result
         result.ok = True
         self.last_good = directory
@@ -213,11 +213,15 @@ class FullReloadPublisher:
             raise PublishError(f"{upstream}: prefix cache not reset: {answer.text[:200]}")
 
     def _verify_all(
-        self, client: httpx.Client, expected: ExpectedLogprobs, result: PublishResult
+        self,
+        client: httpx.Client,
+        expected: ExpectedLogprobs,
+        result: PublishResult,
+        model: str | None = None,
     ) -> None:
         failed: list[str] = []
         for upstream in self.upstreams:
-            diff = self._probe_diff(client, upstream, expected)
+            diff = self._probe_diff(client, upstream, expected, model)
             result.max_logprob_diff = max(diff, result.max_logprob_diff or 0.0)
             if not diff <= self.tolerance:  # NaN fails too
                 failed.append(f"{upstream} (max |diff| {diff:.3g})")
@@ -227,9 +231,17 @@ class FullReloadPublisher:
                 f"on {', '.join(failed)}"
             )
 
-    def _probe_diff(self, client: httpx.Client, upstream: str, expected: ExpectedLogprobs) -> float:
-        """Sample the probe on one replica; max |vLLM logprob - trainer logprob|."""
-        model = _served_model(_json(self._call(client, "GET", upstream + "/v1/models")))
+    def _probe_diff(
+        self,
+        client: httpx.Client,
+        upstream: str,
+        expected: ExpectedLogprobs,
+        model: str | None = None,
+    ) -> float:
+        """Sample the probe on one replica (from ``model``, else the base model it serves);
+        max |vLLM logprob - trainer logprob|."""
+        if model is None:
+            model = _served_model(_json(self._call(client, "GET", upstream + "/v1/models")))
         body = self._probe_body(model)
         answer = self._call(client, "POST", upstream + "/v1/completions", json=body)
         completion, served = _sampled_tokens(_json(answer))
@@ -286,6 +298,14 @@ def current_version(upstream: str, *, timeout: float = 10) -> str:
     return version
 
 
+def served_adapters(upstream: str, *, timeout: float = 10) -> set[str]:
+    """Names of the LoRA adapters a vLLM replica has loaded (``GET /v1/models``)."""
+    response = _checked(httpx.get(upstream.rstrip("/") + "/v1/models", timeout=timeout))
+    data = _json(response).get("data")
+    entries = data if isinstance(data, list) else []
+    return {str(m["id"]) for m in entries if isinstance(m, dict) and m.get("parent")}
+
+
 def _checked(response: httpx.Response) -> httpx.Response:
     if response.is_success:
         return response
@@ -332,7 +352,7 @@ def _abs_diff(a: float, b: float) -> float:
     return math.inf if math.isnan(diff) else diff
 
 
-def _reason(exc: BaseException) -> str:
+def failure_reason(exc: BaseException) -> str:
     """``exc`` and the errors it interrupted: a failed repair or resume must not hide why
     the reload failed. Library-internal links of the chain are skipped."""
     parts: list[str] = []

@@ -97,17 +97,20 @@ class Trainer:
         device: str | None = None,
         reference: torch.nn.Module | None = None,
     ) -> None:
-        """`reference`: a frozen policy for the KL term (needed when loss.kl_coef > 0)."""
+        """`reference`: a frozen policy for the KL term (needed when loss.kl_coef > 0),
+        except for a LoRA model, whose reference is its base: the adapter switched off."""
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = model.to(self.device)
         self.config = config
-        if config.loss.kl_coef > 0 and reference is None:
+        if config.loss.kl_coef > 0 and reference is None and not _has_adapter(model):
             raise ValueError("kl_coef > 0 needs a reference model")
         self.reference = None if reference is None else reference.to(self.device).eval()
         if self.reference is not None:
             self.reference.requires_grad_(False)
+        # a LoRA model trains its adapter only: the base weights stay frozen
+        self.parameters = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            model.parameters(),
+            self.parameters,
             lr=config.learning_rate,
             betas=config.betas,
             weight_decay=config.weight_decay,
@@ -200,13 +203,11 @@ class Trainer:
             return {"tokens": 0, "dropped_mismatch": dropped, "skipped": "all sequences dropped"}
         if kept < total_tokens:
             # renormalise: dropped sequences must not shrink the step of the others
-            for parameter in self.model.parameters():
+            for parameter in self.parameters:
                 if parameter.grad is not None:
                     parameter.grad.mul_(total_tokens / kept)
             loss_sum *= total_tokens / kept
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.config.max_grad_norm
-        )
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.config.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {
@@ -224,11 +225,14 @@ class Trainer:
     def _reference_logprobs(
         self, batch: MicroBatch, tensors: dict[str, torch.Tensor]
     ) -> torch.Tensor | None:
-        if self.reference is None or self.config.loss.kl_coef == 0:
+        if self.config.loss.kl_coef == 0:
             return None
-        logits = self.reference(
-            input_ids=tensors["ids"], attention_mask=tensors["attention"]
-        ).logits
+        inputs = {"input_ids": tensors["ids"], "attention_mask": tensors["attention"]}
+        if self.reference is not None:
+            logits = self.reference(**inputs).logits
+        else:
+            with self.model.disable_adapter():  # type: ignore[operator]
+                logits = self.model(**inputs).logits
         return processed_logprobs(
             logits[:, :-1].float(), tensors["targets"], batch.samples[0].sampling
         )
@@ -243,6 +247,10 @@ class Trainer:
         targets = ids[:, 1:]
         picked = all_logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)[0]
         return picked[len(prompt) - 1 :].tolist()
+
+
+def _has_adapter(model: torch.nn.Module) -> bool:
+    return callable(getattr(model, "disable_adapter", None))
 
 
 def _accumulate(

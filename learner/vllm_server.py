@@ -68,7 +68,9 @@ class VLLMServer:
         extra_env: dict[str, str] | None = None,
         kv_cache_gib: int = 1,
         startup_timeout_s: float = 300.0,
+        max_lora_rank: int | None = None,
     ) -> None:
+        """``max_lora_rank``: serve LoRA adapters up to this rank, loadable at runtime."""
         self.model_dir = Path(model_dir)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -78,6 +80,9 @@ class VLLMServer:
         self.log_path = Path(log_path)
         self.extra_args = list(extra_args)
         self.extra_env = dict(extra_env or {})
+        if max_lora_rank is not None:
+            self.extra_args += ["--enable-lora", "--max-lora-rank", str(max_lora_rank)]
+            self.extra_env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
         self.kv_cache_gib = kv_cache_gib
         self.startup_timeout_s = startup_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None

@@ -148,8 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--lora",
         action="store_true",
         default=None,
-        help="train a LoRA adapter instead of all weights (not yet supported)",
+        help="train a LoRA adapter instead of all weights; vLLM must run with --enable-lora "
+        "--max-lora-rank R and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1",
     )
+    learn.add_argument(
+        "--lora-rank", type=int, help="adapter rank, at most vLLM's --max-lora-rank (default 16)"
+    )
+    learn.add_argument("--lora-alpha", type=float, help="adapter scaling alpha (default 32)")
     learn.add_argument("--config", type=Path, metavar="FILE", help="TOML file with settings")
     learn.add_argument("--learning-rate", type=float, help="AdamW learning rate (default 1e-5)")
     learn.add_argument(
@@ -296,10 +301,11 @@ def _learner_config(args: argparse.Namespace, **extra: object):  # -> LearnerCon
 def cmd_learn(args: argparse.Namespace) -> int:
     from learner.loop import Learner
 
-    if args.lora:
-        raise SystemExit("onthejob learn: --lora is not supported yet; train full weights")
     config = _learner_config(
         args,
+        lora=args.lora,
+        lora_rank=args.lora_rank,
+        lora_alpha=args.lora_alpha,
         model=args.model,
         checkpoints=args.checkpoints,
         graders=args.grader,

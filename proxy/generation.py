@@ -56,6 +56,9 @@ class Generation:
         # the records of those the client does not get, recorded if the call succeeds
         self.fanout = 1
         self.siblings: list[CallRecord] = []
+        # (adapter, client's model) when a LoRA adapter answered for the base model: the
+        # client's name goes back into what it receives
+        self.renamed: tuple[str, Any] | None = None
 
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1000.0
@@ -142,15 +145,24 @@ class Generation:
     async def _open(
         self, upstream_body: dict[str, Any], sticky: str | None
     ) -> tuple[Replica, aiohttp.ClientResponse]:
+        plain = orjson.dumps(upstream_body)
+        requested = upstream_body.get("model")
+
+        def body_for(replica: Replica) -> bytes:
+            # the version and the adapter read together, as the request leaves
+            self.record.policy_version = replica.policy_version
+            adapter = replica.serve_as(requested)
+            self.renamed = None if adapter is None else (adapter, requested)
+            return plain if adapter is None else orjson.dumps({**upstream_body, "model": adapter})
+
         replica, response = await self.state.pool.open(
             "POST",
             self.dialect.upstream_path,
-            body=orjson.dumps(upstream_body),
+            body=body_for,
             headers=self.state.pool.headers(self.request.headers),
             sticky_key=sticky,
         )
         self.record.upstream = replica.url
-        self.record.policy_version = replica.policy_version
         return replica, response
 
     async def _read(self, response: aiohttp.ClientResponse) -> bytes:
@@ -181,7 +193,7 @@ class Generation:
             content_type = response.headers.get("Content-Type", "application/json")
             return None, self.dialect.upstream_error(response.status, raw, content_type)
         try:
-            return orjson.loads(raw), None
+            return self._restore_model(orjson.loads(raw)), None
         except orjson.JSONDecodeError:
             error = UpstreamUnavailable(f"upstream {self.record.upstream} sent invalid JSON")
             return None, self.fail(error)
@@ -306,8 +318,16 @@ class Generation:
         if "error" in chunk:
             message = upstream_error_message(data)
             return writer.upstream_error(event, message), False, message
+        self._restore_model(chunk)
         assembler.add(chunk)
         return writer.feed(chunk), False, None
+
+    def _restore_model(self, data: Any) -> Any:
+        if self.renamed is not None and isinstance(data, dict):
+            adapter, requested = self.renamed
+            if data.get("model") == adapter:
+                data["model"] = requested
+        return data
 
     def _capture(
         self,

@@ -15,7 +15,7 @@ import hashlib
 import itertools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -34,11 +34,21 @@ class Replica:
     retry_at: float = 0.0
     failures: int = 0
     policy_version: str | None = None
+    # the LoRA adapter the policy version is (None: full weights), and the base model
+    # names it stands in for: clients keep asking for the base, the adapter answers
+    adapter: str | None = None
+    base_models: frozenset[str] = frozenset()
     # learned: this replica's streamed tool calls come without their token ids
     drops_stream_tool_tokens: bool = False
 
     def eligible(self, now: float) -> bool:
         return self.healthy or now >= self.retry_at
+
+    def serve_as(self, requested: object) -> str | None:
+        """The adapter to send a request for ``requested`` to, if it is not the model itself."""
+        if self.adapter is not None and requested in self.base_models:
+            return self.adapter
+        return None
 
 
 def _score(key: str, url: str) -> bytes:
@@ -125,7 +135,7 @@ class UpstreamPool:
         method: str,
         path: str,
         *,
-        body: bytes | None,
+        body: bytes | Callable[[Replica], bytes] | None,
         headers: Mapping[str, str],
         sticky_key: str | None,
     ) -> tuple[Replica, aiohttp.ClientResponse]:
@@ -136,6 +146,7 @@ class UpstreamPool:
         generation has no side effects, so the worst a retry costs is the compute of a
         half-started answer on a replica that is going away. A kept-alive connection to a
         replica that died since is the common case, and the client must not see it.
+        ``body`` may depend on the replica (the LoRA adapter it serves).
         """
         failures: list[str] = []
         for replica in self.candidates(sticky_key):
@@ -144,7 +155,7 @@ class UpstreamPool:
                     method,
                     # as given: no normalisation of dot segments, no redirects followed
                     yarl.URL(replica.url + path, encoded=True),
-                    data=body,
+                    data=body(replica) if callable(body) else body,
                     headers=headers,
                     allow_redirects=False,
                 )
@@ -178,8 +189,7 @@ class UpstreamPool:
                 if isinstance(info, dict):
                     version = info.get("weight_version")
                     if version is not None and str(version) != replica.policy_version:
-                        log.info("upstream %s serves policy version %s", replica.url, version)
-                        replica.policy_version = str(version)
+                        await self._follow_version(replica, str(version), timeout)
             if not replica.healthy and replica.eligible(time.monotonic()):
                 async with self.session.get(replica.url + "/health", timeout=timeout) as resp:
                     if resp.status == 200:
@@ -190,6 +200,27 @@ class UpstreamPool:
         except (aiohttp.ClientError, TimeoutError, ValueError):
             # slow or odd answers from a busy replica are not a reason to route around it
             log.debug("policy version poll of %s failed", replica.url, exc_info=True)
+
+    async def _follow_version(
+        self, replica: Replica, version: str, limit: aiohttp.ClientTimeout
+    ) -> None:
+        """Take on a new policy version, and whether it is a LoRA adapter of the replica.
+
+        Version and adapter change together or not at all: a record must never carry a
+        version that did not answer it.
+        """
+        async with self.session.get(replica.url + "/v1/models", timeout=limit) as resp:
+            models = orjson.loads(await resp.read()) if resp.status == 200 else None
+        if not isinstance(models, dict) or not isinstance(models.get("data"), list):
+            return  # asked again at the next poll
+        entries = [m for m in models["data"] if isinstance(m, dict)]
+        bases = frozenset(str(m.get("id")) for m in entries if m.get("parent") is None)
+        is_adapter = any(m.get("id") == version and m.get("parent") for m in entries)
+        replica.adapter = version if is_adapter else None
+        replica.base_models = bases
+        replica.policy_version = version
+        kind = "LoRA adapter" if is_adapter else "policy version"
+        log.info("upstream %s serves %s %s", replica.url, kind, version)
 
 
 def _reason(exc: BaseException) -> str:

@@ -1,0 +1,140 @@
+"""LoRA adapters (peft): wrap a model for training, save and load adapter checkpoints.
+
+An adapter checkpoint is a directory vLLM loads with ``/v1/load_lora_adapter``:
+``adapter_config.json`` + ``adapter_model.safetensors``. Its ``base_model_name_or_path``
+names the full checkpoint it was trained on top of (the weights vLLM must be serving under
+it), so a learner that resumes from an adapter knows which base to load. Like full
+checkpoints, an adapter directory is complete or absent (written aside, then renamed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors import SafetensorError, safe_open
+from transformers import PreTrainedModel
+
+from learner.checkpoint import CheckpointError, fsync_dir, fsync_tree, load_model
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+# The projections of every decoder layer (Llama/Qwen naming); vLLM serves LoRA on all.
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    rank: int = 16
+    alpha: float = 32.0
+    targets: tuple[str, ...] = DEFAULT_TARGETS
+
+    def __post_init__(self) -> None:
+        if self.rank < 1:
+            raise ValueError(f"LoRA rank must be >= 1, got {self.rank}")
+        if not self.targets:
+            raise ValueError("LoRA needs at least one target module")
+
+
+def is_adapter(path: Path) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def adapter_base(adapter_dir: Path) -> Path:
+    """The full checkpoint an adapter was trained on top of."""
+    config = _read_config(Path(adapter_dir))
+    base = config.get("base_model_name_or_path")
+    if not isinstance(base, str) or not base:
+        raise CheckpointError(f"{adapter_dir}: {ADAPTER_CONFIG} names no base model")
+    return Path(base)
+
+
+def wrap(model: PreTrainedModel, settings: LoraSettings) -> PeftModel:
+    """A fresh adapter on ``model``: B starts at zero, so the policy is unchanged at first."""
+    config = LoraConfig(
+        r=settings.rank,
+        lora_alpha=settings.alpha,
+        target_modules=list(settings.targets),
+        lora_dropout=0.0,  # vLLM samples without dropout: the ratio must compare like with like
+        bias="none",
+    )
+    return get_peft_model(model, config)
+
+
+def load_trainable(adapter_dir: Path) -> PeftModel:
+    """The base the adapter names, with the adapter on it, ready to train on."""
+    base = load_model(adapter_base(adapter_dir))
+    model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
+    return model.eval()
+
+
+def merge(model: PeftModel) -> PreTrainedModel:
+    """The adapter folded into the base weights: a plain model for full fine-tuning."""
+    merged = model.merge_and_unload()
+    return merged.requires_grad_(True)  # peft froze the base weights: they train again
+
+
+def save_adapter(model: PeftModel, out_dir: Path, *, base_dir: Path) -> Path:
+    """Write the adapter of ``model`` to the new directory ``out_dir``; return it.
+
+    Raises ``FileExistsError`` if ``out_dir`` exists: a published version is immutable.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        raise FileExistsError(f"checkpoint {out_dir} already exists")
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        # the base is a local directory, named absolutely: the learner reloads it on resume
+        model.peft_config["default"].base_model_name_or_path = str(Path(base_dir).resolve())
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        (tmp / "README.md").unlink(missing_ok=True)  # peft's model card template: noise
+        fsync_tree(tmp)  # contents on disk before the rename publishes them
+        os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(out_dir.parent)
+    return out_dir
+
+
+def validate_adapter(adapter_dir: Path, *, max_rank: int | None = None) -> None:
+    """Raise ``CheckpointError`` unless vLLM can load this adapter as it is.
+
+    Checked before any replica is asked: the config must parse and name its base, the
+    weights must read back finite, and the rank must fit the server's ``--max-lora-rank``.
+    """
+    adapter_dir = Path(adapter_dir)
+    config = _read_config(adapter_dir)
+    adapter_base(adapter_dir)
+    rank = config.get("r")
+    if max_rank is not None and isinstance(rank, int) and rank > max_rank:
+        raise CheckpointError(f"{adapter_dir}: rank {rank} exceeds --max-lora-rank {max_rank}")
+    path = adapter_dir / ADAPTER_WEIGHTS
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            names = list(f.keys())
+            if not names:
+                raise CheckpointError(f"{path}: no tensors")
+            for name in names:
+                tensor = f.get_tensor(name)
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                    raise CheckpointError(f"{path}: {name} holds NaN or infinite values")
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{adapter_dir}: unreadable adapter weights: {exc}") from exc
+
+
+def _read_config(adapter_dir: Path) -> dict[str, object]:
+    try:
+        config = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{adapter_dir}: unreadable {ADAPTER_CONFIG}: {exc}") from exc
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{adapter_dir}: {ADAPTER_CONFIG} is not a JSON object")
+    return config

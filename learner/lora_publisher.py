@@ -1,0 +1,166 @@
+"""Publish LoRA adapters into running vLLM replicas, verified before they serve anyone.
+
+vLLM must run with ``--enable-lora --max-lora-rank R`` and
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``. A version is an adapter loaded under the version's
+own name (``/v1/load_lora_adapter``) on top of the base weights the replica serves. The
+order is what makes it safe: load -> probe under the adapter's name -> only then
+``/update_weight_version``. The proxy routes traffic to the adapter that ``/weight_info``
+names, so no client is ever answered by an adapter that failed its probe, and a failed
+publish needs no repair: the previous version never stopped serving.
+
+Full checkpoints still go through the full reload (a base that changed, a rollback to
+full weights); a rollback to the base already loaded only relabels it, and reloads it
+when the probe shows the weights are not that base after all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from pathlib import Path
+
+import httpx
+
+from learner.checkpoint import CheckpointError
+from learner.lora import is_adapter, validate_adapter
+from learner.publisher import (
+    DEFAULT_TOLERANCE,
+    ExpectedLogprobs,
+    FullReloadPublisher,
+    Probe,
+    PublishError,
+    PublishResult,
+    failure_reason,
+)
+
+NO_RUNTIME_LORA = (
+    "vLLM does not load adapters at runtime: start it with --enable-lora --max-lora-rank R "
+    "and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"
+)
+
+
+class LoraPublisher(FullReloadPublisher):
+    """``keep``: adapters kept loaded (newest first); older ones are unloaded, so a long
+    run does not pile them up, while requests that started on the last few finish."""
+
+    def __init__(
+        self,
+        upstreams: list[str],
+        *,
+        probe: Probe,
+        tolerance: float = DEFAULT_TOLERANCE,
+        timeout: float = 60,
+        retries: int = 3,
+        last_good: Path | None = None,
+        max_rank: int | None = None,
+        keep: int = 3,
+    ) -> None:
+        super().__init__(
+            upstreams,
+            probe=probe,
+            tolerance=tolerance,
+            timeout=timeout,
+            retries=retries,
+            last_good=last_good,
+        )
+        self.max_rank = max_rank
+        self.keep = max(keep, 1)
+        self._loaded: deque[str] = deque()
+
+    def publish(
+        self, checkpoint_dir: Path, version: str, *, expected: ExpectedLogprobs
+    ) -> PublishResult:
+        if not is_adapter(checkpoint_dir):
+            return super().publish(checkpoint_dir, version, expected=expected)
+        return self._publish_adapter(Path(checkpoint_dir), version, expected, fresh=True)
+
+    def rollback(
+        self,
+        previous_dir: Path,
+        previous_version: str,
+        *,
+        expected: ExpectedLogprobs | None = None,
+    ) -> PublishResult:
+        previous_dir = Path(previous_dir)
+        if is_adapter(previous_dir):
+            return self._publish_adapter(previous_dir, previous_version, expected, fresh=False)
+        if self.last_good is not None and previous_dir.resolve() == self.last_good:
+            result = self._relabel(previous_version, expected)
+            if result.ok:
+                return result
+            # the base is not what it should be (a full swap that failed its probe): reload
+        return super().rollback(previous_dir, previous_version, expected=expected)
+
+    def _publish_adapter(
+        self, directory: Path, version: str, expected: ExpectedLogprobs | None, *, fresh: bool
+    ) -> PublishResult:
+        directory = directory.resolve()
+        result = PublishResult(version, False, 0.0, None, None, [])
+        with httpx.Client(timeout=self.timeout, headers={"Connection": "close"}) as client:
+            try:
+                validate_adapter(directory, max_rank=self.max_rank)
+                start = time.perf_counter()
+                for upstream in self.upstreams:
+                    self._load(client, upstream, version, directory)
+                loaded = time.perf_counter() - start
+                if expected is not None:
+                    self._verify_all(client, expected, result, model=version)
+                start = time.perf_counter()
+                for upstream in self.upstreams:
+                    self._label(client, upstream, version)
+                    result.replicas.append(upstream)
+                result.swap_seconds = loaded + time.perf_counter() - start
+            except (httpx.HTTPError, PublishError, CheckpointError) as exc:
+                result.error = failure_reason(exc)
+                if fresh:  # never served: nothing may route to it later by mistake
+                    self._unload(client, version)
+                return result
+            self._remember(client, version)
+        result.ok = True
+        return result
+
+    def _relabel(self, version: str, expected: ExpectedLogprobs | None) -> PublishResult:
+        """Serve the base weights already loaded again, under ``version``."""
+        result = PublishResult(version, False, 0.0, None, None, [])
+        with httpx.Client(timeout=self.timeout, headers={"Connection": "close"}) as client:
+            try:
+                start = time.perf_counter()
+                for upstream in self.upstreams:
+                    self._label(client, upstream, version)
+                    result.replicas.append(upstream)
+                result.swap_seconds = time.perf_counter() - start
+                if expected is not None:
+                    self._verify_all(client, expected, result)
+            except (httpx.HTTPError, PublishError) as exc:
+                result.error = failure_reason(exc)
+                return result
+        result.ok = True
+        return result
+
+    def _load(self, client: httpx.Client, upstream: str, name: str, directory: Path) -> None:
+        # in place: a name loaded before (a resumed learner, a rollback) gets these weights
+        body = {"lora_name": name, "lora_path": str(directory), "load_inplace": True}
+        try:
+            self._call(client, "POST", upstream + "/v1/load_lora_adapter", json=body)
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code in (404, 405):
+                raise PublishError(f"{upstream}: {NO_RUNTIME_LORA}") from exc
+            raise
+
+    def _label(self, client: httpx.Client, upstream: str, version: str) -> None:
+        body = {"new_version": version}
+        self._call(client, "POST", upstream + "/update_weight_version", json=body)
+
+    def _unload(self, client: httpx.Client, name: str) -> None:
+        for upstream in self.upstreams:
+            with contextlib.suppress(httpx.HTTPError):
+                body = {"lora_name": name}
+                client.post(upstream + "/v1/unload_lora_adapter", json=body)
+
+    def _remember(self, client: httpx.Client, version: str) -> None:
+        if version in self._loaded:
+            self._loaded.remove(version)
+        self._loaded.appendleft(version)
+        while len(self._loaded) > self.keep:
+            self._unload(client, self._loaded.pop())

@@ -1,0 +1,126 @@
+"""LoRA training and adapter checkpoints, on the tiny model (CPU, no server)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from learner.checkpoint import CheckpointError, load_model
+from learner.loss import LossConfig
+from learner.lora import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    LoraSettings,
+    adapter_base,
+    is_adapter,
+    load_trainable,
+    merge,
+    save_adapter,
+    validate_adapter,
+    wrap,
+)
+from learner.samples import Sample
+from learner.tiny_model import build_tiny_model
+from learner.trainer import Trainer, TrainerConfig
+
+PROMPT, COMPLETION = [1, 10, 20, 30], [40, 50, 60]
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("lora") / "base", seed=0)
+
+
+def rewarded(trainer: Trainer) -> Sample:
+    return Sample(
+        trajectory_id="t",
+        token_ids=PROMPT + COMPLETION,
+        loss_mask=[False] * len(PROMPT) + [True] * len(COMPLETION),
+        logprobs=[0.0] * len(PROMPT) + trainer.logprobs_of(PROMPT, COMPLETION),
+    )
+
+
+def trained(base_dir: Path, steps: int = 2, **config: object) -> Trainer:
+    model = wrap(load_model(base_dir), LoraSettings(rank=4, alpha=8))
+    trainer = Trainer(model, TrainerConfig(learning_rate=5e-2, **config), device="cpu")  # type: ignore[arg-type]
+    for _ in range(steps):
+        trainer.step([rewarded(trainer)], [1.0])
+    return trainer
+
+
+def test_a_fresh_adapter_leaves_the_policy_as_it_was(base_dir: Path) -> None:
+    plain = Trainer(load_model(base_dir), TrainerConfig(), device="cpu")
+    wrapped = Trainer(wrap(load_model(base_dir), LoraSettings(rank=4)), TrainerConfig(), "cpu")
+    assert wrapped.logprobs_of(PROMPT, COMPLETION) == pytest.approx(
+        plain.logprobs_of(PROMPT, COMPLETION), abs=1e-6
+    )
+
+
+def test_a_step_trains_the_adapter_only_and_moves_the_policy(base_dir: Path) -> None:
+    base = {n: p.detach().clone() for n, p in load_model(base_dir).named_parameters()}
+    model = wrap(load_model(base_dir), LoraSettings(rank=4, alpha=8))
+    trainer = Trainer(model, TrainerConfig(learning_rate=5e-2), device="cpu")
+    before = trainer.logprobs_of(PROMPT, COMPLETION)
+    # the optimizer holds the adapter's parameters, nothing of the base
+    assert trainer.parameters and all(
+        "lora_" in n for n, p in model.named_parameters() if p.requires_grad
+    )
+    metrics = trainer.step([rewarded(trainer)], [1.0])
+    assert metrics["trained_tokens"] == len(COMPLETION) and metrics["grad_norm"] > 0
+    assert sum(trainer.logprobs_of(PROMPT, COMPLETION)) > sum(before)
+    for name, parameter in model.get_base_model().named_parameters():
+        if "lora_" not in name:
+            key = name.replace(".base_layer", "")
+            assert torch.equal(parameter, base[key]), name
+
+
+def test_an_adapter_checkpoint_reloads_to_the_same_policy(base_dir: Path, tmp_path: Path) -> None:
+    trainer = trained(base_dir)
+    out = save_adapter(trainer.model, tmp_path / "step-1", base_dir=base_dir)  # type: ignore[arg-type]
+    assert is_adapter(out) and not is_adapter(base_dir)
+    assert sorted(p.name for p in out.iterdir()) == [ADAPTER_CONFIG, ADAPTER_WEIGHTS]
+    assert adapter_base(out) == base_dir.resolve()
+    validate_adapter(out, max_rank=4)
+    reloaded = Trainer(load_trainable(out), TrainerConfig(), device="cpu")
+    expected = trainer.logprobs_of(PROMPT, COMPLETION)
+    assert reloaded.logprobs_of(PROMPT, COMPLETION) == pytest.approx(expected, abs=1e-6)
+    # and it trains on: the reloaded adapter is trainable, the base is not
+    assert reloaded.parameters and all(p.requires_grad for p in reloaded.parameters)
+    # merged into full weights (LoRA switched off), the policy is the same
+    plain = Trainer(merge(load_trainable(out)), TrainerConfig(), device="cpu")
+    assert plain.logprobs_of(PROMPT, COMPLETION) == pytest.approx(expected, abs=1e-5)
+    with pytest.raises(FileExistsError):
+        save_adapter(trainer.model, out, base_dir=base_dir)  # type: ignore[arg-type]
+
+
+def test_adapters_vllm_could_not_load_are_refused(base_dir: Path, tmp_path: Path) -> None:
+    out = save_adapter(trained(base_dir, steps=1).model, tmp_path / "a", base_dir=base_dir)  # type: ignore[arg-type]
+    with pytest.raises(CheckpointError, match="exceeds --max-lora-rank 2"):
+        validate_adapter(out, max_rank=2)
+    tensors = load_file(str(out / ADAPTER_WEIGHTS))
+    name = next(iter(tensors))
+    tensors[name] = torch.full_like(tensors[name], float("nan"))
+    save_file(tensors, str(out / ADAPTER_WEIGHTS))
+    with pytest.raises(CheckpointError, match="NaN"):
+        validate_adapter(out)
+    (out / ADAPTER_WEIGHTS).write_bytes(b"not safetensors")
+    with pytest.raises(CheckpointError, match="unreadable adapter weights"):
+        validate_adapter(out)
+    config = json.loads((out / ADAPTER_CONFIG).read_text())
+    config.pop("base_model_name_or_path")
+    (out / ADAPTER_CONFIG).write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="names no base model"):
+        validate_adapter(out)
+
+
+def test_the_kl_reference_of_an_adapter_is_its_base(base_dir: Path) -> None:
+    with pytest.raises(ValueError, match="reference"):
+        Trainer(load_model(base_dir), TrainerConfig(loss=LossConfig(kl_coef=0.5)), "cpu")
+    # no reference model needed: the adapter switched off is the base policy
+    trainer = trained(base_dir, steps=3, loss=LossConfig(kl_coef=0.5))
+    metrics = trainer.step([rewarded(trainer)], [1.0])
+    assert metrics["kl"] > 0  # the policy has moved away from the base
