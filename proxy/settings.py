@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_SQLITE_URL = "sqlite:///onthejob.db"
 
@@ -14,7 +15,10 @@ DEFAULT_SQLITE_URL = "sqlite:///onthejob.db"
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ONTHEJOB_", extra="ignore")
 
-    upstreams: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000"])
+    # NoDecode: the environment gives a comma-separated list, not JSON
+    upstreams: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["http://127.0.0.1:8000"]
+    )
     host: str = "127.0.0.1"
     port: int = 8080
     database_url: str = DEFAULT_SQLITE_URL
