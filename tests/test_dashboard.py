@@ -210,4 +210,13 @@ def test_dashboard_shows_rewards_opens_a_trajectory_and_rolls_back(
         assert queries.serving_version(conn)["checkpoint_path"] == str(base)
         comments = conn.execute(select(Feedback.comment)).scalars().all()
     assert comments == ["thumbs up"]
+    # and forwards again through the API: promote the newer version
+    promoted = httpx.post(
+        proxy.url + "/admin/api/versions/step-1/promote",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=120,
+    )
+    assert promoted.status_code == 200, promoted.text
+    assert promoted.json()["serving"].startswith("step-1+rollback-")
+    assert current_version(vllm.url) == promoted.json()["serving"]
     engine.dispose()
