@@ -290,3 +290,47 @@ def test_sigint_mid_run_leaves_a_consistent_database(proxy, db_url, engine, tmp_
     assert len(trainable) == 4
     for marker in markers.iterdir():  # the hanging harnesses were terminated
         _wait(lambda m=marker: _zombie(int(m.name)), f"harness {marker.name} gone", 10)
+
+
+def test_calls_recorded_after_the_run_ended_are_picked_up(vllm, start_proxy, tmp_path):
+    db_url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    db.upgrade(db_url)
+    proxy = start_proxy([vllm.url], db_url)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    tasks = [
+        {
+            "id": "late",
+            "prompt": "LATE",
+            "grader": "python:tests.learning_rewards:share_of_a_reward",
+        },
+        {"id": "wait", "prompt": "WAIT", "answer": "x"},
+    ]
+    config = RolloutConfig(
+        proxy_url=proxy.url,
+        command=[sys.executable, "-m", "tests.harnesses.late_caller"],
+        tasks=load_task_set(write_tasks(tmp_path / "t.jsonl", tasks)),
+        database_url=db_url,
+        group_size=1,
+        concurrency=2,
+        timeout=120,
+        settle=0.3,
+        record_wait=1.0,  # the late run is finished before its call comes
+        env=harness_env(ONTHEJOB_HARNESS_DB=db_url, ONTHEJOB_HARNESS_MARKERS=str(markers)),
+    )
+    summary = run_rollout(config)
+    (late,) = [r for r in summary.runs if r.task_key == "late"]
+    assert late.trajectory_ids == [] and "no trajectory" in (late.error or "")
+
+    engine = db.make_engine(db_url)
+    try:
+        (run,) = [r for r in rows(engine, RolloutRun) if r["task_key"] == "late"]
+        (trajectory,) = export(engine)
+    finally:
+        engine.dispose()
+    reply = trajectory["calls"][0]["response"]["choices"][0]["message"]["content"]
+    expected = reply.count("a") / len(reply) if reply else 0.0
+    assert run["trajectory_ids"] == [trajectory["id"]] and run["error"] is None
+    assert run["reward"] == pytest.approx(expected) == trajectory["reward"]
+    assert trajectory["task_key"] == "late" and trajectory["group_key"] == run["group_key"]
+    assert trajectory["status"] == "finished" and run["policy_version"]

@@ -12,15 +12,17 @@ import contextlib
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 PROMPT_FIELD = "{prompt}"
 KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL
 OUTPUT_LIMIT = 64 * 1024  # characters of stdout / stderr kept in the database (the tail)
+READ_LIMIT = 1024 * 1024  # bytes of output read back (the tail) for grading
 SNAPSHOT_FILE_LIMIT = 64 * 1024
 SNAPSHOT_TOTAL_LIMIT = 256 * 1024
 SNAPSHOT_MAX_FILES = 200
@@ -108,53 +110,66 @@ def run_process(
     running: Running,
     shell: bool = False,
 ) -> ProcessResult:
-    """Run to completion, at most `timeout` seconds; SIGTERM then SIGKILL its whole group."""
-    try:
-        proc = subprocess.Popen(
-            args[0] if shell else list(args),
-            shell=shell,
-            cwd=cwd,
-            env=dict(env),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # its own process group: a kill reaches its children
-        )
-    except OSError as exc:
-        return ProcessResult(None, "", "", error=f"cannot start {args[0]!r}: {exc}")
-    running.add(proc)
-    timed_out = False
-    try:
+    """Run to completion, at most `timeout` seconds; SIGTERM then SIGKILL its whole group.
+
+    Output goes to files, not pipes: a daemon the harness leaves behind holding them open
+    must not keep the run going after the harness itself has exited.
+    """
+    with (
+        tempfile.TemporaryFile() as given,
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+    ):
+        given.write(stdin.encode())
+        given.seek(0)
         try:
-            out, err = proc.communicate(stdin.encode(), timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            out, err = _stop(proc)
-    finally:
-        # children it left behind (still holding no pipe) go with it
-        terminate_group(proc, signal.SIGKILL)
-        running.discard(proc)
-    return ProcessResult(
-        proc.returncode,
-        _text(out),
-        _text(err),
-        timed_out=timed_out,
-        # a run that finished by itself just as the cancel came keeps its result
-        cancelled=running.cancelled.is_set() and not timed_out and proc.returncode != 0,
-    )
+            proc = subprocess.Popen(
+                args[0] if shell else list(args),
+                shell=shell,
+                cwd=cwd,
+                env=dict(env),
+                stdin=given,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,  # its own process group: a kill reaches its children
+            )
+        except OSError as exc:
+            return ProcessResult(None, "", "", error=f"cannot start {args[0]!r}: {exc}")
+        running.add(proc)
+        timed_out = False
+        try:
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _stop(proc)
+        finally:
+            # children it left behind in its group go with it
+            terminate_group(proc, signal.SIGKILL)
+            running.discard(proc)
+        return ProcessResult(
+            proc.returncode,
+            _tail(out),
+            _tail(err),
+            timed_out=timed_out,
+            # a run that finished by itself just as the cancel came keeps its result
+            cancelled=running.cancelled.is_set() and not timed_out and proc.returncode != 0,
+        )
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
+def _stop(proc: subprocess.Popen[bytes]) -> None:
     terminate_group(proc)
     try:
-        return proc.communicate(timeout=KILL_GRACE)
+        proc.wait(timeout=KILL_GRACE)
     except subprocess.TimeoutExpired:
         terminate_group(proc, signal.SIGKILL)
-        return proc.communicate()
+        proc.wait()
 
 
-def _text(data: bytes | None) -> str:
-    return (data or b"").decode("utf-8", errors="replace")
+def _tail(file: IO[bytes], limit: int = READ_LIMIT) -> str:
+    size = file.seek(0, os.SEEK_END)
+    file.seek(max(0, size - limit))
+    return file.read().decode("utf-8", errors="replace")
 
 
 def clip(text: str, limit: int = OUTPUT_LIMIT) -> str:

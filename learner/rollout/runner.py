@@ -188,12 +188,17 @@ class _Rollout:
         except KeyboardInterrupt:
             cancelled = True
             self._cancel(pool)
+        except BaseException:  # e.g. the progress callback failed: stop the harnesses too
+            self._cancel(pool)
+            raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-            self.specs.close()
+            with self.engine.begin() as conn:
+                store.cancel_unfinished(conn, rollout_id=self.rollout_id)
         self._drain()
-        with self.engine.begin() as conn:
-            store.cancel_unfinished(conn, rollout_id=self.rollout_id)
+        if self._reconcile():
+            log.info("picked up runs whose calls were recorded late")
+        self.specs.close()
         eval_rows = self._eval_results() if self.config.eval else []
         return RolloutSummary(
             self.rollout_id,
@@ -334,7 +339,8 @@ class _Rollout:
         workdir: Path,
         env: dict[str, str],
     ) -> RunResult:
-        self._wait_for_records(session)
+        # a harness that exited normally has surely called the model: wait for its calls
+        self._wait_for_records(session, expect_calls=process.exit_code == 0)
         with self.engine.connect() as conn:
             ids = store.trajectory_ids(conn, session_key=session)
             version = store.first_policy_version(conn, session_key=session)
@@ -426,9 +432,11 @@ class _Rollout:
             return Grade.failed(message)
         return Grade(reward=reward, detail={"failure": message})
 
-    def _wait_for_records(self, session: str) -> None:
-        """Until the run's recorded call count stopped changing (the proxy writes records
-        in the background, within its flush interval of each call's end)."""
+    def _wait_for_records(self, session: str, *, expect_calls: bool) -> None:
+        """Until the run's recorded call count stopped changing for `settle` seconds (the
+        proxy writes records in the background, shortly after each call's end), and is not
+        zero if calls are expected; at most `record_wait` seconds. What comes later still
+        is picked up by `_reconcile` at the end of the rollout."""
         start = time.monotonic()
         last, since = -1, start
         while time.monotonic() - start < self.config.record_wait:
@@ -436,10 +444,62 @@ class _Rollout:
                 count = store.call_count(conn, session_key=session)
             if count != last:
                 last, since = count, time.monotonic()
-            elif time.monotonic() - since >= self.config.settle:
+            elif time.monotonic() - since >= self.config.settle and (count or not expect_calls):
                 return
             time.sleep(0.1)
-        log.warning("run %s: calls still arriving after %.0fs", session, self.config.record_wait)
+        log.warning("run %s: its calls were not all in after %gs", session, self.config.record_wait)
+
+    def _reconcile(self) -> int:
+        """Runs whose trajectories were recorded only after the run was finished: stamp and
+        grade them now (with the run's grade; a grade that needed the trajectory is redone)."""
+        with self.engine.connect() as conn:
+            runs = store.runs_of(conn, rollout_id=self.rollout_id)
+        orphans = [r for r in runs if not r["trajectory_ids"] and r["status"] != "running"]
+        fixed = 0
+        for run in orphans:
+            with self.engine.connect() as conn:
+                ids = store.trajectory_ids(conn, session_key=run["session_key"])
+                version = store.first_policy_version(conn, session_key=run["session_key"])
+            if not ids:
+                continue
+            task = self.config.tasks.tasks[run["task_key"]]
+            grade = Grade(run["reward"], run["grade_detail"] or {}, run["error"])
+            if run["status"] == "ok" and grade.error and "no trajectory" in grade.error:
+                trajectories = list(iter_trajectories(self.engine, ids=ids))
+                for trajectory in trajectories:
+                    trajectory["task_key"] = task.key
+                grade = grade_run(
+                    task,
+                    tasks=self.config.tasks.tasks,
+                    default_grader=self.config.grader,
+                    specs=self.specs,
+                    trajectories=trajectories,
+                    stdout=run["stdout"] or "",
+                    check=lambda kept=grade: kept,  # a check never needs the trajectory
+                )
+            group_key = store.group_key_for(self.rollout_id, run["epoch"], task.key, version)
+            with self.engine.begin() as conn:
+                store.stamp_trajectories(conn, ids=ids, task_key=task.key, group_key=group_key)
+                store.save_grades(
+                    conn,
+                    ids=ids,
+                    reward=grade.reward,
+                    detail={"rollout_run": run["id"], **grade.detail},
+                    error=grade.error,
+                    trainable=not self.config.eval,
+                )
+                store.update_run(
+                    conn,
+                    run_id=run["id"],
+                    trajectory_ids=ids,
+                    policy_version=version,
+                    group_key=group_key,
+                    reward=grade.reward,
+                    grade_detail=grade.detail,
+                    error=grade.error,
+                )
+            fixed += 1
+        return fixed
 
     def _record_crash(self, job: _Job, run_id: str, exc: Exception) -> RunResult:
         error = f"{type(exc).__name__}: {exc}"

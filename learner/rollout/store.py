@@ -99,6 +99,10 @@ def finish_run(conn: Connection, *, run_id: str, **values: Any) -> None:
     conn.execute(update(RolloutRun).where(RolloutRun.id == run_id).values(ended_at=now(), **values))
 
 
+def update_run(conn: Connection, *, run_id: str, **values: Any) -> None:
+    conn.execute(update(RolloutRun).where(RolloutRun.id == run_id).values(**values))
+
+
 def cancel_unfinished(conn: Connection, *, rollout_id: str) -> int:
     """Runs left `running` (their worker never got to finish them): cancelled."""
     result = conn.execute(

@@ -4,6 +4,7 @@ reward a check command prints. Real subprocesses."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -148,3 +149,26 @@ def test_reward_from_a_check_command() -> None:
     assert reward_from_check(1, "tests failed\n") == 0.0
     assert reward_from_check(1, "3 passed\n0.75\n\n") == 0.75  # a printed number wins
     assert reward_from_check(0, "score: nan\nnan") == 1.0  # not a finite number
+
+
+def test_a_daemon_left_behind_does_not_hold_the_run(tmp_path: Path) -> None:
+    # the harness exits at once, leaving a process in its own session with its stdout
+    script = (
+        "import subprocess, sys\n"
+        "d = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'],"
+        " start_new_session=True)\n"
+        "open('daemon.pid', 'w').write(str(d.pid))\n"
+        "print('done')\n"
+    )
+    started = time.monotonic()
+    result = run_process(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=os.environ,
+        stdin="",
+        timeout=20,
+        running=Running(),
+    )
+    os.kill(int((tmp_path / "daemon.pid").read_text()), signal.SIGKILL)
+    assert (result.exit_code, result.stdout, result.timed_out) == (0, "done\n", False)
+    assert time.monotonic() - started < 10
