@@ -7,6 +7,9 @@ uses) and the learner's queries; the API is read over real HTTP from a proxy sub
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -23,6 +26,7 @@ from learner.control import follow
 from learner.loop import Learner
 from learner.vllm_server import free_port
 from proxy.export import iter_trajectories
+from proxy.settings import Settings
 from proxy.store import repo
 from proxy.store.models import Grade
 from tests.proxy_server import ProxyServer
@@ -511,3 +515,24 @@ def test_export_streams_the_export_format(api: httpx.Client, engine: Engine) -> 
     ]
     assert set(rows[0]) == set(reference[0])
     assert api.get("/export", params={"session": "none"}).text == ""
+
+
+def test_the_proxy_refuses_a_non_loopback_bind_without_a_token(tmp_path: Any) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "ONTHEJOB_ADMIN_TOKEN"}
+    refused = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "serve", "--host", "0.0.0.0", "--port", "9"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert refused.returncode != 0
+    assert "needs an admin token: set ONTHEJOB_ADMIN_TOKEN" in refused.stderr
+    assert not (tmp_path / "onthejob.db").exists()  # refused before touching anything
+    for host in ("127.0.0.1", "127.0.0.9", "::1", "[::1]", "localhost"):
+        Settings(host=host).check_exposure()
+    for host in ("0.0.0.0", "::", "10.1.2.3", "proxy.example.com"):
+        with pytest.raises(ValueError, match="ONTHEJOB_ADMIN_TOKEN"):
+            Settings(host=host, admin_token=None).check_exposure()
+        Settings(host=host, admin_token="t").check_exposure()
