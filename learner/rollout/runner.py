@@ -296,7 +296,8 @@ class _Rollout:
         try:
             setup_error = self._setup(task, workdir, env)
             if setup_error is not None:
-                process = ProcessResult(None, "", "", error=setup_error)
+                cancelled = self.running.cancelled.is_set()
+                process = ProcessResult(None, "", "", error=setup_error, cancelled=cancelled)
             else:
                 process = run_process(
                     substitute_prompt(config.command, prompt),

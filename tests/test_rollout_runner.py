@@ -1,0 +1,88 @@
+"""The runner with plain shell harnesses (no model needed), on PostgreSQL and SQLite:
+how the prompt reaches the harness, setup failures, failed runs, progress."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from learner.rollout import RolloutConfig, load_task_set, run_rollout
+from learner.rollout.store import runs_of
+from proxy.store import db
+
+# prints stdin, the prompt argument and the environment's view of the run
+HARNESS = [
+    "sh",
+    "-c",
+    'case "$ONTHEJOB_TASK" in fail) exit 1;; esac; cat; echo; echo "arg:$0"; '
+    'echo "env:$ONTHEJOB_PROMPT"; echo "$OPENAI_BASE_URL"; pwd > where.txt',
+    "{prompt}",
+]
+TASKS = [
+    {"id": "ok", "prompt": "say 4", "answer": "env:say 4", "match": "contains"},
+    {"id": "setup", "prompt": "x", "setup": "echo broken >&2; exit 3", "answer": "x"},
+    {"id": "fail", "prompt": "x", "answer": "x"},
+]
+
+
+def config(db_url: str, tmp_path: Path, **overrides) -> RolloutConfig:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+    values = {
+        "proxy_url": "http://127.0.0.1:9/v1",  # never contacted: these harnesses call no model
+        "command": HARNESS,
+        "tasks": load_task_set(path),
+        "database_url": db_url,
+        "group_size": 2,
+        "concurrency": 3,
+        "timeout": 30,
+        "settle": 0.2,
+        "record_wait": 0.5,
+    }
+    return RolloutConfig(**(values | overrides))
+
+
+def test_prompt_setup_failures_and_progress(db_url: str, tmp_path: Path) -> None:
+    seen = []
+    summary = run_rollout(config(db_url, tmp_path), on_progress=seen.append)
+    engine = db.make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            runs = runs_of(conn, rollout_id=summary.rollout_id)
+    finally:
+        engine.dispose()
+    assert len(runs) == 6 and not summary.cancelled
+    by_task = {r["task_key"]: r for r in runs}
+
+    ok = by_task["ok"]
+    lines = ok["stdout"].splitlines()
+    assert lines[:3] == ["say 4", "arg:say 4", "env:say 4"]  # stdin, {prompt}, environment
+    assert lines[3] == f"http://127.0.0.1:9/s/{ok['session_key']}/v1"
+    assert ok["session_key"] == f"rollout-{ok['id']}"
+    assert (ok["status"], ok["reward"], ok["exit_code"]) == ("ok", 1.0, 0)
+    assert ok["workdir"]["where.txt"].strip().split("/")[-1].startswith("onthejob-run-")
+    assert not Path(ok["workdir"]["where.txt"].strip()).exists()  # removed afterwards
+
+    setup = by_task["setup"]
+    assert (setup["status"], setup["reward"], setup["exit_code"]) == ("failed", None, None)
+    assert "setup failed (exit 3): broken" in setup["error"]
+    fail = by_task["fail"]
+    assert (fail["status"], fail["reward"], fail["exit_code"]) == ("failed", 0.0, 1)
+
+    assert [p.done for p in seen if p.last is not None] == [1, 2, 3, 4, 5, 6]
+    assert seen[-1].failed == 4 and seen[-1].running == 0
+    assert seen[-1].mean_reward == (1.0 * 2 + 0.0 * 2) / 4  # the setup failures have none
+    assert max(p.running for p in seen) <= 3
+
+
+def test_failure_reward_none_and_kept_workdirs(db_url: str, tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    root.mkdir()
+    summary = run_rollout(
+        config(db_url, tmp_path, failure_reward=None, keep_workdirs=True, workdir_root=root)
+    )
+    fail = [r for r in summary.runs if r.task_key == "fail"]
+    assert [(r.status, r.reward) for r in fail] == [("failed", None)] * 2
+    assert "exited with 1" in (fail[0].error or "")
+    kept = sorted(p.name for p in root.iterdir())
+    assert len(kept) == 6 and all(name.startswith("onthejob-run-") for name in kept)
