@@ -202,21 +202,27 @@ def test_dashboard_shows_rewards_opens_a_trajectory_and_rolls_back(
             label = serving.locator("xpath=..").locator("td").first.inner_text()
             assert label.startswith(original + "+rollback-")
             page.screenshot(path=str(ARTIFACTS / "dashboard-rollback.png"), full_page=True)
+            rolled_back_to = httpx.get(vllm.url + "/weight_info").json()["weight_version"]
+            # forwards again through the API (a second real hot-swap); the open page
+            # shows it by itself at its next poll
+            response = httpx.post(
+                proxy.url + "/admin/api/versions/step-1/promote",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+                timeout=120,
+            )
+            assert response.status_code == 200, response.text
+            promoted = response.json()
+            assert promoted["serving"].startswith("step-1+rollback-")
+            first_cell = serving.locator("xpath=..").locator("td").first
+            expect(first_cell).to_have_text(promoted["serving"], timeout=15_000)
         finally:
             browser.close()
-    # the rollback really happened: vLLM serves the new label, the store agrees
-    assert httpx.get(vllm.url + "/weight_info").json()["weight_version"] == label
+    # the rollback really happened: vLLM served the new label, the store recorded it
+    assert rolled_back_to == label
     with engine.connect() as conn:
-        assert queries.serving_version(conn)["checkpoint_path"] == str(base)
+        assert queries.version(conn, version=label)["checkpoint_path"] == str(base)
+        assert queries.serving_version(conn)["checkpoint_path"] == str(checkpoint)
         comments = conn.execute(select(Feedback.comment)).scalars().all()
     assert comments == ["thumbs up"]
-    # and forwards again through the API: promote the newer version
-    promoted = httpx.post(
-        proxy.url + "/admin/api/versions/step-1/promote",
-        headers={"Authorization": f"Bearer {TOKEN}"},
-        timeout=120,
-    )
-    assert promoted.status_code == 200, promoted.text
-    assert promoted.json()["serving"].startswith("step-1+rollback-")
-    assert current_version(vllm.url) == promoted.json()["serving"]
+    assert current_version(vllm.url) == promoted["serving"]
     engine.dispose()
