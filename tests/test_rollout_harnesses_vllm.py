@@ -112,3 +112,24 @@ def test_pydantic_ai_agent_graded_by_its_reference_answer(setting, tmp_path):
         assert first["response"]["choices"][0]["message"]["tool_calls"]
         final = second["response"]["choices"][0]["message"]["content"]
         assert run.reward == (1.0 if final == "3" else 0.0), final
+
+
+def test_anthropic_sdk_harness_reaches_the_proxy_through_anthropic_base_url(setting, tmp_path):
+    proxy, db_url, engine = setting
+    task = {"id": "four", "prompt": "Say 4.", "answer": "4"}
+    runs = rollout(
+        proxy,
+        db_url,
+        tmp_path,
+        task,
+        [sys.executable, "-m", "tests.harnesses.anthropic_answerer"],
+        {"ONTHEJOB_HARNESS_FORCE": json.dumps(["[45]"])},
+    )
+    assert [r.status for r in runs] == ["ok"] * 3
+    trajectories = {t["id"]: t for t in export(engine)}
+    for run in runs:
+        (trajectory,) = [trajectories[i] for i in run.trajectory_ids]
+        (call,) = trajectory["calls"]
+        assert call["api"] == "messages" and trajectory["session"] == f"rollout-{run.run_id}"
+        reply = call["response"]["content"][0]["text"]
+        assert run.reward == (1.0 if reply == "4" else 0.0), reply

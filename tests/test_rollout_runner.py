@@ -4,6 +4,8 @@ how the prompt reaches the harness, setup failures, failed runs, progress."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from learner.rollout import RolloutConfig, load_task_set, run_rollout
@@ -86,3 +88,38 @@ def test_failure_reward_none_and_kept_workdirs(db_url: str, tmp_path: Path) -> N
     assert "exited with 1" in (fail[0].error or "")
     kept = sorted(p.name for p in root.iterdir())
     assert len(kept) == 6 and all(name.startswith("onthejob-run-") for name in kept)
+
+
+def onthejob(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_cli_refuses_bad_input_with_a_clear_message(tmp_path: Path) -> None:
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"id": "a", "prompt": "p", "answer": "x"}\n')
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "prompt": "p"}\n{"id": "b", "match": "fuzzy"}\n')
+    db_url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    base = ["rollout", "--proxy", "http://127.0.0.1:9", "--db", db_url]
+    cases = {
+        (*base, "--tasks", str(bad), "--", "true"): "line 2: field 'match'",
+        (*base, "--tasks", str(good)): "no harness command given",
+        (*base, "--tasks", str(good), "--grader", "magic", "--", "true"): "unknown kind 'magic'",
+        (*base, "--tasks", str(good), "--group-size", "0", "--", "true"): "group_size",
+        ("rollout", "--proxy", "ftp://x", "--tasks", str(good), "--", "true"): "http(s)",
+        (*base, "--tasks", str(good), "--failure-reward", "lots", "--", "true"): "'none'",
+    }
+    for args, message in cases.items():
+        result = onthejob(*args)
+        assert result.returncode != 0, args
+        assert message in result.stderr, (args, result.stderr)
+    assert not (tmp_path / "db.sqlite").exists()  # refused before touching the database
+    for command in ("eval-report", "tasks list"):  # a database without the schema
+        result = onthejob(*command.split(), "--db", db_url)
+        assert result.returncode == 1 and "onthejob db upgrade" in result.stderr
+        assert "Traceback" not in result.stderr
+    db.upgrade(db_url)
+    empty = onthejob("eval-report", "--db", db_url)
+    assert empty.returncode == 1 and "no eval results yet" in empty.stderr

@@ -6,9 +6,10 @@ Kept light: everything heavy is imported when a command runs, not when the parse
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from proxy.settings import DEFAULT_SQLITE_URL
@@ -18,6 +19,27 @@ Adder = Callable[[argparse.ArgumentParser], None]
 
 def database_url(args: argparse.Namespace) -> str:
     return args.db or os.environ.get("ONTHEJOB_DATABASE_URL") or DEFAULT_SQLITE_URL
+
+
+@contextlib.contextmanager
+def _reading(args: argparse.Namespace, command: str) -> Iterator[Any]:
+    """A connection for a read-only command; a database it cannot read is a clear error."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from proxy.store import db
+
+    engine = db.make_engine(database_url(args))
+    try:
+        with engine.connect() as conn:
+            yield conn
+    except SQLAlchemyError as exc:
+        reason = str(exc.orig if getattr(exc, "orig", None) else exc).splitlines()[0]
+        raise SystemExit(
+            f"onthejob {command}: cannot read the database ({reason}); "
+            "is its schema current (`onthejob db upgrade`)?"
+        ) from None
+    finally:
+        engine.dispose()
 
 
 def _reward(text: str) -> float | None:
@@ -155,15 +177,10 @@ def cmd_eval_report(args: argparse.Namespace) -> int:
     from learner import queries
     from learner.rollout import store
     from learner.rollout.report import by_version_and_set, format_table
-    from proxy.store import db
 
-    engine = db.make_engine(database_url(args))
-    try:
-        with engine.connect() as conn:
-            results = store.eval_results(conn)
-            order = queries.version_ordinals(conn)
-    finally:
-        engine.dispose()
+    with _reading(args, "eval-report") as conn:
+        results = store.eval_results(conn)
+        order = queries.version_ordinals(conn)
     if not results:
         print("no eval results yet: run `onthejob rollout --eval ...`", file=sys.stderr)
         return 1
@@ -194,14 +211,9 @@ def cmd_tasks_load(args: argparse.Namespace) -> int:
 
 def cmd_tasks_list(args: argparse.Namespace) -> int:
     from learner.rollout.taskset import list_tasks
-    from proxy.store import db
 
-    engine = db.make_engine(database_url(args))
-    try:
-        with engine.connect() as conn:
-            rows = list_tasks(conn)
-    finally:
-        engine.dispose()
+    with _reading(args, "tasks list") as conn:
+        rows = list_tasks(conn)
     for row in rows:
         how = [name for name in ("answer", "grader", "setup", "check") if row.get(name)]
         prompt = (row["prompt"] or "").replace("\n", " ")
