@@ -77,11 +77,11 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
         cwd=tmp_path,
         env=os.environ,
         stdin="",
-        timeout=2,
+        timeout=8,  # ample to start both processes on a loaded machine
         running=Running(),
     )
     assert result.timed_out and result.stdout == "started\n"
-    assert time.monotonic() - started < 2 + 2 + 5
+    assert time.monotonic() - started < 8 + 2 + 5
     child = int((tmp_path / "child.pid").read_text())
     deadline = time.monotonic() + 5
     while not _gone(child):
@@ -171,4 +171,4 @@ def test_a_daemon_left_behind_does_not_hold_the_run(tmp_path: Path) -> None:
     )
     os.kill(int((tmp_path / "daemon.pid").read_text()), signal.SIGKILL)
     assert (result.exit_code, result.stdout, result.timed_out) == (0, "done\n", False)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 20  # not the daemon's 30 s
