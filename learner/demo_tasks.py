@@ -106,7 +106,7 @@ KINDS: dict[str, Callable[[random.Random, int], tuple[str, str]]] = {
 
 
 def make_task(
-    rng: random.Random, *, top: int = 99, limit: int = 999, kind: str | None = None
+    rng: random.Random, *, top: int = 20, limit: int = 99, kind: str | None = None
 ) -> dict[str, Any]:
     """One task (without an id): operands up to ``top``, answer at most ``limit`` (so every
     number is one token of the demo model's tokenizer), a random kind unless one is named."""
@@ -124,7 +124,7 @@ def make_task(
 
 
 def make_task_sets(
-    seed: int, n_train: int, n_heldout: int, *, top: int = 99
+    seed: int, n_train: int, n_heldout: int, *, top: int = 20, limit: int = 99
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train, held-out): distinct prompts, never shared between the splits, same seed ->
     same sets. Ids are ``calc-train-0000`` and ``calc-heldout-0000`` style."""
@@ -138,7 +138,7 @@ def make_task_sets(
             attempts += 1
             if attempts > 100 * (count + 10):
                 raise ValueError(f"cannot make {count} distinct {split} tasks with top={top}")
-            task = make_task(rng, top=top)
+            task = make_task(rng, top=top, limit=limit)
             if task["prompt"] in seen:
                 continue
             seen.add(task["prompt"])

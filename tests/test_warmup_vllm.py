@@ -31,9 +31,9 @@ from tests.records import export
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 # Cheaper than the demo's warm-up, still enough to get some answers right.
-TEST_WARMUP = WarmupSettings(steps=400, batch_size=16, learning_rate=1e-2)
+TEST_WARMUP = WarmupSettings(steps=400, threads=1)
 TASKS = 24
-MIN_SUCCESS = 0.1  # what the seeded run gets, with margin (measured: see test docstring)
+MIN_GREEDY = 0.15  # share of held-out tasks answered right at temperature 0; measured 0.xx
 
 
 @pytest.fixture(scope="session")
@@ -64,7 +64,16 @@ def run_harness(proxy_url: str, model: str, task: dict[str, Any]) -> subprocess.
         "ONTHEJOB_TASK": task["id"],
     }
     return subprocess.run(
-        [sys.executable, "-m", "learner.harnesses.calc_agent", task["prompt"]],
+        # greedy: a seeded, repeatable rate (at temperature 1 the warmed-up model's success is
+        # lower and, over a couple of dozen tasks, too noisy to assert)
+        [
+            sys.executable,
+            "-m",
+            "learner.harnesses.calc_agent",
+            "--temperature",
+            "0",
+            task["prompt"],
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -106,7 +115,7 @@ def test_harness_solves_some_tasks_through_the_proxy(
     answers = [d.stdout.strip() for d in done]
     rate = sum(a == t["answer"] for a, t in zip(answers, heldout, strict=True)) / len(heldout)
     print(f"held-out success through the proxy: {rate:.2f}; answers {answers}")
-    assert rate >= MIN_SUCCESS, list(zip(answers, [t["answer"] for t in heldout], strict=True))
+    assert rate >= MIN_GREEDY, list(zip(answers, [t["answer"] for t in heldout], strict=True))
 
     proxy.stop()  # flushes every record
     engine = db.make_engine(db_url)
@@ -128,7 +137,15 @@ def test_harness_solves_some_tasks_through_the_proxy(
 
 
 def test_in_process_episodes_agree_with_the_served_model(demo_vllm, demo_model, demo_tasks):
-    """The offline estimate (`sample_episodes`) is of the same policy: greedy success."""
+    """`sample_episodes` (the offline estimate) plays the same policy and protocol as the
+    harness against vLLM: greedy answers agree (float32 on both sides)."""
+    import openai
+
+    from learner.harnesses.calc_agent import solve
+
     _, heldout = demo_tasks
-    greedy = sample_episodes(demo_model, heldout, temperature=0)
-    assert sum(greedy) / len(greedy) >= MIN_SUCCESS
+    offline = sample_episodes(demo_model, heldout, temperature=0)
+    api = openai.OpenAI(base_url=demo_vllm.url + "/v1", api_key="x", max_retries=0)
+    served = [solve(api, demo_vllm.model_name, t["prompt"], temperature=0).strip() for t in heldout]
+    agree = sum(a == b for a, b in zip(offline, served, strict=True))
+    assert agree >= 0.9 * len(heldout), list(zip(offline, served, strict=True))
