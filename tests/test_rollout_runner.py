@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
-from learner.rollout import RolloutConfig, load_task_set, run_rollout
+from learner.rollout import Progress, RolloutConfig, load_task_set, run_rollout
 from learner.rollout.store import runs_of
 from proxy.store import db
 
@@ -123,3 +125,28 @@ def test_cli_refuses_bad_input_with_a_clear_message(tmp_path: Path) -> None:
     db.upgrade(db_url)
     empty = onthejob("eval-report", "--db", db_url)
     assert empty.returncode == 1 and "no eval results yet" in empty.stderr
+
+
+def test_stop_event_cancels_from_the_library(db_url: str, tmp_path: Path) -> None:
+    stop = threading.Event()
+
+    def on_progress(progress: Progress) -> None:
+        if progress.running == 2:  # both slots hold a sleeping harness
+            stop.set()
+
+    started = time.monotonic()
+    summary = run_rollout(
+        config(db_url, tmp_path, command=["sleep", "300"], concurrency=2, timeout=600),
+        on_progress=on_progress,
+        stop=stop,
+    )
+    assert summary.cancelled and time.monotonic() - started < 60
+    assert [r.status for r in summary.runs] == ["cancelled", "cancelled"]
+    engine = db.make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            runs = runs_of(conn, rollout_id=summary.rollout_id)
+    finally:
+        engine.dispose()
+    assert [r["status"] for r in runs] == ["cancelled", "cancelled"]  # the rest never started
+    assert all(r["ended_at"] is not None and r["reward"] is None for r in runs)
