@@ -115,7 +115,13 @@ def _add_rollout(commands: Any, add_db: Adder) -> None:
         metavar="X",
         help="eval: a run succeeds with at least this reward (default 1.0)",
     )
-    rollout.add_argument("--check-timeout", type=float, default=120.0, metavar="S")
+    rollout.add_argument(
+        "--check-timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="per check command (default 120); a check that takes longer grades nothing",
+    )
     rollout.add_argument("--keep-workdirs", action="store_true", help="do not delete run dirs")
     rollout.add_argument("--no-progress", action="store_true", help="no progress bar")
     rollout.add_argument("harness", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS")
