@@ -10,9 +10,12 @@ import threading
 import time
 from pathlib import Path
 
+from sqlalchemy import select
+
 from learner.rollout import Progress, RolloutConfig, load_task_set, run_rollout
 from learner.rollout.store import runs_of
 from proxy.store import db
+from proxy.store.models import RolloutRun
 
 # prints stdin, the prompt argument and the environment's view of the run
 HARNESS = [
@@ -150,3 +153,41 @@ def test_stop_event_cancels_from_the_library(db_url: str, tmp_path: Path) -> Non
         engine.dispose()
     assert [r["status"] for r in runs] == ["cancelled", "cancelled"]  # the rest never started
     assert all(r["ended_at"] is not None and r["reward"] is None for r in runs)
+
+
+def test_sigterm_stops_the_cli_like_ctrl_c(db_url: str, tmp_path: Path) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "a", "prompt": "p", "answer": "x"}\n')
+    db.upgrade(db_url)
+    harness = f"echo $$ > {markers}/$$; exec sleep 300"
+    rollout = subprocess.Popen(
+        [sys.executable, "-m", "proxy.cli", "rollout", "--proxy", "http://127.0.0.1:9",
+         "--tasks", str(tasks), "--group-size", "3", "--concurrency", "2", "--db", db_url,
+         "--no-progress", "--", "sh", "-c", harness],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(markers.iterdir())) < 2:  # both slots run a harness
+            assert time.monotonic() < deadline and rollout.poll() is None
+            time.sleep(0.05)
+        rollout.terminate()
+        _, err = rollout.communicate(timeout=60)
+    finally:
+        if rollout.poll() is None:
+            rollout.kill()
+    assert rollout.returncode == 130, err.decode()[-2000:]
+    engine = db.make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            statuses = conn.execute(select(RolloutRun.status)).scalars().all()
+    finally:
+        engine.dispose()
+    assert statuses == ["cancelled", "cancelled"]
+    for marker in markers.iterdir():
+        assert (
+            not Path(f"/proc/{marker.name}").exists()
+            or "Z" in Path(f"/proc/{marker.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        )

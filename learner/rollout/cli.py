@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -162,9 +164,14 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         raise SystemExit(f"onthejob rollout: {exc}") from exc
     label = "eval" if args.eval else "rollout"
     bar = ProgressBar(label, disable=args.no_progress)
+    stop = threading.Event()
+    # SIGTERM stops as cleanly as Ctrl-C: the harnesses run in sessions of their own and
+    # would outlive us otherwise
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        summary = run_rollout(config, on_progress=bar.update)
+        summary = run_rollout(config, on_progress=bar.update, stop=stop)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         bar.close()
     ended = len(summary.runs)
     mean = summary.mean_reward
