@@ -74,7 +74,14 @@ class UpstreamPool:
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+        connector = aiohttp.TCPConnector(
+            limit=0,
+            ttl_dns_cache=300,
+            enable_cleanup_closed=True,
+            # below uvicorn's (vLLM's server) 5 s: we drop an idle connection before it does,
+            # so a request is rarely sent on one the server is closing
+            keepalive_timeout=4.0,
+        )
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(
@@ -150,30 +157,45 @@ class UpstreamPool:
         """
         failures: list[str] = []
         for replica in self.candidates(sticky_key):
-            try:
-                response = await self.session.request(
-                    method,
-                    # as given: no normalisation of dot segments, no redirects followed
-                    yarl.URL(replica.url + path, encoded=True),
-                    data=body(replica) if callable(body) else body,
-                    headers=headers,
-                    allow_redirects=False,
-                )
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-                self.mark_failed(replica)
-                failures.append(f"{replica.url} (connect: {_reason(exc)})")
-                continue
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                self.mark_failed(replica)
-                failures.append(f"{replica.url} (dropped the connection: {_reason(exc)})")
-                continue
-            except TimeoutError as exc:
-                raise UpstreamTimeout(f"upstream {replica.url} timed out") from exc
-            except aiohttp.ClientError as exc:
-                raise UpstreamUnavailable(f"upstream {replica.url} failed: {exc}") from exc
-            self.mark_ok(replica)
-            return replica, response
+            # a dropped connection is tried once more on the same replica: it may have been
+            # a kept-alive one the server closed as we sent (the next one is fresh)
+            for attempt in range(2):
+                try:
+                    response = await self._send(replica, method, path, body, headers)
+                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                    if isinstance(exc, aiohttp.ClientConnectorError) or attempt == 1:
+                        self.mark_failed(replica)
+                        failures.append(f"{replica.url} ({_failure(exc)})")
+                        break
+                    continue
+                except aiohttp.ConnectionTimeoutError as exc:
+                    self.mark_failed(replica)
+                    failures.append(f"{replica.url} ({_failure(exc)})")
+                    break
+                except TimeoutError as exc:
+                    raise UpstreamTimeout(f"upstream {replica.url} timed out") from exc
+                except aiohttp.ClientError as exc:
+                    raise UpstreamUnavailable(f"upstream {replica.url} failed: {exc}") from exc
+                self.mark_ok(replica)
+                return replica, response
         raise UpstreamUnavailable(f"no upstream reachable: tried {'; '.join(failures)}")
+
+    async def _send(
+        self,
+        replica: Replica,
+        method: str,
+        path: str,
+        body: bytes | Callable[[Replica], bytes] | None,
+        headers: Mapping[str, str],
+    ) -> aiohttp.ClientResponse:
+        return await self.session.request(
+            method,
+            # as given: no normalisation of dot segments, no redirects followed
+            yarl.URL(replica.url + path, encoded=True),
+            data=body(replica) if callable(body) else body,
+            headers=headers,
+            allow_redirects=False,
+        )
 
     async def watch(self, interval: float) -> None:
         """Forever: refresh each replica's policy version; probe replicas that are out."""
@@ -221,6 +243,12 @@ class UpstreamPool:
         replica.policy_version = version
         kind = "LoRA adapter" if is_adapter else "policy version"
         log.info("upstream %s serves %s %s", replica.url, kind, version)
+
+
+def _failure(exc: BaseException) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
+        return f"connect: {_reason(exc)}"
+    return f"dropped the connection: {_reason(exc)}"
 
 
 def _reason(exc: BaseException) -> str:
