@@ -370,6 +370,11 @@ def test_tasks_load_list_delete(api: httpx.Client, engine: Engine) -> None:
     loaded = api.post("/tasks", json={"jsonl": "\n".join(json.dumps(t) for t in lines)})
     assert loaded.status_code == 201, loaded.text
     assert api.post("/tasks", json={"tasks": [{"id": "t3", "answer": "x"}]}).status_code == 201
+    rollout_task = {"id": "t4", "prompt": "p", "setup": "mkdir x", "check": "test -d x"}
+    assert api.post("/tasks", json={"tasks": [rollout_task]}).status_code == 201
+    stored = api.get("/tasks/t4").json()
+    assert (stored["setup"], stored["check"]) == ("mkdir x", "test -d x")
+    assert api.delete("/tasks/t4").status_code == 204
     listed = api.get("/tasks", params={"limit": 2}).json()
     assert [t["key"] for t in listed["items"]] == ["t3", "task-0"]
     assert listed["items"][1]["trajectories"] == len(range(0, N, 3))
@@ -388,7 +393,7 @@ def test_tasks_load_list_delete(api: httpx.Client, engine: Engine) -> None:
     assert api.delete("/tasks/" + quote("what is 1/2?", safe="")).status_code == 204
     assert "no task" in error_of(api.delete("/tasks/" + quote("what is 1/2?", safe="")), 404)
     with engine.connect() as conn:
-        assert queries.get_state(conn, "tasks_revision") == {"revision": 3}
+        assert queries.get_state(conn, "tasks_revision") == {"revision": 5}
 
 
 def test_versions_listed_with_rewards_and_guarded(api: httpx.Client, engine: Engine) -> None:

@@ -34,6 +34,9 @@ def _row(task: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
         "match": task["match"],
         "tolerance": task["tolerance"],
         "metadata": task["metadata"],
+        "grader": task.get("grader"),
+        "setup": task.get("setup"),
+        "check": task.get("check"),
         "trajectories": stats.get("trajectories", 0),
         "mean_reward": stats.get("mean_reward"),
     }
@@ -106,19 +109,10 @@ def _parse(body: TasksIn) -> list[TaskSpec]:
 @router.post("/tasks", status_code=201, summary="Load (add or replace) tasks")
 def load_tasks(engine: EngineDep, body: TasksIn) -> dict[str, Any]:
     """Objects like the lines of a task file: {"id", "prompt"?, "answer"?, "match"?,
-    "tolerance"?, "metadata"?}. All are checked first; one bad task loads none."""
+    "tolerance"?, "metadata"?, "grader"?, "setup"?, "check"?}. All are checked first; one
+    bad task loads none."""
     tasks = _parse(body)
-    rows = [
-        {
-            "key": t.key,
-            "prompt": t.prompt,
-            "answer": t.answer,
-            "match": t.match,
-            "tolerance": t.tolerance,
-            "metadata": t.metadata,
-        }
-        for t in tasks
-    ]
+    rows = [t.row() for t in tasks]  # every column, the rollout's setup/check/grader too
     with engine.begin() as conn:
         queries.upsert_tasks(conn, rows)
         _bump(conn)
