@@ -1,8 +1,11 @@
 """The demo's bundled task set: word problems that need a calculator tool (seeded).
 
-Each task is a short question -- a unit conversion ("How many minutes are in 3 hours and 25
-minutes?"), a price ("7 tickets cost 12 dollars each plus a 5 dollar fee. What is the total?")
-or a two-step sum ("What is 37 plus 48, times 3?") -- whose reference answer is an integer.
+Each task is a short question -- a unit conversion ("How many days are in 3 weeks and 4
+days?"), a price ("7 tickets cost 12 dollars each plus a 5 dollar fee. What is the total?")
+or a two-step sum ("What is 13 plus 8, times 3?") -- whose reference answer is an integer.
+By default operands are at most 20 and answers at most 99 (``top``, ``limit``): every number
+is then one token of the demo model's tokenizer and a frequent one, which is what lets a
+2-layer model learn to copy numbers in a short warm-up (with answers up to 999 it did not).
 The agent is expected to turn the question into one arithmetic expression, call the
 calculator tool with it, and answer with the number the tool returned, digits only.
 
