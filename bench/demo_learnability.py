@@ -212,7 +212,7 @@ def main() -> int:
         cli = [sys.executable, "-m", "proxy.cli", "--log-level", "info"]
         proxy = start_logged(
             [*cli, "serve", "--upstream", vllm.url, "--port", str(port), "--db", db_url,
-             "--spool", str(workdir / "spool.jsonl"), "--idle-timeout", "1"],
+             "--spool", str(workdir / "spool.jsonl"), "--idle-timeout", "3"],
             workdir / "proxy.log",
         )  # fmt: skip
         proxy_url = f"http://127.0.0.1:{port}"
