@@ -57,6 +57,9 @@ class DemoConfig:
     concurrency: int = 8
     learning_rate: float = 2e-3
     batch_trajectories: int = 16
+    # after a round, wait up to this long for the learner's step and its version to serve,
+    # so the next round samples from the newest policy (on-policy GRPO learns fastest)
+    step_wait: float = 60.0
     warmup: WarmupSettings = field(default_factory=WarmupSettings)
 
 
@@ -240,6 +243,7 @@ class _Rollouts:
             if self.config.max_steps is not None and _steps(self.db_url) >= self.config.max_steps:
                 break
             round_ += 1
+            steps_before = _steps(self.db_url)
             picked = self.rng.sample(keys, min(self.config.tasks_per_round, len(keys)))
             subset = TaskSet("train", TaskTable({k: everything.tasks[k] for k in picked}))
             summary = self._run(
@@ -255,7 +259,21 @@ class _Rollouts:
             )
             if summary.cancelled:
                 raise KeyboardInterrupt
+            self._wait_for_step(
+                steps_before, learner, min(deadline, time.monotonic() + self.config.step_wait)
+            )
         return runs
+
+    def _wait_for_step(
+        self, steps_before: int, learner: subprocess.Popen[bytes], until: float
+    ) -> None:
+        """Until the learner has stepped and the proxy routes to the version it made."""
+        while time.monotonic() < until and learner.poll() is None:
+            if _steps(self.db_url) > steps_before:
+                serving = _serving_version(self.db_url)
+                if serving is not None and _proxy_version(self.proxy_url) == serving:
+                    return
+            time.sleep(0.5)
 
 
 def _steps(db_url: str) -> int:
@@ -270,6 +288,32 @@ def _steps(db_url: str) -> int:
             return int(conn.execute(select(func.count()).select_from(TrainingStep)).scalar() or 0)
     finally:
         engine.dispose()
+
+
+def _serving_version(db_url: str) -> str | None:
+    from sqlalchemy import select
+
+    from proxy.store import db
+    from proxy.store.models import PolicyVersion
+
+    engine = db.make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            query = select(PolicyVersion.version).where(PolicyVersion.status == "serving")
+            return conn.execute(query).scalar()
+    finally:
+        engine.dispose()
+
+
+def _proxy_version(proxy_url: str) -> str | None:
+    import json
+
+    try:
+        with urllib.request.urlopen(proxy_url + "/healthz", timeout=5) as answer:
+            upstreams = json.loads(answer.read())["upstreams"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError):
+        return None
+    return upstreams[0].get("policy_version") if upstreams else None
 
 
 def _start(

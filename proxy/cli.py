@@ -235,6 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="learner trains once this many runs carry a signal (default 16)",
     )
     demo.add_argument(
+        "--step-wait",
+        type=float,
+        default=60.0,
+        help="after a round, wait up to this long for the learner's new version (default 60)",
+    )
+    demo.add_argument(
         "--warmup-steps", type=int, help="supervised warm-up steps of the tiny model (default 300)"
     )
     demo.set_defaults(func=cmd_demo)
@@ -404,6 +410,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         learning_rate=args.learning_rate,
         batch_trajectories=args.batch_trajectories,
+        step_wait=args.step_wait,
         warmup=warmup,
     )
     try:
