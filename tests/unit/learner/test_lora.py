@@ -10,7 +10,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from learner.checkpoint import CheckpointError, load_model
-from learner.loss import LossConfig
 from learner.lora import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -23,6 +22,7 @@ from learner.lora import (
     validate_adapter,
     wrap,
 )
+from learner.loss import LossConfig
 from learner.samples import Sample
 from learner.tiny_model import build_tiny_model
 from learner.trainer import Trainer, TrainerConfig
