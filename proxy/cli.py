@@ -241,7 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="after a round, wait up to this long for the learner's new version (default 60)",
     )
     demo.add_argument(
-        "--warmup-steps", type=int, help="supervised warm-up steps of the tiny model (default 300)"
+        "--model-cache",
+        type=Path,
+        help="where warmed-up demo models are cached (default WORKDIR/models)",
+    )
+    demo.add_argument(
+        "--warmup-steps", type=int, help="supervised warm-up steps of the tiny model (default 600)"
     )
     demo.set_defaults(func=cmd_demo)
 
@@ -412,6 +417,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         batch_trajectories=args.batch_trajectories,
         step_wait=args.step_wait,
         warmup=warmup,
+        model_cache=args.model_cache,
     )
     try:
         run_demo(config)

@@ -47,6 +47,12 @@ def vllm(tiny_model: Path) -> Iterator[VLLMServer]:
 
 
 @pytest.fixture(scope="session")
+def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache of warmed-up demo models per session (ONTHEJOB_TEST_DEMO_CACHE: reuse one)."""
+    return Path(os.environ.get("ONTHEJOB_TEST_DEMO_CACHE") or tmp_path_factory.mktemp("demo"))
+
+
+@pytest.fixture(scope="session")
 def tokenizer(tiny_model: Path) -> Any:
     from transformers import AutoTokenizer
 

@@ -34,7 +34,7 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
-def test_a_short_demo_runs_every_stage_and_cleans_up(tmp_path: Path) -> None:
+def test_a_short_demo_runs_every_stage_and_cleans_up(tmp_path: Path, demo_cache: Path) -> None:
     workdir = tmp_path / "demo"
     command = [
         sys.executable,
@@ -63,8 +63,8 @@ def test_a_short_demo_runs_every_stage_and_cleans_up(tmp_path: Path) -> None:
         "2",
         "--minutes",
         "12",
-        "--warmup-steps",
-        "120",
+        "--model-cache",
+        str(demo_cache),
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=1500)
     output = result.stdout + result.stderr

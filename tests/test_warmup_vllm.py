@@ -44,10 +44,10 @@ def demo_tasks() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 @pytest.fixture(scope="session")
-def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def demo_model(demo_cache: Path) -> Path:
     train, heldout = make_task_sets(0, 200, 60)  # all of them: never seen in the warm-up
-    cache = Path(os.environ.get("ONTHEJOB_TEST_DEMO_CACHE") or tmp_path_factory.mktemp("demo"))
-    return build_demo_model(cache, TEST_WARMUP, exclude=[t["prompt"] for t in train + heldout])
+    # the same build `onthejob demo` makes (tests/test_demo.py uses this cache too)
+    return build_demo_model(demo_cache, TEST_WARMUP, exclude=[t["prompt"] for t in train + heldout])
 
 
 @pytest.fixture(scope="session")
