@@ -55,7 +55,7 @@ class DemoConfig:
     tasks_per_round: int = 4
     group_size: int = 8
     concurrency: int = 8
-    learning_rate: float = 2e-3
+    learning_rate: float = 2e-4
     batch_trajectories: int = 16
     # after a round, wait up to this long for the learner's step and its version to serve,
     # so the next round samples from the newest policy (on-policy GRPO learns fastest)

@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--concurrency", type=int, default=8, help="harness runs at a time (default 8)"
     )
     demo.add_argument(
-        "--learning-rate", type=float, default=2e-3, help="learner's AdamW rate (default 2e-3)"
+        "--learning-rate", type=float, default=2e-4, help="learner's AdamW rate (default 2e-4)"
     )
     demo.add_argument(
         "--batch-trajectories",
