@@ -8,10 +8,12 @@ explicitly, even when the model ties it to the input embeddings.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -35,21 +37,33 @@ def save_checkpoint(model: PreTrainedModel, out_dir: Path, *, source_dir: Path) 
     Raises ``FileExistsError`` if ``out_dir`` exists: a published version is immutable.
     """
     out_dir = Path(out_dir)
+    with new_directory(out_dir) as tmp:
+        save_file(checkpoint_tensors(model), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        model.config.save_pretrained(str(tmp))
+        _copy_side_files(Path(source_dir), tmp)
+    return out_dir
+
+
+@contextlib.contextmanager
+def new_directory(out_dir: Path) -> Iterator[Path]:
+    """A directory to fill that appears at ``out_dir`` whole, or not at all.
+
+    Yields a temporary sibling; when the block ends it is fsynced and renamed into place
+    (and the rename made durable); if the block raises, it is removed. Raises
+    ``FileExistsError`` if ``out_dir`` exists: a published version is immutable.
+    """
     if out_dir.exists():
         raise FileExistsError(f"checkpoint {out_dir} already exists")
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
     try:
-        save_file(checkpoint_tensors(model), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        model.config.save_pretrained(str(tmp))
-        _copy_side_files(Path(source_dir), tmp)
-        fsync_tree(tmp)  # contents on disk before the rename publishes them
+        yield tmp
+        _fsync_tree(tmp)  # contents on disk before the rename publishes them
         os.rename(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    fsync_dir(out_dir.parent)  # make the rename itself survive a crash
-    return out_dir
+    _fsync_dir(out_dir.parent)  # make the rename itself survive a crash
 
 
 def checkpoint_tensors(model: PreTrainedModel) -> dict[str, torch.Tensor]:
@@ -168,14 +182,14 @@ def _is_side_file(name: str) -> bool:
     return not (hidden or name in _NOT_COPIED or name.endswith(_WEIGHT_SUFFIXES))
 
 
-def fsync_tree(directory: Path) -> None:
+def _fsync_tree(directory: Path) -> None:
     for path in directory.iterdir():
         with open(path, "rb") as f:
             os.fsync(f.fileno())
-    fsync_dir(directory)
+    _fsync_dir(directory)
 
 
-def fsync_dir(path: Path) -> None:
+def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -10,9 +10,6 @@ checkpoints, an adapter directory is complete or absent (written aside, then ren
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +18,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors import SafetensorError, safe_open
 from transformers import PreTrainedModel
 
-from learner.checkpoint import CheckpointError, fsync_dir, fsync_tree, load_model
+from learner.checkpoint import CheckpointError, load_model, new_directory
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -86,21 +83,11 @@ def save_adapter(model: PeftModel, out_dir: Path, *, base_dir: Path) -> Path:
     Raises ``FileExistsError`` if ``out_dir`` exists: a published version is immutable.
     """
     out_dir = Path(out_dir)
-    if out_dir.exists():
-        raise FileExistsError(f"checkpoint {out_dir} already exists")
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
-    try:
+    with new_directory(out_dir) as tmp:
         # the base is a local directory, named absolutely: the learner reloads it on resume
         model.peft_config["default"].base_model_name_or_path = str(Path(base_dir).resolve())
         model.save_pretrained(str(tmp), safe_serialization=True)
         (tmp / "README.md").unlink(missing_ok=True)  # peft's model card template: noise
-        fsync_tree(tmp)  # contents on disk before the rename publishes them
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    fsync_dir(out_dir.parent)
     return out_dir
 
 
