@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from tests.forcing import ADD_PARAMETERS, FORCE_CALL
-from tests.records import export, wait_for_calls
+from tests.records import all_calls, export, wait_for_calls
 
 pytestmark = [pytest.mark.vllm]
 
@@ -106,3 +106,41 @@ def test_unknown_previous_response_and_hosted_tools_are_refused(proxy, vllm):
     assert "web_search" in str(hosted.value)
     with pytest.raises(openai.NotFoundError):
         api.responses.retrieve("resp_missing")
+
+
+def test_stored_responses_outlive_a_proxy_restart_and_unstored_ones_are_refused(
+    vllm, db_url, engine, start_proxy, tokenizer
+):
+    before = start_proxy([vllm.url], db_url)
+    api = client(before)
+    ask = {"model": vllm.model_name, "max_output_tokens": 8, "temperature": 1.0}
+    kept = api.responses.create(input="Say something.", **ask)
+    unkept = api.responses.create(input="Say something else.", store=False, **ask)
+    wait_for_calls(engine, 2)
+    before.stop()
+
+    # a fresh process on the same database: nothing in memory, only what was written
+    after = start_proxy([vllm.url], db_url)
+    api = client(after)
+    assert api.responses.retrieve(kept.id).model_dump() == kept.model_dump()
+    follow_up = api.responses.create(previous_response_id=kept.id, input="Go on.", **ask)
+    assert follow_up.previous_response_id == kept.id
+
+    for refused in (
+        lambda: api.responses.retrieve(unkept.id),
+        lambda: api.responses.create(previous_response_id=unkept.id, input="Go on.", **ask),
+    ):
+        with pytest.raises(openai.NotFoundError) as missing:
+            refused()
+        error = missing.value.response.json()["error"]  # the Responses API's error shape
+        assert set(error) == {"message", "type", "param", "code"}
+        assert unkept.id in error["message"] and error["type"] == "invalid_request_error"
+
+    wait_for_calls(engine, 3, status="ok")
+    calls = {c["response"]["id"]: c for c in all_calls(engine) if c["status"] == "ok"}
+    first, continued = calls[kept.id], calls[follow_up.id]
+    assert continued["capture_complete"] is True
+    # the follow-up's prompt is the stored conversation: the first prompt, then its answer
+    prompt = continued["prompt_token_ids"]
+    assert prompt[: len(first["prompt_token_ids"])] == first["prompt_token_ids"]
+    assert kept.output_text in tokenizer.decode(prompt[len(first["prompt_token_ids"]) :])
