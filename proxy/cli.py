@@ -85,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--upstream-timeout", type=float, metavar="SECONDS", help="per upstream call (default 600)"
     )
     serve.add_argument(
+        "--upstream-retry-after",
+        type=float,
+        metavar="SECONDS",
+        help="a replica that failed is probed again after this long, doubling with each "
+        "further failure up to 30 s (default 1)",
+    )
+    serve.add_argument(
         "--fanout",
         type=int,
         metavar="N",
@@ -271,6 +278,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         stream_tools_mode=args.stream_tools_mode,
         max_body_bytes=args.max_body_bytes,
         upstream_timeout=args.upstream_timeout,
+        upstream_retry_after=args.upstream_retry_after,
         fanout=args.fanout,
     )
     try:

@@ -34,6 +34,7 @@ def test_help_lists_every_option(command: list[str]) -> None:
             "--stream-tools-mode",
             "--max-body-bytes",
             "--upstream-timeout",
+            "--upstream-retry-after",
             "--fanout",
         ):
             assert option in result.stdout
