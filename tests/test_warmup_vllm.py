@@ -3,8 +3,9 @@
 One session-wide warm-up with the test setting (cached under the session's temp dir), one
 vLLM server on it, the proxy on SQLite. Checks that vLLM renders exactly the prompt the
 warm-up trained on, that the bundled harness, run as a subprocess through the proxy, sees
-well-formed calculator calls and answers some held-out tasks right (seeded rate, with
-margin), and that the proxy recorded each run as one two-call trajectory under its task key.
+well-formed calculator calls (or the declines the demo's learner unlearns) and answers some
+held-out tasks right (at temperature 1, with margin), and that the proxy recorded each run
+as one trajectory under its task key, two calls where the model used the tool.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from learner.demo_tasks import make_task_sets
+from learner.demo_tasks import DECLINE, make_task_sets
 from learner.vllm_server import VLLMServer
 from learner.warmup import WarmupSettings, build_demo_model, render, sample_episodes
 from proxy.store import db
@@ -30,11 +31,12 @@ from tests.records import export
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-# The default warm-up (about 2-4 minutes on 2 cores) on the task sets of
+# The default warm-up (about 3-5 minutes on 2 cores) on the task sets of
 # bench/demo_learnability.py, so ONTHEJOB_TEST_DEMO_CACHE can share one cached build.
 TEST_WARMUP = WarmupSettings()
 TASKS = 24
-MIN_GREEDY = 0.15  # share of held-out tasks answered right at temperature 0; measured 0.58
+RUNS = 3  # per held-out task, at temperature 1 (greedy, the model mostly declines)
+MIN_SUCCESS = 0.08  # share of runs answered right; measured 0.25 (72 runs: sd 0.05)
 
 
 @pytest.fixture(scope="session")
@@ -66,16 +68,7 @@ def run_harness(proxy_url: str, model: str, task: dict[str, Any]) -> subprocess.
         "ONTHEJOB_TASK": task["id"],
     }
     return subprocess.run(
-        # greedy: a seeded, repeatable rate (at temperature 1 the warmed-up model's success is
-        # lower and, over a couple of dozen tasks, too noisy to assert)
-        [
-            sys.executable,
-            "-m",
-            "learner.harnesses.calc_agent",
-            "--temperature",
-            "0",
-            task["prompt"],
-        ],
+        [sys.executable, "-m", "learner.harnesses.calc_agent", task["prompt"]],
         env=env,
         capture_output=True,
         text=True,
@@ -113,13 +106,14 @@ def test_harness_solves_some_tasks_through_the_proxy(
     # long: on a busy machine the gap between the tool call and the answer call can pass a
     # short idle timeout, which splits the run into two trajectories
     proxy = start_proxy([demo_vllm.url], db_url, args=["--idle-timeout", "30"])
+    runs = [t for t in heldout for _ in range(RUNS)]
     with ThreadPoolExecutor(4) as pool:
-        done = list(pool.map(lambda t: run_harness(proxy.url, demo_vllm.model_name, t), heldout))
+        done = list(pool.map(lambda t: run_harness(proxy.url, demo_vllm.model_name, t), runs))
     assert all(d.returncode == 0 for d in done), [d.stderr[-500:] for d in done]
     answers = [d.stdout.strip() for d in done]
-    rate = sum(a == t["answer"] for a, t in zip(answers, heldout, strict=True)) / len(heldout)
+    rate = sum(a == t["answer"] for a, t in zip(answers, runs, strict=True)) / len(runs)
     print(f"held-out success through the proxy: {rate:.2f}; answers {answers}")
-    assert rate >= MIN_GREEDY, list(zip(answers, [t["answer"] for t in heldout], strict=True))
+    assert rate >= MIN_SUCCESS, list(zip(answers, [t["answer"] for t in runs], strict=True))
 
     proxy.stop()  # flushes every record
     engine = db.make_engine(db_url)
@@ -127,8 +121,9 @@ def test_harness_solves_some_tasks_through_the_proxy(
         trajectories = export(engine)
     finally:
         engine.dispose()
+    assert len(trajectories) == len(runs)
     assert {t["task_key"] for t in trajectories} == {t["id"] for t in heldout}
-    with_tool_call = 0
+    with_tool_call = declined = 0
     for trajectory in trajectories:
         first = trajectory["calls"][0]["response"]["choices"][0]["message"]
         if first.get("tool_calls"):
@@ -137,7 +132,13 @@ def test_harness_solves_some_tasks_through_the_proxy(
             assert call["name"] == "calculator"
             assert isinstance(json.loads(call["arguments"])["expression"], str)
             assert len(trajectory["calls"]) == 2  # the call, then the answer after the result
-    assert with_tool_call >= len(trajectories) * 0.8  # the format is learned
+        elif (first.get("content") or "").startswith(DECLINE[0]):
+            declined += 1  # at temperature 1 the sentence is often misspelt, but it is there
+    # the skill (the format of a tool call) and the habit the demo's learner unlearns are
+    # both there; measured about half and half
+    assert with_tool_call >= 0.3 * len(runs), (with_tool_call, declined)
+    assert declined >= 0.1 * len(runs), (with_tool_call, declined)
+    assert with_tool_call + declined >= 0.9 * len(runs), (with_tool_call, declined)
 
 
 def test_in_process_episodes_agree_with_the_served_model(demo_vllm, demo_model, demo_tasks):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from learner.demo_tasks import (
+    DECLINE,
     KINDS,
     calculate,
     dialogue_for,
@@ -26,7 +27,13 @@ from learner.warmup import (
 
 # A warm-up that takes a second: the cache, not the competence, is under test here.
 CHEAP = WarmupSettings(
-    hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=128, steps=3, batch_size=4
+    hidden_size=64,
+    num_heads=2,
+    num_kv_heads=1,
+    intermediate_size=128,
+    steps=3,
+    habit_steps=2,
+    batch_size=4,
 )
 
 
@@ -85,10 +92,26 @@ def test_warmup_never_sees_excluded_prompts() -> None:
     assert len(seen) > 1000
 
 
+def test_only_the_habit_phase_declines_and_at_about_its_share() -> None:
+    settings = WarmupSettings(decline_share=0.5)
+    skill = warmup_dialogues(settings, set(), 2000)
+    habit = warmup_dialogues(settings, set(), 2000, decline_share=0.5, stream="habit")
+
+    def declined(dialogues: list) -> int:
+        return sum(d[-1]["content"] == DECLINE and len(d) == 2 for d in dialogues)
+
+    assert declined(skill) == 0
+    assert 900 <= declined(habit) <= 1100
+    # the other habit dialogues are ideal ones, on questions the skill phase did not draw
+    assert all(d[1].get("tool_calls") for d in habit if d[-1]["content"] != DECLINE)
+    assert {d[0]["content"] for d in habit} != {d[0]["content"] for d in skill}
+
+
 def test_warmup_builds_once_and_caches(tmp_path: Path) -> None:
     first = build_demo_model(tmp_path, CHEAP, exclude=["How many days are in 3 weeks?"])
     info = json.loads((first / "warmup.json").read_text())
     assert info["settings"]["steps"] == 3 and len(info["loss_curve"]) == 3
+    assert len(info["habit_loss_curve"]) == 2
     stamp = (first / "model.safetensors").stat().st_mtime_ns
     # same settings and exclusions: the cached directory, untouched
     again = build_demo_model(tmp_path, CHEAP, exclude=["How many days are in 3 weeks?"])
