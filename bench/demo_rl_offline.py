@@ -10,7 +10,7 @@ rates, optimizers, temperatures and advantage rules can be compared before a 10-
 within each group: what noise alone does) and ``sft`` (the warm-up's ideal dialogues,
 advantage 1: plain supervised fine-tuning with the same optimizer).
 
-Run: .venv/bin/python -m bench.demo_rl_offline [--lr 2e-4] [--temperature 1.0]
+Run: .venv/bin/python -m bench.demo_rl_offline [--lr 1e-4] [--temperature 1.0]
      [--advantage grpo|rft|random|sft] [--lora RANK] [--warmup '{"sharpen": 1.0}']
 """
 
@@ -183,7 +183,7 @@ def main() -> int:
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "onthejob")
     parser.add_argument("--warmup", default="{}", help="WarmupSettings overrides as JSON")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lr", type=float, default=2e-4)
+    parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--tasks-per-step", type=int, default=4)
