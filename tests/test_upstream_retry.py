@@ -7,15 +7,13 @@ that on demand, so a small aiohttp server drops the connection when told to.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from aiohttp import web
 
-from learner.vllm_server import free_port
+from tests.threaded_upstream import ThreadedUpstream
 
 ANSWER = {
     "id": "chatcmpl-1",
@@ -34,18 +32,13 @@ ANSWER = {
 }
 
 
-class DroppingUpstream:
+class DroppingUpstream(ThreadedUpstream):
     """Drops the connection of the first ``drops`` chat requests, answers the rest."""
 
     def __init__(self, drops: int) -> None:
         self.drops = drops
         self.requests = 0
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._stop = asyncio.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__()
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         await request.read()
@@ -59,30 +52,9 @@ class DroppingUpstream:
     async def _ok(self, request: web.Request) -> web.Response:
         return web.json_response({"weight_version": "v0"})
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-
-        async def serve() -> None:
-            app = web.Application()
-            app.router.add_post("/v1/chat/completions", self._chat)
-            app.router.add_get("/weight_info", self._ok)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", self.port).start()
-            self._ready.set()
-            await self._stop.wait()
-            await runner.cleanup()
-
-        self._loop.run_until_complete(serve())
-
-    def __enter__(self) -> DroppingUpstream:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/weight_info", self._ok)
 
 
 @pytest.fixture

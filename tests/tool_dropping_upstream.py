@@ -7,14 +7,12 @@ The vLLM version the tests run does not have the bug, so it is reproduced here.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from learner.vllm_server import free_port
+from tests.threaded_upstream import ThreadedUpstream
 
 PROMPT_IDS = [1, 2, 3, 4]
 # <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><|im_end|>
@@ -104,17 +102,12 @@ def streamed_text() -> list[dict[str, Any]]:
     ]
 
 
-class ToolDroppingUpstream:
+class ToolDroppingUpstream(ThreadedUpstream):
     """Serves the chat answers above; `requests` holds every chat request body it got."""
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._stop = asyncio.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__()
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -135,28 +128,7 @@ class ToolDroppingUpstream:
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "scripted", "parent": None}]})
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-
-        async def serve() -> None:
-            app = web.Application()
-            app.router.add_post("/v1/chat/completions", self._chat)
-            app.router.add_get("/weight_info", self._weight_info)
-            app.router.add_get("/v1/models", self._models)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", self.port).start()
-            self._ready.set()
-            await self._stop.wait()
-            await runner.cleanup()
-
-        self._loop.run_until_complete(serve())
-
-    def __enter__(self) -> ToolDroppingUpstream:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/weight_info", self._weight_info)
+        app.router.add_get("/v1/models", self._models)
