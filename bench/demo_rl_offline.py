@@ -28,15 +28,15 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from learner.demo_tasks import calculate, dialogue_for, format_number, make_task_sets
+from learner.demo_tasks import dialogue_for, make_task_sets
 from learner.samples import Sample, build_samples
 from learner.trainer import Trainer, TrainerConfig
 from learner.warmup import (
     WarmupSettings,
     build_demo_model,
     encode_dialogue,
-    parse_tool_call,
     render,
+    tool_turn,
 )
 
 Call = tuple[list[int], list[int], list[float], str, str]  # prompt, completion, lps, finish, text
@@ -92,23 +92,10 @@ class Agent:
         calls = [[c] for c in first]
         follow = []
         for i, call in enumerate(first):
-            expression = parse_tool_call(call[4])
-            if expression is None:
-                continue
-            try:
-                result = format_number(calculate(expression))
-            except ValueError as exc:
-                result = f"error: {exc}"
-            function = {"name": "calculator", "arguments": json.dumps({"expression": expression})}
-            conversations[i] += [
-                {
-                    "role": "assistant",
-                    "content": "",
-                    "tool_calls": [{"id": "c", "type": "function", "function": function}],
-                },
-                {"role": "tool", "tool_call_id": "c", "content": result},
-            ]
-            follow.append(i)
+            turn = tool_turn(call[4])
+            if turn is not None:
+                conversations[i] += turn
+                follow.append(i)
         if follow:
             second = self.generate([conversations[i] for i in follow], greedy)
             for i, call in zip(follow, second, strict=True):

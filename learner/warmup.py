@@ -414,6 +414,28 @@ def parse_tool_call(text: str) -> str | None:
     return expression if call.get("name") == "calculator" and isinstance(expression, str) else None
 
 
+def tool_turn(text: str) -> list[dict[str, Any]] | None:
+    """What the harness appends after a reply that calls the calculator: that call and the
+    tool's result (mistakes as short error texts, as the harness reports them); None when
+    the reply calls no tool."""
+    expression = parse_tool_call(text)
+    if expression is None:
+        return None
+    try:
+        result = format_number(calculate(expression))
+    except ValueError as exc:
+        result = f"error: {exc}"
+    call = {"name": "calculator", "arguments": json.dumps({"expression": expression})}
+    return [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c", "type": "function", "function": call}],
+        },
+        {"role": "tool", "tool_call_id": "c", "content": result},
+    ]
+
+
 def sample_episodes(
     model_dir: Path,
     tasks: Sequence[dict[str, Any]],
@@ -457,20 +479,10 @@ def sample_episodes(
     answers = [text.strip() for text in first]
     follow: list[int] = []
     for i, text in enumerate(first):
-        expression = parse_tool_call(text)
-        if expression is None:
-            continue
-        try:
-            result = format_number(calculate(expression))
-        except ValueError as exc:
-            result = f"error: {exc}"
-        messages = episodes[i][1]
-        call = {"name": "calculator", "arguments": json.dumps({"expression": expression})}
-        messages.append(
-            {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "function": call}]}
-        )
-        messages.append({"role": "tool", "tool_call_id": "c", "content": result})
-        follow.append(i)
+        turn = tool_turn(text)
+        if turn is not None:
+            episodes[i][1].extend(turn)
+            follow.append(i)
     if follow:
         for i, text in zip(follow, generate([episodes[i][1] for i in follow]), strict=True):
             answers[i] = text.strip()
