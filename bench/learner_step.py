@@ -56,11 +56,11 @@ from transformers import PreTrainedModel
 from transformers.utils import logging as transformers_logging
 
 from learner.checkpoint import CheckpointError, load_model, save_checkpoint, validate_checkpoint
+from learner.demo.tiny_model import build_tiny_model
+from learner.demo.vllm_server import VLLMServer
 from learner.publisher import DEFAULT_TOLERANCE, FullReloadPublisher, Probe, current_version
 from learner.samples import Sample, Sampling
-from learner.tiny_model import build_tiny_model
 from learner.trainer import Trainer, TrainerConfig, micro_batches, processed_logprobs
-from learner.vllm_server import VLLMServer
 
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
 

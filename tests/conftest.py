@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
-from learner.tiny_model import build_tiny_model
-from learner.vllm_server import VLLMServer
+from learner.demo.tiny_model import build_tiny_model
+from learner.demo.vllm_server import VLLMServer
 from proxy.store import db
 from tests.proxy_server import ProxyServer
 

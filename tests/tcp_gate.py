@@ -10,7 +10,7 @@ import contextlib
 import socket
 import threading
 
-from learner.vllm_server import free_port
+from learner.demo.vllm_server import free_port
 
 
 class TcpGate:

@@ -23,8 +23,8 @@ from sqlalchemy import Engine, select
 from learner import queries
 from learner.config import LearnerConfig
 from learner.control import follow
+from learner.demo.vllm_server import free_port
 from learner.loop import Learner
-from learner.vllm_server import free_port
 from proxy.export import iter_trajectories
 from proxy.settings import Settings
 from proxy.store import repo

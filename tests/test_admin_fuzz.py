@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from learner.vllm_server import free_port
+from learner.demo.vllm_server import free_port
 from tests.proxy_server import ProxyServer
 from tests.test_admin_api import TOKEN, seed
 

@@ -18,8 +18,8 @@ from sqlalchemy import Engine, func, select
 
 from learner import queries
 from learner.checkpoint import load_model, save_checkpoint
+from learner.demo.vllm_server import VLLMServer
 from learner.publisher import FullReloadPublisher, Probe, current_version
-from learner.vllm_server import VLLMServer
 from proxy.export import iter_trajectories
 from proxy.store import db
 from proxy.store.models import Feedback, Trajectory

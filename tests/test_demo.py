@@ -16,7 +16,7 @@ import psutil
 import pytest
 from sqlalchemy import func, select
 
-from learner.vllm_server import free_port
+from learner.demo.vllm_server import free_port
 from proxy.store import db
 from proxy.store.models import Grade, PolicyVersion, TrainingStep, Trajectory
 

@@ -7,7 +7,7 @@ import openai
 import pytest
 from sqlalchemy import Engine, select
 
-from learner.vllm_server import free_port
+from learner.demo.vllm_server import free_port
 from proxy.store.models import Call
 from tests.records import wait_for_calls
 

@@ -12,7 +12,7 @@ import openai
 import pytest
 from sqlalchemy import Engine
 
-from learner.vllm_server import VLLMServer
+from learner.demo.vllm_server import VLLMServer
 from tests.proxy_server import ProxyServer
 from tests.records import export, wait_for_calls
 

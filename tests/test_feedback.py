@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 from sqlalchemy import select
 
-from learner.vllm_server import free_port
+from learner.demo.vllm_server import free_port
 from proxy.store.models import Feedback
 
 TOKEN = "fb-secret"

@@ -18,12 +18,12 @@ import pytest
 from sqlalchemy import select
 
 from learner.checkpoint import load_model
+from learner.demo.vllm_server import VLLMServer
 from learner.lora import LoraSettings, load_trainable, save_adapter, wrap
 from learner.lora_publisher import LoraPublisher
 from learner.publisher import Probe
 from learner.samples import Sample
 from learner.trainer import Trainer, TrainerConfig
-from learner.vllm_server import VLLMServer
 from proxy.store import db
 from proxy.store.models import Call, PolicyVersion, TrainingStep
 from tests.conftest import ARTIFACTS

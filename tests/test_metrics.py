@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine
 
 from learner import queries
-from learner.vllm_server import free_port
+from learner.demo.vllm_server import free_port
 from proxy.metrics import RequestStats, route_label
 from tests.proxy_server import ProxyServer
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 from sqlalchemy import Engine, select
 
-from learner.vllm_server import VLLMServer
+from learner.demo.vllm_server import VLLMServer
 from proxy.store.models import Call
 from tests.proxy_server import ProxyServer
 from tests.records import export, wait_for_calls

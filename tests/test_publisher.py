@@ -22,6 +22,7 @@ from learner.checkpoint import (
     load_model,
     save_checkpoint,
 )
+from learner.demo.vllm_server import VLLMServer
 from learner.publisher import (
     ExpectedLogprobs,
     FullReloadPublisher,
@@ -29,7 +30,6 @@ from learner.publisher import (
     PublishResult,
     current_version,
 )
-from learner.vllm_server import VLLMServer
 
 pytestmark = [pytest.mark.vllm]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from learner.vllm_server import VLLMServer
+from learner.demo.vllm_server import VLLMServer
 from tests.conftest import ARTIFACTS
 from tests.records import export, wait_for_calls
 

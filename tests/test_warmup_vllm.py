@@ -23,9 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
-from learner.demo_tasks import DECLINE, make_task_sets
-from learner.vllm_server import VLLMServer
-from learner.warmup import WarmupSettings, build_demo_model, render, sample_episodes
+from learner.demo.tasks import DECLINE, make_task_sets
+from learner.demo.vllm_server import VLLMServer
+from learner.demo.warmup import WarmupSettings, build_demo_model, render, sample_episodes
 from proxy.store import db
 from tests.records import export
 
@@ -68,7 +68,7 @@ def run_harness(proxy_url: str, model: str, task: dict[str, Any]) -> subprocess.
         "ONTHEJOB_TASK": task["id"],
     }
     return subprocess.run(
-        [sys.executable, "-m", "learner.harnesses.calc_agent", task["prompt"]],
+        [sys.executable, "-m", "learner.demo.harnesses.calc_agent", task["prompt"]],
         env=env,
         capture_output=True,
         text=True,
@@ -79,7 +79,7 @@ def run_harness(proxy_url: str, model: str, task: dict[str, Any]) -> subprocess.
 def test_vllm_renders_the_prompt_the_warmup_trained_on(demo_vllm, demo_model, demo_tasks):
     from transformers import AutoTokenizer
 
-    from learner.demo_tasks import CALCULATOR_TOOL
+    from learner.demo.tasks import CALCULATOR_TOOL
 
     tokenizer = AutoTokenizer.from_pretrained(str(demo_model))
     messages = [{"role": "user", "content": demo_tasks[1][0]["prompt"]}]
@@ -146,7 +146,7 @@ def test_in_process_episodes_agree_with_the_served_model(demo_vllm, demo_model, 
     harness against vLLM: greedy answers agree (float32 on both sides)."""
     import openai
 
-    from learner.harnesses.calc_agent import solve
+    from learner.demo.harnesses.calc_agent import solve
 
     _, heldout = demo_tasks
     offline = sample_episodes(demo_model, heldout, temperature=0)

@@ -11,12 +11,11 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
+from proxy.commands import add_db
 from proxy.settings import DEFAULT_SQLITE_URL
-
-Adder = Callable[[argparse.ArgumentParser], None]
 
 
 def database_url(args: argparse.Namespace) -> str:
@@ -53,9 +52,9 @@ def _reward(text: str) -> float | None:
         raise argparse.ArgumentTypeError(f"expected a number or 'none', got {text!r}") from None
 
 
-def add_commands(commands: Any, add_db: Adder) -> None:
+def register(commands: Any) -> None:
     """Register the sub-commands on `onthejob`'s sub-parsers."""
-    _add_rollout(commands, add_db)
+    _add_rollout(commands)
     report = commands.add_parser(
         "eval-report",
         help="print eval success per policy version and task set",
@@ -75,7 +74,7 @@ def add_commands(commands: Any, add_db: Adder) -> None:
     listing.set_defaults(func=cmd_tasks_list)
 
 
-def _add_rollout(commands: Any, add_db: Adder) -> None:
+def _add_rollout(commands: Any) -> None:
     rollout = commands.add_parser(
         "rollout",
         help="run a harness command G times per task through the proxy and grade the runs",

@@ -1,4 +1,4 @@
-"""The demo's task generator (learner/demo_tasks.py) and warm-up cache (learner/warmup.py)."""
+"""The demo's task generator (learner/demo/tasks.py) and warm-up cache (learner/demo/warmup.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from learner.demo_tasks import (
+from learner.demo.tasks import (
     DECLINE,
     KINDS,
     calculate,
@@ -16,14 +16,14 @@ from learner.demo_tasks import (
     read_jsonl,
     write_jsonl,
 )
-from learner.graders.tasks import TaskTable
-from learner.warmup import (
+from learner.demo.warmup import (
     WarmupSettings,
     build_demo_model,
     encode_dialogue,
     parse_tool_call,
     warmup_dialogues,
 )
+from learner.graders.tasks import TaskTable
 
 # A warm-up that takes a second: the cache, not the competence, is under test here.
 CHEAP = WarmupSettings(

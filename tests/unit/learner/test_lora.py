@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from learner.checkpoint import CheckpointError, load_model
+from learner.demo.tiny_model import build_tiny_model
 from learner.lora import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -24,7 +25,6 @@ from learner.lora import (
 )
 from learner.loss import LossConfig
 from learner.samples import Sample
-from learner.tiny_model import build_tiny_model
 from learner.trainer import Trainer, TrainerConfig
 
 PROMPT, COMPLETION = [1, 10, 20, 30], [40, 50, 60]

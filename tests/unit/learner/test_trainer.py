@@ -51,7 +51,7 @@ def test_micro_batches_stay_within_the_budget_and_share_sampling() -> None:
 
 def test_a_step_raises_the_logprob_of_rewarded_tokens(tmp_path: Path) -> None:
     from learner.checkpoint import load_model
-    from learner.tiny_model import build_tiny_model
+    from learner.demo.tiny_model import build_tiny_model
 
     model = load_model(build_tiny_model(tmp_path / "m", seed=0))
     trainer = Trainer(model, TrainerConfig(learning_rate=1e-2), device="cpu")
@@ -75,8 +75,8 @@ def test_the_kl_term_changes_the_update_and_is_reported(tmp_path: Path) -> None:
     import pytest
 
     from learner.checkpoint import load_model
+    from learner.demo.tiny_model import build_tiny_model
     from learner.loss import LossConfig
-    from learner.tiny_model import build_tiny_model
 
     base = load_model(build_tiny_model(tmp_path / "m", seed=0))
     other = load_model(build_tiny_model(tmp_path / "r", seed=1))  # a reference unlike it

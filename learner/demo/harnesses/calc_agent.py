@@ -6,7 +6,7 @@ stdout. It knows only OPENAI_BASE_URL (pointed at the proxy, e.g. .../s/<run>/v1
 model name. If ONTHEJOB_TASK is set it is sent as the X-Onthejob-Task header, so the
 proxy files the run under that task key (what the reference grader looks answers up by).
 It exits 0 whenever it got an answer, right or wrong; 1 if the model could not be reached.
-Run: python -m learner.harnesses.calc_agent "How many minutes are in 3 hours?"
+Run: python -m learner.demo.harnesses.calc_agent "How many minutes are in 3 hours?"
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import openai
 
-from learner.demo_tasks import CALCULATOR_TOOL, calculate, format_number
+from learner.demo.tasks import CALCULATOR_TOOL, calculate, format_number
 
 
 def question(args: argparse.Namespace) -> str:

@@ -1,7 +1,7 @@
 """A small multi-turn agent written against the openai SDK, as a user's harness would be.
 
 It only knows OPENAI_BASE_URL (pointed at the proxy) and the model name; it keeps the
-whole conversation and sends it back each turn. Run: python -m learner.harnesses.chat_agent
+whole conversation and sends it back each turn. Run: python -m learner.demo.harnesses.chat_agent
 """
 
 from __future__ import annotations

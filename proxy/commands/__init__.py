@@ -1,0 +1,36 @@
+"""The `onthejob` sub-commands that belong to the proxy, and what every command shares.
+
+Each command group is a module with ``register(commands)``, which adds its sub-parsers to
+`onthejob`'s; `proxy.cli` lists the groups (the learner's live in the learner package).
+Parsers are built without importing anything heavy: a command imports what it needs when
+it runs, so `onthejob serve --help` starts in a blink and the proxy runs without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from pydantic import ValidationError
+
+from proxy.settings import Settings
+
+
+def add_db(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db",
+        metavar="URL",
+        help="database URL (postgresql://... or sqlite:///file.db); default: "
+        "$ONTHEJOB_DATABASE_URL, else sqlite:///onthejob.db in the working directory",
+    )
+
+
+def proxy_settings(args: argparse.Namespace, **extra: object) -> Settings:
+    """Settings from the environment, overridden by the flags given (None = not given)."""
+    values = {k: v for k, v in extra.items() if v is not None}
+    if getattr(args, "db", None):
+        values["database_url"] = args.db
+    try:
+        return Settings(**values)
+    except ValidationError as exc:
+        problems = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+        raise SystemExit(f"onthejob {args.command}: {problems}") from None
