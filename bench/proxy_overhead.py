@@ -121,7 +121,7 @@ class Recording:
     sent_through_proxy: int = 0
     rows_before: int = 0
     rows_after: int = 0
-    spooled: int = 0
+    rejected: int = 0
     # sent but not answered before the load generator stopped (its connection then closed)
     unanswered: int = 0
     drain_waits_s: list[float] = field(default_factory=list)
@@ -132,7 +132,7 @@ class Recording:
 
     @property
     def ok(self) -> bool:
-        return self.added == self.sent_through_proxy and self.spooled == 0
+        return self.added == self.sent_through_proxy and self.rejected == 0
 
 
 def percentile(values: list[float], pct: float) -> float | None:
@@ -326,8 +326,21 @@ def write_wrk_script(path: Path, body: bytes, session: str | None) -> None:
     path.write_text(WRK_SCRIPT % {"body": body.decode(), "path": CHAT_PATH, "extra_headers": extra})
 
 
-def run_wrk(script: Path, port: int, connections: int, threads: int, seconds: float) -> LoadResult:
+def pinned(cpus: str | None) -> list[str]:
+    """The argv prefix that runs a command on `cpus` (taskset's list syntax), or nothing."""
+    return ["taskset", "-c", cpus] if cpus else []
+
+
+def run_wrk(
+    script: Path,
+    port: int,
+    connections: int,
+    threads: int,
+    seconds: float,
+    cpus: str | None = None,
+) -> LoadResult:
     argv = [
+        *pinned(cpus),
         "wrk",
         f"-t{min(threads, connections)}",
         f"-c{connections}",
@@ -581,12 +594,20 @@ class Bench:
     def start(self) -> None:
         self.upstream = Child(
             "fake upstream",
-            [sys.executable, "-m", "bench.fake_upstream", "--port", str(self.upstream_port)],
+            [
+                *pinned(self.args.load_cpus),
+                sys.executable,
+                "-m",
+                "bench.fake_upstream",
+                "--port",
+                str(self.upstream_port),
+            ],
             self.workdir / "upstream.log",
         )
         self.proxy = Child(
             "proxy",
             [
+                *pinned(self.args.proxy_cpus),
                 sys.executable,
                 "-m",
                 "proxy.cli",
@@ -622,7 +643,9 @@ class Bench:
     def load(self, port: int, stream: bool, connections: int, seconds: float) -> LoadResult:
         if self.use_wrk:
             threads = 1 if connections == 1 else self.args.wrk_threads
-            return run_wrk(self.scripts[stream], port, connections, threads, seconds)
+            return run_wrk(
+                self.scripts[stream], port, connections, threads, seconds, self.args.load_cpus
+            )
         return run_python_load(port, request_body(stream), self.args.session, connections, seconds)
 
     def cell(self, key: str, via_proxy: bool, stream: bool, connections: int) -> LoadResult:
@@ -654,7 +677,7 @@ class Bench:
     def after_proxy_load(self, sent: int, completed: int) -> float:
         """Count what went through the proxy; wait until it is in the database (bounded).
 
-        Stops waiting early once the proxy's write queue is empty and the row count has not
+        Stops waiting early once the proxy's recording backlog is empty and the row count has not
         moved for a second: nothing more is coming.
         """
         recording = self.results.recording
@@ -667,7 +690,7 @@ class Bench:
             now = time.monotonic()
             if rows != last:
                 last, last_change = rows, now
-            elif now - last_change >= 1.0 and self.write_queue_empty():
+            elif now - last_change >= 1.0 and self.backlog_empty():
                 break
             if now - start > self.args.drain_timeout:
                 break
@@ -676,12 +699,12 @@ class Bench:
         recording.drain_waits_s.append(waited)
         return waited
 
-    def write_queue_empty(self) -> bool:
+    def backlog_empty(self) -> bool:
         try:
             health = http_get_json(f"http://{HOST}:{self.proxy_port}/healthz")
         except (OSError, ValueError):
             return False
-        return int(health.get("recording", {}).get("queue_depth", 1)) == 0
+        return int(health.get("recording", {}).get("backlog_calls", 1)) == 0
 
     def stream_cell(self, key: str, via_proxy: bool) -> StreamLatency:
         port = self.proxy_port if via_proxy else self.upstream_port
@@ -752,7 +775,7 @@ class Bench:
         recording.rows_after = count_calls(self.db_url)
         assert self.proxy is not None
         health = http_get_json(f"http://{HOST}:{self.proxy_port}/healthz")
-        recording.spooled = int(health.get("recording", {}).get("spooled", 0))
+        recording.rejected = int(health.get("recording", {}).get("rejected", 0))
         return self.results
 
 
@@ -910,7 +933,7 @@ def report(results: Results, args: argparse.Namespace) -> bool:
     print(
         f"Recording: {recording.sent_through_proxy:,} requests sent through the proxy; calls "
         f"rows {recording.rows_before:,} -> {recording.rows_after:,} "
-        f"(+{recording.added:,}); spooled {recording.spooled}; longest wait for the database "
+        f"(+{recording.added:,}); rejected {recording.rejected}; longest wait for the database "
         f"to catch up after a cell {max(waits, default=0.0):.2f} s ({recording.unanswered} of "
         "the requests were still unanswered when the load generator stopped; they count, "
         "since the proxy received them)"
@@ -920,8 +943,8 @@ def report(results: Results, args: argparse.Namespace) -> bool:
     elif recording.added < recording.sent_through_proxy:
         missing = recording.sent_through_proxy - recording.added
         print(f"  -> MISSING {missing:,} rows")
-        if recording.spooled:
-            print(f"     ({recording.spooled} calls went to the spool: the database failed)")
+        if recording.rejected:
+            print(f"     ({recording.rejected} calls were refused by the database)")
     else:
         print(
             "  -> MORE rows than requests: something else writes to this database "
@@ -994,6 +1017,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also run py-spy on the proxy during an extra c=32 cell; write collapsed stacks "
         "to PATH.txt and print where the time goes",
     )
+    parser.add_argument(
+        "--proxy-cpus",
+        metavar="LIST",
+        help="run the proxy on these CPUs only (taskset -c LIST), e.g. 0",
+    )
+    parser.add_argument(
+        "--load-cpus",
+        metavar="LIST",
+        help="run the upstream, wrk and this script's own clients on these CPUs, e.g. 1",
+    )
     parser.add_argument("--json", metavar="FILE", type=Path, help="also write results as JSON")
     parser.add_argument(
         "--keep-logs", action="store_true", help="keep the temp dir with the server logs"
@@ -1007,12 +1040,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def parse_cpus(text: str) -> set[int]:
+    """taskset's list syntax: "1", "0,2", "0-3"."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.load_cpus:
+        os.sched_setaffinity(0, parse_cpus(args.load_cpus))
     previous: Callable[..., Any] | int | None = signal.signal(signal.SIGTERM, _on_sigterm)
     base_url = plain_pg_url(args.db)
     workdir = Path(tempfile.mkdtemp(prefix="onthejob-bench-"))

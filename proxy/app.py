@@ -25,7 +25,6 @@ from proxy.routes import feedback as feedback_routes
 from proxy.routes import openai as openai_routes
 from proxy.routes import responses as responses_routes
 from proxy.settings import Settings
-from proxy.spool import Spool
 from proxy.state import ProxyState
 from proxy.store import db
 from proxy.upstream import UpstreamPool
@@ -33,36 +32,49 @@ from proxy.upstream import UpstreamPool
 log = logging.getLogger("onthejob.app")
 
 
-def prepare_database(settings: Settings) -> None:
-    """SQLite is upgraded on start; a server database is only checked (`onthejob db upgrade`)."""
+class SchemaBehind(RuntimeError):
+    """The database's schema is older than this code: the proxy must not record into it."""
+
+
+def prepare_database(settings: Settings) -> bool:
+    """Upgrade the schema when told to (`--migrate`, or SQLite with auto-migrate), else
+    refuse a schema that is behind. False when the database could not be reached: the
+    writer then checks the schema before its first write, and calls wait in the log."""
     url = settings.database_url
     try:
-        if settings.auto_migrate and db.normalise_url(url).startswith("sqlite"):
+        if settings.migrate or (settings.auto_migrate and db.is_sqlite(url)):
             db.upgrade(url)
-            return
-        current = db.current_revision(url)
-        head = db.head_revision()
-        if current != head:
-            log.warning(
-                "database schema is at %s, code expects %s: run `onthejob db upgrade --db ...`",
-                current,
-                head,
-            )
+            return True
+        current, head = db.current_revision(url), db.head_revision()
     except SQLAlchemyError as exc:
-        # records are spooled until it is reachable; starting must not depend on it
-        log.warning("database unreachable at start (%s); recording to the spool", exc)
+        log.warning("database unreachable at start (%s); calls wait in the call log", exc)
+        return False
+    if current != head:
+        raise SchemaBehind(
+            f"the database schema is at {current or 'nothing (never migrated)'}, this proxy "
+            f"needs {head}: run `onthejob db upgrade --db URL` first, or start the proxy "
+            "with --migrate (ONTHEJOB_MIGRATE=true) to let it upgrade the schema itself"
+        )
+    return True
 
 
-def create_app(settings: Settings) -> Starlette:
+def create_app(settings: Settings, *, database_checked: bool | None = None) -> Starlette:
     """The proxy app. Plain Starlette at the root: FastAPI's per-request machinery costs
-    measurable latency on the hot path (bench/proxy_overhead.py)."""
+    measurable latency on the hot path (bench/proxy_overhead.py).
+
+    `database_checked`: what an earlier `prepare_database` returned (`onthejob serve` calls
+    it first, to refuse a schema that is behind with a plain message); None: the app's
+    start-up does it.
+    """
 
     settings.check_exposure()
     admin = create_admin_app()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await asyncio.to_thread(prepare_database, settings)
+        schema_checked = database_checked
+        if schema_checked is None:
+            schema_checked = await asyncio.to_thread(prepare_database, settings)
         engine = db.make_engine(settings.database_url)
         pool = UpstreamPool(
             settings.upstreams,
@@ -73,10 +85,14 @@ def create_app(settings: Settings) -> Starlette:
         )
         recorder = Recorder(
             engine,
-            Spool(settings.spool_path),
+            settings.spool_path,
             idle_timeout=settings.idle_timeout,
             flush_interval=settings.flush_interval,
-            batch_size=settings.flush_batch_size,
+            batch_calls=settings.flush_batch_size,
+            batch_bytes=settings.flush_batch_bytes,
+            fsync_interval=settings.log_fsync_interval,
+            segment_bytes=settings.log_segment_bytes,
+            check_schema=not schema_checked,
         )
         await pool.start()
         await recorder.start()
@@ -125,7 +141,9 @@ def _tune_gc() -> None:
 
 
 async def healthz(request: Request) -> Response:
-    """Liveness plus what an operator wants first: upstream health and the write backlog."""
+    """Liveness plus what an operator wants first: upstream health and the write backlog
+    (`backlog_*`: answered calls in the call log, not yet in the database; `queue_*`: the
+    batch the writer holds in memory, and its bound)."""
     state: ProxyState = request.app.state.proxy
     return JSONResponse(
         {
@@ -134,13 +152,7 @@ async def healthz(request: Request) -> Response:
                 {"url": r.url, "healthy": r.healthy, "policy_version": r.policy_version}
                 for r in state.pool.replicas
             ],
-            "recording": {
-                "queue_depth": state.recorder.queue_depth,
-                "spool_bytes": state.recorder.spool.size(),
-                "written": state.recorder.written,
-                "spooled": state.recorder.spooled,
-                "rejected": state.recorder.rejected,
-            },
+            "recording": state.recorder.status(),
         }
     )
 

@@ -15,6 +15,7 @@ COMMAND_GROUPS = (
     "proxy.commands.serve",  # serve
     "proxy.commands.db",  # db upgrade | current
     "proxy.commands.export",  # export
+    "proxy.commands.spool",  # spool replay
     "learner.commands",  # learn, rollback
     "learner.demo.cli",  # demo
     "learner.rollout.cli",  # rollout, eval-report, tasks

@@ -251,13 +251,22 @@ class Generation:
         writer: StreamWriter,
         has_tools: bool,
     ) -> AsyncIterator[bytes]:
-        """Pass chunks on as they arrive while assembling the whole answer for the record."""
+        """Pass chunks on as they arrive while assembling the whole answer for the record.
+
+        The record is made before the stream's last bytes go out: a client that has seen
+        the end of its answer can rely on the call being recorded.
+        """
         assembler = StreamAssembler(self.dialect.capture_api)
-        # until the stream ends one way or another, the client is the one who left
-        status, http_status, error = "cancelled", 499, "client disconnected mid-stream"
         upstream_error: str | None = None
         buffer = b""
         done = False
+        recorded = False
+
+        def record(status: str, http_status: int, error: str | None) -> None:
+            nonlocal recorded
+            recorded = True
+            self._finish_stream(replica, assembler, writer, has_tools, status, http_status, error)
+
         try:
             async for piece in response.content.iter_any():
                 buffer += piece
@@ -267,36 +276,56 @@ class Generation:
                     out, done, event_error = self._relay_event(event, assembler, writer)
                     upstream_error = upstream_error or event_error
                     parts.append(out)
-                if outgoing := b"".join(parts):
-                    # one write per upstream read: what arrived together leaves together
-                    if self.record.ttft_ms is None and assembler.saw_output:
-                        self.record.ttft_ms = self.elapsed_ms()
-                    yield outgoing
+                outgoing = b"".join(parts)
+                if outgoing and self.record.ttft_ms is None and assembler.saw_output:
+                    self.record.ttft_ms = self.elapsed_ms()
                 if done:
-                    break
-            if not done:
-                status, http_status = "error", 502
-                error = f"upstream {replica.url} ended the stream before [DONE]"
-                yield writer.broken(error)
-            elif upstream_error is not None:
-                status, http_status, error = "error", 200, upstream_error
-            else:
-                status, http_status, error = "ok", 200, None
-        except UPSTREAM_READ_ERRORS as exc:
-            status, http_status = "error", 502
-            error = f"upstream {replica.url} broke off the stream: {exc or type(exc).__name__}"
-            yield writer.broken(error)
-        finally:
+                    await release(response)
+                    if upstream_error is not None:
+                        record("error", 200, upstream_error)
+                    else:
+                        record("ok", 200, None)
+                    yield outgoing
+                    return
+                if outgoing:
+                    # one write per upstream read: what arrived together leaves together
+                    yield outgoing
+            error = f"upstream {replica.url} ended the stream before [DONE]"
+            tail = writer.broken(error)
             await release(response)
-            capture = assembler.finish()
-            assembled = self._capture(
-                capture,
-                assembler.response(),
-                lambda part, record: self.dialect.streamed(part, writer, record),
-            )
-            self.record.response = self.dialect.streamed(assembled, writer, self.record)
-            self._learn_tool_token_drop(replica, has_tools, capture)
-            self.finish(status=status, http_status=http_status, error=error)
+            record("error", 502, error)
+            yield tail
+        except UPSTREAM_READ_ERRORS as exc:
+            error = f"upstream {replica.url} broke off the stream: {exc or type(exc).__name__}"
+            tail = writer.broken(error)
+            await release(response)
+            record("error", 502, error)
+            yield tail
+        finally:
+            if not recorded:
+                # the client left mid-stream (or the relay itself failed)
+                await release(response)
+                record("cancelled", 499, "client disconnected mid-stream")
+
+    def _finish_stream(
+        self,
+        replica: Replica,
+        assembler: StreamAssembler,
+        writer: StreamWriter,
+        has_tools: bool,
+        status: str,
+        http_status: int,
+        error: str | None,
+    ) -> None:
+        capture = assembler.finish()
+        assembled = self._capture(
+            capture,
+            assembler.response(),
+            lambda part, record: self.dialect.streamed(part, writer, record),
+        )
+        self.record.response = self.dialect.streamed(assembled, writer, self.record)
+        self._learn_tool_token_drop(replica, has_tools, capture)
+        self.finish(status=status, http_status=http_status, error=error)
 
     def _relay_event(
         self, event: bytes, assembler: StreamAssembler, writer: StreamWriter

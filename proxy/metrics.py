@@ -181,17 +181,20 @@ class _StateCollector(Collector):
 
     def collect(self) -> Any:
         yield from REQUEST_STATS.families()
-        recorder = self.state.recorder
-        for name, help_text, value in (
-            ("recording_queue_depth", "Records waiting to be written", recorder.queue_depth),
-            ("spool_bytes", "Size of the spool file (records held while the DB is away)", None),
-            ("records_written", "Records written to the database since start", recorder.written),
-            ("records_spooled", "Records spooled since start", recorder.spooled),
-            ("records_rejected", "Records the database refused since start", recorder.rejected),
+        recording = self.state.recorder.status()
+        for name, key, help_text in (
+            ("recording_queue_depth", "queue_depth", "Calls the writer holds in memory"),
+            ("recording_queue_bytes", "queue_bytes", "Bytes of the calls the writer holds"),
+            ("recording_queue_limit_calls", "queue_limit_calls", "Bound on queue_depth"),
+            ("recording_queue_limit_bytes", "queue_limit_bytes", "Bound on queue_bytes"),
+            ("recording_backlog_calls", "backlog_calls", "Answered calls not yet in the DB"),
+            ("recording_backlog_bytes", "backlog_bytes", "Call log bytes not yet in the DB"),
+            ("recording_log_bytes", "log_bytes", "Size of the call log on disk"),
+            ("recording_log_write_errors", "log_write_errors", "Call log writes that failed"),
+            ("records_written", "written", "Records written to the database since start"),
+            ("records_rejected", "rejected", "Records the database refused since start"),
         ):
-            if value is None:
-                value = recorder.spool.size()
-            yield GaugeMetricFamily(f"onthejob_{name}", help_text, value=float(value))
+            yield GaugeMetricFamily(f"onthejob_{name}", help_text, value=float(recording[key]))
         healthy = GaugeMetricFamily(
             "onthejob_upstream_healthy", "1 if the vLLM replica is reachable", labels=["upstream"]
         )

@@ -22,8 +22,12 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8080
     database_url: str = DEFAULT_SQLITE_URL
-    # Where records go while the database is unreachable; replayed when it is back.
+    # Base path of the call log (`<spool>.d/`, every call until it is in the database) and
+    # of `<spool>.rejected` (rows the database refused).
     spool_path: Path = Path("onthejob-spool.jsonl")
+    # The call log is fsynced this often: what a crash of the whole machine can lose.
+    log_fsync_interval: float = 0.1
+    log_segment_bytes: int = 64 << 20
     # A trajectory with no call for this long is finished.
     idle_timeout: float = 300.0
     max_body_bytes: int = 32 * 1024 * 1024
@@ -34,13 +38,18 @@ class Settings(BaseSettings):
     upstream_api_key: str | None = None
     policy_poll_interval: float = 1.0
     flush_interval: float = 0.05
+    # The writer's batch: all the calls it holds in memory, in calls and in bytes.
     flush_batch_size: int = 500
+    flush_batch_bytes: int = 8 << 20
     # How a replica that failed is retried: first after this many seconds, doubling.
     upstream_retry_after: float = 1.0
     # auto: stream tool calls, and fall back to a non-streaming upstream call re-emitted as
     # a stream once an upstream is seen dropping streamed tool-call token ids.
     stream_tools_mode: str = "auto"
+    # SQLite is upgraded at start unless this is false; `migrate` upgrades any database
+    # at start. Otherwise a schema that is behind stops the proxy from starting.
     auto_migrate: bool = True
+    migrate: bool = False
     # Fan-out: single-turn chat requests are sampled this many times upstream, the client
     # gets the first answer and all are recorded as one GRPO group. 1 = off.
     fanout: int = 1
@@ -75,6 +84,13 @@ class Settings(BaseSettings):
     def _check_mode(cls, value: str) -> str:
         if value not in ("auto", "stream", "buffer"):
             raise ValueError("stream_tools_mode must be auto, stream or buffer")
+        return value
+
+    @field_validator("log_fsync_interval")
+    @classmethod
+    def _check_fsync_interval(cls, value: float) -> float:
+        if not 0 < value <= 60:
+            raise ValueError("log_fsync_interval must be more than 0 and at most 60 seconds")
         return value
 
     @field_validator("fanout")

@@ -127,7 +127,7 @@ def derive_task_key(messages: list[Any] | None) -> str | None:
     return None
 
 
-@dataclass
+@dataclass(slots=True)  # one object per open trajectory, no __dict__: less memory and GC work
 class TrajectoryState:
     id: str
     session_key: str | None
@@ -137,20 +137,40 @@ class TrajectoryState:
     group_key: str | None = None  # fan-out: the GRPO group its first call was sampled in
     last_call_id: str | None = None
     # prompt + first completion of the last call: the base the next prompt is stored against
+    # (empty once shed for memory: the next prompt is then stored whole)
     last_sequence: list[int] = field(default_factory=list)
 
 
 class TrajectoryTracker:
-    """In-memory map of open trajectories; the recorder is its only user (one thread)."""
+    """In-memory map of open trajectories; the recorder is its only user (one thread).
 
-    def __init__(self, idle_timeout: float, max_open: int = 100_000) -> None:
+    Bounded whatever the traffic: at most `max_open` trajectories (the least recently
+    active are finished first), as many waiting continuation points, and `max_tokens`
+    tokens of last sequences (the least recently active shed theirs first).
+    """
+
+    def __init__(
+        self, idle_timeout: float, max_open: int = 100_000, max_tokens: int = 4_000_000
+    ) -> None:
         self.idle_timeout = idle_timeout
         self.max_open = max_open
+        self.max_tokens = max_tokens
         self._by_session: dict[str, TrajectoryState] = {}
+        # in order of last activity, least recent first
         self._by_id: OrderedDict[str, TrajectoryState] = OrderedDict()
-        # continuation hash -> trajectory ids waiting to be continued, oldest first
-        self._continuations: dict[str, list[str]] = {}
+        # continuation hash -> trajectory ids waiting to be continued, oldest first; ids of
+        # trajectories finished since are skipped when taken, and the oldest hashes dropped
+        self._continuations: OrderedDict[str, list[str]] = OrderedDict()
+        # trajectories holding a last sequence, least recently touched first
+        self._holding: OrderedDict[str, TrajectoryState] = OrderedDict()
+        self.tokens = 0
         self.taken: str | None = None
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def knows_session(self, session_key: str) -> bool:
+        return session_key in self._by_session
 
     def resolve(
         self,
@@ -194,14 +214,33 @@ class TrajectoryTracker:
 
     def offer_continuation(self, digest: str | None, state: TrajectoryState) -> None:
         """Let a later call that sends back `digest`'s conversation continue `state`."""
-        if digest is not None and state.session_key is None:
-            self._continuations.setdefault(digest, []).append(state.id)
+        if digest is None or state.session_key is not None:
+            return
+        waiting = self._continuations.get(digest)
+        if waiting is not None:
+            waiting.append(state.id)
+            return
+        self._continuations[digest] = [state.id]
+        if len(self._continuations) > self.max_open:
+            self._continuations.popitem(last=False)
 
-    def touch(self, state: TrajectoryState, now: float, call_id: str, sequence: list[int]) -> None:
-        state.last_call_at = max(state.last_call_at, now)
+    def touch(
+        self, state: TrajectoryState, ended: float, call_id: str, sequence: list[int]
+    ) -> None:
+        """A call of `state` ended at `ended`: idle time counts from the end of a call, so a
+        long call and the tool time after it do not split a session."""
+        state.last_call_at = max(state.last_call_at, ended)
         state.last_call_id = call_id
+        self.tokens += len(sequence) - len(state.last_sequence)
         state.last_sequence = sequence
         self._by_id.move_to_end(state.id)
+        self._holding.pop(state.id, None)
+        if sequence:
+            self._holding[state.id] = state
+        while self.tokens > self.max_tokens and self._holding:
+            _, shed = self._holding.popitem(last=False)
+            self.tokens -= len(shed.last_sequence)
+            shed.last_sequence = []
 
     def expire(self, now: float) -> list[TrajectoryState]:
         """Forget trajectories idle past the timeout (or over the cap); return them."""
@@ -213,15 +252,9 @@ class TrajectoryTracker:
             self._by_id.popitem(last=False)
             if state.session_key is not None and self._by_session.get(state.session_key) is state:
                 del self._by_session[state.session_key]
+            if self._holding.pop(state.id, None) is not None:
+                self.tokens -= len(state.last_sequence)
             gone.append(state)
-        if gone:
-            dead = {state.id for state in gone}
-            for digest in list(self._continuations):
-                alive = [t for t in self._continuations[digest] if t not in dead]
-                if alive:
-                    self._continuations[digest] = alive
-                else:
-                    del self._continuations[digest]
         return gone
 
     def get(self, trajectory_id: str) -> TrajectoryState | None:

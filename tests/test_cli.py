@@ -10,6 +10,7 @@ import orjson
 import pytest
 from sqlalchemy import Engine
 
+from learner.demo.vllm_server import free_port
 from proxy.store import db, repo
 
 
@@ -19,7 +20,9 @@ def onthejob(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("command", [[], ["serve"], ["export"], ["db", "upgrade"], ["demo"]])
+@pytest.mark.parametrize(
+    "command", [[], ["serve"], ["export"], ["db", "upgrade"], ["demo"], ["spool", "replay"]]
+)
 def test_help_lists_every_option(command: list[str]) -> None:
     result = onthejob(*command, "--help")
     assert result.returncode == 0, result.stderr
@@ -36,7 +39,12 @@ def test_help_lists_every_option(command: list[str]) -> None:
             "--upstream-timeout",
             "--upstream-retry-after",
             "--fanout",
+            "--log-fsync-interval",
+            "--migrate",
         ):
+            assert option in result.stdout
+    if command == ["spool", "replay"]:
+        for option in ("--db", "--spool"):
             assert option in result.stdout
     if command == ["export"]:
         for option in ("--db", "--session", "--since", "--output"):
@@ -155,3 +163,26 @@ def test_db_upgrade_and_current(tmp_path) -> None:
     assert upgraded.returncode == 0, upgraded.stderr
     current = onthejob("db", "current", "--db", url)
     assert current.returncode == 0 and current.stdout.startswith(db.head_revision())
+
+
+@pytest.mark.postgres
+def test_serve_refuses_a_postgres_schema_that_is_behind(pg_url: str, tmp_path) -> None:
+    db.upgrade(pg_url, "0003")
+    dead = f"http://127.0.0.1:{free_port()}"
+    result = onthejob(
+        "serve", "--db", pg_url, "--upstream", dead, "--port", str(free_port()),
+        "--spool", str(tmp_path / "spool.jsonl"),
+    )  # fmt: skip
+
+    assert result.returncode != 0
+    assert "schema is at 0003" in result.stderr
+    assert "onthejob db upgrade" in result.stderr and "--migrate" in result.stderr
+    assert db.current_revision(pg_url) == "0003"  # untouched
+
+
+@pytest.mark.postgres
+def test_serve_with_migrate_upgrades_the_schema(pg_url: str, start_proxy) -> None:
+    proxy = start_proxy([f"http://127.0.0.1:{free_port()}"], pg_url, args=["--migrate"])
+
+    assert proxy.health()["status"] == "ok"
+    assert db.current_revision(pg_url) == db.head_revision()

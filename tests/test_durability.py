@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from urllib.parse import urlsplit, urlunsplit
 
 import openai
 import pytest
 
 from proxy.store import db
 from tests.records import count_calls, export
-from tests.tcp_gate import TcpGate
+from tests.tcp_gate import through_gate
 
 pytestmark = [pytest.mark.vllm, pytest.mark.postgres]
-
-
-def through_gate(url: str) -> tuple[str, TcpGate]:
-    parts = urlsplit(url)
-    gate = TcpGate(parts.hostname or "127.0.0.1", parts.port or 5432)
-    netloc = (
-        f"{parts.username}@127.0.0.1:{gate.port}" if parts.username else f"127.0.0.1:{gate.port}"
-    )
-    return urlunsplit(parts._replace(netloc=netloc)), gate
 
 
 async def burst(base_url: str, model: str, prefix: str, n: int, concurrency: int = 16) -> None:
@@ -49,13 +39,17 @@ def test_database_outage_during_burst_loses_nothing(vllm, pg_url, start_proxy):
     proxy.wait_for(lambda h: h["recording"]["written"] == 60, "first 60 written")
     gate.shut()
     asyncio.run(burst(base, vllm.model_name, "during", 80))
-    proxy.wait_for(lambda h: h["recording"]["spooled"] >= 80, "outage calls spooled")
-    assert proxy.health()["recording"]["spool_bytes"] > 0
+    health = proxy.wait_for(
+        lambda h: h["recording"]["database"] == "unreachable", "the writer sees the outage"
+    )
+    assert health["recording"]["backlog_calls"] == 80  # answered, waiting in the call log
+    assert health["recording"]["backlog_bytes"] > 0
+    assert health["recording"]["queue_depth"] <= health["recording"]["queue_limit_calls"]
     gate.open()
     asyncio.run(burst(base, vllm.model_name, "after", 60))
     health = proxy.wait_for(
-        lambda h: h["recording"]["written"] >= 200 and h["recording"]["spool_bytes"] == 0,
-        "spool replayed",
+        lambda h: h["recording"]["written"] >= 200 and h["recording"]["backlog_calls"] == 0,
+        "backlog written",
     )
     assert health["recording"]["queue_depth"] == 0
     engine = db.make_engine(pg_url)
@@ -74,20 +68,22 @@ def test_database_outage_during_burst_loses_nothing(vllm, pg_url, start_proxy):
 
 
 @pytest.mark.parametrize("stop", ["graceful", "kill"])
-def test_restart_with_spooled_records_loses_nothing(vllm, pg_url, start_proxy, tmp_path, stop):
+def test_restart_with_a_backlog_loses_nothing(vllm, pg_url, start_proxy, tmp_path, stop):
     db.upgrade(pg_url)
     gated_url, _gate = through_gate(pg_url)  # never opened: the database is unreachable
     spool = tmp_path / "spool.jsonl"
     proxy = start_proxy([vllm.url], gated_url, spool=spool)
-    asyncio.run(burst(proxy.url + "/v1", vllm.model_name, "spooled", 30))
-    proxy.wait_for(lambda h: h["recording"]["spooled"] == 30, "all 30 spooled")
+    asyncio.run(burst(proxy.url + "/v1", vllm.model_name, "logged", 30))
+    assert proxy.health()["recording"]["backlog_calls"] == 30
     if stop == "graceful":
         proxy.stop()
     else:
-        proxy.kill()  # the spool is fsynced per batch: what it holds survives SIGKILL
-    assert spool.stat().st_size > 0
+        proxy.kill()  # each call's line reached the OS before its answer ended
     restarted = start_proxy([vllm.url], pg_url, spool=spool)
-    restarted.wait_for(lambda h: h["recording"]["spool_bytes"] == 0, "spool replayed on start")
+    health = restarted.wait_for(
+        lambda h: h["recording"]["backlog_calls"] == 0, "the log written on start"
+    )
+    assert health["recording"]["written"] == 30
     engine = db.make_engine(pg_url)
     try:
         assert count_calls(engine) == 30

@@ -121,7 +121,7 @@ def test_upstream_timeout_is_504(vllm, db_url, engine, start_proxy):
     assert recorded(engine)[0]["http_status"] == 504
 
 
-def test_unknown_routes_answer_json_errors(db_url, start_proxy):
+def test_unknown_routes_answer_json_errors(db_url, engine, start_proxy):
     proxy = start_proxy([f"http://127.0.0.1:{free_port()}"], db_url)
     assert_openai_error(httpx.get(proxy.url + "/nope"), 404)
     assert_openai_error(httpx.post(proxy.url + "/healthz"), 405)
@@ -131,7 +131,7 @@ def test_unknown_routes_answer_json_errors(db_url, start_proxy):
 
 
 @pytest.mark.vllm
-def test_dev_mode_routes_stay_unreachable_through_dot_segments(vllm, db_url, start_proxy):
+def test_dev_mode_routes_stay_unreachable_through_dot_segments(vllm, db_url, engine, start_proxy):
     import http.client
 
     proxy = start_proxy([vllm.url], db_url)

@@ -44,7 +44,7 @@ def test_feedback_needs_the_token_and_is_stored(db_url, engine, start_proxy):
     assert [tuple(r) for r in rows] == [("t1", None, 0.75, "nice"), (None, "run-9", -1.0, None)]
 
 
-def test_feedback_is_off_without_a_token(db_url, start_proxy):
+def test_feedback_is_off_without_a_token(db_url, engine, start_proxy):
     proxy = start_proxy([f"http://127.0.0.1:{free_port()}"], db_url)
     response = httpx.post(proxy.url + "/v1/onthejob/feedback", json={"session": "s", "reward": 1})
     assert response.status_code == 403

@@ -70,7 +70,11 @@ def test_metrics_count_requests_and_show_the_learner(
     assert 0 < value(latency + "_sum", **labels) < 60
     assert value("onthejob_records_written") >= 2
     assert value("onthejob_recording_queue_depth") == 0
-    assert value("onthejob_spool_bytes") == 0
+    assert value("onthejob_recording_queue_limit_calls") > 0
+    assert value("onthejob_recording_queue_limit_bytes") > 0
+    assert value("onthejob_recording_backlog_calls") == 0
+    assert value("onthejob_recording_backlog_bytes") == 0
+    assert value("onthejob_recording_log_bytes") > 0  # the two calls' lines, until rotated
     assert value("onthejob_upstream_healthy", upstream=dead) == 0
     assert value("onthejob_learner_step") == 3
     assert value("onthejob_learner_reward") == 0.625

@@ -36,8 +36,23 @@ def register(commands: Any) -> None:
         "--spool",
         type=Path,
         metavar="FILE",
-        help="spool file for records while the database is unreachable "
-        "(default onthejob-spool.jsonl)",
+        help="base path of the call log FILE.d/ (every answered call, until it is in the "
+        "database) and of FILE.rejected (rows the database refused); default "
+        "onthejob-spool.jsonl",
+    )
+    serve.add_argument(
+        "--log-fsync-interval",
+        type=float,
+        metavar="SECONDS",
+        help="fsync the call log this often: what a crash of the whole machine can lose "
+        "(default 0.1; a kill of the proxy loses nothing)",
+    )
+    serve.add_argument(
+        "--migrate",
+        action="store_true",
+        default=None,
+        help="upgrade the database schema at start (SQLite is upgraded anyway unless "
+        "ONTHEJOB_AUTO_MIGRATE=false); without it a schema that is behind stops the proxy",
     )
     serve.add_argument(
         "--stream-tools-mode",
@@ -72,7 +87,7 @@ def register(commands: Any) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from proxy.app import create_app
+    from proxy.app import SchemaBehind, create_app, prepare_database
 
     settings = proxy_settings(
         args,
@@ -86,10 +101,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         upstream_timeout=args.upstream_timeout,
         upstream_retry_after=args.upstream_retry_after,
         fanout=args.fanout,
+        log_fsync_interval=args.log_fsync_interval,
+        migrate=args.migrate,
     )
     try:
-        app = create_app(settings)
-    except ValueError as exc:
+        settings.check_exposure()
+        reachable = prepare_database(settings)
+        app = create_app(settings, database_checked=reachable)
+    except (ValueError, SchemaBehind) as exc:
         raise SystemExit(f"onthejob serve: {exc}") from None
     uvicorn.run(
         app,

@@ -18,6 +18,10 @@ def normalise_url(url: str) -> str:
     return url
 
 
+def is_sqlite(url: str) -> bool:
+    return normalise_url(url).startswith("sqlite")
+
+
 def _json_dumps(value: object) -> str:
     return orjson.dumps(value).decode()
 
@@ -68,14 +72,18 @@ def upgrade(url: str, revision: str = "head") -> None:
 
 
 def current_revision(url: str) -> str | None:
-    from alembic.runtime.migration import MigrationContext
-
     engine = make_engine(url)
     try:
-        with engine.connect() as conn:
-            return MigrationContext.configure(conn).get_current_revision()
+        return current_revision_of(engine)
     finally:
         engine.dispose()
+
+
+def current_revision_of(engine: Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
 
 
 def head_revision() -> str | None:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import JSON, Connection, case, func, select, update
+from sqlalchemy import JSON, Connection, bindparam, case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from proxy.store.models import Call, StoredResponse, Trajectory
@@ -52,6 +52,7 @@ def write_batch(
     than INSERT ... ON CONFLICT; a batch that might be in already (spool replay) must not.
     Timestamps arrive as epoch seconds (the spool keeps them that way).
     """
+    trajectories = [_without_new(t) for t in trajectories]
     if trajectories:
         table = Trajectory.__table__
         stmt = insert_for(conn, table)
@@ -77,8 +78,14 @@ def write_batch(
             index_elements=["id"]
         )
         conn.execute(stmt, _with_datetimes(responses, ("created_at",)))
-    for item in finished:
-        finish_trajectory(conn, trajectory_id=item["id"], ended_at=to_datetime(item["ended_at"]))
+    finish_trajectories(conn, finished=finished)
+
+
+def _without_new(trajectory: dict[str, Any]) -> dict[str, Any]:
+    """A trajectory row without the writer's `new` flag (not a column)."""
+    if "new" not in trajectory:
+        return trajectory
+    return {k: v for k, v in trajectory.items() if k != "new"}
 
 
 _CALL_COLUMNS = [c.name for c in Call.__table__.columns]
@@ -108,6 +115,55 @@ def finish_trajectory(conn: Connection, *, trajectory_id: str, ended_at: datetim
         .where(Trajectory.id == trajectory_id, Trajectory.status == "open")
         .values(status="finished", ended_at=ended_at)
     )
+
+
+def finish_trajectories(conn: Connection, *, finished: Sequence[dict[str, Any]]) -> None:
+    """Finish open trajectories: [{"id", "ended_at" (epoch seconds)}], in one statement."""
+    if not finished:
+        return
+    stmt = (
+        update(Trajectory)
+        .where(Trajectory.id == bindparam("b_id"), Trajectory.status == "open")
+        .values(status="finished", ended_at=bindparam("b_ended_at"))
+    )
+    conn.execute(
+        stmt, [{"b_id": f["id"], "b_ended_at": to_datetime(f["ended_at"])} for f in finished]
+    )
+
+
+def existing_call_ids(conn: Connection, *, ids: Sequence[str]) -> set[str]:
+    """Which of these call ids the database holds already."""
+    present: set[str] = set()
+    for start in range(0, len(ids), 1000):
+        chunk = list(ids[start : start + 1000])
+        present.update(conn.execute(select(Call.id).where(Call.id.in_(chunk))).scalars())
+    return present
+
+
+def open_trajectories_for_sessions(
+    conn: Connection, *, session_keys: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """The newest open trajectory of each session key that has one."""
+    found: dict[str, dict[str, Any]] = {}
+    for start in range(0, len(session_keys), 1000):
+        chunk = list(session_keys[start : start + 1000])
+        rows = conn.execute(
+            select(
+                Trajectory.id,
+                Trajectory.session_key,
+                Trajectory.started_at,
+                Trajectory.last_call_at,
+            ).where(Trajectory.session_key.in_(chunk), Trajectory.status == "open")
+        )
+        for row in rows:
+            best = found.get(row.session_key)
+            if best is None or _naive(row.last_call_at) > _naive(best["last_call_at"]):
+                found[row.session_key] = dict(row._mapping)
+    return found
+
+
+def _naive(value: datetime) -> datetime:
+    return value.replace(tzinfo=None) if value.tzinfo is not None else value
 
 
 def finish_idle(conn: Connection, *, idle_before: datetime) -> int:

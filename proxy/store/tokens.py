@@ -12,11 +12,23 @@ from typing import Any
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix, by slice comparisons (C speed): a multi-turn
+    prompt usually extends the previous sequence whole, which one comparison confirms;
+    otherwise a binary search over prefix lengths. A loop over tokens in Python costs
+    about 50 us per thousand tokens."""
+    if type(a) is not type(b):  # slices of a tuple and a list never compare equal
+        a, b = list(a), list(b)
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if a[:n] == b[:n]:
+        return n
+    low, high = 0, n - 1  # the prefix of length `low` agrees, that of length n does not
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[low:middle] == b[low:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def first_completion(choices: Any) -> list[int]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -19,8 +19,9 @@ from proxy.fanout import (
     single_usage,
     split_capture,
 )
-from proxy.recording import CallRecord, Recorder
-from proxy.spool import Spool
+from proxy.recording import CallRecord
+from proxy.rows import RowBuilder, Rows, entry_of
+from proxy.stitching import TrajectoryTracker
 from proxy.store.tokens import materialize_prompts
 
 SYSTEM = {"role": "system", "content": "be terse"}
@@ -263,17 +264,14 @@ def test_client_gets_the_bytes_of_an_n1_stream(stream_usage: bool, ids: bool) ->
 # -- recording -----------------------------------------------------------------------------
 
 
+RowsOf = Callable[[list[CallRecord]], Rows]
+
+
 @pytest.fixture
-def recorder(tmp_path: Path):
-    recorder = Recorder(
-        None,  # type: ignore[arg-type]  # these tests never reach the database
-        Spool(tmp_path / "spool.jsonl"),
-        idle_timeout=300,
-        flush_interval=1,
-        batch_size=100,
-    )
-    yield recorder
-    recorder._executor.shutdown()
+def rows_of() -> RowsOf:
+    """The rows the writer builds for these records, as it reads them from the call log."""
+    builder = RowBuilder(TrajectoryTracker(idle_timeout=300))
+    return lambda records: builder.rows([orjson.loads(orjson.dumps(entry_of(r))) for r in records])
 
 
 def _fanned_out(now: float) -> list[CallRecord]:
@@ -304,8 +302,8 @@ def _fanned_out(now: float) -> list[CallRecord]:
     return [client, sibling]
 
 
-def test_each_choice_is_its_own_trajectory_in_one_group(recorder: Recorder) -> None:
-    rows = recorder._rows(_fanned_out(1000.0), 1000.0)
+def test_each_choice_is_its_own_trajectory_in_one_group(rows_of: RowsOf) -> None:
+    rows = rows_of(_fanned_out(1000.0))
 
     client, sibling = rows["calls"]
     mine, other = rows["trajectories"]
@@ -326,8 +324,8 @@ def test_each_choice_is_its_own_trajectory_in_one_group(recorder: Recorder) -> N
     assert prompts[client["id"]] == prompts[sibling["id"]] == [9, 9, 9, 9]
 
 
-def test_later_calls_continue_the_clients_choice_only(recorder: Recorder) -> None:
-    first = recorder._rows(_fanned_out(1000.0), 1000.0)
+def test_later_calls_continue_the_clients_choice_only(rows_of: RowsOf) -> None:
+    first = rows_of(_fanned_out(1000.0))
     mine, other = first["trajectories"]
     chosen = {"role": "assistant", "content": "ay what"}
     sibling_reply = {"role": "assistant", "content": "-ld"}
@@ -344,7 +342,7 @@ def test_later_calls_continue_the_clients_choice_only(recorder: Recorder) -> Non
             capture=Capture(prompt_token_ids=[9, 9, 9, 9, 359, 346, 465, 7]),
         )
 
-    rows = recorder._rows([follow_up("e" * 32, chosen), follow_up("f" * 32, sibling_reply)], 1001)
+    rows = rows_of([follow_up("e" * 32, chosen), follow_up("f" * 32, sibling_reply)])
 
     continued, fresh = rows["trajectories"]
     assert continued["id"] == mine["id"] and continued["group_key"] == mine["group_key"]

@@ -249,7 +249,9 @@ def test_expire_returns_idle_trajectories_and_forgets_them() -> None:
     assert tracker.get(recent.id) is None
     assert tracker.get(old.id) is old
     # the expired trajectory's continuation is gone; the live one's stays
-    assert tracker._continuations == {digest: [old.id]}
+    follow_up = [USER, REPLY, NEXT]
+    assert tracker.resolve(session_key=None, messages=follow_up, now=17) == (old, False)
+    assert tracker.resolve(session_key=None, messages=follow_up, now=17)[1]
 
     again, new = tracker.resolve(session_key="s1", messages=[USER], now=17)
     assert new
@@ -359,3 +361,45 @@ def test_a_failed_call_gives_its_continuation_point_back_for_the_retry() -> None
     tracker.give_back(tracker.taken, failed)
     retry, new = tracker.resolve(session_key=None, messages=follow_up, now=2.0)
     assert retry is state and not new
+
+
+def test_idle_time_counts_from_the_end_of_the_last_call() -> None:
+    tracker = TrajectoryTracker(idle_timeout=10)
+    state, _ = tracker.resolve(session_key="s1", messages=[USER], now=0)
+    tracker.touch(state, 30, "call-1", [1])  # a 30 s call
+
+    # 38 s after it started, 8 s after it ended: the same session
+    again, new = tracker.resolve(session_key="s1", messages=[USER], now=38)
+
+    assert (again is state, new) == (True, False)
+    assert tracker.expire(now=39) == []
+    assert tracker.expire(now=40) == [state]
+
+
+def test_continuation_points_are_bounded() -> None:
+    tracker = TrajectoryTracker(idle_timeout=60, max_open=3)
+    states = []
+    for i in range(5):
+        state, _ = tracker.resolve(
+            session_key=None, messages=[{"role": "user", "content": i}], now=0
+        )
+        tracker.offer_continuation(f"digest-{i}", state)
+        states.append(state)
+
+    assert list(tracker._continuations) == ["digest-2", "digest-3", "digest-4"]
+
+
+def test_last_sequences_are_shed_least_recent_first_past_the_token_budget() -> None:
+    tracker = TrajectoryTracker(idle_timeout=60, max_tokens=10)
+    a, _ = tracker.resolve(session_key="a", messages=None, now=0)
+    b, _ = tracker.resolve(session_key="b", messages=None, now=0)
+    tracker.touch(a, 1, "a1", [1, 2, 3, 4])
+    tracker.touch(b, 2, "b1", [5, 6, 7, 8])
+    tracker.touch(a, 3, "a2", [1, 2, 3, 4, 9])
+
+    tracker.touch(b, 4, "b2", [5, 6, 7, 8, 10, 11])  # 11 tokens held: a's go
+
+    assert (a.last_sequence, b.last_sequence) == ([], [5, 6, 7, 8, 10, 11])
+    assert tracker.tokens == 6
+    assert tracker.expire(now=1000) == [a, b]
+    assert tracker.tokens == 0

@@ -1,0 +1,52 @@
+"""`onthejob spool replay`: retry the rows the database refused, once their cause is fixed."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from proxy.commands import add_db, proxy_settings
+
+
+def register(commands: Any) -> None:
+    spool = commands.add_parser("spool", help="rows the database refused (<spool>.rejected)")
+    actions = spool.add_subparsers(dest="spool_command", required=True, metavar="ACTION")
+    replay = actions.add_parser(
+        "replay",
+        help="write the refused rows again",
+        description="Write the rows the database refused (FILE.rejected) again, e.g. after "
+        "`onthejob db upgrade` or a fixed column. Rows it takes leave the file; rows it still "
+        "refuses stay, with the new reason. Safe while the proxy runs.",
+    )
+    add_db(replay)
+    replay.add_argument(
+        "--spool",
+        type=Path,
+        metavar="FILE",
+        help="the proxy's --spool (default: $ONTHEJOB_SPOOL_PATH, else onthejob-spool.jsonl)",
+    )
+    replay.set_defaults(func=cmd_spool_replay)
+
+
+def cmd_spool_replay(args: argparse.Namespace) -> int:
+    from proxy.recording import rejected_path
+    from proxy.rejected import replay
+    from proxy.store import db
+    from proxy.writer import Unreachable
+
+    settings = proxy_settings(args, spool_path=args.spool)
+    path = rejected_path(settings.spool_path)
+    engine = db.make_engine(settings.database_url)
+    try:
+        result = replay(engine, path)
+    except Unreachable as exc:
+        print(f"onthejob spool replay: database unreachable ({exc}); nothing lost, try again")
+        return 2
+    finally:
+        engine.dispose()
+    print(f"{result.written} rows written, {result.refused} still refused")
+    if result.refused:
+        print(f"kept in {path}; first reason: {result.first_reason}")
+        return 1
+    return 0

@@ -1,0 +1,190 @@
+"""The recorder on real databases: call log -> writer -> SQLite / PostgreSQL.
+
+What a kill -9 of the whole proxy does is drilled in tests/test_load_drill.py; here the
+pieces: calls land once, the backlog lives in the log while the database is away, a crash
+between a commit and its checkpoint writes nothing twice, and a schema that is behind holds
+calls back instead of refusing them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, func, select
+
+from proxy.capture import Capture, ChoiceCapture
+from proxy.recording import CallRecord, Recorder, log_directory
+from proxy.stitching import new_id
+from proxy.store import db
+from proxy.store.models import Trajectory
+from tests.records import count_calls, export
+from tests.tcp_gate import through_gate
+
+
+def call(i: int, session_key: str | None = None) -> CallRecord:
+    messages = [{"role": "user", "content": f"question {i}"}]
+    reply = {"role": "assistant", "content": "answer"}
+    capture = Capture(
+        prompt_token_ids=[1, 2, 3, i],
+        choices=[
+            ChoiceCapture(
+                index=0,
+                token_ids=[7, 8],
+                logprobs=[-0.5, -0.25],
+                finish_reason="stop",
+                message=reply,
+            )
+        ],
+        prompt_tokens=4,
+        completion_tokens=2,
+    )
+    return CallRecord(
+        id=new_id(),
+        api="chat.completions",
+        session_key=session_key,
+        started_at=time.time(),
+        request={"model": "m", "messages": messages},
+        response={"choices": [{"index": 0, "message": reply}]},
+        chat_messages=messages,
+        model="m",
+        capture=capture,
+        latency_ms=2.0,
+    )
+
+
+def recorder(engine: Engine, spool: Path, **options: Any) -> Recorder:
+    options.setdefault("batch_calls", 100)
+    return Recorder(engine, spool, idle_timeout=300, flush_interval=0.01, **options)
+
+
+async def until(predicate: Callable[[], bool], what: str, within: float = 30.0) -> None:
+    """Poll (bounded) until predicate() holds."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"never reached: {what}")
+        await asyncio.sleep(0.02)
+
+
+def run(body: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(body())
+
+
+def count_trajectories(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(Trajectory)).scalar_one())
+
+
+def test_calls_reach_the_database_once_with_their_trajectories(
+    engine: Engine, tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool.jsonl"
+
+    async def body() -> None:
+        rec = recorder(engine, spool)
+        await rec.start()
+        for i in range(250):
+            rec.record(call(i, session_key="s" if i % 2 else None))
+        await until(lambda: rec.status()["backlog_calls"] == 0, "all written")
+        status = rec.status()
+        assert status["written"] == 250 and status["queue_depth"] == 0
+        await rec.close()
+
+    run(body)
+    assert count_calls(engine) == 250
+    assert count_trajectories(engine) == 126  # one session, 125 key-less calls
+    trajectories = export(engine)
+    assert all(c["capture_complete"] for t in trajectories for c in t["calls"])
+    assert max(len(t["calls"]) for t in trajectories) == 125
+
+
+def test_a_crash_between_commit_and_checkpoint_writes_nothing_twice(
+    engine: Engine, tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool.jsonl"
+
+    async def first_run() -> None:
+        rec = recorder(engine, spool)
+        await rec.start()
+        for i in range(40):
+            rec.record(call(i))
+        await rec.close()
+
+    run(first_run)
+    # as if the process died after the database committed but before the checkpoint moved
+    (segment,) = sorted(log_directory(spool).glob("*.log"))
+    checkpoint = log_directory(spool) / "committed"
+    checkpoint.write_text(f"{int(segment.stem):012d} {0:015d}\n")
+
+    async def second_run() -> None:
+        rec = recorder(engine, spool)
+        await rec.start()
+        assert rec.status()["backlog_calls"] == 40
+        rec.record(call(40))
+        await until(lambda: rec.status()["backlog_calls"] == 0, "replayed")
+        await rec.close()
+
+    run(second_run)
+    assert count_calls(engine) == 41
+    assert count_trajectories(engine) == 41  # no orphan trajectory from the replay
+
+
+@pytest.mark.postgres
+def test_while_the_database_is_away_calls_wait_in_the_log_not_in_memory(
+    pg_url: str, tmp_path: Path
+) -> None:
+    db.upgrade(pg_url)
+    gated_url, gate = through_gate(pg_url)  # shut: the database is unreachable
+    gated = db.make_engine(gated_url, connect_timeout=1)
+    engine = db.make_engine(pg_url)
+
+    async def body() -> None:
+        rec = recorder(gated, tmp_path / "spool.jsonl", batch_calls=50)
+        await rec.start()
+        for i in range(2000):
+            rec.record(call(i))
+        await until(lambda: rec.status()["database"] == "unreachable", "writer sees the outage")
+        status = rec.status()
+        assert status["queue_depth"] <= status["queue_limit_calls"] == 50
+        assert status["backlog_calls"] == 2000 and status["backlog_bytes"] > 0
+        assert status["log_bytes"] >= status["backlog_bytes"]
+        gate.open()
+        await until(lambda: rec.status()["backlog_calls"] == 0, "backlog written", within=60)
+        assert rec.status()["database"] == "ok"
+        await rec.close()
+
+    try:
+        run(body)
+        assert count_calls(engine) == 2000
+    finally:
+        gate.shut()
+        gated.dispose()
+        engine.dispose()
+
+
+def test_a_schema_behind_holds_calls_until_it_is_upgraded(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    db.upgrade(url, "0001")
+    engine = db.make_engine(url)
+
+    async def body() -> None:
+        rec = recorder(engine, tmp_path / "spool.jsonl", check_schema=True)
+        await rec.start()
+        for i in range(10):
+            rec.record(call(i))
+        await until(lambda: rec.status()["database"] == "unreachable", "schema refused")
+        assert rec.status()["backlog_calls"] == 10 and rec.status()["rejected"] == 0
+        await asyncio.to_thread(db.upgrade, url)
+        await until(lambda: rec.status()["backlog_calls"] == 0, "written after the upgrade")
+        await rec.close()
+
+    try:
+        run(body)
+        assert count_calls(engine) == 10
+    finally:
+        engine.dispose()
