@@ -119,6 +119,9 @@ class Writer:
         if lines or unlogged:
             if not self._write_lines(lines, unlogged, after):
                 return False  # stopping while the database is away: the log keeps them
+        elif after != self.cursor:  # past the end of a spent segment, or a torn line
+            self.log.commit(after)
+            self.cursor = after
         if time.monotonic() - self._last_sweep >= self._sweep_every():
             self._sweep()
         if stopping and (self.caught_up or time.monotonic() > self._drain_until):

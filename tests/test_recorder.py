@@ -188,3 +188,29 @@ def test_a_schema_behind_holds_calls_until_it_is_upgraded(tmp_path: Path) -> Non
         assert count_calls(engine) == 10
     finally:
         engine.dispose()
+
+
+def test_a_backlog_ending_on_a_segment_boundary_is_written_and_the_writer_stops(
+    engine: Engine, tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool.jsonl"
+    away = db.make_engine(f"sqlite:///{tmp_path / 'missing' / 'dir' / 'x.db'}")
+
+    async def while_away() -> None:
+        rec = recorder(away, spool)
+        await rec.start()
+        for i in range(100):
+            rec.record(call(i))
+        await until(lambda: rec.status()["database"] == "unreachable", "the database is away")
+        await rec.close()
+
+    async def back() -> None:
+        rec = recorder(engine, spool, batch_calls=100)  # one batch ends at the segment's end
+        await rec.start()
+        await until(lambda: rec.status()["backlog_calls"] == 0, "the backlog written")
+        await asyncio.wait_for(rec.close(), timeout=10)
+
+    run(while_away)
+    away.dispose()
+    run(back)
+    assert count_calls(engine) == 100
