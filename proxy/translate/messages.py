@@ -1,19 +1,22 @@
 """Anthropic Messages API <-> chat completions, so `/v1/messages` rides vLLM's chat endpoint.
 
 Pure functions over parsed JSON, no I/O. Invariant: every part of a Messages request is
-either mapped onto the chat request or refused with a `TranslationError` that names it;
-nothing is dropped silently (the few fields ignored on purpose are listed, with the reason,
-next to `_IGNORED_FIELDS` and `_IGNORED_OUTPUT_CONFIG`).
+mapped onto the chat request, handled by the compatibility policy (proxy/translate/policy.py:
+honoured, ignored, left out, unknown; recorded in the `Compat` passed in) or refused with a
+`TranslationError` that names it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from typing import Any
 
 from proxy.capture import REASONING_KEYS
+from proxy.translate import context_edits
 from proxy.translate.extras import VLLM_EXTRAS, vllm_extras
+from proxy.translate.policy import Compat, unmapped_fields
 
 Event = tuple[str, dict[str, Any]]
 
@@ -33,14 +36,17 @@ _MAPPED_FIELDS = frozenset(
         "tool_choice",
         "thinking",
         "output_config",
+        "context_management",
+        "mcp_servers",
+        *VLLM_EXTRAS,
     }
 )
 # Accepted and not forwarded, because none of them changes what the model reads or writes:
 # cache_control (a caching hint; vLLM's prefix cache needs none), service_tier, speed and
 # inference_geo (Anthropic capacity and routing), diagnostics (explains Anthropic's own cache
-# misses), user_profile_id and workspace_id (Anthropic account attribution). Any other
-# non-null field is refused, as Anthropic's API itself refuses unknown fields.
-_IGNORED_FIELDS = frozenset(
+# misses), user_profile_id and workspace_id (Anthropic account attribution), container
+# (the sandbox of Anthropic's code-execution tool, which is left out).
+_VENDOR_FIELDS = frozenset(
     {
         "cache_control",
         "service_tier",
@@ -49,17 +55,35 @@ _IGNORED_FIELDS = frozenset(
         "diagnostics",
         "user_profile_id",
         "workspace_id",
+        "container",
     }
 )
-# output_config.effort is a hint about how hard to think; the served model has no such dial.
-_IGNORED_OUTPUT_CONFIG = frozenset({"effort"})
-# Tool fields that change what the model sees or may call, which only Anthropic's servers
-# implement (tool search, rendering of examples). cache_control, eager_input_streaming and
-# allowed_callers are hints or concern server tools, so they are ignored.
-_REFUSED_TOOL_FIELDS = ("defer_loading", "input_examples")
+# vLLM's reasoning_effort values; Anthropic's effort levels are among them
+_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh", "max"})
+# Keys each content block may carry; cache_control is a caching hint (ignored), any other
+# key is recorded as unknown.
+_BLOCK_KEYS = {
+    "text": frozenset({"type", "text", "citations"}),
+    "tool_use": frozenset({"type", "id", "name", "input"}),
+    "tool_result": frozenset({"type", "tool_use_id", "content", "is_error"}),
+    "thinking": frozenset({"type", "thinking", "signature"}),
+}
+_TOOL_KEYS = frozenset(
+    {"type", "name", "description", "input_schema", "strict", "defer_loading", "input_examples"}
+)
+# Tool keys that only matter to Anthropic's servers: caching, input streaming granularity,
+# and which of Anthropic's server tools may call this one.
+_VENDOR_TOOL_KEYS = frozenset({"cache_control", "eager_input_streaming", "allowed_callers"})
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 # The chat request fields that decide the rendered prompt (what count_tokens counts).
-_PROMPT_FIELDS = ("model", "messages", "tools", "add_generation_prompt", "continue_final_message")
+_PROMPT_FIELDS = (
+    "model",
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template_kwargs",
+)
 _NUMBER = (int, float)
 
 
@@ -80,37 +104,63 @@ def error_body(message: str, type_: str = "invalid_request_error") -> dict[str, 
 # --- request: Messages -> chat completions --------------------------------------------------
 
 
-def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
-    """The chat completions request for a Messages request; raises TranslationError."""
-    chat = _translate(body)
+def messages_to_chat(
+    body: dict[str, Any], *, compat: Compat | None = None, hosted_tools: str = "omit"
+) -> dict[str, Any]:
+    """The chat completions request for a Messages request; raises TranslationError.
+
+    `compat` collects what the policy did; `hosted_tools` is `omit` (tools the model cannot
+    be given are left out) or `refuse` (they are a 400). Clearing old tool results waits
+    for a token count: see `tool_use_clearing`.
+    """
+    compat = compat if compat is not None else Compat()
+    chat = _translate(body, compat, hosted_tools)
     chat["max_tokens"] = _max_tokens(body, required=True)
     return chat
 
 
-def count_tokens_chat_body(body: dict[str, Any]) -> dict[str, Any]:
+def count_tokens_chat_body(body: dict[str, Any], *, hosted_tools: str = "omit") -> dict[str, Any]:
     """The chat request whose rendered prompt `/v1/messages/count_tokens` counts.
 
     Validated like `messages_to_chat` (so both accept the same requests) except that
     `max_tokens` is optional; only the fields that shape the prompt are kept.
     """
-    chat = _translate(body)
+    chat = _translate(body, Compat(), hosted_tools)
     _max_tokens(body, required=False)
     return {key: chat[key] for key in _PROMPT_FIELDS if key in chat}
 
 
-def _translate(body: dict[str, Any]) -> dict[str, Any]:
+def tool_use_clearing(body: dict[str, Any]) -> context_edits.ToolUseClearing | None:
+    """The request's `clear_tool_uses` edit, if any (validated by `messages_to_chat`)."""
+    edits = (body.get("context_management") or {}).get("edits") or []
+    for i, edit in enumerate(edits):
+        if edit.get("type") == context_edits.CLEAR_TOOL_USES:
+            return _tool_use_clearing(edit, f"context_management.edits.{i}")
+    return None
+
+
+def _translate(body: dict[str, Any], compat: Compat, hosted_tools: str) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise TranslationError("the request body must be a JSON object")
-    _check_fields(body)
-    _check_thinking(body)
-    chat: dict[str, Any] = {"model": _model(body), "messages": _chat_messages(body)}
-    tools = _chat_tools(body)
+    unmapped_fields(body, handled=_MAPPED_FIELDS, vendor_only=_VENDOR_FIELDS, compat=compat)
+    chat: dict[str, Any] = {"model": _model(body), "messages": _chat_messages(body, compat)}
+    keep_thinking = _context_management(body, compat)
+    if keep_thinking is not None:
+        chat["messages"], _ = context_edits.clear_thinking(chat["messages"], keep_thinking)
+    _mcp_servers(body, compat, hosted_tools)
+    tools = _chat_tools(body, compat, hosted_tools)
     if tools:  # vLLM refuses an empty `tools` list; Anthropic treats it as no tools
         chat["tools"] = tools
-    chat.update(_tool_choice(body, has_tools=bool(tools)))
-    chat.update(_sampling(body))
-    chat.update(_response_format(body))
+    chat.update(_tool_choice(body, names={t["function"]["name"] for t in tools}))
+    chat.update(_sampling(body, compat))
+    chat.update(_output_config(body, compat))
     chat.update(vllm_extras(body))
+    template_kwargs = _thinking(body, compat)
+    if template_kwargs:  # the client's own chat_template_kwargs win
+        chat["chat_template_kwargs"] = {
+            **template_kwargs,
+            **(chat.get("chat_template_kwargs") or {}),
+        }
     if _ends_with_assistant(body):
         # Anthropic "prefill": the reply continues the final assistant turn.
         chat["add_generation_prompt"] = False
@@ -121,29 +171,102 @@ def _translate(body: dict[str, Any]) -> dict[str, Any]:
     return chat
 
 
-def _check_fields(body: dict[str, Any]) -> None:
-    for key, value in body.items():
-        if value is None or key in _MAPPED_FIELDS or key in _IGNORED_FIELDS:
-            continue
-        if key in VLLM_EXTRAS:
-            continue  # forwarded as they are
-        raise TranslationError(f"{key}: not supported by this proxy", param=key)
-
-
-def _check_thinking(body: dict[str, Any]) -> None:
-    thinking = body.get("thinking")
+def _thinking(body: dict[str, Any], compat: Compat) -> dict[str, Any]:
+    """`thinking` as the chat template's reasoning switch (templates without one ignore it:
+    vLLM passes a template only the variables it uses)."""
+    thinking = _optional(body, "thinking", dict, "an object")
     if thinking is None:
-        return
-    kind = thinking.get("type") if isinstance(thinking, dict) else None
-    # "adaptive" and "disabled" leave thinking to the model, which is all a served model can
-    # offer (one that always reasons still will); "enabled" promises a budget we cannot keep.
-    if kind in ("adaptive", "disabled"):
-        return
-    raise TranslationError(
-        f"thinking: type {kind!r} is not supported by this proxy; use 'adaptive' or "
-        "'disabled', or omit thinking",
-        param="thinking",
+        return {}
+    kind = thinking.get("type")
+    # budget_tokens: vLLM enforces a thinking budget only with a reasoning config the proxy
+    # cannot see, and max_tokens bounds the reply anyway; display: how the client shows it
+    for key in ("budget_tokens", "display"):
+        if thinking.get(key) is not None:
+            compat.note("ignored", f"thinking.{key}")
+    if kind in ("enabled", "adaptive", "disabled"):
+        compat.note("honoured", "thinking")
+        return {"enable_thinking": kind != "disabled"}
+    compat.note("unknown", "thinking.type")
+    return {}
+
+
+def _context_management(body: dict[str, Any], compat: Compat) -> int | None:
+    """Validates the edits; returns how many thinking turns to keep, if thinking is cleared.
+    Edits that keep everything change nothing (ignored); unknown kinds are recorded."""
+    config = _optional(body, "context_management", dict, "an object")
+    if config is None:
+        return None
+    edits = _optional(config, "edits", list, "a list of edits", where="context_management")
+    keep_thinking = None
+    for i, edit in enumerate(edits or []):
+        where = f"context_management.edits.{i}"
+        if not isinstance(edit, dict):
+            raise TranslationError(f"{where}: expected an object", param=where)
+        kind = edit.get("type")
+        feature = f"context_management.{kind}"
+        if kind == context_edits.CLEAR_THINKING:
+            keep_thinking = _thinking_turns(edit.get("keep"), where)
+            compat.note("ignored" if keep_thinking is None else "honoured", feature)
+        elif kind == context_edits.CLEAR_TOOL_USES:
+            _tool_use_clearing(edit, where)  # carried out once the prompt is counted
+            compat.note("honoured", feature)
+        else:
+            compat.note("unknown", feature)
+    return keep_thinking
+
+
+def _thinking_turns(keep: Any, where: str) -> int | None:
+    if keep == "all":
+        return None
+    if keep is None:
+        return 1  # Anthropic's default: the last thinking turn stays
+    kind, value = (keep.get("type"), keep.get("value")) if isinstance(keep, dict) else (None, None)
+    if kind != "thinking_turns" or not isinstance(value, int) or value < 0:
+        raise TranslationError(
+            f"{where}.keep: expected 'all' or {{'type': 'thinking_turns', 'value': N}}",
+            param=f"{where}.keep",
+        )
+    return value
+
+
+def _tool_use_clearing(edit: dict[str, Any], where: str) -> context_edits.ToolUseClearing:
+    trigger = _amount(edit, "trigger", ("input_tokens", "tool_uses"), where)
+    keep = _amount(edit, "keep", ("tool_uses",), where)
+    least = _amount(edit, "clear_at_least", ("input_tokens",), where)
+    exclude = _optional(edit, "exclude_tools", list, "a list of tool names", where=where)
+    inputs = edit.get("clear_tool_inputs")
+    if inputs is not None and not isinstance(inputs, bool):
+        raise TranslationError(
+            f"{where}.clear_tool_inputs: expected a boolean", param=f"{where}.clear_tool_inputs"
+        )
+    clearing = context_edits.ToolUseClearing(
+        keep=keep[1] if keep else context_edits.ToolUseClearing.keep,
+        clear_at_least=least[1] if least else 0,
+        exclude_tools=frozenset(str(name) for name in exclude or []),
+        clear_inputs=bool(inputs),
     )
+    if trigger is None:
+        return clearing
+    if trigger[0] == "tool_uses":
+        return dataclasses.replace(
+            clearing, trigger_input_tokens=None, trigger_tool_uses=trigger[1]
+        )
+    return dataclasses.replace(clearing, trigger_input_tokens=trigger[1])
+
+
+def _amount(
+    edit: dict[str, Any], key: str, kinds: tuple[str, ...], where: str
+) -> tuple[str, int] | None:
+    """An edit's `{"type": kind, "value": N}` field."""
+    value = edit.get(key)
+    if value is None:
+        return None
+    number = value.get("value") if isinstance(value, dict) else None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in kinds or not isinstance(number, int) or isinstance(number, bool) or number < 0:
+        expected = " or ".join(f"{{'type': '{k}', 'value': N}}" for k in kinds)
+        raise TranslationError(f"{where}.{key}: expected {expected}", param=f"{where}.{key}")
+    return kind, number
 
 
 def _model(body: dict[str, Any]) -> str:
@@ -178,13 +301,13 @@ def _optional(
     return value
 
 
-def _sampling(body: dict[str, Any]) -> dict[str, Any]:
+def _sampling(body: dict[str, Any], compat: Compat) -> dict[str, Any]:
     fields = {
         "temperature": _optional(body, "temperature", _NUMBER, "a number"),
         "top_p": _optional(body, "top_p", _NUMBER, "a number"),
         "top_k": _optional(body, "top_k", int, "an integer"),
         "stop": _stop_sequences(body),
-        "user": _user_id(body),
+        "user": _user_id(body, compat),
     }
     return {key: value for key, value in fields.items() if value is not None}
 
@@ -196,23 +319,38 @@ def _stop_sequences(body: dict[str, Any]) -> list[str] | None:
     return stops or None
 
 
-def _user_id(body: dict[str, Any]) -> str | None:
+def _user_id(body: dict[str, Any], compat: Compat) -> str | None:
+    """metadata.user_id as chat's `user` (which vLLM ignores: metadata is Anthropic's)."""
     metadata = _optional(body, "metadata", dict, "an object")
     if metadata is None:
         return None
+    if metadata:
+        compat.note("ignored", "metadata")
     return _optional(metadata, "user_id", str, "a string", where="metadata")
 
 
-def _response_format(body: dict[str, Any]) -> dict[str, Any]:
+def _output_config(body: dict[str, Any], compat: Compat) -> dict[str, Any]:
     config = _optional(body, "output_config", dict, "an object")
     if config is None:
         return {}
-    for key, value in config.items():
-        if key not in ("format", *_IGNORED_OUTPUT_CONFIG) and value is not None:
-            raise TranslationError(
-                f"output_config.{key}: not supported by this proxy", param=f"output_config.{key}"
-            )
-    fmt = config.get("format")
+    unmapped_fields(
+        config,
+        handled=frozenset({"format", "effort"}),
+        vendor_only=frozenset(),
+        compat=compat,
+        where="output_config",
+    )
+    chat = _response_format(config.get("format"))
+    effort = config.get("effort")
+    if effort in _EFFORTS:
+        compat.note("honoured", "output_config.effort")
+        chat["reasoning_effort"] = effort
+    elif effort is not None:
+        compat.note("unknown", "output_config.effort")
+    return chat
+
+
+def _response_format(fmt: Any) -> dict[str, Any]:
     if fmt is None:
         return {}
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
@@ -241,40 +379,40 @@ def _ends_with_assistant(body: dict[str, Any]) -> bool:
 # --- request: conversation ----------------------------------------------------------------
 
 
-def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+def _chat_messages(body: dict[str, Any], compat: Compat) -> list[dict[str, Any]]:
     turns = body.get("messages")
     if not isinstance(turns, list) or not turns:
         raise TranslationError("messages: expected a non-empty list of turns", param="messages")
-    chat = _system_messages(body.get("system"))
+    chat = _system_messages(body.get("system"), compat)
     for i, turn in enumerate(turns):
-        chat.extend(_turn(turn, f"messages.{i}"))
+        chat.extend(_turn(turn, f"messages.{i}", compat))
     return chat
 
 
-def _system_messages(system: Any) -> list[dict[str, Any]]:
+def _system_messages(system: Any, compat: Compat) -> list[dict[str, Any]]:
     if system is None:
         return []
-    text = _plain_text(system, "system")
+    text = _plain_text(system, "system", compat)
     # An empty system prompt means none in Anthropic's API; templates may render "" otherwise.
     return [{"role": "system", "content": text}] if text else []
 
 
-def _turn(turn: Any, where: str) -> list[dict[str, Any]]:
+def _turn(turn: Any, where: str, compat: Compat) -> list[dict[str, Any]]:
     if not isinstance(turn, dict):
         raise TranslationError(f"{where}: expected an object with role and content", param=where)
     role, content = turn.get("role"), turn.get("content")
     if role == "user":
-        return _user_turn(content, where)
+        return _user_turn(content, where, compat)
     if role == "assistant":
-        return [_assistant_turn(content, where)]
+        return [_assistant_turn(content, where, compat)]
     if role == "system":  # newer SDKs allow inline system turns; kept in place
-        return [{"role": "system", "content": _plain_text(content, f"{where}.content")}]
+        return [{"role": "system", "content": _plain_text(content, f"{where}.content", compat)}]
     raise TranslationError(
         f"{where}.role: expected 'user' or 'assistant', got {role!r}", param=f"{where}.role"
     )
 
 
-def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
+def _blocks(content: Any, where: str, compat: Compat) -> list[dict[str, Any]]:
     """A content field as a list of typed blocks (a string is one text block)."""
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
@@ -284,6 +422,15 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
         if not isinstance(block, dict) or not isinstance(block.get("type"), str):
             raise TranslationError(
                 f"{where}.{j}: expected a block with a type", param=f"{where}.{j}"
+            )
+        known = _BLOCK_KEYS.get(block["type"])
+        if known is not None:
+            unmapped_fields(
+                block,
+                handled=known,
+                vendor_only=frozenset({"cache_control"}),
+                compat=compat,
+                where=f"{where}.{j}",
             )
     return content
 
@@ -308,28 +455,28 @@ def _text(block: dict[str, Any], where: str) -> str:
     return text
 
 
-def _plain_text(content: Any, where: str) -> str:
+def _plain_text(content: Any, where: str, compat: Compat) -> str:
     """Content that may only hold text; several blocks are joined by newlines."""
     texts = []
-    for j, block in enumerate(_blocks(content, where)):
+    for j, block in enumerate(_blocks(content, where, compat)):
         if block["type"] != "text":
             raise _unsupported(block, f"{where}.{j}", "text")
         texts.append(_text(block, f"{where}.{j}"))
     return "\n".join(texts)
 
 
-def _user_turn(content: Any, where: str) -> list[dict[str, Any]]:
+def _user_turn(content: Any, where: str, compat: Compat) -> list[dict[str, Any]]:
     """A user turn in block order: tool results become `tool` messages, text between them
     becomes user messages (chat templates expect tool messages right after the call)."""
     chat: list[dict[str, Any]] = []
     texts: list[str] = []
-    for j, block in enumerate(_blocks(content, f"{where}.content")):
+    for j, block in enumerate(_blocks(content, f"{where}.content", compat)):
         at = f"{where}.content.{j}"
         if block["type"] == "text":
             texts.append(_text(block, at))
         elif block["type"] == "tool_result":
             chat.extend(_user_message(texts))
-            chat.append(_tool_message(block, at))
+            chat.append(_tool_message(block, at, compat))
             texts = []
         else:
             raise _unsupported(block, at, "text, tool_result")
@@ -341,32 +488,32 @@ def _user_message(texts: list[str]) -> list[dict[str, Any]]:
     return [{"role": "user", "content": "\n".join(texts)}] if texts else []
 
 
-def _tool_message(block: dict[str, Any], where: str) -> dict[str, Any]:
+def _tool_message(block: dict[str, Any], where: str, compat: Compat) -> dict[str, Any]:
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
         raise TranslationError(f"{where}.tool_use_id: field required", param=f"{where}.tool_use_id")
     content = block.get("content")
-    text = "" if content is None else _plain_text(content, f"{where}.content")
+    text = "" if content is None else _plain_text(content, f"{where}.content", compat)
     if block.get("is_error"):
         # Chat has no error flag on tool messages; the model learns it from the text.
         text = f"Error: {text}"
     return {"role": "tool", "tool_call_id": call_id, "content": text}
 
 
-def _assistant_turn(content: Any, where: str) -> dict[str, Any]:
+def _assistant_turn(content: Any, where: str, compat: Compat) -> dict[str, Any]:
     """An assistant turn as one chat message; text blocks are joined (chat keeps no order
     between text and tool calls) and thinking goes to `reasoning`, as vLLM reads it."""
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     thoughts: list[str] = []
-    for j, block in enumerate(_blocks(content, f"{where}.content")):
+    for j, block in enumerate(_blocks(content, f"{where}.content", compat)):
         at = f"{where}.content.{j}"
         if block["type"] == "text":
             texts.append(_text(block, at))
         elif block["type"] == "tool_use":
             calls.append(_tool_call(block, at))
         elif block["type"] == "thinking":
-            thoughts.append(_thinking(block, at))
+            thoughts.append(_thought(block, at))
         else:
             raise _unsupported(block, at, "text, tool_use, thinking")
     message: dict[str, Any] = {
@@ -392,7 +539,7 @@ def _tool_call(block: dict[str, Any], where: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": dumped}}
 
 
-def _thinking(block: dict[str, Any], where: str) -> str:
+def _thought(block: dict[str, Any], where: str) -> str:
     thinking = block.get("thinking")
     if not isinstance(thinking, str):
         raise TranslationError(f"{where}.thinking: expected a string", param=f"{where}.thinking")
@@ -409,28 +556,58 @@ def _required_str(block: dict[str, Any], key: str, where: str) -> str:
 # --- request: tools -----------------------------------------------------------------------
 
 
-def _chat_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
+def _mcp_servers(body: dict[str, Any], compat: Compat, hosted_tools: str) -> None:
+    """Anthropic's MCP connector: servers Anthropic calls for the model, a hosted tool."""
+    servers = _optional(body, "mcp_servers", list, "a list of servers")
+    if not servers:
+        return
+    if hosted_tools == "refuse":
+        raise TranslationError(
+            "mcp_servers: MCP servers called by the API server are not supported by this "
+            "proxy; run them as client tools",
+            param="mcp_servers",
+        )
+    compat.note("left_out", "mcp_servers")
+
+
+def _chat_tools(body: dict[str, Any], compat: Compat, hosted_tools: str) -> list[dict[str, Any]]:
+    """The function tools the model is shown, in order."""
     tools = _optional(body, "tools", list, "a list of tools")
-    return [_chat_tool(tool, f"tools.{i}") for i, tool in enumerate(tools or [])]
+    chat = []
+    for i, tool in enumerate(tools or []):
+        function = _chat_tool(tool, f"tools.{i}", compat, hosted_tools)
+        if function is not None:
+            chat.append(function)
+    return chat
 
 
-def _chat_tool(tool: Any, where: str) -> dict[str, Any]:
+def _chat_tool(tool: Any, where: str, compat: Compat, hosted_tools: str) -> dict[str, Any] | None:
+    """A client tool as a chat function; None for one the model is not shown."""
     if not isinstance(tool, dict):
         raise TranslationError(f"{where}: expected an object", param=where)
     kind = tool.get("type")
     if kind not in (None, "custom"):
-        raise TranslationError(
-            f"{where}.type: server tool {kind!r} is not supported by this proxy; "
-            "only client tools (name, description, input_schema) are",
-            param=f"{where}.type",
-        )
-    for key in _REFUSED_TOOL_FIELDS:
-        if tool.get(key):
+        # server tools, and Anthropic-defined tools (bash, text_editor, computer, memory)
+        # whose schema the request does not carry: the served model cannot be given them
+        if hosted_tools == "refuse":
             raise TranslationError(
-                f"{where}.{key}: not supported by this proxy", param=f"{where}.{key}"
+                f"{where}.type: server tool {kind!r} is not supported by this proxy; "
+                "only client tools (name, description, input_schema) are",
+                param=f"{where}.type",
             )
+        compat.note("left_out", str(kind))
+        return None
+    unmapped_fields(
+        tool, handled=_TOOL_KEYS, vendor_only=_VENDOR_TOOL_KEYS, compat=compat, where=where
+    )
     function: dict[str, Any] = {"name": _required_str(tool, "name", where)}
     description = _optional(tool, "description", str, "a string", where=where)
+    examples = _optional(tool, "input_examples", list, "a list of objects", where=where)
+    if examples:
+        # Anthropic shows the model these examples; so does the description here
+        compat.note("honoured", f"{where}.input_examples")
+        shown = "\n".join(json.dumps(example, ensure_ascii=False) for example in examples)
+        description = f"{description or ''}\n\nInput examples:\n{shown}".lstrip()
     if description is not None:
         function["description"] = description
     schema = _optional(tool, "input_schema", dict, "an object", where=where)
@@ -442,10 +619,14 @@ def _chat_tool(tool: Any, where: str) -> dict[str, Any]:
     strict = _optional(tool, "strict", bool, "a boolean", where=where)
     if strict is not None:
         function["strict"] = strict
+    if _optional(tool, "defer_loading", bool, "a boolean", where=where):
+        # as on Anthropic's servers: a deferred tool is not shown until the client loads it
+        compat.note("honoured", f"{where}.defer_loading")
+        return None
     return {"type": "function", "function": function}
 
 
-def _tool_choice(body: dict[str, Any], *, has_tools: bool) -> dict[str, Any]:
+def _tool_choice(body: dict[str, Any], *, names: set[str]) -> dict[str, Any]:
     choice = _optional(body, "tool_choice", dict, "an object")
     if choice is None:
         return {}
@@ -454,13 +635,19 @@ def _tool_choice(body: dict[str, Any], *, has_tools: bool) -> dict[str, Any]:
         value: Any = _TOOL_CHOICES[kind]
     elif kind == "tool":
         name = _required_str(choice, "name", "tool_choice")
+        if name not in names:
+            raise TranslationError(
+                f"tool_choice.name: {name!r} is not a tool the model is given "
+                "(server tools and deferred tools are not)",
+                param="tool_choice.name",
+            )
         value = {"type": "function", "function": {"name": name}}
     else:
         raise TranslationError(
             f"tool_choice.type: expected 'auto', 'any', 'tool' or 'none', got {kind!r}",
             param="tool_choice.type",
         )
-    if not has_tools:
+    if not names:
         # Without tools, auto and none mean the same as no choice; vLLM refuses them anyway.
         if kind in ("auto", "none"):
             return {}
@@ -474,11 +661,14 @@ def _tool_choice(body: dict[str, Any], *, has_tools: bool) -> dict[str, Any]:
 # --- response: chat completion -> Message -------------------------------------------------
 
 
-def chat_to_message(chat: dict[str, Any], *, model: str) -> dict[str, Any]:
+def chat_to_message(
+    chat: dict[str, Any], *, model: str, context_management: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The Messages response for a whole chat completion (its choice 0).
 
     A tool call whose arguments are not a JSON object gets `input: {}`: Anthropic's input
     must be an object, and the client's tool then rejects the call, which the model sees.
+    `context_management` reports the context edits the proxy applied (`applied_edits`).
     """
     choice = _first_choice(chat)
     message = choice.get("message") or {}
@@ -492,7 +682,7 @@ def chat_to_message(chat: dict[str, Any], *, model: str) -> dict[str, Any]:
         choice.get("finish_reason"), choice.get("stop_reason"), tool_used=bool(calls)
     )
     usage = chat.get("usage") or {}
-    return {
+    answer: dict[str, Any] = {
         "id": _message_id(chat.get("id")),
         "type": "message",
         "role": "assistant",
@@ -506,6 +696,9 @@ def chat_to_message(chat: dict[str, Any], *, model: str) -> dict[str, Any]:
             "output_tokens": _count(usage, "completion_tokens"),
         },
     }
+    if context_management:
+        answer["context_management"] = context_management
+    return answer
 
 
 def _first_choice(chat: dict[str, Any]) -> dict[str, Any]:
@@ -592,8 +785,9 @@ class MessagesStream:
     0 is translated; token ids and logprobs are left to the recorder.
     """
 
-    def __init__(self, *, model: str) -> None:
+    def __init__(self, *, model: str, context_management: dict[str, Any] | None = None) -> None:
         self._model = model
+        self._context_management = context_management
         self._started = False
         self._done = False
         self._blocks = 0  # blocks opened so far; an open block has index _blocks - 1
@@ -631,7 +825,9 @@ class MessagesStream:
             usage["input_tokens"] = _count(self._usage, "prompt_tokens")
         self._done = True
         delta = {"stop_reason": reason, "stop_sequence": sequence}
-        return [*events, _event("message_delta", delta=delta, usage=usage), _event("message_stop")]
+        extra = {"context_management": self._context_management} if self._context_management else {}
+        closing = _event("message_delta", delta=delta, usage=usage, **extra)
+        return [*events, closing, _event("message_stop")]
 
     def error(self, message: str) -> list[Event]:
         """The event for a stream that broke off; nothing follows it."""

@@ -14,9 +14,14 @@ Decisions:
   a tool loop's next prompt can extend the previous prompt plus completion token for token.
 - We never encrypt reasoning: `include: ["reasoning.encrypted_content"]` is accepted and
   reasoning comes back as plain `content`, which round-trips the same way.
-- Soft hints without a chat counterpart are accepted and ignored: `text.verbosity`,
-  `reasoning.summary`, `prompt_cache_key`, `service_tier`, `truncation`, `max_tool_calls`.
-  Features whose absence would change the answer are refused with a 400 naming them.
+- Developer messages become system messages: open models' chat templates know no developer
+  role and would drop them (the model would never see a harness's instructions).
+- A `namespace` tool's functions become plain functions named `<namespace>__<name>` (the
+  flat name Codex itself uses); calls to them come back split into `namespace` and `name`.
+- Everything else follows the compatibility policy (proxy/translate/policy.py): soft hints
+  and vendor-side fields are accepted and recorded, tools the model cannot be given are
+  left out (or refused with `hosted_tools="refuse"`), and what would change the answer
+  and cannot be honoured is refused with a 400 naming it.
 """
 
 from __future__ import annotations
@@ -28,23 +33,73 @@ from typing import Any
 
 from proxy.capture import REASONING_KEYS
 from proxy.translate.extras import VLLM_EXTRAS
+from proxy.translate.policy import Compat, unmapped_fields
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
-_HONOURED_INCLUDES = {LOGPROBS_INCLUDE, "reasoning.encrypted_content"}
 # Request fields we cannot reproduce with one chat completion, and the feature they name.
 _REFUSED_FIELDS = {
     "background": "background responses",
     "conversation": "conversations (use previous_response_id)",
     "prompt": "prompt templates",
-    "context_management": "context management",
     "moderation": "moderation",
 }
 _SAME_NAME = ("model", "temperature", "top_p", "parallel_tool_calls")
-# vLLM's sampling extensions mean the same in both APIs; other unknown fields are dropped.
+# vLLM's sampling extensions mean the same in both APIs.
 _VLLM_EXTRAS = ("top_k", "stop", *VLLM_EXTRAS)
+_MAPPED_FIELDS = frozenset(
+    {
+        *_SAME_NAME,
+        *_VLLM_EXTRAS,
+        *_REFUSED_FIELDS,
+        "input",
+        "instructions",
+        "tools",
+        "tool_choice",
+        "max_output_tokens",
+        "text",
+        "stream",
+        "include",
+        "previous_response_id",
+        "store",
+        "reasoning",
+        "top_logprobs",
+        "user",
+        "safety_identifier",
+    }
+)
+# Accepted, recorded, not forwarded: they steer OpenAI's own servers (caching, capacity,
+# attribution, server-side truncation and compaction, limits on its hosted tools, stream
+# obfuscation), none changes what the served model samples.
+_VENDOR_FIELDS = frozenset(
+    {
+        "metadata",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "service_tier",
+        "client_metadata",
+        "truncation",
+        "context_management",
+        "max_tool_calls",
+        "stream_options",
+    }
+)
+# `include` entries that ask for data of OpenAI-run tools (left out here) or for encrypted
+# reasoning (we send reasoning in the clear): nothing to add.
+_VENDOR_INCLUDES = frozenset(
+    {
+        "reasoning.encrypted_content",
+        "file_search_call.results",
+        "web_search_call.results",
+        "web_search_call.action.sources",
+        "code_interpreter_call.outputs",
+        "computer_call_output.output.image_url",
+        "message.input_image.image_url",
+    }
+)
 _ROLES = {"user", "assistant", "system", "developer"}
 # content part type -> the key holding its text
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
+NAMESPACE_DELIMITER = "__"
 
 
 class TranslationError(Exception):
@@ -64,18 +119,25 @@ def new_response_id() -> str:
 
 
 def responses_to_chat(
-    body: dict[str, Any], *, history: list[dict[str, Any]] | None = None
+    body: dict[str, Any],
+    *,
+    history: list[dict[str, Any]] | None = None,
+    compat: Compat | None = None,
+    hosted_tools: str = "omit",
 ) -> dict[str, Any]:
     """The chat completions body for a Responses request.
 
     `history` is the stored conversation of `previous_response_id` (see `conversation_after`);
-    it goes between this request's instructions and its input.
+    it goes between this request's instructions and its input. `compat` collects what the
+    compatibility policy did; `hosted_tools` is `omit` or `refuse`.
     """
+    compat = compat if compat is not None else Compat()
     _refuse_unsupported(body)
+    unmapped_fields(body, handled=_MAPPED_FIELDS, vendor_only=_VENDOR_FIELDS, compat=compat)
     chat: dict[str, Any] = {key: body[key] for key in _SAME_NAME if body.get(key) is not None}
-    chat["messages"] = _chat_messages(body, history)
-    chat.update(_tool_fields(body))
-    chat.update(_generation_fields(body))
+    chat["messages"] = _chat_messages(body, history, compat)
+    chat.update(_tool_fields(body, compat, hosted_tools))
+    chat.update(_generation_fields(body, compat))
     chat.update({key: body[key] for key in _VLLM_EXTRAS if body.get(key) is not None})
     return chat
 
@@ -87,38 +149,40 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
     include = body.get("include") or []
     if not isinstance(include, list):
         raise TranslationError("include must be a list", param="include")
-    for entry in include:
-        if entry not in _HONOURED_INCLUDES:
-            raise TranslationError(f"include {entry!r} is not supported", param="include")
 
 
-def _chat_messages(body: dict[str, Any], history: list[dict[str, Any]] | None) -> list[Any]:
+def _chat_messages(
+    body: dict[str, Any], history: list[dict[str, Any]] | None, compat: Compat
+) -> list[Any]:
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise TranslationError("instructions must be a string", param="instructions")
-    new = _input_messages(body.get("input"))
+    new = _input_messages(body.get("input"), compat)
     if not new and not history:
         raise TranslationError("input is required", param="input")
     head = [{"role": "system", "content": instructions}] if instructions else []
     return [*head, *(history or []), *new]
 
 
-def _input_messages(value: Any) -> list[dict[str, Any]]:
+def _input_messages(value: Any, compat: Compat) -> list[dict[str, Any]]:
     if value is None:
         return []
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if isinstance(value, list):
-        return items_to_messages(value)
+        return items_to_messages(value, compat=compat)
     raise TranslationError("input must be a string or a list of items", param="input")
 
 
-def items_to_messages(items: list[Any], *, where: str = "input") -> list[dict[str, Any]]:
+def items_to_messages(
+    items: list[Any], *, where: str = "input", compat: Compat | None = None
+) -> list[dict[str, Any]]:
     """Responses input (or output) items as chat messages.
 
     Consecutive assistant-side items (reasoning, an assistant message, function calls) fold
     into one assistant message, the shape a chat model produced them in.
     """
+    compat = compat if compat is not None else Compat()
     messages: list[dict[str, Any]] = []
     for index, item in enumerate(items):
         place = f"{where}[{index}]"
@@ -128,31 +192,45 @@ def items_to_messages(items: list[Any], *, where: str = "input") -> list[dict[st
         handler = _ITEM_HANDLERS.get(kind)
         if handler is None:
             raise TranslationError(f"input items of type {kind!r} are not supported", param=place)
-        handler(messages, item, place)
+        handler(messages, item, place, compat)
     return messages
 
 
-def _add_message(messages: list[dict[str, Any]], item: dict[str, Any], place: str) -> None:
+def _add_message(
+    messages: list[dict[str, Any]], item: dict[str, Any], place: str, compat: Compat
+) -> None:
     role = item.get("role")
     if role not in _ROLES:
         raise TranslationError(f"message role {role!r} is not supported", param=f"{place}.role")
     content = _text_content(item.get("content"), f"{place}.content")
     if role == "assistant":
         _assistant_to_extend(messages, _is_bare)["content"] = content
-    else:
-        messages.append({"role": role, "content": content})
+        return
+    if role == "developer":
+        compat.note("honoured", "input.developer")
+        role = "system"
+    messages.append({"role": role, "content": content})
 
 
-def _add_function_call(messages: list[dict[str, Any]], item: dict[str, Any], place: str) -> None:
+def _add_function_call(
+    messages: list[dict[str, Any]], item: dict[str, Any], place: str, compat: Compat
+) -> None:
     call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments", "")
     if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, str):
         raise TranslationError("a function_call needs call_id, name and arguments", param=place)
+    namespace = item.get("namespace")
+    if namespace is not None:
+        if not isinstance(namespace, str):
+            raise TranslationError("a function_call's namespace must be a string", param=place)
+        name = flat_tool_name(namespace, name)
     call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
     # parallel calls of one turn belong to one assistant message
     _assistant_to_extend(messages, lambda _: True).setdefault("tool_calls", []).append(call)
 
 
-def _add_function_output(messages: list[dict[str, Any]], item: dict[str, Any], place: str) -> None:
+def _add_function_output(
+    messages: list[dict[str, Any]], item: dict[str, Any], place: str, compat: Compat
+) -> None:
     call_id, output = item.get("call_id"), item.get("output")
     if not isinstance(call_id, str):
         raise TranslationError("a function_call_output needs call_id", param=place)
@@ -160,14 +238,17 @@ def _add_function_output(messages: list[dict[str, Any]], item: dict[str, Any], p
     messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
 
 
-def _add_reasoning(messages: list[dict[str, Any]], item: dict[str, Any], place: str) -> None:
+def _add_reasoning(
+    messages: list[dict[str, Any]], item: dict[str, Any], place: str, compat: Compat
+) -> None:
     text = _reasoning_text(item, place)
     if text:
         target = _assistant_to_extend(messages, _is_bare)
         target["reasoning"] = (target.get("reasoning") or "") + text
 
 
-_ITEM_HANDLERS: dict[Any, Callable[[list[dict[str, Any]], dict[str, Any], str], None]] = {
+_Handler = Callable[[list[dict[str, Any]], dict[str, Any], str, Compat], None]
+_ITEM_HANDLERS: dict[Any, _Handler] = {
     "message": _add_message,
     "function_call": _add_function_call,
     "function_call_output": _add_function_output,
@@ -227,77 +308,150 @@ def _reasoning_text(item: dict[str, Any], place: str) -> str:
     return ""
 
 
-def _tool_fields(body: dict[str, Any]) -> dict[str, Any]:
+# ---------------------------------------------------------------- request: tools
+
+
+def flat_tool_name(namespace: str, name: str) -> str:
+    """A namespaced function's name as the model sees it (Codex's own flat form)."""
+    return f"{namespace.rstrip('_')}{NAMESPACE_DELIMITER}{name.lstrip('_')}"
+
+
+def namespaced_tools(tools: Any) -> dict[str, tuple[str, str]]:
+    """flat name -> (namespace, name) for the functions of the request's namespace tools."""
+    found: dict[str, tuple[str, str]] = {}
+    for tool in tools if isinstance(tools, list) else []:
+        if isinstance(tool, dict) and tool.get("type") == "namespace":
+            namespace = tool.get("name")
+            for inner in tool.get("tools") or []:
+                name = inner.get("name") if isinstance(inner, dict) else None
+                if isinstance(namespace, str) and isinstance(name, str):
+                    found[flat_tool_name(namespace, name)] = (namespace, name)
+    return found
+
+
+def _tool_fields(body: dict[str, Any], compat: Compat, hosted_tools: str) -> dict[str, Any]:
     tools = body.get("tools") or []
     if not isinstance(tools, list):
         raise TranslationError("tools must be a list", param="tools")
-    chat_tools = [_chat_tool(tool, f"tools[{index}]") for index, tool in enumerate(tools)]
+    chat_tools: list[dict[str, Any]] = []
+    for index, tool in enumerate(tools):
+        chat_tools += _chat_tools(tool, f"tools[{index}]", compat, hosted_tools)
+    names = [tool["function"]["name"] for tool in chat_tools]
+    for index, name in enumerate(names):
+        if name in names[:index]:
+            raise TranslationError(f"two tools are both named {name!r}", param="tools")
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
-        chat_tools, choice = _allowed_tools(chat_tools, choice)
+        chat_tools, choice = _allowed_tools(chat_tools, choice, hosted_tools)
     fields: dict[str, Any] = {"tools": chat_tools} if chat_tools else {}
     if choice is not None:
-        names = {tool["function"]["name"] for tool in chat_tools}
-        fields["tool_choice"] = _chat_tool_choice(choice, names)
+        fields.update(_chat_tool_choice(choice, {t["function"]["name"] for t in chat_tools}))
     return fields
 
 
-def _chat_tool(tool: Any, place: str) -> dict[str, Any]:
+def _chat_tools(tool: Any, place: str, compat: Compat, hosted_tools: str) -> list[dict[str, Any]]:
+    """The chat functions for one Responses tool: one, a namespace's several, or none."""
     kind = tool.get("type") if isinstance(tool, dict) else None
-    if kind != "function":
+    if kind == "function":
+        return [_chat_function(tool, place, tool.get("name"))]
+    if kind == "namespace":
+        return _namespace_functions(tool, place, compat, hosted_tools)
+    # run by OpenAI (web search, file search, code interpreter, MCP, ...) or defined by
+    # it without a schema here (local_shell, computer use): the model cannot be given it
+    if hosted_tools == "refuse" or not isinstance(kind, str):
         raise TranslationError(
             f"tools of type {kind!r} are not supported; only function tools are", param=place
         )
-    if not isinstance(tool.get("name"), str):
+    compat.note("left_out", kind)
+    return []
+
+
+def _chat_function(tool: dict[str, Any], place: str, name: Any) -> dict[str, Any]:
+    if not isinstance(name, str):
         raise TranslationError("a function tool needs a name", param=f"{place}.name")
-    function = {"name": tool["name"]}
+    function = {"name": name}
     for key in ("description", "parameters", "strict"):
         if tool.get(key) is not None:
             function[key] = tool[key]
     return {"type": "function", "function": function}
 
 
+def _namespace_functions(
+    tool: dict[str, Any], place: str, compat: Compat, hosted_tools: str
+) -> list[dict[str, Any]]:
+    namespace, inner = tool.get("name"), tool.get("tools")
+    if not isinstance(namespace, str) or not namespace:
+        raise TranslationError("a namespace tool needs a name", param=f"{place}.name")
+    if not isinstance(inner, list):
+        raise TranslationError("a namespace tool needs a list of tools", param=f"{place}.tools")
+    functions = []
+    for index, member in enumerate(inner):
+        where = f"{place}.tools[{index}]"
+        for function in _chat_tools(member, where, compat, hosted_tools):
+            name = function["function"]["name"]
+            function["function"]["name"] = flat_tool_name(namespace, name)
+            functions.append(function)
+    compat.note("flattened", namespace)
+    return functions
+
+
 def _allowed_tools(
-    chat_tools: list[dict[str, Any]], choice: dict[str, Any]
+    chat_tools: list[dict[str, Any]], choice: dict[str, Any], hosted_tools: str
 ) -> tuple[list[dict[str, Any]], Any]:
     """`allowed_tools` narrows the tool list; its mode is the chat tool_choice."""
     allowed = set()
     for index, tool in enumerate(choice.get("tools") or []):
-        if not isinstance(tool, dict) or tool.get("type") != "function":
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            if hosted_tools == "omit" and isinstance(kind, str):
+                continue  # a tool left out of the list cannot be allowed either
             raise TranslationError(
                 "allowed_tools may only name function tools", param=f"tool_choice.tools[{index}]"
             )
-        allowed.add(tool.get("name"))
+        name, namespace = tool.get("name"), tool.get("namespace")
+        allowed.add(flat_tool_name(namespace, name) if isinstance(namespace, str) else name)
     kept = [tool for tool in chat_tools if tool["function"]["name"] in allowed]
     return kept, choice.get("mode", "auto")
 
 
-def _chat_tool_choice(choice: Any, names: set[str]) -> Any:
+def _chat_tool_choice(choice: Any, names: set[str]) -> dict[str, Any]:
+    if choice in ("auto", "none") and not names:
+        return {}  # meaningless without tools, and vLLM refuses a choice without tools
     if choice in ("auto", "none", "required"):
-        return choice
+        if choice == "required" and not names:
+            raise TranslationError("tool_choice 'required' needs tools", param="tool_choice")
+        return {"tool_choice": choice}
     kind = choice.get("type") if isinstance(choice, dict) else choice
     if kind != "function":
         raise TranslationError(f"tool_choice {kind!r} is not supported", param="tool_choice")
-    name = choice.get("name")
+    name, namespace = choice.get("name"), choice.get("namespace")
+    if isinstance(namespace, str) and isinstance(name, str):
+        name = flat_tool_name(namespace, name)
     if name not in names:
         raise TranslationError(f"tool_choice names unknown function {name!r}", param="tool_choice")
-    return {"type": "function", "function": {"name": name}}
+    return {"tool_choice": {"type": "function", "function": {"name": name}}}
 
 
-def _generation_fields(body: dict[str, Any]) -> dict[str, Any]:
+# ---------------------------------------------------------------- request: generation
+
+
+def _generation_fields(body: dict[str, Any], compat: Compat) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     if body.get("max_output_tokens") is not None:
         fields["max_tokens"] = body["max_output_tokens"]
     user = body.get("user") or body.get("safety_identifier")
     if user:
         fields["user"] = user
-    effort = (body.get("reasoning") or {}).get("effort")
-    if effort is not None:
-        fields["reasoning_effort"] = effort
-    response_format = _response_format(body.get("text"))
+    fields.update(_reasoning_fields(body.get("reasoning"), compat))
+    response_format = _response_format(body.get("text"), compat)
     if response_format is not None:
         fields["response_format"] = response_format
-    if LOGPROBS_INCLUDE in (body.get("include") or []):
+    include = body.get("include") or []
+    for entry in include:
+        if entry != LOGPROBS_INCLUDE:
+            kind = "ignored" if entry in _VENDOR_INCLUDES else "unknown"
+            compat.note(kind, f"include.{entry}")
+    if LOGPROBS_INCLUDE in include:
         fields["logprobs"] = True
         if body.get("top_logprobs") is not None:
             fields["top_logprobs"] = body["top_logprobs"]
@@ -306,9 +460,37 @@ def _generation_fields(body: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def _response_format(text: Any) -> dict[str, Any] | None:
+def _reasoning_fields(reasoning: Any, compat: Compat) -> dict[str, Any]:
+    if reasoning is None:
+        return {}
+    if not isinstance(reasoning, dict):
+        raise TranslationError("reasoning must be an object", param="reasoning")
+    # summaries: vLLM returns the reasoning itself, never a summary of it
+    unmapped_fields(
+        reasoning,
+        handled=frozenset({"effort"}),
+        vendor_only=frozenset({"summary", "generate_summary"}),
+        compat=compat,
+        where="reasoning",
+    )
+    effort = reasoning.get("effort")
+    if effort is None:
+        return {}
+    compat.note("honoured", "reasoning.effort")
+    return {"reasoning_effort": effort}
+
+
+def _response_format(text: Any, compat: Compat) -> dict[str, Any] | None:
     if text is None:
         return None
+    if isinstance(text, dict):
+        unmapped_fields(
+            text,
+            handled=frozenset({"format"}),
+            vendor_only=frozenset({"verbosity"}),
+            compat=compat,
+            where="text",
+        )
     fmt = text.get("format") if isinstance(text, dict) else None
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if fmt is None or kind == "text":
@@ -333,7 +515,8 @@ def chat_to_response(
     choices = chat.get("choices") or [{}]
     choice, message = choices[0], choices[0].get("message") or {}
     logprobs = _content_logprobs(choice, message) if _wants_logprobs(request) else []
-    output = _output_items(message, logprobs, response_id)
+    namespaces = namespaced_tools(request.get("tools"))
+    output = _output_items(message, logprobs, response_id, namespaces)
     status = "incomplete" if choice.get("finish_reason") == "length" else "completed"
     if status == "incomplete" and output:
         output[-1]["status"] = "incomplete"
@@ -349,7 +532,10 @@ def chat_to_response(
 
 
 def _output_items(
-    message: dict[str, Any], logprobs: list[dict[str, Any]], response_id: str
+    message: dict[str, Any],
+    logprobs: list[dict[str, Any]],
+    response_id: str,
+    namespaces: dict[str, tuple[str, str]],
 ) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     reasoning = _reasoning_of(message)
@@ -364,7 +550,8 @@ def _output_items(
         items.append(item)
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
-        item = _call_item(response_id, len(items), call.get("id"), function.get("name"))
+        item = _call_item(response_id, len(items), call.get("id"))
+        _name_call(item, function.get("name"), namespaces)
         item.update(status="completed", arguments=function.get("arguments") or "")
         items.append(item)
     return items
@@ -387,17 +574,25 @@ def _text_part(text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
 
 
-def _call_item(
-    response_id: str, output_index: int, call_id: str | None, name: str | None
-) -> dict[str, Any]:
+def _call_item(response_id: str, output_index: int, call_id: str | None) -> dict[str, Any]:
     return {
         "id": _item_id("fc", response_id, output_index),
         "type": "function_call",
         "status": "in_progress",
         "arguments": "",
         "call_id": call_id or _item_id("call", response_id, output_index),
-        "name": name or "",
+        "name": "",
     }
+
+
+def _name_call(item: dict[str, Any], name: Any, namespaces: dict[str, tuple[str, str]]) -> None:
+    """A call's name as the client declared it: a flattened one goes back to its namespace."""
+    if not isinstance(name, str) or not name:
+        return
+    if name in namespaces:
+        item["namespace"], item["name"] = namespaces[name]
+    else:
+        item["name"] = name
 
 
 def _reasoning_of(message: dict[str, Any]) -> str:
@@ -554,6 +749,7 @@ class ResponsesStream:
         self._created_at = created_at
         self._model = request.get("model")
         self._logprobs = _wants_logprobs(request)
+        self._namespaces = namespaced_tools(request.get("tools"))
         self._sequence = 0
         self._started = False
         self._items: list[dict[str, Any]] = []
@@ -671,7 +867,8 @@ class ResponsesStream:
         function = call.get("function") or {}
         if slot not in self._open:
             index = len(self._items)
-            item = _call_item(self._response_id, index, call.get("id"), function.get("name"))
+            item = _call_item(self._response_id, index, call.get("id"))
+            _name_call(item, function.get("name"), self._namespaces)
             self._items.append(item)
             self._open[slot] = index
             events.append(
@@ -679,8 +876,8 @@ class ResponsesStream:
             )
         index = self._open[slot]
         item = self._items[index]
-        if function.get("name") and not item["name"]:
-            item["name"] = function["name"]
+        if not item["name"]:
+            _name_call(item, function.get("name"), self._namespaces)
         if function.get("arguments"):
             item["arguments"] += function["arguments"]
             events.append(

@@ -307,11 +307,6 @@ def test_output_format_becomes_response_format() -> None:
     }
 
 
-@pytest.mark.parametrize("thinking", [{"type": "disabled"}, {"type": "adaptive"}])
-def test_thinking_left_to_the_model_is_accepted(thinking: dict[str, Any]) -> None:
-    assert messages_to_chat(_body(thinking=thinking)) == messages_to_chat(_body())
-
-
 def test_harmless_and_null_fields_are_accepted() -> None:
     body = _body(
         service_tier="auto",
@@ -321,10 +316,34 @@ def test_harmless_and_null_fields_are_accepted() -> None:
         diagnostics={"previous_message_id": "msg_1"},
         user_profile_id="p",
         workspace_id="w",
-        container=None,
+        container="cntr_1",
         mcp_servers=None,
     )
     assert messages_to_chat(body) == messages_to_chat(_body())
+
+
+@pytest.mark.parametrize(
+    "tool",
+    [
+        {"type": "web_search_20250305", "name": "web_search"},
+        {"type": "bash_20250124", "name": "bash"},
+        {"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"},
+        {"type": "computer_20250124", "name": "computer", "display_width_px": 1},
+    ],
+)
+def test_tools_the_model_cannot_be_given_are_refused_when_asked(tool: dict[str, Any]) -> None:
+    # serve --hosted-tools refuse; by default they are left out (see test_policy.py)
+    with pytest.raises(TranslationError) as caught:
+        messages_to_chat(_body(tools=[WEATHER_TOOL, tool]), hosted_tools="refuse")
+    assert caught.value.param == "tools.1.type"
+    assert tool["type"] in caught.value.message
+
+
+def test_mcp_servers_are_refused_when_asked() -> None:
+    servers = [{"type": "url", "url": "http://x", "name": "m"}]
+    with pytest.raises(TranslationError) as caught:
+        messages_to_chat(_body(mcp_servers=servers), hosted_tools="refuse")
+    assert caught.value.param == "mcp_servers"
 
 
 def test_input_is_not_mutated() -> None:
@@ -433,37 +452,34 @@ REFUSALS = [
     ),
     (_body(system=[{"type": "image"}]), "system.0.type", "'image'"),
     (_body(system=3), "system", "string or a list"),
-    (
-        _body(tools=[{"type": "web_search_20250305", "name": "web_search"}]),
-        "tools.0.type",
-        "server",
-    ),
-    (_body(tools=[{"type": "bash_20250124", "name": "bash"}]), "tools.0.type", "bash_20250124"),
-    (
-        _body(tools=[{"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"}]),
-        "tools.0.type",
-        "text_editor_20250728",
-    ),
-    (
-        _body(tools=[{"type": "computer_20250124", "name": "computer", "display_width_px": 1}]),
-        "tools.0.type",
-        "computer_20250124",
-    ),
     (_body(tools=[{"name": "t"}]), "tools.0.input_schema", "required"),
     (_body(tools=[{"input_schema": {"type": "object"}}]), "tools.0.name", "required"),
-    (_body(tools=[{**WEATHER_TOOL, "defer_loading": True}]), "tools.0.defer_loading", "not supp"),
-    (_body(tools=[{**WEATHER_TOOL, "input_examples": [{}]}]), "tools.0.input_examples", "not supp"),
     (_body(tools={"name": "t"}), "tools", "list"),
     (_body(tool_choice={"type": "any"}), "tool_choice", "needs tools"),
     (_body(tools=[WEATHER_TOOL], tool_choice={"type": "tool"}), "tool_choice.name", "required"),
     (_body(tools=[WEATHER_TOOL], tool_choice={"type": "best"}), "tool_choice.type", "'best'"),
     (_body(tools=[WEATHER_TOOL], tool_choice="auto"), "tool_choice", "object"),
-    (_body(thinking={"type": "enabled", "budget_tokens": 2048}), "thinking", "'enabled'"),
-    (_body(mcp_servers=[{"type": "url", "url": "http://x", "name": "m"}]), "mcp_servers", "mcp"),
-    (_body(container="cntr_1"), "container", "container"),
-    (_body(context_management={"edits": []}), "context_management", "not supported"),
+    (
+        _body(tools=[WEATHER_TOOL], tool_choice={"type": "tool", "name": "web"}),
+        "tool_choice.name",
+        "not a tool",
+    ),
+    (_body(thinking="on"), "thinking", "object"),
+    (
+        _body(context_management={"edits": [{"type": "clear_thinking_20251015", "keep": 2}]}),
+        "context_management.edits.0.keep",
+        "thinking_turns",
+    ),
+    (
+        _body(
+            context_management={
+                "edits": [{"type": "clear_tool_uses_20250919", "keep": {"type": "x", "value": 1}}]
+            }
+        ),
+        "context_management.edits.0.keep",
+        "tool_uses",
+    ),
     (_body(output_config={"format": {"type": "text"}}), "output_config.format", "json_schema"),
-    (_body(output_config={"task_budget": 5}), "output_config.task_budget", "not supported"),
     (_body(stop_sequences="###"), "stop_sequences", "list"),
     (_body(stop_sequences=["ok", 1]), "stop_sequences", "list"),
     (_body(temperature="hot"), "temperature", "number"),
@@ -507,7 +523,9 @@ def test_count_tokens_body_of_a_prefill() -> None:
 
 def test_count_tokens_validates_like_messages() -> None:
     with pytest.raises(TranslationError, match=r"tools\.0\.type"):
-        count_tokens_chat_body(_body(tools=[{"type": "web_search_20250305", "name": "w"}]))
+        count_tokens_chat_body(
+            _body(tools=[{"type": "web_search_20250305", "name": "w"}]), hosted_tools="refuse"
+        )
     with pytest.raises(TranslationError, match="max_tokens"):
         count_tokens_chat_body(_body(max_tokens=-1))
 

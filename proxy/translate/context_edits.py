@@ -1,0 +1,86 @@
+"""Anthropic context-management edits, carried out by the proxy on the chat messages it sends.
+
+Pure functions over chat messages. The model sees the edited conversation; the client keeps
+its own. Clearing old thinking is cheap and done on every request that asks for it;
+clearing old tool results waits for its trigger (a prompt token count, which the caller
+measures) and is kept only if it cleared at least what the client asked for.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+CLEAR_THINKING = "clear_thinking_20251015"
+CLEAR_TOOL_USES = "clear_tool_uses_20250919"
+# what a cleared tool result says instead, so the model knows something was there
+CLEARED_RESULT = "[tool result cleared to save context]"
+CLEARED_INPUT = "{}"
+
+
+@dataclass(frozen=True)
+class ToolUseClearing:
+    """`clear_tool_uses_20250919` with Anthropic's defaults."""
+
+    trigger_input_tokens: int | None = 100_000
+    trigger_tool_uses: int | None = None
+    keep: int = 3
+    clear_at_least: int = 0
+    exclude_tools: frozenset[str] = frozenset()
+    clear_inputs: bool = False
+
+    def triggered(self, *, prompt_tokens: int | None, tool_uses: int) -> bool:
+        if self.trigger_tool_uses is not None:
+            return tool_uses > self.trigger_tool_uses
+        return prompt_tokens is not None and prompt_tokens > (self.trigger_input_tokens or 0)
+
+
+def tool_use_count(messages: list[dict[str, Any]]) -> int:
+    return sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")
+
+
+def clear_thinking(messages: list[dict[str, Any]], keep: int) -> tuple[list[dict[str, Any]], int]:
+    """Reasoning removed from all but the last `keep` assistant turns that have any;
+    returns the messages (copies where changed) and how many turns were cleared."""
+    thinking = [
+        i for i, m in enumerate(messages) if m.get("role") == "assistant" and m.get("reasoning")
+    ]
+    cleared = thinking[: max(len(thinking) - keep, 0)]
+    out = list(messages)
+    for i in cleared:
+        out[i] = {k: v for k, v in messages[i].items() if k != "reasoning"}
+    return out, len(cleared)
+
+
+def clear_tool_uses(
+    messages: list[dict[str, Any]], edit: ToolUseClearing
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The oldest tool results (all but the last `edit.keep` tool uses, excluded tools
+    never) replaced by a placeholder; with `clear_inputs`, their calls' arguments too.
+    Returns the new messages and the ids of the cleared tool calls, oldest first."""
+    calls = [
+        call
+        for m in messages
+        if m.get("role") == "assistant"
+        for call in m.get("tool_calls") or []
+        if (call.get("function") or {}).get("name") not in edit.exclude_tools
+    ]
+    cleared = [call.get("id") for call in calls[: max(len(calls) - edit.keep, 0)]]
+    ids = {i for i in cleared if i}
+    out = []
+    for message in messages:
+        if message.get("role") == "tool" and message.get("tool_call_id") in ids:
+            message = {**message, "content": CLEARED_RESULT}
+        elif edit.clear_inputs and message.get("role") == "assistant" and message.get("tool_calls"):
+            message = _clear_inputs(message, ids)
+        out.append(message)
+    return out, [i for i in cleared if i]
+
+
+def _clear_inputs(message: dict[str, Any], ids: set[str]) -> dict[str, Any]:
+    calls = copy.deepcopy(message["tool_calls"])
+    for call in calls:
+        if call.get("id") in ids:
+            call["function"]["arguments"] = CLEARED_INPUT
+    return {**message, "tool_calls": calls}
