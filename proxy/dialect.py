@@ -38,6 +38,9 @@ class Dialect(Protocol):
     api: str  # recorded as the call's api
     capture_api: str  # shape of the upstream call: CHAT or COMPLETIONS
     upstream_path: str
+    # the client's name for the output limit the proxy lowers to fit the context
+    # (translated APIs), or None: the limit is passed on as it is
+    output_limit: str | None
 
     async def to_upstream(
         self, body: dict[str, Any], state: ProxyState, record: CallRecord
@@ -85,6 +88,8 @@ class OpenAIStream:
 
 class OpenAIDialect:
     """Chat completions and completions: bodies pass through; vLLM's errors unchanged."""
+
+    output_limit = None  # vLLM's own API: its clients get its own answer to a limit
 
     def __init__(self, api: str, upstream_path: str) -> None:
         self.api = api

@@ -84,3 +84,25 @@ def error_response(exc: ProxyError) -> Response:
 def sse_error_event(message: str, type_: str = "upstream_error", code: str | None = None) -> bytes:
     payload = orjson.dumps(error_body(message, type_, code=code))
     return b"data: " + payload + b"\n\ndata: [DONE]\n\n"
+
+
+def json_or_text(raw: bytes) -> Any:
+    """An upstream body as JSON, or its (bounded) text when it is not JSON."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return {"text": raw[:65536].decode("utf-8", "replace")}
+
+
+def upstream_error_message(raw: bytes) -> str:
+    """The message of an upstream error body (OpenAI shape or close), else its text."""
+    parsed = json_or_text(raw)
+    if isinstance(parsed, dict):
+        error = parsed.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+        if parsed.get("message"):
+            return str(parsed["message"])
+    return raw[:2000].decode("utf-8", "replace")

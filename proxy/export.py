@@ -47,6 +47,8 @@ def export_call(call: dict[str, Any], prompt: list[int] | None) -> dict[str, Any
         "capture_complete": call["capture_complete"],
         "latency_ms": call["latency_ms"],
         "ttft_ms": call["ttft_ms"],
+        "user_agent": call.get("user_agent"),
+        "compat": call.get("compat"),
     }
     if len(choices) > 1:
         out["choices"] = choices

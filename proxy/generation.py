@@ -26,19 +26,27 @@ from proxy.capture import (
     prepare_upstream_body,
 )
 from proxy.dialect import Dialect, StreamWriter
-from proxy.errors import BadRequest, ProxyError, UpstreamTimeout, UpstreamUnavailable
+from proxy.errors import (
+    BadRequest,
+    ProxyError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    json_or_text,
+    upstream_error_message,
+)
 from proxy.fanout import FanoutStream, choice_response, fanout_eligible, split_capture
+from proxy.prompt_tokens import count_prompt
 from proxy.recording import CallRecord
 from proxy.requests import parse_object, read_body, session_key, sticky_key, task_key
 from proxy.state import ProxyState
 from proxy.stitching import new_id
 from proxy.streaming import response_to_chunks
-from proxy.upstream import Replica, release
+from proxy.translate.policy import Compat, fitting_output_limit
+from proxy.upstream import UPSTREAM_READ_ERRORS, Replica, release
 
 log = logging.getLogger("onthejob.proxy")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-UPSTREAM_READ_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError)
 # buffered streams are rebuilt with everything in them; the dialect's writer filters
 _EVERYTHING = ClientAsked(token_ids=True, logprobs=True, stream_usage=True)
 
@@ -82,7 +90,7 @@ class Generation:
         if isinstance(exc, UpstreamUnavailable | UpstreamTimeout):
             log.warning("%s %s: %s", self.dialect.api, self.record.id, exc.message)
         response = self.dialect.error(exc)
-        self.record.response = _json_or_text(bytes(response.body))
+        self.record.response = json_or_text(bytes(response.body))
         self.finish(status="error", http_status=exc.status, error=exc.message)
         return response
 
@@ -91,11 +99,13 @@ class Generation:
         try:
             record.session_key = session_key(self.request)
             record.task_key = task_key(self.request)
+            record.user_agent = self.request.headers.get("user-agent")
             body = parse_object(await read_body(self.request, self.state.settings.max_body_bytes))
             record.request = body
             model = body.get("model")
             record.model = model if isinstance(model, str) else None
             record.stream = body.get("stream") is True
+            record.context["client_headers"] = self.request.headers  # for upstream auth
             upstream_body = await self.dialect.to_upstream(body, self.state, record)
         except ProxyError as exc:
             return self.fail(exc)
@@ -145,6 +155,36 @@ class Generation:
     async def _open(
         self, upstream_body: dict[str, Any], sticky: str | None
     ) -> tuple[Replica, aiohttp.ClientResponse]:
+        """Send the call upstream. For a translated API (whose clients cannot know the served
+        model's context) an output limit vLLM refused as too large for the room the prompt
+        leaves is lowered to what fits, and the call sent again; the record says so."""
+        replica, response = await self._send(upstream_body, sticky)
+        limit, asked = self.dialect.output_limit, upstream_body.get("max_tokens")
+        if response.status != 400 or limit is None or not isinstance(asked, int):
+            return replica, response
+        fitting = await self._fitting_output_limit(upstream_body, asked)
+        if fitting is None:
+            return replica, response  # refused for another reason: the client hears why
+        await release(response)
+        upstream_body["max_tokens"] = fitting
+        compat = self.record.compat = self.record.compat or Compat()
+        compat.note("clamped", limit)
+        compat.detail[limit] = {"asked": asked, "sent": fitting}
+        return await self._send(upstream_body, sticky)
+
+    async def _fitting_output_limit(self, upstream_body: dict[str, Any], asked: int) -> int | None:
+        try:
+            count = await count_prompt(self.state.pool, upstream_body, self.request.headers)
+        except ProxyError as exc:
+            log.info("%s %s: prompt not counted: %s", self.dialect.api, self.record.id, exc)
+            return None
+        if count.context is None:
+            return None
+        return fitting_output_limit(asked, prompt_tokens=count.tokens, context=count.context)
+
+    async def _send(
+        self, upstream_body: dict[str, Any], sticky: str | None
+    ) -> tuple[Replica, aiohttp.ClientResponse]:
         plain = orjson.dumps(upstream_body)
         requested = upstream_body.get("model")
 
@@ -186,7 +226,7 @@ class Generation:
             return None, self.fail(exc)
         if response.status != 200:
             # vLLM's own errors reach the client (unchanged, or in the client API's shape)
-            self.record.response = _json_or_text(raw)
+            self.record.response = json_or_text(raw)
             self.finish(
                 status="error", http_status=response.status, error=upstream_error_message(raw)
             )
@@ -390,6 +430,7 @@ class Generation:
                 policy_version=record.policy_version,
                 capture=part,
                 fanout_parent=record.id,
+                user_agent=record.user_agent,
             )
             sibling.response = respond(_choice_response(data, index, part), sibling)
             self.siblings.append(sibling)
@@ -418,24 +459,3 @@ class Generation:
 def _choice_response(data: dict[str, Any], index: int, part: Capture) -> dict[str, Any]:
     """The response for one fanned-out choice; its usage counts the tokens it sampled."""
     return choice_response(data, index, len(part.choices[0].token_ids))
-
-
-def _json_or_text(raw: bytes) -> Any:
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return {"text": raw[:65536].decode("utf-8", "replace")}
-
-
-def upstream_error_message(raw: bytes) -> str:
-    """The message of an upstream error body (OpenAI shape or close), else its text."""
-    parsed = _json_or_text(raw)
-    if isinstance(parsed, dict):
-        error = parsed.get("error")
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])
-        if isinstance(error, str):
-            return error
-        if parsed.get("message"):
-            return str(parsed["message"])
-    return raw[:2000].decode("utf-8", "replace")

@@ -23,6 +23,7 @@ from proxy.capture import Capture
 from proxy.rows import entry_of
 from proxy.spool import Spool
 from proxy.stitching import TrajectoryTracker
+from proxy.translate.policy import Compat
 from proxy.writer import Writer
 
 log = logging.getLogger("onthejob.recording")
@@ -61,6 +62,10 @@ class CallRecord:
     # trajectory, finished at once, and its prompt is stored by reference to that call.
     group_key: str | None = None
     fanout_parent: str | None = None
+    # the client's User-Agent (which harness), and what the compatibility policy did with
+    # a translated request (proxy/translate/policy.py)
+    user_agent: str | None = None
+    compat: Compat | None = None
 
 
 class Recorder:

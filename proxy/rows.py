@@ -51,6 +51,8 @@ def entry_of(record: CallRecord) -> dict[str, Any]:
         "request": record.request,
         "response": record.response,
         "capture": None,
+        "user_agent": record.user_agent,
+        "compat": record.compat.as_record() if record.compat is not None else None,
     }
     if capture is not None:
         choices = capture.choices
@@ -226,6 +228,9 @@ def bare_row(entry: dict[str, Any]) -> dict[str, Any]:
         "started_at": entry["started_at"],
         "latency_ms": entry["latency_ms"],
         "ttft_ms": entry["ttft_ms"],
+        # absent from entries logged before these columns existed
+        "user_agent": text(entry.get("user_agent"), 500),
+        "compat": entry.get("compat"),
     }
 
 

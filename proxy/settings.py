@@ -9,6 +9,8 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from proxy.translate.policy import HOSTED_TOOL_MODES
+
 DEFAULT_SQLITE_URL = "sqlite:///onthejob.db"
 
 
@@ -53,6 +55,9 @@ class Settings(BaseSettings):
     # Fan-out: single-turn chat requests are sampled this many times upstream, the client
     # gets the first answer and all are recorded as one GRPO group. 1 = off.
     fanout: int = 1
+    # Tools the served model cannot be given (run by the vendor: web search, MCP, ...), in
+    # translated Messages/Responses requests: omit (left out, recorded) or refuse (a 400).
+    hosted_tools: str = "omit"
     # bearer tokens: feedback posting (falls back to the admin token); never logged
     feedback_token: str | None = None
     admin_token: str | None = None
@@ -91,6 +96,13 @@ class Settings(BaseSettings):
     def _check_fsync_interval(cls, value: float) -> float:
         if not 0 < value <= 60:
             raise ValueError("log_fsync_interval must be more than 0 and at most 60 seconds")
+        return value
+
+    @field_validator("hosted_tools")
+    @classmethod
+    def _check_hosted_tools(cls, value: str) -> str:
+        if value not in HOSTED_TOOL_MODES:
+            raise ValueError("hosted_tools must be omit or refuse")
         return value
 
     @field_validator("fanout")

@@ -25,6 +25,8 @@ import yarl
 from proxy.errors import UpstreamTimeout, UpstreamUnavailable
 
 log = logging.getLogger("onthejob.upstream")
+# what reading an upstream answer may raise once its status line has arrived
+UPSTREAM_READ_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError)
 
 
 @dataclass

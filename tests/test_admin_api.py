@@ -184,7 +184,15 @@ def error_of(response: httpx.Response, status: int) -> str:
 def test_every_route_needs_the_token(api: httpx.Client, admin: ProxyServer) -> None:
     schema = httpx.get(admin.url + "/admin/api/openapi.json").json()
     assert "/api/trajectories" in schema["paths"]
-    for path in ("/trajectories", "/stats", "/learner", "/versions", "/tasks", "/export"):
+    for path in (
+        "/trajectories",
+        "/stats",
+        "/learner",
+        "/versions",
+        "/tasks",
+        "/export",
+        "/compat",
+    ):
         missing = httpx.get(admin.url + "/admin/api" + path)
         assert "token" in error_of(missing, 401)
         wrong = httpx.get(admin.url + "/admin/api" + path, headers={"Authorization": "Bearer x"})
@@ -503,6 +511,73 @@ def test_stats(api: httpx.Client, engine: Engine) -> None:
         api.get("/stats", params={"since": until.isoformat(), "until": since.isoformat()}), 400
     )
     assert "too long" in error_of(api.get("/stats", params={"since": "2000-01-01"}), 400)
+
+
+CLAUDE = "claude-cli/2.1.332 (external, sdk-cli)"
+CODEX = "codex_exec/0.171.0 (Debian 12.0.0; x86_64) unknown (codex_exec; 0.171.0)"
+
+
+def _compat_call(
+    call_id: str, *, api: str, user_agent: str | None, compat: Any, started: float
+) -> dict[str, Any]:
+    row = chat_call(
+        call_id,
+        "tc",
+        started=started,
+        prompt=[1],
+        completion=[2],
+        messages=[],
+        reply="",
+        version="v",
+    )
+    return {**row, "trajectory_id": None, "api": api, "user_agent": user_agent, "compat": compat}
+
+
+def test_compat_per_harness(api: httpx.Client, engine: Engine) -> None:
+    now = time.time()
+    claude = {
+        "honoured": ["thinking", "output_config.effort"],
+        "ignored": ["metadata", "context_management.clear_thinking_20251015"],
+        "left_out": ["web_search_20250305"],
+    }
+    refused = {
+        "refused": ["messages.content.type"],
+        "detail": {"refused": {"param": "messages.0.content.0.type", "message": "no images"}},
+    }
+    codex = {"flattened": ["multi_agent_v1"], "left_out": ["web_search"], "unknown": ["x_new"]}
+    rows = [
+        _compat_call("k1", api="messages", user_agent=CLAUDE, compat=claude, started=now - 60),
+        _compat_call("k2", api="messages", user_agent=CLAUDE, compat=claude, started=now - 50),
+        _compat_call("k3", api="messages", user_agent=CLAUDE, compat=refused, started=now - 40),
+        _compat_call("k4", api="responses", user_agent=CODEX, compat=codex, started=now - 30),
+        _compat_call("k5", api="chat.completions", user_agent=None, compat=None, started=now - 20),
+        # outside the default window of 24 hours
+        _compat_call("k6", api="responses", user_agent=CODEX, compat=codex, started=now - 90000),
+    ]
+    with engine.begin() as conn:
+        repo.write_batch(conn, trajectories=[], calls=rows)
+    body = api.get("/compat").json()
+    harnesses = {h["user_agent"]: h for h in body["harnesses"]}
+    assert [h["user_agent"] for h in body["harnesses"]] == [CLAUDE, CODEX, None]
+    assert (harnesses[CLAUDE]["calls"], harnesses[CLAUDE]["apis"]) == (3, {"messages": 3})
+    assert harnesses[CLAUDE]["honoured"] == [
+        {"feature": "output_config.effort", "calls": 2},
+        {"feature": "thinking", "calls": 2},
+    ]
+    assert harnesses[CLAUDE]["left_out"] == [{"feature": "web_search_20250305", "calls": 2}]
+    assert harnesses[CLAUDE]["refused"] == [{"feature": "messages.content.type", "calls": 1}]
+    assert harnesses[CLAUDE]["refusals"] == [refused["detail"]["refused"]]
+    assert harnesses[CODEX]["calls"] == 1
+    assert harnesses[CODEX]["flattened"] == [{"feature": "multi_agent_v1", "calls": 1}]
+    assert harnesses[CODEX]["unknown"] == [{"feature": "x_new", "calls": 1}]
+    assert harnesses[None]["apis"] == {"chat.completions": 1}
+    assert harnesses[None]["ignored"] == []
+    week = api.get(
+        "/compat", params={"since": datetime.fromtimestamp(now - 7 * 86400, UTC).isoformat()}
+    )
+    assert {h["user_agent"]: h["calls"] for h in week.json()["harnesses"]}[CODEX] == 2
+    backwards = {"since": datetime.now(UTC).isoformat(), "until": "2020-01-01T00:00:00Z"}
+    assert "since" in error_of(api.get("/compat", params=backwards), 400)
 
 
 def test_export_streams_the_export_format(api: httpx.Client, engine: Engine) -> None:

@@ -38,6 +38,7 @@ OPERATIONS = [
     "POST /learner/resume",
     "PATCH /learner/knobs",
     "GET /stats",
+    "GET /compat",
 ]
 
 

@@ -41,6 +41,7 @@ def test_help_lists_every_option(command: list[str]) -> None:
             "--fanout",
             "--log-fsync-interval",
             "--migrate",
+            "--hosted-tools",
         ):
             assert option in result.stdout
     if command == ["spool", "replay"]:

@@ -137,13 +137,6 @@ def test_errors_are_in_anthropics_shape(proxy, vllm):
         )
     assert bad.value.body["type"] == "error"
     assert "image" in bad.value.body["error"]["message"]
-    with pytest.raises(anthropic.BadRequestError):
-        api.messages.create(
-            model=vllm.model_name,
-            max_tokens=5,
-            messages=[{"role": "user", "content": "x"}],
-            tools=[{"type": "web_search_20250305", "name": "web_search"}],
-        )
     with pytest.raises(anthropic.NotFoundError) as missing:
         api.messages.create(
             model="claude-nope", max_tokens=5, messages=[{"role": "user", "content": "x"}]

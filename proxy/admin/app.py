@@ -12,7 +12,7 @@ from starlette.staticfiles import StaticFiles
 
 from proxy.admin import errors
 from proxy.admin.deps import require_token
-from proxy.admin.routes import feedback, learner, stats, tasks, trajectories, versions
+from proxy.admin.routes import compat, feedback, learner, stats, tasks, trajectories, versions
 from proxy.admin.tokens import Detokenizer
 from proxy.state import ProxyState
 
@@ -41,7 +41,7 @@ def create_admin_app() -> FastAPI:
         redoc_url=None,
     )
     api = APIRouter(prefix="/api", dependencies=[Depends(require_token)], responses=_AUTH_RESPONSES)
-    for module in (trajectories, feedback, tasks, versions, learner, stats):
+    for module in (trajectories, feedback, tasks, versions, learner, stats, compat):
         api.include_router(module.router)
     app.include_router(api)
     errors.install(app)

@@ -129,3 +129,10 @@ class StatsQuery(BaseModel):
     )
     until: Time = Field(None, description="default: now")
     bucket: Literal["hour", "day"] = "hour"
+
+
+class CompatQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    since: Time = Field(None, description="default: 24 hours before until")
+    until: Time = Field(None, description="default: now")

@@ -81,6 +81,13 @@ def register(commands: Any) -> None:
         help="sample single-turn chat requests N times upstream, answer with the first and "
         "record all N as one GRPO group (default 1 = off)",
     )
+    serve.add_argument(
+        "--hosted-tools",
+        choices=["omit", "refuse"],
+        help="Messages/Responses tools the served model cannot be given (web search, file "
+        "search, computer use, code interpreter, vendor-run MCP, ...): leave them out and "
+        "record it (omit, default) or answer with a 400 (refuse)",
+    )
     serve.set_defaults(func=cmd_serve)
 
 
@@ -103,6 +110,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         fanout=args.fanout,
         log_fsync_interval=args.log_fsync_interval,
         migrate=args.migrate,
+        hosted_tools=args.hosted_tools,
     )
     try:
         settings.check_exposure()

@@ -6,6 +6,7 @@ logprobs recorded; the translation itself lives in proxy/translate/messages.py.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -15,13 +16,15 @@ from starlette.routing import BaseRoute, Route
 
 from proxy.capture import CHAT, ClientAsked
 from proxy.dialect import StreamWriter, TranslatedWriter
-from proxy.errors import BadRequest, ProxyError
-from proxy.generation import UPSTREAM_READ_ERRORS, Generation, upstream_error_message
+from proxy.errors import BadRequest, ProxyError, upstream_error_message
+from proxy.generation import Generation
+from proxy.prompt_tokens import count_prompt
 from proxy.recording import CallRecord
 from proxy.requests import parse_object, read_body
 from proxy.state import ProxyState
+from proxy.translate import context_edits
 from proxy.translate import messages as translate
-from proxy.upstream import release
+from proxy.translate.policy import Compat
 
 # HTTP status -> Anthropic error type
 ERROR_TYPES = {
@@ -51,15 +54,27 @@ class MessagesDialect:
     api = "messages"
     capture_api = CHAT
     upstream_path = "/v1/chat/completions"
+    output_limit = "max_tokens"
 
     async def to_upstream(
         self, body: dict[str, Any], state: ProxyState, record: CallRecord
     ) -> dict[str, Any]:
+        compat = record.compat = Compat()
         try:
-            chat = translate.messages_to_chat(body)
+            chat = translate.messages_to_chat(
+                body, compat=compat, hosted_tools=state.settings.hosted_tools
+            )
+            clearing = translate.tool_use_clearing(body)
         except translate.TranslationError as exc:
+            compat.note("refused", exc.param or "body")
+            compat.detail["refused"] = {"param": exc.param, "message": exc.message}
             raise BadRequest(str(exc), param=exc.param) from exc
+        # the conversation as the client holds it: what its next call continues
         record.chat_messages = chat["messages"]
+        if clearing is not None:
+            headers = record.context["client_headers"]
+            chat["messages"] = await _clear_tool_uses(chat, clearing, state, headers, compat)
+        record.context["context_management"] = context_edits.applied_edits(compat.detail)
         return chat
 
     def error(self, exc: ProxyError) -> Response:
@@ -69,13 +84,56 @@ class MessagesDialect:
         return anthropic_error(status, upstream_error_message(raw))
 
     def whole(self, data: dict[str, Any], asked: ClientAsked, record: CallRecord) -> Any:
-        return translate.chat_to_message(data, model=record.model or "")
+        return _message(data, record)
 
     def stream(self, asked: ClientAsked, record: CallRecord) -> StreamWriter:
-        return TranslatedWriter(translate.MessagesStream(model=record.model or ""), _events)
+        translator = translate.MessagesStream(
+            model=record.model or "",
+            context_management=record.context.get("context_management"),
+        )
+        return TranslatedWriter(translator, _events)
 
     def streamed(self, assembled: dict[str, Any], writer: StreamWriter, record: CallRecord) -> Any:
-        return translate.chat_to_message(assembled, model=record.model or "")
+        return _message(assembled, record)
+
+
+def _message(chat: dict[str, Any], record: CallRecord) -> dict[str, Any]:
+    return translate.chat_to_message(
+        chat,
+        model=record.model or "",
+        context_management=record.context.get("context_management"),
+    )
+
+
+async def _clear_tool_uses(
+    chat: dict[str, Any],
+    clearing: context_edits.ToolUseClearing,
+    state: ProxyState,
+    headers: Mapping[str, str],
+    compat: Compat,
+) -> list[dict[str, Any]]:
+    """The messages the model sees once `clear_tool_uses` ran: old tool results cleared if
+    its trigger fired and it cleared at least `clear_at_least` tokens; the record says what."""
+    messages = chat["messages"]
+    detail = compat.detail[f"context_management.{context_edits.CLEAR_TOOL_USES}"] = {}
+    counted = clearing.trigger_tool_uses is None or clearing.clear_at_least > 0
+    before = (await count_prompt(state.pool, chat, headers)).tokens if counted else None
+    detail["input_tokens"] = before
+    if not clearing.triggered(
+        prompt_tokens=before, tool_uses=context_edits.tool_use_count(messages)
+    ):
+        detail["triggered"] = False
+        return messages
+    edited, cleared = context_edits.clear_tool_uses(messages, clearing)
+    detail["triggered"] = True
+    if cleared and before is not None:
+        after = (await count_prompt(state.pool, {**chat, "messages": edited}, headers)).tokens
+        detail["cleared_input_tokens"] = before - after
+    if clearing.clear_at_least and detail.get("cleared_input_tokens", 0) < clearing.clear_at_least:
+        detail["kept"] = "cleared fewer tokens than clear_at_least"
+        return messages
+    detail.update(cleared_tool_uses=len(cleared), cleared_tool_use_ids=cleared)
+    return edited
 
 
 DIALECT = MessagesDialect()
@@ -91,41 +149,16 @@ async def count_tokens(request: Request) -> Response:
     try:
         body = parse_object(await read_body(request, state.settings.max_body_bytes))
         body.setdefault("max_tokens", 1)  # count_tokens takes no max_tokens; the check wants one
-        chat = translate.count_tokens_chat_body(body)
+        chat = translate.count_tokens_chat_body(body, hosted_tools=state.settings.hosted_tools)
     except translate.TranslationError as exc:
         return anthropic_error(400, str(exc))
     except ProxyError as exc:
         return anthropic_error(exc.status, exc.message)
-    tokenize = {
-        "model": chat.get("model"),
-        "messages": chat["messages"],
-        "add_generation_prompt": True,
-    }
-    if chat.get("tools"):
-        tokenize["tools"] = chat["tools"]
     try:
-        _, response = await state.pool.open(
-            "POST",
-            "/tokenize",
-            body=orjson.dumps(tokenize),
-            headers=state.pool.headers(request.headers),
-            sticky_key=None,
-        )
+        count = await count_prompt(state.pool, chat, request.headers)
     except ProxyError as exc:
         return anthropic_error(exc.status, exc.message)
-    try:
-        raw = await response.read()
-    except UPSTREAM_READ_ERRORS as exc:
-        return anthropic_error(502, f"upstream broke off while counting tokens: {exc}")
-    finally:
-        await release(response)
-    if response.status != 200:
-        return anthropic_error(response.status, upstream_error_message(raw))
-    try:
-        count = int(orjson.loads(raw)["count"])
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-        return anthropic_error(502, "upstream's /tokenize answered without a token count")
-    return JSONResponse({"input_tokens": count})
+    return JSONResponse({"input_tokens": count.tokens})
 
 
 def routes() -> list[BaseRoute]:

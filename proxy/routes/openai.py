@@ -12,10 +12,10 @@ from starlette.routing import BaseRoute, Route
 from proxy.capture import CHAT, COMPLETIONS
 from proxy.dialect import OpenAIDialect
 from proxy.errors import Forbidden, ProxyError, error_response
-from proxy.generation import UPSTREAM_READ_ERRORS, Generation
+from proxy.generation import Generation
 from proxy.requests import read_body, session_key
 from proxy.state import ProxyState
-from proxy.upstream import release
+from proxy.upstream import UPSTREAM_READ_ERRORS, release
 
 log = logging.getLogger("onthejob.proxy")
 

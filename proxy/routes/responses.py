@@ -29,6 +29,7 @@ from proxy.generation import Generation
 from proxy.recording import CallRecord
 from proxy.state import ProxyState
 from proxy.translate import responses as translate
+from proxy.translate.policy import Compat
 
 
 def _events(events: list[dict[str, Any]]) -> bytes:
@@ -42,17 +43,23 @@ class ResponsesDialect:
     api = "responses"
     capture_api = CHAT
     upstream_path = "/v1/chat/completions"
+    output_limit = "max_output_tokens"
 
     async def to_upstream(
         self, body: dict[str, Any], state: ProxyState, record: CallRecord
     ) -> dict[str, Any]:
+        compat = record.compat = Compat()
         history = None
         previous = body.get("previous_response_id")
         if previous is not None:
             history = await self._history(previous, state)
         try:
-            chat = translate.responses_to_chat(body, history=history)
+            chat = translate.responses_to_chat(
+                body, history=history, compat=compat, hosted_tools=state.settings.hosted_tools
+            )
         except translate.TranslationError as exc:
+            compat.note("refused", exc.param or "body")
+            compat.detail["refused"] = {"param": exc.param, "message": exc.message}
             raise BadRequest(str(exc), param=exc.param) from exc
         record.chat_messages = chat["messages"]
         record.context.update(

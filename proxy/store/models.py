@@ -75,6 +75,11 @@ class Call(Base):
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     latency_ms: Mapped[float | None] = mapped_column(Float)
     ttft_ms: Mapped[float | None] = mapped_column(Float)
+    # the client's User-Agent header: which harness (and release) made the call
+    user_agent: Mapped[str | None] = mapped_column(String(500))
+    # translated APIs: what the compatibility policy did, {category: [feature, ...],
+    # "detail": {...}} (proxy/translate/policy.py); null when it did nothing
+    compat: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     __table_args__ = (Index("ix_calls_trajectory_started", "trajectory_id", "started_at"),)
 

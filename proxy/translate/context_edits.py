@@ -84,3 +84,17 @@ def _clear_inputs(message: dict[str, Any], ids: set[str]) -> dict[str, Any]:
         if call.get("id") in ids:
             call["function"]["arguments"] = CLEARED_INPUT
     return {**message, "tool_calls": calls}
+
+
+def applied_edits(detail: dict[str, Any]) -> dict[str, Any] | None:
+    """The response's `context_management` from what the edits did (the record's detail):
+    only edits that changed the prompt, as Anthropic reports them."""
+    edits = []
+    thinking = detail.get(f"context_management.{CLEAR_THINKING}") or {}
+    if thinking.get("cleared_thinking_turns"):
+        edits.append({"type": CLEAR_THINKING, **thinking})
+    tools = detail.get(f"context_management.{CLEAR_TOOL_USES}") or {}
+    if tools.get("cleared_tool_uses"):
+        reported = ("cleared_tool_uses", "cleared_input_tokens")
+        edits.append({"type": CLEAR_TOOL_USES, **{k: tools[k] for k in reported if k in tools}})
+    return {"applied_edits": edits} if edits else None

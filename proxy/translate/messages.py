@@ -146,7 +146,9 @@ def _translate(body: dict[str, Any], compat: Compat, hosted_tools: str) -> dict[
     chat: dict[str, Any] = {"model": _model(body), "messages": _chat_messages(body, compat)}
     keep_thinking = _context_management(body, compat)
     if keep_thinking is not None:
-        chat["messages"], _ = context_edits.clear_thinking(chat["messages"], keep_thinking)
+        chat["messages"], cleared = context_edits.clear_thinking(chat["messages"], keep_thinking)
+        feature = f"context_management.{context_edits.CLEAR_THINKING}"
+        compat.detail[feature] = {"cleared_thinking_turns": cleared}
     _mcp_servers(body, compat, hosted_tools)
     tools = _chat_tools(body, compat, hosted_tools)
     if tools:  # vLLM refuses an empty `tools` list; Anthropic treats it as no tools

@@ -1,0 +1,75 @@
+"""What the compatibility policy did, per harness: the admin view of `calls.compat`.
+
+Harnesses are told apart by their User-Agent (it names the client and its release, so a new
+release that sends something new shows up as its own row). Counts are of calls in the
+window; the per-call records are summed in Python, as JSON columns are queried differently
+in PostgreSQL and SQLite.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, func, select
+
+from proxy.store.models import Call
+from proxy.translate.policy import CATEGORIES
+
+# the APIs the compatibility policy translates (the others pass through unchanged)
+TRANSLATED_APIS = ("messages", "responses")
+
+
+def by_harness(conn: Connection, *, since: datetime, until: datetime) -> list[dict[str, Any]]:
+    """Per user agent, most calls first: calls by API, then per policy category the features
+    and how many calls each was in; `refusals` lists the latest refusal messages."""
+    in_window = (Call.started_at >= since, Call.started_at < until)
+    harnesses: dict[str | None, dict[str, Any]] = {}
+    totals = conn.execute(
+        select(Call.user_agent, Call.api, func.count())
+        .where(*in_window)
+        .group_by(Call.user_agent, Call.api)
+    )
+    for user_agent, api, calls in totals:
+        harness = harnesses.setdefault(user_agent, _empty(user_agent))
+        harness["calls"] += int(calls)
+        harness["apis"][api] = int(calls)
+    records = conn.execute(
+        select(Call.user_agent, Call.compat)
+        .where(*in_window, Call.api.in_(TRANSLATED_APIS))
+        .order_by(Call.started_at.desc())
+        .execution_options(yield_per=1000)
+    )
+    counts: dict[str | None, dict[str, Counter[str]]] = {}
+    for user_agent, compat in records:
+        if not isinstance(compat, dict):
+            continue
+        per_category = counts.setdefault(user_agent, {c: Counter() for c in CATEGORIES})
+        for category in CATEGORIES:
+            per_category[category].update(set(compat.get(category) or []))
+        refused = (compat.get("detail") or {}).get("refused")
+        harness = harnesses.setdefault(user_agent, _empty(user_agent))
+        if refused and len(harness["refusals"]) < 5:
+            harness["refusals"].append(refused)
+    for user_agent, per_category in counts.items():
+        for category, counter in per_category.items():
+            harnesses[user_agent][category] = [
+                {"feature": feature, "calls": n}
+                for feature, n in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))
+            ]
+    # most calls first; calls without a User-Agent last among equals
+    return sorted(
+        harnesses.values(),
+        key=lambda h: (-h["calls"], h["user_agent"] is None, h["user_agent"] or ""),
+    )
+
+
+def _empty(user_agent: str | None) -> dict[str, Any]:
+    return {
+        "user_agent": user_agent,
+        "calls": 0,
+        "apis": {},
+        **{category: [] for category in CATEGORIES},
+        "refusals": [],
+    }
