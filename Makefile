@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser demo test lint bench
+.PHONY: setup browser clis demo test lint bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
-setup: $(STAMP) browser
+setup: $(STAMP) browser clis
 
 # Debian's chromium for the dashboard test (tests/test_dashboard.py drives it through
 # Playwright; no browser is ever downloaded). Installed with apt-get when running as root;
@@ -28,10 +28,32 @@ browser:
 	      "tests/test_dashboard.py will be skipped"; \
 	  fi; }
 
+# The real agent CLIs the suite runs through the proxy (tests/test_harness_clis_*.py), at
+# pinned versions: upgrade them here, on purpose. npm installs them into .tools/clis, never
+# globally; node and npm come from Debian (apt-get, as root) where they are missing.
+CLAUDE_CODE_VERSION := 2.1.332
+CODEX_VERSION := 0.171.0
+CLIS := .tools/clis
+CLIS_STAMP := $(CLIS)/.installed-$(CLAUDE_CODE_VERSION)-$(CODEX_VERSION)
+
+clis: $(CLIS_STAMP)
+
+$(CLIS_STAMP):
+	@command -v npm >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y nodejs npm; \
+	  else \
+	    echo "error: npm is missing (apt-get install nodejs npm as root)"; exit 1; \
+	  fi; }
+	rm -rf $(CLIS)
+	npm install --prefix $(CLIS) --no-audit --no-fund --save-exact \
+	  @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION) @openai/codex@$(CODEX_VERSION)
+	touch $(CLIS_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/onthejob demo
 
-test: $(STAMP) browser
+test: $(STAMP) browser clis
 	$(VENV)/bin/python -m pytest
 
 lint: $(STAMP)
