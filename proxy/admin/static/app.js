@@ -87,7 +87,7 @@ async function guarded(fn) {
 function show(view) {
   state.view = view;
   for (const tab of document.querySelectorAll(".tab")) tab.classList.toggle("active", tab.dataset.view === view);
-  for (const name of ["overview", "trajectories", "versions", "tasks"]) $(`view-${name}`).hidden = name !== view;
+  for (const name of ["overview", "trajectories", "versions", "tasks", "harnesses"]) $(`view-${name}`).hidden = name !== view;
   refresh(true);
 }
 
@@ -98,6 +98,7 @@ function refresh(first) {
     trajectories: () => (first ? loadTrajectories(true) : Promise.resolve()),
     versions: loadVersions,
     tasks: loadTasks,
+    harnesses: loadHarnesses,
   }[state.view];
   return guarded(async () => {
     await work();
@@ -283,6 +284,36 @@ async function loadTasks() {
       el("tr", {}, el("td", {}, t.key), el("td", {}, t.answer || "–"), el("td", {}, t.match), el("td", {}, String(t.trajectories)), el("td", {}, t.mean_reward === null ? "–" : fmt(t.mean_reward))),
     ),
   );
+}
+
+// -- harnesses: the compatibility policy per User-Agent ---------------------------------
+const COMPAT_COLUMNS = ["honoured", "ignored", "unknown", "flattened", "left_out", "clamped", "refused"];
+
+function featureCell(category, features, extra) {
+  const cell = el("td", { class: `compat compat-${category}` });
+  for (const f of features) cell.appendChild(el("span", { class: "chip", title: `${f.calls} call(s)` }, `${f.feature} (${f.calls})`));
+  for (const line of extra || []) cell.appendChild(el("div", { class: "muted" }, line));
+  return cell;
+}
+
+async function loadHarnesses() {
+  const data = await api("/compat");
+  const body = $("harness-table").tBodies[0];
+  body.replaceChildren();
+  for (const h of data.harnesses) {
+    const apis = Object.entries(h.apis).map(([api, n]) => `${api} ${n}`).join(", ");
+    const refusals = h.refusals.map((r) => `${r.param || ""}: ${r.message}`);
+    body.appendChild(
+      el(
+        "tr",
+        { "data-harness": h.user_agent || "" },
+        el("td", { class: "harness" }, h.user_agent || "(no User-Agent)"),
+        el("td", { title: apis }, `${h.calls}`, el("div", { class: "muted" }, apis)),
+        ...COMPAT_COLUMNS.map((c) => featureCell(c, h[c], c === "refused" ? refusals : null)),
+      ),
+    );
+  }
+  if (!data.harnesses.length) body.appendChild(el("tr", {}, el("td", { colSpan: 9, class: "muted" }, "no calls in the last 24 h")));
 }
 
 // -- wiring --------------------------------------------------------------------------
