@@ -58,7 +58,13 @@ from transformers.utils import logging as transformers_logging
 from learner.checkpoint import CheckpointError, load_model, save_checkpoint, validate_checkpoint
 from learner.demo.tiny_model import build_tiny_model
 from learner.demo.vllm_server import VLLMServer
-from learner.publisher import DEFAULT_TOLERANCE, FullReloadPublisher, Probe, current_version
+from learner.publisher import (
+    DEFAULT_TOLERANCE,
+    Fingerprint,
+    FullReloadPublisher,
+    Probe,
+    current_version,
+)
 from learner.samples import Sample, Sampling
 from learner.trainer import Trainer, TrainerConfig, micro_batches, processed_logprobs
 
@@ -298,11 +304,9 @@ def serves_original(
 ) -> None:
     """Refuse to swap unless the upstream serves ``--model``'s weights now: the restore at
     the end puts those weights back under the version it reports now."""
-    import httpx
-
-    with httpx.Client(timeout=publisher.timeout, headers={"Connection": "close"}) as client:
-        # the publisher's own probe comparison, so "same weights" means what a publish means
-        diff = publisher._probe_diff(client, upstream, expected)
+    # the publisher's own probe comparison, so "same weights" means what a publish means
+    reference = Fingerprint.of(publisher.probe, expected, publisher.tolerance)
+    diff = publisher.score(upstream, reference)
     if not diff <= publisher.tolerance:
         raise BenchError(
             f"{upstream} serves version {version!r}, whose probe logprobs differ from --model's "
@@ -328,7 +332,7 @@ def measure_swaps(
         prompt = list(tokenizer(PROBE_TEXT)["input_ids"])
     except (OSError, ValueError):
         prompt = [1, 2, 3]
-    probe = Probe(prompt_token_ids=prompt, max_tokens=args.probe_tokens, seed=args.seed)
+    probe = Probe(prompt_token_ids=prompt)
     with serving(args, model_dir, work) as (upstream, startup_s):
         report = SwapReport(upstream, startup_s, current_version(upstream))
         publisher = FullReloadPublisher(
@@ -407,7 +411,6 @@ def main(argv: list[str] | None = None) -> int:
         "--upstream", help="a running vLLM (dev mode) serving --model, used by nothing else"
     )
     parser.add_argument("--swaps", type=int, default=5, help="publishes to time")
-    parser.add_argument("--probe-tokens", type=int, default=8, help="probe completion length")
     parser.add_argument(
         "--tolerance", type=float, default=DEFAULT_TOLERANCE, help="max probe |logprob diff|"
     )

@@ -21,6 +21,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from learner.layout import CheckpointError
+
 WEIGHTS_FILE = "model.safetensors"
 LM_HEAD = "lm_head.weight"
 
@@ -80,10 +82,6 @@ def checkpoint_tensors(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     if head is not None:
         tensors[_module_name(model, head) + ".weight"] = head.weight.detach().to("cpu").clone()
     return tensors
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory that vLLM must not be asked to load."""
 
 
 def validate_checkpoint(checkpoint_dir: Path, *, like: Path | None = None) -> None:

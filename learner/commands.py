@@ -124,12 +124,30 @@ def cmd_learn(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from learner.loop import rollback_to
+    from learner.versions import VersionError, serve_version
+    from proxy.store import db
 
     config = learner_config(args, model="-")
+    engine = db.make_engine(config.database_url)
     try:
-        label = rollback_to(config, args.version)
-    except ValueError as exc:
+        label = serve_version(
+            engine,
+            config.upstreams,
+            args.version,
+            expected_for=_expected_for,
+            tolerance=config.verify_tolerance,
+            drain_timeout=config.swap_drain_timeout,
+        )
+    except VersionError as exc:
         raise SystemExit(f"onthejob rollback: {exc}") from exc
+    finally:
+        engine.dispose()
     print(f"serving the weights of {args.version} as {label}")
     return 0
+
+
+def _expected_for(checkpoint: Path) -> Any:
+    """Only for a version recorded before probes were kept: loads its model (torch)."""
+    from learner.loop import expected_for
+
+    return expected_for(checkpoint)

@@ -39,6 +39,8 @@ class LearnerConfig:
     mask_truncated: bool = True
     max_sequence_mismatch: float = 1.0
     verify_tolerance: float = 1e-3
+    # seconds a swap waits for the replicas' traffic to drain before it aborts what is left
+    swap_drain_timeout: float = 60.0
     poll_interval: float = 1.0
     max_steps: int | None = None  # stop after this many steps (None: run forever)
     judge_base_url: str | None = None

@@ -2,18 +2,25 @@
 
 LearnerState keys: "control" (written by operators: pause, live knobs), "tasks_revision"
 (bumped by operators when they load or delete tasks: the learner then reloads its task table
-from the store) and "learner" (the learner's heartbeat: what it applied, its step, when it
-last looked). Invariant: the learner reads the first two once per loop iteration and never
-writes them; operators never write the heartbeat.
+from the store) and "learner" (the learner's heartbeat: what it applied, its step, what it
+is doing, when it last reported). Invariant: the learner reads the first two once per loop
+iteration and never writes them; operators never write the heartbeat.
+
+A knob's effective value is the one set last: by an operator (the time is stored with it)
+or by the learner's own settings (command line, environment, config file), which count as
+set when they differ from the previous run's. So a live change survives restarts and
+reloads of the trainer, and a restart with a new `--learning-rate` takes effect.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +50,7 @@ class Control:
     learning_rate: float | None = None
     batch_trajectories: int | None = None
     max_staleness: int | None = None
+    set_at: dict[str, str] = field(default_factory=dict)  # knob -> ISO time it was set
 
     def __post_init__(self) -> None:
         if self.learning_rate is not None and not (
@@ -53,6 +61,19 @@ class Control:
             raise ValueError("batch_trajectories must be between 1 and 100000")
         if self.max_staleness is not None and not 0 <= self.max_staleness <= 1_000_000:
             raise ValueError("max_staleness must be between 0 and 1000000")
+        if not isinstance(self.set_at, dict):
+            raise ValueError("set_at must map knobs to times")
+
+    def changed(self, **knobs: Any) -> Control:
+        """These knobs set now (None: back to the learner's own setting)."""
+        stamp = datetime.now(UTC).isoformat()
+        set_at = dict(self.set_at)
+        for name, value in knobs.items():
+            if value is None:
+                set_at.pop(name, None)
+            else:
+                set_at[name] = stamp
+        return dataclasses.replace(self, **knobs, set_at=set_at)
 
     @classmethod
     def from_state(cls, value: Any) -> Control:
@@ -88,23 +109,47 @@ def follow(learner: Learner) -> bool:
         control = read_control(conn)
         _apply(learner, control)
         _follow_tasks(learner, conn)
-        queries.set_state(conn, HEARTBEAT_KEY, _heartbeat(learner, control))
+        learner.applied_control = control
+        queries.set_state(conn, HEARTBEAT_KEY, heartbeat(learner))
     if control.paused:
+        learner.activity = "paused"
         time.sleep(learner.config.poll_interval)
     return control.paused
 
 
+def own_set_at(own: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, str]:
+    """When each of the learner's own knobs was set: now if it differs from the previous
+    run's (someone changed the command line), else when that run said it was set."""
+    previous = previous or {}
+    before = previous.get("own") if isinstance(previous.get("own"), dict) else None
+    stamps = previous.get("own_set_at") if isinstance(previous.get("own_set_at"), dict) else {}
+    now = datetime.now(UTC).isoformat()
+    out: dict[str, str] = {}
+    for name, value in own.items():
+        if before is not None and name in before and before[name] != value:
+            out[name] = now
+        elif isinstance(stamps.get(name), str):
+            out[name] = stamps[name]
+    return out
+
+
+def effective_knobs(
+    own: dict[str, Any], own_stamps: dict[str, str], control: Control
+) -> dict[str, Any]:
+    """Each knob as it was set last: the operator's value unless the learner's own setting
+    is newer (ties go to the operator)."""
+    wanted: dict[str, Any] = {}
+    for name in KNOBS:
+        operator = getattr(control, name)
+        newer_own = own_stamps.get(name, "") > control.set_at.get(name, "")
+        wanted[name] = own[name] if operator is None or newer_own else operator
+    return wanted
+
+
 def _apply(learner: Learner, control: Control) -> None:
-    """Set each knob to the operator's value, or back to the learner's own when cleared."""
+    """Set each knob to its effective value (the operator's, or the learner's own)."""
     config = learner.config
-    own = getattr(learner, "_own_knobs", None)
-    if own is None:
-        own = {name: getattr(config, name) for name in KNOBS}
-        learner._own_knobs = own  # type: ignore[attr-defined]
-    wanted = {
-        name: own[name] if getattr(control, name) is None else getattr(control, name)
-        for name in KNOBS
-    }
+    wanted = effective_knobs(learner.own_knobs, learner.own_set_at, control)
     if wanted["learning_rate"] != config.learning_rate:
         config.learning_rate = wanted["learning_rate"]
         learner.trainer_config = dataclasses.replace(
@@ -141,15 +186,46 @@ def _follow_tasks(learner: Learner, conn: Connection) -> None:
     log.info("task table reloaded from the store: %d tasks", len(learner.tasks))
 
 
-def _heartbeat(learner: Learner, control: Control) -> dict[str, Any]:
+def heartbeat(learner: Learner) -> dict[str, Any]:
     config = learner.config
+    control = learner.applied_control
     return {
         "at": datetime.now(UTC).isoformat(),
         "paused": control.paused,
+        "activity": learner.activity,
         "step": learner.step,
         "serving": None if learner.serving is None else learner.serving["version"],
         "learning_rate": config.learning_rate,
         "batch_trajectories": config.batch_trajectories,
         "max_staleness": config.max_staleness,
         "poll_interval": config.poll_interval,
+        "own": learner.own_knobs,
+        "own_set_at": learner.own_set_at,
     }
+
+
+class Heartbeat:
+    """Reports the learner alive from a thread of its own, so a long step, swap or grading
+    round does not make it look stopped."""
+
+    def __init__(self, learner: Learner) -> None:
+        self.learner = learner
+        # well within the admin API's "stopped" threshold (15 s, or 5 poll intervals)
+        self.every = min(5.0, max(learner.config.poll_interval, 0.5))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every):
+            with contextlib.suppress(Exception):  # the store is away: the loop says why
+                with self.learner.engine.begin() as conn:
+                    queries.set_state(conn, HEARTBEAT_KEY, heartbeat(self.learner))

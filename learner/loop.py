@@ -1,9 +1,16 @@
 """`onthejob learn`: grade finished trajectories, run GRPO on their exact tokens, publish.
 
 One iteration: grade what finished -> if enough trajectories carry a signal, one optimizer
-step -> checkpoint -> hot-swap into every vLLM replica -> verify -> record. A failed swap is
-rolled back (the previous version keeps serving, the trainer returns to its weights).
-Everything the learner needs to resume lives in the database and the checkpoints.
+step -> checkpoint -> hot-swap into every vLLM replica -> verify -> record -> serve. A version
+that fails verification never serves anyone (learner/publisher.py): the previous version
+keeps serving and the trainer returns to its weights. Publishing holds the publish lease
+(learner/lease.py), so operators' rollbacks and the learner's publishes never interleave.
+
+Invariant: a step is recorded, with the trajectories it trained on, in the transaction that
+records its version, before anyone is served by it; whatever interrupts a step before that
+(a crash, the database going away, an operator's rollback) leaves its batch untrained and
+the trainer back on the serving weights, so no step is lost or done twice. Everything the
+learner needs to resume lives in the database and the checkpoints.
 """
 
 from __future__ import annotations
@@ -17,36 +24,46 @@ from typing import Any
 
 import torch
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 from tqdm import tqdm
 
-from learner import control, queries
+from learner import control, lease, queries
 from learner.checkpoint import load_model, save_checkpoint
 from learner.config import LearnerConfig
+from learner.fence import Fence
 from learner.graders.combine import build_graders
 from learner.graders.tasks import TaskTable
 from learner.grouping import GroupingConfig, RunningBaselines, Scored, compute_advantages
-from learner.lora import (
-    LoraSettings,
-    adapter_base,
-    is_adapter,
-    load_trainable,
-    merge,
-    save_adapter,
-    wrap,
-)
+from learner.layout import is_adapter, served_base
+from learner.lora import LoraSettings, load_trainable, merge, save_adapter, wrap
 from learner.lora_publisher import LoraPublisher
 from learner.loss import LossConfig
-from learner.publisher import FullReloadPublisher, Probe, current_version, served_adapters
+from learner.publisher import (
+    ExpectedLogprobs,
+    Fingerprint,
+    FullReloadPublisher,
+    Probe,
+    PublishResult,
+    current_version,
+    served_adapters,
+)
 from learner.samples import Sample, build_samples, sampling_defaults
 from learner.trainer import Trainer, TrainerConfig
 from proxy.export import iter_trajectories
-from proxy.store import db
+from proxy.store import db, gates
 
 log = logging.getLogger("onthejob.learner")
 
 GRADE_BATCH = 256
 PENDING_RECHECK = 30.0  # seconds before trajectories waiting for feedback are graded again
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
+LEASE_WAIT = 300.0  # seconds the learner waits for an operator's rollback to finish
+LEARNER = "learner@"  # holder prefix: one learner per database, a restart takes over
+RETRY_CAP = 10.0  # seconds between tries at most, while the database or vLLM is away
+
+
+class RestoreFailed(RuntimeError):
+    """The replicas could not be made to serve what the store says serves (yet)."""
 
 
 class DatabaseFeedback:
@@ -104,6 +121,16 @@ class Learner:
         self.serving: dict[str, Any] | None = None
         self.baselines = RunningBaselines()
         self.step = 0
+        self.holder = lease.holder_name(LEARNER.rstrip("@"))
+        self.fence = Fence(self.engine, self.holder, drain_timeout=config.swap_drain_timeout)
+        # the knobs as the command line (and config, environment) set them; the operator's
+        # live values override them (learner/control.py)
+        self.own_knobs = {name: getattr(config, name) for name in control.KNOBS}
+        self.own_set_at: dict[str, str] = {}
+        self.applied_control = control.Control()  # what operators asked, as last applied
+        self.activity = "starting"  # what the heartbeat says the learner is doing
+        self.heartbeat = control.Heartbeat(self)
+        self._needs_restore = False
         self._grading: tqdm | None = None
         self._pending: set[str] = set()
         self._pending_since = time.monotonic()
@@ -112,45 +139,30 @@ class Learner:
     def start(self) -> None:
         if self.config.tasks:
             self._load_tasks(Path(self.config.tasks))
-        with self.engine.begin() as conn:
-            self.serving = queries.serving_version(conn)
-            self.step = queries.last_step(conn)
-            state = queries.get_state(conn, "baselines")
-            if state:
-                self.baselines = RunningBaselines.from_state(state)
-            first_start = self.serving is None
-            if first_start:
-                # the weights vLLM serves now become version 0; its checkpoint is written
-                # by us so it always holds lm_head.weight (a rollback to it must be exact)
-                version = current_version(self.config.upstreams[0])
-                if version in served_adapters(self.config.upstreams[0]):
-                    # an adapter from some other run answers now: version 0 is the base,
-                    # under a name of its own, swapped in below like after a crash
-                    version = f"base-{os.urandom(3).hex()}"
-                    first_start = False
-                base = self.checkpoints / "base"
-                if not base.exists():
-                    save_checkpoint(load_model(self.model_dir), base, source_dir=self.model_dir)
-                queries.add_version(
-                    conn,
-                    version=version,
-                    ordinal=queries.next_ordinal(conn),
-                    parent=None,
-                    checkpoint_path=str(base),
-                    status="serving",
-                )
-                self.serving = queries.serving_version(conn)
-        assert self.serving is not None
-        source = Path(self.serving["checkpoint_path"])
-        self.trainer = self._trainer(source)
-        self._load_optimizer(source)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
-        probe = Probe(prompt_token_ids=list(tokenizer(PROBE_TEXT)["input_ids"]))
-        self.publisher = self._publisher(probe, source)
-        if not first_start:
-            self._resync(source)
+        self.probe = Probe(prompt_token_ids=list(tokenizer(PROBE_TEXT)["input_ids"]))
+        # a learner killed mid-publish left its lease behind: take it over at once
+        with lease.held(self.engine, self.holder, wait=LEASE_WAIT, steal_prefix=LEARNER):
+            with self.engine.begin() as conn:
+                self.serving = queries.serving_version(conn)
+                self.step = queries.last_step(conn)
+                state = queries.get_state(conn, "baselines")
+                if state:
+                    self.baselines = RunningBaselines.from_state(state)
+                self.own_set_at = control.own_set_at(self.own_knobs, control.read_heartbeat(conn))
+            adopted = self.serving is None and self._adopt_served_weights()
+            assert self.serving is not None
+            source = Path(self.serving["checkpoint_path"])
+            if self.trainer is None:
+                self.trainer = self._trainer(source)
+            self._load_optimizer(source)
+            self.publisher = self._publisher(source)
+            if not adopted:
+                # always swap in what the database says serves, verified: a learner that died
+                # mid-swap may have left a replica fenced off or holding unpublished weights
+                self._restore_locked()
         log.info(
             "learner ready: serving %s (step %d), graders %s",
             self.serving["version"],
@@ -158,16 +170,86 @@ class Learner:
             ", ".join(self.config.graders),
         )
 
-    def _resync(self, source: Path) -> None:
-        """After a crash, make every replica serve what the database says is serving."""
+    def _adopt_served_weights(self) -> bool:
+        """First start: the weights vLLM serves now become version 0, with the probe they
+        pass; its checkpoint is written by us so it always holds lm_head.weight (a rollback
+        to it must be exact). False when vLLM serves something else (an adapter of another
+        run, other weights): version 0 is then the base, swapped in like after a crash."""
+        base = self.checkpoints / "base"
+        if not base.exists():
+            save_checkpoint(load_model(self.model_dir), base, source_dir=self.model_dir)
+        self.trainer = self._trainer(base)
+        fingerprint = Fingerprint.of(
+            self.probe, self.trainer.logprobs_of, self.config.verify_tolerance
+        )
+        version = current_version(self.config.upstreams[0])
+        serves_base = version not in served_adapters(self.config.upstreams[0])
+        if serves_base:
+            checker = FullReloadPublisher(self.config.upstreams, probe=self.probe)
+            for upstream in self.config.upstreams:
+                diff = checker.score(upstream, fingerprint)
+                if not diff <= fingerprint.tolerance:
+                    log.warning(
+                        "%s does not serve --model's weights (probe off by %.3g): swapping them in",
+                        upstream,
+                        diff,
+                    )
+                    serves_base = False
+        if not serves_base:
+            version = f"base-{os.urandom(3).hex()}"
+        with self.engine.begin() as conn:
+            queries.add_version(
+                conn,
+                version=version,
+                ordinal=queries.next_ordinal(conn),
+                parent=None,
+                checkpoint_path=str(base),
+                status="serving",
+                probe=fingerprint.state(),
+            )
+            self.serving = queries.serving_version(conn)
+        return serves_base
+
+    def _restore(self) -> None:
+        """Make every replica serve what the database says serves, verified."""
+        self.activity = "restoring the serving version"
+        with lease.held(self.engine, self.holder, wait=LEASE_WAIT):
+            self._restore_locked()
+
+    def _restore_locked(self) -> None:
         assert self.serving is not None and self.publisher is not None
         assert self.trainer is not None
-        version = self.serving["version"]
-        # always swap in what the database says serves, verified: a learner that died in
-        # the middle of a swap may have left a replica paused or holding unpublished weights
-        result = self.publisher.rollback(source, version, expected=self.trainer.logprobs_of)
-        if not result.ok:
-            raise RuntimeError(f"could not restore {version}: {result.error}")
+        with self.engine.connect() as conn:
+            serving = queries.serving_version(conn)
+        assert serving is not None
+        if serving["version"] != self.serving["version"]:
+            self._follow(serving)
+        fingerprint = Fingerprint.from_state(serving["probe"])
+        result = self.publisher.rollback(
+            Path(serving["checkpoint_path"]),
+            serving["version"],
+            fingerprint=fingerprint,
+            expected=None if fingerprint is not None else self.trainer.logprobs_of,
+        )
+        if not (result.ok and result.opened):
+            self._needs_restore = True
+            raise RestoreFailed(f"could not restore {serving['version']}: {result.error}")
+        if fingerprint is None and result.fingerprint is not None:
+            with self.engine.begin() as conn:
+                queries.set_version_probe(
+                    conn, version=serving["version"], probe=result.fingerprint.state()
+                )
+            self.serving["probe"] = result.fingerprint.state()
+            self.publisher.last_good_fingerprint = result.fingerprint
+        self._needs_restore = False
+
+    def _gates_left_closed(self) -> bool:
+        """A publisher that died mid-swap (nobody holds the lease) left replicas fenced off."""
+        with self.engine.connect() as conn:
+            closed = {g["upstream"] for g in gates.closed_gates(conn)}
+        return bool(closed & set(self.publisher.upstreams if self.publisher else [])) and (
+            lease.who(self.engine) is None
+        )
 
     def _load_tasks(self, path: Path) -> None:
         table = TaskTable.from_jsonl(path)
@@ -190,13 +272,38 @@ class Learner:
     # -- the loop ---------------------------------------------------------------------
     def run(self) -> None:
         self.start()
-        while self.config.max_steps is None or self.step < self.config.max_steps:
-            if control.follow(self):  # operator pause and live knobs (admin API)
-                continue
-            graded = self.grade_finished()
-            trained = self.maybe_train()
-            if not graded and not trained:
-                time.sleep(self.config.poll_interval)
+        self.heartbeat.start()
+        failures = 0
+        try:
+            while self.config.max_steps is None or self.step < self.config.max_steps:
+                try:
+                    self.iterate()
+                    failures = 0
+                except (DBAPIError, RestoreFailed) as exc:
+                    if isinstance(exc, DBAPIError) and not _unreachable(exc):
+                        raise  # a refused statement is a bug, not an outage
+                    failures += 1
+                    # back off, but look again soon: the sooner it is back, the better
+                    wait = min(self.config.poll_interval * 2.0**failures, RETRY_CAP)
+                    self.activity = f"retrying in {wait:g}s: {_first_line(exc)}"
+                    log.warning("%s; trying again in %gs", _first_line(exc), wait)
+                    time.sleep(wait)
+        finally:
+            self.heartbeat.stop()
+
+    def iterate(self) -> None:
+        """One look at the world: restore what serves if it needs it, follow the operator,
+        grade, maybe train."""
+        if self._needs_restore or self._gates_left_closed():
+            self._restore()
+        if control.follow(self):  # operator pause and live knobs (admin API)
+            return
+        self.activity = "grading"
+        graded = self.grade_finished()
+        trained = self.maybe_train()
+        if not graded and not trained:
+            self.activity = "waiting for trajectories"
+            time.sleep(self.config.poll_interval)
 
     def grade_finished(self) -> int:
         with self.engine.connect() as conn:
@@ -241,13 +348,26 @@ class Learner:
         with self.engine.connect() as conn:
             serving = queries.serving_version(conn)
         if serving is not None and serving["version"] != self.serving["version"]:
-            log.info(
-                "now serving %s (changed by an operator); training from it", serving["version"]
-            )
-            self.serving = serving
-            source = Path(serving["checkpoint_path"])
-            self.trainer = self._trainer(source)
-            self._load_optimizer(source)
+            self._follow(serving)
+
+    def _follow(self, serving: dict[str, Any]) -> None:
+        """What serves changed under us (an operator): the trainer and the publisher's idea
+        of the last good weights move to it."""
+        log.info("now serving %s (changed by an operator); training from it", serving["version"])
+        self.serving = serving
+        source = Path(serving["checkpoint_path"])
+        self.trainer = self._trainer(source)
+        self._load_optimizer(source)
+        if self.publisher is not None:
+            self.publisher.last_good = served_base(source).resolve()
+            self.publisher.last_good_fingerprint = Fingerprint.from_state(serving["probe"])
+
+    def _reload_trainer(self) -> None:
+        """Back to the serving weights and their optimizer state (a step nobody recorded)."""
+        assert self.serving is not None
+        source = Path(self.serving["checkpoint_path"])
+        self.trainer = self._trainer(source)
+        self._load_optimizer(source)
 
     def maybe_train(self) -> bool:
         self._follow_operator()
@@ -259,15 +379,20 @@ class Learner:
             return False
         assert self.serving is not None
         current = int(self.serving["ordinal"])
+        # traffic of a version that is not a verified one (an unknown label, a call recorded
+        # before the proxy knew the version) is not trainable: nothing says which weights
+        # produced it
+        unknown = [r["trajectory_id"] for r in rows if r["policy_version"] not in ordinals]
         scored = [
             Scored(
                 trajectory_id=r["trajectory_id"],
                 task_key=r["task_key"] or r["trajectory_id"],
                 reward=float(r["reward"]),
-                version_index=ordinals.get(r["policy_version"], 0),
+                version_index=ordinals[r["policy_version"]],
                 group_id=r["group_key"],
             )
             for r in rows
+            if r["policy_version"] in ordinals
         ]
         # on a copy: the same rows come back at every poll until a step consumes them
         baselines = RunningBaselines.from_state(self.baselines.state())
@@ -277,7 +402,7 @@ class Learner:
         if len(advantaged) < self.config.batch_trajectories:
             return False
         self.baselines = baselines
-        self._train(advantaged, [s.trajectory_id for s in scored], group_metrics)
+        self._train(advantaged, [s.trajectory_id for s in scored] + unknown, group_metrics)
         return True
 
     def _train(
@@ -295,8 +420,12 @@ class Learner:
         keep = set(map(id, self.trainer.trainable(samples)))
         pairs = [(s, a) for s, a in zip(samples, advantages, strict=True) if id(s) in keep]
         step = self.step + 1
+        self.activity = f"training step {step}"
+        # the knob as the operator or the command line last set it, whatever the optimizer
+        # state loaded from a checkpoint says
+        self.trainer.set_learning_rate(self.config.learning_rate)
         metrics = self.trainer.step([s for s, _ in pairs], [a for _, a in pairs])
-        metrics.update(group_metrics)
+        metrics.update(group_metrics, learning_rate=self.config.learning_rate)
         if metrics.get("skipped"):
             # nothing trainable (all truncated or without captured tokens): no new version
             with self.engine.begin() as conn:
@@ -304,71 +433,135 @@ class Learner:
                 queries.set_state(conn, "baselines", self.baselines.state())
             log.info("batch of %d trajectories had nothing to train on", len(considered))
             return
-        # unique: a step redone after a crash must not reuse a name vLLM may have served
-        version = f"step-{step}-{os.urandom(3).hex()}"
-        target = self.checkpoints / version
-        if target.exists():
-            # left by a run that died before recording this step: the database, not the
-            # directory, says what was published, so the half-done attempt is redone
-            shutil.rmtree(target)
-        checkpoint = self._save(target)
-        self._save_optimizer(checkpoint)
-        result = self.publisher.publish(checkpoint, version, expected=self.trainer.logprobs_of)
-        metrics.update(swap_seconds=result.swap_seconds, max_logprob_diff=result.max_logprob_diff)
-        with self.engine.begin() as conn:
-            ordinal = queries.next_ordinal(conn)
-            queries.add_version(
-                conn,
-                version=version,
-                ordinal=ordinal,
-                parent=self.serving["version"],
-                checkpoint_path=str(checkpoint),
-                status="serving" if result.ok else "rolled_back",
-                swap_seconds=result.swap_seconds,
-                error=result.error,
-                metrics=metrics,
-            )
-            queries.add_step(
-                conn, step=step, version=version if result.ok else None, metrics=metrics
-            )
-            queries.mark_trained(conn, trajectory_ids=considered, step=step)
-            queries.set_state(conn, "baselines", self.baselines.state())
-            if result.ok:
-                self.serving = queries.serving_version(conn)
-        if not result.ok:
-            self._roll_back(version, result.error)
+        try:
+            result = self._publish_step(step, metrics, considered)
+        except BaseException:
+            # the optimizer stepped, but no record says so: back to the serving weights, so
+            # the step is neither lost nor done twice (its batch is trained again)
+            self._reload_trainer()
+            raise
+        if result is None:
+            return  # an operator changed what serves meanwhile: trained again from there
         self.step = step
         log.info(
-            "step %d: %d samples, %d tokens, reward %.3f, loss %.4f, clip %.3f, "
+            "step %d: %d samples, %d tokens, reward %.3f, lr %.3g, loss %.4f, clip %.3f, "
             "mismatch-kl %.2e, swap %.2fs -> %s",
             step,
             len(pairs),
             int(metrics.get("trained_tokens", 0)),
             group_metrics.get("mean_reward", float("nan")),
+            self.config.learning_rate,
             metrics.get("loss", float("nan")),
             metrics.get("clip_fraction", float("nan")),
             metrics.get("mismatch_kl", float("nan")),
             result.swap_seconds,
-            version if result.ok else f"ROLLED BACK ({result.error})",
+            result.version if result.ok else f"NOT PUBLISHED ({result.error})",
         )
 
-    def _publisher(self, probe: Probe, source: Path) -> FullReloadPublisher:
-        # what the replicas hold besides any adapter: the full checkpoint under it
-        base = lora_base(source)
-        if not self.config.lora:
-            return FullReloadPublisher(
-                self.config.upstreams,
-                probe=probe,
-                tolerance=self.config.verify_tolerance,
-                last_good=base,
+    def _publish_step(
+        self, step: int, metrics: dict[str, Any], considered: list[str]
+    ) -> PublishResult | None:
+        """Checkpoint, publish and record one step under the publish lease; None when an
+        operator changed what serves while it trained (the step is dropped)."""
+        assert self.trainer is not None and self.publisher is not None and self.serving
+        self.activity = f"publishing step {step}"
+        with lease.held(self.engine, self.holder, wait=LEASE_WAIT):
+            with self.engine.connect() as conn:
+                serving = queries.serving_version(conn)
+            if serving is not None and serving["version"] != self.serving["version"]:
+                log.info("step %d trained on weights an operator replaced: dropped", step)
+                self._follow(serving)
+                return None
+            # unique: a step redone after a crash must not reuse a name vLLM may have served
+            version = f"step-{step}-{os.urandom(3).hex()}"
+            target = self.checkpoints / version
+            if target.exists():
+                # left by a run that died before recording this step: the database, not the
+                # directory, says what was published, so the half-done attempt is redone
+                shutil.rmtree(target)
+            checkpoint = self._save(target)
+            self._save_optimizer(checkpoint)
+            parent = self.serving["version"]
+
+            def record(result: PublishResult) -> None:
+                """Verified, not yet serving: the version, the step and its batch, at once."""
+                metrics.update(
+                    swap_seconds=result.swap_seconds, max_logprob_diff=result.max_logprob_diff
+                )
+                with self.engine.begin() as conn:
+                    queries.add_version(
+                        conn,
+                        version=version,
+                        ordinal=queries.next_ordinal(conn),
+                        parent=parent,
+                        checkpoint_path=str(checkpoint),
+                        status="serving",
+                        swap_seconds=result.swap_seconds,
+                        metrics=metrics,
+                        probe=None if result.fingerprint is None else result.fingerprint.state(),
+                    )
+                    self._record_step(conn, step, version, metrics, considered)
+
+            try:
+                result = self.publisher.publish(
+                    checkpoint, version, expected=self.trainer.logprobs_of, commit=record
+                )
+            except BaseException:
+                self._needs_restore = True  # the replicas may still be fenced off
+                raise
+            if result.ok:
+                with self.engine.connect() as conn:
+                    self.serving = queries.version(conn, version=version)
+                self._needs_restore = not result.opened
+                return result
+            metrics.update(
+                swap_seconds=result.swap_seconds, max_logprob_diff=result.max_logprob_diff
             )
-        return LoraPublisher(
-            self.config.upstreams,
-            probe=probe,
-            tolerance=self.config.verify_tolerance,
-            last_good=base,
-            max_rank=self.config.lora_rank,
-        )
+            with self.engine.begin() as conn:
+                # no ordinal: it never served anyone, nothing it did is trainable
+                queries.add_version(
+                    conn,
+                    version=version,
+                    ordinal=None,
+                    parent=parent,
+                    checkpoint_path=str(checkpoint),
+                    status="rolled_back",
+                    swap_seconds=result.swap_seconds,
+                    error=result.error,
+                    metrics=metrics,
+                )
+                self._record_step(conn, step, None, metrics, considered)
+            log.error("version %s failed (%s); %s keeps serving", version, result.error, parent)
+            self._reload_trainer()
+            self._needs_restore = not result.restored
+            return result
+
+    def _record_step(
+        self,
+        conn: Any,
+        step: int,
+        version: str | None,
+        metrics: dict[str, Any],
+        considered: list[str],
+    ) -> None:
+        queries.add_step(conn, step=step, version=version, metrics=metrics)
+        queries.mark_trained(conn, trajectory_ids=considered, step=step)
+        queries.set_state(conn, "baselines", self.baselines.state())
+
+    def _publisher(self, source: Path) -> FullReloadPublisher:
+        assert self.serving is not None
+        # what the replicas hold besides any adapter: the full checkpoint under it
+        base = served_base(source)
+        settings: dict[str, Any] = {
+            "probe": self.probe,
+            "tolerance": self.config.verify_tolerance,
+            "last_good": base,
+            "last_good_fingerprint": Fingerprint.from_state(self.serving["probe"]),
+            "fence": self.fence,
+        }
+        if not self.config.lora:
+            return FullReloadPublisher(self.config.upstreams, **settings)
+        return LoraPublisher(self.config.upstreams, max_rank=self.config.lora_rank, **settings)
 
     def _trainer(self, source: Path) -> Trainer:
         model: torch.nn.Module
@@ -394,7 +587,7 @@ class Learner:
         assert self.trainer is not None and self.serving is not None
         if self.config.lora:
             serving = Path(self.serving["checkpoint_path"])
-            return save_adapter(self.trainer.model, target, base_dir=lora_base(serving))
+            return save_adapter(self.trainer.model, target, base_dir=served_base(serving))
         return save_checkpoint(self.trainer.model, target, source_dir=self.model_dir)
 
     @staticmethod
@@ -409,7 +602,9 @@ class Learner:
         path.with_suffix(".tmp").replace(path)
 
     def _load_optimizer(self, checkpoint: Path) -> None:
-        """AdamW moments of that checkpoint, so a resumed run continues the same run."""
+        """AdamW moments of that checkpoint, so a resumed run continues the same run; the
+        learning rate stays the one the operator or the command line set (the saved state
+        carries the rate it was saved with)."""
         assert self.trainer is not None
         path = self._optimizer_path(checkpoint)
         if path.exists():
@@ -418,60 +613,26 @@ class Learner:
             except ValueError as exc:
                 # saved for other parameters (LoRA switched on or off): start the moments anew
                 log.warning("optimizer state %s does not fit (%s); starting afresh", path, exc)
-
-    def _roll_back(self, failed: str, error: str | None) -> None:
-        """The previous version keeps serving; the trainer returns to its weights."""
-        assert self.serving is not None and self.publisher is not None
-        previous = Path(self.serving["checkpoint_path"])
-        log.error("version %s failed verification (%s); rolling back", failed, error)
-        self.trainer = self._trainer(previous)
-        self._load_optimizer(previous)
-        result = self.publisher.rollback(
-            previous, self.serving["version"], expected=self.trainer.logprobs_of
-        )
-        if not result.ok:
-            log.error("rollback to %s failed too: %s", self.serving["version"], result.error)
+        self.trainer.set_learning_rate(self.config.learning_rate)
 
 
-def lora_base(checkpoint: Path) -> Path:
-    """The full weights a checkpoint serves on: itself, or the base an adapter names."""
-    return adapter_base(checkpoint) if is_adapter(checkpoint) else checkpoint
+def expected_for(checkpoint: Path) -> tuple[Probe, ExpectedLogprobs]:
+    """`onthejob rollback` of a version recorded before probes were kept: its model, loaded,
+    and the learner's probe for it."""
+    from transformers import AutoTokenizer
+
+    weights = load_trainable(checkpoint) if is_adapter(checkpoint) else load_model(checkpoint)
+    tokenizer = AutoTokenizer.from_pretrained(str(served_base(checkpoint)))
+    probe = Probe(prompt_token_ids=list(tokenizer(PROBE_TEXT)["input_ids"]))
+    return probe, Trainer(weights, TrainerConfig(), None).logprobs_of
 
 
-def rollback_to(config: LearnerConfig, version: str) -> str:
-    """`onthejob rollback VERSION`: serve an earlier version again."""
-    engine = db.make_engine(config.database_url)
-    try:
-        with engine.begin() as conn:
-            target = queries.version(conn, version=version)
-            if target is None or not target["checkpoint_path"]:
-                raise ValueError(f"unknown policy version {version!r}")
-            checkpoint = Path(target["checkpoint_path"])
-            current = queries.serving_version(conn)
-            # a new version (fresh ordinal) with the old weights: staleness keeps counting
-            # forwards, and what the rolled-away versions produced counts as old
-            ordinal = queries.next_ordinal(conn)
-            label = f"{version}+rollback-{ordinal}"
-            # what the replicas hold under any adapter; a full reload if that is not it
-            served = None if current is None else lora_base(Path(current["checkpoint_path"]))
-            probe = Probe(prompt_token_ids=[1])
-            publisher = LoraPublisher(config.upstreams, probe=probe, last_good=served)
-            weights = (
-                load_trainable(checkpoint) if is_adapter(checkpoint) else load_model(checkpoint)
-            )
-            model = Trainer(weights, TrainerConfig(), config.device)
-            result = publisher.rollback(checkpoint, label, expected=model.logprobs_of)
-            if not result.ok:
-                raise ValueError(f"rolling back to {version} failed: {result.error}")
-            queries.add_version(
-                conn,
-                version=label,
-                ordinal=ordinal,
-                parent=None if current is None else current["version"],
-                checkpoint_path=str(checkpoint),
-                status="serving",
-                swap_seconds=result.swap_seconds,
-            )
-            return label
-    finally:
-        engine.dispose()
+def _unreachable(exc: DBAPIError) -> bool:
+    """The database is away (refused, dropped, restarting), as opposed to refusing a query."""
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    return exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]

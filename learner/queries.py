@@ -151,7 +151,12 @@ def mark_trained(conn: Connection, *, trajectory_ids: Sequence[str], step: int) 
 
 
 def version_ordinals(conn: Connection) -> dict[str, int]:
-    rows = conn.execute(select(PolicyVersion.version, PolicyVersion.ordinal))
+    """The verified versions' places in the staleness order (failed versions have none)."""
+    rows = conn.execute(
+        select(PolicyVersion.version, PolicyVersion.ordinal).where(
+            PolicyVersion.ordinal.is_not(None)
+        )
+    )
     return {version: ordinal for version, ordinal in rows}
 
 
@@ -174,14 +179,17 @@ def add_version(
     conn: Connection,
     *,
     version: str,
-    ordinal: int,
+    ordinal: int | None,
     parent: str | None,
     checkpoint_path: str | None,
     status: str,
     swap_seconds: float | None = None,
     error: str | None = None,
     metrics: dict[str, Any] | None = None,
+    probe: dict[str, Any] | None = None,
 ) -> None:
+    """`ordinal`: None for a version that failed verification (it never served anyone).
+    Callers hold the publish lease (learner/lease.py), so the ordinal they read is theirs."""
     if status == "serving":
         _supersede_serving(conn)
     conn.execute(
@@ -195,8 +203,13 @@ def add_version(
             swap_seconds=swap_seconds,
             error=error,
             metrics=metrics,
+            probe=probe,
         )
     )
+
+
+def set_version_probe(conn: Connection, *, version: str, probe: dict[str, Any]) -> None:
+    conn.execute(update(PolicyVersion).where(PolicyVersion.version == version).values(probe=probe))
 
 
 def _supersede_serving(conn: Connection) -> None:

@@ -18,6 +18,7 @@ from starlette.routing import Mount, Route
 from proxy import metrics
 from proxy.admin.app import attach, create_admin_app
 from proxy.errors import error_body
+from proxy.gates import GateKeeper
 from proxy.recording import Recorder
 from proxy.response_store import ResponseStore
 from proxy.routes import anthropic as anthropic_routes
@@ -82,7 +83,9 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
             total_timeout=settings.upstream_timeout,
             retry_after=settings.upstream_retry_after,
             api_key=settings.upstream_api_key,
+            gate_wait=settings.gate_wait,
         )
+        gatekeeper = GateKeeper(engine, pool, poll_interval=settings.gate_poll_interval)
         recorder = Recorder(
             engine,
             settings.spool_path,
@@ -96,7 +99,9 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
         )
         await pool.start()
         await recorder.start()
+        await gatekeeper.start()
         watcher = asyncio.create_task(pool.watch(settings.policy_poll_interval))
+        gate_follower = asyncio.create_task(gatekeeper.run())
         app.state.proxy = ProxyState(
             settings=settings, pool=pool, recorder=recorder, responses=ResponseStore(engine)
         )
@@ -105,9 +110,11 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
         try:
             yield
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            for task in (watcher, gate_follower):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await gatekeeper.stop()
             await recorder.close()
             await pool.close()
             engine.dispose()
@@ -149,7 +156,12 @@ async def healthz(request: Request) -> Response:
         {
             "status": "ok",
             "upstreams": [
-                {"url": r.url, "healthy": r.healthy, "policy_version": r.policy_version}
+                {
+                    "url": r.url,
+                    "healthy": r.healthy,
+                    "policy_version": r.policy_version,
+                    "gated": r.gate_epoch is not None,
+                }
                 for r in state.pool.replicas
             ],
             "recording": state.recorder.status(),

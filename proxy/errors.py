@@ -65,6 +65,14 @@ class UpstreamUnavailable(ProxyError):
     code = "upstream_unavailable"
 
 
+class UpstreamBusy(ProxyError):
+    """Every replica is held while its weights are swapped and verified, for too long."""
+
+    status = 503
+    type = "upstream_error"
+    code = "upstream_busy"
+
+
 class UpstreamTimeout(ProxyError):
     status = 504
     type = "upstream_error"

@@ -42,7 +42,7 @@ from proxy.state import ProxyState
 from proxy.stitching import new_id
 from proxy.streaming import response_to_chunks
 from proxy.translate.policy import Compat, fitting_output_limit
-from proxy.upstream import UPSTREAM_READ_ERRORS, Replica, release
+from proxy.upstream import UPSTREAM_READ_ERRORS, Replica
 
 log = logging.getLogger("onthejob.proxy")
 
@@ -165,7 +165,7 @@ class Generation:
         fitting = await self._fitting_output_limit(upstream_body, asked)
         if fitting is None:
             return replica, response  # refused for another reason: the client hears why
-        await release(response)
+        await self.state.pool.release(response)
         upstream_body["max_tokens"] = fitting
         compat = self.record.compat = self.record.compat or Compat()
         compat.note("clamped", limit)
@@ -214,7 +214,7 @@ class Generation:
                 raise UpstreamTimeout(f"upstream {url} timed out") from exc
             raise UpstreamUnavailable(f"upstream {url} broke off its answer: {exc}") from exc
         finally:
-            await release(response)
+            await self.state.pool.release(response)
 
     async def _read_whole(
         self, response: aiohttp.ClientResponse
@@ -320,7 +320,7 @@ class Generation:
                 if outgoing and self.record.ttft_ms is None and assembler.saw_output:
                     self.record.ttft_ms = self.elapsed_ms()
                 if done:
-                    await release(response)
+                    await self.state.pool.release(response)
                     if upstream_error is not None:
                         record("error", 200, upstream_error)
                     else:
@@ -332,19 +332,19 @@ class Generation:
                     yield outgoing
             error = f"upstream {replica.url} ended the stream before [DONE]"
             tail = writer.broken(error)
-            await release(response)
+            await self.state.pool.release(response)
             record("error", 502, error)
             yield tail
         except UPSTREAM_READ_ERRORS as exc:
             error = f"upstream {replica.url} broke off the stream: {exc or type(exc).__name__}"
             tail = writer.broken(error)
-            await release(response)
+            await self.state.pool.release(response)
             record("error", 502, error)
             yield tail
         finally:
             if not recorded:
                 # the client left mid-stream (or the relay itself failed)
-                await release(response)
+                await self.state.pool.release(response)
                 record("cancelled", 499, "client disconnected mid-stream")
 
     def _finish_stream(

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from proxy.errors import ProxyError, UpstreamUnavailable, upstream_error_message
-from proxy.upstream import UPSTREAM_READ_ERRORS, UpstreamPool, release
+from proxy.upstream import UPSTREAM_READ_ERRORS, UpstreamPool
 
 # the chat request fields that decide the rendered prompt
 _PROMPT_FIELDS = (
@@ -72,7 +72,7 @@ async def count_prompt(
     except UPSTREAM_READ_ERRORS as exc:
         raise UpstreamUnavailable(f"upstream broke off while counting tokens: {exc}") from exc
     finally:
-        await release(response)
+        await pool.release(response)
     if response.status != 200:
         raise CountRefused(response.status, upstream_error_message(raw))
     try:

@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     # Sent upstream instead of the client's Authorization header when set.
     upstream_api_key: str | None = None
     policy_poll_interval: float = 1.0
+    # How often the swap gates are read from the store (proxy/gates.py), and how long a
+    # request waits for a gated replica before it is answered 503.
+    gate_poll_interval: float = 0.25
+    gate_wait: float = 60.0
     flush_interval: float = 0.05
     # The writer's batch: all the calls it holds in memory, in calls and in bytes.
     flush_batch_size: int = 500

@@ -5,6 +5,11 @@ conversation), so a conversation keeps hitting the replica holding its prefix ca
 only the conversations of a lost replica move. A replica that cannot be connected to is
 taken out and tried again after a back-off; a request whose replica refused or dropped the
 connection before answering moves on to the next replica, so the client never sees that.
+
+A replica whose swap gate is closed (proxy/gates.py: its weights are being swapped and
+verified) gets nothing: requests go to the other replicas, or wait for one to open. Every
+request sent is counted in flight on its replica until its response is released, which is
+how the gate knows when the replica is drained.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import aiohttp
 import orjson
 import yarl
 
-from proxy.errors import UpstreamTimeout, UpstreamUnavailable
+from proxy.errors import UpstreamBusy, UpstreamTimeout, UpstreamUnavailable
 
 log = logging.getLogger("onthejob.upstream")
 # what reading an upstream answer may raise once its status line has arrived
@@ -42,6 +47,9 @@ class Replica:
     base_models: frozenset[str] = frozenset()
     # learned: this replica's streamed tool calls come without their token ids
     drops_stream_tool_tokens: bool = False
+    # the epoch of its closed swap gate (None: open), and requests sent, not yet released
+    gate_epoch: int | None = None
+    in_flight: int = 0
 
     def eligible(self, now: float) -> bool:
         return self.healthy or now >= self.retry_at
@@ -66,14 +74,19 @@ class UpstreamPool:
         total_timeout: float,
         retry_after: float,
         api_key: str | None = None,
+        gate_wait: float = 60.0,
     ) -> None:
         self.replicas = [Replica(url) for url in urls]
         self._connect_timeout = connect_timeout
         self._total_timeout = total_timeout
         self._retry_after = retry_after
         self._api_key = api_key
+        self._gate_wait = gate_wait
         self._round_robin = itertools.count()
         self._session: aiohttp.ClientSession | None = None
+        self._sent: dict[int, Replica] = {}  # id(response) -> the replica it is in flight on
+        self._gate_opened = asyncio.Event()
+        self.drained = asyncio.Event()  # set when a gated replica's last request ends
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
@@ -104,17 +117,59 @@ class UpstreamPool:
         return self._session
 
     def candidates(self, sticky_key: str | None) -> list[Replica]:
-        """Replicas in the order to try: the sticky one first, unhealthy ones last."""
-        if len(self.replicas) == 1:
-            return self.replicas
+        """Replicas in the order to try: the sticky one first, unhealthy ones last, gated
+        ones never."""
+        open_ = [r for r in self.replicas if r.gate_epoch is None]
+        if len(open_) <= 1:
+            return open_
         now = time.monotonic()
         if sticky_key is not None:
-            ordered = sorted(self.replicas, key=lambda r: _score(sticky_key, r.url), reverse=True)
+            ordered = sorted(open_, key=lambda r: _score(sticky_key, r.url), reverse=True)
         else:
-            start = next(self._round_robin) % len(self.replicas)
-            ordered = self.replicas[start:] + self.replicas[:start]
+            start = next(self._round_robin) % len(open_)
+            ordered = open_[start:] + open_[:start]
         usable = [r for r in ordered if r.eligible(now)]
         return usable + [r for r in ordered if not r.eligible(now)]
+
+    # -- swap gates (driven by proxy/gates.py) -------------------------------------------
+    def close_gate(self, replica: Replica, epoch: int) -> None:
+        if replica.gate_epoch is None:
+            log.info("upstream %s: swap gate closed, holding its traffic", replica.url)
+        replica.gate_epoch = epoch
+
+    def open_gate(self, replica: Replica, version: str | None) -> None:
+        """Traffic flows again; what it records as served by this replica is `version`."""
+        if replica.gate_epoch is None:
+            return
+        replica.gate_epoch = None
+        if version is not None and version != replica.policy_version:
+            # a full reload: the replica serves its base weights, no adapter
+            replica.policy_version, replica.adapter = version, None
+        log.info("upstream %s: swap gate open, serving %s", replica.url, replica.policy_version)
+        self._gate_opened.set()
+        self._gate_opened = asyncio.Event()
+
+    def drained_epochs(self) -> dict[str, int]:
+        """{url: epoch} of the gated replicas with nothing in flight any more."""
+        return {
+            r.url: r.gate_epoch
+            for r in self.replicas
+            if r.gate_epoch is not None and r.in_flight == 0
+        }
+
+    async def _open_replicas(self, sticky_key: str | None) -> list[Replica]:
+        """The candidates; while every replica is gated, wait (bounded) for one to open."""
+        deadline = time.monotonic() + self._gate_wait
+        while not (found := self.candidates(sticky_key)):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise UpstreamBusy(
+                    f"every upstream is held for a weight swap for more than "
+                    f"{self._gate_wait:g}s; try again later"
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._gate_opened.wait(), timeout=left)
+        return found
 
     def mark_failed(self, replica: Replica) -> None:
         replica.failures += 1
@@ -158,12 +213,14 @@ class UpstreamPool:
         ``body`` may depend on the replica (the LoRA adapter it serves).
         """
         failures: list[str] = []
-        for replica in self.candidates(sticky_key):
+        for replica in await self._open_replicas(sticky_key):
             # a dropped connection is tried once more on the same replica: it may have been
             # a kept-alive one the server closed as we sent (the next one is fresh)
             for attempt in range(2):
+                if replica.gate_epoch is not None:
+                    break  # gated while we tried another: it gets nothing new
                 try:
-                    response = await self._send(replica, method, path, body, headers)
+                    response = await self._counted_send(replica, method, path, body, headers)
                 except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                     if isinstance(exc, aiohttp.ClientConnectorError) or attempt == 1:
                         self.mark_failed(replica)
@@ -179,8 +236,37 @@ class UpstreamPool:
                 except aiohttp.ClientError as exc:
                     raise UpstreamUnavailable(f"upstream {replica.url} failed: {exc}") from exc
                 self.mark_ok(replica)
+                self._sent[id(response)] = replica
                 return replica, response
         raise UpstreamUnavailable(f"no upstream reachable: tried {'; '.join(failures)}")
+
+    async def _counted_send(
+        self,
+        replica: Replica,
+        method: str,
+        path: str,
+        body: bytes | Callable[[Replica], bytes] | None,
+        headers: Mapping[str, str],
+    ) -> aiohttp.ClientResponse:
+        # in flight from before the first byte leaves until the response is released
+        replica.in_flight += 1
+        try:
+            return await self._send(replica, method, path, body, headers)
+        except BaseException:
+            self._done(replica)
+            raise
+
+    async def release(self, response: aiohttp.ClientResponse) -> None:
+        """Release a response `open` returned: its request is no longer in flight."""
+        await release(response)
+        replica = self._sent.pop(id(response), None)
+        if replica is not None:
+            self._done(replica)
+
+    def _done(self, replica: Replica) -> None:
+        replica.in_flight -= 1
+        if replica.in_flight == 0 and replica.gate_epoch is not None:
+            self.drained.set()
 
     async def _send(
         self,

@@ -46,6 +46,20 @@ def vllm(tiny_model: Path) -> Iterator[VLLMServer]:
         yield server
 
 
+@pytest.fixture
+def restore_vllm(vllm: VLLMServer, tiny_model: Path) -> Iterator[str]:
+    """The version vLLM serves before the test; its original weights and name come back
+    after it (the server is shared by the whole session)."""
+    from learner.publisher import FullReloadPublisher, Probe, current_version
+    from tests.test_publisher import trainer_logprobs
+
+    original = current_version(vllm.url)
+    yield original
+    restore = FullReloadPublisher([vllm.url], probe=Probe(prompt_token_ids=[1, 2, 3, 4]))
+    result = restore.rollback(tiny_model, original, expected=trainer_logprobs(tiny_model))
+    assert result.ok, result.error
+
+
 @pytest.fixture(scope="session")
 def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One cache of warmed-up demo models per session (ONTHEJOB_TEST_DEMO_CACHE: reuse one)."""

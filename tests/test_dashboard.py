@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -19,7 +19,13 @@ from sqlalchemy import Engine, func, select
 from learner import queries
 from learner.checkpoint import load_model, save_checkpoint
 from learner.demo.vllm_server import VLLMServer
-from learner.publisher import FullReloadPublisher, Probe, current_version
+from learner.publisher import (
+    DEFAULT_TOLERANCE,
+    Fingerprint,
+    FullReloadPublisher,
+    Probe,
+    current_version,
+)
 from proxy.export import iter_trajectories
 from proxy.store import db
 from proxy.store.models import Feedback, Trajectory
@@ -43,16 +49,6 @@ pytestmark = [
     ),
 ]
 PROMPTS = ["tell me about apples", "say something", "what is a banana", "name a fruit"]
-
-
-@pytest.fixture
-def restore_vllm(vllm: VLLMServer, tiny_model: Path) -> Iterator[str]:
-    """The served version before the test; vLLM gets its original weights and name back."""
-    original = current_version(vllm.url)
-    yield original
-    restore = FullReloadPublisher([vllm.url], probe=Probe(prompt_token_ids=[1]))
-    result = restore.rollback(tiny_model, original, expected=trainer_logprobs(tiny_model))
-    assert result.ok, result.error
 
 
 def traffic(proxy: ProxyServer, model: str, tag: str) -> None:
@@ -118,6 +114,9 @@ def test_dashboard_shows_rewards_opens_a_trajectory_and_rolls_back(
     )
     # version 0: what vLLM serves now, with a checkpoint of its weights
     base = save_checkpoint(load_model(tiny_model), tmp_path / "base", source_dir=tiny_model)
+    probe = Probe(prompt_token_ids=[1, 2, 3])
+    # the probes a learner records with each version: rollbacks are verified against them
+    served = Fingerprint.of(probe, trainer_logprobs(tiny_model), DEFAULT_TOLERANCE)
     with engine.begin() as conn:
         queries.add_version(
             conn,
@@ -126,14 +125,16 @@ def test_dashboard_shows_rewards_opens_a_trajectory_and_rolls_back(
             parent=None,
             checkpoint_path=str(base),
             status="serving",
+            probe=served.state(),
         )
     traffic(proxy, vllm.model_name, "before")
     grade_finished(engine, len(PROMPTS))
     # version 1: other weights, hot-swapped in and verified
     checkpoint, _ = modified_checkpoint(tiny_model, tmp_path / "step-1")
-    publisher = FullReloadPublisher([vllm.url], probe=Probe(prompt_token_ids=[1, 2, 3]))
+    publisher = FullReloadPublisher([vllm.url], probe=probe)
     published = publisher.publish(checkpoint, "step-1", expected=trainer_logprobs(checkpoint))
     assert published.ok, published.error
+    assert published.fingerprint is not None
     with engine.begin() as conn:
         queries.add_version(
             conn,
@@ -143,6 +144,7 @@ def test_dashboard_shows_rewards_opens_a_trajectory_and_rolls_back(
             checkpoint_path=str(checkpoint),
             status="serving",
             swap_seconds=published.swap_seconds,
+            probe=published.fingerprint.state(),
         )
     proxy.wait_for(
         lambda h: h["upstreams"][0]["policy_version"] == "step-1", "the proxy sees step-1"

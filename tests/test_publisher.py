@@ -96,7 +96,7 @@ def assert_not_paused(server: VLLMServer) -> None:
 
 @pytest.fixture
 def probe(tokenizer: Any) -> Probe:
-    return Probe(prompt_token_ids=tokenizer.encode(PROMPT), max_tokens=8, seed=1)
+    return Probe(prompt_token_ids=tokenizer.encode(PROMPT))
 
 
 @pytest.fixture
@@ -224,7 +224,9 @@ def test_failed_swap_always_resumes(
     with httpx.stream("POST", vllm.url + "/v1/completions", json=body, timeout=120) as stream:
         lines = stream.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))  # in flight now
-        result = publisher.publish(tmp_path / "missing", "missing", expected=lambda p, c: [])
+        result = publisher.publish(
+            tmp_path / "missing", "missing", expected=trainer_logprobs(tiny_model)
+        )
         rest = [line for line in lines if line.startswith("data: ")]
 
     assert not result.ok and result.error

@@ -20,7 +20,7 @@ from proxy.store.models import PolicyVersion, TrainingStep
 
 @dataclass(frozen=True)
 class VersionRow:
-    ordinal: int
+    ordinal: int | None  # None: failed verification, never served
     version: str
     status: str
     trajectories: int  # training-round runs this version answered
@@ -48,7 +48,9 @@ def version_rows(database_url: str, runs: Iterable[Any]) -> list[VersionRow]:
     engine = db.make_engine(database_url)
     try:
         with engine.connect() as conn:
-            versions = conn.execute(select(PolicyVersion).order_by(PolicyVersion.ordinal)).all()
+            # created order: a version that failed verification has no ordinal
+            order = (PolicyVersion.created_at, PolicyVersion.version)
+            versions = conn.execute(select(PolicyVersion).order_by(*order)).all()
             steps = {
                 row.version: row.metrics
                 for row in conn.execute(select(TrainingStep.version, TrainingStep.metrics))

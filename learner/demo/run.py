@@ -148,7 +148,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
         rows = version_rows(db_url, rounds)
         table = format_table(rows)
         chart = write_chart(rows, [before, after], workdir / "success_by_version.png")
-        steps = sum(1 for r in rows if r.ordinal > 0 and r.status != "rolled_back")
+        steps = sum(1 for r in rows if (r.ordinal or 0) > 0 and r.status != "rolled_back")
         print(table, flush=True)
         say(
             f"held-out success: {100 * before.success_rate:.0f}% before learning "

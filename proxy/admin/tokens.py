@@ -62,7 +62,8 @@ class Detokenizer:
         return {i: self.pieces[i] for i in ids if i in self.pieces}
 
     async def _lookup(self, ids: list[int]) -> None:
-        replica = self.pool.candidates(None)[0]
+        # token texts do not depend on the weights: a gated replica may answer them
+        replica = (self.pool.candidates(None) or self.pool.replicas)[0]
         session = self.pool.session
         timeout = aiohttp.ClientTimeout(total=10)
         if self._model is None:

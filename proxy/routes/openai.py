@@ -15,7 +15,7 @@ from proxy.errors import Forbidden, ProxyError, error_response
 from proxy.generation import Generation
 from proxy.requests import read_body, session_key
 from proxy.state import ProxyState
-from proxy.upstream import UPSTREAM_READ_ERRORS, release
+from proxy.upstream import UPSTREAM_READ_ERRORS
 
 log = logging.getLogger("onthejob.proxy")
 
@@ -99,7 +99,7 @@ async def passthrough(request: Request) -> Response:
         except UPSTREAM_READ_ERRORS:
             log.warning("upstream broke off %s", path)
         finally:
-            await release(response)
+            await state.pool.release(response)
 
     return StreamingResponse(relay(), status_code=response.status, headers=out_headers)
 

@@ -4,6 +4,7 @@ the learner applies it once per loop iteration and answers with a heartbeat
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,10 +12,11 @@ from fastapi import APIRouter
 from sqlalchemy import Connection, func, select
 
 from learner import queries
-from learner.control import Control, read_control, read_heartbeat, write_control
+from learner.control import KNOBS, Control, read_control, read_heartbeat, write_control
 from proxy.admin.deps import EngineDep, StateDep
 from proxy.admin.schemas import KnobsIn
 from proxy.admin.trajectories import iso
+from proxy.store import gates
 from proxy.store.models import Grade, TrainingStep, Trajectory
 
 router = APIRouter(tags=["learner"])
@@ -78,6 +80,8 @@ def status(conn: Connection, fanout: int) -> dict[str, Any]:
         "last_step": _last_step(conn),
         "serving": None if serving is None else serving["version"],
         "queue": _queue(conn),
+        # replicas held for a weight swap: a publish in progress, or one that must be redone
+        "fenced": sorted(g["upstream"] for g in gates.closed_gates(conn)),
         "fanout": fanout,
     }
 
@@ -90,10 +94,13 @@ def get_status(engine: EngineDep, state: StateDep) -> dict[str, Any]:
 
 
 def _set(engine: Any, **changes: Any) -> Control:
+    """Knobs are stamped with the time they were set: the learner takes the newer of an
+    operator's value and its own command line (learner/control.py)."""
+    knobs = {name: value for name, value in changes.items() if name in KNOBS}
+    others = {name: value for name, value in changes.items() if name not in KNOBS}
     with engine.begin() as conn:
-        current = read_control(conn).state()
-        current.update(changes)
-        control = Control(**current)
+        control = read_control(conn)
+        control = dataclasses.replace(control.changed(**knobs), **others)
         write_control(conn, control)
     return control
 

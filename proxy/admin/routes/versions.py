@@ -1,8 +1,10 @@
 """Policy versions: list with metrics and rewards; promote or roll back one.
 
-Both serve the chosen version's checkpoint again through learner.loop.rollback_to (the same
-code as `onthejob rollback`): a verified hot-swap into every upstream, recorded as a new
-version `VERSION+rollback-N` so staleness keeps counting forwards. One at a time.
+Both serve the chosen version's checkpoint again through learner.versions.serve_version (the
+same code as `onthejob rollback`): under the publish lease, so never at the same time as the
+learner's own publish or another operator's; a fenced hot-swap into every upstream, verified
+against the probe recorded for that version (no model is loaded in the proxy for it), and
+recorded as a new version `VERSION+rollback-N` so staleness keeps counting forwards.
 """
 
 from __future__ import annotations
@@ -10,13 +12,13 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-import httpx
 from fastapi import APIRouter, Path, Query
 from sqlalchemy import Engine, func, select
 
 from learner import queries
+from learner.versions import VersionError, serve_version
 from proxy.admin.deps import EngineDep, StateDep
-from proxy.admin.errors import AdminError, not_found
+from proxy.admin.errors import AdminError
 from proxy.admin.schemas import Key
 from proxy.admin.stats import reward_by_version
 from proxy.admin.trajectories import iso
@@ -25,7 +27,6 @@ from proxy.store.models import Call, PolicyVersion
 
 router = APIRouter(tags=["versions"])
 VersionKey = Annotated[Key, Path()]
-_swap_lock = asyncio.Lock()
 
 
 def _version_row(row: dict[str, Any], rewards: dict[str | None, Any], calls: dict[str, int]):
@@ -69,41 +70,17 @@ def list_versions(
     }
 
 
-def _check(engine: Engine, version: str, action: str) -> None:
-    with engine.connect() as conn:
-        target = queries.version(conn, version=version)
-        serving = queries.serving_version(conn)
-    if target is None:
-        raise not_found("policy version", version)
-    if not target["checkpoint_path"]:
-        raise AdminError(409, f"version {version!r} has no checkpoint to serve")
-    if serving is not None and serving["version"] == version:
-        raise AdminError(409, f"version {version!r} is already serving")
-    if action == "rollback" and serving is not None and target["ordinal"] > serving["ordinal"]:
-        raise AdminError(409, f"version {version!r} is newer than the serving one: promote it")
-
-
-def _serve(settings: Settings, version: str) -> str:
-    # imported here: it brings torch, which the proxy needs only for this
-    from learner.config import LearnerConfig
-    from learner.loop import rollback_to
-
-    config = LearnerConfig(
-        database_url=settings.database_url, upstreams=settings.upstreams, model="-"
-    )
-    return rollback_to(config, version)
+def _serve(settings: Settings, engine: Engine, version: str, action: str) -> str:
+    return serve_version(engine, settings.upstreams, version, action=action, lease_wait=10.0)
 
 
 async def _swap(state: Any, engine: Engine, version: str, action: str) -> dict[str, Any]:
-    if _swap_lock.locked():
-        raise AdminError(409, "another promote/rollback is in progress; retry when it is done")
-    async with _swap_lock:
-        await asyncio.to_thread(_check, engine, version, action)
-        try:
-            label = await asyncio.to_thread(_serve, state.settings, version)
-        except (ValueError, OSError, RuntimeError, httpx.HTTPError) as exc:
-            # a failed verified swap: the previous weights keep serving (rollback_to says why)
-            raise AdminError(502, f"{action} to {version!r} failed: {exc}") from None
+    try:
+        label = await asyncio.to_thread(_serve, state.settings, engine, version, action)
+    except VersionError as exc:
+        # 404 unknown, 409 a conflict (another publish, not servable), 502 the verified swap
+        # failed (the previous weights keep serving)
+        raise AdminError(exc.status, str(exc)) from None
     return {"ok": True, "action": action, "from": version, "serving": label}
 
 

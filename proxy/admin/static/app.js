@@ -139,7 +139,8 @@ function showLearner(learner) {
   $("card-learner").textContent = (names[learner.state] || learner.state) + pending;
   const step = learner.last_step ? `step ${learner.last_step.step}` : "no step yet";
   const q = learner.queue;
-  $("learner-detail").textContent = `${step} · ${q.ungraded_finished} to grade · ${q.graded_untrained} graded, waiting · ${q.open} open`;
+  const doing = learner.state === "running" && learner.heartbeat?.activity ? `${learner.heartbeat.activity} · ` : "";
+  $("learner-detail").textContent = `${doing}${step} · ${q.ungraded_finished} to grade · ${q.graded_untrained} graded, waiting · ${q.open} open`;
 }
 
 async function setPaused(paused) {
@@ -240,7 +241,8 @@ async function loadVersions() {
   body.replaceChildren();
   for (const v of data.items) {
     const actions = el("td", {});
-    if (v.status !== "serving" && v.has_checkpoint) {
+    // a version that failed verification (no ordinal) never served and cannot
+    if (v.status !== "serving" && v.has_checkpoint && v.ordinal !== null) {
       const serving = data.items.find((x) => x.version === data.serving);
       const older = !serving || v.ordinal < serving.ordinal;
       const action = older ? "rollback" : "promote";

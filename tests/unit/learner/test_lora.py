@@ -9,14 +9,17 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from learner.checkpoint import CheckpointError, load_model
+from learner.checkpoint import load_model
 from learner.demo.tiny_model import build_tiny_model
-from learner.lora import (
+from learner.layout import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
-    LoraSettings,
+    CheckpointError,
     adapter_base,
     is_adapter,
+)
+from learner.lora import (
+    LoraSettings,
     load_trainable,
     merge,
     save_adapter,

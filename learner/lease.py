@@ -1,0 +1,121 @@
+"""The publish lease: one publisher of policy versions at a time, across processes.
+
+The learner's publishes, `onthejob rollback` and the admin API's rollback and promote all
+hold it while they reserve a version ordinal, swap, verify and record, so none of them can
+take an ordinal another is about to use, or swap weights under another's feet. It is a
+lease in the store, renewed while held: a holder killed mid-publish blocks the others for at
+most TTL (and a restarted learner takes over its predecessor's lease at once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, or_, select, update
+
+from proxy.store.models import PublishLease
+from proxy.store.repo import insert_for
+
+NAME = "publish"
+TTL = timedelta(seconds=60)
+
+
+class LeaseBusy(Exception):
+    """Someone else is publishing, for longer than we were willing to wait."""
+
+
+def holder_name(kind: str) -> str:
+    """A holder id naming the process: `learner@host:pid:random`."""
+    return f"{kind}@{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+
+
+def try_acquire(engine: Engine, holder: str, *, steal_prefix: str | None = None) -> bool:
+    """Take the lease if it is free, expired, ours, or (steal_prefix) held by a predecessor."""
+    now = datetime.now(UTC)
+    table = PublishLease.__table__
+    with engine.begin() as conn:
+        conn.execute(insert_for(conn, table).values(name=NAME).on_conflict_do_nothing())
+        free = or_(table.c.holder.is_(None), table.c.expires_at < now, table.c.holder == holder)
+        if steal_prefix is not None:
+            free = or_(free, table.c.holder.startswith(steal_prefix, autoescape=True))
+        taken = conn.execute(
+            update(table)
+            .where(table.c.name == NAME, free)
+            .values(holder=holder, acquired_at=now, expires_at=now + TTL)
+        )
+        return taken.rowcount == 1
+
+
+def acquire(engine: Engine, holder: str, *, wait: float, steal_prefix: str | None = None) -> None:
+    deadline = time.monotonic() + wait
+    while not try_acquire(engine, holder, steal_prefix=steal_prefix):
+        if time.monotonic() >= deadline:
+            current = who(engine)
+            raise LeaseBusy(
+                f"another publish is in progress ({current or 'unknown holder'}); "
+                "retry when it is done"
+            )
+        time.sleep(0.1)
+
+
+def renew(engine: Engine, holder: str) -> bool:
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        result = conn.execute(
+            update(PublishLease)
+            .where(PublishLease.name == NAME, PublishLease.holder == holder)
+            .values(expires_at=now + TTL)
+        )
+        return result.rowcount == 1
+
+
+def release(engine: Engine, holder: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            update(PublishLease)
+            .where(PublishLease.name == NAME, PublishLease.holder == holder)
+            .values(holder=None, expires_at=None)
+        )
+
+
+def who(engine: Engine) -> dict[str, Any] | None:
+    """The current holder, unless the lease is free or expired."""
+    with engine.connect() as conn:
+        row = conn.execute(select(PublishLease.__table__).where(PublishLease.name == NAME)).first()
+    if row is None or row.holder is None:
+        return None
+    expires = row.expires_at if row.expires_at.tzinfo else row.expires_at.replace(tzinfo=UTC)
+    if expires < datetime.now(UTC):
+        return None
+    return {"holder": row.holder, "acquired_at": row.acquired_at, "expires_at": expires}
+
+
+@contextlib.contextmanager
+def held(
+    engine: Engine, holder: str, *, wait: float, steal_prefix: str | None = None
+) -> Iterator[None]:
+    """Hold the lease for the block, renewed in the background (a swap may outlast TTL)."""
+    acquire(engine, holder, wait=wait, steal_prefix=steal_prefix)
+    stop = threading.Event()
+
+    def keep() -> None:
+        while not stop.wait(TTL.total_seconds() / 3):
+            with contextlib.suppress(Exception):  # a store that is away: try again later
+                renew(engine, holder)
+
+    renewer = threading.Thread(target=keep, name="publish-lease", daemon=True)
+    renewer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        renewer.join()
+        with contextlib.suppress(Exception):  # unreleased, it expires
+            release(engine, holder)

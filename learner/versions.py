@@ -1,0 +1,168 @@
+"""Serve a recorded policy version again: `onthejob rollback` and the admin API's rollback
+and promote.
+
+The version's checkpoint goes back into every replica as a new version
+`VERSION+rollback-N` (N its ordinal), so staleness keeps counting forwards and what the
+rolled-away versions produced counts as old. A running learner trains on from it.
+
+Invariant: under the publish lease (learner/lease.py), fenced like any full reload, and
+verified against the probe recorded when the version was first verified, within the
+tolerance it was verified with. No model is loaded for it, which is why the admin API can
+run it inside the proxy (this module and what it imports are torch-free); only a version
+recorded before probes were kept needs `expected_for`, which the command line provides.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+
+from learner import lease, queries
+from learner.fence import Fence
+from learner.layout import served_base
+from learner.lora_publisher import LoraPublisher
+from learner.publisher import (
+    DEFAULT_TOLERANCE,
+    ExpectedLogprobs,
+    Fingerprint,
+    Probe,
+    PublishResult,
+)
+
+log = logging.getLogger("onthejob.learner")
+
+ExpectedFor = Callable[[Path], tuple[Probe, ExpectedLogprobs]]
+"""Given a checkpoint, the probe and what the trainer computes for it (loads the model)."""
+
+
+class VersionError(ValueError):
+    """Why a version cannot be served; `status` is the admin API's HTTP status for it."""
+
+    status = 409
+
+
+class UnknownVersion(VersionError):
+    status = 404
+
+
+class PublishFailed(VersionError):
+    """The verified hot-swap failed: the previous version keeps serving."""
+
+    status = 502
+
+
+def serve_version(
+    engine: Engine,
+    upstreams: Sequence[str],
+    version: str,
+    *,
+    action: str = "rollback",
+    lease_wait: float = 30.0,
+    expected_for: ExpectedFor | None = None,
+    tolerance: float | None = None,
+    drain_timeout: float = 60.0,
+) -> str:
+    """Serve `version` again; the new version's name. `action` "rollback" refuses a version
+    newer than the serving one (that is "promote"). `tolerance` only applies to a version
+    without a recorded probe (one that has one is verified as it was at first)."""
+    holder = lease.holder_name(action)
+    try:
+        with lease.held(engine, holder, wait=lease_wait):
+            return _serve(
+                engine,
+                list(upstreams),
+                version,
+                action,
+                holder,
+                expected_for,
+                tolerance,
+                drain_timeout,
+            )
+    except lease.LeaseBusy as exc:
+        raise VersionError(str(exc)) from None
+
+
+def _serve(
+    engine: Engine,
+    upstreams: list[str],
+    version: str,
+    action: str,
+    holder: str,
+    expected_for: ExpectedFor | None,
+    tolerance: float | None,
+    drain_timeout: float,
+) -> str:
+    with engine.connect() as conn:
+        target = queries.version(conn, version=version)
+        current = queries.serving_version(conn)
+        ordinal = queries.next_ordinal(conn)  # ours: nobody else publishes under the lease
+    _check(target, current, version, action)
+    assert target is not None
+    checkpoint = Path(target["checkpoint_path"])
+    fingerprint = Fingerprint.from_state(target["probe"])
+    expected: ExpectedLogprobs | None = None
+    probe = None if fingerprint is None else Probe(fingerprint.token_ids)
+    if fingerprint is None:
+        if expected_for is None:
+            raise VersionError(
+                f"version {version!r} has no recorded probe (it was published before probes "
+                f"were kept): serve it with `onthejob rollback {version}`, which loads the "
+                "model to verify it"
+            )
+        probe, expected = expected_for(checkpoint)
+    assert probe is not None
+    label = f"{version}+rollback-{ordinal}"
+    publisher = LoraPublisher(
+        upstreams,
+        probe=probe,
+        tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance,
+        last_good=None if current is None else served_base(Path(current["checkpoint_path"])),
+        last_good_fingerprint=None if current is None else Fingerprint.from_state(current["probe"]),
+        fence=Fence(engine, holder, drain_timeout=drain_timeout),
+        # a recorded version's files were checked when it was first published
+        check_files=fingerprint is None,
+    )
+
+    def record(result: PublishResult) -> None:
+        with engine.begin() as conn:
+            queries.add_version(
+                conn,
+                version=label,
+                ordinal=ordinal,
+                parent=None if current is None else current["version"],
+                checkpoint_path=str(checkpoint),
+                status="serving",
+                swap_seconds=result.swap_seconds,
+                probe=None if result.fingerprint is None else result.fingerprint.state(),
+            )
+            if fingerprint is None and result.fingerprint is not None:
+                queries.set_version_probe(conn, version=version, probe=result.fingerprint.state())
+
+    result = publisher.rollback(
+        checkpoint, label, fingerprint=fingerprint, expected=expected, commit=record
+    )
+    if not result.ok:
+        raise PublishFailed(f"{action} to {version!r} failed: {result.error}")
+    if not result.opened:
+        raise PublishFailed(f"{action} to {version!r} is recorded, but {result.error}")
+    log.info("%s: serving the weights of %s as %s", action, version, label)
+    return label
+
+
+def _check(
+    target: dict[str, Any] | None, current: dict[str, Any] | None, version: str, action: str
+) -> None:
+    if target is None:
+        raise UnknownVersion(f"no policy version {version!r}")
+    if not target["checkpoint_path"]:
+        raise VersionError(f"version {version!r} has no checkpoint to serve")
+    if target["ordinal"] is None:
+        raise VersionError(f"version {version!r} failed verification; it cannot serve")
+    if current is not None and current["version"] == version:
+        raise VersionError(f"version {version!r} is already serving")
+    if action == "rollback" and current is not None and target["ordinal"] > current["ordinal"]:
+        raise VersionError(f"version {version!r} is newer than the serving one: promote it")

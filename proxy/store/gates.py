@@ -1,0 +1,93 @@
+"""Swap gates and proxy instances in the store: how a publisher keeps every proxy off a
+replica while it swaps weights.
+
+Invariant (with proxy/gates.py, the proxy's side, and learner/fence.py, the publisher's):
+once every live proxy has acknowledged epoch E of an upstream's gate, none of them has a
+request in flight to it, and none sends it one until the gate opens. A proxy registers
+before it reads the gates, so a proxy that starts while a gate is closed sees it closed.
+Callers own the transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, delete, select, update
+
+from proxy.store.models import ProxyInstance, SwapGate
+from proxy.store.repo import insert_for
+
+# a proxy that has not reported for this long is gone (killed, or cut off from the store)
+PROXY_TTL = timedelta(seconds=10)
+
+
+def register(
+    conn: Connection,
+    *,
+    instance_id: str,
+    host: str,
+    upstreams: Sequence[str],
+    acks: dict[str, int],
+    now: datetime,
+) -> None:
+    """This proxy is alive, routes to `upstreams` and has acknowledged these gate epochs."""
+    table = ProxyInstance.__table__
+    values = {
+        "id": instance_id,
+        "host": host,
+        "started_at": now,
+        "seen_at": now,
+        "upstreams": list(upstreams),
+        "acks": dict(acks),
+    }
+    stmt = insert_for(conn, table).values(values)
+    changed = {"seen_at": now, "upstreams": list(upstreams), "acks": dict(acks)}
+    conn.execute(stmt.on_conflict_do_update(index_elements=["id"], set_=changed))
+
+
+def forget(conn: Connection, *, instance_id: str) -> None:
+    """A proxy that stops cleanly leaves at once, so no publisher waits for it."""
+    conn.execute(delete(ProxyInstance).where(ProxyInstance.id == instance_id))
+
+
+def live_instances(conn: Connection, *, now: datetime) -> list[dict[str, Any]]:
+    rows = conn.execute(
+        select(ProxyInstance.__table__).where(ProxyInstance.seen_at >= now - PROXY_TTL)
+    )
+    return [dict(r._mapping) for r in rows]
+
+
+def read_gates(conn: Connection) -> dict[str, dict[str, Any]]:
+    """upstream -> {"epoch", "closed", "version", "holder"}."""
+    rows = conn.execute(select(SwapGate.__table__))
+    return {r.upstream: dict(r._mapping) for r in rows}
+
+
+def close_gate(conn: Connection, *, upstream: str, holder: str, now: datetime) -> int:
+    """Close `upstream`'s gate under a new epoch; that epoch."""
+    table = SwapGate.__table__
+    stmt = insert_for(conn, table).values(
+        upstream=upstream, epoch=1, closed=True, version=None, holder=holder, updated_at=now
+    )
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["upstream"],
+            set_={"epoch": table.c.epoch + 1, "closed": True, "holder": holder, "updated_at": now},
+        )
+    )
+    return int(conn.execute(select(table.c.epoch).where(table.c.upstream == upstream)).scalar_one())
+
+
+def open_gate(conn: Connection, *, upstream: str, version: str | None, now: datetime) -> None:
+    """Open it again; proxies record `version` (what the replica serves now) from then on."""
+    conn.execute(
+        update(SwapGate)
+        .where(SwapGate.upstream == upstream)
+        .values(closed=False, version=version, holder=None, updated_at=now)
+    )
+
+
+def closed_gates(conn: Connection) -> list[dict[str, Any]]:
+    return [g for g in read_gates(conn).values() if g["closed"]]

@@ -1,0 +1,302 @@
+"""Fault drills: what every drill asserts, and the traffic and learner they share.
+
+Each drill breaks something for real (a process killed, a server stopped, a probe that
+fails) and then `assert_invariants` checks the store: no step lost or doubled, every version
+that served a call was verified, every graded trajectory is trained in a recorded step or
+still pending, and nothing the proxy answered is missing.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from safetensors.torch import load_file, save_file
+from sqlalchemy import Engine, func, select
+
+from learner.checkpoint import WEIGHTS_FILE
+from learner.config import LearnerConfig
+from learner.control import read_heartbeat
+from learner.demo.vllm_server import VLLMServer
+from learner.loop import Learner
+from proxy.store.models import Call, Grade, PolicyVersion, SwapGate, TrainingStep, Trajectory
+from tests.proxy_server import ProxyServer
+
+TASK = "drill"
+GRADER = "python:tests.learning_rewards:share_of_a_reward"
+DRILL_TOKEN = "drill-token"
+# the proxy follows the swap gates quickly, so drills wait for swaps briefly
+FAST_GATES = {"ONTHEJOB_GATE_POLL_INTERVAL": "0.05", "ONTHEJOB_ADMIN_TOKEN": DRILL_TOKEN}
+
+
+def learner_config(db_url: str, vllm: VLLMServer, model: Path, tmp: Path, **extra: Any):
+    values: dict[str, Any] = {
+        "database_url": db_url,
+        "upstreams": [vllm.url],
+        "model": str(model),
+        "checkpoints": str(tmp / "checkpoints"),
+        "graders": [GRADER],
+        "batch_trajectories": 8,
+        "learning_rate": 1e-3,
+        "mask_truncated": False,
+        "poll_interval": 0.2,
+        **extra,
+    }
+    return LearnerConfig(**values)
+
+
+def drill_learner(db_url: str, vllm: VLLMServer, model: Path, tmp: Path, **extra: Any) -> Learner:
+    return Learner(learner_config(db_url, vllm, model, tmp, **extra))
+
+
+def wait_until(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
+    """Poll (bounded) until `condition()` is truthy; its value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"never happened: {what}")
+        time.sleep(0.02)
+
+
+class Traffic:
+    """Client calls through the proxy, counted per session: what the proxy answered."""
+
+    def __init__(self, proxy: ProxyServer, model: str) -> None:
+        self.proxy = proxy
+        self.model = model
+        self.answered: Counter[str] = Counter()
+        self.failures: list[str] = []
+        self._lock = threading.Lock()
+
+    def call(self, session: str, *, max_tokens: int = 16, timeout: float = 120) -> httpx.Response:
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": f"Write something ({session})."}],
+            "max_tokens": max_tokens,
+            "temperature": 1.0,
+        }
+        response = httpx.post(
+            f"{self.proxy.url}/s/{session}/v1/chat/completions",
+            json=body,
+            headers={"X-Onthejob-Task": TASK},
+            timeout=timeout,
+        )
+        with self._lock:
+            self.answered[session] += 1
+            if response.status_code != 200:
+                self.failures.append(f"{session}: {response.status_code} {response.text[:200]}")
+        return response
+
+    def batch(self, name: str, n: int = 8) -> list[str]:
+        """`n` one-call trajectories of the drill task, in parallel; their sessions."""
+        sessions = [f"{name}-{i}" for i in range(n)]
+        threads = [threading.Thread(target=self.call, args=(s,)) for s in sessions]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return sessions
+
+    def in_parallel(self, sessions: list[str]) -> list[threading.Thread]:
+        threads = [threading.Thread(target=self.call, args=(s,), daemon=True) for s in sessions]
+        for thread in threads:
+            thread.start()
+        return threads
+
+
+class Stream:
+    """A long streamed call through the proxy, in flight from `start()` until it ends."""
+
+    def __init__(self, traffic: Traffic, session: str, max_tokens: int = 1500) -> None:
+        self.traffic = traffic
+        self.session = session
+        self.max_tokens = max_tokens
+        self.lines: list[str] = []
+        self.error: BaseException | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Stream:
+        self._thread.start()
+        assert self._started.wait(60), f"the stream never started: {self.error}"
+        return self
+
+    def finish(self, timeout: float = 120) -> list[str]:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the stream never ended"
+        return self.lines
+
+    def _run(self) -> None:
+        body = {
+            "model": self.traffic.model,
+            "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "max_tokens": self.max_tokens,
+            "temperature": 1.0,
+            "stream": True,
+            "ignore_eos": True,
+        }
+        url = f"{self.traffic.proxy.url}/s/{self.session}/v1/chat/completions"
+        try:
+            with httpx.stream("POST", url, json=body, timeout=300) as response:
+                self.traffic.answered[self.session] += 1
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        self.lines.append(line)
+                        self._started.set()
+        except httpx.HTTPError as exc:
+            self.error = exc
+        finally:
+            self._started.set()
+
+
+def gated(proxy: ProxyServer) -> bool:
+    return any(u["gated"] for u in proxy.health()["upstreams"])
+
+
+def finished_count(engine: Engine, sessions: list[str]) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                select(func.count())
+                .select_from(Trajectory)
+                .where(Trajectory.session_key.in_(sessions), Trajectory.status == "finished")
+            ).scalar_one()
+        )
+
+
+def graded_batch(traffic: Traffic, learner: Learner, engine: Engine, name: str) -> list[str]:
+    """A batch of finished, graded trajectories of the drill task."""
+    sessions = traffic.batch(name)
+    wait_until(lambda: finished_count(engine, sessions) == len(sessions), f"{name} finished")
+    wait_until(lambda: not learner.grade_finished(), f"{name} graded")
+    return sessions
+
+
+def wrong_weights_once(learner: Learner) -> None:
+    """The learner's next checkpoint holds wrong weights that pass the file checks (its tied
+    embeddings scaled): vLLM loads them, and only the probe can tell."""
+    save = learner._save
+
+    def save_wrong(target: Path) -> Path:
+        learner._save = save  # type: ignore[method-assign]
+        checkpoint = save(target)
+        path = checkpoint / WEIGHTS_FILE
+        tensors = {
+            name: tensor * 3.0 if "embed" in name or "lm_head" in name else tensor
+            for name, tensor in load_file(str(path)).items()
+        }
+        save_file(tensors, str(path), metadata={"format": "pt"})
+        return checkpoint
+
+    learner._save = save_wrong  # type: ignore[method-assign]
+
+
+def recorded(engine: Engine) -> Counter[str]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(Call.session_key, func.count()).group_by(Call.session_key))
+        return Counter({session: count for session, count in rows})
+
+
+def assert_invariants(engine: Engine, answered: Counter[str] | None = None) -> None:
+    if answered:
+        # the proxy writes records in the background, shortly after each call
+        wait_until(
+            lambda: all(recorded(engine)[s] >= n for s, n in answered.items()),
+            "every answered call recorded",
+        )
+    calls = recorded(engine)
+    with engine.connect() as conn:
+        steps = conn.execute(select(TrainingStep.step).order_by(TrainingStep.step)).scalars().all()
+        versions = conn.execute(select(PolicyVersion.version, PolicyVersion.ordinal)).all()
+        served = set(conn.execute(select(Call.policy_version).distinct()).scalars()) - {None}
+        trained_in = set(conn.execute(select(Grade.trained_in_step).distinct()).scalars())
+        closed = conn.execute(select(SwapGate.upstream).where(SwapGate.closed)).scalars().all()
+    # no step lost or doubled
+    assert list(steps) == list(range(1, len(steps) + 1)), steps
+    # every version that served a call was verified (only verified versions get an ordinal)
+    verified = {version for version, ordinal in versions if ordinal is not None}
+    assert served <= verified, f"served by unverified versions: {served - verified}"
+    # every graded trajectory is trained in a recorded step, or still pending
+    assert trained_in - {None, -1} <= set(steps), (trained_in, steps)
+    # nothing the proxy answered is missing from the store
+    for session, count in (answered or {}).items():
+        assert calls[session] == count, f"{session}: {calls[session]} recorded, {count} answered"
+    assert not closed, f"replicas left fenced off: {closed}"
+
+
+def learn_command(db_url: str, vllm: VLLMServer, model: Path, tmp: Path, *extra: str) -> list[str]:
+    """`onthejob learn` as the drills run it in a process of its own."""
+    return [
+        sys.executable,
+        "-m",
+        "proxy.cli",
+        "learn",
+        "--db",
+        db_url,
+        "--upstream",
+        vllm.url,
+        "--model",
+        str(model),
+        "--checkpoints",
+        str(tmp / "checkpoints"),
+        "--grader",
+        GRADER,
+        "--batch-trajectories",
+        "8",
+        "--learning-rate",
+        "1e-3",
+        "--no-mask-truncated",
+        "--poll-interval",
+        "0.2",
+        *extra,
+    ]
+
+
+def heartbeat(engine: Engine) -> dict[str, Any]:
+    with engine.connect() as conn:
+        return read_heartbeat(conn) or {}
+
+
+def graded_count(engine: Engine, sessions: list[str]) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                select(func.count())
+                .select_from(Grade)
+                .join(Trajectory, Trajectory.id == Grade.trajectory_id)
+                .where(Trajectory.session_key.in_(sessions))
+            ).scalar_one()
+        )
+
+
+class LearnerThread:
+    """`Learner.run()` in a thread of the test process; what it raised, if anything."""
+
+    def __init__(self, learner: Learner) -> None:
+        self.learner = learner
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> LearnerThread:
+        self._thread.start()
+        return self
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"the learner is still at: {self.learner.activity}"
+        assert self.error is None, f"the learner failed: {self.error!r}"
+
+    def _run(self) -> None:
+        try:
+            self.learner.run()
+        except BaseException as exc:  # reported by join()
+            self.error = exc

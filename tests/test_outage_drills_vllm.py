@@ -1,0 +1,150 @@
+"""Fault drills: the store and vLLM go away in the middle of the learner's publish.
+
+PostgreSQL (a private server, stopped and started again) stops while the learner waits for
+a replica to drain; vLLM is killed there. Either way the learner survives, nothing is served
+by unverified weights (clients wait at the fenced replica, or get a 503 after
+ONTHEJOB_GATE_WAIT), the step is neither lost nor doubled, and once the server is back the
+learner restores the serving version and trains on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from learner.demo.vllm_server import VLLMServer
+from proxy.store import db
+from proxy.store.models import Call, PolicyVersion, TrainingStep
+from tests.conftest import REUSE_VLLM_URL
+from tests.drills import (
+    FAST_GATES,
+    LearnerThread,
+    Stream,
+    Traffic,
+    assert_invariants,
+    drill_learner,
+    gated,
+    graded_count,
+    heartbeat,
+    wait_until,
+)
+from tests.private_postgres import PrivatePostgres, binaries
+
+pytestmark = [pytest.mark.vllm]
+# held calls give up quickly, so a drill sees what a client sees while the replica is away
+SHORT_WAIT = {**FAST_GATES, "ONTHEJOB_GATE_WAIT": "3"}
+
+
+def publishing_step_1(engine, proxy) -> bool:  # type: ignore[no-untyped-def]
+    return heartbeat(engine).get("activity") == "publishing step 1" and gated(proxy)
+
+
+def start_publishing(traffic: Traffic, engine) -> Stream:  # type: ignore[no-untyped-def]
+    """Seven of a batch graded, then the eighth while a client streams: the learner's
+    publish of step 1 then waits for that stream to drain."""
+    sessions = traffic.batch("batch", 7)
+    wait_until(lambda: graded_count(engine, sessions) == 7, "seven graded")
+    stream = Stream(traffic, "streaming").start()
+    traffic.call("batch-7")
+    return stream
+
+
+def test_postgres_stopped_during_a_publish(
+    vllm: VLLMServer, tiny_model: Path, start_proxy, tmp_path: Path, restore_vllm
+) -> None:
+    found = binaries()
+    if found is None:
+        pytest.skip("NO POSTGRESQL SERVER BINARIES (/usr/lib/postgresql/*/bin): drill not run")
+    pg = PrivatePostgres(found).init()
+    engine = None
+    try:
+        db.upgrade(pg.url)
+        engine = db.make_engine(pg.url)
+        proxy = start_proxy([vllm.url], pg.url, args=["--idle-timeout", "0.3"], env=SHORT_WAIT)
+        traffic = Traffic(proxy, vllm.model_name)
+        learner = drill_learner(pg.url, vllm, tiny_model, tmp_path, max_steps=1)
+        running = LearnerThread(learner).start()
+        wait_until(lambda: heartbeat(engine).get("serving"), "the learner is up", 120)
+        stream = start_publishing(traffic, engine)
+        wait_until(lambda: publishing_step_1(engine, proxy), "the learner publishes step 1")
+
+        pg.stop()
+        stream.finish()
+        # the proxy still answers: a call for the fenced replica waits, then a 503
+        held = traffic.call("held", timeout=30)
+        assert held.status_code == 503 and held.json()["error"]["code"] == "upstream_busy"
+        wait_until(lambda: "retrying" in learner.activity, "the learner waits for the store")
+
+        pg.start()
+        running.join(180)  # it restores the serving version, then trains the batch again
+        traffic.batch("after")
+        assert traffic.failures == ["held: 503 " + held.text[:200]]
+        assert_invariants(engine, traffic.answered)
+        with engine.connect() as conn:
+            steps = conn.execute(select(TrainingStep.step, TrainingStep.version)).all()
+            after = set(
+                conn.execute(
+                    select(Call.policy_version).where(Call.session_key.like("after-%"))
+                ).scalars()
+            )
+        assert [n for n, _ in steps] == [1] and steps[0][1] is not None
+        assert after == {steps[0][1]}
+    finally:
+        if engine is not None:
+            engine.dispose()
+        pg.remove()
+
+
+@pytest.mark.skipif(REUSE_VLLM_URL is not None, reason="kills and restarts the vLLM server")
+def test_vllm_killed_during_a_publish(
+    vllm: VLLMServer, tiny_model: Path, pg_url: str, start_proxy, tmp_path: Path, restore_vllm
+) -> None:
+    db.upgrade(pg_url)
+    engine = db.make_engine(pg_url)
+    proxy = start_proxy([vllm.url], pg_url, args=["--idle-timeout", "0.3"], env=SHORT_WAIT)
+    traffic = Traffic(proxy, vllm.model_name)
+    learner = drill_learner(pg_url, vllm, tiny_model, tmp_path, max_steps=2)
+    try:
+        running = LearnerThread(learner).start()
+        wait_until(lambda: heartbeat(engine).get("serving"), "the learner is up", 120)
+        base = heartbeat(engine)["serving"]
+        stream = start_publishing(traffic, engine)
+        wait_until(lambda: publishing_step_1(engine, proxy), "the learner publishes step 1")
+
+        assert vllm.proc is not None
+        os.killpg(vllm.proc.pid, signal.SIGKILL)
+        vllm.proc.wait()
+        vllm.proc = None
+        stream.finish()
+        wait_until(lambda: "retrying" in learner.activity, "the learner waits for vLLM", 60)
+        held = traffic.call("held", timeout=30)
+        assert held.status_code == 503  # fenced off: nobody gets a replica in an unknown state
+
+        vllm.start()  # the same port; it serves the base model from disk again
+        traffic.batch("after")
+        running.join(240)
+        assert_invariants(engine, traffic.answered)
+        with engine.connect() as conn:
+            steps = conn.execute(select(TrainingStep.step, TrainingStep.version)).all()
+            failed = (
+                conn.execute(select(PolicyVersion.version).where(PolicyVersion.ordinal.is_(None)))
+                .scalars()
+                .all()
+            )
+            after = set(
+                conn.execute(
+                    select(Call.policy_version).where(Call.session_key.like("after-%"))
+                ).scalars()
+            )
+        # step 1's version never served (vLLM died under it); step 2 came after the restore
+        assert [n for n, _ in steps] == [1, 2] and steps[0][1] is None and steps[1][1]
+        assert len(failed) == 1 and after == {base}
+        assert httpx.get(vllm.url + "/health").status_code == 200
+    finally:
+        learner.engine.dispose()
+        engine.dispose()
