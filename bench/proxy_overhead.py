@@ -302,7 +302,7 @@ function request()
   sent = sent + 1
   return req
 end
-
+%(stop_after)s
 function done(summary, latency, requests)
   -- wrk's main() calls request() once on the first thread's state to check it
   -- (script_verify_request); that request is never sent
@@ -321,9 +321,30 @@ end
 """
 
 
-def write_wrk_script(path: Path, body: bytes, session: str | None) -> None:
+STOP_AFTER = """
+local answered = 0
+function response(status, headers, body)
+  answered = answered + 1
+  if answered >= %d then
+    wrk.thread:stop()
+  end
+end
+"""
+
+
+def write_wrk_script(
+    path: Path, body: bytes, session: str | None, stop_after: int | None = None
+) -> None:
+    """A wrk script sending `body`; with stop_after, each thread stops after that many
+    answers (run it with a long -d)."""
     extra = f'wrk.headers["X-Onthejob-Session"] = "{session}"' if session else ""
-    path.write_text(WRK_SCRIPT % {"body": body.decode(), "path": CHAT_PATH, "extra_headers": extra})
+    values = {
+        "body": body.decode(),
+        "path": CHAT_PATH,
+        "extra_headers": extra,
+        "stop_after": "" if stop_after is None else STOP_AFTER % stop_after,
+    }
+    path.write_text(WRK_SCRIPT % values)
 
 
 def pinned(cpus: str | None) -> list[str]:
@@ -1027,6 +1048,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="LIST",
         help="run the upstream, wrk and this script's own clients on these CPUs, e.g. 1",
     )
+    parser.add_argument(
+        "--series",
+        type=int,
+        metavar="N",
+        help="instead of the table: N segments of --per calls at --connections, back to back, "
+        "each with req/s, p50, CPU per call, RSS and the recording backlog (the flat-cost "
+        "check: 10 segments of 100,000 = 1,000,000 calls)",
+    )
+    parser.add_argument(
+        "--per", type=int, default=100_000, help="calls per --series segment (default 100,000)"
+    )
     parser.add_argument("--json", metavar="FILE", type=Path, help="also write results as JSON")
     parser.add_argument(
         "--keep-logs", action="store_true", help="keep the temp dir with the server logs"
@@ -1049,6 +1081,33 @@ def parse_cpus(text: str) -> set[int]:
     return cpus
 
 
+def _series(bench: Bench) -> int:
+    """The flat-cost series (bench/volume_series.py); 1 if a call went missing."""
+    from bench.volume_series import report_series, run_series
+
+    try:
+        bench.start()
+        print("warming up (1 s per path) ...")
+        bench.warm_up()
+        bench.results.recording.rows_before = count_calls(bench.db_url)
+        bench.results.recording.sent_through_proxy = 0
+        bench.results.recording.unanswered = 0
+        series = run_series(bench, bench.args.series, bench.args.per)
+        recording = bench.results.recording
+        recording.rows_after = count_calls(bench.db_url)
+    finally:
+        bench.stop()
+    flat = report_series(series)
+    lost = recording.added != recording.sent_through_proxy
+    print(
+        f"Recording: {recording.sent_through_proxy:,} calls sent, {recording.added:,} rows "
+        f"added -> {'MISSING' if lost else 'nothing lost'}"
+    )
+    if lost:
+        return 1
+    return 3 if bench.args.fail_on_miss and not flat else 0
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
@@ -1069,6 +1128,8 @@ def main(argv: list[str] | None = None) -> int:
             bench = Bench(args, workdir, db_url)
             if not bench.use_wrk:
                 print("wrk not found or not chosen: using the Python raw-socket load generator")
+            if args.series:
+                return _series(bench)
             try:
                 bench.start()
                 results = bench.run()

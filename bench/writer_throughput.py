@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -116,8 +117,15 @@ def fill_log(spool: Path, calls: int) -> None:
         log.close()
 
 
-def writer_rate(url: str, calls: int, workdir: Path, batch: int) -> float:
-    """Calls per second the writer moves from a filled call log into the database at url."""
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def writer_rate(url: str, calls: int, workdir: Path, batch: int) -> tuple[float, float]:
+    """(calls per second, CPU µs per call in this process) of the writer moving a filled
+    call log into the database at url. The CPU figure leaves out the database server's and
+    is less moved by other load than the rate: 1e6 / it is what one free core would do."""
     spool = workdir / f"writer-{new_id()}.jsonl"
     fill_log(spool, calls)
     engine = db.make_engine(url)
@@ -135,18 +143,18 @@ def writer_rate(url: str, calls: int, workdir: Path, batch: int) -> float:
     writer.replay_until = writer.cursor  # the log is this run's own: nothing to look up
     done = threading.Event()
     try:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), cpu_seconds()
         writer.start()
         while writer.processed < calls:
             done.wait(0.005)
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     finally:
         writer.stop(drain_seconds=0)
         log.close()
         engine.dispose()
     if writer.written != calls:
         raise RuntimeError(f"the writer wrote {writer.written} of {calls} calls")
-    return calls / elapsed
+    return calls / elapsed, cpu / calls * 1e6
 
 
 def summary(values: list[float], unit: str, digits: int = 0) -> str:
@@ -192,11 +200,17 @@ def main(argv: list[str] | None = None) -> int:
         for name, url in targets:
             with scratch_database(url, name == "PostgreSQL") as scratch:
                 db.upgrade(scratch)
-                rates = []
+                rates, cpus = [], []
                 for _ in range(args.repeat):
-                    rates.append(writer_rate(scratch, args.calls, workdir, args.batch))
-                    print(f"  {name} writer: {rates[-1]:,.0f} calls/s ({args.calls:,} calls)")
+                    rate, cpu = writer_rate(scratch, args.calls, workdir, args.batch)
+                    rates.append(rate)
+                    cpus.append(cpu)
+                    print(
+                        f"  {name} writer: {rate:,.0f} calls/s, {cpu:.0f} us CPU per call "
+                        f"({args.calls:,} calls)"
+                    )
                 print(f"{name} writer alone: {summary(rates, 'calls/s')}")
+                print(f"{name} writer CPU: {summary(cpus, 'us per call', 0)}")
     print(f"1-min load average at the end {os.getloadavg()[0]:.1f}")
     return 0
 

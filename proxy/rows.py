@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from proxy.stitching import TrajectoryTracker, continuation_hash, derive_task_key, new_id
+from proxy.stitching import PrefixHasher, TrajectoryTracker, derive_task_key, new_id
 from proxy.store.tokens import common_prefix_len
 
 if TYPE_CHECKING:
@@ -118,8 +118,18 @@ class RowBuilder:
             return bare_row(entry), None
         tracker = self.tracker
         started = entry["started_at"]
+        # key-less calls only (a session needs no stitching): one running hash over the
+        # messages, their prefixes to find what this call continues, then + the reply for
+        # the continuation it offers
+        hasher = PrefixHasher()
+        keyless = session_key is None and messages is not None
+        hashes = [hasher.add(m) for m in messages] if keyless else []
         state, is_new = tracker.resolve(
-            session_key=session_key, messages=messages, now=started, find_open=self.find_open
+            session_key=session_key,
+            messages=messages,
+            now=started,
+            find_open=self.find_open,
+            hashes=hashes,
         )
         if is_new or state.task_key is None:
             state.task_key = entry["task_key"] or derive_task_key(messages)
@@ -139,8 +149,8 @@ class RowBuilder:
             # this call, continues the conversation (and its partial reply is no reply)
             if tracker.taken is not None:
                 tracker.give_back(tracker.taken, state)
-        elif capture and capture["reply"] is not None and messages is not None:
-            digest = continuation_hash(messages, capture["reply"])
+        elif keyless and capture and capture["reply"] is not None:
+            digest = hasher.add(capture["reply"])  # = continuation_hash(messages, reply)
             tracker.offer_continuation(digest, state)
         ended = ended_at(entry)
         if prompt is not None:
@@ -149,13 +159,7 @@ class RowBuilder:
             tracker.touch(state, ended, entry["id"], prompt + completion)
         else:
             tracker.touch(state, ended, state.last_call_id or "", last_sequence)
-        row = bare_row(entry)
-        row.update(capture_columns(entry))
-        row["trajectory_id"] = state.id
-        row["prompt_parent_id"] = parent_id
-        row["prompt_prefix_len"] = prefix_len
-        row["prompt_token_suffix"] = suffix
-        row["continuation_hash"] = digest
+        row = call_columns(entry, state.id, parent_id, prefix_len, suffix, digest)
         trajectory = {
             "id": state.id,
             "session_key": state.session_key,
@@ -179,12 +183,14 @@ def sibling_row(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     capture = entry["capture"]
     prompt = capture["prompt_token_ids"] if capture else None
     trajectory_id = new_id()
-    row = bare_row(entry)
-    row.update(capture_columns(entry))
-    row["trajectory_id"] = trajectory_id
-    row["prompt_parent_id"] = entry["fanout_parent"] if prompt else None
-    row["prompt_prefix_len"] = len(prompt) if prompt else 0
-    row["prompt_token_suffix"] = None if prompt is None else []
+    row = call_columns(
+        entry,
+        trajectory_id,
+        entry["fanout_parent"] if prompt else None,
+        len(prompt) if prompt else 0,
+        None if prompt is None else [],
+        None,
+    )
     ended = ended_at(entry)
     trajectory = {
         "id": trajectory_id,
@@ -234,20 +240,58 @@ def bare_row(entry: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def capture_columns(entry: dict[str, Any]) -> dict[str, Any]:
-    """The call columns that come from its token capture."""
+def call_columns(
+    entry: dict[str, Any],
+    trajectory_id: str,
+    parent_id: str | None,
+    prefix_len: int,
+    suffix: list[int] | None,
+    digest: str | None,
+) -> dict[str, Any]:
+    """The row of a call that reached a model: its own columns, its capture's, and where it
+    sits in its trajectory (built in one go: it runs for every call)."""
     capture = entry["capture"]
     if capture is None:
-        return {}
+        row = bare_row(entry)
+        row.update(
+            trajectory_id=trajectory_id,
+            prompt_parent_id=parent_id,
+            prompt_prefix_len=prefix_len,
+            prompt_token_suffix=suffix,
+            continuation_hash=digest,
+        )
+        return row
     prompt = capture["prompt_token_ids"]
     choices = capture["choices"]
     return {
+        "id": entry["id"],
+        "trajectory_id": trajectory_id,
+        "session_key": entry["session_key"],
+        "api": entry["api"],
+        "upstream": text(entry["upstream"], 500),
+        "model": text(entry["model"], 500),
+        "policy_version": entry["policy_version"],
+        "stream": entry["stream"],
+        "status": entry["status"],
+        "http_status": entry["http_status"],
+        "error": text(entry["error"]),
+        "request": entry["request"],
+        "response": entry["response"],
+        "prompt_parent_id": parent_id,
+        "prompt_prefix_len": prefix_len,
+        "prompt_token_suffix": suffix,
         "prompt_len": None if prompt is None else len(prompt),
         "choices": choices,
         "finish_reason": choices[0]["finish_reason"] if choices else None,
         "prompt_tokens": capture["prompt_tokens"],
         "completion_tokens": capture["completion_tokens"],
         "capture_complete": bool(capture["complete"] and entry["status"] == "ok"),
+        "continuation_hash": digest,
+        "started_at": entry["started_at"],
+        "latency_ms": entry["latency_ms"],
+        "ttft_ms": entry["ttft_ms"],
+        "user_agent": text(entry.get("user_agent"), 500),
+        "compat": entry.get("compat"),
     }
 
 

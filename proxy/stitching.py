@@ -179,12 +179,14 @@ class TrajectoryTracker:
         messages: list[Any] | None,
         now: float,
         find_open: Callable[[str], tuple[str, float, float] | None] | None = None,
+        hashes: list[str] | None = None,
     ) -> tuple[TrajectoryState, bool]:
         """The trajectory this call belongs to, and whether it is new.
 
         `find_open(session_key)` looks up a session's open trajectory (id, started_at,
         last_call_at) that this process does not know, e.g. after a restart. The
-        continuation point a call took is left in `taken` (see `give_back`).
+        continuation point a call took is left in `taken` (see `give_back`). `hashes`:
+        the messages' `prefix_hashes`, when the caller has them already.
         """
         self.taken: str | None = None
         if session_key is not None:
@@ -201,7 +203,7 @@ class TrajectoryTracker:
             self._by_session[session_key] = state
             return state, True
         if messages:
-            for digest in reversed(prefix_hashes(messages)):
+            for digest in reversed(hashes if hashes is not None else prefix_hashes(messages)):
                 state = self._take_continuation(digest, now)
                 if state is not None:
                     self.taken = digest

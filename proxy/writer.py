@@ -181,15 +181,17 @@ class Writer:
         the database (after a crash), and fetch the open trajectories of sessions this
         process does not know yet (after a restart). Raises Unreachable."""
         self._check_schema()
+        self._prefetched.clear()
+        known = self.tracker.knows_session
+        keys = {e["session_key"] for e in entries if e["session_key"] is not None}
+        keys = {key for key in keys if not known(key)}
+        if not (from_replay or keys):
+            return entries  # nothing to ask the database
         try:
             with self.engine.connect() as conn:
                 if from_replay:
                     present = repo.existing_call_ids(conn, ids=[e["id"] for e in entries])
                     entries = [e for e in entries if e["id"] not in present]
-                known = self.tracker.knows_session
-                keys = {e["session_key"] for e in entries if e["session_key"] is not None}
-                keys = {key for key in keys if not known(key)}
-                self._prefetched.clear()
                 if keys:
                     found = repo.open_trajectories_for_sessions(conn, session_keys=sorted(keys))
                     self._prefetched.update(

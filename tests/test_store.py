@@ -59,6 +59,11 @@ def test_migrations_create_exactly_the_models_tables(db_url: str) -> None:
         for table in Base.metadata.sorted_tables:
             columns = {c["name"] for c in inspector.get_columns(table.name)}
             assert columns == set(table.columns.keys()), table.name
+            # ix_*: the indexes the models declare (not those backing unique constraints)
+            indexes = {i["name"] for i in inspector.get_indexes(table.name)}
+            assert {n for n in indexes if n.startswith("ix_")} == {i.name for i in table.indexes}, (
+                table.name
+            )
     finally:
         engine.dispose()
     db.upgrade(db_url)  # a second upgrade is a no-op
@@ -107,3 +112,44 @@ def test_finish_idle_and_open_lookup(engine: Engine) -> None:
         assert repo.finish_idle(conn, idle_before=cutoff) == 1
         assert repo.open_trajectory_for_session(conn, session_key="s") is None
         assert conn.execute(select(Trajectory.status)).scalar_one() == "finished"
+
+
+def _renamed(batch: dict, suffix: str) -> dict:
+    trajectory = {**batch["trajectories"][0], "id": "t" + suffix, "session_key": "s" + suffix}
+    call = {**batch["calls"][0], "id": "c" + suffix, "trajectory_id": "t" + suffix}
+    return {"trajectories": [trajectory], "calls": [call], "finished": []}
+
+
+def test_the_writers_bulk_path_stores_what_sqlalchemy_stores(engine: Engine) -> None:
+    now = time.time()
+    bulk = _renamed(_batch(now), "-bulk")
+    bulk["trajectories"][0]["new"] = True  # PostgreSQL: COPY
+    later = {**bulk["trajectories"][0], "new": False, "last_call_at": now + 5, "task_key": "k"}
+    plain = _renamed(_batch(now), "-plain")
+    plain_later = {**plain["trajectories"][0], "last_call_at": now + 5, "task_key": "k"}
+    with engine.begin() as conn:
+        repo.write_batch(conn, **bulk, fresh=True)
+        repo.write_batch(conn, trajectories=[later], calls=[], fresh=True)  # upsert
+        repo.write_batch(conn, **plain)
+        repo.write_batch(conn, trajectories=[plain_later], calls=[])
+        repo.finish_trajectories(
+            conn, finished=[{"id": t, "ended_at": now + 6} for t in ("t-bulk", "t-plain")]
+        )
+    with engine.connect() as conn:
+        calls = {r["id"]: r for r in (dict(x._mapping) for x in conn.execute(select(Call)))}
+        trajectories = {
+            r["id"]: r for r in (dict(x._mapping) for x in conn.execute(select(Trajectory)))
+        }
+
+    def same(a: dict, b: dict, differ: set[str]) -> None:
+        assert {k: v for k, v in a.items() if k not in differ} == {
+            k: v for k, v in b.items() if k not in differ
+        }
+
+    same(calls["c-bulk"], calls["c-plain"], {"id", "trajectory_id"})
+    same(trajectories["t-bulk"], trajectories["t-plain"], {"id", "session_key"})
+    assert trajectories["t-bulk"]["status"] == "finished"
+    assert trajectories["t-bulk"]["task_key"] == "k"  # filled in once it is known
+    last = trajectories["t-bulk"]["last_call_at"]
+    last = last if last.tzinfo else last.replace(tzinfo=UTC)
+    assert abs(last.timestamp() - (now + 5)) < 1e-3

@@ -46,7 +46,8 @@ class Call(Base):
     __tablename__ = "calls"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    trajectory_id: Mapped[str | None] = mapped_column(ForeignKey("trajectories.id"), index=True)
+    # looked up through ix_calls_trajectory_started, which leads with it
+    trajectory_id: Mapped[str | None] = mapped_column(ForeignKey("trajectories.id"))
     session_key: Mapped[str | None] = mapped_column(String(200))
     api: Mapped[str] = mapped_column(String(32))
     upstream: Mapped[str | None] = mapped_column(String(500))
@@ -54,7 +55,7 @@ class Call(Base):
     policy_version: Mapped[str | None] = mapped_column(String(200), index=True)
     stream: Mapped[bool] = mapped_column(Boolean, default=False)
     # ok | error | cancelled
-    status: Mapped[str] = mapped_column(String(16), index=True)
+    status: Mapped[str] = mapped_column(String(16))
     http_status: Mapped[int] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
     request: Mapped[dict[str, Any] | None] = mapped_column(JSON)
@@ -71,7 +72,8 @@ class Call(Base):
     # False when captured token ids disagree with upstream usage: never train on it
     capture_complete: Mapped[bool] = mapped_column(Boolean, default=False)
     # hash of (request messages + first choice's reply): how a later call continues this one
-    continuation_hash: Mapped[str | None] = mapped_column(String(64), index=True)
+    # (not indexed: stitching is done in the proxy's memory; no query looks it up)
+    continuation_hash: Mapped[str | None] = mapped_column(String(64))
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     latency_ms: Mapped[float | None] = mapped_column(Float)
     ttft_ms: Mapped[float | None] = mapped_column(Float)

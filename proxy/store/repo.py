@@ -6,10 +6,10 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
-from sqlalchemy import JSON, Connection, bindparam, case, func, select, update
+from sqlalchemy import Connection, case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
+from proxy.store import bulk
 from proxy.store.models import Call, StoredResponse, Trajectory
 
 CALL_TIME_FIELDS = ("started_at",)
@@ -48,10 +48,46 @@ def write_batch(
 ) -> None:
     """Insert a batch idempotently: replaying the same batch changes nothing.
 
-    `fresh` batches (never written before) go to PostgreSQL with COPY, about 3x cheaper
-    than INSERT ... ON CONFLICT; a batch that might be in already (spool replay) must not.
-    Timestamps arrive as epoch seconds (the spool keeps them that way).
+    `fresh` batches (built by the writer, never written before) take the bulk paths
+    (proxy/store/bulk.py: COPY on PostgreSQL for what is new, prepared statements on
+    SQLite); a batch that might be in already, or rows from elsewhere (a replay, the
+    rejected file), take SQLAlchemy's, which also fills in column defaults.
+    Timestamps arrive as epoch seconds (the call log keeps them that way).
     """
+    if fresh:
+        _write_fresh(conn, trajectories, calls)
+    else:
+        _write_any(conn, trajectories, calls)
+    if responses:
+        stmt = insert_for(conn, StoredResponse.__table__).on_conflict_do_nothing(
+            index_elements=["id"]
+        )
+        conn.execute(stmt, _with_datetimes(responses, ("created_at",)))
+    finish_trajectories(conn, finished=finished)
+
+
+def _write_fresh(
+    conn: Connection, trajectories: Sequence[dict[str, Any]], calls: Sequence[dict[str, Any]]
+) -> None:
+    if conn.dialect.name == "postgresql":
+        new = [t for t in trajectories if t.get("new")]
+        known = [t for t in trajectories if not t.get("new")]
+        if new:
+            bulk.pg_copy_trajectories(conn, new)
+        if known:
+            bulk.pg_upsert_trajectories(conn, known)
+        if calls:
+            bulk.pg_copy_calls(conn, calls)
+        return
+    if trajectories:
+        bulk.sqlite_upsert_trajectories(conn, trajectories)
+    if calls:
+        bulk.sqlite_insert_calls(conn, calls)
+
+
+def _write_any(
+    conn: Connection, trajectories: Sequence[dict[str, Any]], calls: Sequence[dict[str, Any]]
+) -> None:
     trajectories = [_without_new(t) for t in trajectories]
     if trajectories:
         table = Trajectory.__table__
@@ -68,17 +104,9 @@ def write_batch(
             },
         )
         conn.execute(stmt, _with_datetimes(trajectories, TRAJECTORY_TIME_FIELDS))
-    if calls and fresh and conn.dialect.name == "postgresql":
-        _copy_calls(conn, _with_datetimes(calls, CALL_TIME_FIELDS))
-    elif calls:
+    if calls:
         stmt = insert_for(conn, Call.__table__).on_conflict_do_nothing(index_elements=["id"])
         conn.execute(stmt, _with_datetimes(calls, CALL_TIME_FIELDS))
-    if responses:
-        stmt = insert_for(conn, StoredResponse.__table__).on_conflict_do_nothing(
-            index_elements=["id"]
-        )
-        conn.execute(stmt, _with_datetimes(responses, ("created_at",)))
-    finish_trajectories(conn, finished=finished)
 
 
 def _without_new(trajectory: dict[str, Any]) -> dict[str, Any]:
@@ -86,27 +114,6 @@ def _without_new(trajectory: dict[str, Any]) -> dict[str, Any]:
     if "new" not in trajectory:
         return trajectory
     return {k: v for k, v in trajectory.items() if k != "new"}
-
-
-_CALL_COLUMNS = [c.name for c in Call.__table__.columns]
-_JSON_COLUMNS = {c.name for c in Call.__table__.columns if isinstance(c.type, JSON)}
-
-
-def _copy_calls(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
-    raw = conn.connection.driver_connection
-    names = ", ".join(_CALL_COLUMNS)
-    with raw.cursor() as cursor, cursor.copy(f"COPY calls ({names}) FROM STDIN") as copy:
-        for row in rows:
-            copy.write_row(
-                [
-                    _json_text(row.get(name)) if name in _JSON_COLUMNS else row.get(name)
-                    for name in _CALL_COLUMNS
-                ]
-            )
-
-
-def _json_text(value: Any) -> str | None:
-    return None if value is None else orjson.dumps(value).decode()
 
 
 def finish_trajectory(conn: Connection, *, trajectory_id: str, ended_at: datetime | None) -> None:
@@ -121,14 +128,10 @@ def finish_trajectories(conn: Connection, *, finished: Sequence[dict[str, Any]])
     """Finish open trajectories: [{"id", "ended_at" (epoch seconds)}], in one statement."""
     if not finished:
         return
-    stmt = (
-        update(Trajectory)
-        .where(Trajectory.id == bindparam("b_id"), Trajectory.status == "open")
-        .values(status="finished", ended_at=bindparam("b_ended_at"))
-    )
-    conn.execute(
-        stmt, [{"b_id": f["id"], "b_ended_at": to_datetime(f["ended_at"])} for f in finished]
-    )
+    if conn.dialect.name == "postgresql":
+        bulk.pg_finish(conn, finished)
+    else:
+        bulk.sqlite_finish(conn, finished)
 
 
 def existing_call_ids(conn: Connection, *, ids: Sequence[str]) -> set[str]:

@@ -1,0 +1,144 @@
+"""The flat-cost series of bench/proxy_overhead.py (`--series N`): one proxy under one
+continuous load, measured per segment of `--per` calls (default 100,000).
+
+Each segment is one wrk run at `--connections` whose threads stop after their share of the
+segment's answers, so segments follow each other with no pause and the writer never gets
+time off. Per segment: req/s, p50 and p99, the proxy's CPU per call (loop and writer
+together; less moved by other load on the machine than req/s), its RSS, and the recording
+backlog at the segment's end (calls answered but not yet in the database: growing means
+the writer does not keep up). At the end, every segment against the first: the aim is
+req/s and p50 within 10%.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench.proxy_overhead import (
+    CLK_TCK,
+    HOST,
+    PROXY_TOTAL,
+    cpu_snapshot,
+    http_get_json,
+    request_body,
+    run_wrk,
+    write_wrk_script,
+)
+
+if TYPE_CHECKING:
+    from bench.proxy_overhead import Bench
+
+FLAT_WITHIN = 0.10
+SEGMENT_CAP_S = 600.0  # a segment that has not finished by then is cut short
+
+
+@dataclass
+class Segment:
+    index: int
+    calls: int  # sent in this segment
+    rps: float
+    p50_ms: float | None
+    p99_ms: float | None
+    cpu_us_per_call: float
+    rss_mib: float
+    backlog_calls: int
+    written: int
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def run_series(bench: Bench, segments: int, per: int) -> list[Segment]:
+    assert bench.proxy is not None and bench.upstream is not None
+    args = bench.args
+    threads = min(args.wrk_threads, args.connections)
+    script = bench.workdir / "series.lua"
+    write_wrk_script(script, request_body(False), args.session, stop_after=max(1, per // threads))
+    out: list[Segment] = []
+    sent = completed = 0
+    print(
+        f"series: {segments} x {per:,} calls at c={args.connections}, no pause between "
+        "segments (wrk stops each after its share of answers)"
+    )
+    print(
+        f"  {'segment':>7} {'calls':>11} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'CPU/call':>9} {'RSS MiB':>8} {'backlog':>8}"
+    )
+    for index in range(1, segments + 1):
+        before = cpu_snapshot(bench.proxy.pid, bench.upstream.pid)
+        result = run_wrk(
+            script, bench.proxy_port, args.connections, threads, SEGMENT_CAP_S, args.load_cpus
+        )
+        after = cpu_snapshot(bench.proxy.pid, bench.upstream.pid)
+        bench.proxy.check_alive()
+        health: dict[str, Any] = http_get_json(f"http://{HOST}:{bench.proxy_port}/healthz")
+        recording = health.get("recording", {})
+        cpu_ticks = after[PROXY_TOTAL] - before[PROXY_TOTAL]
+        segment = Segment(
+            index=index,
+            calls=result.sent,
+            rps=result.rps,
+            p50_ms=result.p50_ms,
+            p99_ms=result.p99_ms,
+            cpu_us_per_call=_ticks_to_us(cpu_ticks) / max(1, result.completed),
+            rss_mib=rss_mib(bench.proxy.pid),
+            backlog_calls=int(recording.get("backlog_calls", -1)),
+            written=int(recording.get("written", -1)),
+        )
+        out.append(segment)
+        sent += result.sent
+        completed += result.completed
+        print(
+            f"  {index:>7} {sent:>11,} {segment.rps:>8,.0f} {_ms(segment.p50_ms):>7} "
+            f"{_ms(segment.p99_ms):>7} {segment.cpu_us_per_call:>6.0f} us "
+            f"{segment.rss_mib:>8.0f} {segment.backlog_calls:>8,}"
+            + (
+                f"  ({result.non_2xx} non-2xx, {result.socket_errors} socket errors)"
+                if result.non_2xx or result.socket_errors
+                else ""
+            )
+        )
+    waited = bench.after_proxy_load(sent, completed)
+    print(f"  the database had every call {waited:.1f} s after the last segment")
+    return out
+
+
+def report_series(series: list[Segment]) -> bool:
+    """Each segment against the first; True when req/s and p50 stayed within 10%."""
+    first = series[0]
+    flat = True
+    print()
+    print(f"Against segment 1 ({first.rps:,.0f} req/s, p50 {_ms(first.p50_ms)} ms):")
+    for segment in series[1:]:
+        rps_ratio = segment.rps / first.rps if first.rps else float("nan")
+        p50_ratio = (segment.p50_ms or 0.0) / first.p50_ms if first.p50_ms else float("nan")
+        ok = abs(rps_ratio - 1) <= FLAT_WITHIN and abs(p50_ratio - 1) <= FLAT_WITHIN
+        flat = flat and ok
+        print(
+            f"  segment {segment.index:>2}: req/s x{rps_ratio:.2f}, p50 x{p50_ratio:.2f}, "
+            f"CPU/call x{segment.cpu_us_per_call / first.cpu_us_per_call:.2f}"
+            f"{'' if ok else '  <- outside 10%'}"
+        )
+    rates = [s.rps for s in series]
+    print(
+        f"req/s median {statistics.median(rates):,.0f} (min {min(rates):,.0f}, max "
+        f"{max(rates):,.0f}); RSS {series[0].rss_mib:.0f} -> {series[-1].rss_mib:.0f} MiB; "
+        f"backlog at the end {series[-1].backlog_calls:,}"
+    )
+    print(f"Aim: req/s and p50 within 10% of segment 1 -> {'MET' if flat else 'MISSED'}")
+    return flat
+
+
+def _ticks_to_us(ticks: float) -> float:
+    return ticks / CLK_TCK * 1e6
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
