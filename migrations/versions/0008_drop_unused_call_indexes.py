@@ -4,8 +4,8 @@ Every recorded call paid for them on the write path: `continuation_hash` (random
 costliest to insert into; stitching is done in the proxy's memory), `status` (only ever
 aggregated) and `trajectory_id` (`ix_calls_trajectory_started` leads with it).
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 Create Date: 2026-12-01 10:40:00
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
