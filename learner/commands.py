@@ -1,4 +1,4 @@
-"""`onthejob learn` and `onthejob rollback`: the learner's own commands."""
+"""`onthejob learn`, `onthejob rollback` and `onthejob regrade`: the learner's own commands."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ def register(commands: Any) -> None:
     add_db(rollback)
     rollback.add_argument("--upstream", action="append", metavar="URL", help="vLLM replicas")
     rollback.set_defaults(func=cmd_rollback)
+    _add_regrade(commands)
 
 
 def _add_learn(commands: Any) -> None:
@@ -80,6 +81,38 @@ def _add_learn(commands: Any) -> None:
     )
     learn.add_argument("--poll-interval", type=float, help="seconds between looks (default 1)")
     learn.set_defaults(func=cmd_learn)
+
+
+def _add_regrade(commands: Any) -> None:
+    regrade = commands.add_parser(
+        "regrade",
+        help="grade chosen trajectories again now (e.g. those whose grading failed)",
+        description="Grade the finished trajectories matching every filter given again, with "
+        "the learner's graders, and store the results (a step that trained on one keeps it "
+        "as it was). Settings as for `onthejob learn`.",
+    )
+    add_db(regrade)
+    regrade.add_argument(
+        "--failed", action="store_true", help="only trajectories whose grading failed"
+    )
+    regrade.add_argument("--session", metavar="KEY", help="only this session key")
+    regrade.add_argument("--task", metavar="KEY", help="only this task key")
+    regrade.add_argument("--since", metavar="ISO8601", help="active at or after this time")
+    regrade.add_argument("--until", metavar="ISO8601", help="started before this time")
+    regrade.add_argument(
+        "--trajectory", action="append", metavar="ID", help="this trajectory; repeat for more"
+    )
+    regrade.add_argument(
+        "--grader", action="append", metavar="SPEC", help="as for `onthejob learn`"
+    )
+    regrade.add_argument(
+        "--tasks", metavar="FILE", help="task table (JSONL) besides the one in the store"
+    )
+    regrade.add_argument("--config", type=Path, metavar="FILE", help="TOML file with settings")
+    regrade.add_argument(
+        "--upstream", action="append", metavar="URL", help="vLLM (the judge's default endpoint)"
+    )
+    regrade.set_defaults(func=cmd_regrade)
 
 
 def learner_config(args: argparse.Namespace, **extra: object) -> Any:  # a LearnerConfig
@@ -151,3 +184,42 @@ def _expected_for(checkpoint: Path) -> Any:
     from learner.loop import expected_for
 
     return expected_for(checkpoint)
+
+
+def cmd_regrade(args: argparse.Namespace) -> int:
+    from learner.regrade import Selection, regrade
+
+    config = learner_config(args, model="-", graders=args.grader, tasks=args.tasks)
+    selection = Selection(
+        failed_only=args.failed,
+        session_key=args.session,
+        task_key=args.task,
+        since=_time(args, "since"),
+        until=_time(args, "until"),
+        ids=tuple(args.trajectory or ()),
+    )
+    try:
+        report = regrade(config, selection)
+    except ValueError as exc:
+        raise SystemExit(f"onthejob regrade: {exc}") from exc
+    outcome = report.outcome
+    print(
+        f"regraded {outcome.saved + len(outcome.pending)}: {outcome.rewarded} rewarded, "
+        f"{outcome.retrying} to be tried again, {outcome.failed} failed, "
+        f"{len(outcome.pending)} waiting for feedback; "
+        f"{report.skipped_trained} left as they were (trained on already)"
+    )
+    return 0
+
+
+def _time(args: argparse.Namespace, name: str) -> Any:  # datetime | None
+    from datetime import UTC, datetime
+
+    text = getattr(args, name)
+    if text is None:
+        return None
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise SystemExit(f"onthejob regrade: --{name} {text!r} is not an ISO 8601 time") from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)

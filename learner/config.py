@@ -46,6 +46,11 @@ class LearnerConfig:
     judge_base_url: str | None = None
     judge_model: str | None = None
     command_timeout: float = 30.0
+    # a grading that failed transiently is tried again after this many seconds, doubling up
+    # to grade_retry_cap, grade_max_attempts times in all
+    grade_retry_base: float = 30.0
+    grade_retry_cap: float = 3600.0
+    grade_max_attempts: int = 8
     feedback_wait: float = 3600.0
     device: str | None = None
 

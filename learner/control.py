@@ -24,12 +24,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection
 
 from learner import queries
-from learner.graders.tasks import Task as TaskSpec
-from learner.graders.tasks import TaskTable
-from proxy.store.models import Task
 
 if TYPE_CHECKING:
     from learner.loop import Learner
@@ -168,21 +165,9 @@ def _follow_tasks(learner: Learner, conn: Connection) -> None:
     revision = state.get("revision") if isinstance(state, dict) else None
     if revision is None or revision == getattr(learner, "_tasks_revision", None):
         return
-    rows = conn.execute(select(Task.__table__)).mappings()
-    learner.tasks = TaskTable(
-        {
-            row["key"]: TaskSpec(
-                key=row["key"],
-                prompt=row["prompt"],
-                answer=row["answer"],
-                match=row["match"],
-                tolerance=row["tolerance"],
-                metadata=row["metadata"] or {},
-            )
-            for row in rows
-        }
-    )
+    learner.tasks = queries.task_table(conn)
     learner._tasks_revision = revision  # type: ignore[attr-defined]
+    queries.retry_failed_now(conn)  # a grading that lacked its task may succeed now
     log.info("task table reloaded from the store: %d tasks", len(learner.tasks))
 
 

@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 from tqdm import tqdm
 
-from learner import control, lease, queries
+from learner import control, grading, lease, queries
 from learner.checkpoint import load_model, save_checkpoint
 from learner.config import LearnerConfig
 from learner.fence import Fence
@@ -66,19 +65,6 @@ class RestoreFailed(RuntimeError):
     """The replicas could not be made to serve what the store says serves (yet)."""
 
 
-class DatabaseFeedback:
-    """Feedback posted through the proxy's feedback endpoint, read from the store."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    def reward_for(
-        self, trajectory_id: str, session: str | None
-    ) -> tuple[float, str | None] | None:
-        with self.engine.connect() as conn:
-            return queries.latest_feedback(conn, trajectory_id=trajectory_id, session_key=session)
-
-
 class Learner:
     def __init__(self, config: LearnerConfig) -> None:
         self.config = config
@@ -92,7 +78,7 @@ class Learner:
             config.graders,
             judge_base_url=config.judge_base_url or config.upstreams[0] + "/v1",
             judge_model=config.judge_model,
-            feedback_source=DatabaseFeedback(self.engine),
+            feedback_source=grading.DatabaseFeedback(self.engine),
             feedback_wait_seconds=config.feedback_wait,
             command_timeout=config.command_timeout,
         )
@@ -114,6 +100,11 @@ class Learner:
                 max_importance_weight=config.max_importance_weight,
                 kl_coef=config.kl_coef,
             ),
+        )
+        self.retry_policy = grading.RetryPolicy(
+            base=config.grade_retry_base,
+            cap=config.grade_retry_cap,
+            max_attempts=config.grade_max_attempts,
         )
         self.tasks = TaskTable()
         self.trainer: Trainer | None = None
@@ -266,6 +257,7 @@ class Learner:
         ]
         with self.engine.begin() as conn:
             queries.upsert_tasks(conn, rows)
+            queries.retry_failed_now(conn)  # "no reference answer" may have one now
         self.tasks = table
         log.info("loaded %d tasks from %s", len(rows), path)
 
@@ -306,6 +298,7 @@ class Learner:
             time.sleep(self.config.poll_interval)
 
     def grade_finished(self) -> int:
+        """Grade what finished (and failed gradings now due again); how many were saved."""
         with self.engine.connect() as conn:
             if time.monotonic() - self._pending_since > PENDING_RECHECK:
                 # feedback may have arrived for what was waiting: look at it again
@@ -318,29 +311,16 @@ class Learner:
         if not ids:
             return 0
         trajectories = list(iter_trajectories(self.engine, ids=ids))
-        grades = self.grader.grade(trajectories, tasks=self.tasks)
-        saved = 0
-        with self.engine.begin() as conn:
-            for trajectory, grade in zip(trajectories, grades, strict=True):
-                if grade.pending:
-                    self._pending.add(trajectory["id"])  # not before the next recheck
-                    continue
-                queries.save_grade(
-                    conn,
-                    trajectory_id=trajectory["id"],
-                    reward=grade.reward,
-                    detail=grade.detail,
-                    error=grade.error,
-                )
-                saved += 1
-                if grade.error:
-                    log.warning("trajectory %s not graded: %s", trajectory["id"], grade.error)
+        outcome = grading.grade_and_save(
+            self.engine, self.grader, trajectories, tasks=self.tasks, policy=self.retry_policy
+        )
+        self._pending.update(outcome.pending)  # not before the next recheck
         if self._grading is not None:
             self._grading.update(len(trajectories))
             if len(ids) < GRADE_BATCH:
                 self._grading.close()
                 self._grading = None
-        return saved
+        return outcome.saved
 
     def _follow_operator(self) -> None:
         """`onthejob rollback` may have changed what serves: train on from there."""

@@ -9,6 +9,8 @@ from typing import Any
 from sqlalchemy import Connection, exists, func, select, update
 from sqlalchemy.orm import aliased
 
+from learner.graders.tasks import Task as TaskSpec
+from learner.graders.tasks import TaskTable
 from proxy.store.models import (
     Call,
     Feedback,
@@ -32,12 +34,19 @@ def _not_a_rollout_run() -> Any:
     return ~exists().where(RolloutRun.session_key == Trajectory.session_key)
 
 
+def _gradable() -> Any:
+    """Finished, no grade yet or a transient failure now due, and not a rollout run's."""
+    due = Grade.transient.is_(True) & (Grade.retry_at <= now()) & Grade.trained_in_step.is_(None)
+    return (Trajectory.status == "finished") & (Grade.trajectory_id.is_(None) | due)
+
+
 def ungraded_finished(conn: Connection, *, limit: int, skip: Sequence[str] = ()) -> list[str]:
-    """Ids of finished trajectories with no grade yet, oldest first, except `skip`."""
+    """Ids of finished trajectories to grade (never graded, or a retry is due), oldest first,
+    except `skip`."""
     query = (
         select(Trajectory.id)
         .outerjoin(Grade, Grade.trajectory_id == Trajectory.id)
-        .where(Trajectory.status == "finished", Grade.trajectory_id.is_(None))
+        .where(_gradable())
         .where(_not_a_rollout_run())
         .order_by(Trajectory.last_call_at)
         .limit(limit)
@@ -53,10 +62,102 @@ def count_ungraded_finished(conn: Connection) -> int:
             select(func.count())
             .select_from(Trajectory)
             .outerjoin(Grade, Grade.trajectory_id == Trajectory.id)
-            .where(Trajectory.status == "finished", Grade.trajectory_id.is_(None))
+            .where(_gradable())
             .where(_not_a_rollout_run())
         ).scalar_one()
     )
+
+
+def grading_failures(conn: Connection) -> dict[str, int]:
+    """Gradings that failed and are not trained on: to be tried again, or failed for good."""
+    rows = conn.execute(
+        select(Grade.transient, func.count())
+        .where(Grade.error.is_not(None), Grade.trained_in_step.is_(None))
+        .group_by(Grade.transient)
+    )
+    counts = {bool(transient): int(n) for transient, n in rows}
+    return {"retrying": counts.get(True, 0), "failed": counts.get(False, 0)}
+
+
+def grade_attempts(conn: Connection, ids: Sequence[str]) -> dict[str, int]:
+    if not ids:
+        return {}
+    rows = conn.execute(
+        select(Grade.trajectory_id, Grade.attempts).where(Grade.trajectory_id.in_(list(ids)))
+    )
+    return {trajectory_id: int(attempts or 0) for trajectory_id, attempts in rows}
+
+
+def reset_attempts(conn: Connection, ids: Sequence[str]) -> None:
+    if ids:
+        conn.execute(
+            update(Grade)
+            .where(Grade.trajectory_id.in_(list(ids)), Grade.trained_in_step.is_(None))
+            .values(attempts=0)
+        )
+
+
+def task_table(conn: Connection) -> TaskTable:
+    """The task table as the graders read it."""
+    rows = conn.execute(select(Task.__table__)).mappings()
+    return TaskTable(
+        {
+            row["key"]: TaskSpec(
+                key=row["key"],
+                prompt=row["prompt"],
+                answer=row["answer"],
+                match=row["match"],
+                tolerance=row["tolerance"],
+                metadata=row["metadata"] or {},
+            )
+            for row in rows
+        }
+    )
+
+
+def retry_failed_now(conn: Connection) -> None:
+    """Transient failures are due at once (the task table changed: they may grade now)."""
+    conn.execute(
+        update(Grade)
+        .where(Grade.transient.is_(True), Grade.trained_in_step.is_(None))
+        .values(retry_at=now())
+    )
+
+
+def regrade_candidates(
+    conn: Connection,
+    *,
+    failed_only: bool,
+    session_key: str | None = None,
+    task_key: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    ids: Sequence[str] = (),
+) -> tuple[list[str], int]:
+    """Finished trajectories matching every filter that no step trained on, oldest first
+    (rollout runs excluded: their runner grades them), and how many matched but were
+    trained on already."""
+    query = (
+        select(Trajectory.id, Grade.trained_in_step)
+        .outerjoin(Grade, Grade.trajectory_id == Trajectory.id)
+        .where(Trajectory.status == "finished")
+        .where(_not_a_rollout_run())
+        .order_by(Trajectory.last_call_at, Trajectory.id)
+    )
+    if failed_only:
+        query = query.where(Grade.error.is_not(None))
+    if session_key is not None:
+        query = query.where(Trajectory.session_key == session_key)
+    if task_key is not None:
+        query = query.where(Trajectory.task_key == task_key)
+    if since is not None:
+        query = query.where(Trajectory.last_call_at >= since)
+    if until is not None:
+        query = query.where(Trajectory.started_at < until)
+    if ids:
+        query = query.where(Trajectory.id.in_(list(ids)))
+    rows = conn.execute(query).all()
+    return [r[0] for r in rows if r[1] is None], sum(r[1] is not None for r in rows)
 
 
 def save_grade(
@@ -66,17 +167,40 @@ def save_grade(
     reward: float | None,
     detail: dict[str, Any],
     error: str | None,
+    transient: bool = False,
+    retry_at: datetime | None = None,
+    attempts: int = 1,
 ) -> None:
+    """Insert, or replace a grade no step trained on (a retry, a regrade)."""
     values = {
         "trajectory_id": trajectory_id,
         "reward": reward,
         "detail": detail,
         "error": error,
         "graded_at": now(),
+        "transient": transient,
+        "retry_at": retry_at,
+        "attempts": attempts,
     }
-    stmt = insert_for(conn, Grade.__table__).values(values)
-    conn.execute(stmt.on_conflict_do_nothing(index_elements=["trajectory_id"]))
-    conn.execute(update(Trajectory).where(Trajectory.id == trajectory_id).values(reward=reward))
+    table = Grade.__table__
+    stmt = insert_for(conn, table).values(values)
+    changed = {k: v for k, v in values.items() if k != "trajectory_id"}
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["trajectory_id"],
+        set_=changed,
+        where=table.c.trained_in_step.is_(None),
+    )
+    conn.execute(stmt)
+    conn.execute(
+        update(Trajectory)
+        .where(
+            Trajectory.id == trajectory_id,
+            ~exists().where(
+                Grade.trajectory_id == trajectory_id, Grade.trained_in_step.is_not(None)
+            ),
+        )
+        .values(reward=reward)
+    )
 
 
 def trainable_grades(conn: Connection) -> list[dict[str, Any]]:

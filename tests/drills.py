@@ -77,7 +77,9 @@ class Traffic:
         self.failures: list[str] = []
         self._lock = threading.Lock()
 
-    def call(self, session: str, *, max_tokens: int = 16, timeout: float = 120) -> httpx.Response:
+    def call(
+        self, session: str, *, max_tokens: int = 16, timeout: float = 120, task: str = TASK
+    ) -> httpx.Response:
         body = {
             "model": self.model,
             "messages": [{"role": "user", "content": f"Write something ({session})."}],
@@ -87,7 +89,7 @@ class Traffic:
         response = httpx.post(
             f"{self.proxy.url}/s/{session}/v1/chat/completions",
             json=body,
-            headers={"X-Onthejob-Task": TASK},
+            headers={"X-Onthejob-Task": task},
             timeout=timeout,
         )
         with self._lock:

@@ -616,3 +616,36 @@ def test_the_proxy_refuses_a_non_loopback_bind_without_a_token(tmp_path: Any) ->
         with pytest.raises(ValueError, match="ONTHEJOB_ADMIN_TOKEN"):
             Settings(host=host, admin_token=None).check_exposure()
         Settings(host=host, admin_token="t").check_exposure()
+
+
+def test_trajectories_whose_grading_failed_show_why(api: httpx.Client, engine: Engine) -> None:
+    seed(engine)
+    later = datetime.now(UTC) + timedelta(minutes=5)
+    with engine.begin() as conn:
+        queries.save_grade(
+            conn,
+            trajectory_id="traj001",
+            reward=None,
+            detail={},
+            error="judge: Connection error.",
+            transient=True,
+            retry_at=later,
+        )
+        queries.save_grade(
+            conn, trajectory_id="traj003", reward=None, detail={}, error="command: exited with 2"
+        )
+    retrying = api.get("/trajectories", params={"grading": "retrying"}).json()["items"]
+    assert [t["id"] for t in retrying] == ["traj001"]
+    assert retrying[0]["grading_failure"]["state"] == "retrying"
+    assert retrying[0]["grading_failure"]["error"] == "judge: Connection error."
+    failed = api.get("/trajectories", params={"grading": "failed"}).json()["items"]
+    assert [(t["id"], t["grading_failure"]["error"]) for t in failed] == [
+        ("traj003", "command: exited with 2")
+    ]
+    listed = {t["id"]: t for t in api.get("/trajectories").json()["items"]}
+    assert listed["traj000"]["grading_failure"] is None
+    grade = api.get("/trajectories/traj001", params={"token_text": "false"}).json()["grade"]
+    assert grade["transient"] and grade["attempts"] == 1 and grade["retry_at"]
+    queue = api.get("/learner").json()["queue"]
+    assert queue["grading_retrying"] == 1 and queue["grading_failed"] == 1
+    assert "grading" in error_of(api.get("/trajectories", params={"grading": "nope"}), 400)

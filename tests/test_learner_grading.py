@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, select
 
@@ -12,6 +15,8 @@ from learner.config import LearnerConfig
 from learner.loop import Learner
 from proxy.store import repo
 from proxy.store.models import Grade
+from tests.drills import wait_until
+from tests.unit.learner.graders import sample_rewards
 
 
 def _finished(tid: str, session: str, now: float) -> dict:
@@ -57,3 +62,110 @@ def test_feedback_grades_what_has_feedback_and_waits_for_the_rest(
         assert learner.grade_finished() == 1
     finally:
         learner.engine.dispose()
+
+
+def _learner(db_url: str, tmp_path: Path, grader: str, **extra: Any) -> Learner:
+    config = LearnerConfig(
+        database_url=db_url,
+        model=str(tmp_path),
+        graders=[grader],
+        checkpoints=str(tmp_path / "ckpt"),
+        **extra,
+    )
+    return Learner(config)
+
+
+def _grades(engine: Engine) -> dict[str, Any]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(Grade.__table__)).mappings().all()
+    return {r["trajectory_id"]: r for r in rows}
+
+
+def test_a_transient_failure_is_graded_again_with_back_off_then_gives_up(
+    db_url: str, engine: Engine, tmp_path: Path
+) -> None:
+    now = time.time()
+    with engine.begin() as conn:
+        repo.write_batch(conn, trajectories=[_finished("t0", "s0", now)], calls=[])
+    sample_rewards.SERVICE_UP["up"] = False
+    learner = _learner(
+        db_url,
+        tmp_path,
+        "python:tests.unit.learner.graders.sample_rewards:flaky",
+        grade_retry_base=0.2,
+        grade_max_attempts=3,
+    )
+    try:
+        assert learner.grade_finished() == 1
+        first = _grades(engine)["t0"]
+        assert first["transient"] and first["reward"] is None and first["attempts"] == 1
+        assert "reward service is down" in first["error"]
+        assert learner.grade_finished() == 0  # not before its retry is due
+        wait_until(lambda: learner.grade_finished() == 1, "the second try")
+        assert _grades(engine)["t0"]["attempts"] == 2
+        # the service comes back: the next try grades it, and it can be trained on
+        sample_rewards.SERVICE_UP["up"] = True
+        wait_until(lambda: learner.grade_finished() == 1, "the third try")
+        graded = _grades(engine)["t0"]
+        assert graded["reward"] == 0.75 and graded["error"] is None and not graded["transient"]
+        with engine.connect() as conn:
+            assert [r["trajectory_id"] for r in queries.trainable_grades(conn)] == ["t0"]
+
+        # a trajectory whose every try fails: permanent after the last one
+        sample_rewards.SERVICE_UP["up"] = False
+        with engine.begin() as conn:
+            repo.write_batch(conn, trajectories=[_finished("t1", "s1", now)], calls=[])
+        assert learner.grade_finished() == 1
+        wait_until(
+            lambda: learner.grade_finished() == 0 and _grades(engine)["t1"]["attempts"] == 3,
+            "three tries",
+        )
+        given_up = _grades(engine)["t1"]
+        assert not given_up["transient"] and given_up["error"].startswith("gave up after 3 tries")
+        with engine.connect() as conn:
+            assert queries.grading_failures(conn) == {"retrying": 0, "failed": 1}
+            assert queries.ungraded_finished(conn, limit=10) == []
+    finally:
+        sample_rewards.SERVICE_UP["up"] = False
+        learner.engine.dispose()
+
+
+def test_regrade_grades_the_failed_ones_again_and_leaves_trained_ones(
+    db_url: str, engine: Engine, tmp_path: Path
+) -> None:
+    now = time.time()
+    with engine.begin() as conn:
+        repo.write_batch(
+            conn, trajectories=[_finished(f"t{i}", f"s{i}", now) for i in range(3)], calls=[]
+        )
+    broken = "python:tests.unit.learner.graders.sample_rewards:explodes"
+    learner = _learner(db_url, tmp_path, broken)
+    try:
+        assert learner.grade_finished() == 3
+    finally:
+        learner.engine.dispose()
+    with engine.begin() as conn:
+        assert queries.grading_failures(conn) == {"retrying": 0, "failed": 3}
+        queries.mark_trained(conn, trajectory_ids=["t2"], step=1)  # as if a step used it
+        queries.add_step(conn, step=1, version=None, metrics={})
+    fixed = "python:tests.unit.learner.graders.sample_rewards:is_finished"
+    regrade = [sys.executable, "-m", "proxy.cli", "regrade", "--db", db_url]
+    run = subprocess.run(
+        [*regrade, "--failed", "--grader", fixed],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "regraded 2: 2 rewarded, 0 to be tried again, 0 failed" in run.stdout
+    assert "1 left as they were (trained on already)" in run.stdout
+    grades = _grades(engine)
+    assert grades["t0"]["reward"] == 1.0 and grades["t0"]["error"] is None
+    assert grades["t2"]["error"] is not None  # a step trained on it: unchanged
+    nothing = subprocess.run(
+        [*regrade, "--grader", fixed],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert nothing.returncode != 0 and "say which trajectories" in nothing.stderr

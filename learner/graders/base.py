@@ -1,7 +1,11 @@
 """What every grader returns and the interface the learner calls.
 
 Invariant: a grader never raises for a bad trajectory; it returns one `Grade` per
-trajectory, in order, and a failure is a Grade with `error` set (the trajectory is skipped).
+trajectory, in order, and a failure is a Grade with `error` set. A failure is `transient`
+when trying again later may succeed (an endpoint that timed out or was unreachable, a store
+that was away, a task table that lacks the task yet): the learner grades it again, with
+back-off. Any other failure is permanent: the trajectory is not trained on unless an
+operator regrades it (`onthejob regrade`).
 """
 
 from __future__ import annotations
@@ -23,10 +27,20 @@ class Grade:
     detail: dict[str, Any] = field(default_factory=dict)
     error: str | None = None  # the trajectory is skipped; the loop carries on
     pending: bool = False  # not gradable yet: ask again later
+    transient: bool = False  # with `error`: trying again later may succeed
 
     @classmethod
     def failed(cls, error: str, **detail: Any) -> Grade:
         return cls(reward=None, detail=detail, error=error)
+
+    @classmethod
+    def retry(cls, error: str, **detail: Any) -> Grade:
+        """A failure that may not happen again: grade it later."""
+        return cls(reward=None, detail=detail, error=error, transient=True)
+
+    @classmethod
+    def of_exception(cls, error: str, exc: BaseException) -> Grade:
+        return cls.retry(error) if is_transient(exc) else cls.failed(error)
 
     @classmethod
     def waiting(cls, **detail: Any) -> Grade:
@@ -40,6 +54,31 @@ class Grader(Protocol):
         """One Grade per trajectory, same order. Graders that compare trajectories with each
         other (the judge) treat the list as a group: pass trajectories of one task together."""
         ...
+
+
+class TransientGradingError(Exception):
+    """Raise it from a python: grader to say "not now, try again later"."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether an exception a grader met says nothing about the trajectory: the network,
+    a timeout, a server that was away or overloaded."""
+    import httpx
+    import openai
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    return isinstance(
+        exc,
+        TransientGradingError
+        | ConnectionError
+        | TimeoutError
+        | httpx.TransportError
+        | openai.APIConnectionError
+        | openai.RateLimitError
+        | openai.InternalServerError
+        | OperationalError  # a store that is away (the feedback grader reads it)
+        | InterfaceError,
+    )
 
 
 def as_reward(value: object) -> float:

@@ -2,7 +2,8 @@
 
 SPEC is `reference`, `python:MODULE:FUNCTION`, `command:SHELL_COMMAND`, `judge[:BASE_URL]` or
 `feedback`. Invariant: a trajectory gets a reward only when every component graded it; any
-component error makes it an error (skipped), else any pending component makes it pending.
+component error makes it an error (skipped; transient only if every error is), else any
+pending component makes it pending.
 """
 
 from __future__ import annotations
@@ -153,6 +154,7 @@ class _Partial:
     def __init__(self) -> None:
         self.detail: dict[str, Any] = {}
         self.errors: list[str] = []
+        self.permanent = False  # some error will not go away by trying again
         self.pending = False
         self.weighted: list[tuple[float, float]] = []  # (weight, reward)
 
@@ -165,6 +167,7 @@ class _Partial:
         if grade.error is not None:
             entry["error"] = grade.error
             self.errors.append(f"{name}: {grade.error}")
+            self.permanent |= not grade.transient
         elif grade.pending:
             entry["pending"] = True
             self.pending = True
@@ -176,7 +179,8 @@ class _Partial:
 
     def grade(self) -> Grade:
         if self.errors:
-            return Grade(reward=None, detail=self.detail, error="; ".join(self.errors))
+            error = "; ".join(self.errors)
+            return Grade(None, self.detail, error=error, transient=not self.permanent)
         if self.pending:
             return Grade(reward=None, detail=self.detail, pending=True)
         total = sum(weight for weight, _ in self.weighted)
@@ -189,7 +193,7 @@ def _grade_safely(grader: Grader, batch: list[dict[str, Any]], tasks: TaskTable)
     try:
         grades = grader.grade(batch, tasks=tasks)
     except Exception as exc:
-        return [Grade.failed(f"{type(exc).__name__}: {exc}")] * len(batch)
+        return [Grade.of_exception(f"{type(exc).__name__}: {exc}", exc)] * len(batch)
     if len(grades) != len(batch):
         return [Grade.failed(f"returned {len(grades)} grades for {len(batch)}")] * len(batch)
     return grades

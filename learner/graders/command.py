@@ -37,10 +37,11 @@ class CommandGrader:
         try:
             code, out, err = run_command(self.command, stdin, timeout=self.timeout)
         except subprocess.TimeoutExpired as exc:
+            # a busy machine or a slow service: another try may finish in time
             note = _tail_note(exc.stderr)
-            return Grade.failed(f"timed out after {self.timeout:g} s, killed{note}")
-        except OSError as exc:
-            return Grade.failed(f"could not run the command: {exc}")
+            return Grade.retry(f"timed out after {self.timeout:g} s, killed{note}")
+        except OSError as exc:  # out of processes or file handles, for the shell itself
+            return Grade.retry(f"could not run the command: {exc}")
         detail = {"exit_code": code, "stdout_tail": _tail(out), "stderr_tail": _tail(err)}
         if code != 0:
             return Grade(None, detail, error=f"exited with status {code}{_tail_note(err)}")

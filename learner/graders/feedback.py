@@ -50,8 +50,8 @@ class FeedbackGrader:
                 reward, comment = posted
                 return Grade(reward=as_reward(reward), detail={"comment": comment})
             ended = parse_time(trajectory.get("ended_at"))
-        except Exception as exc:  # a failing store or a malformed record skips one trajectory
-            return Grade.failed(f"feedback: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # a store that is away: later; a malformed record: never
+            return Grade.of_exception(f"feedback: {type(exc).__name__}: {exc}", exc)
         if ended is None or self.now() - ended < self.wait:
             return Grade.waiting(ended_at=trajectory.get("ended_at"))
         return Grade.failed(f"no feedback within {self.wait.total_seconds():g} s of the end")

@@ -88,7 +88,8 @@ class JudgeGrader:
         try:
             verdict_grades = self._judge(group[judged[0]], texts, tasks)
         except (JudgeError, openai.OpenAIError) as exc:
-            verdict_grades = [Grade.failed(f"judge: {exc}")] * len(judged)
+            # a judge that was unreachable, timed out or overloaded may answer later
+            verdict_grades = [Grade.of_exception(f"judge: {exc}", exc)] * len(judged)
         for i, grade in zip(judged, verdict_grades, strict=True):
             grades[i] = grade
         return grades

@@ -1,7 +1,8 @@
 """The `python:MODULE:FUNCTION` grader: a user's callable, trajectory dict in, number out.
 
 The callable is imported once, when the grader is built, so a typo fails the start instead
-of every trajectory; whatever it raises or returns is caught and becomes an error Grade.
+of every trajectory; whatever it raises or returns is caught and becomes an error Grade
+(transient for network errors, timeouts and learner.graders.base.TransientGradingError).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class PythonGrader:
             value = self.function(copy.deepcopy(trajectory))
             return Grade(reward=as_reward(value), detail={})
         except (Exception, SystemExit) as exc:  # a stray sys.exit() must not end the learner
-            return Grade.failed(f"{self.name} failed: {type(exc).__name__}: {exc}")
+            return Grade.of_exception(f"{self.name} failed: {type(exc).__name__}: {exc}", exc)
 
 
 def load_callable(target: str) -> Callable[[dict[str, Any]], Any]:

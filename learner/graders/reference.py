@@ -1,7 +1,8 @@
 """The `reference` grader: the final answer against the task table's reference answer.
 
-Reward 1.0 on a match, 0.0 otherwise; a trajectory without a reference is an error (skipped),
-never a zero, so unknown tasks do not teach the model that everything is wrong.
+Reward 1.0 on a match, 0.0 otherwise; a trajectory without a reference is an error, never a
+zero, so unknown tasks do not teach the model that everything is wrong. A transient one: the
+task table may gain the task (`onthejob tasks load`, the admin API), and then it is graded.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class ReferenceGrader:
         key = trajectory.get("task_key")
         task = tasks.get(key) if key is not None else None
         if task is None or task.answer is None:
-            return Grade.failed(f"no reference answer for task {key!r}")
+            return Grade.retry(f"no reference answer for task {key!r}")
         text = final_answer(trajectory)
         if text is None:
             return Grade.failed("the trajectory has no final answer (no successful reply)")

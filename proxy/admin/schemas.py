@@ -52,6 +52,10 @@ class TrajectoryFilter(BaseModel):
     min_reward: Reward | None = None
     max_reward: Reward | None = None
     graded: bool | None = Field(None, description="has a reward (true) or not yet (false)")
+    grading: Literal["failed", "retrying"] | None = Field(
+        None,
+        description="its grading failed: for good (failed) or to be tried again (retrying)",
+    )
     since: Time = Field(None, description="started at or after (ISO 8601; naive = UTC)")
     until: Time = Field(None, description="started before (ISO 8601; naive = UTC)")
     q: Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_storable)] | None = (

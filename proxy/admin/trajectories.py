@@ -59,6 +59,14 @@ def filtered(query: Select[Any], f: TrajectoryFilter) -> Select[Any]:
     if f.graded is not None:
         has_reward = Trajectory.reward.is_not(None)
         query = query.where(has_reward if f.graded else Trajectory.reward.is_(None))
+    if f.grading is not None:
+        query = query.where(
+            exists().where(
+                Grade.trajectory_id == Trajectory.id,
+                Grade.error.is_not(None),
+                Grade.transient.is_(f.grading == "retrying"),
+            )
+        )
     if f.since is not None:
         query = query.where(Trajectory.started_at >= f.since)
     if f.until is not None:
@@ -114,7 +122,8 @@ def list_page(
     more = len(rows) > limit
     rows = rows[:limit]
     counts = _call_counts(conn, [r["id"] for r in rows])
-    items = [_summary(r, counts.get(r["id"], {})) for r in rows]
+    failures = _grading_failures(conn, [r["id"] for r in rows])
+    items = [_summary(r, counts.get(r["id"], {}), failures.get(r["id"])) for r in rows]
     next_cursor = encode_cursor(rows[-1]["started_at"], rows[-1]["id"]) if more else None
     return {"items": items, "next_cursor": next_cursor}
 
@@ -140,7 +149,28 @@ def _call_counts(conn: Connection, ids: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _summary(row: dict[str, Any], counts: dict[str, Any]) -> dict[str, Any]:
+def _grading_failures(conn: Connection, ids: list[str]) -> dict[str, dict[str, Any]]:
+    """Why the grading of these trajectories failed, where it did."""
+    if not ids:
+        return {}
+    rows = conn.execute(
+        select(Grade.trajectory_id, Grade.error, Grade.transient, Grade.retry_at).where(
+            Grade.trajectory_id.in_(ids), Grade.error.is_not(None)
+        )
+    )
+    return {
+        trajectory_id: {
+            "state": "retrying" if transient else "failed",
+            "error": error,
+            "retry_at": iso(retry_at),
+        }
+        for trajectory_id, error, transient, retry_at in rows
+    }
+
+
+def _summary(
+    row: dict[str, Any], counts: dict[str, Any], failure: dict[str, Any] | None = None
+) -> dict[str, Any]:
     return {
         "id": row["id"],
         "session": row["session_key"],
@@ -155,6 +185,8 @@ def _summary(row: dict[str, Any], counts: dict[str, Any]) -> dict[str, Any]:
         "errors": counts.get("errors", 0),
         "completion_tokens": counts.get("completion_tokens", 0),
         "policy_versions": counts.get("versions", []),
+        # null, or {"state": "retrying" | "failed", "error", "retry_at"}
+        "grading_failure": failure,
     }
 
 
@@ -170,6 +202,7 @@ def grade_of(conn: Connection, *, trajectory_id: str) -> dict[str, Any] | None:
         return None
     grade = dict(row._mapping)
     grade["graded_at"] = iso(grade["graded_at"])
+    grade["retry_at"] = iso(grade["retry_at"])
     return grade
 
 

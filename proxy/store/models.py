@@ -9,7 +9,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    false,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -118,7 +129,12 @@ class Task(Base):
 
 
 class Grade(Base):
-    """The reward a finished trajectory got, with what the graders said."""
+    """The reward a finished trajectory got, with what the graders said.
+
+    A grading that failed is a row with `error` and no reward: `transient` ones (a judge
+    that timed out, a store that was away) are graded again at `retry_at`, with back-off;
+    the others stay failed until an operator regrades them (`onthejob regrade`).
+    """
 
     __tablename__ = "grades"
 
@@ -129,6 +145,9 @@ class Grade(Base):
     graded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     # the learner step that trained on it (None: not yet used)
     trained_in_step: Mapped[int | None] = mapped_column(Integer, index=True)
+    transient: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    retry_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
 
 
 class Feedback(Base):

@@ -42,10 +42,14 @@ def _queue(conn: Connection) -> dict[str, int]:
     open_count = conn.execute(
         select(func.count()).select_from(Trajectory).where(Trajectory.status == "open")
     ).scalar_one()
+    failures = queries.grading_failures(conn)
     return {
         "open": int(open_count),
         "ungraded_finished": queries.count_ungraded_finished(conn),
         "graded_untrained": int(graded_waiting),
+        # gradings that failed: to be tried again, or for good (`onthejob regrade`)
+        "grading_retrying": failures["retrying"],
+        "grading_failed": failures["failed"],
     }
 
 

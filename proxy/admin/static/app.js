@@ -140,7 +140,8 @@ function showLearner(learner) {
   const step = learner.last_step ? `step ${learner.last_step.step}` : "no step yet";
   const q = learner.queue;
   const doing = learner.state === "running" && learner.heartbeat?.activity ? `${learner.heartbeat.activity} · ` : "";
-  $("learner-detail").textContent = `${doing}${step} · ${q.ungraded_finished} to grade · ${q.graded_untrained} graded, waiting · ${q.open} open`;
+  const failed = q.grading_failed || q.grading_retrying ? ` · grading failed: ${q.grading_failed}, retrying: ${q.grading_retrying}` : "";
+  $("learner-detail").textContent = `${doing}${step} · ${q.ungraded_finished} to grade · ${q.graded_untrained} graded, waiting · ${q.open} open${failed}`;
 }
 
 async function setPaused(paused) {
@@ -172,7 +173,7 @@ async function loadTrajectories(reset) {
       el("td", { title: t.task_key || "" }, (t.task_key || "–").slice(0, 48)),
       el("td", {}, t.policy_versions.join(", ") || "–"),
       el("td", {}, `${t.calls}${t.errors ? ` (${t.errors} err)` : ""}`),
-      el("td", {}, t.reward === null ? "–" : fmt(t.reward)),
+      rewardCell(t),
       el("td", {}, t.status),
     );
     row.addEventListener("click", () => guarded(() => openTrajectory(t.id)));
@@ -180,6 +181,15 @@ async function loadTrajectories(reset) {
   }
   state.cursor = page.next_cursor;
   $("more").hidden = !page.next_cursor;
+}
+
+function rewardCell(t) {
+  const failure = t.grading_failure;
+  if (!failure) return el("td", {}, t.reward === null ? "–" : fmt(t.reward));
+  // a grading that failed says why; "retrying" ones are graded again by the learner
+  const label = failure.state === "retrying" ? "retrying" : "grading failed";
+  const reason = failure.error.length > 60 ? `${failure.error.slice(0, 60)}…` : failure.error;
+  return el("td", { class: `grading-${failure.state}`, title: failure.error }, `${label}: ${reason}`);
 }
 
 async function openTrajectory(id) {
@@ -194,8 +204,10 @@ async function openTrajectory(id) {
 }
 
 function showReward(t) {
-  $("viewer-reward").textContent = t.reward === null ? "not graded" : fmt(t.reward);
-  $("viewer-grade").textContent = t.grade ? JSON.stringify({ reward: t.grade.reward, error: t.grade.error, detail: t.grade.detail, trained_in_step: t.grade.trained_in_step }, null, 1) : "no grade yet";
+  const failed = t.grade && t.grade.error;
+  const why = failed ? (t.grade.transient ? `grading failed, tried again at ${shortTime(t.grade.retry_at)}: ` : "grading failed: ") + t.grade.error : null;
+  $("viewer-reward").textContent = why || (t.reward === null ? "not graded" : fmt(t.reward));
+  $("viewer-grade").textContent = t.grade ? JSON.stringify({ reward: t.grade.reward, error: t.grade.error, transient: t.grade.transient, attempts: t.grade.attempts, retry_at: t.grade.retry_at, detail: t.grade.detail, trained_in_step: t.grade.trained_in_step }, null, 1) : "no grade yet";
   const list = $("viewer-feedback");
   list.replaceChildren(...t.feedback.map((f) => el("li", {}, `${shortTime(f.created_at)}: ${fmt(f.reward)}${f.comment ? ` — ${f.comment}` : ""}`)));
 }

@@ -42,3 +42,22 @@ class Scorer:
 
 
 NOT_CALLABLE = 3
+
+
+def unreachable(trajectory: dict[str, Any]) -> float:
+    raise ConnectionRefusedError("the reward service is down")
+
+
+def not_now(trajectory: dict[str, Any]) -> float:
+    from learner.graders.base import TransientGradingError
+
+    raise TransientGradingError("ask me later")
+
+
+SERVICE_UP = {"up": False}  # a test flips it: the "reward service" comes back
+
+
+def flaky(trajectory: dict[str, Any]) -> float:
+    if not SERVICE_UP["up"]:
+        raise ConnectionRefusedError("the reward service is down")
+    return 0.75

@@ -215,3 +215,23 @@ def test_real_graders_end_to_end() -> None:
     assert wrong.reward == pytest.approx((0.0 + 1.0 + 0.0) / 5)
     assert set(right.detail) == {"reference", f"python:{MODULE}:answer_length", "command:echo 0"}
     assert right.detail["reference"]["detail"]["found"] == "42.0"
+
+
+def test_a_combined_failure_is_transient_only_if_every_component_failure_is() -> None:
+    later = Fixed("judge", Grade.retry("timed out"), Grade.retry("timed out"))
+    never = Fixed("command", Grade.failed("exited with status 1"))
+    both = CombinedGrader([(later, 1)]).grade([answered("a"), answered("b")], tasks=TASKS)
+    assert all(g.transient and g.error == "judge: timed out" for g in both)
+    (mixed,) = CombinedGrader([(Fixed("ref", Grade(1.0, {})), 1), (never, 1)]).grade(
+        [answered("c")], tasks=TASKS
+    )
+    assert mixed.error and not mixed.transient
+
+    # a grader that raises a network error fails transiently
+    def slow(trajectories: Any, *, tasks: Any) -> list[Grade]:
+        raise TimeoutError("slow")
+
+    down = Fixed("down")
+    down.grade = slow  # type: ignore[method-assign]
+    (grade,) = CombinedGrader([(down, 1)]).grade([answered("d")], tasks=TASKS)
+    assert grade.transient and "TimeoutError: slow" in (grade.error or "")

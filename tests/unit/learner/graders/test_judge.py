@@ -144,6 +144,7 @@ def test_unreachable_endpoint_is_an_error() -> None:
     finally:
         judge.close()
     assert grade.error == "judge: Connection error."
+    assert grade.transient  # the judge may answer later: graded again, with back-off
 
 
 def test_falls_back_to_the_served_model(judge_with: Any) -> None:

@@ -63,3 +63,13 @@ def test_failures_become_error_grades(function: str, message: str) -> None:
 def test_bad_targets_fail_at_build_time(target: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load_callable(target)
+
+
+@pytest.mark.parametrize(
+    ("function", "transient"),
+    [("unreachable", True), ("not_now", True), ("explodes", False), ("not_a_number", False)],
+)
+def test_network_failures_are_transient_the_rest_permanent(function: str, transient: bool) -> None:
+    grader = PythonGrader(f"{MODULE}:{function}")
+    (grade,) = grader.grade([answered("x")], tasks=TaskTable())
+    assert grade.error is not None and grade.transient is transient
