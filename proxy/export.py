@@ -66,9 +66,7 @@ def iter_trajectories(
         found = repo.trajectories(conn, session_key=session_key, since=since, ids=ids)
         for trajectory in list(found):
             calls = repo.calls_of(conn, trajectory_id=trajectory["id"])
-            prompts = materialize_prompts(
-                calls, lambda call_id: repo.call_by_id(conn, call_id=call_id)
-            )
+            prompts = materialize_prompts(calls, lambda ids: repo.calls_by_ids(conn, ids=ids))
             yield {
                 "id": trajectory["id"],
                 "session": trajectory["session_key"],

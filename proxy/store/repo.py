@@ -225,6 +225,16 @@ def call_by_id(conn: Connection, *, call_id: str) -> dict[str, Any] | None:
     return None if row is None else dict(row._mapping)
 
 
+def calls_by_ids(conn: Connection, *, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The calls of these ids that the store has, by id (in chunks: bounded statements)."""
+    found: dict[str, dict[str, Any]] = {}
+    ids = list(ids)
+    for start in range(0, len(ids), 500):
+        rows = conn.execute(select(Call.__table__).where(Call.id.in_(ids[start : start + 500])))
+        found.update((r.id, dict(r._mapping)) for r in rows)
+    return found
+
+
 def stored_response(conn: Connection, *, response_id: str) -> dict[str, Any] | None:
     row = conn.execute(
         select(StoredResponse.__table__).where(StoredResponse.id == response_id)

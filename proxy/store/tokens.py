@@ -3,6 +3,12 @@
 A call stores `prompt_prefix_len` tokens by reference to its parent call's full sequence
 (the parent's prompt followed by its first choice's completion) and only the rest in
 `prompt_token_suffix`, so a multi-turn trace costs linear, not quadratic, space.
+
+Invariant: rebuilding never fails and never recurses. A call whose parent is not in the
+store (a row the database refused) cannot be rebuilt: its prompt is None, like a call
+whose tokens were never captured, and so is every call rebuilt from it; the learner does
+not train on those, and every other call is rebuilt as usual. Chains of any length are
+walked with a loop, and parents outside the given calls are fetched in batches.
 """
 
 from __future__ import annotations
@@ -10,25 +16,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+FetchCalls = Callable[[list[str]], dict[str, dict[str, Any]]]
+"""Given call ids, the rows of those the store has (the missing ones left out)."""
+
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix, by slice comparisons (C speed): a multi-turn
-    prompt usually extends the previous sequence whole, which one comparison confirms;
-    otherwise a binary search over prefix lengths. A loop over tokens in Python costs
-    about 50 us per thousand tokens."""
-    if type(a) is not type(b):  # slices of a tuple and a list never compare equal
-        a, b = list(a), list(b)
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    low, high = 0, n - 1  # the prefix of length `low` agrees, that of length n does not
-    while low < high:
-        middle = (low + high + 1) // 2
-        if a[low:middle] == b[low:middle]:
-            low = middle
-        else:
-            high = middle - 1
-    return low
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 def first_completion(choices: Any) -> list[int]:
@@ -37,37 +34,77 @@ def first_completion(choices: Any) -> list[int]:
     return list(choices[0].get("token_ids") or [])
 
 
+def _parent(call: dict[str, Any]) -> str | None:
+    """The call whose sequence this one's prompt starts with, if it refers to one."""
+    if call.get("prompt_token_suffix") is None or not call.get("prompt_prefix_len"):
+        return None
+    return call.get("prompt_parent_id") or None
+
+
 def materialize_prompts(
-    calls: Sequence[dict[str, Any]],
-    fetch_call: Callable[[str], dict[str, Any] | None] | None = None,
+    calls: Sequence[dict[str, Any]], fetch_calls: FetchCalls | None = None
 ) -> dict[str, list[int] | None]:
-    """Full prompt token ids for each call (by id); None where no tokens were captured.
+    """Full prompt token ids for each call (by id); None where they cannot be known (no
+    tokens captured, or an ancestor missing from the store).
 
-    `calls` are rows in order; a parent outside them is looked up with `fetch_call`.
+    `calls` are rows in order; parents outside them are looked up with `fetch_calls`.
     """
+    by_id: dict[str, dict[str, Any]] = {c["id"]: c for c in calls}
+    _fetch_ancestors(by_id, fetch_calls)
     prompts: dict[str, list[int] | None] = {}
-    by_id = {c["id"]: c for c in calls}
-
-    def prompt_of(call: dict[str, Any]) -> list[int] | None:
-        if call["id"] in prompts:
-            return prompts[call["id"]]
-        suffix = call.get("prompt_token_suffix")
-        if suffix is None:
-            prompts[call["id"]] = None
-            return None
-        prefix: list[int] = []
-        parent_id = call.get("prompt_parent_id")
-        if parent_id and call.get("prompt_prefix_len"):
-            parent = by_id.get(parent_id) or (fetch_call(parent_id) if fetch_call else None)
-            if parent is None:
-                raise LookupError(f"call {call['id']}: parent call {parent_id} not found")
-            by_id[parent_id] = parent
-            parent_prompt = prompt_of(parent) or []
-            full = parent_prompt + first_completion(parent.get("choices"))
-            prefix = full[: call["prompt_prefix_len"]]
-        prompts[call["id"]] = prefix + list(suffix)
-        return prompts[call["id"]]
-
     for call in calls:
-        prompt_of(call)
+        _rebuild(call["id"], by_id, prompts)
     return {c["id"]: prompts[c["id"]] for c in calls}
+
+
+def _fetch_ancestors(by_id: dict[str, dict[str, Any]], fetch_calls: FetchCalls | None) -> None:
+    """Add every ancestor the store has to `by_id`, one batch per generation."""
+    asked: set[str] = set()
+    frontier = list(by_id.values())
+    while fetch_calls is not None:
+        wanted = {p for c in frontier if (p := _parent(c)) and p not in by_id} - asked
+        if not wanted:
+            return
+        asked |= wanted
+        found = fetch_calls(sorted(wanted))
+        by_id.update(found)
+        frontier = list(found.values())
+
+
+def _rebuild(
+    call_id: str, by_id: dict[str, dict[str, Any]], prompts: dict[str, list[int] | None]
+) -> None:
+    """The prompt of `call_id` and of its ancestors, oldest first, with a loop."""
+    chain: list[str] = []
+    current: str | None = call_id
+    while current is not None and current not in prompts:
+        call = by_id.get(current)
+        if call is None:
+            prompts[current] = None  # not in the store: nothing built on it can be known
+            break
+        if current in chain:  # a cycle (a corrupted row): as unknowable as a missing parent
+            prompts[current] = None
+            break
+        chain.append(current)
+        current = _parent(call)
+    for call_id_ in reversed(chain):
+        if call_id_ in prompts:
+            continue
+        call = by_id[call_id_]
+        suffix = call.get("prompt_token_suffix")
+        parent_id = _parent(call)
+        if suffix is None:
+            prompts[call_id_] = None
+        elif parent_id is None:
+            prompts[call_id_] = list(suffix)
+        else:
+            parent_prompt = prompts.get(parent_id)
+            if parent_prompt is None:
+                prompts[call_id_] = None
+            else:
+                parent = by_id[parent_id]
+                full = parent_prompt + first_completion(parent.get("choices"))
+                prefix_len = int(call["prompt_prefix_len"])
+                # a parent shorter than the prefix it is said to hold: unknowable too
+                known = len(full) >= prefix_len
+                prompts[call_id_] = full[:prefix_len] + list(suffix) if known else None

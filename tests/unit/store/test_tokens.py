@@ -88,33 +88,42 @@ def test_calls_without_captured_tokens_are_none() -> None:
 
 
 def test_no_prefix_means_no_parent_lookup() -> None:
-    def fetch_call(call_id: str) -> None:
-        raise AssertionError(f"looked up {call_id}")
+    def fetch_calls(ids: list[str]) -> dict[str, Any]:
+        raise AssertionError(f"looked up {ids}")
 
     calls = [_row("b", [9], parent="gone", prefix_len=0)]
 
-    assert materialize_prompts(calls, fetch_call) == {"b": [9]}
+    assert materialize_prompts(calls, fetch_calls) == {"b": [9]}
 
 
-def test_parents_outside_the_list_are_fetched_once() -> None:
+def test_parents_outside_the_list_are_fetched_in_one_batch_per_generation() -> None:
     stored = {row["id"]: row for row in CHAIN}
-    fetched: list[str] = []
+    asked: list[list[str]] = []
 
-    def fetch_call(call_id: str) -> dict[str, Any] | None:
-        fetched.append(call_id)
-        return stored.get(call_id)
+    def fetch_calls(ids: list[str]) -> dict[str, Any]:
+        asked.append(ids)
+        return {i: stored[i] for i in ids if i in stored}
 
-    prompts = materialize_prompts([CHAIN[2], CHAIN[3]], fetch_call)
+    prompts = materialize_prompts([CHAIN[2], CHAIN[3]], fetch_calls)
 
     assert prompts == {"c": EXPECTED["c"], "d": EXPECTED["d"]}
-    assert sorted(fetched) == ["a", "b"]
+    assert asked == [["b"], ["a"]]
 
 
-def test_missing_parent_raises_lookup_error() -> None:
-    with pytest.raises(LookupError, match="call b: parent call a not found"):
-        materialize_prompts([CHAIN[1]])
-    with pytest.raises(LookupError, match="parent call a not found"):
-        materialize_prompts([CHAIN[1]], lambda call_id: None)
+def test_a_missing_parent_makes_its_line_unknowable_and_nothing_else() -> None:
+    # b's parent a was refused by the database: b, and c and d built on it, cannot be
+    # rebuilt; another conversation in the same batch is untouched
+    other = [_row("x", [7, 7], [8]), _row("y", [9], parent="x", prefix_len=3)]
+    prompts = materialize_prompts([*CHAIN[1:], *other], lambda ids: {})
+
+    assert prompts == {"b": None, "c": None, "d": None, "x": [7, 7], "y": [7, 7, 8, 9]}
+    assert materialize_prompts([CHAIN[1]]) == {"b": None}  # nothing to fetch with, either
+
+
+def test_a_parent_shorter_than_the_prefix_it_should_hold_is_unknowable() -> None:
+    calls = [CHAIN[0], _row("b", [6], parent="a", prefix_len=9)]  # a's sequence has 5
+
+    assert materialize_prompts(calls) == {"a": [1, 2, 3], "b": None}
 
 
 def _encode(turns: list[tuple[list[int], list[int]]]) -> list[dict[str, Any]]:
@@ -141,4 +150,15 @@ def test_materialize_inverts_the_recorders_encoding() -> None:
     rows = _encode(turns)
 
     assert [r["prompt_prefix_len"] for r in rows] == [0, 6, 5, 0, 3]
+    assert materialize_prompts(rows) == {f"call{i}": t[0] for i, t in enumerate(turns)}
+
+
+def test_a_session_far_longer_than_the_recursion_limit() -> None:
+    # each turn extends the whole conversation: rebuilt with a loop, not one frame per call
+    turns = [([*range(n), 50_000 + n], [60_000 + n]) for n in range(1500)]
+    for n in range(1, len(turns)):
+        previous = turns[n - 1][0] + turns[n - 1][1]
+        turns[n] = ([*previous, 50_000 + n], turns[n][1])
+    rows = _encode(turns)
+
     assert materialize_prompts(rows) == {f"call{i}": t[0] for i, t in enumerate(turns)}
