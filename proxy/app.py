@@ -8,6 +8,7 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -28,6 +29,7 @@ from proxy.routes import responses as responses_routes
 from proxy.settings import Settings
 from proxy.state import ProxyState
 from proxy.store import db
+from proxy.store.identity import ensure_store_id, public_url
 from proxy.upstream import UpstreamPool
 
 log = logging.getLogger("onthejob.app")
@@ -103,8 +105,13 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
         watcher = asyncio.create_task(pool.watch(settings.policy_poll_interval))
         gate_follower = asyncio.create_task(gatekeeper.run())
         app.state.proxy = ProxyState(
-            settings=settings, pool=pool, recorder=recorder, responses=ResponseStore(engine)
+            settings=settings,
+            pool=pool,
+            recorder=recorder,
+            responses=ResponseStore(engine),
+            store={"id": None, "url": public_url(settings.database_url)},
         )
+        await _learn_store_id(app.state.proxy, engine)
         attach(admin, app.state.proxy)
         _tune_gc()
         try:
@@ -147,11 +154,34 @@ def _tune_gc() -> None:
     gc.set_threshold(10_000, 20, 20)
 
 
+_store_lookups: set[asyncio.Task[None]] = set()
+
+
+async def _learn_store_id(state: ProxyState, engine: Engine) -> None:
+    """The store's id, once the store answers (a store that is away: asked again later)."""
+    if state.store["id"] is not None:
+        return
+
+    def read() -> str:
+        with engine.begin() as conn:
+            return ensure_store_id(conn)
+
+    try:
+        state.store["id"] = await asyncio.to_thread(read)
+    except SQLAlchemyError:
+        log.debug("store id not readable yet", exc_info=True)
+
+
 async def healthz(request: Request) -> Response:
     """Liveness plus what an operator wants first: upstream health and the write backlog
     (`backlog_*`: answered calls in the call log, not yet in the database; `queue_*`: the
-    batch the writer holds in memory, and its bound)."""
+    batch the writer holds in memory, and its bound), and which store it records to."""
     state: ProxyState = request.app.state.proxy
+    if state.store["id"] is None and not _store_lookups:
+        # the store was away at start: look again in the background, never on this answer
+        lookup = asyncio.create_task(_learn_store_id(state, state.recorder.engine))
+        _store_lookups.add(lookup)
+        lookup.add_done_callback(_store_lookups.discard)
     return JSONResponse(
         {
             "status": "ok",
@@ -165,6 +195,8 @@ async def healthz(request: Request) -> Response:
                 for r in state.pool.replicas
             ],
             "recording": state.recorder.status(),
+            # which store: a runner checks it records where this proxy does
+            "store": state.store,
         }
     )
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from proxy.recording import Recorder
 from proxy.response_store import ResponseStore
@@ -16,3 +17,5 @@ class ProxyState:
     pool: UpstreamPool
     recorder: Recorder
     responses: ResponseStore
+    # the store it records to: {"id", "url"} (proxy/store/identity.py); id None until read
+    store: dict[str, Any] = field(default_factory=lambda: {"id": None, "url": None})

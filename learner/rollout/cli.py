@@ -98,7 +98,12 @@ def _add_rollout(commands: Any) -> None:
     rollout.add_argument(
         "--eval", action="store_true", help="no training signal: report success per task"
     )
-    add_db(rollout)
+    rollout.add_argument(
+        "--db",
+        metavar="URL",
+        help="the proxy's database (default: $ONTHEJOB_DATABASE_URL, else the one the proxy "
+        "says it records to); a database that is not the proxy's is refused",
+    )
     rollout.add_argument(
         "--grader", metavar="SPEC", help="grader for tasks without check/grader (learner SPEC)"
     )
@@ -132,8 +137,9 @@ def _add_rollout(commands: Any) -> None:
 def cmd_rollout(args: argparse.Namespace) -> int:
     from learner.graders.tasks import TaskTableError
     from learner.rollout.progress import ProgressBar
+    from learner.rollout.proxy_store import StoreMismatch
     from learner.rollout.report import format_table
-    from learner.rollout.runner import RolloutConfig, run_rollout
+    from learner.rollout.runner import NO_CALLS, RolloutConfig, run_rollout
     from learner.rollout.taskset import load_task_set
 
     command = args.harness[1:] if args.harness[:1] == ["--"] else args.harness
@@ -147,7 +153,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
             proxy_url=args.proxy,
             command=command,
             tasks=task_set,
-            database_url=database_url(args),
+            # none given: the store the proxy says it records to (learner/rollout/proxy_store)
+            database_url=args.db or os.environ.get("ONTHEJOB_DATABASE_URL") or None,
             group_size=args.group_size,
             concurrency=args.concurrency,
             epochs=args.epochs,
@@ -169,6 +176,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         summary = run_rollout(config, on_progress=bar.update, stop=stop)
+    except StoreMismatch as exc:
+        raise SystemExit(f"onthejob rollout: {exc}") from None
     finally:
         signal.signal(signal.SIGTERM, previous)
         bar.close()
@@ -182,7 +191,10 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     )
     if summary.eval_rows:
         print(format_table(summary.eval_rows, per_task=True))
-    return 130 if summary.cancelled else 0
+    unrecorded = sum(r.error == NO_CALLS for r in summary.runs)
+    if unrecorded:
+        print(f"onthejob rollout: {unrecorded} runs failed: {NO_CALLS}", file=sys.stderr)
+    return 130 if summary.cancelled else 1 if unrecorded else 0
 
 
 def cmd_eval_report(args: argparse.Namespace) -> int:

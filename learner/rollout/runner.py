@@ -28,7 +28,7 @@ from sqlalchemy import Engine
 
 from learner.graders.base import Grade
 from learner.graders.tasks import Task
-from learner.rollout import store
+from learner.rollout import proxy_store, store
 from learner.rollout.grading import SpecGraders, grade_run, run_check
 from learner.rollout.harness import (
     ProcessResult,
@@ -46,13 +46,19 @@ from proxy.store import db
 
 log = logging.getLogger("onthejob.rollout")
 
+NO_CALLS = (
+    "the harness exited 0, but none of its calls reached the proxy's store under its "
+    "session key: does it use the base URL it was given (OPENAI_BASE_URL, ANTHROPIC_BASE_URL)?"
+)
+
 
 @dataclass
 class RolloutConfig:
     proxy_url: str  # the onthejob proxy, e.g. http://127.0.0.1:8080
     command: list[str]  # the harness; `{prompt}` in an argument is replaced by the prompt
     tasks: TaskSet
-    database_url: str  # the proxy's database
+    # the proxy's database; None: the one the proxy says it records to (see proxy_store)
+    database_url: str | None
     group_size: int = 4  # runs per task and epoch: one GRPO group
     concurrency: int = 4
     epochs: int = 1
@@ -138,7 +144,9 @@ def run_rollout(
     on_progress: ProgressCallback | None = None,
     stop: threading.Event | None = None,
 ) -> RolloutSummary:
-    """Run the whole rollout; KeyboardInterrupt or `stop` cancels it cleanly (see module)."""
+    """Run the whole rollout; KeyboardInterrupt or `stop` cancels it cleanly (see module).
+    Raises proxy_store.StoreMismatch before any run if it would not read the proxy's store."""
+    config.database_url = proxy_store.resolve(config.proxy_url, config.database_url)
     db.upgrade(config.database_url)
     engine = db.make_engine(config.database_url)
     try:
@@ -425,6 +433,11 @@ class _Rollout:
         )
         if grade.error == "cancelled":
             return "cancelled", grade
+        if not ids:
+            # not the model's doing: no reward. The grade it would have had is kept, for
+            # calls recorded late (_reconcile)
+            kept = {"reward": grade.reward, "detail": grade.detail, "error": grade.error}
+            return "failed", Grade.failed(NO_CALLS, graded_without_calls=kept)
         return "ok", grade
 
     @staticmethod
@@ -465,7 +478,14 @@ class _Rollout:
                 continue
             task = self.config.tasks.tasks[run["task_key"]]
             grade = Grade(run["reward"], run["grade_detail"] or {}, run["error"])
-            if run["status"] == "ok" and grade.error and "no trajectory" in grade.error:
+            status = run["status"]
+            if status == "failed" and run["error"] == NO_CALLS:
+                # its calls came after all: the grade it had without them, redone below
+                # if it needed them
+                kept = (run["grade_detail"] or {}).get("graded_without_calls") or {}
+                status = "ok"
+                grade = Grade(kept.get("reward"), kept.get("detail") or {}, kept.get("error"))
+            if status == "ok" and grade.error and "no trajectory" in grade.error:
                 trajectories = list(iter_trajectories(self.engine, ids=ids))
                 for trajectory in trajectories:
                     trajectory["task_key"] = task.key
@@ -492,6 +512,7 @@ class _Rollout:
                 store.update_run(
                     conn,
                     run_id=run["id"],
+                    status=status,
                     trajectory_ids=ids,
                     policy_version=version,
                     group_key=group_key,
