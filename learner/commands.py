@@ -59,6 +59,13 @@ def _add_learn(commands: Any) -> None:
         "--lora-rank", type=int, help="adapter rank, at most vLLM's --max-lora-rank (default 16)"
     )
     learn.add_argument("--lora-alpha", type=float, help="adapter scaling alpha (default 32)")
+    learn.add_argument(
+        "--keys",
+        type=_names,
+        metavar="NAME,NAME",
+        help="learn only from the traffic of these client keys (their names, comma-separated; "
+        "a trajectory counts when every call of it came with one of them); default: all traffic",
+    )
     learn.add_argument("--config", type=Path, metavar="FILE", help="TOML file with settings")
     learn.add_argument("--learning-rate", type=float, help="AdamW learning rate (default 1e-5)")
     learn.add_argument(
@@ -115,6 +122,13 @@ def _add_regrade(commands: Any) -> None:
     regrade.set_defaults(func=cmd_regrade)
 
 
+def _names(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one client key name")
+    return names
+
+
 def learner_config(args: argparse.Namespace, **extra: object) -> Any:  # a LearnerConfig
     """The learner's settings: defaults < --config file < environment < the flags given."""
     from learner.config import LearnerConfig
@@ -142,6 +156,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
         checkpoints=args.checkpoints,
         graders=args.grader,
         tasks=args.tasks,
+        keys=args.keys,
         learning_rate=args.learning_rate,
         batch_trajectories=args.batch_trajectories,
         max_staleness=args.max_staleness,

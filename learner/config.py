@@ -17,6 +17,9 @@ class LearnerConfig:
     checkpoints: str = "checkpoints"
     graders: list[str] = field(default_factory=lambda: ["reference"])
     tasks: str | None = None  # JSONL task table loaded into the database at start
+    # learn only from the traffic of these client keys (by name; every call of a trajectory
+    # must carry one); empty: from all traffic
+    keys: list[str] = field(default_factory=list)
     lora: bool = False  # train a LoRA adapter (peft) instead of all weights
     lora_rank: int = 16  # vLLM's --max-lora-rank must be at least this
     lora_alpha: float = 32.0

@@ -303,8 +303,13 @@ class Learner:
             if time.monotonic() - self._pending_since > PENDING_RECHECK:
                 # feedback may have arrived for what was waiting: look at it again
                 self._pending, self._pending_since = set(), time.monotonic()
-            ids = queries.ungraded_finished(conn, limit=GRADE_BATCH, skip=sorted(self._pending))
-            backlog = queries.count_ungraded_finished(conn) if len(ids) == GRADE_BATCH else 0
+            keys = self.config.keys
+            ids = queries.ungraded_finished(
+                conn, limit=GRADE_BATCH, skip=sorted(self._pending), keys=keys
+            )
+            backlog = (
+                queries.count_ungraded_finished(conn, keys=keys) if len(ids) == GRADE_BATCH else 0
+            )
         if backlog > GRADE_BATCH and self._grading is None:
             # a long phase (e.g. a learner started on a full database): show progress
             self._grading = tqdm(total=backlog, desc="grading", unit="trajectory")
@@ -353,7 +358,8 @@ class Learner:
         self._follow_operator()
         with self.engine.connect() as conn:
             waiting = queries.incomplete_groups(conn)
-            rows = [r for r in queries.trainable_grades(conn) if r["group_key"] not in waiting]
+            trainable = queries.trainable_grades(conn, keys=self.config.keys)
+            rows = [r for r in trainable if r["group_key"] not in waiting]
             ordinals = queries.version_ordinals(conn)
         if not rows:
             return False

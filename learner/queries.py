@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, exists, func, select, update
+from sqlalchemy import Connection, exists, func, or_, select, true, update
 from sqlalchemy.orm import aliased
 
 from learner.graders.tasks import Task as TaskSpec
@@ -40,9 +40,19 @@ def _gradable() -> Any:
     return (Trajectory.status == "finished") & (Grade.trajectory_id.is_(None) | due)
 
 
-def ungraded_finished(conn: Connection, *, limit: int, skip: Sequence[str] = ()) -> list[str]:
+def only_keys(keys: Sequence[str]) -> Any:
+    """Trajectories every call of which came with one of the client keys named `keys`
+    (`onthejob learn --keys`): the traffic the learner is limited to. Looked up per
+    trajectory through the calls' (trajectory_id, started_at) index."""
+    other = or_(Call.key_name.is_(None), Call.key_name.not_in(list(keys)))
+    return ~exists().where(Call.trajectory_id == Trajectory.id, other)
+
+
+def ungraded_finished(
+    conn: Connection, *, limit: int, skip: Sequence[str] = (), keys: Sequence[str] = ()
+) -> list[str]:
     """Ids of finished trajectories to grade (never graded, or a retry is due), oldest first,
-    except `skip`."""
+    except `skip`; with `keys`, only the traffic of those client keys."""
     query = (
         select(Trajectory.id)
         .outerjoin(Grade, Grade.trajectory_id == Trajectory.id)
@@ -53,19 +63,22 @@ def ungraded_finished(conn: Connection, *, limit: int, skip: Sequence[str] = ())
     )
     if skip:
         query = query.where(Trajectory.id.not_in(list(skip)))
+    if keys:
+        query = query.where(only_keys(keys))
     return [r[0] for r in conn.execute(query)]
 
 
-def count_ungraded_finished(conn: Connection) -> int:
-    return int(
-        conn.execute(
-            select(func.count())
-            .select_from(Trajectory)
-            .outerjoin(Grade, Grade.trajectory_id == Trajectory.id)
-            .where(_gradable())
-            .where(_not_a_rollout_run())
-        ).scalar_one()
+def count_ungraded_finished(conn: Connection, *, keys: Sequence[str] = ()) -> int:
+    query = (
+        select(func.count())
+        .select_from(Trajectory)
+        .outerjoin(Grade, Grade.trajectory_id == Trajectory.id)
+        .where(_gradable())
+        .where(_not_a_rollout_run())
     )
+    if keys:
+        query = query.where(only_keys(keys))
+    return int(conn.execute(query).scalar_one())
 
 
 def grading_failures(conn: Connection) -> dict[str, int]:
@@ -203,8 +216,10 @@ def save_grade(
     )
 
 
-def trainable_grades(conn: Connection) -> list[dict[str, Any]]:
-    """Graded trajectories not yet trained on: id, task_key, group_key, reward, policy version.
+def trainable_grades(conn: Connection, *, keys: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Graded trajectories not yet trained on: id, task_key, group_key, reward, policy version;
+    with `keys`, only the traffic of those client keys (rollout runs, graded by their runner,
+    included).
 
     group_key: the explicit GRPO group (fan-out siblings share one), None for organic ones.
     """
@@ -225,6 +240,7 @@ def trainable_grades(conn: Connection) -> list[dict[str, Any]]:
         )
         .join(Trajectory, Trajectory.id == Grade.trajectory_id)
         .where(Grade.trained_in_step.is_(None), Grade.reward.is_not(None))
+        .where(only_keys(keys) if keys else true())
         .order_by(Grade.graded_at)
     )
     return [dict(r._mapping) for r in rows]

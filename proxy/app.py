@@ -20,6 +20,7 @@ from proxy import metrics
 from proxy.admin.app import attach, create_admin_app
 from proxy.errors import error_body
 from proxy.gates import GateKeeper
+from proxy.keys import KeyRing
 from proxy.recording import Recorder
 from proxy.response_store import ResponseStore
 from proxy.routes import anthropic as anthropic_routes
@@ -88,6 +89,9 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
             gate_wait=settings.gate_wait,
         )
         gatekeeper = GateKeeper(engine, pool, poll_interval=settings.gate_poll_interval)
+        keys = KeyRing(
+            engine, required=settings.keys_required, poll_interval=settings.key_poll_interval
+        )
         recorder = Recorder(
             engine,
             settings.spool_path,
@@ -102,13 +106,16 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
         await pool.start()
         await recorder.start()
         await gatekeeper.start()
+        await keys.start()
         watcher = asyncio.create_task(pool.watch(settings.policy_poll_interval))
         gate_follower = asyncio.create_task(gatekeeper.run())
+        key_follower = asyncio.create_task(keys.run())
         app.state.proxy = ProxyState(
             settings=settings,
             pool=pool,
             recorder=recorder,
             responses=ResponseStore(engine),
+            keys=keys,
             store={"id": None, "url": public_url(settings.database_url)},
         )
         await _learn_store_id(app.state.proxy, engine)
@@ -117,7 +124,7 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
         try:
             yield
         finally:
-            for task in (watcher, gate_follower):
+            for task in (watcher, gate_follower, key_follower):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task

@@ -49,6 +49,7 @@ def export_call(call: dict[str, Any], prompt: list[int] | None) -> dict[str, Any
         "ttft_ms": call["ttft_ms"],
         "user_agent": call.get("user_agent"),
         "compat": call.get("compat"),
+        "key_name": call.get("key_name"),
     }
     if len(choices) > 1:
         out["choices"] = choices

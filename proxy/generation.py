@@ -1,7 +1,9 @@
 """One recorded generation call, from the client's bytes to the record, for any dialect.
 
-Invariant: every call produces exactly one CallRecord, whatever happens: refused, failed
-upstream, answered, broken off mid-stream or cancelled by the client.
+Invariant: every call a client key lets in (proxy/keys.py) produces exactly one CallRecord,
+whatever happens: refused, failed upstream, answered, broken off mid-stream or cancelled by
+the client. A call without a valid key is answered 401 and recorded nowhere: it is nobody's
+traffic.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -35,6 +37,7 @@ from proxy.errors import (
     upstream_error_message,
 )
 from proxy.fanout import FanoutStream, choice_response, fanout_eligible, split_capture
+from proxy.keys import upstream_view
 from proxy.prompt_tokens import count_prompt
 from proxy.recording import CallRecord
 from proxy.requests import parse_object, read_body, session_key, sticky_key, task_key
@@ -67,6 +70,8 @@ class Generation:
         # (adapter, client's model) when a LoRA adapter answered for the base model: the
         # client's name goes back into what it receives
         self.renamed: tuple[str, Any] | None = None
+        # what the upstream's auth comes from (never a client key of ours)
+        self.client_headers: Mapping[str, str] = request.headers
 
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1000.0
@@ -97,6 +102,11 @@ class Generation:
     async def run(self) -> Response:
         record = self.record
         try:
+            record.key_name = self.state.keys.identify(self.request.headers)
+        except ProxyError as exc:
+            return self.dialect.error(exc)
+        self.client_headers = upstream_view(self.request.headers, record.key_name)
+        try:
             record.session_key = session_key(self.request)
             record.task_key = task_key(self.request)
             record.user_agent = self.request.headers.get("user-agent")
@@ -105,7 +115,7 @@ class Generation:
             model = body.get("model")
             record.model = model if isinstance(model, str) else None
             record.stream = body.get("stream") is True
-            record.context["client_headers"] = self.request.headers  # for upstream auth
+            record.context["client_headers"] = self.client_headers  # for upstream auth
             upstream_body = await self.dialect.to_upstream(body, self.state, record)
         except ProxyError as exc:
             return self.fail(exc)
@@ -174,7 +184,7 @@ class Generation:
 
     async def _fitting_output_limit(self, upstream_body: dict[str, Any], asked: int) -> int | None:
         try:
-            count = await count_prompt(self.state.pool, upstream_body, self.request.headers)
+            count = await count_prompt(self.state.pool, upstream_body, self.client_headers)
         except ProxyError as exc:
             log.info("%s %s: prompt not counted: %s", self.dialect.api, self.record.id, exc)
             return None
@@ -199,7 +209,7 @@ class Generation:
             "POST",
             self.dialect.upstream_path,
             body=body_for,
-            headers=self.state.pool.headers(self.request.headers),
+            headers=self.state.pool.headers(self.client_headers),
             sticky_key=sticky,
         )
         self.record.upstream = replica.url
@@ -431,6 +441,7 @@ class Generation:
                 capture=part,
                 fanout_parent=record.id,
                 user_agent=record.user_agent,
+                key_name=record.key_name,
             )
             sibling.response = respond(_choice_response(data, index, part), sibling)
             self.siblings.append(sibling)

@@ -66,6 +66,8 @@ class CallRecord:
     # a translated request (proxy/translate/policy.py)
     user_agent: str | None = None
     compat: Compat | None = None
+    # the name of the client key that let the call in (proxy/keys.py; never the key)
+    key_name: str | None = None
 
 
 class Recorder:

@@ -53,6 +53,7 @@ def entry_of(record: CallRecord) -> dict[str, Any]:
         "capture": None,
         "user_agent": record.user_agent,
         "compat": record.compat.as_record() if record.compat is not None else None,
+        "key_name": record.key_name,
     }
     if capture is not None:
         choices = capture.choices
@@ -237,6 +238,7 @@ def bare_row(entry: dict[str, Any]) -> dict[str, Any]:
         # absent from entries logged before these columns existed
         "user_agent": text(entry.get("user_agent"), 500),
         "compat": entry.get("compat"),
+        "key_name": entry.get("key_name"),
     }
 
 
@@ -292,6 +294,7 @@ def call_columns(
         "ttft_ms": entry["ttft_ms"],
         "user_agent": text(entry.get("user_agent"), 500),
         "compat": entry.get("compat"),
+        "key_name": entry.get("key_name"),
     }
 
 

@@ -62,6 +62,11 @@ class Settings(BaseSettings):
     # Tools the served model cannot be given (run by the vendor: web search, MCP, ...), in
     # translated Messages/Responses requests: omit (left out, recorded) or refuse (a 400).
     hosted_tools: str = "omit"
+    # Client keys (proxy/keys.py) are required off loopback; this requires them on loopback
+    # too (e.g. behind a reverse proxy on the same host). Keys made or revoked through
+    # another proxy take effect here within `key_poll_interval` seconds.
+    require_keys: bool = False
+    key_poll_interval: float = 1.0
     # bearer tokens: feedback posting (falls back to the admin token); never logged
     feedback_token: str | None = None
     admin_token: str | None = None
@@ -115,6 +120,11 @@ class Settings(BaseSettings):
         if value < 1:
             raise ValueError("fanout must be at least 1 (1 = off)")
         return value
+
+    @property
+    def keys_required(self) -> bool:
+        """Every call needs a client key: always off loopback, on loopback when asked."""
+        return self.require_keys or not is_loopback(self.host)
 
     def check_exposure(self) -> None:
         """Refuse to serve on a non-loopback address without an admin token: the admin API

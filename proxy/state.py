@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.keys import KeyRing
 from proxy.recording import Recorder
 from proxy.response_store import ResponseStore
 from proxy.settings import Settings
@@ -17,5 +18,6 @@ class ProxyState:
     pool: UpstreamPool
     recorder: Recorder
     responses: ResponseStore
+    keys: KeyRing
     # the store it records to: {"id", "url"} (proxy/store/identity.py); id None until read
     store: dict[str, Any] = field(default_factory=lambda: {"id": None, "url": None})

@@ -39,6 +39,9 @@ OPERATIONS = [
     "PATCH /learner/knobs",
     "GET /stats",
     "GET /compat",
+    "GET /keys",
+    "POST /keys",
+    "DELETE /keys/{name}",
 ]
 
 

@@ -21,7 +21,8 @@ def onthejob(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize(
-    "command", [[], ["serve"], ["export"], ["db", "upgrade"], ["demo"], ["spool", "replay"]]
+    "command",
+    [[], ["serve"], ["export"], ["db", "upgrade"], ["demo"], ["spool", "replay"], ["learn"]],
 )
 def test_help_lists_every_option(command: list[str]) -> None:
     result = onthejob(*command, "--help")
@@ -42,8 +43,12 @@ def test_help_lists_every_option(command: list[str]) -> None:
             "--log-fsync-interval",
             "--migrate",
             "--hosted-tools",
+            "--require-keys",
         ):
             assert option in result.stdout
+        assert "client key" in result.stdout and "/admin/api/keys" in result.stdout
+    if command == ["learn"]:
+        assert "--keys" in result.stdout
     if command == ["spool", "replay"]:
         for option in ("--db", "--spool"):
             assert option in result.stdout

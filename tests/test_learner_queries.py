@@ -54,3 +54,47 @@ def test_versions_serve_one_at_a_time_and_state_round_trips(engine: Engine) -> N
         queries.set_state(conn, "baselines", {"task": 0.25})
         queries.set_state(conn, "baselines", {"task": 0.5})
         assert queries.get_state(conn, "baselines") == {"task": 0.5}
+
+
+def _call(call_id: str, trajectory_id: str, key_name: str | None, now: float) -> dict:
+    return {
+        "id": call_id,
+        "trajectory_id": trajectory_id,
+        "session_key": None,
+        "api": "chat.completions",
+        "status": "ok",
+        "http_status": 200,
+        "stream": False,
+        "prompt_prefix_len": 0,
+        "capture_complete": True,
+        "started_at": now,
+        "key_name": key_name,
+    }
+
+
+def test_learning_can_be_limited_to_the_traffic_of_chosen_keys(engine: Engine) -> None:
+    now = time.time()
+    calls = {  # trajectory: the key names of its calls
+        "alpha": ["ci", "ci"],
+        "beta": ["batch"],
+        "mixed": ["ci", "stranger"],
+        "anonymous": [None],
+        "half": ["ci", None],
+    }
+    rows = [
+        _call(f"{tid}-{i}", tid, name, now + i) for tid, names in calls.items()
+        for i, name in enumerate(names)
+    ]  # fmt: skip
+    with engine.begin() as conn:
+        trajectories = [_trajectory(t, None, now) for t in calls]
+        repo.write_batch(conn, trajectories=trajectories, calls=rows)
+        assert set(queries.ungraded_finished(conn, limit=10)) == set(calls)
+        chosen = ["ci", "batch"]
+        assert set(queries.ungraded_finished(conn, limit=10, keys=chosen)) == {"alpha", "beta"}
+        assert queries.count_ungraded_finished(conn, keys=chosen) == 2
+        assert queries.count_ungraded_finished(conn, keys=["ci"]) == 1
+        for tid in calls:
+            queries.save_grade(conn, trajectory_id=tid, reward=1.0, detail={}, error=None)
+        trainable = {r["trajectory_id"] for r in queries.trainable_grades(conn, keys=["ci"])}
+        assert trainable == {"alpha"}
+        assert len(queries.trainable_grades(conn)) == len(calls)

@@ -12,7 +12,16 @@ from starlette.staticfiles import StaticFiles
 
 from proxy.admin import errors
 from proxy.admin.deps import require_token
-from proxy.admin.routes import compat, feedback, learner, stats, tasks, trajectories, versions
+from proxy.admin.routes import (
+    compat,
+    feedback,
+    keys,
+    learner,
+    stats,
+    tasks,
+    trajectories,
+    versions,
+)
 from proxy.admin.tokens import Detokenizer
 from proxy.state import ProxyState
 
@@ -34,14 +43,15 @@ def create_admin_app() -> FastAPI:
     app = FastAPI(
         title="onthejob admin API",
         summary="See and steer what the system learns: trajectories, rewards, tasks, "
-        "policy versions, the learner, statistics and export.",
+        "policy versions, the learner, statistics, export, and the client keys that may use "
+        "the model.",
         version="1",
         openapi_url="/api/openapi.json",
         docs_url="/api/docs",
         redoc_url=None,
     )
     api = APIRouter(prefix="/api", dependencies=[Depends(require_token)], responses=_AUTH_RESPONSES)
-    for module in (trajectories, feedback, tasks, versions, learner, stats, compat):
+    for module in (trajectories, feedback, tasks, versions, learner, stats, compat, keys):
         api.include_router(module.router)
     app.include_router(api)
     errors.install(app)

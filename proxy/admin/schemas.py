@@ -140,3 +140,21 @@ class CompatQuery(BaseModel):
 
     since: Time = Field(None, description="default: 24 hours before until")
     until: Time = Field(None, description="default: now")
+
+
+KeyName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="letters, digits, '.', '_' and '-' (what calls record, and what "
+        "`onthejob learn --keys` names)",
+    ),
+]
+
+
+class ClientKeyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: KeyName

@@ -14,7 +14,10 @@ def register(commands: Any) -> None:
         "serve",
         help="run the OpenAI-compatible recording proxy",
         description="Run the proxy. Point a harness's base URL at http://HOST:PORT/v1 "
-        "(or http://HOST:PORT/s/SESSION/v1 to group its calls under a session key).",
+        "(or http://HOST:PORT/s/SESSION/v1 to group its calls under a session key). Bound "
+        "off loopback, every call needs a client key (Authorization: Bearer KEY or "
+        "x-api-key: KEY), made with POST /admin/api/keys; until one exists every call is "
+        "refused with 401.",
     )
     serve.add_argument(
         "--upstream",
@@ -25,6 +28,14 @@ def register(commands: Any) -> None:
     )
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default 8080)")
+    serve.add_argument(
+        "--require-keys",
+        action="store_true",
+        default=None,
+        help="require a client key on every call on loopback too (e.g. behind a reverse "
+        "proxy on this host); off loopback they are always required. Keys: POST "
+        "/admin/api/keys (needs ONTHEJOB_ADMIN_TOKEN)",
+    )
     add_db(serve)
     serve.add_argument(
         "--idle-timeout",
@@ -101,6 +112,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         upstreams=args.upstream,
         host=args.host,
         port=args.port,
+        require_keys=args.require_keys,
         idle_timeout=args.idle_timeout,
         spool_path=args.spool,
         stream_tools_mode=args.stream_tools_mode,

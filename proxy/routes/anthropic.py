@@ -18,6 +18,7 @@ from proxy.capture import CHAT, ClientAsked
 from proxy.dialect import StreamWriter, TranslatedWriter
 from proxy.errors import BadRequest, ProxyError, upstream_error_message
 from proxy.generation import Generation
+from proxy.keys import upstream_view
 from proxy.prompt_tokens import count_prompt
 from proxy.recording import CallRecord
 from proxy.requests import parse_object, read_body
@@ -147,6 +148,7 @@ async def count_tokens(request: Request) -> Response:
     """Tokens of the prompt as vLLM's tokenizer and chat template render it (not recorded)."""
     state: ProxyState = request.app.state.proxy
     try:
+        headers = upstream_view(request.headers, state.keys.identify(request.headers))
         body = parse_object(await read_body(request, state.settings.max_body_bytes))
         body.setdefault("max_tokens", 1)  # count_tokens takes no max_tokens; the check wants one
         chat = translate.count_tokens_chat_body(body, hosted_tools=state.settings.hosted_tools)
@@ -155,7 +157,7 @@ async def count_tokens(request: Request) -> Response:
     except ProxyError as exc:
         return anthropic_error(exc.status, exc.message)
     try:
-        count = await count_prompt(state.pool, chat, request.headers)
+        count = await count_prompt(state.pool, chat, headers)
     except ProxyError as exc:
         return anthropic_error(exc.status, exc.message)
     return JSONResponse({"input_tokens": count.tokens})

@@ -13,6 +13,7 @@ from proxy.capture import CHAT, COMPLETIONS
 from proxy.dialect import OpenAIDialect
 from proxy.errors import Forbidden, ProxyError, error_response
 from proxy.generation import Generation
+from proxy.keys import upstream_view
 from proxy.requests import read_body, session_key
 from proxy.state import ProxyState
 from proxy.upstream import UPSTREAM_READ_ERRORS
@@ -74,11 +75,12 @@ async def passthrough(request: Request) -> Response:
     if refusal is not None:
         return error_response(Forbidden(f"{path}: {refusal}"))
     try:
+        key_name = state.keys.identify(request.headers)
         session = session_key(request)
         body = await read_body(request, state.settings.max_body_bytes)
         if request.url.query:
             path += "?" + request.url.query
-        headers = state.pool.headers(request.headers)
+        headers = state.pool.headers(upstream_view(request.headers, key_name))
         if request.headers.get("content-type"):
             headers["Content-Type"] = request.headers["content-type"]
         _, response = await state.pool.open(

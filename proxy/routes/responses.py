@@ -150,6 +150,10 @@ async def retrieve(request: Request) -> Response:
     state: ProxyState = request.app.state.proxy
     response_id = request.path_params["response_id"]
     try:
+        state.keys.identify(request.headers)
+    except ProxyError as exc:
+        return error_response(exc)
+    try:
         stored = await state.responses.get(response_id)
     except SQLAlchemyError:
         return error_response(ServiceUnavailable("the database is unreachable"))

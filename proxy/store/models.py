@@ -20,6 +20,7 @@ from sqlalchemy import (
     String,
     Text,
     false,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -93,8 +94,37 @@ class Call(Base):
     # translated APIs: what the compatibility policy did, {category: [feature, ...],
     # "detail": {...}} (proxy/translate/policy.py); null when it did nothing
     compat: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # the name of the client key the call came with (never the key): whose traffic it is
+    key_name: Mapped[str | None] = mapped_column(String(100))
 
     __table_args__ = (Index("ix_calls_trajectory_started", "trajectory_id", "started_at"),)
+
+
+class ClientKey(Base):
+    """A key clients present to use the model through the proxy (proxy/keys.py).
+
+    The key is `otj_<id>_<secret>`; only its SHA-256 is stored, never the key. A revoked key
+    stays (calls still name it), and its name can be given to a new key.
+    """
+
+    __tablename__ = "client_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    digest: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (
+        # one active key per name: the name is what calls record
+        Index(
+            "ix_client_keys_active_name",
+            "name",
+            unique=True,
+            postgresql_where=text("revoked_at IS NULL"),
+            sqlite_where=text("revoked_at IS NULL"),
+        ),
+    )
 
 
 class StoredResponse(Base):
