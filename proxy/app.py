@@ -41,25 +41,32 @@ class SchemaBehind(RuntimeError):
 
 
 def prepare_database(settings: Settings) -> bool:
-    """Upgrade the schema when told to (`--migrate`, or SQLite with auto-migrate), else
-    refuse a schema that is behind. False when the database could not be reached: the
-    writer then checks the schema before its first write, and calls wait in the log."""
+    """Create a new SQLite database's schema (auto-migrate), upgrade any schema when told to
+    (`--migrate`), and otherwise refuse a schema that is behind (or ahead of) this code, on
+    SQLite as on PostgreSQL. False when the database could not be reached: the writer then
+    checks the schema before its first write, and calls wait in the call log."""
     url = settings.database_url
     try:
-        if settings.migrate or (settings.auto_migrate and db.is_sqlite(url)):
+        current, head = db.current_revision(url), db.head_revision()
+        fresh = current is None and settings.auto_migrate and db.is_sqlite(url)
+        if current != head and current in db.revisions() and (settings.migrate or fresh):
             db.upgrade(url)
             return True
-        current, head = db.current_revision(url), db.head_revision()
     except SQLAlchemyError as exc:
         log.warning("database unreachable at start (%s); calls wait in the call log", exc)
         return False
-    if current != head:
+    if current == head:
+        return True
+    if current not in db.revisions():
         raise SchemaBehind(
-            f"the database schema is at {current or 'nothing (never migrated)'}, this proxy "
-            f"needs {head}: run `onthejob db upgrade --db URL` first, or start the proxy "
-            "with --migrate (ONTHEJOB_MIGRATE=true) to let it upgrade the schema itself"
+            f"the database schema is at {current}, newer than this proxy (it knows up to "
+            f"{head}): run the onthejob release that migrated it"
         )
-    return True
+    raise SchemaBehind(
+        f"the database schema is at {current or 'nothing (never migrated)'}, this proxy "
+        f"needs {head}: run `onthejob db upgrade --db URL` first, or start the proxy "
+        "with --migrate (ONTHEJOB_MIGRATE=true) to let it upgrade the schema itself"
+    )
 
 
 def create_app(settings: Settings, *, database_checked: bool | None = None) -> Starlette:

@@ -52,8 +52,9 @@ class Settings(BaseSettings):
     # auto: stream tool calls, and fall back to a non-streaming upstream call re-emitted as
     # a stream once an upstream is seen dropping streamed tool-call token ids.
     stream_tools_mode: str = "auto"
-    # SQLite is upgraded at start unless this is false; `migrate` upgrades any database
-    # at start. Otherwise a schema that is behind stops the proxy from starting.
+    # A new SQLite database gets its schema at start unless this is false; `migrate`
+    # upgrades any database at start. Otherwise a schema that is behind (SQLite or
+    # PostgreSQL) stops the proxy from starting, with what to run.
     auto_migrate: bool = True
     migrate: bool = False
     # Fan-out: single-turn chat requests are sampled this many times upstream, the client

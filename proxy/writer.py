@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import sqlite3
 import threading
 import time
 from datetime import UTC, datetime
@@ -308,13 +309,24 @@ class Writer:
         log.info("replayed %d batches from the spool %s", len(batches), spool.path)
 
 
+# a table or column the rows need is missing: the schema is behind (or was taken back), the
+# rows are fine; they wait until it is upgraded instead of being refused one by one
+_SCHEMA_BEHIND = psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn
+
+
 def is_unreachable(exc: BaseException) -> bool:
-    """Connection-level failures; anything else is about the data being written."""
+    """Connection-level failures and a schema that is behind; anything else is about the
+    data being written."""
     if isinstance(exc, OperationalError | InterfaceError):
         return True
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-        return True
-    return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | OSError)
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        exc = exc.orig or exc
+    # raw driver errors come from the bulk paths (proxy/store/bulk.py); SQLite's operational
+    # errors are a missing table or column, or a lock held past the busy timeout
+    unreachable = psycopg.OperationalError | psycopg.InterfaceError | sqlite3.OperationalError
+    return isinstance(exc, unreachable | OSError | _SCHEMA_BEHIND)
 
 
 def _singles(rows: Rows) -> list[Rows]:

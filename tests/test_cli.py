@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import orjson
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from learner.demo.vllm_server import free_port
 from proxy.store import db, repo
@@ -171,24 +173,69 @@ def test_db_upgrade_and_current(tmp_path) -> None:
     assert current.returncode == 0 and current.stdout.startswith(db.head_revision())
 
 
-@pytest.mark.postgres
-def test_serve_refuses_a_postgres_schema_that_is_behind(pg_url: str, tmp_path) -> None:
-    db.upgrade(pg_url, "0003")
+def _serve(url: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     dead = f"http://127.0.0.1:{free_port()}"
-    result = onthejob(
-        "serve", "--db", pg_url, "--upstream", dead, "--port", str(free_port()),
-        "--spool", str(tmp_path / "spool.jsonl"),
+    return onthejob(
+        "serve", "--db", url, "--upstream", dead, "--port", str(free_port()),
+        "--spool", str(tmp_path / "spool.jsonl"), *args,
     )  # fmt: skip
 
+
+def _assert_refused(result: subprocess.CompletedProcess[str], revision: str | None) -> None:
     assert result.returncode != 0
-    assert "schema is at 0003" in result.stderr
+    assert f"schema is at {revision or 'nothing (never migrated)'}" in result.stderr
     assert "onthejob db upgrade" in result.stderr and "--migrate" in result.stderr
-    assert db.current_revision(pg_url) == "0003"  # untouched
+    assert "Traceback" not in result.stderr
+
+
+def test_serve_refuses_a_schema_that_is_behind(db_url: str, tmp_path: Path) -> None:
+    db.upgrade(db_url, "0003")
+    _assert_refused(_serve(db_url, tmp_path), "0003")
+    assert db.current_revision(db_url) == "0003"  # untouched
 
 
 @pytest.mark.postgres
-def test_serve_with_migrate_upgrades_the_schema(pg_url: str, start_proxy) -> None:
-    proxy = start_proxy([f"http://127.0.0.1:{free_port()}"], pg_url, args=["--migrate"])
+def test_serve_refuses_a_postgres_database_never_migrated(pg_url: str, tmp_path: Path) -> None:
+    _assert_refused(_serve(pg_url, tmp_path), None)
+    assert db.current_revision(pg_url) is None
+
+
+def test_serve_refuses_a_new_sqlite_file_without_auto_migrate(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    env = {**os.environ, "ONTHEJOB_AUTO_MIGRATE": "false"}
+    dead = f"http://127.0.0.1:{free_port()}"
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "serve", "--db", url, "--upstream", dead,
+         "--port", str(free_port()), "--spool", str(tmp_path / "spool.jsonl")],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert result.returncode != 0 and "never migrated" in result.stderr
+
+
+def test_serve_refuses_a_schema_newer_than_itself(db_url: str, tmp_path: Path) -> None:
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    finally:
+        engine.dispose()
+    result = _serve(db_url, tmp_path, "--migrate")
+    assert result.returncode != 0 and "newer than this proxy" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_serve_with_migrate_upgrades_the_schema(db_url: str, start_proxy) -> None:
+    db.upgrade(db_url, "0003")
+    proxy = start_proxy([f"http://127.0.0.1:{free_port()}"], db_url, args=["--migrate"])
 
     assert proxy.health()["status"] == "ok"
-    assert db.current_revision(pg_url) == db.head_revision()
+    assert db.current_revision(db_url) == db.head_revision()
+
+
+def test_a_new_sqlite_file_gets_its_schema_at_start(tmp_path: Path, start_proxy) -> None:
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    proxy = start_proxy([f"http://127.0.0.1:{free_port()}"], url)
+
+    assert proxy.health()["status"] == "ok"
+    assert db.current_revision(url) == db.head_revision()

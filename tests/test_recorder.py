@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic import command
 from sqlalchemy import Engine, func, select
 
 from proxy.capture import Capture, ChoiceCapture
@@ -188,6 +189,32 @@ def test_a_schema_behind_holds_calls_until_it_is_upgraded(tmp_path: Path) -> Non
         assert count_calls(engine) == 10
     finally:
         engine.dispose()
+
+
+def test_a_schema_taken_back_under_a_running_writer_holds_calls_instead_of_refusing_them(
+    db_url: str, engine: Engine, tmp_path: Path
+) -> None:
+    """A column the rows need is gone (the schema was downgraded after the proxy started):
+    the rows are fine, so they wait in the log, none is set aside as refused."""
+
+    async def body() -> None:
+        rec = recorder(engine, tmp_path / "spool.jsonl")
+        await rec.start()
+        rec.record(call(0))
+        await until(lambda: rec.status()["written"] == 1, "first call written")
+        await asyncio.to_thread(command.downgrade, db.alembic_config(db_url), "-1")
+        for i in range(1, 6):
+            rec.record(call(i))
+        await until(lambda: rec.status()["database"] == "unreachable", "schema refused")
+        assert rec.status()["backlog_calls"] == 5 and rec.status()["rejected"] == 0
+        await asyncio.to_thread(db.upgrade, db_url)
+        await until(lambda: rec.status()["backlog_calls"] == 0, "written after the upgrade")
+        assert rec.status()["rejected"] == 0
+        await rec.close()
+
+    run(body)
+    assert count_calls(engine) == 6
+    assert not (tmp_path / "spool.jsonl.rejected").exists()
 
 
 def test_a_backlog_ending_on_a_segment_boundary_is_written_and_the_writer_stops(

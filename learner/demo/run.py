@@ -122,6 +122,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
                 str(workdir / "spool.jsonl"),
                 "--idle-timeout",
                 "2",
+                "--migrate",  # the demo's own database, kept across runs
             ],
             workdir / "proxy.log",
             env={"ONTHEJOB_ADMIN_TOKEN": admin_token},

@@ -62,8 +62,9 @@ def register(commands: Any) -> None:
         "--migrate",
         action="store_true",
         default=None,
-        help="upgrade the database schema at start (SQLite is upgraded anyway unless "
-        "ONTHEJOB_AUTO_MIGRATE=false); without it a schema that is behind stops the proxy",
+        help="upgrade the database schema at start; without it a schema that is behind "
+        "(PostgreSQL or SQLite) stops the proxy with what to run (`onthejob db upgrade`). A "
+        "new SQLite file gets its schema anyway, unless ONTHEJOB_AUTO_MIGRATE=false",
     )
     serve.add_argument(
         "--stream-tools-mode",

@@ -41,7 +41,10 @@ def cmd_spool_replay(args: argparse.Namespace) -> int:
     try:
         result = replay(engine, path)
     except Unreachable as exc:
-        print(f"onthejob spool replay: database unreachable ({exc}); nothing lost, try again")
+        print(
+            f"onthejob spool replay: the database is unreachable or its schema behind ({exc}); "
+            "nothing lost, try again"
+        )
         return 2
     finally:
         engine.dispose()

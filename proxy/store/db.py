@@ -90,3 +90,11 @@ def head_revision() -> str | None:
     from alembic.script import ScriptDirectory
 
     return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+
+
+def revisions() -> set[str | None]:
+    """Every revision this code knows, and None (a database never migrated)."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    return {None, *(r.revision for r in script.walk_revisions())}
