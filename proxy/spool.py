@@ -1,14 +1,19 @@
-"""Append-only spool file: where records wait while the database is unreachable.
+"""Append-only spool file of row batches: `<spool>.rejected` (rows the database refused,
+proxy/rejected.py) and the spool older proxies kept while the database was away.
 
 One JSON line per row batch, fsynced before `append` returns, so a crash loses nothing
-that was spooled. Replaying is idempotent (rows are inserted with ON CONFLICT DO NOTHING),
-so the file is only truncated after every batch in it has been written.
+that was spooled. An append writes one line and reads back one byte; the file is read only
+to replay it, once, line by line. Replaying is idempotent (rows are inserted with ON
+CONFLICT DO NOTHING), so the file is only truncated after every batch in it has been
+written. (Calls wait for the database in the call log, proxy/calllog.py, which the writer
+reads from where it stopped; nothing re-reads a file per flush.)
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,18 +44,17 @@ class Spool:
         except FileNotFoundError:
             return 0
 
-    def batches(self) -> list[dict[str, Any]]:
-        """Every complete batch in the file; a torn last line (crash mid-write) is skipped."""
+    def batches(self) -> Iterator[dict[str, Any]]:
+        """Every complete batch in the file, read as it is consumed (memory: one batch); a
+        torn last line (crash mid-write) is skipped."""
         if not self.size():
-            return []
-        out = []
+            return
         with open(self.path, "rb") as handle:
             for number, line in enumerate(handle, 1):
                 try:
-                    out.append(orjson.loads(line))
+                    yield orjson.loads(line)
                 except orjson.JSONDecodeError:
                     log.warning("spool %s line %d is torn; skipped", self.path, number)
-        return out
 
     def clear(self) -> None:
         with open(self.path, "r+b") as handle:

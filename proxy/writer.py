@@ -291,9 +291,9 @@ class Writer:
         spool = self.legacy_spool
         if spool is None or not spool.size():
             return
-        batches = spool.batches()
+        replayed = 0
         attempt = 0
-        for rows in batches:
+        for rows in spool.batches():
             rows = {**empty_rows(), **rows}
             while True:
                 try:
@@ -305,8 +305,9 @@ class Writer:
                     self._note_unreachable(str(exc))
                     self._stopping.wait(RETRY_SECONDS[min(attempt, len(RETRY_SECONDS) - 1)])
                     attempt += 1
+            replayed += 1
         spool.clear()
-        log.info("replayed %d batches from the spool %s", len(batches), spool.path)
+        log.info("replayed %d batches from the spool %s", replayed, spool.path)
 
 
 # a table or column the rows need is missing: the schema is behind (or was taken back), the

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,13 @@ from sqlalchemy import Engine, func, select
 
 from proxy.capture import Capture, ChoiceCapture
 from proxy.recording import CallRecord, Recorder, log_directory
+from proxy.spool import Spool
 from proxy.stitching import new_id
 from proxy.store import db
 from proxy.store.models import Trajectory
 from tests.records import count_calls, export
 from tests.tcp_gate import through_gate
+from tests.test_store import _batch as store_batch
 
 
 def call(i: int, session_key: str | None = None) -> CallRecord:
@@ -102,6 +105,53 @@ def test_calls_reach_the_database_once_with_their_trajectories(
     trajectories = export(engine)
     assert all(c["capture_complete"] for t in trajectories for c in t["calls"])
     assert max(len(t["calls"]) for t in trajectories) == 125
+
+
+def test_idle_time_counts_from_the_end_of_a_call_not_its_start(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """A 100 s call, then 30 s of tool time, then the next call, with a 60 s idle timeout:
+    130 s after the first call started, but one session (issue 14, item 8)."""
+    started = time.time() - 131
+    long_call, next_call = call(0, session_key="s"), call(1, session_key="s")
+    long_call.started_at, long_call.latency_ms = started, 100_000.0
+    next_call.started_at, next_call.latency_ms = started + 130, 500.0
+
+    async def body() -> None:
+        rec = Recorder(engine, tmp_path / "spool.jsonl", idle_timeout=60, flush_interval=0.01)
+        await rec.start()
+        rec.record(long_call)
+        rec.record(next_call)
+        await until(lambda: rec.status()["written"] == 2, "both written")
+        await rec.close()
+
+    run(body)
+    (trajectory,) = export(engine)
+    assert [c["id"] for c in trajectory["calls"]] == [long_call.id, next_call.id]
+    with engine.connect() as conn:
+        last_call_at = conn.execute(select(Trajectory.last_call_at)).scalar_one()
+    if last_call_at.tzinfo is None:  # SQLite
+        last_call_at = last_call_at.replace(tzinfo=UTC)
+    assert last_call_at.timestamp() == pytest.approx(started + 130.5, abs=1e-3)
+
+
+def test_a_spool_left_by_an_older_proxy_is_written_once_then_emptied(
+    engine: Engine, tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool.jsonl"
+    old = Spool(spool)
+    for _ in range(2):  # the same batch twice: a replay that died half-way
+        old.append(store_batch(time.time()))
+
+    async def body() -> None:
+        rec = recorder(engine, spool)
+        await rec.start()
+        await until(lambda: old.size() == 0, "the spool replayed and emptied")
+        await rec.close()
+
+    run(body)
+    assert count_calls(engine) == 1 and count_trajectories(engine) == 1
+    assert list(old.batches()) == []
 
 
 def test_a_crash_between_commit_and_checkpoint_writes_nothing_twice(

@@ -16,7 +16,7 @@ def test_empty_spool(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "missing.jsonl")
 
     assert spool.size() == 0
-    assert spool.batches() == []
+    assert list(spool.batches()) == []
 
 
 def test_append_then_batches_roundtrip(tmp_path: Path) -> None:
@@ -25,7 +25,7 @@ def test_append_then_batches_roundtrip(tmp_path: Path) -> None:
     spool.append(FIRST)
     spool.append(SECOND)
 
-    assert spool.batches() == [FIRST, SECOND]
+    assert list(spool.batches()) == [FIRST, SECOND]
     assert spool.size() == len(orjson.dumps(FIRST)) + len(orjson.dumps(SECOND)) + 2
 
 
@@ -36,7 +36,7 @@ def test_batches_survive_a_restart(tmp_path: Path) -> None:
     restarted = Spool(path)
     restarted.append(SECOND)
 
-    assert Spool(path).batches() == [FIRST, SECOND]
+    assert list(Spool(path).batches()) == [FIRST, SECOND]
 
 
 def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
@@ -45,7 +45,7 @@ def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
     with open(path, "ab") as handle:
         handle.write(orjson.dumps(SECOND)[:17])  # the crash came mid-write
 
-    assert Spool(path).batches() == [FIRST]
+    assert list(Spool(path).batches()) == [FIRST]
 
 
 def test_clear_empties_the_file_and_it_is_usable_again(tmp_path: Path) -> None:
@@ -55,9 +55,9 @@ def test_clear_empties_the_file_and_it_is_usable_again(tmp_path: Path) -> None:
     spool.clear()
 
     assert spool.size() == 0
-    assert spool.batches() == []
+    assert list(spool.batches()) == []
     spool.append(SECOND)
-    assert spool.batches() == [SECOND]
+    assert list(spool.batches()) == [SECOND]
 
 
 def test_a_batch_appended_after_a_torn_line_is_kept(tmp_path: Path) -> None:
@@ -68,7 +68,7 @@ def test_a_batch_appended_after_a_torn_line_is_kept(tmp_path: Path) -> None:
 
     Spool(path).append(SECOND)  # after the restart, with the database still down
 
-    assert Spool(path).batches() == [FIRST, SECOND]
+    assert list(Spool(path).batches()) == [FIRST, SECOND]
 
 
 def test_appending_to_an_intact_file_adds_no_blank_line(tmp_path: Path) -> None:
