@@ -155,10 +155,11 @@ class Learner:
                 # mid-swap may have left a replica fenced off or holding unpublished weights
                 self._restore_locked()
         log.info(
-            "learner ready: serving %s (step %d), graders %s",
+            "learner ready: serving %s (step %d), graders %s, traffic of %s",
             self.serving["version"],
             self.step,
             ", ".join(self.config.graders),
+            "the client keys " + ", ".join(self.config.keys) if self.config.keys else "everyone",
         )
 
     def _adopt_served_weights(self) -> bool:
