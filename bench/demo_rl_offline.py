@@ -111,7 +111,8 @@ class Agent:
                         "prompt_token_ids": c[0],
                         "completion_token_ids": c[1],
                         "completion_logprobs": c[2],
-                        "request": {"temperature": self.temperature},
+                        # what the proxy records: the sampling the tokens were drawn with
+                        "sampling": {"temperature": self.temperature},
                         "finish_reason": c[3],
                     }
                     for c in task_calls

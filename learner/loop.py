@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ from learner.publisher import (
     current_version,
     served_adapters,
 )
-from learner.samples import Sample, build_samples, sampling_defaults
+from learner.samples import Sample, build_samples
 from learner.trainer import Trainer, TrainerConfig
 from proxy.export import iter_trajectories
 from proxy.store import db, gates
@@ -73,7 +74,6 @@ class Learner:
         self.model_dir = Path(config.model)
         self.checkpoints = Path(config.checkpoints)
         self.checkpoints.mkdir(parents=True, exist_ok=True)
-        self.defaults = sampling_defaults(self.model_dir)
         self.grader = build_graders(
             config.graders,
             judge_base_url=config.judge_base_url or config.upstreams[0] + "/v1",
@@ -400,8 +400,9 @@ class Learner:
         trajectories = list(iter_trajectories(self.engine, ids=list(advantage_of)))
         samples: list[Sample] = []
         advantages: list[float] = []
+        skipped: Counter[str] = Counter()  # calls not trained on, by reason
         for trajectory in trajectories:
-            for sample in build_samples(trajectory, defaults=self.defaults):
+            for sample in build_samples(trajectory, skipped=skipped):
                 samples.append(sample)
                 advantages.append(advantage_of[trajectory["id"]])
         keep = set(map(id, self.trainer.trainable(samples)))
@@ -412,7 +413,11 @@ class Learner:
         # state loaded from a checkpoint says
         self.trainer.set_learning_rate(self.config.learning_rate)
         metrics = self.trainer.step([s for s, _ in pairs], [a for _, a in pairs])
-        metrics.update(group_metrics, learning_rate=self.config.learning_rate)
+        metrics.update(
+            group_metrics, learning_rate=self.config.learning_rate, skipped_calls=dict(skipped)
+        )
+        if skipped:
+            log.info("step %d: calls not trained on, by reason: %s", step, dict(skipped))
         if metrics.get("skipped"):
             # nothing trainable (all truncated or without captured tokens): no new version
             with self.engine.begin() as conn:

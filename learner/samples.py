@@ -5,36 +5,67 @@ within a trajectory, a call's prompt + completion is merged with the next call w
 call's prompt starts with exactly those tokens (the next turn extends the conversation);
 otherwise a new sample starts. Loss is only on tokens the model sampled (completions);
 prompt, tool output and environment tokens are masked. A call whose capture is incomplete
-or failed contributes no trainable tokens and breaks the chain.
+or failed, or whose sampling the trainer cannot reproduce, contributes no trainable tokens
+and breaks the chain.
 """
 
 from __future__ import annotations
 
-import json
+from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-NEUTRAL_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
-# vLLM's threshold below which a temperature means greedy sampling
+# vLLM samples greedily below this temperature (and then ignores top-p, top-k and min-p)
 GREEDY_BELOW = 1e-5
-# processors vLLM applies before it reports logprobs that the trainer does not model
-UNMODELLED: dict[str, Any] = {
-    "min_p": 0.0,
-    "repetition_penalty": 1.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "logit_bias": None,
-}
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """The sampling parameters vLLM applied, which its processed logprobs reflect."""
+    """The processing vLLM applied before it reported a token's logprob
+    (`--logprobs-mode processed_logprobs`), in its order: repetition, frequency and presence
+    penalties, then temperature, min-p, top-k and top-p. A top-k of 0 or less is off."""
 
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def penalised(self) -> bool:
+        """Whether the tokens seen before a position change its logprobs."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+    @classmethod
+    def from_record(cls, recorded: dict[str, Any]) -> Sampling:
+        """From a call's recorded effective sampling (proxy/sampling.py)."""
+
+        def value(name: str, default: float) -> float:
+            found = recorded.get(name)
+            return default if found is None else float(found)
+
+        penalties = {
+            "repetition_penalty": value("repetition_penalty", 1.0),
+            "presence_penalty": value("presence_penalty", 0.0),
+            "frequency_penalty": value("frequency_penalty", 0.0),
+        }
+        temperature = value("temperature", 1.0)
+        if temperature < GREEDY_BELOW:
+            # greedy: vLLM's logprobs are the penalised logits' plain log-softmax
+            return cls(**penalties)
+        return cls(
+            temperature=temperature,
+            top_p=value("top_p", 1.0),
+            top_k=int(value("top_k", 0)),
+            min_p=value("min_p", 0.0),
+            **penalties,
+        )
 
 
 @dataclass
@@ -45,6 +76,9 @@ class Sample:
     # recorded vLLM logprob of each sampled token; 0.0 where the mask is False
     logprobs: list[float] = field(default_factory=list)
     sampling: Sampling = field(default_factory=Sampling)
+    # [start, end) of each call's completion in token_ids: what vLLM's penalties count as
+    # that call's output (its prompt is everything before start)
+    completions: list[tuple[int, int]] = field(default_factory=list)
     policy_versions: set[str | None] = field(default_factory=set)
     truncated: bool = False  # some completion hit max_tokens: masked (overlong filtering)
 
@@ -55,73 +89,58 @@ class Sample:
     def extend(self, prompt: list[int], completion: list[int], logprobs: list[float]) -> None:
         """Append a call whose prompt starts with this sample's tokens."""
         new_context = prompt[len(self.token_ids) :]
-        self.token_ids += new_context + completion
+        self.token_ids += new_context
+        start = len(self.token_ids)
+        self.token_ids += completion
+        self.completions.append((start, len(self.token_ids)))
         self.loss_mask += [False] * len(new_context) + [True] * len(completion)
         self.logprobs += [0.0] * len(new_context) + list(logprobs)
 
 
-def sampling_defaults(model_dir: Path) -> dict[str, Any]:
-    """vLLM's defaults when a request sets nothing: the model's generation_config.json."""
-    path = model_dir / "generation_config.json"
-    defaults: dict[str, Any] = dict(NEUTRAL_SAMPLING)
-    if path.exists():
-        config = json.loads(path.read_text())
-        for key in (*NEUTRAL_SAMPLING, *UNMODELLED):
-            if config.get(key) is not None:
-                defaults[key] = config[key]
-    return defaults
+def call_sampling(call: dict[str, Any]) -> Sampling | str:
+    """The sampling vLLM applied to a call, or why the trainer cannot reproduce it.
+
+    The proxy records what vLLM applied (the request's parameters, else the replica's
+    defaults, whatever its `--generation-config`); a call recorded without it is not
+    guessed at. Other logits processing (logit bias, structured output, ...) is not
+    reproduced.
+    """
+    recorded = call.get("sampling")
+    if recorded is None:
+        return "sampling unknown"
+    constraints = recorded.get("constraints") or []
+    if constraints:
+        return str(constraints[0])
+    return Sampling.from_record(recorded)
 
 
-def call_sampling(request: dict[str, Any] | None, defaults: dict[str, Any]) -> Sampling:
-    request = request or {}
-
-    def pick(key: str) -> Any:
-        value = request.get(key)
-        return defaults[key] if value is None else value
-
-    temperature = float(pick("temperature"))
-    if temperature < GREEDY_BELOW:
-        # vLLM samples greedily and ignores top-p/top-k then: its logprobs are plain
-        return Sampling()
-    return Sampling(temperature=temperature, top_p=float(pick("top_p")), top_k=int(pick("top_k")))
-
-
-def unmodelled_processing(request: dict[str, Any] | None, defaults: dict[str, Any]) -> str | None:
-    """A logits processor the trainer does not reproduce, so vLLM's logprobs would not
-    match: such calls are not trained on (run vLLM with `--generation-config vllm` to keep
-    a model's own defaults, e.g. a repetition penalty, out of the way)."""
-    request = request or {}
-    for key, neutral in UNMODELLED.items():
-        value = request.get(key, defaults.get(key))
-        if value is not None and value != neutral:
-            return key
+def _capture_problem(call: dict[str, Any]) -> str | None:
+    if call.get("status") != "ok":
+        return "failed"
+    if not call.get("capture_complete") or call.get("prompt_token_ids") is None:
+        return "incomplete capture"
+    if not call.get("completion_token_ids"):
+        return "no completion"
     return None
 
 
-def _trainable(call: dict[str, Any], defaults: dict[str, Any]) -> bool:
-    return (
-        unmodelled_processing(call.get("request"), defaults) is None
-        and call.get("status") == "ok"
-        and bool(call.get("capture_complete"))
-        and call.get("prompt_token_ids") is not None
-        and bool(call.get("completion_token_ids"))
-    )
-
-
 def build_samples(
-    trajectory: dict[str, Any], *, defaults: dict[str, Any] | None = None
+    trajectory: dict[str, Any], *, skipped: Counter[str] | None = None
 ) -> list[Sample]:
-    """Samples of one trajectory in the export format (see the README)."""
-    defaults = defaults or NEUTRAL_SAMPLING
+    """Samples of one trajectory in the export format (see the README). A call that
+    cannot be trained on is counted in `skipped` by its reason."""
     samples: list[Sample] = []
     current: Sample | None = None
     for call in trajectory["calls"]:
-        if not _trainable(call, defaults):
+        problem = _capture_problem(call)
+        sampling = call_sampling(call) if problem is None else problem
+        if isinstance(sampling, str):
+            if skipped is not None:
+                skipped[sampling] += 1
             current = None  # unknown tokens in between: nothing may extend across them
             continue
         prompt = list(call["prompt_token_ids"])
         completion = list(call["completion_token_ids"])
-        sampling = call_sampling(call.get("request"), defaults)
         extends = (
             current is not None
             and current.sampling == sampling

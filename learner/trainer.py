@@ -1,8 +1,9 @@
 """The policy update: logprobs exactly as vLLM computes them, then one GRPO optimizer step.
 
 Invariant: the trainer scores each sampled token under the same processing vLLM applied
-before it reported the logprob (`--logprobs-mode processed_logprobs`): logits divided by
-the call's temperature, then its top-k and top-p filters, then log-softmax. Memory stays
+before it reported the logprob (`--logprobs-mode processed_logprobs`), each sample under
+its own call's sampling as the proxy recorded it: penalties on what the call had seen,
+temperature, min-p, top-k and top-p, then log-softmax. Memory stays
 bounded: samples go through in micro-batches of at most `micro_batch_tokens` tokens, with
 gradients accumulated and the loss normalised by the global count of trained tokens.
 """
@@ -35,27 +36,105 @@ class TrainerConfig:
     loss: LossConfig = field(default_factory=LossConfig)
 
 
-def processed_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor, sampling: Sampling
-) -> torch.Tensor:
-    """Log-probability of `targets` after temperature, top-k and top-p, like vLLM's sampler.
+@dataclass(frozen=True)
+class TokenHistory:
+    """What vLLM's penalties see before each of N positions: the tokens of the call's
+    prompt and of its output so far (repetition penalty), and how often each token occurs
+    in that output so far (frequency and presence penalties)."""
 
-    logits: [B, T, V] float32; targets: [B, T] token ids. Returns [B, T].
+    seen: torch.Tensor  # [N, V] bool
+    output_counts: torch.Tensor  # [N, V] float32
+
+
+def token_history(
+    ids: torch.Tensor, positions: torch.Tensor, starts: torch.Tensor, vocab: int
+) -> TokenHistory:
+    """History at `positions` (ascending; position t predicts ids[t + 1]) of the sequence
+    `ids`, where `starts[i]` is where the output of the call that sampled ids[positions[i]
+    + 1] begins. The call's prompt and output so far are ids[:t + 1]; its output ids[start:
+    t + 1]. Costs one [span, V] running count, span = last - first position + 1."""
+    first, last = int(positions[0]), int(positions[-1])
+    counts = torch.zeros((last - first + 1, vocab), dtype=torch.float32, device=ids.device)
+    counts[0] = torch.bincount(ids[: first + 1], minlength=vocab)[:vocab].float()
+    if last > first:
+        steps = torch.nn.functional.one_hot(ids[first + 1 : last + 1], vocab).float()
+        counts[1:] = steps
+        counts = counts.cumsum(dim=0)
+    at = counts[positions - first]  # occurrences in ids[:t + 1]
+    before = torch.zeros_like(at)
+    for start in torch.unique(starts).tolist():
+        rows = starts == start
+        before[rows] = torch.bincount(ids[:start], minlength=vocab)[:vocab].float()
+    return TokenHistory(seen=at > 0, output_counts=at - before)
+
+
+def processed_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    sampling: Sampling,
+    history: TokenHistory | None = None,
+) -> torch.Tensor:
+    """Log-probability of `targets` after vLLM's processing (see `Sampling`), the way
+    vLLM 0.32's sampler does it: penalties, temperature, min-p, then top-k and top-p
+    (ascending sort, a token dropped while the mass up to it is at most 1 - top_p).
+
+    logits: [..., V] float32; targets: [...]; history: the [N, V] token history of the
+    flattened positions, needed when `sampling.penalised`. Returns [...].
     """
-    temperature = sampling.temperature if sampling.temperature > 0 else 1.0
-    scaled = logits / temperature
-    if 0 < sampling.top_k < scaled.shape[-1]:
-        kth = torch.topk(scaled, sampling.top_k, dim=-1).values[..., -1:]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    shape, vocab = targets.shape, logits.shape[-1]
+    z = logits.reshape(-1, vocab)
+    if sampling.penalised:
+        if history is None:
+            raise ValueError("penalised sampling needs the token history")
+        z = _penalise(z, history, sampling)
+    if sampling.temperature != 1.0:
+        z = z / sampling.temperature
+    with torch.no_grad():
+        drop = _filtered(z.detach(), sampling)
+    if drop is not None:
+        z = z.masked_fill(drop, float("-inf"))
+    picked = torch.log_softmax(z, dim=-1).gather(-1, targets.reshape(-1, 1))
+    return picked.reshape(shape)
+
+
+def _penalise(z: torch.Tensor, history: TokenHistory, sampling: Sampling) -> torch.Tensor:
+    if sampling.repetition_penalty != 1.0:
+        penalty = torch.tensor(sampling.repetition_penalty, dtype=z.dtype, device=z.device)
+        penalties = torch.where(history.seen, penalty, torch.ones_like(penalty))
+        # vLLM: a positive logit is divided by the penalty, any other multiplied by it
+        z = z * torch.where(z > 0, 1.0 / penalties, penalties)
+    if sampling.frequency_penalty != 0.0:
+        z = z - sampling.frequency_penalty * history.output_counts
+    if sampling.presence_penalty != 0.0:
+        z = z - sampling.presence_penalty * (history.output_counts > 0).to(z.dtype)
+    return z
+
+
+def _filtered(z: torch.Tensor, sampling: Sampling) -> torch.Tensor | None:
+    """Where min-p, top-k and top-p drop a token (None: nowhere). z: [N, V] scaled."""
+    vocab = z.shape[-1]
+    drop: torch.Tensor | None = None
+    if sampling.min_p > 0.0:
+        probs = torch.softmax(z, dim=-1)
+        drop = probs < probs.amax(dim=-1, keepdim=True) * sampling.min_p
+        z = z.masked_fill(drop, float("-inf"))
+    top_k = sampling.top_k if 0 < sampling.top_k < vocab else 0
     if sampling.top_p < 1.0:
-        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
-        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
-        # drop a token when the mass before it already reaches top_p (keep at least one)
-        drop_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= sampling.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        scaled = scaled.masked_fill(drop, float("-inf"))
-    logprobs = torch.log_softmax(scaled, dim=-1)
-    return logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        ordered, order = torch.sort(z, dim=-1)  # ascending, like vLLM
+        if top_k:
+            kth = ordered[:, vocab - top_k : vocab - top_k + 1]
+            ordered = ordered.masked_fill(ordered < kth, float("-inf"))
+        cumulative = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
+        tail = cumulative <= 1 - sampling.top_p
+        tail[:, -1] = False  # at least one token stays
+        tail |= ordered == float("-inf")
+        dropped = torch.zeros_like(tail).scatter(-1, order, tail)
+    elif top_k:
+        kth = torch.topk(z, top_k, dim=-1).values[:, -1:]
+        dropped = z < kth
+    else:
+        return drop
+    return dropped if drop is None else drop | dropped
 
 
 @dataclass
@@ -151,9 +230,7 @@ class Trainer:
 
     def token_logprobs(self, batch: MicroBatch, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         logits = self.model(input_ids=tensors["ids"], attention_mask=tensors["attention"]).logits
-        return processed_logprobs(
-            logits[:, :-1].float(), tensors["targets"], batch.samples[0].sampling
-        )
+        return sample_logprobs(logits, batch, tensors)
 
     def step(self, samples: list[Sample], advantages: list[float]) -> dict[str, Any]:
         """One optimizer step over all samples (gradient accumulation across micro-batches).
@@ -233,9 +310,7 @@ class Trainer:
         else:
             with self.model.disable_adapter():  # type: ignore[operator]
                 logits = self.model(**inputs).logits
-        return processed_logprobs(
-            logits[:, :-1].float(), tensors["targets"], batch.samples[0].sampling
-        )
+        return sample_logprobs(logits, batch, tensors)
 
     @torch.no_grad()
     def logprobs_of(self, prompt: list[int], completion: list[int]) -> list[float]:
@@ -247,6 +322,46 @@ class Trainer:
         targets = ids[:, 1:]
         picked = all_logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)[0]
         return picked[len(prompt) - 1 :].tolist()
+
+
+def sample_logprobs(
+    logits: torch.Tensor, batch: MicroBatch, tensors: dict[str, torch.Tensor]
+) -> torch.Tensor:
+    """[B, T - 1] processed logprobs of each row's targets under its own sample's sampling,
+    at the trained positions only (0 elsewhere: the loss never reads them)."""
+    mask = tensors["mask"]
+    rows, columns, values = [], [], []
+    for row, sample in enumerate(batch.samples):
+        positions = mask[row].nonzero().squeeze(-1)
+        if positions.numel() == 0:
+            continue
+        history = None
+        if sample.sampling.penalised:
+            history = _history(sample, positions, tensors["ids"][row], logits.shape[-1])
+        values.append(
+            processed_logprobs(
+                logits[row, positions].float(),
+                tensors["targets"][row, positions],
+                sample.sampling,
+                history,
+            )
+        )
+        rows.append(torch.full_like(positions, row))
+        columns.append(positions)
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=logits.device)
+    if not values:
+        return out
+    return out.index_put((torch.cat(rows), torch.cat(columns)), torch.cat(values))
+
+
+def _history(
+    sample: Sample, positions: torch.Tensor, ids: torch.Tensor, vocab: int
+) -> TokenHistory:
+    start_of = [0] * len(sample.token_ids)
+    for start, end in sample.completions:
+        start_of[start:end] = [start] * (end - start)
+    starts = torch.tensor(start_of, device=ids.device)[positions + 1]
+    return token_history(ids[: len(sample.token_ids)], positions, starts, vocab)
 
 
 def _has_adapter(model: torch.nn.Module) -> bool:

@@ -111,6 +111,8 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
             check_schema=not schema_checked,
         )
         await pool.start()
+        # what the replicas serve, and sample with, known before the first call is recorded
+        await pool.poll()
         await recorder.start()
         await gatekeeper.start()
         await keys.start()
@@ -205,6 +207,8 @@ async def healthz(request: Request) -> Response:
                     "healthy": r.healthy,
                     "policy_version": r.policy_version,
                     "gated": r.gate_epoch is not None,
+                    # what it samples with where a request sets nothing (null: unknown)
+                    "sampling_defaults": r.sampling_defaults,
                 }
                 for r in state.pool.replicas
             ],

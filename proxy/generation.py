@@ -41,6 +41,7 @@ from proxy.keys import upstream_view
 from proxy.prompt_tokens import count_prompt
 from proxy.recording import CallRecord
 from proxy.requests import parse_object, read_body, session_key, sticky_key, task_key
+from proxy.sampling import effective as effective_sampling
 from proxy.state import ProxyState
 from proxy.stitching import new_id
 from proxy.streaming import response_to_chunks
@@ -201,6 +202,7 @@ class Generation:
         def body_for(replica: Replica) -> bytes:
             # the version and the adapter read together, as the request leaves
             self.record.policy_version = replica.policy_version
+            self.record.sampling = effective_sampling(upstream_body, replica.sampling_defaults)
             adapter = replica.serve_as(requested)
             self.renamed = None if adapter is None else (adapter, requested)
             return plain if adapter is None else orjson.dumps({**upstream_body, "model": adapter})
@@ -438,6 +440,7 @@ class Generation:
                 upstream=record.upstream,
                 model=record.model,
                 policy_version=record.policy_version,
+                sampling=record.sampling,
                 capture=part,
                 fanout_parent=record.id,
                 user_agent=record.user_agent,

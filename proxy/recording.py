@@ -54,6 +54,8 @@ class CallRecord:
     upstream: str | None = None
     model: str | None = None
     policy_version: str | None = None
+    # the sampling parameters vLLM applied (proxy/sampling.py); None: its defaults unknown
+    sampling: dict[str, Any] | None = None
     capture: Capture | None = None
     latency_ms: float | None = None
     ttft_ms: float | None = None

@@ -48,6 +48,7 @@ def entry_of(record: CallRecord) -> dict[str, Any]:
         "upstream": record.upstream,
         "model": record.model,
         "policy_version": record.policy_version,
+        "sampling": record.sampling,
         "request": record.request,
         "response": record.response,
         "capture": None,
@@ -239,6 +240,7 @@ def bare_row(entry: dict[str, Any]) -> dict[str, Any]:
         "user_agent": text(entry.get("user_agent"), 500),
         "compat": entry.get("compat"),
         "key_name": entry.get("key_name"),
+        "sampling": entry.get("sampling"),
     }
 
 
@@ -295,6 +297,7 @@ def call_columns(
         "user_agent": text(entry.get("user_agent"), 500),
         "compat": entry.get("compat"),
         "key_name": entry.get("key_name"),
+        "sampling": entry.get("sampling"),
     }
 
 

@@ -22,14 +22,18 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import orjson
 import yarl
 
+from proxy import sampling
 from proxy.errors import UpstreamBusy, UpstreamTimeout, UpstreamUnavailable
 
 log = logging.getLogger("onthejob.upstream")
+# how long a replica whose sampling defaults cannot be learned waits to be asked again
+DEFAULTS_RETRY = 30.0
 # what reading an upstream answer may raise once its status line has arrived
 UPSTREAM_READ_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError)
 
@@ -50,6 +54,11 @@ class Replica:
     # the epoch of its closed swap gate (None: open), and requests sent, not yet released
     gate_epoch: int | None = None
     in_flight: int = 0
+    # the sampling parameters it applies where a request sets none (proxy/sampling.py);
+    # None: unknown (calls record no effective sampling), and where they came from or why
+    sampling_defaults: dict[str, Any] | None = None
+    sampling_source: str | None = None
+    defaults_asked_at: float | None = None
 
     def eligible(self, now: float) -> bool:
         return self.healthy or now >= self.retry_at
@@ -174,6 +183,8 @@ class UpstreamPool:
     def mark_failed(self, replica: Replica) -> None:
         replica.failures += 1
         replica.healthy = False
+        # it may come back restarted with other defaults: learned again before they count
+        replica.sampling_defaults = replica.sampling_source = replica.defaults_asked_at = None
         backoff = min(self._retry_after * 2 ** (replica.failures - 1), 30.0)
         replica.retry_at = time.monotonic() + backoff
         log.warning("upstream %s unreachable; retrying it in %.1fs", replica.url, backoff)
@@ -285,10 +296,14 @@ class UpstreamPool:
             allow_redirects=False,
         )
 
+    async def poll(self) -> None:
+        """Once: each replica's policy version and sampling defaults; probe those that are out."""
+        await asyncio.gather(*(self._poll(r) for r in self.replicas))
+
     async def watch(self, interval: float) -> None:
-        """Forever: refresh each replica's policy version; probe replicas that are out."""
+        """Forever: `poll`, every `interval` seconds."""
         while True:
-            await asyncio.gather(*(self._poll(r) for r in self.replicas))
+            await self.poll()
             await asyncio.sleep(interval)
 
     async def _poll(self, replica: Replica) -> None:
@@ -296,10 +311,13 @@ class UpstreamPool:
         try:
             async with self.session.get(replica.url + "/weight_info", timeout=timeout) as resp:
                 info = orjson.loads(await resp.read()) if resp.status == 200 else None
-                if isinstance(info, dict):
-                    version = info.get("weight_version")
-                    if version is not None and str(version) != replica.policy_version:
-                        await self._follow_version(replica, str(version), timeout)
+            version = info.get("weight_version") if isinstance(info, dict) else None
+            changed = version is not None and str(version) != replica.policy_version
+            # a new version may be a restarted server: its defaults are asked again, first
+            if changed or self._defaults_due(replica):
+                await self._learn_sampling(replica, timeout)
+            if changed:
+                await self._follow_version(replica, str(version), timeout)
             if not replica.healthy and replica.eligible(time.monotonic()):
                 async with self.session.get(replica.url + "/health", timeout=timeout) as resp:
                     if resp.status == 200:
@@ -310,6 +328,27 @@ class UpstreamPool:
         except (aiohttp.ClientError, TimeoutError, ValueError):
             # slow or odd answers from a busy replica are not a reason to route around it
             log.debug("policy version poll of %s failed", replica.url, exc_info=True)
+
+    def _defaults_due(self, replica: Replica) -> bool:
+        if replica.sampling_defaults is not None:
+            return False
+        asked = replica.defaults_asked_at
+        return asked is None or time.monotonic() - asked >= DEFAULTS_RETRY
+
+    async def _learn_sampling(self, replica: Replica, limit: aiohttp.ClientTimeout) -> None:
+        """Ask the replica for its sampling defaults (transport errors reach the caller)."""
+        replica.defaults_asked_at = time.monotonic()
+        defaults, source = await sampling.learn_defaults(self.session, replica.url, limit)
+        if defaults is None and replica.sampling_source != source:
+            log.warning(
+                "upstream %s: sampling defaults unknown (%s); its calls are recorded "
+                "without effective sampling and are not trained on",
+                replica.url,
+                source,
+            )
+        elif defaults is not None and defaults != replica.sampling_defaults:
+            log.info("upstream %s samples by default with %s (%s)", replica.url, defaults, source)
+        replica.sampling_defaults, replica.sampling_source = defaults, source
 
     async def _follow_version(
         self, replica: Replica, version: str, limit: aiohttp.ClientTimeout

@@ -67,6 +67,7 @@ def chat_call(
         "http_status": 200 if ok else 502,
         "error": None if ok else "upstream unreachable",
         "request": {"model": "tiny", "messages": messages},
+        "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0},
         "response": {"choices": [{"index": 0, "message": {"role": "assistant", "content": reply}}]}
         if ok
         else None,

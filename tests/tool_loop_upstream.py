@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.sampling import NEUTRAL
 from tests.threaded_upstream import ThreadedUpstream
 
 # the reply for a call, given its chat messages: an assistant message
@@ -53,6 +54,11 @@ class ToolLoopUpstream(ThreadedUpstream):
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/chat/completions/render", self._defaults)
+
+    async def _defaults(self, request: web.Request) -> web.Response:
+        """What vLLM's /render says of a request that sets nothing: no sampling defaults."""
+        return web.json_response({"sampling_params": NEUTRAL})
 
     def _render(self, messages: list[dict[str, Any]], tools: Any, *, prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(

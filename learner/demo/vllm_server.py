@@ -116,6 +116,8 @@ class VLLMServer:
             # Logprobs after temperature/penalties: what the sampler really used.
             "--logprobs-mode",
             "processed_logprobs",
+            # /v1/chat/completions/render: the proxy learns the sampling defaults from it
+            "--enable-scale-out",
             *self.extra_args,
         ]
 

@@ -9,6 +9,7 @@ display aid and absent when the upstream cannot answer.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Any
 
@@ -32,11 +33,7 @@ def token_sequences(trajectory: dict[str, Any]) -> list[dict[str, Any]]:
             "logprobs": s.logprobs,
             "trained_tokens": s.trained_tokens,
             "truncated": s.truncated,
-            "sampling": {
-                "temperature": s.sampling.temperature,
-                "top_p": s.sampling.top_p,
-                "top_k": s.sampling.top_k,
-            },
+            "sampling": dataclasses.asdict(s.sampling),
             "policy_versions": sorted(v for v in s.policy_versions if v is not None),
         }
         for s in build_samples(trajectory)

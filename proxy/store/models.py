@@ -96,6 +96,10 @@ class Call(Base):
     compat: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # the name of the client key the call came with (never the key): whose traffic it is
     key_name: Mapped[str | None] = mapped_column(String(100))
+    # the sampling parameters vLLM applied: the request's, else the replica's defaults
+    # (proxy/sampling.py), with "constraints" naming other logits processing; null when
+    # the replica's defaults were unknown
+    sampling: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     __table_args__ = (Index("ix_calls_trajectory_started", "trajectory_id", "started_at"),)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from learner.samples import Sampling, build_samples, call_sampling
@@ -17,6 +18,7 @@ def call(prompt: list[int], completion: list[int], **extra: Any) -> dict[str, An
         "finish_reason": "stop",
         "policy_version": "v1",
         "request": {},
+        "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0},
     }
     return base | extra
 
@@ -67,8 +69,8 @@ def test_different_sampling_parameters_never_share_a_sample() -> None:
     trajectory = {
         "id": "t",
         "calls": [
-            call([1], [2], request={"temperature": 0.7}),
-            call([1, 2, 3], [4], request={"temperature": 1.0}),
+            call([1], [2], sampling={"temperature": 0.7}),
+            call([1, 2, 3], [4], sampling={"temperature": 1.0}),
         ],
     }
     first, second = build_samples(trajectory)
@@ -76,8 +78,47 @@ def test_different_sampling_parameters_never_share_a_sample() -> None:
     assert second.sampling == Sampling(temperature=1.0)
 
 
-def test_truncation_and_defaults() -> None:
+def test_truncation() -> None:
     (sample,) = build_samples({"id": "t", "calls": [call([1], [2], finish_reason="length")]})
     assert sample.truncated
-    defaults = {"temperature": 0.6, "top_p": 0.9, "top_k": 20}
-    assert call_sampling({"top_k": 5}, defaults) == Sampling(0.6, 0.9, 5)
+
+
+def test_the_recorded_effective_sampling_is_what_is_reproduced() -> None:
+    recorded = {
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "top_k": 20,
+        "min_p": 0.0,
+        "repetition_penalty": 1.05,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+    }
+    assert call_sampling(call([1], [2], sampling=recorded)) == Sampling(
+        0.7, 0.8, 20, repetition_penalty=1.05
+    )
+    # greedy: vLLM reports the penalised logits' plain logprobs
+    greedy = call_sampling(call([1], [2], sampling={**recorded, "temperature": 0.0}))
+    assert greedy == Sampling(repetition_penalty=1.05)
+    assert greedy.penalised
+
+
+def test_calls_the_trainer_cannot_reproduce_are_skipped_and_counted() -> None:
+    skipped: Counter[str] = Counter()
+    trajectory = {
+        "id": "t",
+        "calls": [
+            call([1], [2], sampling=None),  # the replica's defaults were unknown
+            call([1, 2, 3], [4], sampling={"temperature": 1.0, "constraints": ["logit_bias"]}),
+            call([5], [6], status="error"),
+            call([7], [8]),
+        ],
+    }
+    (sample,) = build_samples(trajectory, skipped=skipped)
+    assert sample.token_ids == [7, 8]
+    assert skipped == {"sampling unknown": 1, "logit_bias": 1, "failed": 1}
+
+
+def test_each_call_s_completion_is_where_its_penalties_count_output() -> None:
+    calls = [call([1, 2], [3, 4]), call([1, 2, 3, 4, 5], [6])]
+    (sample,) = build_samples({"id": "t", "calls": calls})
+    assert sample.completions == [(2, 4), (5, 6)]

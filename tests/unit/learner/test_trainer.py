@@ -8,7 +8,13 @@ from pathlib import Path
 import torch
 
 from learner.samples import Sample, Sampling
-from learner.trainer import Trainer, TrainerConfig, micro_batches, processed_logprobs
+from learner.trainer import (
+    Trainer,
+    TrainerConfig,
+    micro_batches,
+    processed_logprobs,
+    token_history,
+)
 
 
 def test_temperature_top_k_and_top_p_processing() -> None:
@@ -24,6 +30,52 @@ def test_temperature_top_k_and_top_p_processing() -> None:
     assert processed_logprobs(logits, torch.tensor([[3]]), Sampling(top_k=2)) == float("-inf")
     # top-p 0.5: token 0 alone holds ~0.64 of the mass, so only it survives
     assert float(processed_logprobs(logits, torch.tensor([[0]]), Sampling(top_p=0.5))) == 0.0
+
+
+def test_min_p_drops_tokens_below_its_share_of_the_top_probability() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    probs = torch.softmax(logits, -1)[0]
+    # min-p 0.3: token 2 has 0.13 of token 0's probability, token 1 0.37
+    kept = processed_logprobs(logits, torch.tensor([1]), Sampling(min_p=0.3))
+    assert math.isclose(float(kept), math.log(probs[1] / (probs[0] + probs[1])), rel_tol=1e-5)
+    assert processed_logprobs(logits, torch.tensor([2]), Sampling(min_p=0.3)) == float("-inf")
+
+
+def _penalised_by_hand(
+    logits: torch.Tensor, ids: list[int], t: int, start: int, sampling: Sampling
+) -> torch.Tensor:
+    """vLLM's penalties for the position t of `ids`, one token at a time."""
+    z = logits.clone()
+    output = ids[start : t + 1]
+    for token in set(ids[: t + 1]):
+        value = float(z[token])
+        penalty = sampling.repetition_penalty
+        z[token] = value / penalty if value > 0 else value * penalty
+    for token in set(output):
+        z[token] -= sampling.frequency_penalty * output.count(token)
+        z[token] -= sampling.presence_penalty
+    return torch.log_softmax(z / sampling.temperature, -1)
+
+
+def test_penalties_count_what_the_call_had_seen_as_vllm_does() -> None:
+    torch.manual_seed(0)
+    vocab = 7
+    # call 1: prompt [1, 2], output [3, 3]; call 2 extends it: tool token 5, output [3, 6, 1]
+    ids = [1, 2, 3, 3, 5, 3, 6, 1]
+    completions = [(2, 4), (5, 8)]
+    positions = torch.tensor([1, 2, 4, 5, 6])  # position t predicts ids[t + 1]
+    starts = torch.tensor([2, 2, 5, 5, 5])
+    logits = torch.randn(len(positions), vocab) * 2
+    targets = torch.tensor([ids[t + 1] for t in positions.tolist()])
+    sampling = Sampling(
+        temperature=0.7, repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.2
+    )
+    history = token_history(torch.tensor(ids), positions, starts, vocab)
+    got = processed_logprobs(logits, targets, sampling, history)
+    for i, t in enumerate(positions.tolist()):
+        start = next(s for s, e in completions if s <= t + 1 < e)
+        expected = _penalised_by_hand(logits[i], ids, t, start, sampling)[targets[i]]
+        assert math.isclose(float(got[i]), float(expected), rel_tol=1e-5), (t, got[i], expected)
 
 
 PLAIN = Sampling()
