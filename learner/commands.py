@@ -17,6 +17,13 @@ def register(commands: Any) -> None:
     add_db(rollback)
     rollback.add_argument("--upstream", action="append", metavar="URL", help="vLLM replicas")
     rollback.set_defaults(func=cmd_rollback)
+    for name, verb in (("pin", "keep"), ("unpin", "no longer keep")):
+        pin = commands.add_parser(
+            name, help=f"{verb} a policy version's checkpoint whatever retention would delete"
+        )
+        pin.add_argument("version", metavar="VERSION")
+        add_db(pin)
+        pin.set_defaults(func=cmd_pin, pinned=name == "pin")
     _add_regrade(commands)
 
 
@@ -37,6 +44,13 @@ def _add_learn(commands: Any) -> None:
     learn.add_argument("--model", metavar="DIR", help="base model directory vLLM was started on")
     learn.add_argument(
         "--checkpoints", metavar="DIR", help="where checkpoints go (default checkpoints)"
+    )
+    learn.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        metavar="K",
+        help="keep the checkpoints of the last K verified versions, besides the serving one, "
+        "its parent and pinned ones (`onthejob pin`); delete the rest (default 3)",
     )
     learn.add_argument(
         "--grader",
@@ -154,6 +168,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
         lora_alpha=args.lora_alpha,
         model=args.model,
         checkpoints=args.checkpoints,
+        keep_checkpoints=args.keep_checkpoints,
         graders=args.grader,
         tasks=args.tasks,
         keys=args.keys,
@@ -191,6 +206,22 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     finally:
         engine.dispose()
     print(f"serving the weights of {args.version} as {label}")
+    return 0
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    from learner.versions import VersionError, pin_version
+    from proxy.store import db
+
+    config = learner_config(args, model="-")
+    engine = db.make_engine(config.database_url)
+    try:
+        pin_version(engine, args.version, pinned=args.pinned)
+    except VersionError as exc:
+        raise SystemExit(f"onthejob {args.command}: {exc}") from exc
+    finally:
+        engine.dispose()
+    print(f"{args.version} {'pinned' if args.pinned else 'unpinned'}")
     return 0
 
 

@@ -15,6 +15,9 @@ class LearnerConfig:
     upstreams: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8000"])
     model: str = ""  # the base model directory (what vLLM was started with)
     checkpoints: str = "checkpoints"
+    # retention (learner/retention.py): the last this many verified versions keep their
+    # checkpoints, besides the serving one, its parent and pinned ones
+    keep_checkpoints: int = 3
     graders: list[str] = field(default_factory=lambda: ["reference"])
     tasks: str | None = None  # JSONL task table loaded into the database at start
     # learn only from the traffic of these client keys (by name; every call of a trajectory

@@ -27,7 +27,7 @@ import torch
 from sqlalchemy.exc import DBAPIError
 from tqdm import tqdm
 
-from learner import control, grading, lease, queries
+from learner import control, grading, lease, queries, retention
 from learner.checkpoint import load_model, save_checkpoint
 from learner.config import LearnerConfig
 from learner.fence import Fence
@@ -505,6 +505,7 @@ class Learner:
                 with self.engine.connect() as conn:
                     self.serving = queries.version(conn, version=version)
                 self._needs_restore = not result.opened
+                self._prune()
                 return result
             metrics.update(
                 swap_seconds=result.swap_seconds, max_logprob_diff=result.max_logprob_diff
@@ -526,7 +527,20 @@ class Learner:
             log.error("version %s failed (%s); %s keeps serving", version, result.error, parent)
             self._reload_trainer()
             self._needs_restore = not result.restored
+            self._prune()
             return result
+
+    def _prune(self) -> None:
+        """Checkpoint retention, under the publish lease the caller holds."""
+        try:
+            retention.prune(
+                self.engine,
+                checkpoints=self.checkpoints,
+                keep_last=self.config.keep_checkpoints,
+                upstreams=self.config.upstreams,
+            )
+        except OSError as exc:
+            log.warning("checkpoint retention failed (tried again next step): %s", exc)
 
     def _record_step(
         self,

@@ -374,6 +374,37 @@ def version(conn: Connection, *, version: str) -> dict[str, Any] | None:
     return None if row is None else dict(row._mapping)
 
 
+def versions_with_checkpoints(conn: Connection) -> list[dict[str, Any]]:
+    """Every version that names a checkpoint, with what retention decides by."""
+    rows = conn.execute(
+        select(
+            PolicyVersion.version,
+            PolicyVersion.ordinal,
+            PolicyVersion.parent,
+            PolicyVersion.status,
+            PolicyVersion.checkpoint_path,
+            PolicyVersion.pinned,
+            PolicyVersion.checkpoint_deleted_at,
+        ).where(PolicyVersion.checkpoint_path.is_not(None))
+    )
+    return [dict(r._mapping) for r in rows]
+
+
+def mark_checkpoints_deleted(conn: Connection, *, versions: Sequence[str]) -> None:
+    for start in range(0, len(versions), 500):
+        conn.execute(
+            update(PolicyVersion)
+            .where(PolicyVersion.version.in_(list(versions[start : start + 500])))
+            .values(checkpoint_deleted_at=now())
+        )
+
+
+def set_pinned(conn: Connection, *, version: str, pinned: bool) -> None:
+    conn.execute(
+        update(PolicyVersion).where(PolicyVersion.version == version).values(pinned=pinned)
+    )
+
+
 def last_step(conn: Connection) -> int:
     value = conn.execute(select(func.max(TrainingStep.step))).scalar()
     return 0 if value is None else int(value)

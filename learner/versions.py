@@ -153,6 +153,22 @@ def _serve(
     return label
 
 
+def pin_version(engine: Engine, version: str, *, pinned: bool) -> None:
+    """Keep (or no longer keep) a version's checkpoint whatever retention would delete.
+    Under the publish lease, which retention runs under too: a pin is never raced."""
+    try:
+        with lease.held(engine, lease.holder_name("pin"), wait=30.0):
+            with engine.begin() as conn:
+                target = queries.version(conn, version=version)
+                if target is None:
+                    raise UnknownVersion(f"no policy version {version!r}")
+                if pinned and target.get("checkpoint_deleted_at") is not None:
+                    raise VersionError(f"version {version!r}: its checkpoint is deleted already")
+                queries.set_pinned(conn, version=version, pinned=pinned)
+    except lease.LeaseBusy as exc:
+        raise VersionError(str(exc)) from None
+
+
 def _check(
     target: dict[str, Any] | None, current: dict[str, Any] | None, version: str, action: str
 ) -> None:
@@ -160,6 +176,11 @@ def _check(
         raise UnknownVersion(f"no policy version {version!r}")
     if not target["checkpoint_path"]:
         raise VersionError(f"version {version!r} has no checkpoint to serve")
+    if target.get("checkpoint_deleted_at") is not None:
+        raise VersionError(
+            f"version {version!r}: checkpoint retention deleted its checkpoint (pin versions "
+            "to keep them: `onthejob pin`)"
+        )
     if target["ordinal"] is None:
         raise VersionError(f"version {version!r} failed verification; it cannot serve")
     if current is not None and current["version"] == version:

@@ -433,6 +433,15 @@ def test_versions_listed_with_rewards_and_guarded(api: httpx.Client, engine: Eng
     assert "no policy version" in error_of(api.post("/versions/nope/rollback"), 404)
     assert "already serving" in error_of(api.post("/versions/v1/promote"), 409)
     assert "no checkpoint" in error_of(api.post("/versions/v0/rollback"), 409)
+    # pinned: retention keeps its checkpoint; a deleted one cannot be pinned or served again
+    assert api.put("/versions/v1/pin").json() == {"ok": True, "version": "v1", "pinned": True}
+    assert api.get("/versions").json()["items"][0]["pinned"] is True
+    assert api.delete("/versions/v1/pin").json()["pinned"] is False
+    assert "no policy version" in error_of(api.put("/versions/nope/pin"), 404)
+    with engine.begin() as conn:
+        queries.mark_checkpoints_deleted(conn, versions=["v1"])
+    assert api.get("/versions").json()["items"][0]["has_checkpoint"] is False
+    assert "deleted already" in error_of(api.put("/versions/v1/pin"), 409)
 
 
 def test_learner_pause_and_knobs_reach_the_learner(

@@ -33,6 +33,8 @@ OPERATIONS = [
     "GET /versions",
     "POST /versions/{v}/rollback",
     "POST /versions/{v}/promote",
+    "PUT /versions/{v}/pin",
+    "DELETE /versions/{v}/pin",
     "GET /learner",
     "POST /learner/pause",
     "POST /learner/resume",

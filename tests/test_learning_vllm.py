@@ -64,6 +64,18 @@ def wait_for_step(engine, step: int, learner: subprocess.Popen, log: Path) -> No
         time.sleep(0.2)
 
 
+def pin(engine, pg_url: str) -> None:
+    with engine.connect() as conn:
+        first = conn.execute(select(TrainingStep.version).where(TrainingStep.step == 1)).scalar()
+    pinned = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "pin", first, "--db", pg_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert pinned.returncode == 0, pinned.stderr
+
+
 def test_traffic_through_the_proxy_makes_the_model_better(
     vllm, tiny_model: Path, pg_url: str, start_proxy, tmp_path: Path
 ):
@@ -108,6 +120,9 @@ def test_traffic_through_the_proxy_makes_the_model_better(
             # each round is fresh traffic from the version being served
             curve.append(mean(asyncio.run(traffic(base, vllm.model_name, rounds=1))))
             wait_for_step(engine, step, learner, tmp_path / "learner.log")
+            if step == 1:
+                # kept whatever retention deletes: the operator rolls back to it at the end
+                pin(engine, pg_url)
             if step == STEPS // 2:
                 # a crash half-way: the new learner resumes from the database and checkpoints
                 learner.kill()
@@ -138,6 +153,10 @@ def test_traffic_through_the_proxy_makes_the_model_better(
         assert versions[-1].status == "serving"
         assert httpx.get(vllm.url + "/weight_info").json()["weight_version"] == latest
         assert set(latest_calls) == {latest}  # records after the swap carry the new version
+        # retention kept the disk bounded: base, the last 3 verified (the serving one and its
+        # parent among them), the pinned first step
+        kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir())
+        assert len(kept) == 5 and "base" in kept and dict(steps)[1] in kept, kept
 
         # an operator rolls back to an earlier version: served as a new version
         first = dict(steps)[1]

@@ -220,6 +220,10 @@ class PolicyVersion(Base):
     # the verified probe: {"token_ids", "logprobs", "tolerance"}; serving this version again
     # is verified against it, so nobody needs to load the model for a rollback
     probe: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # an operator's pin keeps its checkpoint whatever retention would delete
+    # (learner/retention.py); when retention deleted it (the version can serve no more)
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    checkpoint_deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class PublishLease(Base):

@@ -1,4 +1,4 @@
-"""Policy versions: list with metrics and rewards; promote or roll back one.
+"""Policy versions: list with metrics and rewards; promote or roll back one; pin one.
 
 Both serve the chosen version's checkpoint again through learner.versions.serve_version (the
 same code as `onthejob rollback`): under the publish lease, so never at the same time as the
@@ -16,7 +16,7 @@ from fastapi import APIRouter, Path, Query
 from sqlalchemy import Engine, func, select
 
 from learner import queries
-from learner.versions import VersionError, serve_version
+from learner.versions import VersionError, pin_version, serve_version
 from proxy.admin.deps import EngineDep, StateDep
 from proxy.admin.errors import AdminError
 from proxy.admin.schemas import Key
@@ -40,7 +40,8 @@ def _version_row(row: dict[str, Any], rewards: dict[str | None, Any], calls: dic
         "swap_seconds": row["swap_seconds"],
         "error": row["error"],
         "metrics": row["metrics"],
-        "has_checkpoint": bool(row["checkpoint_path"]),
+        "has_checkpoint": bool(row["checkpoint_path"]) and row["checkpoint_deleted_at"] is None,
+        "pinned": bool(row["pinned"]),
         "calls": calls.get(row["version"], 0),
         "trajectories_graded": reward.get("trajectories", 0),
         "mean_reward": reward.get("mean_reward"),
@@ -94,3 +95,23 @@ async def promote(engine: EngineDep, state: StateDep, version: VersionKey) -> di
     """Like rollback, but also to a version newer than the serving one (e.g. back to the
     newest after a rollback)."""
     return await _swap(state, engine, version, "promote")
+
+
+async def _pin(engine: Engine, version: str, pinned: bool) -> dict[str, Any]:
+    try:
+        await asyncio.to_thread(pin_version, engine, version, pinned=pinned)
+    except VersionError as exc:
+        raise AdminError(exc.status, str(exc)) from None
+    return {"ok": True, "version": version, "pinned": pinned}
+
+
+@router.put("/versions/{version}/pin", summary="Keep a version's checkpoint (retention)")
+async def pin(engine: EngineDep, version: VersionKey) -> dict[str, Any]:
+    """Checkpoint retention never deletes a pinned version's checkpoint, so it can always be
+    rolled back to (learner/retention.py)."""
+    return await _pin(engine, version, True)
+
+
+@router.delete("/versions/{version}/pin", summary="Let retention delete it again")
+async def unpin(engine: EngineDep, version: VersionKey) -> dict[str, Any]:
+    return await _pin(engine, version, False)
