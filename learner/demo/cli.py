@@ -71,20 +71,33 @@ def register(commands: Any) -> None:
         help="where warmed-up demo models are cached (default WORKDIR/models)",
     )
     demo.add_argument(
-        "--warmup-steps",
+        "--warmup-max-steps",
         type=int,
-        help="skill-phase warm-up steps of the tiny model (default 1500)",
+        help="most skill-phase warm-up steps before the demo gives up (default 3000); the "
+        "warm-up ends as soon as its probe shows the skill",
+    )
+    demo.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="the harness's sampling temperature (default 1.0; GRPO needs varied samples)",
+    )
+    demo.add_argument(
+        "--no-band-check",
+        dest="band_check",
+        action="store_false",
+        help="go on even when held-out success before learning is outside the learnable band",
     )
     demo.set_defaults(func=cmd_demo)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from learner.demo.run import DemoConfig, run_demo
+    from learner.demo.run import DemoConfig, DemoStopped, run_demo
     from learner.demo.warmup import WarmupSettings
 
     warmup = dataclasses.replace(WarmupSettings(), seed=args.seed)
-    if args.warmup_steps is not None:
-        warmup = dataclasses.replace(warmup, steps=args.warmup_steps)
+    if args.warmup_max_steps is not None:
+        warmup = dataclasses.replace(warmup, max_steps=args.warmup_max_steps)
     config = DemoConfig(
         workdir=args.workdir,
         port=args.port,
@@ -101,11 +114,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
         learning_rate=args.learning_rate,
         batch_trajectories=args.batch_trajectories,
         step_wait=args.step_wait,
+        temperature=args.temperature,
+        band_check=args.band_check,
         warmup=warmup,
         model_cache=args.model_cache,
     )
     try:
         run_demo(config)
+    except DemoStopped as stopped:
+        print(f"[demo] stopped: {stopped}", flush=True)
+        return 1
     except KeyboardInterrupt:
         print("\n[demo] interrupted; every process it started has been stopped", flush=True)
         return 130

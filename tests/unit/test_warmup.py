@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
+from learner.demo.probe import Episode, parse_tool_call, probe_tasks, summarise
 from learner.demo.tasks import (
     DECLINE,
     KINDS,
@@ -17,24 +19,34 @@ from learner.demo.tasks import (
     write_jsonl,
 )
 from learner.demo.warmup import (
+    WarmupFailed,
     WarmupSettings,
     build_demo_model,
     encode_dialogue,
-    parse_tool_call,
+    read_info,
     warmup_dialogues,
 )
 from learner.graders.tasks import TaskTable
 
-# A warm-up that takes a second: the cache, not the competence, is under test here.
+# A warm-up that takes seconds, with targets any model meets: the cache and the gating,
+# not the competence, are under test here.
 CHEAP = WarmupSettings(
     hidden_size=64,
-    num_heads=2,
-    num_kv_heads=1,
     intermediate_size=128,
     steps=3,
-    habit_steps=2,
+    max_steps=3,
+    first_probe=3,
     batch_size=4,
+    habit_chunk=2,
+    max_habit_steps=2,
+    skill_target=0.0,
+    decline_band=(0.0, 1.0),
+    skill_floor=0.0,
+    probe_tasks=4,
+    probe_samples=1,
 )
+# ... and the same with a target no 3-step model meets
+HOPELESS = dataclasses.replace(CHEAP, skill_target=0.99)
 
 
 def test_task_sets_are_seeded_disjoint_and_correct() -> None:
@@ -110,8 +122,11 @@ def test_only_the_habit_phase_declines_and_at_about_its_share() -> None:
 def test_warmup_builds_once_and_caches(tmp_path: Path) -> None:
     first = build_demo_model(tmp_path, CHEAP, exclude=["How many days are in 3 weeks?"])
     info = json.loads((first / "warmup.json").read_text())
-    assert info["settings"]["steps"] == 3 and len(info["loss_curve"]) == 3
+    assert info["passed"] and len(info["loss_curve"]) == 3
     assert len(info["habit_loss_curve"]) == 2
+    # the probe's verdicts are recorded with the model: one per phase here
+    assert [(p["phase"], p["step"]) for p in info["probes"]] == [("skill", 3), ("habit", 2)]
+    assert info["probe"] == info["probes"][-1] and info["probe"]["episodes"] == 4
     stamp = (first / "model.safetensors").stat().st_mtime_ns
     # same settings and exclusions: the cached directory, untouched
     again = build_demo_model(tmp_path, CHEAP, exclude=["How many days are in 3 weeks?"])
@@ -130,7 +145,7 @@ def test_warmed_model_directory_is_servable(tmp_path: Path) -> None:
     with safe_open(str(model_dir / "model.safetensors"), "pt") as weights:
         assert "lm_head.weight" in set(weights.keys())  # vLLM's reload needs it explicitly
     config = json.loads((model_dir / "config.json").read_text())
-    assert config["hidden_size"] // config["num_attention_heads"] >= 32
+    assert config["hidden_size"] // config["num_attention_heads"] >= 32  # vLLM-CPU's floor
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     # numbers are single tokens; the tool-call tags survive as text
     assert len(tokenizer("427", add_special_tokens=False)["input_ids"]) == 1
@@ -145,3 +160,56 @@ def test_warmed_model_directory_is_servable(tmp_path: Path) -> None:
         + train[0]["answer"]
         + "<|im_end|>"
     )
+
+
+def test_a_build_that_misses_its_targets_fails_plainly_and_is_rebuilt(tmp_path: Path) -> None:
+    with pytest.raises(WarmupFailed, match="did not reach its targets") as failed:
+        build_demo_model(tmp_path, HOPELESS)
+    assert not failed.value.info["passed"]
+    assert "skill phase: after 3 steps" in failed.value.info["reason"]
+    (kept,) = tmp_path.iterdir()
+    recorded = read_info(kept)
+    assert recorded is not None and recorded["passed"] is False
+    assert len(recorded["probes"]) == 1 and recorded["habit_loss_curve"] == []  # no habit
+    stamp = (kept / "model.safetensors").stat().st_mtime_ns
+    # a failed build in the cache is not reused: asked again, it is built again
+    with pytest.raises(WarmupFailed):
+        build_demo_model(tmp_path, HOPELESS)
+    assert (kept / "model.safetensors").stat().st_mtime_ns != stamp
+
+
+def test_probe_questions_are_seeded_distinct_and_never_excluded() -> None:
+    first = probe_tasks(0, 64)
+    assert first == probe_tasks(0, 64) and first != probe_tasks(1, 64)
+    assert len({t["prompt"] for t in first}) == 64
+    train, heldout = make_task_sets(0, 200, 60)
+    excluded = {t["prompt"] for t in train + heldout}
+    assert not {t["prompt"] for t in probe_tasks(0, 64, excluded)} & excluded
+
+
+def test_probe_counts_success_declines_and_skill() -> None:
+    task = {"prompt": "q", "answer": "12"}
+    episodes = [
+        Episode(task, called=True, answer="12"),
+        Episode(task, called=True, answer="13"),
+        Episode(task, called=False, answer="Sorry"),
+        Episode(task, called=False, answer="12"),  # right without the tool: a success
+    ]
+    result = summarise(episodes, temperature=1.0)
+    assert (result.success, result.declined, result.skill) == (0.5, 0.5, 0.5)
+
+
+def test_habit_gate_needs_the_band_and_the_skill() -> None:
+    settings = WarmupSettings()
+    good = summarise(
+        [Episode({"answer": "1"}, True, "1")] * 3 + [Episode({"answer": "1"}, False, "x")] * 7, 1.0
+    )
+    assert settings.habit_reached(good)  # 70% declined, every tool use right
+    too_few = summarise(
+        [Episode({"answer": "1"}, True, "1")] * 6 + [Episode({"answer": "1"}, False, "x")] * 4, 1.0
+    )
+    assert not settings.habit_reached(too_few)
+    unskilled = summarise(
+        [Episode({"answer": "1"}, True, "2")] * 3 + [Episode({"answer": "1"}, False, "x")] * 7, 1.0
+    )
+    assert not settings.habit_reached(unskilled)
