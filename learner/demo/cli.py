@@ -33,7 +33,7 @@ def register(commands: Any) -> None:
     )
     demo.add_argument("--seed", type=int, default=0, help="task sets and warm-up (default 0)")
     demo.add_argument(
-        "--minutes", type=float, default=6.0, help="time for training rounds (default 6)"
+        "--minutes", type=float, default=4.0, help="time for training rounds (default 4)"
     )
     demo.add_argument("--max-steps", type=int, help="or stop after this many learner steps")
     demo.add_argument("--train-tasks", type=int, default=200, help="(default 200)")
@@ -56,8 +56,8 @@ def register(commands: Any) -> None:
     demo.add_argument(
         "--batch-trajectories",
         type=int,
-        default=16,
-        help="learner trains once this many runs carry a signal (default 16)",
+        default=8,
+        help="learner trains once this many runs carry a signal (default 8: one group)",
     )
     demo.add_argument(
         "--step-wait",

@@ -59,7 +59,7 @@ class DemoConfig:
     port: int = 8080
     model: str | None = None  # PATH or Hugging Face id; None: the warmed-up tiny model
     seed: int = 0
-    minutes: float = 6.0  # time for the training rounds
+    minutes: float = 4.0  # time for the training rounds
     max_steps: int | None = None  # or stop after this many learner steps
     train_tasks: int = 200
     heldout_tasks: int = 50
@@ -68,7 +68,7 @@ class DemoConfig:
     group_size: int = 8
     concurrency: int = 8
     learning_rate: float = 1e-4  # 2e-4 and up made the warmed-up model worse
-    batch_trajectories: int = 16
+    batch_trajectories: int = 8  # one group with a signal: a step (and a swap) per group
     # after a round, wait up to this long for the learner's step and its version to serve,
     # so the next round samples from the newest policy (on-policy GRPO learns fastest)
     step_wait: float = 60.0
