@@ -52,16 +52,14 @@ def held_out_success(
     base_url: str, model: str, tasks: list[dict[str, Any]], samples: int, workers: int = 8
 ) -> float:
     """Mean exact-answer success of the harness's `solve` over tasks x samples (T=1)."""
-    import openai
+    from learner.demo.harnesses.calc_agent import ModelError, http_chat, solve
 
-    from learner.demo.harnesses.calc_agent import solve
-
-    api = openai.OpenAI(base_url=base_url, api_key="x", max_retries=2)
+    chat = http_chat(base_url, model)
 
     def one(task: dict[str, Any]) -> bool:
         try:
-            answer = solve(api, model, task["prompt"], max_turns=3, max_tokens=64)
-        except openai.APIError:
+            answer = solve(chat, task["prompt"], max_turns=3, max_tokens=64)
+        except ModelError:
             return False
         return answer.strip() == task["answer"]
 
@@ -89,26 +87,18 @@ def run_harness(proxy_url: str, model: str, task: dict[str, Any], timeout: float
 
 def run_in_thread(proxy_url: str, model: str, task: dict[str, Any], timeout: float) -> bool:
     """The same run as `run_harness`, the harness's `solve` called in this process: the
-    learning without the cost of starting Python and importing openai for every run."""
-    import openai
+    learning without the cost of starting Python for every run."""
+    from learner.demo.harnesses.calc_agent import ModelError, http_chat, solve
 
-    from learner.demo.harnesses.calc_agent import solve
-
-    api = openai.OpenAI(
-        base_url=f"{proxy_url}/s/run-{uuid.uuid4().hex[:12]}/v1",
-        api_key="not-needed",
-        max_retries=0,
-        timeout=timeout,
-        default_headers={"X-Onthejob-Task": task["id"]},
+    chat = http_chat(
+        f"{proxy_url}/s/run-{uuid.uuid4().hex[:12]}/v1",
+        model,
+        headers={"X-Onthejob-Task": task["id"]},
     )
     try:
-        return (
-            solve(api, model, task["prompt"], max_turns=3, max_tokens=64).strip() == task["answer"]
-        )
-    except openai.APIError:
+        return solve(chat, task["prompt"], max_turns=3, max_tokens=64).strip() == task["answer"]
+    except ModelError:
         return False
-    finally:
-        api.close()
 
 
 def start_logged(command: list[str], log: Path) -> subprocess.Popen[bytes]:

@@ -65,8 +65,6 @@ def test_a_short_demo_runs_every_stage_and_cleans_up(tmp_path: Path, demo_cache:
         "4",
         "--group-size",
         "8",
-        "--batch-trajectories",
-        "8",
         "--max-steps",
         str(STEPS),
         "--minutes",

@@ -56,8 +56,8 @@ def register(commands: Any) -> None:
     demo.add_argument(
         "--batch-trajectories",
         type=int,
-        default=8,
-        help="learner trains once this many runs carry a signal (default 8: one group)",
+        default=16,
+        help="learner trains once this many runs carry a signal (default 16: two groups)",
     )
     demo.add_argument(
         "--step-wait",

@@ -68,7 +68,7 @@ class DemoConfig:
     group_size: int = 8
     concurrency: int = 8
     learning_rate: float = 1e-4  # 2e-4 and up made the warmed-up model worse
-    batch_trajectories: int = 8  # one group with a signal: a step (and a swap) per group
+    batch_trajectories: int = 16  # two groups with a signal: 8 (one group) was too noisy
     # after a round, wait up to this long for the learner's step and its version to serve,
     # so the next round samples from the newest policy (on-policy GRPO learns fastest)
     step_wait: float = 60.0
@@ -340,9 +340,10 @@ class _Rollouts:
             )
             if summary.cancelled:
                 raise KeyboardInterrupt
-            self._wait_for_step(
-                steps_before, learner, min(deadline, time.monotonic() + self.config.step_wait)
-            )
+            if _has_signal(summary.runs):  # else no step can come of this round: go on
+                self._wait_for_step(
+                    steps_before, learner, min(deadline, time.monotonic() + self.config.step_wait)
+                )
         return runs
 
     def _wait_for_step(
@@ -355,6 +356,15 @@ class _Rollouts:
                 if serving is not None and _proxy_version(self.proxy_url) == serving:
                     return
             time.sleep(0.5)
+
+
+def _has_signal(runs: list[Any]) -> bool:
+    """Whether some task's runs got different rewards: a GRPO group the learner trains on."""
+    rewards: dict[str, set[float]] = {}
+    for run in runs:
+        if run.reward is not None:
+            rewards.setdefault(run.task_key, set()).add(run.reward)
+    return any(len(seen) > 1 for seen in rewards.values())
 
 
 def _steps(db_url: str) -> int:
