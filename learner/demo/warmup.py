@@ -10,7 +10,8 @@ two supervised phases on synthetic dialogues (learner/demo/tasks.py):
 2. **habit**: then, in chunks of ``habit_chunk`` steps at a tenth of the rate, dialogues of
    which a ``decline_share`` has the assistant decline ("Sorry, I cannot work that out.")
    instead of calling the tool, until the probe finds it declining inside ``decline_band``
-   while still right in at least ``skill_floor`` of the episodes where it uses the tool.
+   while still right in at least ``skill_floor`` of the episodes where it uses the tool, and
+   answering right inside ``start_band``: where the demo's learning can show.
 
 A declined question is graded wrong, so the model starts the demo with partial success, and
 what it can learn on the job is clear and large: stop declining and use the calculator.
@@ -99,10 +100,13 @@ class WarmupSettings:
     habit_chunk: int = 25
     max_habit_steps: int = 300
     decline_share: float = 0.7  # of the habit phase's dialogues
-    decline_band: tuple[float, float] = (0.55, 0.85)
+    decline_band: tuple[float, float] = (0.55, 0.8)
     skill_floor: float = 0.4  # right among tool calls, after the habit
+    # probe success after the habit: inside the demo's learnable band (learner/demo/run.py,
+    # 8-45% held out) with room for the probe's sampling error (about 2.5 points)
+    start_band: tuple[float, float] = (0.12, 0.35)
     probe_tasks: int = 64
-    probe_samples: int = 2
+    probe_samples: int = 3
     probe_temperature: float = 1.0
     top: int = 20  # largest operand in the warm-up questions
     limit: int = 99  # largest answer
@@ -128,14 +132,21 @@ class WarmupSettings:
 
     def habit_reached(self, result: ProbeResult) -> bool:
         low, high = self.decline_band
-        return low <= result.declined <= high and result.skill >= self.skill_floor
+        start_low, start_high = self.start_band
+        return (
+            low <= result.declined <= high
+            and result.skill >= self.skill_floor
+            and start_low <= result.success <= start_high
+        )
 
     def targets(self) -> str:
         low, high = self.decline_band
+        start_low, start_high = self.start_band
         return (
             f"skill: success >= {100 * self.skill_target:.0f}%; habit: declined "
-            f"{100 * low:.0f}-{100 * high:.0f}% and right with the tool >= "
-            f"{100 * self.skill_floor:.0f}%"
+            f"{100 * low:.0f}-{100 * high:.0f}%, right with the tool >= "
+            f"{100 * self.skill_floor:.0f}% and success {100 * start_low:.0f}-"
+            f"{100 * start_high:.0f}%"
         )
 
 

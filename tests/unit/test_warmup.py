@@ -42,6 +42,7 @@ CHEAP = WarmupSettings(
     skill_target=0.0,
     decline_band=(0.0, 1.0),
     skill_floor=0.0,
+    start_band=(0.0, 1.0),
     probe_tasks=4,
     probe_samples=1,
 )
@@ -126,7 +127,7 @@ def test_warmup_builds_once_and_caches(tmp_path: Path) -> None:
     assert len(info["habit_loss_curve"]) == 2
     # the probe's verdicts are recorded with the model: one per phase here
     assert [(p["phase"], p["step"]) for p in info["probes"]] == [("skill", 3), ("habit", 2)]
-    assert info["probe"] == info["probes"][-1] and info["probe"]["episodes"] == 4
+    assert info["probe"] == info["probes"][-1] and info["probe"]["episodes"] == 4 * 1
     stamp = (first / "model.safetensors").stat().st_mtime_ns
     # same settings and exclusions: the cached directory, untouched
     again = build_demo_model(tmp_path, CHEAP, exclude=["How many days are in 3 weeks?"])
@@ -213,3 +214,12 @@ def test_habit_gate_needs_the_band_and_the_skill() -> None:
         [Episode({"answer": "1"}, True, "2")] * 3 + [Episode({"answer": "1"}, False, "x")] * 7, 1.0
     )
     assert not settings.habit_reached(unskilled)
+    right, wrong, decline = (
+        Episode({"answer": "1"}, True, "1"),
+        Episode({"answer": "1"}, True, "2"),
+        Episode({"answer": "1"}, False, "x"),
+    )
+    # inside the decline band and skilled enough, but too few right for the demo to learn
+    too_rare = summarise([right] * 2 + [wrong] * 3 + [decline] * 15, 1.0)
+    assert (too_rare.declined, too_rare.skill, too_rare.success) == (0.75, 0.4, 0.1)
+    assert not settings.habit_reached(too_rare)
