@@ -50,8 +50,11 @@ $(CLIS_STAMP):
 	  @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION) @openai/codex@$(CODEX_VERSION)
 	touch $(CLIS_STAMP)
 
+# e.g. make demo DEMO_ARGS="--seed 1"
+DEMO_ARGS ?=
+
 demo: $(STAMP)
-	$(VENV)/bin/onthejob demo
+	$(VENV)/bin/onthejob demo $(DEMO_ARGS)
 
 test: $(STAMP) browser clis
 	$(VENV)/bin/python -m pytest

@@ -93,8 +93,8 @@ class WarmupSettings:
     max_steps: int = 3000  # skill-phase cap
     batch_size: int = 16
     learning_rate: float = 3e-3
-    skill_target: float = 0.5  # probe success that ends the skill phase
-    first_probe: int = 250
+    skill_target: float = 0.45  # probe success that ends the skill phase
+    first_probe: int = 1000  # the end of the first cycle: a model probed earlier passed weak
     probe_every: int = 250
     habit_learning_rate: float = 3e-4  # 1e-3 unlearned the skill along with teaching the habit
     habit_chunk: int = 25
@@ -335,8 +335,10 @@ def _habit_phase(
     dialogues: Iterator[list[dict[str, Any]]],
     check: Callable[[str, int], ProbeResult],
 ) -> tuple[bool, str]:
-    """Teach the decline habit in short chunks until the probe puts it inside the band."""
-    trainer.reset_optimizer(settings.habit_learning_rate)
+    """Teach the decline habit in short chunks until the probe puts it inside the band.
+    The skill phase's optimizer goes on (its moment estimates are what keep the steps small:
+    a fresh AdamW moved every weight by its full rate from the first step, and 25 such steps
+    at 1e-4 halved the skill)."""
     rate = settings.habit_learning_rate
     step = 0
     result: ProbeResult | None = None
