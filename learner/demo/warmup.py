@@ -68,7 +68,7 @@ from learner.demo.tiny_model import CHAT_TEMPLATE
 log = logging.getLogger("onthejob.warmup")
 
 # Bump when the recipe (data, tokenizer, training, probe) changes, so stale caches rebuild.
-RECIPE_VERSION = 4
+RECIPE_VERSION = 5
 _MARKER = "warmup.json"
 _IM_START, _IM_END, _EOT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 _TOOL_CALL_TAGS = ["<tool_call>", "</tool_call>"]
