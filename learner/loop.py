@@ -8,9 +8,10 @@ keeps serving and the trainer returns to its weights. Publishing holds the publi
 
 Invariant: a step is recorded, with the trajectories it trained on, in the transaction that
 records its version, before anyone is served by it; whatever interrupts a step before that
-(a crash, the database going away, an operator's rollback) leaves its batch untrained and
-the trainer back on the serving weights, so no step is lost or done twice. Everything the
-learner needs to resume lives in the database and the checkpoints.
+(a crash, the database going away, an operator's rollback) leaves its batch untrained, the
+running baselines without its rewards and the trainer back on the serving weights, so no
+step is lost or done twice. Everything the learner needs to resume lives in the database
+and the checkpoints.
 """
 
 from __future__ import annotations
@@ -381,19 +382,25 @@ class Learner:
             for r in rows
             if r["policy_version"] in ordinals
         ]
-        # on a copy: the same rows come back at every poll until a step consumes them
+        # on a copy: the same rows come back at every poll until a step consumes them, and
+        # the learner takes the copy only once a record says so (a step tried again after a
+        # fault must not fold its rewards in twice)
         baselines = RunningBaselines.from_state(self.baselines.state())
         advantaged, group_metrics = compute_advantages(
             scored, current_version_index=current, baselines=baselines, config=self.grouping
         )
         if len(advantaged) < self.config.batch_trajectories:
             return False
-        self.baselines = baselines
-        self._train(advantaged, [s.trajectory_id for s in scored] + unknown, group_metrics)
+        considered = [s.trajectory_id for s in scored] + unknown
+        self._train(advantaged, considered, group_metrics, baselines)
         return True
 
     def _train(
-        self, advantaged: list[Any], considered: list[str], group_metrics: dict[str, float]
+        self,
+        advantaged: list[Any],
+        considered: list[str],
+        group_metrics: dict[str, float],
+        baselines: RunningBaselines,
     ) -> None:
         assert self.trainer is not None and self.publisher is not None and self.serving
         advantage_of = {a.trajectory_id: a.advantage for a in advantaged}
@@ -422,19 +429,20 @@ class Learner:
             # nothing trainable (all truncated or without captured tokens): no new version
             with self.engine.begin() as conn:
                 queries.mark_trained(conn, trajectory_ids=considered, step=-1)
-                queries.set_state(conn, "baselines", self.baselines.state())
+                queries.set_state(conn, "baselines", baselines.state())
+            self.baselines = baselines
             log.info("batch of %d trajectories had nothing to train on", len(considered))
             return
         try:
-            result = self._publish_step(step, metrics, considered)
+            result = self._publish_step(step, metrics, considered, baselines)
         except BaseException:
-            # the optimizer stepped, but no record says so: back to the serving weights, so
-            # the step is neither lost nor done twice (its batch is trained again)
-            self._reload_trainer()
+            if self.step < step:
+                # the optimizer stepped, but no record says so: back to the serving weights,
+                # so the step is neither lost nor done twice (its batch is trained again)
+                self._reload_trainer()
             raise
         if result is None:
             return  # an operator changed what serves meanwhile: trained again from there
-        self.step = step
         log.info(
             "step %d: %d samples, %d tokens, reward %.3f, lr %.3g, loss %.4f, clip %.3f, "
             "mismatch-kl %.2e, swap %.2fs -> %s",
@@ -451,10 +459,16 @@ class Learner:
         )
 
     def _publish_step(
-        self, step: int, metrics: dict[str, Any], considered: list[str]
+        self,
+        step: int,
+        metrics: dict[str, Any],
+        considered: list[str],
+        baselines: RunningBaselines,
     ) -> PublishResult | None:
         """Checkpoint, publish and record one step under the publish lease; None when an
-        operator changed what serves while it trained (the step is dropped)."""
+        operator changed what serves while it trained (the step is dropped). The learner's
+        step, serving version and baselines follow the record as soon as it commits, so
+        that nothing after it (the store or vLLM going away) can make it train again."""
         assert self.trainer is not None and self.publisher is not None and self.serving
         self.activity = f"publishing step {step}"
         with lease.held(self.engine, self.holder, wait=LEASE_WAIT):
@@ -492,7 +506,9 @@ class Learner:
                         metrics=metrics,
                         probe=None if result.fingerprint is None else result.fingerprint.state(),
                     )
-                    self._record_step(conn, step, version, metrics, considered)
+                    self._record_step(conn, step, version, metrics, considered, baselines)
+                    recorded = queries.version(conn, version=version)
+                self.step, self.serving, self.baselines = step, recorded, baselines
 
             try:
                 result = self.publisher.publish(
@@ -502,8 +518,6 @@ class Learner:
                 self._needs_restore = True  # the replicas may still be fenced off
                 raise
             if result.ok:
-                with self.engine.connect() as conn:
-                    self.serving = queries.version(conn, version=version)
                 self._needs_restore = not result.opened
                 self._prune()
                 return result
@@ -523,7 +537,8 @@ class Learner:
                     error=result.error,
                     metrics=metrics,
                 )
-                self._record_step(conn, step, None, metrics, considered)
+                self._record_step(conn, step, None, metrics, considered, baselines)
+            self.step, self.baselines = step, baselines
             log.error("version %s failed (%s); %s keeps serving", version, result.error, parent)
             self._reload_trainer()
             self._needs_restore = not result.restored
@@ -549,10 +564,11 @@ class Learner:
         version: str | None,
         metrics: dict[str, Any],
         considered: list[str],
+        baselines: RunningBaselines,
     ) -> None:
         queries.add_step(conn, step=step, version=version, metrics=metrics)
         queries.mark_trained(conn, trajectory_ids=considered, step=step)
-        queries.set_state(conn, "baselines", self.baselines.state())
+        queries.set_state(conn, "baselines", baselines.state())
 
     def _publisher(self, source: Path) -> FullReloadPublisher:
         assert self.serving is not None

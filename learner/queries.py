@@ -241,7 +241,8 @@ def trainable_grades(conn: Connection, *, keys: Sequence[str] = ()) -> list[dict
         .join(Trajectory, Trajectory.id == Grade.trajectory_id)
         .where(Grade.trained_in_step.is_(None), Grade.reward.is_not(None))
         .where(only_keys(keys) if keys else true())
-        .order_by(Grade.graded_at)
+        # a fixed order: the running baselines fold rewards in it, on every run alike
+        .order_by(Grade.graded_at, Grade.trajectory_id)
     )
     return [dict(r._mapping) for r in rows]
 
