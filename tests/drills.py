@@ -12,19 +12,23 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from safetensors.torch import load_file, save_file
 from sqlalchemy import Engine, func, select
 
+from learner import queries
 from learner.checkpoint import WEIGHTS_FILE
 from learner.config import LearnerConfig
 from learner.control import read_heartbeat
 from learner.demo.vllm_server import VLLMServer
+from learner.grouping import RunningBaselines
 from learner.loop import Learner
+from learner.trainer import Trainer
 from proxy.store.models import Call, Grade, PolicyVersion, SwapGate, TrainingStep, Trajectory
 from tests.proxy_server import ProxyServer
 
@@ -235,12 +239,20 @@ def assert_invariants(engine: Engine, answered: Counter[str] | None = None) -> N
     assert not closed, f"replicas left fenced off: {closed}"
 
 
-def learn_command(db_url: str, vllm: VLLMServer, model: Path, tmp: Path, *extra: str) -> list[str]:
-    """`onthejob learn` as the drills run it in a process of its own."""
+def learn_command(
+    db_url: str,
+    vllm: VLLMServer,
+    model: Path,
+    tmp: Path,
+    *extra: str,
+    entry: Sequence[str] = ("proxy.cli",),
+) -> list[str]:
+    """`onthejob learn` as the drills run it in a process of its own (`entry`: the module
+    run with its arguments, tests.held_learner to hold the first step)."""
     return [
         sys.executable,
         "-m",
-        "proxy.cli",
+        *entry,
         "learn",
         "--db",
         db_url,
@@ -280,6 +292,47 @@ def graded_count(engine: Engine, sessions: list[str]) -> int:
         )
 
 
+def trained_in(engine: Engine, sessions: list[str]) -> dict[str, int | None]:
+    """The step that trained each session's graded trajectory (None: still pending)."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(Trajectory.session_key, Grade.trained_in_step)
+            .join(Grade, Grade.trajectory_id == Trajectory.id)
+            .where(Trajectory.session_key.in_(sessions))
+        ).all()
+    assert len(rows) == len({session for session, _ in rows}), rows
+    return {str(session): step for session, step in rows}
+
+
+def assert_baselines_count_each_reward_once(engine: Engine) -> None:
+    """The running baselines the store keeps are every trained reward folded in once, step
+    by step, in the order the learner takes them (a drill whose steps all train fresh
+    traffic of verified versions): a step tried again after a fault must not count its
+    batch twice."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(Grade.trajectory_id, Trajectory.task_key, Grade.reward)
+            .join(Trajectory, Trajectory.id == Grade.trajectory_id)
+            .where(Grade.trained_in_step > 0)
+            .order_by(Grade.trained_in_step, Grade.graded_at, Grade.trajectory_id)
+        ).all()
+        stored = queries.get_state(conn, "baselines") or {}
+    replayed = RunningBaselines()
+    for trajectory_id, task_key, reward in rows:
+        replayed.update(task_key or trajectory_id, float(reward))
+    assert stored == pytest.approx(replayed.state()), (stored, replayed.state())
+
+
+def served_by(engine: Engine, sessions: list[str]) -> set[str | None]:
+    """The policy versions the calls of these sessions were answered by."""
+    with engine.connect() as conn:
+        return set(
+            conn.execute(
+                select(Call.policy_version).where(Call.session_key.in_(sessions)).distinct()
+            ).scalars()
+        )
+
+
 class LearnerThread:
     """`Learner.run()` in a thread of the test process; what it raised, if anything."""
 
@@ -302,3 +355,23 @@ class LearnerThread:
             self.learner.run()
         except BaseException as exc:  # reported by join()
             self.error = exc
+
+
+class HeldStep:
+    """The first optimizer step in this process holds once the weights have moved and
+    before anything records the step (the moment a crash or an outage costs most), until
+    `released` is set. On the class: a trainer the learner makes later holds too."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.reached = threading.Event()
+        self.released = threading.Event()
+        step = Trainer.step
+
+        def held(trainer: Trainer, samples: Any, advantages: Any) -> dict[str, Any]:
+            metrics = step(trainer, samples, advantages)
+            if not self.reached.is_set():
+                self.reached.set()
+                assert self.released.wait(120), "the held step was never released"
+            return metrics
+
+        monkeypatch.setattr(Trainer, "step", held)

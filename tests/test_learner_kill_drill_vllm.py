@@ -1,9 +1,11 @@
-"""Fault drill: the learner killed (SIGKILL) in the middle of a publish, as a real process.
+"""Fault drills: the learner killed (SIGKILL), as a real process, in the middle of a publish
+and in the middle of a training step.
 
-It dies holding the publish lease, with the replica fenced off and a checkpoint written but
-nothing recorded. The next learner (in the test process, to save a second start-up) takes
-the lease over, restores the serving version (verified), lets the waiting clients through
-and trains the same batch again: one step.
+Mid-publish, it dies holding the publish lease, with the replica fenced off and a checkpoint
+written but nothing recorded. Mid-step, it dies with its optimizer stepped and nothing
+written at all. Either way the next learner (in the test process, to save a second start-up)
+restores the serving version (verified; after a publish it takes the lease over and lets the
+waiting clients through) and trains the same batch again: one step.
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from tests.drills import (
     LearnerThread,
     Stream,
     Traffic,
+    assert_baselines_count_each_reward_once,
     assert_invariants,
     drill_learner,
     gated,
     graded_count,
     heartbeat,
     learn_command,
+    served_by,
+    trained_in,
     wait_until,
 )
 
@@ -87,4 +92,65 @@ def test_a_learner_killed_mid_publish_loses_no_step_and_serves_nothing_unverifie
             first.kill()
         log.close()
         second.engine.dispose()
+        engine.dispose()
+
+
+def test_a_learner_killed_mid_step_trains_its_batch_once_after_a_restart(
+    vllm: VLLMServer, tiny_model: Path, start_proxy, tmp_path: Path, restore_vllm
+) -> None:
+    db_url = f"sqlite:///{tmp_path / 'drill.db'}"
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    proxy = start_proxy([vllm.url], db_url, args=["--idle-timeout", "0.3"], env=FAST_GATES)
+    traffic = Traffic(proxy, vllm.model_name)
+    held = tmp_path / "held"  # written when the first learner's step 1 holds
+    command = learn_command(
+        db_url,
+        vllm,
+        tiny_model,
+        tmp_path,
+        "--max-steps",
+        "1",
+        entry=("tests.held_learner", str(held)),
+    )
+    log = open(tmp_path / "learner.log", "ab")
+    first = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    second = None
+    try:
+        wait_until(lambda: heartbeat(engine).get("serving"), "the learner is up", 120)
+        base = heartbeat(engine)["serving"]
+        batch = traffic.batch("batch")
+        # its optimizer stepped: the new weights exist only in the learner's memory
+        wait_until(held.exists, "the learner holds in step 1", 60)
+        wait_until(lambda: heartbeat(engine).get("activity") == "training step 1", "step 1")
+        during = traffic.batch("during", 2)
+        first.kill()
+        first.wait()
+        orphaned = traffic.batch("orphaned", 2)  # no learner at all: the replica serves on
+
+        second = drill_learner(db_url, vllm, tiny_model, tmp_path, max_steps=1)
+        LearnerThread(second).start().join(180)
+        assert not second.maybe_train()  # the batch is not trained a second time
+        after = traffic.batch("after", 2)
+
+        assert traffic.failures == []
+        assert_invariants(engine, traffic.answered)
+        with engine.connect() as conn:
+            steps = conn.execute(select(TrainingStep.step, TrainingStep.version)).all()
+        assert [n for n, _ in steps] == [1] and steps[0][1].startswith("step-1-")
+        # the interrupted batch, trained once, in the step the restarted learner recorded
+        assert trained_in(engine, batch) == dict.fromkeys(batch, 1)
+        assert set(trained_in(engine, during + orphaned).values()) <= {1, None}
+        assert_baselines_count_each_reward_once(engine)
+        # the killed step's weights never reached a replica, nor a checkpoint
+        assert served_by(engine, batch + during + orphaned) == {base}
+        assert served_by(engine, after) == {steps[0][1]} == {current_version(vllm.url)}
+        written = {p.name for p in (tmp_path / "checkpoints").glob("step-*") if p.is_dir()}
+        assert written == {steps[0][1]}
+    finally:
+        if first.poll() is None:
+            first.kill()
+        log.close()
+        if second is not None:
+            second.engine.dispose()
         engine.dispose()

@@ -1,14 +1,16 @@
-"""Fault drills: the store and vLLM go away in the middle of the learner's publish.
+"""Fault drills: the store and vLLM go away in the middle of the learner's work.
 
 PostgreSQL (a private server, stopped and started again) stops while the learner waits for
-a replica to drain; vLLM is killed there. Either way the learner survives, nothing is served
-by unverified weights (clients wait at the fenced replica, or get a 503 after
-ONTHEJOB_GATE_WAIT), the step is neither lost nor doubled, and once the server is back the
-learner restores the serving version and trains on.
+a replica to drain, and while it is inside a training step; vLLM is killed mid-publish.
+Either way the learner survives and says why in its log, nothing is served by unverified
+weights (clients wait at the fenced replica, or get a 503 after ONTHEJOB_GATE_WAIT), the
+step is neither lost nor doubled, and once the server is back the learner restores the
+serving version and trains on.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from pathlib import Path
@@ -23,14 +25,18 @@ from proxy.store.models import Call, PolicyVersion, TrainingStep
 from tests.conftest import REUSE_VLLM_URL
 from tests.drills import (
     FAST_GATES,
+    HeldStep,
     LearnerThread,
     Stream,
     Traffic,
+    assert_baselines_count_each_reward_once,
     assert_invariants,
     drill_learner,
     gated,
     graded_count,
     heartbeat,
+    served_by,
+    trained_in,
     wait_until,
 )
 from tests.private_postgres import PrivatePostgres, binaries
@@ -95,6 +101,65 @@ def test_postgres_stopped_during_a_publish(
         assert [n for n, _ in steps] == [1] and steps[0][1] is not None
         assert after == {steps[0][1]}
     finally:
+        if engine is not None:
+            engine.dispose()
+        pg.remove()
+
+
+def test_postgres_stopped_during_a_step(
+    vllm: VLLMServer,
+    tiny_model: Path,
+    start_proxy,
+    tmp_path: Path,
+    restore_vllm,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    found = binaries()
+    if found is None:
+        pytest.skip("NO POSTGRESQL SERVER BINARIES (/usr/lib/postgresql/*/bin): drill not run")
+    pg = PrivatePostgres(found).init()
+    engine = None
+    learner = None
+    step = HeldStep(monkeypatch)
+    caplog.set_level(logging.WARNING, logger="onthejob.learner")
+    try:
+        db.upgrade(pg.url)
+        engine = db.make_engine(pg.url)
+        proxy = start_proxy([vllm.url], pg.url, args=["--idle-timeout", "0.3"], env=SHORT_WAIT)
+        traffic = Traffic(proxy, vllm.model_name)
+        learner = drill_learner(pg.url, vllm, tiny_model, tmp_path, max_steps=1)
+        running = LearnerThread(learner).start()
+        wait_until(lambda: heartbeat(engine).get("serving"), "the learner is up", 120)
+        base = heartbeat(engine)["serving"]
+        batch = traffic.batch("batch")
+        assert step.reached.wait(60), "step 1 never trained"
+
+        pg.stop()  # the optimizer stepped; nothing records the step yet
+        during = traffic.batch("during", 2)  # the proxy answers on, recording into its spool
+        step.released.set()  # the step ends into a store that is away
+        wait_until(lambda: "retrying" in learner.activity, "the learner waits for the store")
+
+        pg.start()
+        running.join(180)  # it trains the batch again, from the serving weights
+        after = traffic.batch("after", 2)
+        assert traffic.failures == []
+        assert_invariants(engine, traffic.answered)
+        with engine.connect() as conn:
+            steps = conn.execute(select(TrainingStep.step, TrainingStep.version)).all()
+        assert [n for n, _ in steps] == [1] and steps[0][1].startswith("step-1-")
+        assert trained_in(engine, batch) == dict.fromkeys(batch, 1)
+        assert set(trained_in(engine, during).values()) <= {1, None}
+        assert_baselines_count_each_reward_once(engine)
+        assert served_by(engine, batch + during) == {base}
+        assert served_by(engine, after) == {steps[0][1]}
+        # why it waited, in its log: the store was unreachable
+        said = [r.getMessage() for r in caplog.records if r.name == "onthejob.learner"]
+        assert any("trying again" in m and "OperationalError" in m for m in said), said
+    finally:
+        step.released.set()
+        if learner is not None:
+            learner.engine.dispose()
         if engine is not None:
             engine.dispose()
         pg.remove()

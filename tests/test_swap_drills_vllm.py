@@ -23,8 +23,10 @@ from proxy.store.models import Call, Grade, PolicyVersion, TrainingStep
 from tests.drills import (
     DRILL_TOKEN,
     FAST_GATES,
+    HeldStep,
     Stream,
     Traffic,
+    assert_baselines_count_each_reward_once,
     assert_invariants,
     drill_learner,
     gated,
@@ -222,6 +224,7 @@ def test_a_step_trained_while_an_operator_promotes_is_dropped_and_trained_again(
         assert [m["learning_rate"] for m in rates] == [7e-4, 7e-4]
         assert learner.trainer.optimizer.param_groups[0]["lr"] == 7e-4
         assert_invariants(engine, traffic.answered)
+        assert_baselines_count_each_reward_once(engine)  # the dropped step's rewards: once
 
         # a restart with a new --learning-rate (the heartbeat says what the last run had):
         # set later than the operator's, so it counts
@@ -238,7 +241,12 @@ def test_a_step_trained_while_an_operator_promotes_is_dropped_and_trained_again(
 
 
 def test_the_heartbeat_beats_through_a_long_step(
-    vllm: VLLMServer, tiny_model: Path, start_proxy, tmp_path: Path, restore_vllm
+    vllm: VLLMServer,
+    tiny_model: Path,
+    start_proxy,
+    tmp_path: Path,
+    restore_vllm,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sqlite_url = f"sqlite:///{tmp_path / 'drill.db'}"
     db.upgrade(sqlite_url)
@@ -246,17 +254,10 @@ def test_the_heartbeat_beats_through_a_long_step(
     proxy = start_proxy([vllm.url], sqlite_url, args=["--idle-timeout", "0.3"], env=FAST_GATES)
     learner = drill_learner(sqlite_url, vllm, tiny_model, tmp_path)
     traffic = Traffic(proxy, vllm.model_name)
+    long_step = HeldStep(monkeypatch)
     try:
         learner.start()
         graded_batch(traffic, learner, engine, "batch")
-        release = threading.Event()
-        step = learner.trainer.step
-
-        def long_step(*args, **kwargs):  # type: ignore[no-untyped-def]
-            assert release.wait(60)
-            return step(*args, **kwargs)
-
-        learner.trainer.step = long_step  # type: ignore[method-assign]
         learner.heartbeat.start()
         training = threading.Thread(target=learner.maybe_train)
         training.start()
@@ -271,12 +272,13 @@ def test_the_heartbeat_beats_through_a_long_step(
             return len(beats) >= 3
 
         wait_until(beat_while_training, "three heartbeats during one step", timeout=30)
-        release.set()
+        assert long_step.reached.is_set()
+        long_step.released.set()
         training.join(60)
         assert learner.step == 1
         assert_invariants(engine, traffic.answered)
     finally:
-        release.set()
+        long_step.released.set()
         learner.heartbeat.stop()
         learner.engine.dispose()
         engine.dispose()
