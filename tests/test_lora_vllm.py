@@ -209,7 +209,10 @@ def test_the_learner_trains_and_hot_swaps_lora_adapters(
         with engine.connect() as conn:
             versions = conn.execute(
                 select(
-                    PolicyVersion.version, PolicyVersion.status, PolicyVersion.checkpoint_path
+                    PolicyVersion.version,
+                    PolicyVersion.status,
+                    PolicyVersion.checkpoint_path,
+                    PolicyVersion.checkpoint_deleted_at,
                 ).order_by(PolicyVersion.ordinal)
             ).all()
             trained = conn.execute(select(TrainingStep.step, TrainingStep.version)).all()
@@ -218,7 +221,8 @@ def test_the_learner_trains_and_hot_swaps_lora_adapters(
         assert all(v is not None for _, v in trained)  # every swap verified
         assert versions[-1].status == "serving" and len(versions) == steps + 1
         # what was published are adapters on the untouched base, not full weights
-        for row in versions[1:]:
+        kept = [row for row in versions[1:] if row.checkpoint_deleted_at is None]
+        for row in kept:
             files = {p.name for p in Path(row.checkpoint_path).iterdir()}
             assert files == {"adapter_config.json", "adapter_model.safetensors"}
         assert weight_version(lora_vllm) == latest
@@ -226,6 +230,10 @@ def test_the_learner_trains_and_hot_swaps_lora_adapters(
         published = [row.version for row in versions[1:]]
         loaded = loaded_adapters(lora_vllm)
         assert set(published[-3:]) <= loaded and not set(published[:-3]) & loaded
+        # retention (3 kept) deleted the oldest adapter, once vLLM had unloaded it
+        deleted = [row for row in versions[1:] if row.checkpoint_deleted_at is not None]
+        assert [row.version for row in deleted] == published[:1]
+        assert not Path(deleted[0].checkpoint_path).exists()
 
         wait_until_proxy_serves(proxy.url, latest)
         # the served policy is the trained adapter: its probe logprobs are not the base's
