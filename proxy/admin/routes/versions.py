@@ -71,8 +71,15 @@ def list_versions(
     }
 
 
+# A publish holds the lease while its replicas drain (up to gate_wait) and then swaps and
+# verifies: an operator's rollback queues behind it that long rather than failing with 409
+# because a long stream was still draining (seen on a loaded machine after a fixed 10 s).
+_SWAP_ALLOWANCE = 30.0
+
+
 def _serve(settings: Settings, engine: Engine, version: str, action: str) -> str:
-    return serve_version(engine, settings.upstreams, version, action=action, lease_wait=10.0)
+    wait = settings.gate_wait + _SWAP_ALLOWANCE
+    return serve_version(engine, settings.upstreams, version, action=action, lease_wait=wait)
 
 
 async def _swap(state: Any, engine: Engine, version: str, action: str) -> dict[str, Any]:
