@@ -156,12 +156,18 @@ def test_harness_through_the_proxy_gets_what_the_probe_recorded(
 
 def test_in_process_episodes_agree_with_the_served_model(demo_vllm, demo_model, demo_tasks):
     """`sample_episodes` (the offline estimate) plays the same policy and protocol as the
-    harness against vLLM: greedy answers agree (float32 on both sides)."""
+    harness against vLLM: greedy answers agree (float32 on both sides), number for number."""
     from learner.demo.harnesses.calc_agent import http_chat, solve
 
     _, heldout = demo_tasks
     offline = sample_episodes(demo_model, heldout, temperature=0)
     chat = http_chat(demo_vllm.url + "/v1", demo_vllm.model_name)
     served = [solve(chat, t["prompt"], temperature=0).strip() for t in heldout]
-    agree = sum(a == b for a, b in zip(offline, served, strict=True))
+
+    def outcome(answer: str) -> str:
+        # a number is the answer; any other text is a decline, whose wording at greedy is
+        # degenerate enough that float32 kernels' last-bit differences pick other tokens
+        return answer if answer.isdigit() else "<no number>"
+
+    agree = sum(outcome(a) == outcome(b) for a, b in zip(offline, served, strict=True))
     assert agree >= 0.9 * len(heldout), list(zip(offline, served, strict=True))
