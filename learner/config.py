@@ -42,6 +42,10 @@ class LearnerConfig:
     kl_coef: float = 0.0
     max_grad_norm: float = 1.0
     micro_batch_tokens: int = 8192
+    # trained positions whose logprobs go through the LM head at once ([chunk, vocab] float32)
+    logprob_chunk_tokens: int = 512
+    # recompute decoder layer activations in the backward pass (less memory, more compute)
+    activation_checkpointing: bool = False
     mask_truncated: bool = True
     max_sequence_mismatch: float = 1.0
     verify_tolerance: float = 1e-3

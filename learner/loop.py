@@ -93,6 +93,8 @@ class Learner:
             learning_rate=config.learning_rate,
             max_grad_norm=config.max_grad_norm,
             micro_batch_tokens=config.micro_batch_tokens,
+            logprob_chunk_tokens=config.logprob_chunk_tokens,
+            activation_checkpointing=config.activation_checkpointing,
             mask_truncated=config.mask_truncated,
             max_sequence_mismatch=config.max_sequence_mismatch,
             loss=LossConfig(

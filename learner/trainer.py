@@ -4,19 +4,24 @@ Invariant: the trainer scores each sampled token under the same processing vLLM 
 before it reported the logprob (`--logprobs-mode processed_logprobs`), each sample under
 its own call's sampling as the proxy recorded it: penalties on what the call had seen,
 temperature, min-p, top-k and top-p, then log-softmax. Memory stays
-bounded: samples go through in micro-batches of at most `micro_batch_tokens` tokens, with
-gradients accumulated and the loss normalised by the global count of trained tokens.
+bounded: samples go through in micro-batches of at most `micro_batch_tokens` tokens (similar
+lengths together), with gradients accumulated and the loss normalised by the global count of
+trained tokens; within one, logprobs are computed `logprob_chunk_tokens` trained positions at
+a time from the decoder's hidden states, so no [tokens, vocab] float32 tensor of a whole
+micro-batch exists.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from learner.loss import LossBatch, LossConfig, policy_loss, sequence_mismatch
 from learner.samples import Sample, Sampling
@@ -29,6 +34,12 @@ class TrainerConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float = 1.0
     micro_batch_tokens: int = 8192
+    # trained positions whose processed logprobs are computed at once: the LM head's output
+    # and its processing exist for this many positions at a time ([chunk, vocab] float32)
+    logprob_chunk_tokens: int = 512
+    # recompute each decoder layer's activations in the backward pass instead of keeping
+    # them: less memory for about a third more compute
+    activation_checkpointing: bool = False
     # sequences whose recorded-vs-recomputed mismatch (mean |delta logprob|) exceeds this
     # are not trained on: their tokens were not produced by the weights we think they were
     max_sequence_mismatch: float = 1.0
@@ -40,32 +51,48 @@ class TrainerConfig:
 class TokenHistory:
     """What vLLM's penalties see before each of N positions: the tokens of the call's
     prompt and of its output so far (repetition penalty), and how often each token occurs
-    in that output so far (frequency and presence penalties)."""
+    in that output so far (frequency and presence penalties). None: not needed."""
 
-    seen: torch.Tensor  # [N, V] bool
-    output_counts: torch.Tensor  # [N, V] float32
+    seen: torch.Tensor | None  # [N, V] bool
+    output_counts: torch.Tensor | None  # [N, V] float32
 
 
 def token_history(
-    ids: torch.Tensor, positions: torch.Tensor, starts: torch.Tensor, vocab: int
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    starts: torch.Tensor,
+    vocab: int,
+    *,
+    seen: bool = True,
+    counts: bool = True,
 ) -> TokenHistory:
     """History at `positions` (ascending; position t predicts ids[t + 1]) of the sequence
     `ids`, where `starts[i]` is where the output of the call that sampled ids[positions[i]
     + 1] begins. The call's prompt and output so far are ids[:t + 1]; its output ids[start:
-    t + 1]. Costs one [span, V] running count, span = last - first position + 1."""
-    first, last = int(positions[0]), int(positions[-1])
-    counts = torch.zeros((last - first + 1, vocab), dtype=torch.float32, device=ids.device)
-    counts[0] = torch.bincount(ids[: first + 1], minlength=vocab)[:vocab].float()
-    if last > first:
-        steps = torch.nn.functional.one_hot(ids[first + 1 : last + 1], vocab).float()
-        counts[1:] = steps
-        counts = counts.cumsum(dim=0)
-    at = counts[positions - first]  # occurrences in ids[:t + 1]
-    before = torch.zeros_like(at)
-    for start in torch.unique(starts).tolist():
-        rows = starts == start
-        before[rows] = torch.bincount(ids[:start], minlength=vocab)[:vocab].float()
-    return TokenHistory(seen=at > 0, output_counts=at - before)
+    t + 1]. Built by scattering the [N, span] (position, earlier token) pairs, never a
+    [span, V] running count (span: from the first position, or start, to the last)."""
+    device, n, last = ids.device, positions.numel(), int(positions[-1])
+    rows = torch.arange(n, device=device)
+    seen_tokens = None
+    if seen:
+        first = int(positions[0])
+        seen_tokens = torch.zeros((n, vocab), dtype=torch.bool, device=device)
+        seen_tokens[:, ids[: first + 1]] = True  # every position saw those
+        later = torch.arange(first + 1, last + 1, device=device)
+        row, column = (later[None, :] <= positions[:, None]).nonzero(as_tuple=True)
+        seen_tokens[rows[row], ids[later[column]]] = True
+    output_counts = None
+    if counts:
+        span = torch.arange(int(starts.min()), last + 1, device=device)
+        inside = (span[None, :] >= starts[:, None]) & (span[None, :] <= positions[:, None])
+        row, column = inside.nonzero(as_tuple=True)
+        output_counts = torch.zeros((n, vocab), dtype=torch.float32, device=device)
+        output_counts.index_put_(
+            (rows[row], ids[span[column]]),
+            torch.ones(row.numel(), dtype=torch.float32, device=device),
+            accumulate=True,
+        )
+    return TokenHistory(seen=seen_tokens, output_counts=output_counts)
 
 
 def processed_logprobs(
@@ -99,14 +126,18 @@ def processed_logprobs(
 
 def _penalise(z: torch.Tensor, history: TokenHistory, sampling: Sampling) -> torch.Tensor:
     if sampling.repetition_penalty != 1.0:
+        assert history.seen is not None
         penalty = torch.tensor(sampling.repetition_penalty, dtype=z.dtype, device=z.device)
         penalties = torch.where(history.seen, penalty, torch.ones_like(penalty))
         # vLLM: a positive logit is divided by the penalty, any other multiplied by it
         z = z * torch.where(z > 0, 1.0 / penalties, penalties)
+    counts = history.output_counts
     if sampling.frequency_penalty != 0.0:
-        z = z - sampling.frequency_penalty * history.output_counts
+        assert counts is not None
+        z = z - sampling.frequency_penalty * counts
     if sampling.presence_penalty != 0.0:
-        z = z - sampling.presence_penalty * (history.output_counts > 0).to(z.dtype)
+        assert counts is not None
+        z = z - sampling.presence_penalty * (counts > 0).to(z.dtype)
     return z
 
 
@@ -119,22 +150,39 @@ def _filtered(z: torch.Tensor, sampling: Sampling) -> torch.Tensor | None:
         drop = probs < probs.amax(dim=-1, keepdim=True) * sampling.min_p
         z = z.masked_fill(drop, float("-inf"))
     top_k = sampling.top_k if 0 < sampling.top_k < vocab else 0
-    if sampling.top_p < 1.0:
-        ordered, order = torch.sort(z, dim=-1)  # ascending, like vLLM
-        if top_k:
-            kth = ordered[:, vocab - top_k : vocab - top_k + 1]
-            ordered = ordered.masked_fill(ordered < kth, float("-inf"))
-        cumulative = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
-        tail = cumulative <= 1 - sampling.top_p
-        tail[:, -1] = False  # at least one token stays
-        tail |= ordered == float("-inf")
-        dropped = torch.zeros_like(tail).scatter(-1, order, tail)
-    elif top_k:
-        kth = torch.topk(z, top_k, dim=-1).values[:, -1:]
-        dropped = z < kth
+    if top_k:
+        dropped = _top_k_top_p(z, top_k, sampling.top_p)
+    elif sampling.top_p < 1.0:
+        dropped = _top_p(z, sampling.top_p)
     else:
         return drop
     return dropped if drop is None else drop | dropped
+
+
+def _top_p(z: torch.Tensor, top_p: float) -> torch.Tensor:
+    """vLLM's top-p: ascending sort, a token dropped while the mass up to it is at most
+    1 - top_p (the largest always stays)."""
+    ordered, order = torch.sort(z, dim=-1)
+    tail = torch.softmax(ordered, dim=-1).cumsum(dim=-1) <= 1 - top_p
+    tail[:, -1] = False
+    tail |= ordered == float("-inf")
+    return torch.zeros_like(tail).scatter(-1, order, tail)
+
+
+def _top_k_top_p(z: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Top-k, then top-p among the k kept: the same tokens as vLLM's sort of the whole
+    vocabulary (the dropped ones have probability 0 there) for a sort of k values. Where
+    the k-th value is tied, more than k tokens stay, as in vLLM: the whole sort then."""
+    values, indices = torch.topk(z, top_k, dim=-1)  # descending
+    dropped = z < values[:, -1:]
+    if top_p >= 1.0:
+        return dropped
+    if bool(((~dropped).sum(dim=-1) > top_k).any()):
+        return dropped | _top_p(z.masked_fill(dropped, float("-inf")), top_p)
+    ascending = values.flip(-1)
+    tail = torch.softmax(ascending, dim=-1).cumsum(dim=-1) <= 1 - top_p
+    tail[:, -1] = False
+    return dropped.scatter(-1, indices.flip(-1), tail)
 
 
 @dataclass
@@ -146,24 +194,17 @@ class MicroBatch:
 def micro_batches(
     samples: list[Sample], advantages: list[float], budget: int
 ) -> Iterator[MicroBatch]:
-    """Consecutive groups of samples whose padded size stays within `budget` tokens, and
-    which share sampling parameters (one processing per forward pass)."""
-
-    def key(i: int) -> tuple[float, float, int, int]:
-        sampling = samples[i].sampling
-        return (sampling.temperature, sampling.top_p, sampling.top_k, i)
-
-    order = sorted(range(len(samples)), key=key)
+    """Groups of samples of similar length whose padded size stays within `budget` tokens:
+    longest first, so each group pads to its first sample and little padding is computed.
+    Samples of any sampling share a group: each is processed under its own."""
+    order = sorted(range(len(samples)), key=lambda i: -len(samples[i].token_ids))
     batch: list[int] = []
     for index in order:
-        candidate = [*batch, index]
-        longest = max(len(samples[i].token_ids) for i in candidate)
-        same_sampling = not batch or samples[batch[0]].sampling == samples[index].sampling
-        if batch and (longest * len(candidate) > budget or not same_sampling):
+        # sorted longest first: the group's padded width is its first sample's length
+        if batch and len(samples[batch[0]].token_ids) * (len(batch) + 1) > budget:
             yield MicroBatch([samples[i] for i in batch], [advantages[i] for i in batch])
-            batch = [index]
-        else:
-            batch = candidate
+            batch = []
+        batch.append(index)
     if batch:
         yield MicroBatch([samples[i] for i in batch], [advantages[i] for i in batch])
 
@@ -181,6 +222,8 @@ class Trainer:
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = model.to(self.device)
         self.config = config
+        if config.activation_checkpointing:
+            checkpoint_layers(self.model)
         if config.loss.kl_coef > 0 and reference is None and not _has_adapter(model):
             raise ValueError("kl_coef > 0 needs a reference model")
         self.reference = None if reference is None else reference.to(self.device).eval()
@@ -228,9 +271,26 @@ class Trainer:
             "advantages": torch.tensor(batch.advantages, dtype=torch.float32).to(self.device),
         }
 
-    def token_logprobs(self, batch: MicroBatch, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
-        logits = self.model(input_ids=tensors["ids"], attention_mask=tensors["attention"]).logits
-        return sample_logprobs(logits, batch, tensors)
+    def token_logprobs(
+        self,
+        batch: MicroBatch,
+        tensors: dict[str, torch.Tensor],
+        model: torch.nn.Module | None = None,
+    ) -> torch.Tensor:
+        """[B, T - 1] processed logprobs at the trained positions (see `sample_logprobs`)."""
+        model = self.model if model is None else model
+        inputs = {
+            "input_ids": tensors["ids"],
+            "attention_mask": tensors["attention"],
+            "use_cache": False,
+        }
+        split = output_head(model)
+        if split is None:  # logits are more than head(hidden): take them whole
+            logits = model(**inputs).logits
+            return sample_logprobs(logits, _identity, batch, tensors, self.config)
+        decoder, head = split
+        hidden = decoder(**inputs).last_hidden_state
+        return sample_logprobs(hidden, head, batch, tensors, self.config)
 
     def step(self, samples: list[Sample], advantages: list[float]) -> dict[str, Any]:
         """One optimizer step over all samples (gradient accumulation across micro-batches).
@@ -304,13 +364,10 @@ class Trainer:
     ) -> torch.Tensor | None:
         if self.config.loss.kl_coef == 0:
             return None
-        inputs = {"input_ids": tensors["ids"], "attention_mask": tensors["attention"]}
         if self.reference is not None:
-            logits = self.reference(**inputs).logits
-        else:
-            with self.model.disable_adapter():  # type: ignore[operator]
-                logits = self.model(**inputs).logits
-        return sample_logprobs(logits, batch, tensors)
+            return self.token_logprobs(batch, tensors, self.reference)
+        with self.model.disable_adapter():  # type: ignore[operator]
+            return self.token_logprobs(batch, tensors)
 
     @torch.no_grad()
     def logprobs_of(self, prompt: list[int], completion: list[int]) -> list[float]:
@@ -325,43 +382,131 @@ class Trainer:
 
 
 def sample_logprobs(
-    logits: torch.Tensor, batch: MicroBatch, tensors: dict[str, torch.Tensor]
+    features: torch.Tensor,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    batch: MicroBatch,
+    tensors: dict[str, torch.Tensor],
+    config: TrainerConfig,
 ) -> torch.Tensor:
     """[B, T - 1] processed logprobs of each row's targets under its own sample's sampling,
-    at the trained positions only (0 elsewhere: the loss never reads them)."""
+    at the trained positions only (0 elsewhere: the loss never reads them).
+
+    `features` [B, T, H] are what `head` turns into logits (the decoder's hidden states and
+    the LM head, or the logits and the identity). Only the trained positions are taken, and
+    `logprob_chunk_tokens` of them at a time go through the head and vLLM's processing,
+    under activation checkpointing: their [chunk, vocab] float32 logits and processing are
+    recomputed in the backward pass, never kept, so no full-vocabulary float32 tensor of a
+    whole micro-batch exists.
+    """
     mask = tensors["mask"]
-    rows, columns, values = [], [], []
-    for row, sample in enumerate(batch.samples):
-        positions = mask[row].nonzero().squeeze(-1)
-        if positions.numel() == 0:
-            continue
-        history = None
-        if sample.sampling.penalised:
-            history = _history(sample, positions, tensors["ids"][row], logits.shape[-1])
-        values.append(
-            processed_logprobs(
-                logits[row, positions].float(),
-                tensors["targets"][row, positions],
-                sample.sampling,
-                history,
-            )
-        )
-        rows.append(torch.full_like(positions, row))
-        columns.append(positions)
-    out = torch.zeros(mask.shape, dtype=torch.float32, device=logits.device)
-    if not values:
+    rows, columns = mask.nonzero(as_tuple=True)  # row-major: each sample's run is contiguous
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=features.device)
+    if rows.numel() == 0:
         return out
-    return out.index_put((torch.cat(rows), torch.cat(columns)), torch.cat(values))
+    picked = features[:, : mask.shape[1]][rows, columns]
+    counts = mask.sum(dim=1).tolist()
+    values: list[torch.Tensor] = []
+    offset = 0
+    for row, sample in enumerate(batch.samples):
+        n = int(counts[row])
+        positions = columns[offset : offset + n]
+        starts = _starts(sample, positions) if sample.sampling.penalised else None
+        ids = tensors["ids"][row, : len(sample.token_ids)]
+        for begin in range(0, n, config.logprob_chunk_tokens):
+            end = min(begin + config.logprob_chunk_tokens, n)
+            piece = functools.partial(
+                _chunk_logprobs,
+                head,
+                sample.sampling,
+                ids,
+                positions[begin:end],
+                None if starts is None else starts[begin:end],
+                tensors["targets"][row, positions[begin:end]],
+            )
+            x = picked[offset + begin : offset + end]
+            if torch.is_grad_enabled() and x.requires_grad:
+                values.append(checkpoint(piece, x, use_reentrant=False))
+            else:
+                values.append(piece(x))
+        offset += n
+    return out.index_put((rows, columns), torch.cat(values))
 
 
-def _history(
-    sample: Sample, positions: torch.Tensor, ids: torch.Tensor, vocab: int
-) -> TokenHistory:
+def _chunk_logprobs(
+    head: Callable[[torch.Tensor], torch.Tensor],
+    sampling: Sampling,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    starts: torch.Tensor | None,
+    targets: torch.Tensor,
+    features: torch.Tensor,
+) -> torch.Tensor:
+    logits = head(features).float()  # vLLM too computes them in the model's dtype
+    history = None
+    if starts is not None:
+        history = token_history(
+            ids,
+            positions,
+            starts,
+            logits.shape[-1],
+            seen=sampling.repetition_penalty != 1.0,
+            counts=sampling.presence_penalty != 0.0 or sampling.frequency_penalty != 0.0,
+        )
+    return processed_logprobs(logits, targets, sampling, history)
+
+
+def _identity(features: torch.Tensor) -> torch.Tensor:
+    return features
+
+
+def output_head(
+    model: torch.nn.Module,
+) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """(decoder, head) of a causal LM whose logits are exactly head(decoder(...) hidden
+    states), as for Qwen2, Llama and Mistral; None when its forward does more (Gemma's
+    final soft-capping, a logits scale) or the parts cannot be found."""
+    get_decoder = getattr(model, "get_decoder", None)
+    get_head = getattr(model, "get_output_embeddings", None)
+    config = getattr(model, "config", None)
+    if get_decoder is None or get_head is None or config is None:
+        return None
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+        return None
+    if getattr(config, "logits_scaling", 1.0) != 1.0:
+        return None
+    decoder, head = get_decoder(), get_head()
+    if not isinstance(decoder, torch.nn.Module) or not isinstance(head, torch.nn.Module):
+        return None
+    return decoder, head
+
+
+def checkpoint_layers(model: torch.nn.Module) -> int:
+    """Activation checkpointing: each decoder layer (the model's `_no_split_modules`)
+    recomputes its activations in the backward pass. Parameter names stay as they are (no
+    wrapper module), so checkpoints and vLLM see the same weights. How many were wrapped."""
+    kinds = set(getattr(model, "_no_split_modules", None) or ())
+    wrapped = 0
+    for module in model.modules():
+        if type(module).__name__ in kinds:
+            module.forward = functools.partial(_checkpointed, module.forward)  # type: ignore[method-assign]
+            wrapped += 1
+    if not wrapped:
+        raise ValueError(f"no decoder layers ({sorted(kinds)}) to checkpoint in the model")
+    return wrapped
+
+
+def _checkpointed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    if torch.is_grad_enabled():
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    return forward(*args, **kwargs)
+
+
+def _starts(sample: Sample, positions: torch.Tensor) -> torch.Tensor:
+    """Where the output of the call that sampled each position's target begins."""
     start_of = [0] * len(sample.token_ids)
     for start, end in sample.completions:
         start_of[start:end] = [start] * (end - start)
-    starts = torch.tensor(start_of, device=ids.device)[positions + 1]
-    return token_history(ids[: len(sample.token_ids)], positions, starts, vocab)
+    return torch.tensor(start_of, device=positions.device)[positions + 1]
 
 
 def _has_adapter(model: torch.nn.Module) -> bool:

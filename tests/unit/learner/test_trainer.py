@@ -32,6 +32,20 @@ def test_temperature_top_k_and_top_p_processing() -> None:
     assert float(processed_logprobs(logits, torch.tensor([[0]]), Sampling(top_p=0.5))) == 0.0
 
 
+def test_top_p_among_the_top_k_drops_what_vllm_s_whole_sort_drops() -> None:
+    from learner.trainer import _top_k_top_p, _top_p
+
+    torch.manual_seed(0)
+    z = torch.randn(64, 3000) * 3
+    for k, p in ((20, 0.8), (5, 0.3), (200, 0.95), (1, 0.5)):
+        kth = torch.topk(z, k, dim=-1).values[:, -1:]
+        by_sort = (z < kth) | _top_p(z.masked_fill(z < kth, float("-inf")), p)
+        assert torch.equal(_top_k_top_p(z, k, p), by_sort), (k, p)
+    # a tie at the k-th value keeps every tied token, as vLLM's comparison does
+    tied = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0]])
+    assert _top_k_top_p(tied, 2, 0.99).tolist() == [[False, False, False, False, True]]
+
+
 def test_min_p_drops_tokens_below_its_share_of_the_top_probability() -> None:
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     probs = torch.softmax(logits, -1)[0]
@@ -91,14 +105,127 @@ def sample(tokens: int, sampling: Sampling = PLAIN) -> Sample:
     )
 
 
-def test_micro_batches_stay_within_the_budget_and_share_sampling() -> None:
-    samples = [sample(10), sample(10), sample(30), sample(10, Sampling(temperature=0.5))]
-    batches = list(micro_batches(samples, [1.0, 2.0, 3.0, 4.0], budget=40))
+def test_micro_batches_group_similar_lengths_within_the_budget() -> None:
+    lengths = [10, 30, 12, 28, 11, 29]
+    samples = [sample(n, Sampling(temperature=0.5 if n % 2 else 1.0)) for n in lengths]
+    batches = list(micro_batches(samples, [float(n) for n in lengths], budget=64))
     for batch in batches:
         width = max(len(s.token_ids) for s in batch.samples)
-        assert width * len(batch.samples) <= 40 or len(batch.samples) == 1
-        assert len({s.sampling for s in batch.samples}) == 1
-    assert sorted(a for b in batches for a in b.advantages) == [1.0, 2.0, 3.0, 4.0]
+        assert width * len(batch.samples) <= 64 or len(batch.samples) == 1
+    # longest first, so the long ones pad only to each other: 30+29, 28+12 would waste more
+    assert [[len(s.token_ids) for s in b.samples] for b in batches] == [
+        [30, 29],
+        [28, 12],
+        [11, 10],
+    ]
+    assert sorted(a for b in batches for a in b.advantages) == sorted(map(float, lengths))
+
+
+def _wide_model(vocab: int = 4096):
+    """A random Qwen2 whose vocabulary dwarfs its width, like real models' heads."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        tie_word_embeddings=True,
+    )
+    return Qwen2ForCausalLM(config).to(torch.float32).eval()
+
+
+def _penalised_batch(vocab: int, length: int = 200) -> list[Sample]:
+    torch.manual_seed(1)
+    sampling = Sampling(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05)
+    out = []
+    for n in (length, length // 2):
+        ids = torch.randint(0, vocab, (n,)).tolist()
+        half = n // 2
+        out.append(
+            Sample(
+                trajectory_id=f"t{n}",
+                token_ids=ids,
+                loss_mask=[False] * half + [True] * (n - half),
+                logprobs=[0.0] * n,
+                sampling=sampling,
+                completions=[(half, n)],
+            )
+        )
+    return out
+
+
+def _logprobs_and_grads(trainer: Trainer, samples: list[Sample]):
+    (batch,) = micro_batches(samples, [1.0] * len(samples), budget=10_000)
+    tensors = trainer._tensors(batch)
+    trainer.model.zero_grad(set_to_none=True)
+    logprobs = trainer.token_logprobs(batch, tensors)
+    finite = torch.where(tensors["mask"] & torch.isfinite(logprobs), logprobs, 0.0)
+    finite.sum().backward()
+    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+    return logprobs.detach(), tensors["mask"], grads
+
+
+def test_chunked_logprobs_and_checkpointing_change_nothing_but_memory() -> None:
+    from learner.trainer import TokenHistory, token_history
+
+    model = _wide_model()
+    samples = _penalised_batch(model.config.vocab_size, length=120)
+    whole = Trainer(model, TrainerConfig(logprob_chunk_tokens=10_000), device="cpu")
+    reference, mask, reference_grads = _logprobs_and_grads(whole, samples)
+    # the same thing computed the plain way: full logits, every position
+    (batch,) = micro_batches(samples, [1.0, 1.0], budget=10_000)
+    tensors = whole._tensors(batch)
+    with torch.no_grad():
+        logits = model(input_ids=tensors["ids"], attention_mask=tensors["attention"]).logits
+    for row, s in enumerate(batch.samples):
+        positions = mask[row].nonzero().squeeze(-1)
+        starts = torch.full_like(positions, s.completions[0][0])
+        history: TokenHistory = token_history(
+            tensors["ids"][row, : len(s.token_ids)], positions, starts, logits.shape[-1]
+        )
+        plain = processed_logprobs(
+            logits[row, positions], tensors["targets"][row, positions], s.sampling, history
+        )
+        torch.testing.assert_close(reference[row, positions], plain, rtol=0, atol=1e-5)
+    for config in (
+        TrainerConfig(logprob_chunk_tokens=16),
+        TrainerConfig(logprob_chunk_tokens=16, activation_checkpointing=True),
+    ):
+        got, _, grads = _logprobs_and_grads(Trainer(model, config, device="cpu"), samples)
+        torch.testing.assert_close(got, reference, rtol=0, atol=1e-6)
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, reference_grads[name], rtol=1e-4, atol=1e-6)
+
+
+def test_no_full_vocabulary_float32_tensor_of_the_micro_batch_exists() -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from learner.trainer import output_head, sample_logprobs
+
+    model = _wide_model()
+    config = TrainerConfig(logprob_chunk_tokens=16)
+    samples = _penalised_batch(model.config.vocab_size, length=600)
+    trainer = Trainer(model, config, device="cpu")
+    (batch,) = micro_batches(samples, [1.0, 1.0], budget=10_000)
+    tensors = trainer._tensors(batch)
+    split = output_head(model)
+    assert split is not None
+    decoder, head = split
+    with torch.no_grad():
+        hidden = decoder(input_ids=tensors["ids"], attention_mask=tensors["attention"])
+    features = hidden.last_hidden_state.requires_grad_()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        logprobs = sample_logprobs(features, head, batch, tensors, config)
+        torch.where(tensors["mask"], logprobs, 0.0).sum().backward()
+    trained = int(tensors["mask"].sum())
+    whole = trained * model.config.vocab_size * 4  # one float32 [trained, vocab] tensor
+    largest = max(e.self_cpu_memory_usage for e in prof.events())
+    # the largest allocation of the head and vLLM's processing is a chunk's, not the batch's
+    assert largest < whole / 4, (largest, whole)
 
 
 def test_a_step_raises_the_logprob_of_rewarded_tokens(tmp_path: Path) -> None:
