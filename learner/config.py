@@ -48,7 +48,9 @@ class LearnerConfig:
     activation_checkpointing: bool = False
     mask_truncated: bool = True
     max_sequence_mismatch: float = 1.0
-    verify_tolerance: float = 1e-3
+    # max |vLLM - trainer| probe logprob; None: by the dtype vLLM serves (float32 1e-3,
+    # bfloat16 and float16 1e-2: learner/publisher.py)
+    verify_tolerance: float | None = None
     # seconds a swap waits for the replicas' traffic to drain before it aborts what is left
     swap_drain_timeout: float = 60.0
     poll_interval: float = 1.0

@@ -47,6 +47,8 @@ from learner.publisher import (
     PublishResult,
     current_version,
     served_adapters,
+    served_dtype,
+    tolerance_for,
 )
 from learner.samples import Sample, build_samples
 from learner.trainer import Trainer, TrainerConfig
@@ -137,6 +139,7 @@ class Learner:
 
         tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         self.probe = Probe(prompt_token_ids=list(tokenizer(PROBE_TEXT)["input_ids"]))
+        self.tolerance = self._verify_tolerance()
         # a learner killed mid-publish left its lease behind: take it over at once
         with lease.held(self.engine, self.holder, wait=LEASE_WAIT, steal_prefix=LEARNER):
             with self.engine.begin() as conn:
@@ -165,6 +168,18 @@ class Learner:
             "the client keys " + ", ".join(self.config.keys) if self.config.keys else "everyone",
         )
 
+    def _verify_tolerance(self) -> float:
+        """The probe tolerance: the configured one, else the one for the dtype the replicas
+        serve in (the loosest, should they differ)."""
+        if self.config.verify_tolerance is not None:
+            return self.config.verify_tolerance
+        dtypes = {served_dtype(upstream) for upstream in self.config.upstreams}
+        tolerance = max(tolerance_for(dtype) for dtype in dtypes)
+        log.info(
+            "vLLM serves in %s: swaps verify within %g", ", ".join(map(str, dtypes)), tolerance
+        )
+        return tolerance
+
     def _adopt_served_weights(self) -> bool:
         """First start: the weights vLLM serves now become version 0, with the probe they
         pass; its checkpoint is written by us so it always holds lm_head.weight (a rollback
@@ -174,9 +189,7 @@ class Learner:
         if not base.exists():
             save_checkpoint(load_model(self.model_dir), base, source_dir=self.model_dir)
         self.trainer = self._trainer(base)
-        fingerprint = Fingerprint.of(
-            self.probe, self.trainer.logprobs_of, self.config.verify_tolerance
-        )
+        fingerprint = Fingerprint.of(self.probe, self.trainer.logprobs_of, self.tolerance)
         version = current_version(self.config.upstreams[0])
         serves_base = version not in served_adapters(self.config.upstreams[0])
         if serves_base:
@@ -578,7 +591,7 @@ class Learner:
         base = served_base(source)
         settings: dict[str, Any] = {
             "probe": self.probe,
-            "tolerance": self.config.verify_tolerance,
+            "tolerance": self.tolerance,
             "last_good": base,
             "last_good_fingerprint": Fingerprint.from_state(self.serving["probe"]),
             "fence": self.fence,

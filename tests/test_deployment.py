@@ -163,7 +163,7 @@ def test_migrations_vllm_flags_and_wiring(path: Path) -> None:
     for flag in (
         "vllm.entrypoints.openai.api_server",
         "--logprobs-mode=processed_logprobs",
-        "--dtype=float32",
+        "--dtype=${VLLM_DTYPE:-",
         "--enable-auto-tool-choice",
         "--host=0.0.0.0",
         "--port=8000",
