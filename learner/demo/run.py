@@ -211,8 +211,6 @@ def _write_summary(
 ) -> Path:
     import json
 
-    from learner.demo.warmup import read_info
-
     warmup = read_info(model_dir) or {}
     record = {
         "before": {"success": before.success_rate, "runs": before.runs, "version": before.version},

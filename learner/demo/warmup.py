@@ -207,14 +207,12 @@ def read_info(model_dir: Path) -> dict[str, Any] | None:
 def warmup_dialogues(
     settings: WarmupSettings,
     exclude: set[str],
-    count: int | None = None,
+    count: int,
     *,
     decline_share: float = 0.0,
     stream: str = "skill",
 ) -> list[list[dict[str, Any]]]:
     """``count`` dialogues of `dialogue_stream` as a list."""
-    if count is None:
-        raise ValueError("count is required for a list")
     stream_ = dialogue_stream(settings, exclude, decline_share=decline_share, stream=stream)
     return [next(stream_) for _ in range(count)]
 
