@@ -39,7 +39,7 @@ def register(commands: Any) -> None:
     demo.add_argument("--train-tasks", type=int, default=200, help="(default 200)")
     demo.add_argument("--heldout-tasks", type=int, default=50, help="(default 50)")
     demo.add_argument(
-        "--eval-samples", type=int, default=2, help="runs per held-out task (default 2)"
+        "--eval-samples", type=int, default=3, help="runs per held-out task (default 3)"
     )
     demo.add_argument(
         "--tasks-per-round", type=int, default=4, help="tasks per training round (default 4)"

@@ -68,7 +68,7 @@ from learner.demo.tiny_model import CHAT_TEMPLATE
 log = logging.getLogger("onthejob.warmup")
 
 # Bump when the recipe (data, tokenizer, training, probe) changes, so stale caches rebuild.
-RECIPE_VERSION = 5
+RECIPE_VERSION = 6
 _MARKER = "warmup.json"
 _IM_START, _IM_END, _EOT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 _TOOL_CALL_TAGS = ["<tool_call>", "</tool_call>"]
@@ -99,12 +99,14 @@ class WarmupSettings:
     habit_learning_rate: float = 3e-4  # 1e-3 unlearned the skill along with teaching the habit
     habit_chunk: int = 25
     max_habit_steps: int = 300
-    decline_share: float = 0.7  # of the habit phase's dialogues
-    decline_band: tuple[float, float] = (0.55, 0.8)
+    decline_share: float = 0.75  # of the habit phase's dialogues
+    decline_band: tuple[float, float] = (0.6, 0.85)
     skill_floor: float = 0.4  # right among tool calls, after the habit
-    # probe success after the habit: inside the demo's learnable band (learner/demo/run.py,
-    # 8-45% held out) with room for the probe's sampling error (about 2.5 points)
-    start_band: tuple[float, float] = (0.12, 0.35)
+    # probe success after the habit: low enough that the demo can double it. The demo's
+    # held-out success through vLLM came out 1-10 points above the probe's (5 runs), and
+    # learning tops out at 46-59% with this model, so a probe of 23% (30% held out) could
+    # only reach 1.97x; the decline share's equilibrium (25% x ~55% right) sits inside.
+    start_band: tuple[float, float] = (0.06, 0.2)
     probe_tasks: int = 64
     probe_samples: int = 3
     probe_temperature: float = 1.0
