@@ -193,6 +193,7 @@ def test_every_route_needs_the_token(api: httpx.Client, admin: ProxyServer) -> N
         "/tasks",
         "/export",
         "/compat",
+        "/curricula",
     ):
         missing = httpx.get(admin.url + "/admin/api" + path)
         assert "token" in error_of(missing, 401)
@@ -659,3 +660,109 @@ def test_trajectories_whose_grading_failed_show_why(api: httpx.Client, engine: E
     queue = api.get("/learner").json()["queue"]
     assert queue["grading_retrying"] == 1 and queue["grading_failed"] == 1
     assert "grading" in error_of(api.get("/trajectories", params={"grading": "nope"}), 400)
+
+
+def _curriculum(tmp_path: Any, stages: list[str]) -> Any:
+    from learner.rollout.curriculum import load_curriculum
+
+    lines = ['name = "arith"']
+    for name in stages:
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps({"id": name, "prompt": name}) + "\n")
+        lines += [
+            "[[stages]]",
+            f'name = "{name}"',
+            f'tasks = "{name}.jsonl"',
+            f'eval = "{name}.jsonl"',
+            "promote = { at_least = 0.5, over_last = 1 }",
+        ]
+    path = tmp_path / "arith.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return load_curriculum(path)
+
+
+def test_curricula_show_the_stage_over_time(
+    api: httpx.Client, engine: Engine, tmp_path: Any
+) -> None:
+    from learner.rollout import curriculum_store as cstore
+    from learner.rollout.curriculum import CurriculumError
+
+    assert api.get("/curricula").json() == {"items": []}
+    curriculum = _curriculum(tmp_path, ["qa", "tools", "long"])
+    metrics = {"runs": 4, "k": 2, "pass_at_1": 0.75, "mean_reward": 0.8, "pass_at_k": 1.0}
+    with engine.begin() as conn:
+        state = cstore.begin(conn, curriculum)
+        assert (state["stage"], state["stage_index"]) == ("qa", 0)
+        cstore.record_round(conn, "arith")
+        cstore.record_eval(
+            conn, "arith", stage="qa", rollout_id="r1", stage_round=1, policy_version="v1",
+            **metrics,
+        )  # fmt: skip
+        cstore.promote(
+            conn, "arith", from_stage="qa", to_stage="tools", to_index=1, policy_version="v1",
+            metrics={"value": 0.75, "rule": {"metric": "pass_at_1"}},
+        )  # fmt: skip
+        cstore.record_eval(
+            conn, "arith", stage="tools", rollout_id="r2", stage_round=0, policy_version="v2",
+            **{**metrics, "pass_at_1": 0.25},
+        )  # fmt: skip
+    listed = api.get("/curricula").json()["items"]
+    assert [c["name"] for c in listed] == ["arith"]
+    (item,) = listed
+    assert (item["stage"], item["stage_index"], item["complete"]) == ("tools", 1, False)
+    assert (item["rounds"], item["stage_rounds"]) == (1, 0)  # the new stage starts at 0
+    assert [(s["name"], s["status"]) for s in item["stages"]] == [
+        ("qa", "passed"),
+        ("tools", "current"),
+        ("long", "pending"),
+    ]
+    assert item["stages"][0]["rule"] == {"metric": "pass_at_1", "at_least": 0.5, "over_last": 1}
+    (promotion,) = item["promotions"]
+    assert promotion["from_stage"] == "qa" and promotion["to_stage"] == "tools"
+    assert promotion["policy_version"] == "v1" and promotion["metrics"]["value"] == 0.75
+    first, second = item["timeline"]
+    assert (first["stage"], first["until"], first["promoted"]["to_stage"]) == (
+        "qa",
+        promotion["at"],
+        "tools",
+    )
+    assert (second["stage"], second["since"], second["until"]) == ("tools", promotion["at"], None)
+    detail = api.get("/curricula/arith").json()
+    assert [(e["stage"], e["policy_version"], e["pass_at_1"]) for e in detail["evals"]] == [
+        ("qa", "v1", 0.75),
+        ("tools", "v2", 0.25),
+    ]
+    assert detail["evals"][0]["at"] <= promotion["at"] <= detail["evals"][1]["at"]
+    assert [e["rollout_id"] for e in api.get("/curricula/arith?limit=1").json()["evals"]] == ["r2"]
+    assert "no curriculum" in error_of(api.get("/curricula/nope"), 404)
+    with engine.connect() as conn:  # the rule reads the stage's evals since it began
+        since = cstore.state(conn, "arith")["stage_since"]
+        assert [
+            e["rollout_id"] for e in cstore.stage_evals(conn, "arith", "tools", since=since)
+        ] == ["r2"]
+        assert cstore.stage_evals(conn, "arith", "qa", since=since) == []
+
+    # a restart resumes at the recorded stage; a file without it is refused
+    with engine.begin() as conn:
+        assert cstore.begin(conn, curriculum)["stage"] == "tools"
+    with pytest.raises(CurriculumError, match="recorded at stage 'tools', which this file"):
+        with engine.begin() as conn:
+            cstore.begin(conn, _curriculum(tmp_path, ["qa", "long"]))
+    with engine.begin() as conn:
+        cstore.promote(
+            conn, "arith", from_stage="tools", to_stage="long", to_index=2, policy_version="v2",
+            metrics={},
+        )  # fmt: skip
+        cstore.promote(
+            conn, "arith", from_stage="long", to_stage=None, to_index=None, policy_version="v3",
+            metrics={},
+        )  # fmt: skip
+        assert cstore.begin(conn, curriculum)["stage"] is None  # done: nothing to resume
+    done = api.get("/curricula/arith").json()
+    assert done["complete"] and done["stage"] is None and done["completed_at"]
+    assert [s["status"] for s in done["stages"]] == ["passed"] * 3
+    assert [(t["stage"], t["promoted"]["to_stage"]) for t in done["timeline"]] == [
+        ("qa", "tools"),
+        ("tools", "long"),
+        ("long", None),
+    ]
+    assert all(t["until"] for t in done["timeline"])

@@ -288,3 +288,76 @@ def test_dashboard_shows_what_the_proxy_did_per_harness(
             page.screenshot(path=str(ARTIFACTS / "dashboard-harnesses.png"), full_page=True)
         finally:
             browser.close()
+
+
+def test_dashboard_shows_the_curriculum_stage_over_time(
+    start_proxy: Callable[..., ProxyServer], tmp_path: Path
+) -> None:
+    """A curriculum's state as the runner records it (learner/rollout/curriculum_store.py):
+    the Curricula tab shows its stages (passed, current, pending), a chart of its evals and
+    the promotion with its version and the metric that passed."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from learner.demo.vllm_server import free_port
+    from learner.rollout import curriculum_store as cstore
+    from learner.rollout.curriculum import load_curriculum
+
+    for name in ("qa", "tools", "long"):
+        (tmp_path / f"{name}.jsonl").write_text(f'{{"id": "{name}", "prompt": "{name}"}}\n')
+    stages = "".join(
+        f'[[stages]]\nname = "{n}"\ntasks = "{n}.jsonl"\neval = "{n}.jsonl"\n'
+        "promote = { at_least = 0.6, over_last = 2 }\n"
+        for n in ("qa", "tools", "long")
+    )
+    (tmp_path / "arith.toml").write_text(stages)
+    curriculum = load_curriculum(tmp_path / "arith.toml")
+    db_url = f"sqlite:///{tmp_path / 'curricula.db'}"
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    evals = [("qa", "v1", 0.25), ("qa", "v2", 0.75), ("qa", "v3", 0.5), ("tools", "v3", 0.125)]
+    with engine.begin() as conn:
+        cstore.begin(conn, curriculum)
+        for i, (stage, version, value) in enumerate(evals):
+            cstore.record_eval(
+                conn, "arith", stage=stage, rollout_id=f"r{i}", policy_version=version,
+                stage_round=i, runs=8, k=2, pass_at_1=value, mean_reward=value, pass_at_k=value,
+            )  # fmt: skip
+            if i == 2:
+                cstore.promote(
+                    conn, "arith", from_stage="qa", to_stage="tools", to_index=1,
+                    policy_version="v3",
+                    metrics={"value": 0.625, "rule": curriculum.stages[0].rule.state()},
+                )  # fmt: skip
+    engine.dispose()
+    proxy = start_proxy(
+        [f"http://127.0.0.1:{free_port()}"], db_url, env={"ONTHEJOB_ADMIN_TOKEN": TOKEN}
+    )
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.goto(proxy.url + "/admin")
+            page.fill("#token", TOKEN)
+            page.click("#login")
+            page.click("button.tab[data-view=curricula]")
+            card = page.locator('section.curriculum[data-curriculum="arith"]')
+            expect(card).to_be_visible()
+            expect(card.locator(".stage-passed")).to_have_text("1. qa · passed")
+            expect(card.locator(".stage-current")).to_have_text("2. tools · current")
+            expect(card.locator(".stage-pending")).to_have_text("3. long · pending")
+            expect(card.locator(".curriculum-where")).to_contain_text("at tools since")
+            expect(card.locator("svg.curriculum-chart")).to_have_attribute("data-points", "4")
+            expect(card.locator("svg.curriculum-chart circle.dot")).to_have_count(4)
+            # where the evals move on to the next stage: the promotion
+            marks = card.locator("svg.curriculum-chart text.mark-label")
+            expect(marks).to_have_text(["qa", "tools"])
+            row = card.locator('.promotion-table tr[data-from="qa"]')
+            expect(row).to_contain_text("tools")
+            expect(row).to_contain_text("v3")
+            expect(row).to_contain_text("0.625 (pass@1 ≥ 0.6 over the last 2 evals)")
+            page.screenshot(path=str(ARTIFACTS / "dashboard-curricula.png"), full_page=True)
+        finally:
+            browser.close()

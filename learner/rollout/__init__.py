@@ -31,7 +31,9 @@ and writes their Grade. The learner never grades a rollout run's trajectory itse
 back a rollout group while any run of it is still running (learner/queries.py).
 Modules: taskset (task sets, the task table), harness (one bounded process), grading (the
 reward of a run), store (the runner's database writes), runner (the pool), report (eval
-numbers), progress (the bar), cli.
+numbers), progress (the bar), curriculum (curriculum files and promotion rules),
+curriculum_runner (`rollout --curriculum`: stages, rounds, evals, promotions),
+curriculum_store (where a curriculum stands), cli.
 """
 
 from __future__ import annotations

@@ -84,10 +84,18 @@ def _add_rollout(commands: Any) -> None:
         "ARGS, on stdin and in ONTHEJOB_PROMPT. Each run is graded (the task's check command, "
         "its grader, --grader, or its reference answer) and the learner trains on the groups; "
         "with --eval, success per task is stored instead. Ctrl-C stops cleanly.",
-        usage="onthejob rollout --proxy URL --tasks FILE [options] -- COMMAND [ARGS...]",
+        usage="onthejob rollout --proxy URL (--tasks FILE | --curriculum FILE) [options] "
+        "-- COMMAND [ARGS...]",
     )
     rollout.add_argument("--proxy", required=True, metavar="URL", help="the onthejob proxy")
-    rollout.add_argument("--tasks", required=True, metavar="FILE", help="task set (JSONL)")
+    what = rollout.add_mutually_exclusive_group(required=True)
+    what.add_argument("--tasks", metavar="FILE", help="task set (JSONL)")
+    what.add_argument(
+        "--curriculum",
+        metavar="FILE",
+        help="a curriculum (TOML): its stages in order, each trained on and evaluated until "
+        "its promotion rule holds; resumes at the stage recorded in the store",
+    )
     rollout.add_argument("--name", help="task set name for eval results (default: file stem)")
     rollout.add_argument("--group-size", type=int, default=4, metavar="G", help="default 4")
     rollout.add_argument("--concurrency", type=int, default=4, metavar="C", help="default 4")
@@ -129,6 +137,23 @@ def _add_rollout(commands: Any) -> None:
         help="per check command (default 120); a check that takes longer grades nothing",
     )
     rollout.add_argument("--keep-workdirs", action="store_true", help="do not delete run dirs")
+    rollout.add_argument(
+        "--max-rounds",
+        type=int,
+        metavar="N",
+        help="curriculum: stop after N training rounds (evals due after the last one still run)",
+    )
+    rollout.add_argument(
+        "--minutes", type=float, metavar="M", help="curriculum: start no round or eval after M"
+    )
+    rollout.add_argument(
+        "--step-wait",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="curriculum: after a round with a training signal, wait up to S seconds for the "
+        "learner's next version to serve (default 0: do not wait)",
+    )
     rollout.add_argument("--no-progress", action="store_true", help="no progress bar")
     rollout.add_argument("harness", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS")
     rollout.set_defaults(func=cmd_rollout)
@@ -143,6 +168,11 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from learner.rollout.taskset import load_task_set
 
     command = args.harness[1:] if args.harness[:1] == ["--"] else args.harness
+    if args.curriculum is not None:
+        return cmd_curriculum(args, command)
+    for option in ("max_rounds", "minutes", "step_wait"):
+        if getattr(args, option) not in (None, 0.0):
+            raise SystemExit(f"onthejob rollout: --{option.replace('_', '-')} needs --curriculum")
     try:
         task_set = load_task_set(args.tasks, name=args.name)
         if args.grader:
@@ -195,6 +225,72 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     if unrecorded:
         print(f"onthejob rollout: {unrecorded} runs failed: {NO_CALLS}", file=sys.stderr)
     return 130 if summary.cancelled else 1 if unrecorded else 0
+
+
+def cmd_curriculum(args: argparse.Namespace, command: list[str]) -> int:
+    from learner.graders.tasks import TaskTableError
+    from learner.rollout.curriculum import CurriculumError, load_curriculum
+    from learner.rollout.curriculum_runner import (
+        CurriculumConfig,
+        CurriculumFailed,
+        run_curriculum,
+    )
+    from learner.rollout.proxy_store import StoreMismatch
+    from learner.rollout.runner import RolloutConfig
+
+    for option, given in (
+        ("--eval", args.eval),
+        ("--name", args.name),
+        ("--epochs", args.epochs != 1),
+    ):
+        if given:
+            raise SystemExit(f"onthejob rollout: {option} does not go with --curriculum")
+    try:
+        curriculum = load_curriculum(args.curriculum)
+        missing = [s.name for s in curriculum.stages if s.command is None]
+        if missing and not command:
+            raise SystemExit(
+                f"onthejob rollout: stage {missing[0]!r} of {args.curriculum} has no command: "
+                "give one after `--`, or `command` in the stage"
+            )
+        if args.grader:
+            from learner.graders.combine import parse_spec
+
+            parse_spec(args.grader)
+        config = CurriculumConfig(
+            curriculum=curriculum,
+            rollout=RolloutConfig(
+                proxy_url=args.proxy,
+                command=command or list(curriculum.stages[0].command or []),
+                tasks=curriculum.stages[0].tasks,
+                database_url=args.db or os.environ.get("ONTHEJOB_DATABASE_URL") or None,
+                group_size=args.group_size,
+                concurrency=args.concurrency,
+                timeout=args.timeout,
+                grader=args.grader,
+                failure_reward=args.failure_reward,
+                success_threshold=args.success_threshold,
+                check_timeout=args.check_timeout,
+                keep_workdirs=args.keep_workdirs,
+            ),
+            max_rounds=args.max_rounds,
+            minutes=args.minutes,
+            step_wait=args.step_wait,
+            progress=not args.no_progress,
+        )
+    except (CurriculumError, TaskTableError, ValueError) as exc:
+        raise SystemExit(f"onthejob rollout: {exc}") from exc
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        summary = run_curriculum(config, stop=stop)
+    except (StoreMismatch, CurriculumError, CurriculumFailed) as exc:
+        raise SystemExit(f"onthejob rollout: {exc}") from None
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 130 if summary.cancelled else 0
 
 
 def cmd_eval_report(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from proxy.admin import errors
 from proxy.admin.deps import require_token
 from proxy.admin.routes import (
     compat,
+    curricula,
     feedback,
     keys,
     learner,
@@ -43,15 +44,16 @@ def create_admin_app() -> FastAPI:
     app = FastAPI(
         title="onthejob admin API",
         summary="See and steer what the system learns: trajectories, rewards, tasks, "
-        "policy versions, the learner, statistics, export, and the client keys that may use "
-        "the model.",
+        "policy versions, the learner, statistics, export, curricula, and the client keys that "
+        "may use the model.",
         version="1",
         openapi_url="/api/openapi.json",
         docs_url="/api/docs",
         redoc_url=None,
     )
     api = APIRouter(prefix="/api", dependencies=[Depends(require_token)], responses=_AUTH_RESPONSES)
-    for module in (trajectories, feedback, tasks, versions, learner, stats, compat, keys):
+    modules = (trajectories, feedback, tasks, versions, learner, stats, compat, keys, curricula)
+    for module in modules:
         api.include_router(module.router)
     app.include_router(api)
     errors.install(app)

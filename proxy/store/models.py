@@ -348,3 +348,65 @@ class EvalResult(Base):
     k: Mapped[int] = mapped_column(Integer)
     pass_at_k: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
+class Curriculum(Base):
+    """Where a curriculum (`onthejob rollout --curriculum`, learner/rollout/curriculum.py)
+    stands: its current stage (None once the last stage is passed), so a restart resumes
+    there. `stage_rounds` counts the training rounds of the current stage, `last_eval_round`
+    the value it had at the stage's last eval."""
+
+    __tablename__ = "curricula"
+
+    name: Mapped[str] = mapped_column(String(80), primary_key=True)
+    path: Mapped[str | None] = mapped_column(Text)
+    # [{"name", "rule", "replay", "train_tasks", "eval_tasks"}], in order (last loaded)
+    stages: Mapped[list[Any]] = mapped_column(JSON)
+    stage: Mapped[str | None] = mapped_column(String(80))
+    stage_index: Mapped[int | None] = mapped_column(Integer)
+    stage_since: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    stage_rounds: Mapped[int] = mapped_column(Integer, default=0)
+    last_eval_round: Mapped[int | None] = mapped_column(Integer)
+    rounds: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class CurriculumEval(Base):
+    """One eval of a curriculum stage's split (its runs are in rollout_runs and
+    eval_results under `rollout_id`): what the stage's promotion rule reads."""
+
+    __tablename__ = "curriculum_evals"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    curriculum: Mapped[str] = mapped_column(String(80), index=True)
+    stage: Mapped[str] = mapped_column(String(80))
+    rollout_id: Mapped[str] = mapped_column(String(32))
+    # the version that answered most of its runs
+    policy_version: Mapped[str | None] = mapped_column(String(200))
+    stage_round: Mapped[int] = mapped_column(Integer)  # the stage's training rounds before it
+    runs: Mapped[int] = mapped_column(Integer)  # graded runs
+    k: Mapped[int] = mapped_column(Integer)
+    # None: no graded run
+    pass_at_1: Mapped[float | None] = mapped_column(Float)
+    mean_reward: Mapped[float | None] = mapped_column(Float)
+    pass_at_k: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class CurriculumPromotion(Base):
+    """A curriculum moved on: from a stage whose promotion rule held to the next one
+    (`to_stage` None: the last stage was passed), with the version serving and the metrics
+    that passed the rule."""
+
+    __tablename__ = "curriculum_promotions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    curriculum: Mapped[str] = mapped_column(String(80), index=True)
+    from_stage: Mapped[str] = mapped_column(String(80))
+    to_stage: Mapped[str | None] = mapped_column(String(80))
+    policy_version: Mapped[str | None] = mapped_column(String(200))
+    # {"rule", "value", "evals": [{"rollout_id", "policy_version", "pass_at_1", ...}], ...}
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -87,7 +87,7 @@ async function guarded(fn) {
 function show(view) {
   state.view = view;
   for (const tab of document.querySelectorAll(".tab")) tab.classList.toggle("active", tab.dataset.view === view);
-  for (const name of ["overview", "trajectories", "versions", "tasks", "harnesses"]) $(`view-${name}`).hidden = name !== view;
+  for (const name of ["overview", "trajectories", "versions", "tasks", "harnesses", "curricula"]) $(`view-${name}`).hidden = name !== view;
   refresh(true);
 }
 
@@ -99,6 +99,7 @@ function refresh(first) {
     versions: loadVersions,
     tasks: loadTasks,
     harnesses: loadHarnesses,
+    curricula: loadCurricula,
   }[state.view];
   return guarded(async () => {
     await work();
@@ -328,6 +329,60 @@ async function loadHarnesses() {
     );
   }
   if (!data.harnesses.length) body.appendChild(el("tr", {}, el("td", { colSpan: 9, class: "muted" }, "no calls in the last 24 h")));
+}
+
+// -- curricula: the stage over time ----------------------------------------------------
+function describeRule(rule) {
+  const names = { pass_at_1: "pass@1", mean_reward: "mean reward", pass_at_k: "pass@k" };
+  const over = rule.over_last === 1 ? "the last eval" : `the last ${rule.over_last} evals`;
+  return `${names[rule.metric] || rule.metric} ≥ ${rule.at_least} over ${over}`;
+}
+
+function curriculumCard(c, evals) {
+  const stages = el("div", { class: "stages" });
+  for (const s of c.stages) {
+    stages.appendChild(el("span", { class: `stage stage-${s.status}`, "data-stage": s.name, title: `${describeRule(s.rule)}; replay ${s.replay}; ${s.train_tasks} train / ${s.eval_tasks} eval tasks` }, `${s.index + 1}. ${s.name} · ${s.status}`));
+  }
+  const where = c.complete ? `every stage passed (${shortTime(c.completed_at)})` : `at ${c.stage} since ${shortTime(c.stage_since)}, ${c.stage_rounds} training rounds in it`;
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("class", "chart curriculum-chart");
+  const promotions = el("table", { class: "promotion-table" }, el("thead", {}, el("tr", {}, ...["promoted at", "from", "to", "version", "passed with"].map((h) => el("th", {}, h)))));
+  const body = el("tbody", {});
+  for (const p of c.promotions) {
+    const rule = p.metrics && p.metrics.rule ? describeRule(p.metrics.rule) : "";
+    const value = p.metrics && p.metrics.value !== undefined ? fmt(p.metrics.value) : "–";
+    body.appendChild(el("tr", { "data-from": p.from_stage }, el("td", {}, shortTime(p.at)), el("td", {}, p.from_stage), el("td", {}, p.to_stage || "(the end)"), el("td", {}, p.policy_version || "–"), el("td", {}, `${value}${rule ? ` (${rule})` : ""}`)));
+  }
+  if (!c.promotions.length) body.appendChild(el("tr", {}, el("td", { colSpan: 5, class: "muted" }, "no promotion yet")));
+  promotions.appendChild(body);
+  const card = el(
+    "section",
+    { class: "curriculum card", "data-curriculum": c.name },
+    el("h2", {}, c.name),
+    el("div", { class: "muted curriculum-where" }, `${where} · ${c.rounds} training rounds in all · ${c.path || ""}`),
+    stages,
+    el("figure", {}, el("figcaption", {}, "pass@1 of each eval of the stage's split, oldest first"), svg),
+    el("h3", {}, "Promotions"),
+    promotions,
+  );
+  const shown = evals.filter((e) => e.pass_at_1 !== null);
+  const points = shown.map((e) => ({ label: `${e.stage} · ${e.policy_version || "?"} · ${shortTime(e.at)}`, value: e.pass_at_1 }));
+  // a dashed line where the evals move on to the next stage: the promotion
+  const marks = shown.map((e, i) => ({ index: i, label: e.stage })).filter((m, i) => i === 0 || shown[i - 1].stage !== shown[i].stage);
+  return { card, svg, points, marks };
+}
+
+async function loadCurricula() {
+  const data = await api("/curricula");
+  const box = $("curricula");
+  const details = await Promise.all(data.items.map((c) => api(`/curricula/${encodeURIComponent(c.name)}?limit=200`)));
+  box.replaceChildren();
+  details.forEach((c) => {
+    const { card, svg, points, marks } = curriculumCard(c, c.evals);
+    box.appendChild(card);
+    window.charts.lineChart(svg, points, { min: 0, max: 1, marks }); // in the page: it needs its width
+  });
+  if (!data.items.length) box.appendChild(el("p", { class: "muted" }, "no curriculum has run against this store yet"));
 }
 
 // -- wiring --------------------------------------------------------------------------

@@ -69,17 +69,23 @@ function barChart(svg, items) {
   svg.dataset.points = String(items.length);
 }
 
-// points: [{label, value}] in time order
-function lineChart(svg, points) {
+// points: [{label, value}] in time order; options: {min, max} fix the y range, marks:
+// [{index, label}] draw a dashed line just before points[index] (e.g. a stage change)
+function lineChart(svg, points, options = {}) {
   const f = chartFrame(svg);
   if (!points.length) return noData(svg, f);
   const values = points.map((p) => p.value);
-  let min = Math.min(...values);
-  let max = Math.max(...values);
+  let min = options.min ?? Math.min(...values);
+  let max = options.max ?? Math.max(...values);
   if (min === max) { min -= 0.5; max += 0.5; }
   const y = yAxis(svg, f, min, max);
   const step = points.length > 1 ? (f.width - f.left - f.right) / (points.length - 1) : 0;
   const x = (i) => f.left + (points.length > 1 ? i * step : (f.width - f.left - f.right) / 2);
+  for (const mark of options.marks || []) {
+    const at = mark.index > 0 ? (x(mark.index - 1) + x(mark.index)) / 2 : x(0);
+    svg.appendChild(svgEl("line", { class: "mark", x1: at, x2: at, y1: f.top, y2: f.height - f.bottom }));
+    svg.appendChild(svgEl("text", { class: "mark-label", x: at + 3, y: f.top + 8 }, mark.label));
+  }
   const path = points.map((p, i) => `${i ? "L" : "M"}${x(i)},${y(p.value)}`).join(" ");
   svg.appendChild(svgEl("path", { class: "line", d: path }));
   points.forEach((p, i) => {

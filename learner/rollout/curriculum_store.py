@@ -1,0 +1,167 @@
+"""The curriculum tables: where each curriculum stands, its evals and its promotions.
+
+Written by the curriculum runner (learner/rollout/curriculum_runner.py), read by it when it
+resumes and by the admin API (proxy/admin/routes/curricula.py). Callers own the
+transaction. Invariant: a promotion row and the curriculum's move to the next stage are
+written together (`promote`), so the recorded stage is always the last promotion's
+`to_stage` (or the first stage, before any).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection, insert, select, update
+
+from learner.rollout.curriculum import Curriculum, CurriculumError
+from proxy.store.models import Curriculum as CurriculumRow
+from proxy.store.models import CurriculumEval, CurriculumPromotion
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def begin(conn: Connection, curriculum: Curriculum) -> dict[str, Any]:
+    """The curriculum's recorded state, made at its first stage if it has none. The stages
+    kept are the file's; a recorded stage the file no longer has is a CurriculumError."""
+    table = CurriculumRow.__table__
+    row = conn.execute(select(table).where(table.c.name == curriculum.name)).first()
+    at = now()
+    if row is None:
+        first = curriculum.stages[0]
+        values = {
+            "name": curriculum.name,
+            "path": str(curriculum.path),
+            "stages": curriculum.state(),
+            "stage": first.name,
+            "stage_index": 0,
+            "stage_since": at,
+            "stage_rounds": 0,
+            "last_eval_round": None,
+            "rounds": 0,
+            "started_at": at,
+            "updated_at": at,
+            "completed_at": None,
+        }
+        conn.execute(insert(table).values(**values))
+        return values
+    state = dict(row._mapping)
+    changes: dict[str, Any] = {"path": str(curriculum.path), "stages": curriculum.state()}
+    if state["stage"] is not None:
+        stage = curriculum.stage(state["stage"])
+        if stage is None:
+            names = ", ".join(repr(s.name) for s in curriculum.stages)
+            raise CurriculumError(
+                f"{curriculum.path}: curriculum {curriculum.name!r} is recorded at stage "
+                f"{state['stage']!r}, which this file does not have (its stages: {names})"
+            )
+        changes["stage_index"] = stage.index  # stages may have been added before it
+    conn.execute(update(table).where(table.c.name == curriculum.name).values(**changes))
+    state.update(changes)
+    return state
+
+
+def state(conn: Connection, name: str) -> dict[str, Any] | None:
+    table = CurriculumRow.__table__
+    row = conn.execute(select(table).where(table.c.name == name)).first()
+    return None if row is None else dict(row._mapping)
+
+
+def record_round(conn: Connection, name: str) -> None:
+    table = CurriculumRow.__table__
+    conn.execute(
+        update(table)
+        .where(table.c.name == name)
+        .values(rounds=table.c.rounds + 1, stage_rounds=table.c.stage_rounds + 1, updated_at=now())
+    )
+
+
+def record_eval(conn: Connection, name: str, **values: Any) -> dict[str, Any]:
+    """An eval of the current stage (`stage`, `stage_round`, `rollout_id`, metrics...)."""
+    row = {"curriculum": name, "created_at": now(), **values}
+    conn.execute(insert(CurriculumEval).values(**row))
+    table = CurriculumRow.__table__
+    conn.execute(
+        update(table)
+        .where(table.c.name == name)
+        .values(last_eval_round=values["stage_round"], updated_at=row["created_at"])
+    )
+    return row
+
+
+def stage_evals(
+    conn: Connection, name: str, stage: str, *, since: datetime
+) -> list[dict[str, Any]]:
+    """The stage's evals since it became the current stage, oldest first."""
+    table = CurriculumEval.__table__
+    rows = conn.execute(
+        select(table)
+        .where(table.c.curriculum == name, table.c.stage == stage, table.c.created_at >= since)
+        .order_by(table.c.id)
+    )
+    return [dict(r._mapping) for r in rows]
+
+
+def promote(
+    conn: Connection,
+    name: str,
+    *,
+    from_stage: str,
+    to_stage: str | None,
+    to_index: int | None,
+    policy_version: str | None,
+    metrics: dict[str, Any],
+) -> dict[str, Any]:
+    """Record a promotion and move the curriculum to `to_stage` (None: completed)."""
+    at = now()
+    row = {
+        "curriculum": name,
+        "from_stage": from_stage,
+        "to_stage": to_stage,
+        "policy_version": policy_version,
+        "metrics": metrics,
+        "created_at": at,
+    }
+    conn.execute(insert(CurriculumPromotion).values(**row))
+    table = CurriculumRow.__table__
+    conn.execute(
+        update(table)
+        .where(table.c.name == name)
+        .values(
+            stage=to_stage,
+            stage_index=to_index,
+            stage_since=at,
+            stage_rounds=0,
+            last_eval_round=None,
+            updated_at=at,
+            completed_at=at if to_stage is None else None,
+        )
+    )
+    return row
+
+
+def curricula(conn: Connection) -> list[dict[str, Any]]:
+    """Every curriculum's state, the most recently active first."""
+    table = CurriculumRow.__table__
+    rows = conn.execute(select(table).order_by(table.c.updated_at.desc(), table.c.name))
+    return [dict(r._mapping) for r in rows]
+
+
+def promotions(conn: Connection, name: str | None = None) -> list[dict[str, Any]]:
+    """Promotions, oldest first (of one curriculum, or of all)."""
+    table = CurriculumPromotion.__table__
+    query = select(table).order_by(table.c.id)
+    if name is not None:
+        query = query.where(table.c.curriculum == name)
+    return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def evals(conn: Connection, name: str, *, limit: int = 1000) -> list[dict[str, Any]]:
+    """The curriculum's latest `limit` evals (every stage), oldest first."""
+    table = CurriculumEval.__table__
+    rows = conn.execute(
+        select(table).where(table.c.curriculum == name).order_by(table.c.id.desc()).limit(limit)
+    )
+    return [dict(r._mapping) for r in reversed(rows.all())]
