@@ -56,7 +56,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -66,13 +66,6 @@ from transformers.utils import logging as transformers_logging
 from learner.checkpoint import CheckpointError, load_model, save_checkpoint, validate_checkpoint
 from learner.demo.tiny_model import build_tiny_model
 from learner.demo.vllm_server import VLLMServer
-from learner.publisher import (
-    DEFAULT_TOLERANCE,
-    Fingerprint,
-    FullReloadPublisher,
-    Probe,
-    current_version,
-)
 from learner.samples import Sample, Sampling
 from learner.trainer import (
     Trainer,
@@ -82,6 +75,11 @@ from learner.trainer import (
     processed_logprobs,
     sample_logprobs,
 )
+
+# learner.publisher (httpx, and the store through the fence) is imported where the swaps are
+# measured: bench/gpu_learner.py reuses the step measurements on a machine without them
+if TYPE_CHECKING:
+    from learner.publisher import FullReloadPublisher
 
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
 
@@ -406,6 +404,8 @@ def serves_original(
     """Refuse to swap unless the upstream serves ``--model``'s weights now: the restore at
     the end puts those weights back under the version it reports now."""
     # the publisher's own probe comparison, so "same weights" means what a publish means
+    from learner.publisher import Fingerprint
+
     reference = Fingerprint.of(publisher.probe, expected, publisher.tolerance)
     diff = publisher.score(upstream, reference)
     if not diff <= publisher.tolerance:
@@ -426,6 +426,8 @@ def measure_swaps(
 ) -> SwapReport:
     from transformers import AutoTokenizer
 
+    from learner.publisher import DEFAULT_TOLERANCE, FullReloadPublisher, Probe, current_version
+
     original_dir = restorable(model_dir, work)
     original = Trainer(load_model(original_dir), TrainerConfig(), trainer.device)
     try:
@@ -437,7 +439,10 @@ def measure_swaps(
     with serving(args, model_dir, work) as (upstream, startup_s):
         report = SwapReport(upstream, startup_s, current_version(upstream))
         publisher = FullReloadPublisher(
-            [upstream], probe=probe, tolerance=args.tolerance, last_good=original_dir
+            [upstream],
+            probe=probe,
+            tolerance=DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance,
+            last_good=original_dir,
         )
         serves_original(publisher, upstream, report.original_version, original.logprobs_of)
         run_id = uuid.uuid4().hex[:6]
@@ -524,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--swaps", type=int, default=5, help="publishes to time")
     parser.add_argument(
-        "--tolerance", type=float, default=DEFAULT_TOLERANCE, help="max probe |logprob diff|"
+        "--tolerance", type=float, help="max probe |logprob diff| (default: the learner's, 1e-3)"
     )
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
