@@ -46,7 +46,7 @@ HARNESS = [sys.executable, "-m", "learner.demo.harnesses.calc_agent", "{prompt}"
 # Held-out success before learning, at the demo's temperature, inside which learning can
 # show within the demo's minutes: below it the learner sees almost no reward (every group
 # scores 0, so GRPO has no signal); above it doubling is out of reach of the model's skill.
-LEARNABLE_BAND = (0.06, 0.35)
+LEARNABLE_BAND = (0.05, 0.35)
 
 
 class DemoStopped(RuntimeError):
