@@ -98,7 +98,7 @@ class WarmupSettings:
     probe_every: int = 250
     habit_learning_rate: float = 3e-4  # 1e-3 unlearned the skill along with teaching the habit
     habit_chunk: int = 25
-    max_habit_steps: int = 300
+    max_habit_steps: int = 500  # on an AMD EPYC seeds 0, 1, 2 reached the habit at 225, 125, 175
     decline_share: float = 0.75  # of the habit phase's dialogues
     decline_band: tuple[float, float] = (0.6, 0.8)  # 85% gave 8% probed, 3% held out
     skill_floor: float = 0.4  # right among tool calls, after the habit
@@ -118,7 +118,10 @@ class WarmupSettings:
 
     def key(self, exclude: Sequence[str] = ()) -> str:
         settings = dataclasses.asdict(self)
-        del settings["threads"]
+        # not part of what is built: the threads do not change the result, and a cap only
+        # decides whether a build passes (a build that failed its probe is rebuilt anyway)
+        for name in ("threads", "max_steps", "max_habit_steps"):
+            del settings[name]
         blob = json.dumps(
             {
                 "recipe": RECIPE_VERSION,

@@ -202,24 +202,32 @@ def test_probe_counts_success_declines_and_skill() -> None:
 
 def test_habit_gate_needs_the_band_and_the_skill() -> None:
     settings = WarmupSettings()
-    good = summarise(
-        [Episode({"answer": "1"}, True, "1")] * 3 + [Episode({"answer": "1"}, False, "x")] * 7, 1.0
-    )
-    assert settings.habit_reached(good)  # 70% declined, every tool use right
-    too_few = summarise(
-        [Episode({"answer": "1"}, True, "1")] * 6 + [Episode({"answer": "1"}, False, "x")] * 4, 1.0
-    )
-    assert not settings.habit_reached(too_few)
-    unskilled = summarise(
-        [Episode({"answer": "1"}, True, "2")] * 3 + [Episode({"answer": "1"}, False, "x")] * 7, 1.0
-    )
-    assert not settings.habit_reached(unskilled)
     right, wrong, decline = (
         Episode({"answer": "1"}, True, "1"),
         Episode({"answer": "1"}, True, "2"),
         Episode({"answer": "1"}, False, "x"),
     )
+    good = summarise([right] * 3 + [wrong] * 2 + [decline] * 15, 1.0)
+    assert (good.declined, good.skill, good.success) == (0.75, 0.6, 0.15)
+    assert settings.habit_reached(good)
+    too_few = summarise([right] * 6 + [decline] * 4, 1.0)
+    assert not settings.habit_reached(too_few)
+    unskilled = summarise([right] * 1 + [wrong] * 4 + [decline] * 15, 1.0)
+    assert not settings.habit_reached(unskilled)
     # inside the decline band and skilled enough, but too few right for the demo to learn
-    too_rare = summarise([right] * 2 + [wrong] * 3 + [decline] * 15, 1.0)
-    assert (too_rare.declined, too_rare.skill, too_rare.success) == (0.75, 0.4, 0.1)
+    too_rare = summarise([right] * 2 + [wrong] * 3 + [decline] * 20, 1.0)
+    assert (too_rare.declined, too_rare.skill, too_rare.success) == (0.8, 0.4, 0.08)
     assert not settings.habit_reached(too_rare)
+    # ... or so many right that the demo could not double them
+    too_good = summarise([right] * 3 + [decline] * 7, 1.0)
+    assert not settings.habit_reached(too_good)
+
+
+def test_the_cache_key_is_what_is_built_not_its_caps() -> None:
+    """Threads and caps leave a passing build as it is, so they keep the cache; anything
+    that changes the training or the gates makes a new build."""
+    key = CHEAP.key()
+    assert dataclasses.replace(CHEAP, threads=2, max_steps=9, max_habit_steps=9).key() == key
+    assert dataclasses.replace(CHEAP, decline_share=0.5).key() != key
+    assert dataclasses.replace(CHEAP, start_band=(0.1, 0.2)).key() != key
+    assert CHEAP.key(["a prompt"]) != key
