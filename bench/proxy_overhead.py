@@ -359,7 +359,11 @@ def run_wrk(
     threads: int,
     seconds: float,
     cpus: str | None = None,
+    *,
+    until_threads_stop: bool = False,
 ) -> LoadResult:
+    """wrk for `seconds`; with until_threads_stop (a stop_after script), until its threads
+    have stopped themselves, at most `seconds`."""
     argv = [
         *pinned(cpus),
         "wrk",
@@ -372,10 +376,18 @@ def run_wrk(
         str(script),
         f"http://{HOST}:{port}",
     ]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60, check=False)
-    match = re.search(r"^ONTHEJOB (.*)$", done.stdout, re.MULTILINE)
-    if done.returncode != 0 or match is None:
-        raise RuntimeError(f"wrk failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if until_threads_stop:
+            _interrupt_when_threads_stop(proc, seconds + 60)
+        stdout, stderr = proc.communicate(timeout=seconds + 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    match = re.search(r"^ONTHEJOB (.*)$", stdout, re.MULTILINE)
+    if proc.returncode != 0 or match is None:
+        raise RuntimeError(f"wrk failed ({proc.returncode}):\n{stdout}\n{stderr}")
     values = {k: float(v) for k, v in (kv.split("=") for kv in match.group(1).split())}
     duration = values["duration_us"] / 1e6
     completed = int(values["completed"])
@@ -392,6 +404,29 @@ def run_wrk(
         p90_ms=values["p90_us"] / 1000.0,
         p99_ms=values["p99_us"] / 1000.0,
     )
+
+
+def _interrupt_when_threads_stop(proc: subprocess.Popen[str], within: float) -> None:
+    """SIGINT wrk once all its load threads have exited.
+
+    wrk's main thread sleeps for the whole -d before it joins its threads, so threads that
+    stop themselves (wrk.thread:stop()) do not end the run; on SIGINT it joins them, prints
+    its summary (duration up to then) and exits. The script itself cannot send it: wrk
+    ignores SIGINT while os.execute's shell runs (system(3)).
+    """
+    tasks = Path(f"/proc/{proc.pid}/task")
+    deadline = time.monotonic() + within
+    most = 0
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            running = sum(1 for _ in tasks.iterdir())
+        except FileNotFoundError:
+            return
+        most = max(most, running)
+        if most > 1 and running == 1:  # threads came and went: only main is left
+            proc.send_signal(signal.SIGINT)
+            return
+        time.sleep(0.005)
 
 
 def http_request(port: int, body: bytes, session: str | None) -> bytes:

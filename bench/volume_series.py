@@ -74,7 +74,13 @@ def run_series(bench: Bench, segments: int, per: int) -> list[Segment]:
     for index in range(1, segments + 1):
         before = cpu_snapshot(bench.proxy.pid, bench.upstream.pid)
         result = run_wrk(
-            script, bench.proxy_port, args.connections, threads, SEGMENT_CAP_S, args.load_cpus
+            script,
+            bench.proxy_port,
+            args.connections,
+            threads,
+            SEGMENT_CAP_S,
+            args.load_cpus,
+            until_threads_stop=True,
         )
         after = cpu_snapshot(bench.proxy.pid, bench.upstream.pid)
         bench.proxy.check_alive()
