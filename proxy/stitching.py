@@ -141,6 +141,9 @@ class TrajectoryState:
     last_sequence: list[int] = field(default_factory=list)
 
 
+_PRUNE_FROM = 64
+
+
 class TrajectoryTracker:
     """In-memory map of open trajectories; the recorder is its only user (one thread).
 
@@ -161,6 +164,10 @@ class TrajectoryTracker:
         # continuation hash -> trajectory ids waiting to be continued, oldest first; ids of
         # trajectories finished since are skipped when taken, and the oldest hashes dropped
         self._continuations: OrderedDict[str, list[str]] = OrderedDict()
+        # a digest's list is pruned of finished ids once it passes this length (then twice
+        # what was left): identical conversations (one prompt, one reply, sent again and
+        # again) offer the same digest for ever, and nobody takes from it
+        self._prune_at: dict[str, int] = {}
         # trajectories holding a last sequence, least recently touched first
         self._holding: OrderedDict[str, TrajectoryState] = OrderedDict()
         self.tokens = 0
@@ -221,10 +228,15 @@ class TrajectoryTracker:
         waiting = self._continuations.get(digest)
         if waiting is not None:
             waiting.append(state.id)
+            if len(waiting) > self._prune_at.get(digest, _PRUNE_FROM):
+                alive = self._by_id
+                waiting[:] = [i for i in waiting if i in alive]
+                self._prune_at[digest] = max(_PRUNE_FROM, 2 * len(waiting))
             return
         self._continuations[digest] = [state.id]
         if len(self._continuations) > self.max_open:
-            self._continuations.popitem(last=False)
+            oldest, _ = self._continuations.popitem(last=False)
+            self._prune_at.pop(oldest, None)
 
     def touch(
         self, state: TrajectoryState, ended: float, call_id: str, sequence: list[int]
@@ -276,6 +288,7 @@ class TrajectoryTracker:
             state = self._by_id.get(waiting.pop(0))
             if not waiting:
                 del self._continuations[digest]
+                self._prune_at.pop(digest, None)
             if state is not None and self._alive(state, now):
                 return state
             waiting = self._continuations.get(digest)

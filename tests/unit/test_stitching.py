@@ -403,3 +403,21 @@ def test_last_sequences_are_shed_least_recent_first_past_the_token_budget() -> N
     assert tracker.tokens == 6
     assert tracker.expire(now=1000) == [a, b]
     assert tracker.tokens == 0
+
+
+def test_one_conversation_sent_again_and_again_holds_no_more_than_its_open_trajectories() -> None:
+    # every call the same prompt and the same reply (a benchmark, a retrying harness): each
+    # offers the same digest and none continues; finished ones must not pile up behind it
+    tracker = TrajectoryTracker(idle_timeout=60, max_open=100)
+    digest = continuation_hash([USER], REPLY)
+    for i in range(10_000):
+        state, new = tracker.resolve(session_key=None, messages=[USER], now=float(i))
+        assert new
+        tracker.offer_continuation(digest, state)
+        if i % 500 == 0:
+            tracker.expire(now=float(i))  # the writer's sweep: the cap finishes the oldest
+
+    assert len(tracker._continuations[digest]) <= 2 * (100 + 500)
+    # the open ones are still there to be continued, oldest first
+    continued, new = tracker.resolve(session_key=None, messages=[USER, REPLY, NEXT], now=1e4)
+    assert not new and tracker.get(continued.id) is continued
