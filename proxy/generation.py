@@ -14,11 +14,11 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-import aiohttp
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from proxy import http1
 from proxy.capture import (
     CHAT,
     Capture,
@@ -165,7 +165,7 @@ class Generation:
 
     async def _open(
         self, upstream_body: dict[str, Any], sticky: str | None
-    ) -> tuple[Replica, aiohttp.ClientResponse]:
+    ) -> tuple[Replica, http1.Response]:
         """Send the call upstream. For a translated API (whose clients cannot know the served
         model's context) an output limit vLLM refused as too large for the room the prompt
         leaves is lowered to what fits, and the call sent again; the record says so."""
@@ -195,7 +195,7 @@ class Generation:
 
     async def _send(
         self, upstream_body: dict[str, Any], sticky: str | None
-    ) -> tuple[Replica, aiohttp.ClientResponse]:
+    ) -> tuple[Replica, http1.Response]:
         plain = orjson.dumps(upstream_body)
         requested = upstream_body.get("model")
 
@@ -217,7 +217,7 @@ class Generation:
         self.record.upstream = replica.url
         return replica, response
 
-    async def _read(self, response: aiohttp.ClientResponse) -> bytes:
+    async def _read(self, response: http1.Response) -> bytes:
         try:
             return await response.read()
         except UPSTREAM_READ_ERRORS as exc:
@@ -229,7 +229,7 @@ class Generation:
             await self.state.pool.release(response)
 
     async def _read_whole(
-        self, response: aiohttp.ClientResponse
+        self, response: http1.Response
     ) -> tuple[dict[str, Any] | None, Response | None]:
         """(parsed 200 body, None) or (None, the response to send because it failed)."""
         try:
@@ -250,7 +250,7 @@ class Generation:
             error = UpstreamUnavailable(f"upstream {self.record.upstream} sent invalid JSON")
             return None, self.fail(error)
 
-    async def _whole(self, response: aiohttp.ClientResponse, asked: ClientAsked) -> Response:
+    async def _whole(self, response: http1.Response, asked: ClientAsked) -> Response:
         data, failed = await self._read_whole(response)
         if data is None:
             assert failed is not None
@@ -299,7 +299,7 @@ class Generation:
     async def _relay(
         self,
         replica: Replica,
-        response: aiohttp.ClientResponse,
+        response: http1.Response,
         writer: StreamWriter,
         has_tools: bool,
     ) -> AsyncIterator[bytes]:
