@@ -172,6 +172,7 @@ class TrajectoryTracker:
         self._holding: OrderedDict[str, TrajectoryState] = OrderedDict()
         self.tokens = 0
         self.taken: str | None = None
+        self.evicted = 0  # forgotten for the cap while not idle (left open in the database)
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -257,19 +258,30 @@ class TrajectoryTracker:
             shed.last_sequence = []
 
     def expire(self, now: float) -> list[TrajectoryState]:
-        """Forget trajectories idle past the timeout (or over the cap); return them."""
-        gone: list[TrajectoryState] = []
+        """Forget trajectories idle past the timeout, and the least recently active past
+        the cap; return the idle ones (the caller finishes them).
+
+        Those forgotten for the cap are not idle yet: they stay open in the database and
+        finish there once they are (`repo.finish_idle`), and a session's next call finds
+        its trajectory there again. Finishing them here cost one row update per call, in
+        the proxy's process, at any rate of new trajectories past the cap (issue 16).
+        """
+        idle: list[TrajectoryState] = []
         while self._by_id:
             state = next(iter(self._by_id.values()))
-            if self._alive(state, now) and len(self._by_id) <= self.max_open:
+            alive = self._alive(state, now)
+            if alive and len(self._by_id) <= self.max_open:
                 break
             self._by_id.popitem(last=False)
             if state.session_key is not None and self._by_session.get(state.session_key) is state:
                 del self._by_session[state.session_key]
             if self._holding.pop(state.id, None) is not None:
                 self.tokens -= len(state.last_sequence)
-            gone.append(state)
-        return gone
+            if alive:
+                self.evicted += 1
+            else:
+                idle.append(state)
+        return idle
 
     def get(self, trajectory_id: str) -> TrajectoryState | None:
         return self._by_id.get(trajectory_id)

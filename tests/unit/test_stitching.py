@@ -258,12 +258,16 @@ def test_expire_returns_idle_trajectories_and_forgets_them() -> None:
     assert again.id != keyed.id
 
 
-def test_expire_enforces_the_open_cap_oldest_first() -> None:
+def test_expire_enforces_the_open_cap_oldest_first_without_finishing_them() -> None:
     tracker = TrajectoryTracker(idle_timeout=100, max_open=2)
     states = [tracker.resolve(session_key=None, messages=None, now=t)[0] for t in range(3)]
 
-    assert tracker.expire(now=3) == [states[0]]
+    # forgotten, but not idle: nothing for the caller to finish (the database does, later)
     assert tracker.expire(now=3) == []
+    assert tracker.get(states[0].id) is None and tracker.evicted == 1
+    assert [tracker.get(s.id) for s in states[1:]] == states[1:]
+    # idle ones past the cap are still returned, to be finished
+    assert tracker.expire(now=200) == states[1:]
 
 
 def test_find_open_revives_an_unknown_session() -> None:
