@@ -19,12 +19,13 @@ import pytest
 from alembic import command
 from sqlalchemy import Engine, func, select
 
+from proxy import recording
 from proxy.capture import Capture, ChoiceCapture
 from proxy.recording import CallRecord, Recorder, log_directory
 from proxy.spool import Spool
 from proxy.stitching import new_id
 from proxy.store import db
-from proxy.store.models import Trajectory
+from proxy.store.models import Call, Trajectory
 from tests.records import count_calls, export
 from tests.tcp_gate import through_gate
 from tests.test_store import _batch as store_batch
@@ -105,6 +106,76 @@ def test_calls_reach_the_database_once_with_their_trajectories(
     trajectories = export(engine)
     assert all(c["capture_complete"] for t in trajectories for c in t["calls"])
     assert max(len(t["calls"]) for t in trajectories) == 125
+
+
+def conversation(turns: int, session_key: str | None = None) -> list[CallRecord]:
+    """One conversation's calls: each sends back the earlier messages and replies (so it is
+    stitched, and its prompt stored as a delta)."""
+    out, messages, prompt = [], [], [1, 2, 3]
+    for turn in range(turns):
+        messages = [*messages, {"role": "user", "content": f"turn {turn}"}]
+        reply = {"role": "assistant", "content": f"reply {turn}", "tool_calls": None}
+        record = call(turn, session_key)
+        record.request = {"model": "m", "messages": list(messages), "temperature": 0.5}
+        record.chat_messages = record.request["messages"]
+        assert record.capture is not None
+        record.capture.prompt_token_ids = [*prompt, 10 + turn]
+        record.capture.choices[0].message = reply
+        record.response = {"choices": [{"index": 0, "message": reply}], "usage": {"n": turn}}
+        record.sampling = {"temperature": 0.5, "top_p": 1.0}
+        record.user_agent = "agent/1.0\x00"  # a NUL: cleaned the same way on both paths
+        out.append(record)
+        prompt = [*record.capture.prompt_token_ids, 7, 8]
+        messages = [*messages, reply]
+    return out
+
+
+def stored(engine: Engine) -> list[dict[str, Any]]:
+    """Every calls row as stored, in order, its trajectory as the index of the trajectory
+    in order of first appearance (ids differ from run to run), with that trajectory's row."""
+    with engine.connect() as conn:
+        calls = [dict(r._mapping) for r in conn.execute(select(Call.__table__))]
+        trajectories = {r.id: dict(r._mapping) for r in conn.execute(select(Trajectory.__table__))}
+    calls.sort(key=lambda c: (c["started_at"], c["id"]))
+    first: dict[str, int] = {}
+    for c in calls:
+        trajectory = dict(trajectories[c["trajectory_id"]])
+        c["trajectory_id"] = first.setdefault(trajectory.pop("id"), len(first))
+        c["trajectory"] = trajectory
+    return calls
+
+
+def test_calls_handed_over_in_memory_are_stored_as_those_read_back_from_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = conversation(6) + conversation(4, session_key="s") + [call(i) for i in range(20)]
+    engines = {}
+
+    async def body(name: str) -> None:
+        engine = engines[name] = db.make_engine(f"sqlite:///{tmp_path / name}.db")
+        db.upgrade(f"sqlite:///{tmp_path / name}.db")
+        rec = recorder(engine, tmp_path / f"{name}.jsonl")
+        await rec.start()
+        for record in records:
+            rec.record(record)
+        await until(lambda: rec.status()["backlog_calls"] == 0, "all written")
+        assert rec.writer is not None
+        handed = rec.writer._handoff_out
+        await rec.close()
+        assert (handed > 0) == (name == "handed")
+
+    try:
+        run(lambda: body("handed"))
+        monkeypatch.setattr(recording, "HANDED_OFF", set())  # every call read back from the log
+        run(lambda: body("read"))
+        handed, read = stored(engines["handed"]), stored(engines["read"])
+        assert len(handed) == len(records)
+        assert handed == read
+        assert max(c["trajectory_id"] for c in handed) == 1 + 20  # two conversations + 20
+        assert any(c["prompt_prefix_len"] for c in handed)  # deltas on both paths
+    finally:
+        for engine in engines.values():
+            engine.dispose()
 
 
 def test_idle_time_counts_from_the_end_of_a_call_not_its_start(
