@@ -40,11 +40,22 @@ class Trajectory(Base):
     # an explicit GRPO group (fan-out: "fanout:<call id>"); the learner groups by it first
     group_key: Mapped[str | None] = mapped_column(String(200), index=True)
     # open -> finished (idle timeout or explicit finish)
-    status: Mapped[str] = mapped_column(String(16), index=True, default="open")
+    status: Mapped[str] = mapped_column(String(16), default="open")
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     last_call_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     reward: Mapped[float | None] = mapped_column(Float)
+
+    __table_args__ = (
+        # the open ones by last call: what the writer's idle sweep reads (repo.finish_idle),
+        # whatever the number of finished ones (migration 0014)
+        Index(
+            "ix_trajectories_open_last_call",
+            "last_call_at",
+            postgresql_where=text("status = 'open'"),
+            sqlite_where=text("status = 'open'"),
+        ),
+    )
 
 
 class Call(Base):
