@@ -165,8 +165,9 @@ class Recorder:
             # the batch being written and the calls handed over for the next
             "queue_depth": (writer.in_memory_calls if writer else 0) + handed_calls,
             "queue_bytes": (writer.in_memory_bytes if writer else 0) + handed_bytes,
-            "queue_limit_calls": self.batch_calls,
-            "queue_limit_bytes": self.batch_bytes,
+            # each of the two at most a batch's bounds
+            "queue_limit_calls": 2 * self.batch_calls,
+            "queue_limit_bytes": 2 * self.batch_bytes,
             "backlog_calls": self.backlog_at_start
             + self.logged
             - processed

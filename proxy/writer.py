@@ -165,11 +165,14 @@ class Writer:
         self, start: Position, before: Position, end: Position, size: int, entry: dict[str, Any]
     ) -> None:
         """(event loop) A call just appended to the log at `start` (the log ended at
-        `before` until then) up to `end`. Kept for the writer only while what it holds in
-        memory stays within one batch's bounds; past them the log alone has it."""
-        held = len(self._handoff) + self.in_memory_calls
-        held_bytes = self._handoff_in - self._handoff_out + self.in_memory_bytes
-        if held >= self.batch_calls or held_bytes + size > self.batch_bytes:
+        `before` until then) up to `end`. Kept for the writer only while the hand-off
+        holds less than a batch's bounds (calls, bytes); past them the log alone has it.
+
+        Each counter has one writer (this side `_handoff_in`, the writer `_handoff_out`),
+        so no update is lost between the threads.
+        """
+        held_bytes = self._handoff_in - self._handoff_out
+        if len(self._handoff) >= self.batch_calls or held_bytes + size > self.batch_bytes:
             return
         self._handoff.append((start, before, end, size, entry))
         self._handoff_in += size
