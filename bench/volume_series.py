@@ -43,6 +43,7 @@ class Segment:
     p50_ms: float | None
     p99_ms: float | None
     cpu_us_per_call: float
+    cpu_share: float  # of one core, over the segment: under ~95% the proxy was not all busy
     rss_mib: float
     backlog_calls: int
     written: int
@@ -69,7 +70,7 @@ def run_series(bench: Bench, segments: int, per: int) -> list[Segment]:
     )
     print(
         f"  {'segment':>7} {'calls':>11} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
-        f"{'CPU/call':>9} {'RSS MiB':>8} {'backlog':>8}"
+        f"{'CPU/call':>9} {'CPU':>5} {'RSS MiB':>8} {'backlog':>8}"
     )
     for index in range(1, segments + 1):
         before = cpu_snapshot(bench.proxy.pid, bench.upstream.pid)
@@ -94,6 +95,7 @@ def run_series(bench: Bench, segments: int, per: int) -> list[Segment]:
             p50_ms=result.p50_ms,
             p99_ms=result.p99_ms,
             cpu_us_per_call=_ticks_to_us(cpu_ticks) / max(1, result.completed),
+            cpu_share=_ticks_to_us(cpu_ticks) / 1e6 / max(result.seconds, 1e-9),
             rss_mib=rss_mib(bench.proxy.pid),
             backlog_calls=int(recording.get("backlog_calls", -1)),
             written=int(recording.get("written", -1)),
@@ -104,7 +106,7 @@ def run_series(bench: Bench, segments: int, per: int) -> list[Segment]:
         print(
             f"  {index:>7} {sent:>11,} {segment.rps:>8,.0f} {_ms(segment.p50_ms):>7} "
             f"{_ms(segment.p99_ms):>7} {segment.cpu_us_per_call:>6.0f} us "
-            f"{segment.rss_mib:>8.0f} {segment.backlog_calls:>8,}"
+            f"{segment.cpu_share:>5.0%} {segment.rss_mib:>8.0f} {segment.backlog_calls:>8,}"
             + (
                 f"  ({result.non_2xx} non-2xx, {result.socket_errors} socket errors)"
                 if result.non_2xx or result.socket_errors
