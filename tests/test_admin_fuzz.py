@@ -44,6 +44,8 @@ OPERATIONS = [
     "GET /keys",
     "POST /keys",
     "DELETE /keys/{name}",
+    "GET /curricula",
+    "GET /curricula/{name}",
 ]
 
 
