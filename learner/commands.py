@@ -101,6 +101,13 @@ def _add_learn(commands: Any) -> None:
         "about a third more compute",
     )
     learn.add_argument(
+        "--precision",
+        choices=("auto", "float32", "bfloat16", "autocast"),
+        help="what the trainer computes in: bfloat16 (float32 master weights and AdamW state, "
+        "bf16 checkpoints), float32, autocast (float32 weights, bf16 matmuls); auto (the "
+        "default): bfloat16 when vLLM serves bfloat16, else float32",
+    )
+    learn.add_argument(
         "--no-mask-truncated",
         dest="mask_truncated",
         action="store_false",
@@ -185,6 +192,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
         max_steps=args.max_steps,
         activation_checkpointing=args.activation_checkpointing,
         mask_truncated=args.mask_truncated,
+        precision=args.precision,
         poll_interval=args.poll_interval,
     )
     try:

@@ -47,6 +47,11 @@ class LearnerConfig:
     # recompute decoder layer activations in the backward pass (less memory, more compute)
     activation_checkpointing: bool = False
     mask_truncated: bool = True
+    # what the trainer computes in: "float32", "bfloat16" (bf16 forward and backward, float32
+    # master weights and AdamW state; checkpoints in bf16), "autocast" (float32 weights, bf16
+    # matmuls), or "auto": bfloat16 when every replica serves bfloat16 (full weights), else
+    # float32
+    precision: str = "auto"
     max_sequence_mismatch: float = 1.0
     # max |vLLM - trainer| probe logprob; None: by the dtype vLLM serves (float32 1e-3,
     # bfloat16 and float16 1e-2: learner/publisher.py)

@@ -16,6 +16,7 @@ and the checkpoints.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -139,7 +140,11 @@ class Learner:
 
         tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         self.probe = Probe(prompt_token_ids=list(tokenizer(PROBE_TEXT)["input_ids"]))
-        self.tolerance = self._verify_tolerance()
+        dtypes = {served_dtype(upstream) for upstream in self.config.upstreams}
+        self.tolerance = self._verify_tolerance(dtypes)
+        self.trainer_config = dataclasses.replace(
+            self.trainer_config, precision=self._precision(dtypes)
+        )
         # a learner killed mid-publish left its lease behind: take it over at once
         with lease.held(self.engine, self.holder, wait=LEASE_WAIT, steal_prefix=LEARNER):
             with self.engine.begin() as conn:
@@ -168,17 +173,30 @@ class Learner:
             "the client keys " + ", ".join(self.config.keys) if self.config.keys else "everyone",
         )
 
-    def _verify_tolerance(self) -> float:
+    def _verify_tolerance(self, dtypes: set[str | None]) -> float:
         """The probe tolerance: the configured one, else the one for the dtype the replicas
         serve in (the loosest, should they differ)."""
         if self.config.verify_tolerance is not None:
             return self.config.verify_tolerance
-        dtypes = {served_dtype(upstream) for upstream in self.config.upstreams}
         tolerance = max(tolerance_for(dtype) for dtype in dtypes)
         log.info(
             "vLLM serves in %s: swaps verify within %g", ", ".join(map(str, dtypes)), tolerance
         )
         return tolerance
+
+    def _precision(self, dtypes: set[str | None]) -> str:
+        """What the trainer computes in: the configured precision, else bf16 (with float32
+        masters) when every replica serves bf16, so checkpoints hold exactly the weights the
+        trainer scores with; a LoRA adapter trains in float32."""
+        precision = self.config.precision
+        if self.config.lora and precision != "float32":
+            if precision != "auto":
+                log.warning("--lora trains in float32, not %s", precision)
+            precision = "float32"
+        elif precision == "auto":
+            precision = "bfloat16" if dtypes == {"bfloat16"} else "float32"
+        log.info("the trainer computes in %s", precision)
+        return precision
 
     def _adopt_served_weights(self) -> bool:
         """First start: the weights vLLM serves now become version 0, with the probe they
@@ -434,7 +452,9 @@ class Learner:
         # the knob as the operator or the command line last set it, whatever the optimizer
         # state loaded from a checkpoint says
         self.trainer.set_learning_rate(self.config.learning_rate)
-        metrics = self.trainer.step([s for s, _ in pairs], [a for _, a in pairs])
+        metrics = self.trainer.step(
+            [s for s, _ in pairs], [a for _, a in pairs], fresh_version=self.serving["version"]
+        )
         metrics.update(
             group_metrics, learning_rate=self.config.learning_rate, skipped_calls=dict(skipped)
         )
@@ -460,7 +480,8 @@ class Learner:
             return  # an operator changed what serves meanwhile: trained again from there
         log.info(
             "step %d: %d samples, %d tokens, reward %.3f, lr %.3g, loss %.4f, clip %.3f, "
-            "mismatch-kl %.2e, swap %.2fs -> %s",
+            "ratio %.4f [%.4f, %.4f], mismatch-kl %.2e (fresh %.2e over %d tokens), "
+            "swap %.2fs -> %s",
             step,
             len(pairs),
             int(metrics.get("trained_tokens", 0)),
@@ -468,7 +489,12 @@ class Learner:
             self.config.learning_rate,
             metrics.get("loss", float("nan")),
             metrics.get("clip_fraction", float("nan")),
+            metrics.get("ratio_mean", float("nan")),
+            metrics.get("ratio_min", float("nan")),
+            metrics.get("ratio_max", float("nan")),
             metrics.get("mismatch_kl", float("nan")),
+            metrics.get("fresh_mismatch_kl", float("nan")),
+            int(metrics.get("fresh_tokens", 0)),
             result.swap_seconds,
             result.version if result.ok else f"NOT PUBLISHED ({result.error})",
         )
@@ -625,7 +651,12 @@ class Learner:
         if self.config.lora:
             serving = Path(self.serving["checkpoint_path"])
             return save_adapter(self.trainer.model, target, base_dir=served_base(serving))
-        return save_checkpoint(self.trainer.model, target, source_dir=self.model_dir)
+        return save_checkpoint(
+            self.trainer.model,
+            target,
+            source_dir=self.model_dir,
+            state=self.trainer.checkpoint_state(),
+        )
 
     @staticmethod
     def _optimizer_path(checkpoint: Path) -> Path:
@@ -635,7 +666,8 @@ class Learner:
     def _save_optimizer(self, checkpoint: Path) -> None:
         assert self.trainer is not None
         path = self._optimizer_path(checkpoint)
-        torch.save(self.trainer.optimizer.state_dict(), path.with_suffix(".tmp"))
+        # AdamW's moments and, under bf16, the float32 master weights
+        torch.save(self.trainer.training_state(), path.with_suffix(".tmp"))
         path.with_suffix(".tmp").replace(path)
 
     def _load_optimizer(self, checkpoint: Path) -> None:
@@ -646,7 +678,7 @@ class Learner:
         path = self._optimizer_path(checkpoint)
         if path.exists():
             try:
-                self.trainer.optimizer.load_state_dict(torch.load(path, weights_only=True))
+                self.trainer.load_training_state(torch.load(path, weights_only=True))
             except ValueError as exc:
                 # saved for other parameters (LoRA switched on or off): start the moments anew
                 log.warning("optimizer state %s does not fit (%s); starting afresh", path, exc)

@@ -479,9 +479,11 @@ def tolerance_for(dtype: str | None) -> float:
     return DEFAULT_TOLERANCE
 
 
-def served_dtype(upstream: str, *, timeout: float = 10) -> str | None:
+def served_dtype(upstream: str, *, timeout: float = 120) -> str | None:
     """The dtype a vLLM replica computes in ("bfloat16", "float32", ...), from its
-    dev-mode ``GET /server_info``; None when it does not say."""
+    dev-mode ``GET /server_info``; None when it does not say. A generous timeout: vLLM
+    collects its environment (pip, subprocesses) at the first call, which took over 10 s
+    on a loaded 2-core machine, and a wrong answer here makes every bf16 swap fail."""
     try:
         response = httpx.get(
             upstream.rstrip("/") + "/server_info",

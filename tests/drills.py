@@ -367,8 +367,8 @@ class HeldStep:
         self.released = threading.Event()
         step = Trainer.step
 
-        def held(trainer: Trainer, samples: Any, advantages: Any) -> dict[str, Any]:
-            metrics = step(trainer, samples, advantages)
+        def held(trainer: Trainer, samples: Any, advantages: Any, **kwargs: Any) -> dict[str, Any]:
+            metrics = step(trainer, samples, advantages, **kwargs)
             if not self.reached.is_set():
                 self.reached.set()
                 assert self.released.wait(120), "the held step was never released"

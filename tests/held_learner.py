@@ -21,8 +21,8 @@ from proxy import cli
 def hold_first_step(marker: Path) -> None:
     step = Trainer.step
 
-    def held(trainer: Trainer, samples: Any, advantages: Any) -> dict[str, Any]:
-        step(trainer, samples, advantages)
+    def held(trainer: Trainer, samples: Any, advantages: Any, **kwargs: Any) -> dict[str, Any]:
+        step(trainer, samples, advantages, **kwargs)
         marker.write_text(str(os.getpid()))
         while True:  # until the drill's SIGKILL
             signal.pause()

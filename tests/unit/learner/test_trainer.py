@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
 import torch
 
 from learner.samples import Sample, Sampling
@@ -282,3 +283,92 @@ def test_the_kl_term_changes_the_update_and_is_reported(tmp_path: Path) -> None:
         updated[kl] = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
     assert metrics["kl"] > 0
     assert not torch.allclose(updated[0.0], updated[5.0])
+
+
+def _on_policy(trainer: Trainer, prompt: list[int], completion: list[int]) -> Sample:
+    before = trainer.logprobs_of(prompt, completion)
+    return Sample(
+        trajectory_id="t",
+        token_ids=prompt + completion,
+        loss_mask=[False] * len(prompt) + [True] * len(completion),
+        logprobs=[0.0] * len(prompt) + before,
+    )
+
+
+def test_bf16_computes_on_a_copy_of_float32_masters_that_keep_small_steps(
+    tmp_path: Path,
+) -> None:
+    from learner.checkpoint import load_model
+    from learner.demo.tiny_model import build_tiny_model
+
+    model = load_model(build_tiny_model(tmp_path / "m", seed=0))
+    # 1e-5 moves a weight far less than bf16's spacing near it (about 1e-4 at 0.02)
+    trainer = Trainer(model, TrainerConfig(learning_rate=1e-5, precision="bfloat16"), "cpu")
+    assert trainer.compute is not trainer.model
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+    assert {p.dtype for p in trainer.compute.parameters()} == {torch.bfloat16}
+    start = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    metrics = trainer.step([_on_policy(trainer, [1, 10, 20, 30], [40, 50, 60])], [1.0])
+    assert metrics["trained_tokens"] == 3 and metrics["grad_norm"] > 0
+    moved = {n: float((p.detach() - start[n]).abs().max()) for n, p in model.named_parameters()}
+    # AdamW's first step moves every weight with a gradient by about the learning rate
+    assert max(moved.values()) == pytest.approx(1e-5, rel=0.05)
+    assert sum(m > 5e-6 for m in moved.values()) > len(moved) // 2, moved
+    state = trainer.checkpoint_state()
+    for name, master in trainer.model.state_dict().items():
+        # what vLLM gets is the masters rounded to bf16, exactly the copy the trainer scores
+        assert state[name].dtype == torch.bfloat16
+        assert torch.equal(state[name], master.to(torch.bfloat16)), name
+        assert torch.equal(state[name], trainer.compute.state_dict()[name]), name
+    rounded = sum(
+        torch.equal(state[n], start[n].to(torch.bfloat16)) for n in trainer.master_state()
+    )
+    assert rounded > 0  # a step this small leaves some weights' bf16 values where they were
+
+
+def test_bf16_training_state_resumes_the_same_run(tmp_path: Path) -> None:
+    from learner.checkpoint import load_model, save_checkpoint
+    from learner.demo.tiny_model import build_tiny_model
+
+    source = build_tiny_model(tmp_path / "m", seed=0)
+    config = TrainerConfig(learning_rate=1e-3, precision="bfloat16")
+    first = Trainer(load_model(source), config, "cpu")
+    batch = [_on_policy(first, [1, 10, 20, 30], [40, 50, 60, 70])]
+    first.step(batch, [1.0])
+    saved = save_checkpoint(
+        first.model, tmp_path / "step", source_dir=source, state=first.checkpoint_state()
+    )
+    from safetensors import safe_open
+
+    with safe_open(str(saved / "model.safetensors"), framework="pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+        assert "lm_head.weight" in set(f.keys())
+    torch.save(first.training_state(), tmp_path / "state.pt")
+    resumed = Trainer(load_model(saved), config, "cpu")  # bf16 weights, upcast
+    resumed.load_training_state(torch.load(tmp_path / "state.pt", weights_only=True))
+    for name, p in first.model.named_parameters():
+        assert torch.equal(p, dict(resumed.model.named_parameters())[name]), name
+    first.step(batch, [1.0])
+    resumed.step(batch, [1.0])
+    for (name, a), b in zip(
+        first.model.named_parameters(), resumed.model.parameters(), strict=True
+    ):
+        assert torch.equal(a, b), name
+
+
+def test_autocast_and_bf16_score_alike_and_write_bf16(tmp_path: Path) -> None:
+    from learner.checkpoint import load_model
+    from learner.demo.tiny_model import build_tiny_model
+
+    source = build_tiny_model(tmp_path / "m", seed=0)
+    prompt, completion = [1, 10, 20, 30], list(range(40, 72))
+    by = {
+        precision: Trainer(load_model(source), TrainerConfig(precision=precision), "cpu")
+        for precision in ("float32", "bfloat16", "autocast")
+    }
+    exact = torch.tensor(by["float32"].logprobs_of(prompt, completion))
+    for precision in ("bfloat16", "autocast"):
+        got = torch.tensor(by[precision].logprobs_of(prompt, completion))
+        diff = float((got - exact).abs().max())
+        assert 0 < diff < 0.05, (precision, diff)  # bf16 rounding, nothing worse
+        assert {t.dtype for t in by[precision].checkpoint_state().values()} == {torch.bfloat16}
