@@ -141,6 +141,16 @@ def report_series(series: list[Segment]) -> bool:
         f"backlog at the end {series[-1].backlog_calls:,}"
     )
     print(f"Aim: req/s and p50 within 10% of segment 1 -> {'MET' if flat else 'MISSED'}")
+    # what other load on the machine moves least: the proxy's own CPU per call
+    cpu_flat = all(
+        abs(s.cpu_us_per_call / first.cpu_us_per_call - 1) <= FLAT_WITHIN for s in series[1:]
+    )
+    shares = [s.cpu_share for s in series]
+    print(
+        f"CPU per call within 10% of segment 1 -> {'yes' if cpu_flat else 'no'}; the proxy "
+        f"had {min(shares):.0%}-{max(shares):.0%} of its core (under ~95%: other load took "
+        "some, and req/s and p50 moved with it)"
+    )
     return flat
 
 
