@@ -24,7 +24,16 @@ def onthejob(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize(
     "command",
-    [[], ["serve"], ["export"], ["db", "upgrade"], ["demo"], ["spool", "replay"], ["learn"]],
+    [
+        [],
+        ["serve"],
+        ["export"],
+        ["db", "upgrade"],
+        ["demo"],
+        ["spool", "replay"],
+        ["learn"],
+        ["rollout"],
+    ],
 )
 def test_help_lists_every_option(command: list[str]) -> None:
     result = onthejob(*command, "--help")
@@ -51,6 +60,11 @@ def test_help_lists_every_option(command: list[str]) -> None:
         assert "client key" in result.stdout and "/admin/api/keys" in result.stdout
     if command == ["learn"]:
         assert "--keys" in result.stdout
+    if command == ["rollout"]:
+        for option in ("--tasks", "--curriculum", "--max-rounds", "--minutes", "--step-wait"):
+            assert option in result.stdout
+    if command == ["demo"]:
+        assert "--curriculum" in result.stdout and "--curriculum-minutes" in result.stdout
     if command == ["spool", "replay"]:
         for option in ("--db", "--spool"):
             assert option in result.stdout

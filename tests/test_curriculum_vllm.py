@@ -27,6 +27,7 @@ from sqlalchemy import Engine, select
 
 from proxy.store import db
 from proxy.store.models import CurriculumEval, CurriculumPromotion, EvalResult, RolloutRun
+from tests.conftest import ARTIFACTS
 
 pytestmark = [pytest.mark.vllm]
 
@@ -99,15 +100,21 @@ def test_a_stage_passed_at_once_is_promoted_and_one_never_passed_is_not(
     proxy = start_proxy([vllm.url], db_url, env={"ONTHEJOB_ADMIN_TOKEN": TOKEN})
 
     first = curriculum(["--max-rounds", "1"], proxy_url=proxy.url, db_url=db_url, file=file)
+    ARTIFACTS.mkdir(exist_ok=True)  # what it said, for a failure's post-mortem
+    (ARTIFACTS / "curriculum-cli.log").write_text(first.stdout + "\n--- stderr\n" + first.stderr)
     assert first.returncode == 0, first.stderr + first.stdout
     lines = first.stdout.splitlines()
     assert lines[0].startswith("[curriculum steps] starting at stage 1/2 'easy'"), lines
     text = first.stdout
-    assert "stage 1/2 'easy' eval 1 (after 0 training rounds): pass@1 1.000" in text
-    assert "promoted 'easy' -> 'hard' at version " in text
-    assert "stage 2/2 'hard' round 1: 4 runs (2 of the stage, 2 replayed)" in text
-    assert "stage 2/2 'hard' eval 2 (after 1 training rounds): pass@1 0.000" in text
-    assert text.count("-> not yet") == 2 and "stopped (max_rounds) after 1 training" in text
+    for line in (
+        "stage 1/2 'easy' eval 1 (after 0 training rounds): pass@1 1.000",
+        "promoted 'easy' -> 'hard' at version ",
+        "stage 2/2 'hard' round 1: 4 runs (2 of the stage, 2 replayed)",
+        "stage 2/2 'hard' eval 2 (after 1 training rounds): pass@1 0.000",
+        "stopped (max_rounds) after 1 training",
+    ):
+        assert line in text, text + first.stderr[-4000:]
+    assert text.count("-> not yet") == 2, text
 
     engine = db.make_engine(db_url)
     try:
@@ -124,7 +131,9 @@ def test_a_stage_passed_at_once_is_promoted_and_one_never_passed_is_not(
         ("curriculum:steps:hard:train", "hard-1", False): 2,
         ("curriculum:steps:hard:train", "easy-1", False): 2,  # replayed from the first stage
     }
-    assert all(r["status"] == "ok" and r["reward"] is not None for r in runs)
+    assert all(r["status"] == "ok" and r["reward"] is not None for r in runs), [
+        (r["task_key"], r["status"], r["error"]) for r in runs
+    ]
     # each run with its own stage's command: the replayed task with the first stage's
     for run in runs:
         easy = run["task_key"].startswith("easy")

@@ -88,6 +88,19 @@ def register(commands: Any) -> None:
         action="store_false",
         help="go on even when held-out success before learning is outside the learnable band",
     )
+    demo.add_argument(
+        "--curriculum",
+        action="store_true",
+        help="run the demo as a two-stage curriculum instead: single-turn arithmetic "
+        "question and answer, then the calculator-tool task (learner/demo/curriculum.py)",
+    )
+    demo.add_argument(
+        "--curriculum-minutes",
+        type=float,
+        default=10.0,
+        metavar="M",
+        help="with --curriculum: time for its rounds and evals (default 10)",
+    )
     demo.set_defaults(func=cmd_demo)
 
 
@@ -119,9 +132,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
         warmup=warmup,
         model_cache=args.model_cache,
     )
+    if args.curriculum:
+        return _curriculum(config, args.curriculum_minutes)
     try:
         run_demo(config)
     except DemoStopped as stopped:
+        print(f"[demo] stopped: {stopped}", flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print("\n[demo] interrupted; every process it started has been stopped", flush=True)
+        return 130
+    return 0
+
+
+def _curriculum(config: Any, minutes: float) -> int:
+    from learner.demo.curriculum import run_curriculum_demo
+    from learner.demo.run import DemoStopped
+    from learner.rollout.curriculum_runner import CurriculumFailed
+
+    try:
+        run_curriculum_demo(config, minutes)
+    except (DemoStopped, CurriculumFailed) as stopped:
         print(f"[demo] stopped: {stopped}", flush=True)
         return 1
     except KeyboardInterrupt:

@@ -239,3 +239,41 @@ def format_number(value: float | int) -> str:
     if float(value).is_integer():
         return str(int(value))
     return f"{value:.6f}".rstrip("0").rstrip(".")
+
+
+# The kinds whose expression uses the question's numbers in their order ("There are 7
+# boxes with 12 pens in each" -> 7 * 12): one-step arithmetic questions, the first stage of
+# the demo's curriculum (learner/demo/curriculum.py); conversions need a factor the
+# question does not state.
+DIRECT_KINDS = ("containers", "tickets")
+
+
+def make_qa_tasks(
+    seed: int,
+    n_train: int,
+    n_eval: int,
+    *,
+    exclude: Iterable[str] = (),
+    kinds: Iterable[str] = DIRECT_KINDS,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, eval) of the given kinds from a seeded stream of their own, distinct prompts
+    never in ``exclude`` nor shared between the splits; ids ``qa-train-0000`` style."""
+    rng = random.Random(f"onthejob-demo-qa-tasks-{seed}")
+    chosen = sorted(kinds)
+    seen = set(exclude)
+    splits: list[list[dict[str, Any]]] = []
+    for split, count in (("train", n_train), ("eval", n_eval)):
+        rows: list[dict[str, Any]] = []
+        for _ in range(100 * (count + 10)):
+            if len(rows) == count:
+                break
+            task = make_task(rng, kind=rng.choice(chosen))
+            if task["prompt"] in seen:
+                continue
+            seen.add(task["prompt"])
+            task["metadata"]["split"] = split
+            rows.append({"id": f"qa-{split}-{len(rows):04d}", **task})
+        else:
+            raise ValueError(f"cannot make {count} distinct {split} tasks of {chosen}")
+        splits.append(rows)
+    return splits[0], splits[1]

@@ -12,9 +12,10 @@ with an eval of its own split at once. It stops when the last stage is passed, a
 (training rounds, minutes), on Ctrl-C / `stop`, or when every run of a rollout failed
 (a harness that cannot work would otherwise loop until the cap).
 
-Each round and eval prints one line (`say`). With `step_wait`, after a round whose runs
-carry a training signal the runner waits up to that long for the learner's next step to be
-served, so the next round samples from the newest policy (on-policy GRPO learns faster).
+Each round and eval prints one line (`say`). With `step_wait`, once the runs with a training
+signal since the learner's last step make a batch of the running learner's (its heartbeat
+says how many), the runner waits up to that long for the learner's next step to be served,
+so the next round samples from the newest policy (on-policy GRPO learns faster).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 
 from learner import queries
+from learner.control import read_heartbeat
 from learner.graders.tasks import Task, TaskTable
 from learner.rollout import curriculum_store as cstore
 from learner.rollout import proxy_store
@@ -160,6 +162,7 @@ class _Run:
         self.rng = random.Random(
             f"onthejob-curriculum-{self.curriculum.name}-{self.curriculum.seed}"
         )
+        self.pending = 0  # runs with a training signal since the learner's last step
         self.deadline = None if config.minutes is None else time.monotonic() + 60 * config.minutes
         # which stage each training task belongs to: replayed runs use their stage's command
         self.stage_of: dict[str, Stage] = {}
@@ -311,8 +314,15 @@ class _Run:
                 f"every run of {stage.name} round {number} failed without a reward: "
                 + (next((r.error for r in runs if r.error), None) or "no error recorded")
             )
-        if self.config.step_wait > 0 and _has_signal(runs):
-            self._wait_for_step(steps_before)
+        self.pending += _signal_runs(runs)
+        if self.config.step_wait > 0:
+            # the learner steps once a batch of trajectories carries a signal: short of that
+            # no step can come of waiting, so the next round goes on at once
+            batch = self._learner_batch()
+            if batch is not None and self.pending >= batch:
+                self._wait_for_step(steps_before)
+        if self._steps() > steps_before:
+            self.pending = 0
         return True
 
     # -- an eval --------------------------------------------------------------------------------
@@ -399,6 +409,13 @@ class _Run:
         with self.engine.connect() as conn:
             return int(conn.execute(select(func.count()).select_from(TrainingStep)).scalar_one())
 
+    def _learner_batch(self) -> int | None:
+        """The running learner's batch size (from its heartbeat); None: no learner seen."""
+        with self.engine.connect() as conn:
+            heartbeat = read_heartbeat(conn)
+        batch = (heartbeat or {}).get("batch_trajectories")
+        return int(batch) if isinstance(batch, int) else None
+
     def _wait_for_step(self, steps_before: int) -> None:
         """Until the learner has stepped and the proxy routes to the version it made."""
         until = time.monotonic() + self.config.step_wait
@@ -428,13 +445,14 @@ def _eval_state(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _has_signal(runs: list[RunResult]) -> bool:
-    """Whether some task's runs got different rewards: a GRPO group the learner trains on."""
-    rewards: dict[str, set[float]] = {}
+def _signal_runs(runs: list[RunResult]) -> int:
+    """How many runs belong to a task whose runs got different rewards: the GRPO groups the
+    learner trains on (a group whose runs all scored alike teaches nothing)."""
+    rewards: dict[str, list[float]] = {}
     for run in runs:
         if run.reward is not None:
-            rewards.setdefault(run.task_key, set()).add(run.reward)
-    return any(len(seen) > 1 for seen in rewards.values())
+            rewards.setdefault(run.task_key, []).append(run.reward)
+    return sum(len(seen) for seen in rewards.values() if len(set(seen)) > 1)
 
 
 def _proxy_version(proxy_url: str) -> str | None:

@@ -1,0 +1,76 @@
+"""A single-turn question-and-answer agent over plain HTTP: the first stage of the demo's
+curriculum (`onthejob demo --curriculum`, learner/demo/curriculum.py).
+
+One question, one model reply, no tool loop. The calculator tool is offered, as the demo
+model knows it, and the model may answer with it: a reply that calls the calculator is
+answered by the value of the expression the model wrote (the harness evaluates it; the
+model is neither shown the result nor asked again), any other reply by its text. So the
+reward says whether the model's one reply got the arithmetic right; the calculator agent
+(calc_agent.py) adds the second turn, reading the tool's result back and answering with it.
+
+Standard library only, like calc_agent (it is started hundreds of times). Same
+environment: OPENAI_BASE_URL, OPENAI_API_KEY, ONTHEJOB_MODEL, ONTHEJOB_TASK.
+
+Run: python -m learner.demo.harnesses.qa_agent "There are 3 boxes with 4 pens in each. ..."
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from learner.demo.harnesses.calc_agent import Complete, ModelError, http_chat, question, run_tool
+from learner.demo.tasks import CALCULATOR_TOOL
+
+
+def answer(
+    complete: Complete, prompt: str, *, max_tokens: int = 64, temperature: float = 1.0
+) -> str:
+    """The model's one reply: its calculator expression's value, else its text."""
+    message: dict[str, Any] = complete(
+        [{"role": "user", "content": prompt}],
+        tools=[CALCULATOR_TOOL],
+        max_tokens=max_tokens,
+        temperature=temperature,
+    )
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        if function.get("name") == "calculator":
+            return run_tool("calculator", function.get("arguments") or json.dumps({}))
+    return str(message.get("content") or "")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("prompt", nargs="?", help="the question (else $ONTHEJOB_PROMPT or stdin)")
+    parser.add_argument("--model", default=os.environ.get("ONTHEJOB_MODEL", "default"))
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    args = parser.parse_args()
+    prompt = question(args).strip()
+    if not prompt:
+        parser.error("no question given (argument, ONTHEJOB_PROMPT or stdin)")
+    base_url = os.environ.get("OPENAI_BASE_URL")
+    if not base_url:
+        parser.error("OPENAI_BASE_URL is not set (the proxy's URL, e.g. http://127.0.0.1:8080/v1)")
+    task = os.environ.get("ONTHEJOB_TASK")
+    complete = http_chat(
+        base_url,
+        args.model,
+        api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
+        headers={"X-Onthejob-Task": task} if task else None,
+    )
+    try:
+        reply = answer(complete, prompt, max_tokens=args.max_tokens, temperature=args.temperature)
+    except ModelError as exc:
+        print(f"qa_agent: the model failed: {exc}", file=sys.stderr)
+        return 1
+    print(reply.strip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
