@@ -39,6 +39,9 @@ class LearnerConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28
     max_importance_weight: float = 2.0
+    # the clip bounds the ratio to the weights a step starts from ("proximal") or to those
+    # that sampled the tokens ("behaviour"): learner/loss.py
+    clip_against: str = "proximal"
     kl_coef: float = 0.0
     max_grad_norm: float = 1.0
     micro_batch_tokens: int = 8192

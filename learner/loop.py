@@ -105,6 +105,7 @@ class Learner:
                 clip_high=config.clip_high,
                 max_importance_weight=config.max_importance_weight,
                 kl_coef=config.kl_coef,
+                clip_against=config.clip_against,
             ),
         )
         self.retry_policy = grading.RetryPolicy(
@@ -479,9 +480,9 @@ class Learner:
         if result is None:
             return  # an operator changed what serves meanwhile: trained again from there
         log.info(
-            "step %d: %d samples, %d tokens, reward %.3f, lr %.3g, loss %.4f, clip %.3f, "
-            "ratio %.4f [%.4f, %.4f], mismatch-kl %.2e (fresh %.2e over %d tokens), "
-            "swap %.2fs -> %s",
+            "step %d: %d samples, %d tokens, reward %.3f, lr %.3g, loss %.4f, clip %.3f "
+            "(behaviour %.3f), ratio %.4f [%.4f, %.4f], mismatch-kl %.2e (fresh %.2e over %d "
+            "tokens), swap %.2fs -> %s",
             step,
             len(pairs),
             int(metrics.get("trained_tokens", 0)),
@@ -489,6 +490,7 @@ class Learner:
             self.config.learning_rate,
             metrics.get("loss", float("nan")),
             metrics.get("clip_fraction", float("nan")),
+            metrics.get("behaviour_clip_fraction", float("nan")),
             metrics.get("ratio_mean", float("nan")),
             metrics.get("ratio_min", float("nan")),
             metrics.get("ratio_max", float("nan")),

@@ -1,4 +1,5 @@
-"""learner.loss: the clipped, truncated, token-normalised policy-gradient loss."""
+"""learner.loss: the clipped, truncated, token-normalised policy-gradient loss, clipped
+against the behaviour policy or (the default) against the proximal one."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import torch
 
 from learner.loss import LossBatch, LossConfig, policy_loss, sequence_mismatch
 
-CONFIG = LossConfig()  # clip band [0.8, 1.28], importance weight cap 2.0
+# clip band [0.8, 1.28] against the behaviour policy, importance weight cap 2.0: the
+# hand-computed cases below; the default, clipped against the proximal policy, further down
+CONFIG = LossConfig(clip_against="behaviour")
+PROXIMAL = LossConfig()
 
 
 def _batch(
@@ -299,3 +303,87 @@ def test_sequence_mismatch_is_mean_k3_per_sequence() -> None:
 
     assert mismatch.tolist() == pytest.approx([0.0, 1 - math.log(2), 0.0])
     assert not mismatch.requires_grad
+
+
+# -- the clip against the proximal policy (decoupled PPO, the default) ----------------------
+
+
+def test_default_clips_against_the_proximal_policy() -> None:
+    assert LossConfig().clip_against == "proximal"
+    with pytest.raises(ValueError, match="clip_against"):
+        LossConfig(clip_against="reference")
+
+
+@pytest.mark.parametrize("advantage", [1.0, -2.0])
+def test_on_policy_tokens_get_the_same_loss_either_way(advantage: float) -> None:
+    # r = 1 (fresh, no mismatch): proximal = behaviour, nothing is clipped or truncated.
+    batch = _batch([[1.0, 1.0]], [advantage])
+    loss, metrics = policy_loss(batch, PROXIMAL, total_tokens=2)
+    behaviour_loss, _ = policy_loss(batch, CONFIG, total_tokens=2)
+
+    assert loss.item() == pytest.approx(behaviour_loss.item())
+    assert loss.item() == pytest.approx(-advantage)
+    assert _grad(batch, loss)[0].tolist() == pytest.approx([-advantage / 2, -advantage / 2])
+    assert metrics["clip_fraction"] == 0.0 and metrics["behaviour_clip_fraction"] == 0.0
+
+
+def test_proximal_hand_computed() -> None:
+    # Stale tokens (their policy moved since vLLM sampled them), N = 4:
+    #   A = +1, r = 1.5: past 1.28 in A's direction. Against the behaviour policy: clipped, no
+    #     gradient. Proximal: w = 1.5, objective w * A = 1.5, gradient -1.5 / N.
+    #   A = +1, r = 3: w = min(3, 2) = 2: objective 2, gradient -2 / N.
+    #   A = -1, r = 0.5: below 0.8 in A's direction (behaviour: clipped). Proximal: w = 0.5,
+    #     objective -0.5, gradient +0.5 / N.
+    #   A = -1, r = 3: w = 2, objective -2, gradient 2 / N (truncated either way).
+    #   loss = -(1.5 + 2 - 0.5 - 2) / 4 = -0.25
+    batch = _batch([[1.5, 3.0], [0.5, 3.0]], [1.0, -1.0])
+    loss, metrics = policy_loss(batch, PROXIMAL, total_tokens=4)
+
+    assert loss.item() == pytest.approx(-0.25)
+    assert _grad(batch, loss).flatten().tolist() == pytest.approx([-0.375, -0.5, 0.125, 0.5])
+    # one step per batch: the proximal ratio is 1, so its clip never binds
+    assert metrics["clip_fraction"] == 0.0
+    # what the clip against the behaviour policy would have zeroed: r = 1.5 and 3 with A > 0,
+    # r = 0.5 with A < 0
+    assert metrics["behaviour_clip_fraction"] == pytest.approx(3 / 4)
+    assert metrics["truncated_fraction"] == pytest.approx(2 / 4)
+    assert metrics["importance_weight_mean"] == pytest.approx((1.5 + 2 + 0.5 + 2) / 4)
+    behaviour_grad = _grad(batch, policy_loss(batch, CONFIG, total_tokens=4)[0])
+    assert behaviour_grad.flatten().tolist() == pytest.approx([0.0, 0.0, 0.0, 0.5])
+
+
+def test_proximal_masked_garbage_neither_counts_nor_leaks() -> None:
+    behaviour = torch.tensor([[-1.0, float("-inf"), -2.0]], dtype=torch.float64)
+    logprobs = torch.tensor([[-1.0, float("nan"), -2.0]], dtype=torch.float64)
+    batch = LossBatch(
+        logprobs=logprobs.requires_grad_(),
+        behaviour_logprobs=behaviour,
+        advantages=torch.tensor([1.0], dtype=torch.float64),
+        loss_mask=torch.tensor([[True, False, True]]),
+    )
+    loss, _ = policy_loss(batch, PROXIMAL, total_tokens=2)
+
+    assert loss.item() == pytest.approx(-1.0)
+    grad = _grad(batch, loss)
+    assert torch.isfinite(grad).all()
+    assert grad[0].tolist() == pytest.approx([-0.5, 0.0, -0.5])
+
+
+def test_proximal_micro_batches_sum_to_the_full_batch() -> None:
+    generator = torch.Generator().manual_seed(1)
+    behaviour = -torch.rand(4, 6, generator=generator, dtype=torch.float64) * 3
+    logprobs = behaviour + torch.randn(4, 6, generator=generator, dtype=torch.float64)
+    logprobs.requires_grad_()
+    mask = torch.rand(4, 6, generator=generator) > 0.3
+    advantages = torch.tensor([1.0, -0.5, 2.0, -1.5], dtype=torch.float64)
+    total = int(mask.sum())
+
+    def part(rows: slice) -> torch.Tensor:
+        batch = LossBatch(logprobs[rows], behaviour[rows], advantages[rows], mask[rows])
+        return policy_loss(batch, PROXIMAL, total_tokens=total)[0]
+
+    full, halves = part(slice(0, 4)), part(slice(0, 2)) + part(slice(2, 4))
+    assert halves.item() == pytest.approx(full.item())
+    (full_grad,) = torch.autograd.grad(full, logprobs)
+    (halves_grad,) = torch.autograd.grad(halves, logprobs)
+    assert torch.allclose(halves_grad, full_grad)
