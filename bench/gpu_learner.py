@@ -12,10 +12,11 @@ of each, and the logprob computation's peak against one micro-batch's bf16 logit
 <= 2x). The behaviour logprobs are the trainer's own, under the same precision, so the
 first step is on-policy (ratio 1).
 
-Precision (``--precision``): ``autocast`` (default) keeps the trained weights and AdamW's
-moments in float32 and computes in bf16 under torch.autocast, the usual mixed-precision
-scheme; the 7B base weights, frozen under LoRA, are bf16 either way. ``bf16`` holds every
-weight, and the optimizer state, in bf16.
+Precision: the 0.5B model trains its full weights under ``--precision`` (the trainer's
+`TrainerConfig.precision`; default ``bfloat16``: float32 master weights and AdamW state, the
+forward and backward passes on a bf16 copy, as the learner runs when vLLM serves bf16). The
+7B model's base weights are bf16 and frozen, its adapter float32 (peft's default), and the
+trainer computes in the dtypes the weights come in (``float32`` precision: no conversion).
 
 A model that runs out of device memory without activation checkpointing is measured again
 with it (and says so). ``--budget-s`` (default 450) skips what would start after it: the
@@ -29,7 +30,6 @@ Run: python -m bench.gpu_learner [--small] [--models 0.5b,7b] [--json out.json]
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import random
@@ -45,7 +45,7 @@ from transformers.utils import logging as transformers_logging
 
 from bench.learner_step import BenchError, Memory, Timings, measure_memory, measure_steps
 from learner.samples import Sample, Sampling
-from learner.trainer import Trainer, TrainerConfig, micro_batches
+from learner.trainer import PRECISIONS, Trainer, TrainerConfig, micro_batches
 
 # The published configs' shapes (Qwen/Qwen2.5-0.5B and Qwen/Qwen2.5-7B config.json).
 SHAPES: dict[str, dict[str, Any]] = {
@@ -100,7 +100,7 @@ class Result:
     first: dict[str, Any]
     memory: Memory
     device_peak: int | None  # CUDA: the whole measurement's peak allocation, weights included
-    state_bytes: int  # weights + gradients + optimizer state, held between steps
+    precision: str  # the trainer's
     build_s: float
     measure_s: float
 
@@ -117,28 +117,26 @@ def qwen2_config(name: str, small: bool) -> Qwen2Config:
     )
 
 
-def build_model(name: str, small: bool, device: str, precision: str) -> torch.nn.Module:
-    """Random-init on the device itself (a 7B model initialised on the CPU takes minutes)."""
+def build_model(name: str, small: bool, device: str) -> torch.nn.Module:
+    """Random-init on the device itself (a 7B model initialised on the CPU takes minutes):
+    float32 full weights (the trainer's masters), or a bf16 base under a LoRA adapter."""
     lora = LORA[name]
-    # frozen LoRA base weights need no float32 master copy
-    dtype = torch.bfloat16 if lora or precision == "bf16" else torch.float32
     torch.manual_seed(0)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(qwen2_config(name, small), dtype=dtype)
+        model = AutoModelForCausalLM.from_config(
+            qwen2_config(name, small), dtype=torch.bfloat16 if lora else torch.float32
+        )
     model.eval()
     if lora:
         from learner.lora import LoraSettings, wrap
 
-        model = wrap(model, LoraSettings())
-        if precision == "bf16":
-            model = model.to(torch.bfloat16)  # peft keeps adapters in float32 by default
+        model = wrap(model, LoraSettings())  # the adapter in float32, peft's default
     return model
 
 
-def precision_context(device: str, precision: str) -> contextlib.AbstractContextManager[Any]:
-    if precision == "autocast":
-        return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def trainer_precision(name: str, args: argparse.Namespace) -> str:
+    # the LoRA base stays bf16 as built: "float32" precision converts nothing
+    return "float32" if LORA[name] else args.precision
 
 
 @torch.no_grad()
@@ -146,8 +144,8 @@ def random_batch(
     trainer: Trainer, args: argparse.Namespace, vocab: int
 ) -> tuple[list[Sample], list[float]]:
     """Random tokens (sampling 8k tokens one at a time from a 7B model would take minutes),
-    their behaviour logprobs from the trainer itself (first step on-policy), random
-    advantages."""
+    their behaviour logprobs from the trainer itself, in its precision (the first step is
+    on-policy), random advantages."""
     rng = random.Random(args.seed)
     prompt, completion = args.prompt_tokens, args.completion_tokens
     samples = [
@@ -161,7 +159,7 @@ def random_batch(
         for i in range(args.samples)
     ]
     advantages = [rng.gauss(0.0, 1.0) for _ in samples]
-    trainer.model.eval()
+    trainer.compute.eval()
     for batch in micro_batches(samples, advantages, args.micro_batch_tokens):
         tensors = trainer._tensors(batch)
         logprobs = trainer.token_logprobs(batch, tensors).float().cpu()
@@ -175,43 +173,28 @@ def random_batch(
     return samples, advantages
 
 
-def state_bytes(trainer: Trainer) -> int:
-    """Bytes held between steps: every weight, the trained ones' gradients (allocated during
-    a step) and AdamW's moments."""
-    weights = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
-    grads = sum(p.numel() * p.element_size() for p in trainer.parameters)
-    moments = sum(
-        t.numel() * t.element_size()
-        for state in trainer.optimizer.state.values()
-        for t in state.values()
-        if isinstance(t, torch.Tensor)
-    )
-    return weights + grads + moments
-
-
 def measure(name: str, args: argparse.Namespace, checkpointing: bool) -> Result:
     device = args.device
     cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     started = time.monotonic()
-    model = build_model(name, args.small, device, args.precision)
+    model = build_model(name, args.small, device)
     config = TrainerConfig(
         learning_rate=1e-6,
         micro_batch_tokens=args.micro_batch_tokens,
         logprob_chunk_tokens=args.logprob_chunk_tokens,
         activation_checkpointing=checkpointing,
+        precision=trainer_precision(name, args),
     )
     trainer = Trainer(model, config, device)
     if cuda:
         torch.cuda.synchronize()
     build_s = time.monotonic() - started
     started = time.monotonic()
-    with precision_context(device, args.precision):
-        vocab = int(trainer.model.config.vocab_size)
-        samples, advantages = random_batch(trainer, args, vocab)
-        grpo, bare, first = measure_steps(trainer, samples, advantages, args)
-        memory = measure_memory(trainer, samples, advantages, args.micro_batch_tokens)
+    samples, advantages = random_batch(trainer, args, int(trainer.model.config.vocab_size))
+    grpo, bare, first = measure_steps(trainer, samples, advantages, args)
+    memory = measure_memory(trainer, samples, advantages, args.micro_batch_tokens)
     peak = torch.cuda.max_memory_allocated() if cuda else None
     return Result(
         name=name,
@@ -223,7 +206,7 @@ def measure(name: str, args: argparse.Namespace, checkpointing: bool) -> Result:
         first=first,
         memory=memory,
         device_peak=peak,
-        state_bytes=state_bytes(trainer),
+        precision=config.precision,
         build_s=build_s,
         measure_s=time.monotonic() - started,
     )
@@ -257,6 +240,8 @@ def report(result: Result, args: argparse.Namespace) -> dict[str, Any]:
     print(
         f"\n{result.name}{' + LoRA' if LORA[result.name] else ''}: "
         f"{result.params / 1e6:,.1f} M params, {result.trainable / 1e6:,.2f} M trained; "
+        f"trainer precision {result.precision}"
+        f"{' (bf16 base, float32 adapter)' if LORA[result.name] else ''}; "
         f"activation checkpointing {'on' if result.activation_checkpointing else 'off'}; "
         f"built in {result.build_s:.1f} s, measured in {result.measure_s:.1f} s"
     )
@@ -281,7 +266,7 @@ def report(result: Result, args: argparse.Namespace) -> dict[str, Any]:
         f"({memory.bf16_logits / gb:.3f} GB; target <= 2); unchunked "
         f"{memory.logprobs_unchunked / memory.bf16_logits:.2f}x"
     )
-    held = f"weights + grads + AdamW {result.state_bytes / gb:.2f} GB"
+    held = f"weights (and their bf16 copy) + AdamW {memory.state / gb:.2f} GB"
     if result.device_peak is not None:
         print(f"  peak device memory {result.device_peak / gb:.2f} GB ({held})")
     else:
@@ -305,7 +290,8 @@ def report(result: Result, args: argparse.Namespace) -> dict[str, Any]:
         "logprobs_unchunked_peak_bytes": memory.logprobs_unchunked,
         "bf16_logits_bytes": memory.bf16_logits,
         "device_peak_bytes": result.device_peak,
-        "state_bytes": result.state_bytes,
+        "state_bytes": memory.state,
+        "precision": result.precision,
         "first_step": {k: result.first.get(k) for k in ("ratio_mean", "mismatch_kl")},
         "build_s": result.build_s,
         "measure_s": result.measure_s,
@@ -318,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--models", default="0.5b,7b", help="comma-separated: 0.5b, 7b")
     parser.add_argument("--small", action="store_true", help="small shapes (default on CPU)")
-    parser.add_argument("--precision", choices=("autocast", "bf16"), default="autocast")
+    parser.add_argument(
+        "--precision", choices=PRECISIONS, default="bfloat16", help="the 0.5B model's trainer"
+    )
     parser.add_argument("--samples", type=int, help="sequences per step (default 4; small 2)")
     parser.add_argument("--prompt-tokens", type=int, help="default 4096; small 256")
     parser.add_argument("--completion-tokens", type=int, help="default 4096; small 256")
@@ -351,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     print(
         f"device {args.device} ({device_name}), torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads; precision {args.precision}; "
+        f"{torch.get_num_threads()} threads; 0.5B precision {args.precision}; "
         f"{'small' if args.small else 'full'} shapes; {args.samples} x ({args.prompt_tokens} + "
         f"{args.completion_tokens}) tokens per step, micro-batches <= {args.micro_batch_tokens}",
         flush=True,
