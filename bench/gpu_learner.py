@@ -266,7 +266,7 @@ def report(result: Result, args: argparse.Namespace) -> dict[str, Any]:
         f"({memory.bf16_logits / gb:.3f} GB; target <= 2); unchunked "
         f"{memory.logprobs_unchunked / memory.bf16_logits:.2f}x"
     )
-    held = f"weights (and their bf16 copy) + AdamW {memory.state / gb:.2f} GB"
+    held = f"weights (with any bf16 copy) + AdamW state {memory.state / gb:.2f} GB"
     if result.device_peak is not None:
         print(f"  peak device memory {result.device_peak / gb:.2f} GB ({held})")
     else:

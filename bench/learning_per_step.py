@@ -41,7 +41,9 @@ rewards - version 0's) and its ratio to the bare loop's gain.
 
 Run: .venv/bin/python -m bench.learning_per_step [--steps 25] [--lr 3e-3]
      [--arms bare,trainer,trainer:lag=2,trainer:lag=2:clip_against=behaviour,learner]
-     [--json out.json]
+     [--upstream URL --model DIR] [--json out.json]
+(``--upstream``: a vLLM-CPU in dev mode already serving ``--model``, used by nothing else
+while the bench swaps weights into it; its original weights are back at the end.)
 """
 
 from __future__ import annotations
