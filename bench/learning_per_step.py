@@ -553,7 +553,7 @@ def print_curves(curves: list[Curve]) -> dict[str, Any]:
             f"3 - step 0) {c.gain():+.3f}; ratio to bare {ratio:.2f}; "
             f"{len(c.steps)} steps in {c.wall_s:.0f} s{batch_summary(c)}"
         )
-        results[c.arm] = {
+        results[f"[{i}] {c.arm}"] = {  # the same arm may run twice
             "rewards": c.rewards,
             "counts": c.counts,
             "steps": c.steps,
