@@ -195,10 +195,19 @@ def cmd_learn(args: argparse.Namespace) -> int:
         precision=args.precision,
         poll_interval=args.poll_interval,
     )
+    from learner import distributed
+
+    # under torchrun: rank 0 is the learner, the other ranks train their shards with it
+    ranks = distributed.Ranks() if distributed.launched() else None
+    if ranks is not None and not ranks.leader:
+        return ranks.serve()
     try:
-        Learner(config).run()
+        Learner(config, ranks=ranks).run()
     except KeyboardInterrupt:
         print("onthejob learn: stopped", file=sys.stderr)
+    finally:
+        if ranks is not None:
+            ranks.stop()
     return 0
 
 

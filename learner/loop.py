@@ -32,6 +32,7 @@ from tqdm import tqdm
 from learner import control, grading, lease, queries, retention
 from learner.checkpoint import load_model, save_checkpoint
 from learner.config import LearnerConfig
+from learner.distributed import Ranks
 from learner.fence import Fence
 from learner.graders.combine import build_graders
 from learner.graders.tasks import TaskTable
@@ -71,8 +72,15 @@ class RestoreFailed(RuntimeError):
 
 
 class Learner:
-    def __init__(self, config: LearnerConfig) -> None:
+    def __init__(self, config: LearnerConfig, ranks: Ranks | None = None) -> None:
+        """`ranks`: this is rank 0 of several (torchrun), which train the model sharded
+        (learner/distributed.py); everything else is this process's alone."""
+        if ranks is not None and config.lora:
+            raise ValueError("--lora trains on one device: launch it without torchrun")
         self.config = config
+        self.ranks = ranks
+        if ranks is not None:
+            log.info("training sharded over %d ranks (FSDP2) on %s", ranks.world, ranks.device)
         db.upgrade(config.database_url)
         self.engine = db.make_engine(config.database_url)
         self.model_dir = Path(config.model)
@@ -322,6 +330,8 @@ class Learner:
     def iterate(self) -> None:
         """One look at the world: restore what serves if it needs it, follow the operator,
         grade, maybe train."""
+        if self.ranks is not None:
+            self.ranks.keepalive()
         if self._needs_restore or self._gates_left_closed():
             self._restore()
         if control.follow(self):  # operator pause and live knobs (admin API)
@@ -629,6 +639,10 @@ class Learner:
         return LoraPublisher(self.config.upstreams, max_rank=self.config.lora_rank, **settings)
 
     def _trainer(self, source: Path) -> Trainer:
+        if self.ranks is not None:
+            # every rank builds its shard of the trainer from the checkpoint
+            base = self.checkpoints / "base" if self.trainer_config.loss.kl_coef > 0 else None
+            return self.ranks.build(source, self.trainer_config, base)  # type: ignore[return-value]
         model: torch.nn.Module
         if self.config.lora:
             # an adapter trains on; full weights get a fresh adapter (B = 0: same policy)

@@ -95,6 +95,12 @@ def volume_targets(service: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def learn_command(service: dict[str, Any]) -> list[str]:
+    """The `onthejob learn ...` part of the learner's command (after torchrun's, if any)."""
+    command = service["command"]
+    return command[command.index("onthejob") :]
+
+
 def upstreams(command: list[str]) -> list[str]:
     return [command[i + 1] for i, arg in enumerate(command) if arg == "--upstream"]
 
@@ -171,7 +177,7 @@ def test_migrations_vllm_flags_and_wiring(path: Path) -> None:
         assert flag in vllm, flag
     assert svc["vllm"]["environment"]["VLLM_SERVER_DEV_MODE"] == "1"
     assert upstreams(svc["proxy"]["command"]) == ["http://vllm:8000"]
-    learner = svc["learner"]["command"]
+    learner = learn_command(svc["learner"])
     assert learner[:2] == ["onthejob", "learn"]
     assert upstreams(learner) == ["http://vllm:8000"]
     assert learner[learner.index("--checkpoints") + 1] == CHECKPOINTS
@@ -193,6 +199,23 @@ def test_learner_and_vllm_share_the_checkpoint_volume(path: Path) -> None:
     assert learner["/models"] == vllm["/models"]
     assert not any(v.endswith(f"{CHECKPOINTS}:ro") for v in svc["learner"]["volumes"])
     assert volume_targets(svc["postgres"])["/var/lib/postgresql/data"] in data["volumes"]
+
+
+def test_the_gpu_learner_runs_its_ranks_under_torchrun() -> None:
+    """LEARNER_NPROC ranks (1: the single-process learner), one per GPU it is given."""
+    for path in (GPU_FILE, REPLICAS_FILE):
+        command = services(path)["learner"]["command"]
+        launcher = command[: command.index("onthejob")]
+        assert launcher == [
+            *("torchrun", "--standalone", "--nproc-per-node", "${LEARNER_NPROC:-1}"),
+            "--no-python",
+        ], path.name
+    learner = services(GPU_FILE)["learner"]
+    assert learner["ipc"] == "host"  # NCCL's shared memory between the ranks
+    (device,) = gpu_reservations(learner)
+    assert device["device_ids"] == ["${LEARNER_GPU:-0}"]
+    # the CPU file keeps the single process
+    assert services(CPU_FILE)["learner"]["command"][:2] == ["onthejob", "learn"]
 
 
 def test_gpu_reservations_only_in_the_gpu_file() -> None:
