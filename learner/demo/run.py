@@ -41,6 +41,7 @@ from learner.demo.report import EvalPoint, format_table, version_rows, write_cha
 from learner.demo.tasks import make_task_sets, write_jsonl
 from learner.demo.vllm_server import VLLMServer
 from learner.demo.warmup import WarmupFailed, WarmupSettings, build_demo_model, read_info
+from learner.rollout.curriculum_runner import proxy_version, signal_runs
 
 HARNESS = [sys.executable, "-m", "learner.demo.harnesses.calc_agent", "{prompt}"]
 # Held-out success before learning, at the demo's temperature, inside which learning can
@@ -339,7 +340,7 @@ class _Rollouts:
             )
             if summary.cancelled:
                 raise KeyboardInterrupt
-            pending += _signal_runs(summary.runs)
+            pending += signal_runs(summary.runs)
             # the learner steps once a batch of trajectories carries a signal; short of
             # that no step can come of waiting, so the next round goes on at once
             if pending >= self.config.batch_trajectories:
@@ -357,19 +358,9 @@ class _Rollouts:
         while time.monotonic() < until and learner.poll() is None:
             if _steps(self.db_url) > steps_before:
                 serving = _serving_version(self.db_url)
-                if serving is not None and _proxy_version(self.proxy_url) == serving:
+                if serving is not None and proxy_version(self.proxy_url) == serving:
                     return
             time.sleep(0.5)
-
-
-def _signal_runs(runs: list[Any]) -> int:
-    """How many runs belong to a task whose runs got different rewards: the GRPO groups the
-    learner trains on (a group whose runs all scored alike teaches nothing)."""
-    rewards: dict[str, list[float]] = {}
-    for run in runs:
-        if run.reward is not None:
-            rewards.setdefault(run.task_key, []).append(run.reward)
-    return sum(len(seen) for seen in rewards.values() if len(set(seen)) > 1)
 
 
 def _steps(db_url: str) -> int:
@@ -399,17 +390,6 @@ def _serving_version(db_url: str) -> str | None:
             return conn.execute(query).scalar()
     finally:
         engine.dispose()
-
-
-def _proxy_version(proxy_url: str) -> str | None:
-    import json
-
-    try:
-        with urllib.request.urlopen(proxy_url + "/healthz", timeout=5) as answer:
-            upstreams = json.loads(answer.read())["upstreams"]
-    except (urllib.error.URLError, OSError, ValueError, KeyError):
-        return None
-    return upstreams[0].get("policy_version") if upstreams else None
 
 
 def _start(

@@ -314,7 +314,7 @@ class _Run:
                 f"every run of {stage.name} round {number} failed without a reward: "
                 + (next((r.error for r in runs if r.error), None) or "no error recorded")
             )
-        self.pending += _signal_runs(runs)
+        self.pending += signal_runs(runs)
         if self.config.step_wait > 0:
             # the learner steps once a batch of trajectories carries a signal: short of that
             # no step can come of waiting, so the next round goes on at once
@@ -425,7 +425,7 @@ class _Run:
                     serving = queries.serving_version(conn)
                 if (
                     serving is not None
-                    and _proxy_version(self.config.rollout.proxy_url) == serving["version"]
+                    and proxy_version(self.config.rollout.proxy_url) == serving["version"]
                 ):
                     return
             self.stop.wait(0.5)
@@ -445,7 +445,7 @@ def _eval_state(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _signal_runs(runs: list[RunResult]) -> int:
+def signal_runs(runs: list[RunResult]) -> int:
     """How many runs belong to a task whose runs got different rewards: the GRPO groups the
     learner trains on (a group whose runs all scored alike teaches nothing)."""
     rewards: dict[str, list[float]] = {}
@@ -455,7 +455,7 @@ def _signal_runs(runs: list[RunResult]) -> int:
     return sum(len(seen) for seen in rewards.values() if len(set(seen)) > 1)
 
 
-def _proxy_version(proxy_url: str) -> str | None:
+def proxy_version(proxy_url: str) -> str | None:
     try:
         with urllib.request.urlopen(proxy_url.rstrip("/") + "/healthz", timeout=5) as answer:
             upstreams = json.loads(answer.read())["upstreams"]
