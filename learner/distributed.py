@@ -35,7 +35,6 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
-    get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
@@ -329,16 +328,6 @@ class ShardedTrainer(Trainer):
     def master_state(self) -> dict[str, torch.Tensor]:
         trained = {name for name, p in self.model.named_parameters() if p.requires_grad}
         return {name: t for name, t in self._full_state().items() if name in trained}
-
-    def training_state(self) -> dict[str, Any]:
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state: dict[str, Any] = {
-            "format": TRAINING_STATE_FORMAT,
-            "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=options),
-        }
-        if self.checkpoint_dtype != torch.float32:
-            state["master"] = self.master_state()
-        return state
 
     def load_training_state(self, state: dict[str, Any] | None) -> None:
         """Rank 0 passes the state, the others None: rank 0 checks it fits and broadcasts
