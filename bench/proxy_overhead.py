@@ -7,7 +7,13 @@ direct and through the proxy:
 
   non-streaming chat completions: p50/p99 latency at concurrency 1, req/s at concurrency 32;
   streaming chat completions: time to first/last body byte at concurrency 1 (a small
-  Python client on raw sockets), req/s at concurrency 32.
+  Python client on raw sockets), req/s at concurrency 32;
+  and, as the reference the proxy's budget comes from, a bare Starlette + aiohttp
+  passthrough without recording (bench/bare_passthrough.py) on the proxy's CPUs: p50 at
+  c=1 and req/s at c=32, so proxy/bare is a ratio from one run on one host.
+
+It first prints what a cross-CPU wake-up costs on this host (bench/host_wakeup.py): on some
+virtual machines it is several times dearer, and the proxy's req/s follows it.
 
 Load comes from wrk (with a generated Lua script that counts every request it sends) or,
 when wrk is missing or --loadgen python is given, from a Python client on raw asyncio
@@ -49,11 +55,14 @@ from typing import Any
 
 import psycopg
 
+from bench import host_wakeup
+
 REPO = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
 CHAT_PATH = "/v1/chat/completions"
 AIM_ADDED_P50_MS = 0.5
 AIM_RPS_C32 = 5000.0  # issue 16: c=32, the proxy on one core, recording into PostgreSQL
+PERF_BARE_RPS_C32 = 9073.0  # the bare passthrough in ../shared/PERF.md, which the aim came from
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BUSY = "_machine busy"
 PROXY_TOTAL = "_proxy process"
@@ -644,8 +653,10 @@ class Bench:
         }
         for stream, path in self.scripts.items():
             write_wrk_script(path, request_body(stream), args.session)
+        self.bare_port = free_port()
         self.upstream: Child | None = None
         self.proxy: Child | None = None
+        self.bare: Child | None = None  # the reference passthrough, on the proxy's CPUs
 
     # processes
     def start(self) -> None:
@@ -684,15 +695,34 @@ class Bench:
             ],
             self.workdir / "proxy.log",
         )
+        if self.args.reference and not self.args.series:
+            self.bare = Child(
+                "bare passthrough",
+                [
+                    *pinned(self.args.proxy_cpus),
+                    sys.executable,
+                    "-m",
+                    "bench.bare_passthrough",
+                    "--upstream",
+                    f"http://{HOST}:{self.upstream_port}",
+                    "--port",
+                    str(self.bare_port),
+                ],
+                self.workdir / "bare.log",
+            )
         wait_until_answers(
             self.upstream, f"http://{HOST}:{self.upstream_port}/health", self.args.start_timeout
         )
         wait_until_answers(
             self.proxy, f"http://{HOST}:{self.proxy_port}/healthz", self.args.start_timeout
         )
+        if self.bare is not None:
+            wait_until_answers(
+                self.bare, f"http://{HOST}:{self.bare_port}/healthz", self.args.start_timeout
+            )
 
     def stop(self) -> None:
-        for child in (self.proxy, self.upstream):
+        for child in (self.proxy, self.bare, self.upstream):
             if child is not None:
                 child.stop(grace=35.0)
 
@@ -705,12 +735,20 @@ class Bench:
             )
         return run_python_load(port, request_body(stream), self.args.session, connections, seconds)
 
-    def cell(self, key: str, via_proxy: bool, stream: bool, connections: int) -> LoadResult:
+    def cell(
+        self, key: str, via_proxy: bool, stream: bool, connections: int, bare: bool = False
+    ) -> LoadResult:
+        """One measured cell: direct, through the proxy, or (bare) through the reference
+        passthrough, whose process the CPU table then counts as "proxy process"."""
         assert self.proxy is not None and self.upstream is not None
         port = self.proxy_port if via_proxy else self.upstream_port
-        before = cpu_snapshot(self.proxy.pid if via_proxy else None, self.upstream.pid)
+        middle: int | None = self.proxy.pid if via_proxy else None
+        if bare:
+            assert self.bare is not None and not via_proxy
+            port, middle = self.bare_port, self.bare.pid
+        before = cpu_snapshot(middle, self.upstream.pid)
         result = self.load(port, stream, connections, self.args.seconds)
-        after = cpu_snapshot(self.proxy.pid if via_proxy else None, self.upstream.pid)
+        after = cpu_snapshot(middle, self.upstream.pid)
         result.cpu = cpu_use(before, after, result.seconds)
         self.results.cells[key] = result
         waited = self.after_proxy_load(result.sent, result.completed) if via_proxy else None
@@ -825,6 +863,9 @@ class Bench:
         self.stream_cell("proxy   stream c=1", True)
         self.cell(f"direct  stream c={n}", False, True, args.connections)
         self.cell(f"proxy   stream c={n}", True, True, args.connections)
+        if self.bare is not None:
+            self.cell("bare    chat   c=1", False, False, 1, bare=True)
+            self.cell(f"bare    chat   c={n}", False, False, args.connections, bare=True)
         if args.profile:
             self.profile(args.profile)
         recording = self.results.recording
@@ -967,6 +1008,23 @@ def report(results: Results, args: argparse.Namespace) -> bool:
         cpu = c[key].cpu
         print(f"  {key.strip():<22} {cpu.describe() if cpu else 'n/a'}")
 
+    b1, b32 = c.get("bare    chat   c=1"), c.get(f"bare    chat   c={n}")
+    if b1 is not None and b32 is not None:
+        print()
+        print(
+            "Against the bare Starlette + aiohttp passthrough on the same CPUs (no recording; "
+            f"the aim's 5,000 req/s is {AIM_RPS_C32 / PERF_BARE_RPS_C32:.2f}x the "
+            f"{PERF_BARE_RPS_C32:,.0f} it reached in ../shared/PERF.md):"
+        )
+        print(
+            f"  c=1  p50 {_ms(b1.p50_ms)} ms bare, {_ms(p1.p50_ms)} ms proxy; c={conns} "
+            f"{b32.rps:,.0f} req/s bare, {p32.rps:,.0f} proxy -> proxy/bare "
+            f"{_ratio(p32.rps, b32.rps)}"
+        )
+        for key in ("bare    chat   c=1", f"bare    chat   c={n}"):
+            cpu = c[key].cpu
+            print(f"  {key.strip():<22} {cpu.describe() if cpu else 'n/a'}")
+
     added = None if p1.p50_ms is None or d1.p50_ms is None else p1.p50_ms - d1.p50_ms
     aim_latency = added is not None and added < AIM_ADDED_P50_MS
     aim_rps = p32.rps >= AIM_RPS_C32 and p32.non_2xx == 0
@@ -1095,6 +1153,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--per", type=int, default=100_000, help="calls per --series segment (default 100,000)"
     )
+    parser.add_argument(
+        "--no-reference",
+        dest="reference",
+        action="store_false",
+        help="skip the bare Starlette + aiohttp passthrough cells (bench/bare_passthrough.py)",
+    )
     parser.add_argument("--json", metavar="FILE", type=Path, help="also write results as JSON")
     parser.add_argument(
         "--keep-logs", action="store_true", help="keep the temp dir with the server logs"
@@ -1114,6 +1178,16 @@ def parse_cpus(text: str) -> set[int]:
     for part in text.split(","):
         low, _, high = part.partition("-")
         cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def _bench_cpus(args: argparse.Namespace) -> list[int]:
+    """The proxy's CPU first, then the load's: the pair whose wake-ups every call pays."""
+    first = sorted(parse_cpus(args.proxy_cpus)) if args.proxy_cpus else []
+    second = sorted(parse_cpus(args.load_cpus)) if args.load_cpus else []
+    cpus = first[:1] + [c for c in second if c not in first[:1]][:1]
+    if len(cpus) < 2:
+        cpus = sorted(os.sched_getaffinity(0))[:2]
     return cpus
 
 
@@ -1160,6 +1234,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with scratch_database(base_url, args.scratch_db) as db_url:
             print(f"database: {db_url}")
+            print(host_wakeup.describe(_bench_cpus(args)))
             upgrade_schema(db_url)
             bench = Bench(args, workdir, db_url)
             if not bench.use_wrk:

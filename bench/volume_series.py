@@ -141,6 +141,14 @@ def report_series(series: list[Segment]) -> bool:
         f"backlog at the end {series[-1].backlog_calls:,}"
     )
     print(f"Aim: req/s and p50 within 10% of segment 1 -> {'MET' if flat else 'MISSED'}")
+    # One segment's noise can cross 10% either way; a cost that grows with volume shows as a
+    # trend across all of them instead.
+    for label, values in (
+        ("req/s", [s.rps for s in series]),
+        ("p50", [s.p50_ms or 0.0 for s in series]),
+        ("CPU/call", [s.cpu_us_per_call for s in series]),
+    ):
+        print(f"Trend of {label}: {_trend(values)}")
     # what other load on the machine moves least: the proxy's own CPU per call
     cpu_flat = all(
         abs(s.cpu_us_per_call / first.cpu_us_per_call - 1) <= FLAT_WITHIN for s in series[1:]
@@ -152,6 +160,23 @@ def report_series(series: list[Segment]) -> bool:
         "some, and req/s and p50 moved with it)"
     )
     return flat
+
+
+def _trend(values: list[float]) -> str:
+    """Least-squares line through the segments: its change from the first segment to the
+    last as a share of the mean, and the scatter around it, so growth and noise read apart."""
+    if len(values) < 3:
+        return "n/a (fewer than 3 segments)"
+    xs = list(range(len(values)))
+    slope, intercept = statistics.linear_regression(xs, values)
+    mean = statistics.fmean(values)
+    residuals = [v - (intercept + slope * x) for x, v in zip(xs, values, strict=True)]
+    scatter = statistics.pstdev(residuals) / mean if mean else float("nan")
+    change = slope * (len(values) - 1) / mean if mean else float("nan")
+    return (
+        f"{change:+.1%} over the run by the fitted line ({slope / mean:+.2%} a segment); "
+        f"segments scatter {scatter:.1%} (sd) around it"
+    )
 
 
 def _ticks_to_us(ticks: float) -> float:
