@@ -12,11 +12,12 @@ of each, and the logprob computation's peak against one micro-batch's bf16 logit
 <= 2x). The behaviour logprobs are the trainer's own, under the same precision, so the
 first step is on-policy (ratio 1).
 
-Precision: the 0.5B model trains its full weights under ``--precision`` (the trainer's
-`TrainerConfig.precision`; default ``bfloat16``: float32 master weights and AdamW state, the
-forward and backward passes on a bf16 copy, as the learner runs when vLLM serves bf16). The
-7B model's base weights are bf16 and frozen, its adapter float32 (peft's default), and the
-trainer computes in the dtypes the weights come in (``float32`` precision: no conversion).
+Precision: both train under ``--precision`` (the trainer's `TrainerConfig.precision`;
+default ``bfloat16``, as the learner runs when vLLM serves bf16): the 0.5B model's full
+weights as float32 masters with their AdamW state, the forward and backward passes on a bf16
+copy; the 7B model's frozen base in bf16 alone, its adapter as float32 masters with a bf16
+copy that computes (``float32``: the bf16 base as built, the float32 adapter as peft makes
+it, no conversion).
 
 A model that runs out of device memory without activation checkpointing is measured again
 with it (and says so). ``--budget-s`` (default 450) skips what would start after it: the
@@ -135,8 +136,9 @@ def build_model(name: str, small: bool, device: str) -> torch.nn.Module:
 
 
 def trainer_precision(name: str, args: argparse.Namespace) -> str:
-    # the LoRA base stays bf16 as built: "float32" precision converts nothing
-    return "float32" if LORA[name] else args.precision
+    # under "float32" the LoRA base stays bf16 as built and peft computes the float32
+    # adapter as it comes (no conversion)
+    return args.precision
 
 
 @torch.no_grad()

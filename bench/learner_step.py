@@ -307,11 +307,12 @@ def measure_memory(
 
 def state_bytes(trainer: Trainer) -> int:
     """Bytes the trainer holds between steps: its float32 weights, the bf16 copy it computes
-    with (when it has one) and AdamW's moments."""
-    tensors = {id(t): t for t in trainer.model.parameters()}
-    tensors.update({id(t): t for t in trainer.compute.parameters()})
+    with (when it has one) and AdamW's moments; a tensor the copy shares with the masters
+    (a LoRA model's frozen bf16 base) counts once."""
+    tensors = {t.data_ptr(): t for t in trainer.model.parameters()}
+    tensors.update({t.data_ptr(): t for t in trainer.compute.parameters()})
     for state in trainer.optimizer.state.values():
-        tensors.update({id(t): t for t in state.values() if isinstance(t, torch.Tensor)})
+        tensors.update({t.data_ptr(): t for t in state.values() if isinstance(t, torch.Tensor)})
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 

@@ -137,9 +137,10 @@ def tensor_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
     return _scan(Path(model_dir), read=False)
 
 
-def load_model(model_dir: Path) -> PreTrainedModel:
-    """The model in ``model_dir`` as transformers loads it: float32, on the CPU, eval mode."""
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+def load_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """The model in ``model_dir`` as transformers loads it: in ``dtype`` (float32), on the
+    CPU, eval mode."""
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
     return model.to("cpu").eval()
 
 

@@ -52,8 +52,8 @@ class LearnerConfig:
     mask_truncated: bool = True
     # what the trainer computes in: "float32", "bfloat16" (bf16 forward and backward, float32
     # master weights and AdamW state; checkpoints in bf16), "autocast" (float32 weights, bf16
-    # matmuls), or "auto": bfloat16 when every replica serves bfloat16 (full weights), else
-    # float32
+    # matmuls), or "auto": bfloat16 when every replica serves bfloat16 (full weights or a LoRA
+    # adapter on a bf16 base), else float32
     precision: str = "auto"
     max_sequence_mismatch: float = 1.0
     # max |vLLM - trainer| probe logprob; None: by the dtype vLLM serves (float32 1e-3,

@@ -195,14 +195,10 @@ class Learner:
 
     def _precision(self, dtypes: set[str | None]) -> str:
         """What the trainer computes in: the configured precision, else bf16 (with float32
-        masters) when every replica serves bf16, so checkpoints hold exactly the weights the
-        trainer scores with; a LoRA adapter trains in float32."""
+        masters: the full weights, or a LoRA adapter on its bf16 base) when every replica
+        serves bf16, so checkpoints hold exactly the weights the trainer scores with."""
         precision = self.config.precision
-        if self.config.lora and precision != "float32":
-            if precision != "auto":
-                log.warning("--lora trains in float32, not %s", precision)
-            precision = "float32"
-        elif precision == "auto":
+        if precision == "auto":
             precision = "bfloat16" if dtypes == {"bfloat16"} else "float32"
         log.info("the trainer computes in %s", precision)
         return precision
@@ -645,11 +641,14 @@ class Learner:
             return self.ranks.build(source, self.trainer_config, base)  # type: ignore[return-value]
         model: torch.nn.Module
         if self.config.lora:
+            # under bf16 the frozen base is loaded as it is served, never in float32
+            bf16 = self.trainer_config.precision == "bfloat16"
+            base_dtype = torch.bfloat16 if bf16 else torch.float32
             # an adapter trains on; full weights get a fresh adapter (B = 0: same policy)
             model = (
-                load_trainable(source)
+                load_trainable(source, base_dtype)
                 if is_adapter(source)
-                else wrap(load_model(source), self.lora_settings)
+                else wrap(load_model(source, base_dtype), self.lora_settings)
             )
         elif is_adapter(source):
             model = merge(load_trainable(source))  # LoRA switched off: train its merged weights
@@ -666,7 +665,10 @@ class Learner:
         assert self.trainer is not None and self.serving is not None
         if self.config.lora:
             serving = Path(self.serving["checkpoint_path"])
-            return save_adapter(self.trainer.model, target, base_dir=served_base(serving))
+            # the adapter vLLM is to serve: under bf16 the copy the trainer scores with (its
+            # float32 masters go beside, in the training state)
+            adapter = self.trainer.served_model
+            return save_adapter(adapter, target, base_dir=served_base(serving))  # type: ignore[arg-type]
         return save_checkpoint(
             self.trainer.model,
             target,

@@ -54,9 +54,10 @@ def wrap(model: PreTrainedModel, settings: LoraSettings) -> PeftModel:
     return get_peft_model(model, config)
 
 
-def load_trainable(adapter_dir: Path) -> PeftModel:
-    """The base the adapter names, with the adapter on it, ready to train on."""
-    base = load_model(adapter_base(adapter_dir))
+def load_trainable(adapter_dir: Path, base_dtype: torch.dtype = torch.float32) -> PeftModel:
+    """The base the adapter names, in ``base_dtype``, with the adapter on it (float32, as
+    peft makes it), ready to train on."""
+    base = load_model(adapter_base(adapter_dir), base_dtype)
     model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
     return model.eval()
 

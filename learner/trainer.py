@@ -15,7 +15,9 @@ trained float32 parameters (the master weights) and their AdamW state in `model`
 the forward and backward passes on a bfloat16 copy of them (`compute`), whose gradients are
 added up in float32 over the micro-batches; after each optimizer step the copy is refreshed
 from the masters. vLLM serving bfloat16 loads exactly that copy (`checkpoint_dtype`), so
-the trainer's recomputed logprobs are those of the weights vLLM holds. "autocast" keeps one
+the trainer's recomputed logprobs are those of the weights vLLM holds. A LoRA model's frozen
+base is held in bf16 alone (no master: it never changes), its adapter as float32 masters
+with a bf16 copy, like full weights. "autocast" keeps one
 float32 model and runs its matmuls under `torch.autocast(bfloat16)` (measured against the
 other in bench/learner_step.py; see the README).
 """
@@ -244,14 +246,15 @@ class Trainer:
         reference: torch.nn.Module | None = None,
     ) -> None:
         """`model`: the policy to train, in the dtype it comes in (under "bfloat16"
-        precision, made float32: the master weights). `reference`: a frozen policy for the KL
-        term (needed when loss.kl_coef > 0), except for a LoRA model, whose reference is its
+        precision, its trained parameters made float32, the master weights, and its frozen
+        ones, a LoRA adapter's base, bfloat16). `reference`: a frozen policy for the KL term
+        (needed when loss.kl_coef > 0), except for a LoRA model, whose reference is its
         base: the adapter switched off."""
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.config = config
         self.model = model.to(self.device)
         if config.precision == "bfloat16":
-            self.model = self.model.to(torch.float32)
+            masters_and_frozen(self.model)
         # what the forward and backward passes run on: a bfloat16 copy of the masters, or
         # the model itself
         self.compute = bfloat16_copy(self.model) if config.precision == "bfloat16" else self.model
@@ -343,13 +346,17 @@ class Trainer:
         if "master" in state:
             self.load_master(state["master"])
 
+    @property
+    def served_model(self) -> torch.nn.Module:
+        """The module whose weights vLLM is to serve (a LoRA adapter is saved from it):
+        under "bfloat16" exactly the copy the trainer computes with."""
+        return self.compute if self.compute_dtype == self.checkpoint_dtype else self.model
+
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
-        """The weights vLLM is to serve, by state-dict name, in `checkpoint_dtype`: under
-        "bfloat16" exactly the copy the trainer computes with."""
-        source = self.compute if self.compute_dtype == self.checkpoint_dtype else self.model
+        """The weights vLLM is to serve, by state-dict name, in `checkpoint_dtype`."""
         return {
             name: _cast(tensor, self.checkpoint_dtype)
-            for name, tensor in source.state_dict().items()
+            for name, tensor in self.served_model.state_dict().items()
         }
 
     def set_learning_rate(self, value: float) -> None:
@@ -599,9 +606,20 @@ def _fresh_figures(
     extremes["fresh_ratio_max"] = max(extremes.get("fresh_ratio_max", high), high)
 
 
+@torch.no_grad()
+def masters_and_frozen(model: torch.nn.Module) -> None:
+    """Under "bfloat16": trained parameters float32 (the master weights), frozen ones
+    bfloat16. A LoRA adapter's base never changes, so it needs no float32 master: it is
+    held once, in the dtype vLLM serves it in, and the compute copy shares it."""
+    for parameter in model.parameters():
+        dtype = torch.float32 if parameter.requires_grad else torch.bfloat16
+        parameter.data = parameter.data.to(dtype)
+
+
 def bfloat16_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of `model` with its parameters in bfloat16, tied weights still tied, each
-    parameter copied straight to bf16 (never a second float32 model). Buffers stay as they
+    parameter copied straight to bf16 (never a second float32 model; one in bf16 already is
+    shared, not copied). Buffers stay as they
     are, as under FSDP's mixed precision: rounding the rotary embedding's float32
     frequencies to bf16 would move every position (vLLM computes them in float32 too)."""
     memo: dict[int, Any] = {

@@ -2,7 +2,8 @@
 
 Run under torchrun: ``torchrun --nproc-per-node N tests/fsdp_step.py MODEL_DIR BATCH OUT
 PRECISION``. BATCH is a pickle of ``{"samples", "advantages", "steps", "learning_rate",
-"micro_batch_tokens", "max_grad_norm"}``;
+"micro_batch_tokens", "max_grad_norm", "activation_checkpointing", "kl_coef"}`` (with a
+kl_coef, MODEL_DIR is also the KL reference);
 rank 0 writes to OUT (torch.save) the step metrics, the float32 weights gathered after the
 steps, the checkpoint tensors, the training state, and that state as a trainer built
 afresh holds it once it loaded it.
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch
 
 from learner.distributed import Ranks, build_trainer
+from learner.loss import LossConfig
 from learner.trainer import TrainerConfig
 
 
@@ -28,15 +30,18 @@ def main(model_dir: str, batch_path: str, out: str, precision: str) -> int:
         micro_batch_tokens=batch["micro_batch_tokens"],
         max_grad_norm=batch["max_grad_norm"],
         precision=precision,
+        activation_checkpointing=batch.get("activation_checkpointing", False),
+        loss=LossConfig(kl_coef=batch.get("kl_coef", 0.0)),
     )
-    trainer = build_trainer(ranks, Path(model_dir), config)
+    reference = Path(model_dir) if config.loss.kl_coef > 0 else None
+    trainer = build_trainer(ranks, Path(model_dir), config, reference)
     metrics = [trainer.step(batch["samples"], batch["advantages"]) for _ in range(batch["steps"])]
     probe = trainer.logprobs_of([1, 10, 20, 30], [40, 50, 60])
     checkpoint = trainer.checkpoint_state()
     master = trainer.master_state()
     training = trainer.training_state()
     # a trainer of the ranks built afresh takes that state back (rank 0 reads, all load)
-    resumed = build_trainer(ranks, Path(model_dir), config)
+    resumed = build_trainer(ranks, Path(model_dir), config, reference)
     resumed.load_training_state(training if ranks.leader else None)
     reloaded = resumed.training_state()
     if ranks.leader:

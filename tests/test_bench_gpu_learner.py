@@ -45,7 +45,8 @@ def test_small_run_measures_both_models(tmp_path: Path) -> None:
         assert result["device_peak_bytes"] is None  # CUDA only
     # full weights on the 0.5B shape; an adapter, a small share of the weights, on the 7B one
     assert small["trainable_params"] == small["params"] and not small["lora"]
-    assert small["precision"] == "bfloat16"  # float32 masters, a bf16 copy computes
+    # float32 masters (the full weights; the adapter on a bf16 base), a bf16 copy computes
+    assert small["precision"] == lora["precision"] == "bfloat16"
     assert lora["lora"] and 0 < lora["trainable_params"] < lora["params"] / 50
     # the real vocabularies: what the logprob memory is about
     assert small["bf16_logits_bytes"] == 1 * 40 * 151936 * 2

