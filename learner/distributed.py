@@ -273,7 +273,12 @@ class ShardedTrainer(Trainer):
 
     def _run_reference(self, work: Callable[[torch.nn.Module], Any]) -> Any:
         assert self.reference_root is not None
-        return self.reference_root(work)
+        values = self.reference_root(work)
+        # FSDP keeps a root's parameters gathered after its forward, for the backward that
+        # never comes to a frozen reference: without this its embeddings and LM head would
+        # stay whole on every rank
+        self.reference_root.reshard()
+        return values
 
     def logprobs_of(self, prompt: list[int], completion: list[int]) -> list[float]:
         values = super().logprobs_of(prompt, completion)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from learner.distributed import Ranks, build_trainer
 from learner.loss import LossConfig
@@ -36,6 +37,13 @@ def main(model_dir: str, batch_path: str, out: str, precision: str) -> int:
     reference = Path(model_dir) if config.loss.kl_coef > 0 else None
     trainer = build_trainer(ranks, Path(model_dir), config, reference)
     metrics = [trainer.step(batch["samples"], batch["advantages"]) for _ in range(batch["steps"])]
+    if trainer.reference_root is not None:
+        # the frozen reference is back to its shards after every pass
+        for parameter in trainer.reference_root.parameters():
+            sharded = (
+                isinstance(parameter, DTensor) and parameter.to_local().numel() < parameter.numel()
+            )
+            assert sharded, "the reference was left gathered"
     probe = trainer.logprobs_of([1, 10, 20, 30], [40, 50, 60])
     checkpoint = trainer.checkpoint_state()
     master = trainer.master_state()

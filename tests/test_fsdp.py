@@ -13,6 +13,8 @@ bf16 rounding boundary (4 of them here), the second step's bf16 copies differ th
 whole bf16 step, and AdamW spreads it: the updates agree to 3.5e-3 of their norm (allowed
 5e-2), single weights up to 1.4e-3 apart, the metrics to 1e-3. The training state the 2
 ranks save (by parameter name) loads back into 2 ranks, and into the single-process trainer.
+With activation checkpointing and the KL term (a frozen reference, sharded too, back in its
+shards after each pass) the float32 steps agree as closely (measured: 3.0e-7).
 """
 
 from __future__ import annotations
