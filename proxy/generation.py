@@ -37,6 +37,7 @@ from proxy.errors import (
     upstream_error_message,
 )
 from proxy.fanout import FanoutStream, choice_response, fanout_eligible, split_capture
+from proxy.interaction import explicit_type
 from proxy.keys import upstream_view
 from proxy.prompt_tokens import count_prompt
 from proxy.recording import CallRecord
@@ -110,6 +111,7 @@ class Generation:
         try:
             record.session_key = session_key(self.request)
             record.task_key = task_key(self.request)
+            record.interaction_type = explicit_type(self.request)
             record.user_agent = self.request.headers.get("user-agent")
             body = parse_object(await read_body(self.request, self.state.settings.max_body_bytes))
             record.request = body
@@ -437,6 +439,7 @@ class Generation:
                 request=record.request,
                 chat_messages=record.chat_messages,
                 task_key=record.task_key,
+                interaction_type=record.interaction_type,
                 upstream=record.upstream,
                 model=record.model,
                 policy_version=record.policy_version,

@@ -54,6 +54,9 @@ class CallRecord:
     stored_response: dict[str, Any] | None = None
     # explicit task key (X-Onthejob-Task); else derived from the first user message
     task_key: str | None = None
+    # explicit interaction type (X-Onthejob-Type); else the writer fingerprints the first
+    # call of its trajectory (proxy/interaction.py)
+    interaction_type: str | None = None
     # per-call working state of the client API's dialect (never stored)
     context: dict[str, Any] = field(default_factory=dict)
     upstream: str | None = None

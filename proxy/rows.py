@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from proxy.interaction import type_of
 from proxy.stitching import PrefixHasher, TrajectoryTracker, derive_task_key, new_id
 from proxy.store.tokens import common_prefix_len
 
@@ -43,6 +44,7 @@ def entry_of(record: CallRecord) -> dict[str, Any]:
         "http_status": record.http_status,
         "error": record.error,
         "task_key": record.task_key,
+        "interaction_type": record.interaction_type,
         "group_key": record.group_key,
         "fanout_parent": record.fanout_parent,
         "upstream": record.upstream,
@@ -135,6 +137,10 @@ class RowBuilder:
         )
         if is_new or state.task_key is None:
             state.task_key = entry["task_key"] or derive_task_key(messages)
+        if state.interaction_type is None:
+            # fixed by the trajectory's first call (or the first this process sees of a
+            # session it found open in the database, where the stored one is kept)
+            state.interaction_type = type_of(entry)
         if is_new and entry["group_key"] is not None:
             # a fan-out call joining a session's open trajectory leaves that one ungrouped
             state.group_key = entry["group_key"]
@@ -167,6 +173,7 @@ class RowBuilder:
             "session_key": state.session_key,
             "task_key": text(state.task_key, 500),
             "group_key": state.group_key,
+            "interaction_type": text(state.interaction_type, 200),
             "status": "open",
             "started_at": state.started_at,
             "last_call_at": state.last_call_at,
@@ -199,6 +206,7 @@ def sibling_row(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         "session_key": None,
         "task_key": entry["task_key"] or derive_task_key(chat_messages(entry)),
         "group_key": entry["group_key"],
+        "interaction_type": text(type_of(entry), 200),
         "status": "finished",
         "started_at": entry["started_at"],
         "last_call_at": ended,

@@ -124,9 +124,14 @@ def test_the_writers_bulk_path_stores_what_sqlalchemy_stores(engine: Engine) -> 
     now = time.time()
     bulk = _renamed(_batch(now), "-bulk")
     bulk["trajectories"][0]["new"] = True  # PostgreSQL: COPY
+    # a later batch's type never replaces the first call's
     later = {**bulk["trajectories"][0], "new": False, "last_call_at": now + 5, "task_key": "k"}
+    later["interaction_type"] = "later"
     plain = _renamed(_batch(now), "-plain")
     plain_later = {**plain["trajectories"][0], "last_call_at": now + 5, "task_key": "k"}
+    plain_later["interaction_type"] = "later"
+    for batch in (bulk, plain):
+        batch["trajectories"][0]["interaction_type"] = "first"
     with engine.begin() as conn:
         repo.write_batch(conn, **bulk, fresh=True)
         repo.write_batch(conn, trajectories=[later], calls=[], fresh=True)  # upsert
@@ -150,6 +155,7 @@ def test_the_writers_bulk_path_stores_what_sqlalchemy_stores(engine: Engine) -> 
     same(trajectories["t-bulk"], trajectories["t-plain"], {"id", "session_key"})
     assert trajectories["t-bulk"]["status"] == "finished"
     assert trajectories["t-bulk"]["task_key"] == "k"  # filled in once it is known
+    assert trajectories["t-bulk"]["interaction_type"] == "first"
     last = trajectories["t-bulk"]["last_call_at"]
     last = last if last.tzinfo else last.replace(tzinfo=UTC)
     assert abs(last.timestamp() - (now + 5)) < 1e-3

@@ -28,6 +28,7 @@ TRAJECTORY_COLUMNS = (
     "session_key",
     "task_key",
     "group_key",
+    "interaction_type",
     "status",
     "started_at",
     "last_call_at",
@@ -88,7 +89,9 @@ _PG_UPSERT = (
     # a replayed, older batch never moves a trajectory's last call back
     "last_call_at = GREATEST(trajectories.last_call_at, EXCLUDED.last_call_at), "
     "task_key = COALESCE(trajectories.task_key, EXCLUDED.task_key), "
-    "group_key = COALESCE(trajectories.group_key, EXCLUDED.group_key)"
+    "group_key = COALESCE(trajectories.group_key, EXCLUDED.group_key), "
+    # the first call's type stays (a later batch of the trajectory brings the same one)
+    "interaction_type = COALESCE(trajectories.interaction_type, EXCLUDED.interaction_type)"
 )
 
 
@@ -120,7 +123,8 @@ _SQLITE_UPSERT = (
     # DATETIME text of one format compares as the times do
     "last_call_at = max(trajectories.last_call_at, excluded.last_call_at), "
     "task_key = coalesce(trajectories.task_key, excluded.task_key), "
-    "group_key = coalesce(trajectories.group_key, excluded.group_key)"
+    "group_key = coalesce(trajectories.group_key, excluded.group_key), "
+    "interaction_type = coalesce(trajectories.interaction_type, excluded.interaction_type)"
 )
 _SQLITE_CALLS = (
     f"INSERT INTO calls ({', '.join(CALL_COLUMNS)}) "

@@ -39,6 +39,9 @@ class Trajectory(Base):
     task_key: Mapped[str | None] = mapped_column(String(500), index=True)
     # an explicit GRPO group (fan-out: "fanout:<call id>"); the learner groups by it first
     group_key: Mapped[str | None] = mapped_column(String(200), index=True)
+    # what kind of interaction: X-Onthejob-Type of its first call, else a fingerprint of that
+    # call's harness, system prompt and tools (proxy/interaction.py; migration 0015)
+    interaction_type: Mapped[str | None] = mapped_column(String(200), index=True)
     # open -> finished (idle timeout or explicit finish)
     status: Mapped[str] = mapped_column(String(16), default="open")
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

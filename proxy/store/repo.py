@@ -101,6 +101,9 @@ def _write_any(
                 ),
                 "task_key": func.coalesce(table.c.task_key, stmt.excluded.task_key),
                 "group_key": func.coalesce(table.c.group_key, stmt.excluded.group_key),
+                "interaction_type": func.coalesce(
+                    table.c.interaction_type, stmt.excluded.interaction_type
+                ),
             },
         )
         conn.execute(stmt, _with_datetimes(trajectories, TRAJECTORY_TIME_FIELDS))

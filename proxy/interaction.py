@@ -1,0 +1,149 @@
+"""A trajectory's interaction type: what kind of interaction it is.
+
+Explicit: the X-Onthejob-Type header of the trajectory's first call. Otherwise a fingerprint
+of that call: `auto:<harness>:<hash>`, where the harness is the User-Agent's product token
+without its version, and the hash covers the normalised system prompt and the sorted names
+of the tools offered. The policy is one rule for every API and harness, never a case per
+harness:
+
+- system prompt: every system-like text of the request body, whatever the API: Anthropic's
+  `system`, Responses' `instructions`, and the `system`/`developer` messages of `messages`
+  (chat) or `input` (Responses), in that order.
+- normalised: a harness fills its system prompt in per run (Claude Code: the working
+  directory, today's date, the OS version, the git status; others a user name or a time),
+  so every word holding a digit becomes "0", every word holding a slash or backslash (paths,
+  URLs) becomes "/", and whitespace runs become one space; then only the first
+  PREFIX_CHARS characters count. The prefix is what keeps one harness one type when the
+  variable part is not a number or path (Claude Code's git status lists branch names and
+  commit subjects): harnesses put their fixed instructions first and the per-run context
+  after them. Two prompts that differ only past the prefix are one type; an operator who
+  wants them apart sends the header.
+- tools: names only (`name`, chat's `function.name`, else the tool's `type` for built-in
+  tools), deduplicated and sorted: schemas and descriptions change between versions of
+  one harness without changing what kind of interaction it is.
+
+The fingerprint runs once per trajectory, for its first call (proxy/rows.py, in the writer
+thread), on at most a few pages of text, whatever the size of the request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from starlette.requests import Request
+
+from proxy.errors import BadRequest
+
+TYPE_HEADER = "x-onthejob-type"
+MAX_TYPE = 200
+AUTO_PREFIX = "auto:"
+# normalised characters of system prompt that count (see the module docstring)
+PREFIX_CHARS = 4096
+# raw characters read to get them: normalising shortens text, rarely by half
+_RAW_CHARS = 2 * PREFIX_CHARS
+_MAX_PRODUCT = 60
+
+_EXPLICIT = re.compile(r"[A-Za-z0-9._:/@+=-]{1,200}")
+_PATHS = re.compile(r"\S*[/\\]\S*")
+_DIGITS = re.compile(r"\w*\d\w*")
+_VERSION_SLASH = re.compile(r"/v?\d")
+_VERSION_TAIL = re.compile(r"[-_.@]?v?\d[\w.+-]*$")
+_PRODUCT_JUNK = re.compile(r"[^a-z0-9._/-]")
+_SYSTEM_ROLES = ("system", "developer")
+
+
+def explicit_type(request: Request) -> str | None:
+    """The X-Onthejob-Type header, checked: 1-200 characters of letters, digits and
+    `. _ : / @ + = -`; not starting with `auto:` (the fingerprints' namespace)."""
+    value = request.headers.get(TYPE_HEADER)
+    if value is None:
+        return None
+    if not _EXPLICIT.fullmatch(value) or value.startswith(AUTO_PREFIX):
+        raise BadRequest(
+            f"X-Onthejob-Type must be 1-{MAX_TYPE} characters of letters, digits and "
+            "'._:/@+=-', not starting with 'auto:'",
+            code="invalid_type_header",
+        )
+    return value
+
+
+def harness_of(user_agent: str | None) -> str:
+    """The User-Agent's product token, lower case, without its version:
+    "claude-cli/2.0.14 (external, cli)" -> "claude-cli", "OpenAI/Python 1.109.1" ->
+    "openai/python", "" or None -> "unknown"."""
+    if not user_agent:
+        return "unknown"
+    token = user_agent.split(None, 1)[0].lower() if user_agent.strip() else ""
+    token = _VERSION_SLASH.split(token, 1)[0]
+    token = _VERSION_TAIL.sub("", token)
+    token = _PRODUCT_JUNK.sub("", token)[:_MAX_PRODUCT].strip("/.-_")
+    return token or "unknown"
+
+
+def system_text(body: dict[str, Any]) -> str:
+    """Every system-like text of a request body, joined (see the module docstring)."""
+    parts: list[str] = []
+    _add_text(parts, body.get("system"))
+    _add_text(parts, body.get("instructions"))
+    for key in ("messages", "input"):
+        items = body.get(key)
+        if isinstance(items, list):
+            for item in items:
+                if isinstance(item, dict) and item.get("role") in _SYSTEM_ROLES:
+                    _add_text(parts, item.get("content"))
+    return "\n".join(parts)
+
+
+def normalise_prompt(text: str) -> str:
+    """The part of a system prompt that identifies its kind (see the module docstring)."""
+    text = _PATHS.sub("/", text[:_RAW_CHARS])
+    text = _DIGITS.sub("0", text)
+    return " ".join(text.split())[:PREFIX_CHARS]
+
+
+def tool_names(body: dict[str, Any]) -> list[str]:
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return []
+    names: set[str] = set()
+    for tool in tools:
+        if not isinstance(tool, dict):
+            continue
+        function = tool.get("function")
+        name = tool.get("name") or (function.get("name") if isinstance(function, dict) else None)
+        name = name or tool.get("type")
+        if isinstance(name, str):
+            names.add(name)
+    return sorted(names)
+
+
+def fingerprint(body: Any, user_agent: str | None) -> str:
+    """`auto:<harness>:<12 hex digits>` of a trajectory's first request body."""
+    if not isinstance(body, dict):
+        body = {}
+    digest = hashlib.blake2b(digest_size=6)
+    digest.update(normalise_prompt(system_text(body)).encode("utf-8", "replace"))
+    digest.update(b"\x00")
+    digest.update("\x1f".join(tool_names(body)).encode("utf-8", "replace"))
+    return f"{AUTO_PREFIX}{harness_of(user_agent)}:{digest.hexdigest()}"
+
+
+def type_of(entry: dict[str, Any]) -> str:
+    """A logged call's type: its explicit header, else its fingerprint."""
+    explicit = entry.get("interaction_type")
+    if explicit:
+        return explicit
+    return fingerprint(entry.get("request"), entry.get("user_agent"))
+
+
+def _add_text(parts: list[str], content: Any) -> None:
+    if isinstance(content, str):
+        parts.append(content)
+    elif isinstance(content, list):
+        for block in content:
+            if isinstance(block, str):
+                parts.append(block)
+            elif isinstance(block, dict) and isinstance(block.get("text"), str):
+                parts.append(block["text"])
