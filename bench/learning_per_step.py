@@ -515,6 +515,8 @@ def learner_curve(engine: Any, curve: Curve) -> None:
         keys = ("samples", "kept", "dropped_stale", "dropped_flat", "clip_fraction")
         keys += ("behaviour_clip_fraction",)
         record = {k: metrics.get(k) for k in keys}
+        if metrics.get("stale_not_graded"):  # too stale to grade: dropped before grading
+            record["dropped_stale"] = (record["dropped_stale"] or 0) + metrics["stale_not_graded"]
         record.update(
             ratio_mean=metrics.get("ratio_mean"),
             truncated_fraction=metrics.get("truncated_fraction"),

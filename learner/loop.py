@@ -60,6 +60,7 @@ from proxy.store import db, gates
 log = logging.getLogger("onthejob.learner")
 
 GRADE_BATCH = 256
+STALE_BATCH = 4096  # trajectories recorded as too stale to grade at one time, at most
 PENDING_RECHECK = 30.0  # seconds before trajectories waiting for feedback are graded again
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
 LEASE_WAIT = 300.0  # seconds the learner waits for an operator's rollback to finish
@@ -340,7 +341,9 @@ class Learner:
             time.sleep(self.config.poll_interval)
 
     def grade_finished(self) -> int:
-        """Grade what finished (and failed gradings now due again); how many were saved."""
+        """Grade what finished (and failed gradings now due again), newest first; how many
+        were saved, with those too stale to train on, recorded without a grader call."""
+        skipped = self.skip_stale()
         with self.engine.connect() as conn:
             if time.monotonic() - self._pending_since > PENDING_RECHECK:
                 # feedback may have arrived for what was waiting: look at it again
@@ -356,7 +359,7 @@ class Learner:
             # a long phase (e.g. a learner started on a full database): show progress
             self._grading = tqdm(total=backlog, desc="grading", unit="trajectory")
         if not ids:
-            return 0
+            return skipped
         trajectories = list(iter_trajectories(self.engine, ids=ids))
         outcome = grading.grade_and_save(
             self.engine, self.grader, trajectories, tasks=self.tasks, policy=self.retry_policy
@@ -367,7 +370,38 @@ class Learner:
             if len(ids) < GRADE_BATCH:
                 self._grading.close()
                 self._grading = None
-        return outcome.saved
+        return outcome.saved + skipped
+
+    def skip_stale(self) -> int:
+        """Record the ungraded trajectories served more than max_staleness versions before
+        the serving one as not graded: no step could train on them (grouping drops them),
+        and a learner that fell behind would otherwise spend its grader calls on them first.
+        The next step counts them (`stale_not_graded`). How many there were."""
+        staleness = self.grouping.max_staleness
+        with self.engine.begin() as conn:
+            serving = queries.serving_version(conn)
+            if serving is None or serving["ordinal"] is None:
+                return 0
+            below = int(serving["ordinal"]) - staleness
+            if below <= 0:  # ordinals start at 0: nothing can be that old yet
+                return 0
+            ids = queries.stale_ungraded(
+                conn, below_ordinal=below, limit=STALE_BATCH, keys=self.config.keys
+            )
+            detail = {
+                "not_graded": "stale",
+                "serving_ordinal": int(serving["ordinal"]),
+                "max_staleness": staleness,
+            }
+            queries.skip_stale(conn, trajectory_ids=ids, detail=detail)
+        if ids:
+            log.info(
+                "%d finished trajectories are more than %d versions older than the serving "
+                "one: not graded",
+                len(ids),
+                staleness,
+            )
+        return len(ids)
 
     def _follow_operator(self) -> None:
         """`onthejob rollback` may have changed what serves: train on from there."""
@@ -403,6 +437,7 @@ class Learner:
             trainable = queries.trainable_grades(conn, keys=self.config.keys)
             rows = [r for r in trainable if r["group_key"] not in waiting]
             ordinals = queries.version_ordinals(conn)
+            stale = queries.stale_skipped(conn, keys=self.config.keys)
         if not rows:
             return False
         assert self.serving is not None
@@ -431,7 +466,9 @@ class Learner:
         )
         if len(advantaged) < self.config.batch_trajectories:
             return False
-        considered = [s.trajectory_id for s in scored] + unknown
+        # the step also accounts for what was too stale to grade
+        group_metrics["stale_not_graded"] = float(len(stale))
+        considered = [s.trajectory_id for s in scored] + unknown + stale
         self._train(advantaged, considered, group_metrics, baselines)
         return True
 

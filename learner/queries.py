@@ -51,14 +51,16 @@ def only_keys(keys: Sequence[str]) -> Any:
 def ungraded_finished(
     conn: Connection, *, limit: int, skip: Sequence[str] = (), keys: Sequence[str] = ()
 ) -> list[str]:
-    """Ids of finished trajectories to grade (never graded, or a retry is due), oldest first,
-    except `skip`; with `keys`, only the traffic of those client keys."""
+    """Ids of finished trajectories to grade (never graded, or a retry is due), newest first
+    (a learner behind grades what its next step can still use; what grows too stale meanwhile
+    is skipped, see `stale_ungraded`), except `skip`; with `keys`, only the traffic of those
+    client keys."""
     query = (
         select(Trajectory.id)
         .outerjoin(Grade, Grade.trajectory_id == Trajectory.id)
         .where(_gradable())
         .where(_not_a_rollout_run())
-        .order_by(Trajectory.last_call_at)
+        .order_by(Trajectory.last_call_at.desc(), Trajectory.id)
         .limit(limit)
     )
     if skip:
@@ -66,6 +68,56 @@ def ungraded_finished(
     if keys:
         query = query.where(only_keys(keys))
     return [r[0] for r in conn.execute(query)]
+
+
+def _first_call_ordinal() -> Any:
+    """The ordinal of the version that served a trajectory's first call (what its staleness
+    is counted from, as in `trainable_grades`); None when no verified version did."""
+    return (
+        select(PolicyVersion.ordinal)
+        .select_from(Call)
+        .outerjoin(PolicyVersion, PolicyVersion.version == Call.policy_version)
+        .where(Call.trajectory_id == Trajectory.id)
+        .order_by(Call.started_at)
+        .limit(1)
+        .scalar_subquery()
+    )
+
+
+def stale_ungraded(
+    conn: Connection, *, below_ordinal: int, limit: int, keys: Sequence[str] = ()
+) -> list[str]:
+    """Ids of trajectories to grade (as `ungraded_finished`) that a version of an ordinal
+    below `below_ordinal` served: too stale for any step now (ordinals only grow), whatever
+    their grade."""
+    query = (
+        select(Trajectory.id)
+        .outerjoin(Grade, Grade.trajectory_id == Trajectory.id)
+        .where(_gradable())
+        .where(_not_a_rollout_run())
+        .where(_first_call_ordinal() < below_ordinal)
+        .limit(limit)
+    )
+    if keys:
+        query = query.where(only_keys(keys))
+    return [r[0] for r in conn.execute(query)]
+
+
+def skip_stale(conn: Connection, *, trajectory_ids: Sequence[str], detail: dict[str, Any]) -> None:
+    """Record these trajectories as not graded because stale: a grade row with neither reward
+    nor error (`stale_skipped` finds them for the next step to count)."""
+    for trajectory_id in trajectory_ids:
+        save_grade(conn, trajectory_id=trajectory_id, reward=None, detail=detail, error=None)
+
+
+def stale_skipped(conn: Connection, *, keys: Sequence[str] = ()) -> list[str]:
+    """Ids of trajectories `skip_stale` recorded that no step has counted yet."""
+    query = select(Grade.trajectory_id).where(
+        Grade.trained_in_step.is_(None), Grade.reward.is_(None), Grade.error.is_(None)
+    )
+    if keys:
+        query = query.join(Trajectory, Trajectory.id == Grade.trajectory_id).where(only_keys(keys))
+    return [r[0] for r in conn.execute(query.order_by(Grade.trajectory_id))]
 
 
 def count_ungraded_finished(conn: Connection, *, keys: Sequence[str] = ()) -> int:

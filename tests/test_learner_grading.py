@@ -8,9 +8,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import Engine, select
 
-from learner import queries
+from learner import loop, queries
 from learner.config import LearnerConfig
 from learner.loop import Learner
 from proxy.store import repo
@@ -127,6 +128,82 @@ def test_a_transient_failure_is_graded_again_with_back_off_then_gives_up(
             assert queries.ungraded_finished(conn, limit=10) == []
     finally:
         sample_rewards.SERVICE_UP["up"] = False
+        learner.engine.dispose()
+
+
+def _served_by(tid: str, versions: list[str], at: float) -> list[dict[str, Any]]:
+    """The calls of `tid`, one per version in `versions`, a second apart from `at`."""
+    return [
+        {
+            "id": f"{tid}-{i}",
+            "trajectory_id": tid,
+            "session_key": None,
+            "api": "chat.completions",
+            "status": "ok",
+            "http_status": 200,
+            "stream": False,
+            "prompt_prefix_len": 0,
+            "capture_complete": True,
+            "started_at": at + i,
+            "policy_version": version,
+        }
+        for i, version in enumerate(versions)
+    ]
+
+
+def test_the_newest_are_graded_first_and_the_too_stale_not_at_all(
+    db_url: str, engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = time.time()
+    served = {  # trajectory: the versions that served its calls, oldest call first
+        "old": ["v1", "v5"],  # its first call is 4 versions old: too stale at 2
+        "edge": ["v3"],  # 2 versions old: still trainable
+        "unknown": ["not-verified"],  # no verified version: graded, as before
+        "new": ["v5"],
+    }
+    with engine.begin() as conn:
+        for ordinal in range(6):
+            parent = f"v{ordinal - 1}" if ordinal else None
+            queries.add_version(
+                conn, version=f"v{ordinal}", ordinal=ordinal, parent=parent,
+                checkpoint_path=None, status="serving",
+            )  # fmt: skip
+        trajectories, calls = [], []
+        for i, (tid, versions) in enumerate(served.items()):
+            at = now + 10 * i  # finished in this order: "new" last
+            trajectories.append({**_finished(tid, f"s-{tid}", at), "last_call_at": at + 1})
+            calls += _served_by(tid, versions, at)
+        repo.write_batch(conn, trajectories=trajectories, calls=calls)
+    sample_rewards.SEEN.clear()
+    grader = "python:tests.unit.learner.graders.sample_rewards:recorded"
+    learner = _learner(db_url, tmp_path, grader, max_staleness=2)
+    monkeypatch.setattr(loop, "GRADE_BATCH", 1)
+    try:
+        # the too stale one is recorded without a grader call, then the newest is graded
+        assert learner.grade_finished() == 2
+        assert sample_rewards.SEEN == ["new"]
+        assert learner.grade_finished() == 1 and learner.grade_finished() == 1
+        assert sample_rewards.SEEN == ["new", "unknown", "edge"]
+        assert learner.grade_finished() == 0
+        skipped = _grades(engine)["old"]
+        assert skipped["reward"] is None and skipped["error"] is None
+        assert skipped["detail"] == {
+            "not_graded": "stale",
+            "serving_ordinal": 5,
+            "max_staleness": 2,
+        }
+        with engine.connect() as conn:
+            # neither a failure nor waiting to be graded or trained: counted by the next step
+            assert queries.grading_failures(conn) == {"retrying": 0, "failed": 0}
+            assert queries.count_ungraded_finished(conn) == 0
+            trainable = {r["trajectory_id"] for r in queries.trainable_grades(conn)}
+            assert trainable == {"new", "unknown", "edge"}
+            assert queries.stale_skipped(conn) == ["old"]
+            assert queries.stale_skipped(conn, keys=["someone"]) == []
+        with engine.begin() as conn:
+            queries.mark_trained(conn, trajectory_ids=["old"], step=1)
+            assert queries.stale_skipped(conn) == []
+    finally:
         learner.engine.dispose()
 
 

@@ -181,7 +181,9 @@ class Grade(Base):
 
     A grading that failed is a row with `error` and no reward: `transient` ones (a judge
     that timed out, a store that was away) are graded again at `retry_at`, with back-off;
-    the others stay failed until an operator regrades them (`onthejob regrade`).
+    the others stay failed until an operator regrades them (`onthejob regrade`). A row with
+    neither reward nor error is a trajectory the learner did not grade because it was too
+    stale to train on (`detail` says so).
     """
 
     __tablename__ = "grades"

@@ -61,3 +61,11 @@ def flaky(trajectory: dict[str, Any]) -> float:
     if not SERVICE_UP["up"]:
         raise ConnectionRefusedError("the reward service is down")
     return 0.75
+
+
+SEEN: list[str] = []  # the trajectories `recorded` was asked to grade, in order
+
+
+def recorded(trajectory: dict[str, Any]) -> float:
+    SEEN.append(str(trajectory["id"]))
+    return 0.5
