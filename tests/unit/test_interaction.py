@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from starlette.requests import Request
 from proxy.errors import BadRequest
 from proxy.interaction import (
     PREFIX_CHARS,
+    _prompt_digest,
     explicit_type,
     fingerprint,
     harness_of,
@@ -169,3 +171,43 @@ def test_the_first_call_fixes_the_type_of_its_trajectory() -> None:
     # a header on a trajectory's first call is its type
     fresh = RowBuilder(TrajectoryTracker(idle_timeout=300)).rows([later])
     assert fresh["trajectories"][0]["interaction_type"] == "explicit"
+
+
+def claude_code_sized_request(run: int) -> dict[str, Any]:
+    """A request the size of Claude Code's first call: 16 KB of system prompt holding
+    per-run paths, dates and a build id, a dozen tools with large schemas."""
+    instructions = "".join(
+        f"Rule {i}: when the user asks for a change, read the file first. é " for i in range(180)
+    )
+    context = f"Working directory: /tmp/run-{run}/work\nToday's date: 2026-12-{run % 28 + 1:02}\n"
+    system = [
+        {"type": "text", "text": f"billing: cc_version=2.1.{run}.{run:x}f;"},
+        {"type": "text", "text": instructions[:3000] + context + instructions[3000:]},
+    ]
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(40)}}
+    tools = [
+        {"name": f"Tool{i}", "description": "x" * 2000, "input_schema": schema} for i in range(12)
+    ]
+    return {"model": "m", "system": system, "tools": tools, "messages": [USER_MESSAGE]}
+
+
+USER_MESSAGE = {"role": "user", "content": "Write hello.txt."}
+
+
+def test_the_fingerprint_is_cheap_and_stable_across_runs() -> None:
+    bodies = [claude_code_sized_request(run) for run in range(200)]
+    assert len({fingerprint(b, "claude-cli/2.1.3") for b in bodies}) == 1
+    _prompt_digest.cache_clear()
+    started = time.perf_counter()
+    for body in bodies:
+        fingerprint(body, "claude-cli/2.1.3")  # each prompt new to the cache
+    miss = (time.perf_counter() - started) / len(bodies) * 1e6
+    started = time.perf_counter()
+    for body in bodies:
+        fingerprint(body, "claude-cli/2.1.3")
+    hit = (time.perf_counter() - started) / len(bodies) * 1e6
+    print(
+        f"fingerprint of a Claude-Code-sized request: {miss:.0f} us new prompt, {hit:.0f} us seen"
+    )
+    # loose bounds (a loaded CI machine): they catch a pattern that backtracks per word
+    assert miss < 2000 and hit < 500
