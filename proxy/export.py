@@ -63,9 +63,16 @@ def iter_trajectories(
     session_key: str | None = None,
     since: datetime | None = None,
     ids: list[str] | None = None,
+    interaction_type: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     with engine.connect() as conn:
-        found = repo.trajectories(conn, session_key=session_key, since=since, ids=ids)
+        found = repo.trajectories(
+            conn,
+            session_key=session_key,
+            since=since,
+            ids=ids,
+            interaction_type=interaction_type,
+        )
         for trajectory in list(found):
             calls = repo.calls_of(conn, trajectory_id=trajectory["id"])
             prompts = materialize_prompts(calls, lambda ids: repo.calls_by_ids(conn, ids=ids))
@@ -74,6 +81,7 @@ def iter_trajectories(
                 "session": trajectory["session_key"],
                 "task_key": trajectory["task_key"],
                 "group_key": trajectory["group_key"],
+                "interaction_type": trajectory["interaction_type"],
                 "status": trajectory["status"],
                 "reward": trajectory["reward"],
                 "started_at": _iso(trajectory["started_at"]),

@@ -95,11 +95,17 @@ def chat_call(
     }
 
 
+def kind_of(i: int) -> str:
+    """Seeded trajectory i's interaction type: both versions serve both types."""
+    return "kind-a" if i % 4 < 2 else "auto:agent:0123456789ab"
+
+
 def seed(engine: Engine, n: int = N, *, now: float | None = None) -> list[dict[str, Any]]:
     """n two-turn trajectories, 10 minutes apart, newest first in the returned list.
 
     Trajectory i: session "s{i}", task "task-{i % 3}", version v{i % 2}, reward i/n when
-    i is even (graded), the last one open; call 2 of trajectory 4 failed.
+    i is even (graded), interaction type `kind_of(i)`, the last one open; call 2 of
+    trajectory 4 failed.
     """
     now = now or time.time()
     made = []
@@ -148,6 +154,7 @@ def seed(engine: Engine, n: int = N, *, now: float | None = None) -> list[dict[s
                 "session_key": f"s{i}",
                 "task_key": f"task-{i % 3}",
                 "group_key": None,
+                "interaction_type": kind_of(i),
                 "status": "open",
                 "started_at": started,
                 "last_call_at": started + 1,
@@ -194,6 +201,7 @@ def test_every_route_needs_the_token(api: httpx.Client, admin: ProxyServer) -> N
         "/export",
         "/compat",
         "/curricula",
+        "/types",
     ):
         missing = httpx.get(admin.url + "/admin/api" + path)
         assert "token" in error_of(missing, 401)
@@ -253,6 +261,10 @@ def test_filters(api: httpx.Client, engine: Engine) -> None:
     assert ids(api, session="s7") == {"traj007"}
     assert ids(api, task_key="task-1") == {f"traj{i:03d}" for i in range(N) if i % 3 == 1}
     assert ids(api, status="open") == {f"traj{N - 1:03d}"}
+    assert ids(api, type="kind-a") == {f"traj{i:03d}" for i in range(N) if kind_of(i) == "kind-a"}
+    assert ids(api, type="kind-a", policy_version="v1") == {
+        f"traj{i:03d}" for i in range(N) if kind_of(i) == "kind-a" and i % 2
+    }
     assert ids(api, policy_version="v1") == {f"traj{i:03d}" for i in range(N) if i % 2}
     graded = {f"traj{i:03d}" for i in range(0, N - 1, 2)}
     assert ids(api, graded="true") == graded
@@ -591,6 +603,41 @@ def test_compat_per_harness(api: httpx.Client, engine: Engine) -> None:
     assert "since" in error_of(api.get("/compat", params=backwards), 400)
 
 
+def test_types_per_version(api: httpx.Client, engine: Engine) -> None:
+    seed(engine)
+    body = api.get("/types", params={"success_at": 0.5}).json()
+    assert body["success_at"] == 0.5
+    types = {t["interaction_type"]: t for t in body["types"]}
+    assert set(types) == {"kind-a", "auto:agent:0123456789ab"}
+    rewards = {i: i / N for i in range(0, N - 1, 2)}  # graded: even, not the last
+    for kind, figures in types.items():
+        mine = [i for i in range(N) if kind_of(i) == kind]
+        assert figures["trajectories"] == len(mine)
+        for version in figures["by_version"]:
+            of_version = [i for i in mine if f"v{i % 2}" == version["policy_version"]]
+            graded = [rewards[i] for i in of_version if i in rewards]
+            assert version["trajectories"] == len(of_version)
+            assert version["graded"] == len(graded)
+            if graded:
+                assert version["mean_reward"] == pytest.approx(sum(graded) / len(graded))
+                assert version["success_rate"] == pytest.approx(
+                    sum(r >= 0.5 for r in graded) / len(graded)
+                )
+            else:
+                assert version["mean_reward"] is None and version["success_rate"] is None
+        graded = [rewards[i] for i in mine if i in rewards]
+        assert figures["mean_reward"] == pytest.approx(sum(graded) / len(graded))
+        assert figures["successes"] == sum(r >= 0.5 for r in graded)
+    assert {v["policy_version"] for v in types["kind-a"]["by_version"]} == {"v0", "v1"}
+    only = api.get("/types", params={"type": "kind-a"}).json()["types"]
+    assert [t["interaction_type"] for t in only] == ["kind-a"]
+    assert only[0]["success_rate"] == 0.0  # success_at defaults to 1.0: no reward reaches it
+    assert "success_at" in error_of(api.get("/types", params={"success_at": "x"}), 400)
+    assert error_of(api.get("/types", params={"nope": 1}), 400)
+    backwards = {"since": datetime.now(UTC).isoformat(), "until": "2020-01-01T00:00:00Z"}
+    assert "since" in error_of(api.get("/types", params=backwards), 400)
+
+
 def test_export_streams_the_export_format(api: httpx.Client, engine: Engine) -> None:
     seed(engine)
     response = api.get("/export", params={"task_key": "task-2"})
@@ -598,6 +645,11 @@ def test_export_streams_the_export_format(api: httpx.Client, engine: Engine) -> 
     rows = [json.loads(line) for line in response.text.splitlines()]
     expected_ids = [f"traj{i:03d}" for i in range(N) if i % 3 == 2]
     assert [r["id"] for r in rows] == expected_ids  # oldest first
+    assert [r["interaction_type"] for r in rows] == [kind_of(i) for i in range(N) if i % 3 == 2]
+    of_type = api.get("/export", params={"type": "kind-a"}).text.splitlines()
+    assert [json.loads(line)["id"] for line in of_type] == [
+        f"traj{i:03d}" for i in range(N) if kind_of(i) == "kind-a"
+    ]
     reference = json.loads(
         json.dumps(list(iter_trajectories(engine, ids=expected_ids)), default=str)
     )

@@ -46,6 +46,7 @@ OPERATIONS = [
     "DELETE /keys/{name}",
     "GET /curricula",
     "GET /curricula/{name}",
+    "GET /types",
 ]
 
 

@@ -16,6 +16,7 @@ from proxy.admin.routes import (
     compat,
     curricula,
     feedback,
+    interaction_types,
     keys,
     learner,
     stats,
@@ -52,7 +53,18 @@ def create_admin_app() -> FastAPI:
         redoc_url=None,
     )
     api = APIRouter(prefix="/api", dependencies=[Depends(require_token)], responses=_AUTH_RESPONSES)
-    modules = (trajectories, feedback, tasks, versions, learner, stats, compat, keys, curricula)
+    modules = (
+        trajectories,
+        feedback,
+        tasks,
+        versions,
+        learner,
+        stats,
+        compat,
+        keys,
+        curricula,
+        interaction_types,
+    )
     for module in modules:
         api.include_router(module.router)
     app.include_router(api)

@@ -47,6 +47,7 @@ class TrajectoryFilter(BaseModel):
 
     session: Key | None = Field(None, description="session key")
     task_key: TaskKeyText | None = None
+    type: Key | None = Field(None, description="interaction type (X-Onthejob-Type or auto:...)")
     status: Literal["open", "finished"] | None = None
     policy_version: Key | None = Field(None, description="a call was served by this version")
     min_reward: Reward | None = None
@@ -133,6 +134,23 @@ class StatsQuery(BaseModel):
     )
     until: Time = Field(None, description="default: now")
     bucket: Literal["hour", "day"] = "hour"
+
+
+class TypesQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Key | None = Field(None, description="only this interaction type")
+    since: Time = Field(None, description="trajectories started at or after (default: all)")
+    until: Time = Field(None, description="trajectories started before (default: all)")
+    success_at: Reward = Field(
+        1.0, description="a graded trajectory succeeded if its reward is at least this"
+    )
+
+    @model_validator(mode="after")
+    def _window(self) -> TypesQuery:
+        if self.since is not None and self.until is not None and self.since >= self.until:
+            raise ValueError("since must be before until")
+        return self
 
 
 class CompatQuery(BaseModel):

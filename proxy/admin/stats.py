@@ -118,7 +118,7 @@ def _percentiles(conn: Connection, column: Any, where: tuple[Any, ...]) -> dict[
     return out
 
 
-def _first_version() -> Any:
+def first_version() -> Any:
     """The version that served a trajectory's first call: whose reward it is."""
     return (
         select(Call.policy_version)
@@ -130,7 +130,7 @@ def _first_version() -> Any:
 
 
 def reward_by_version(conn: Connection) -> dict[str | None, dict[str, Any]]:
-    version = _first_version().label("version")
+    version = first_version().label("version")
     rows = conn.execute(
         select(version, func.count(), func.avg(Trajectory.reward))
         .where(Trajectory.reward.is_not(None))

@@ -23,6 +23,7 @@ LIST_COLUMNS = (
     Trajectory.session_key,
     Trajectory.task_key,
     Trajectory.group_key,
+    Trajectory.interaction_type,
     Trajectory.status,
     Trajectory.started_at,
     Trajectory.last_call_at,
@@ -50,6 +51,8 @@ def filtered(query: Select[Any], f: TrajectoryFilter) -> Select[Any]:
         query = query.where(Trajectory.session_key == f.session)
     if f.task_key is not None:
         query = query.where(Trajectory.task_key == f.task_key)
+    if f.type is not None:
+        query = query.where(Trajectory.interaction_type == f.type)
     if f.status is not None:
         query = query.where(Trajectory.status == f.status)
     if f.min_reward is not None:
@@ -176,6 +179,7 @@ def _summary(
         "session": row["session_key"],
         "task_key": row["task_key"],
         "group_key": row["group_key"],
+        "interaction_type": row["interaction_type"],
         "status": row["status"],
         "reward": row["reward"],
         "started_at": iso(row["started_at"]),

@@ -23,6 +23,12 @@ def register(commands: Any) -> None:
         "--since", metavar="ISO8601", help="only trajectories active at or after this time"
     )
     export.add_argument(
+        "--type",
+        metavar="TYPE",
+        dest="interaction_type",
+        help="only trajectories of this interaction type (X-Onthejob-Type or auto:...)",
+    )
+    export.add_argument(
         "--output", "-o", type=Path, metavar="FILE", help="write here instead of stdout"
     )
     export.set_defaults(func=cmd_export)
@@ -44,7 +50,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     since = _parse_since(args.since) if args.since else None
     engine = db.make_engine(settings.database_url)
     try:
-        rows = iter_trajectories(engine, session_key=args.session, since=since)
+        rows = iter_trajectories(
+            engine,
+            session_key=args.session,
+            since=since,
+            interaction_type=args.interaction_type,
+        )
         if args.output:
             with open(args.output, "wb") as out:
                 count = write_jsonl(rows, out)

@@ -199,6 +199,7 @@ def trajectories(
     since: datetime | None = None,
     status: str | None = None,
     ids: list[str] | None = None,
+    interaction_type: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Trajectories (as dicts) oldest first; `since` matches any activity after it."""
     query = select(Trajectory.__table__).order_by(Trajectory.started_at, Trajectory.id)
@@ -210,6 +211,8 @@ def trajectories(
         query = query.where(Trajectory.status == status)
     if ids is not None:
         query = query.where(Trajectory.id.in_(ids))
+    if interaction_type is not None:
+        query = query.where(Trajectory.interaction_type == interaction_type)
     for row in conn.execute(query).yield_per(200):
         yield dict(row._mapping)
 

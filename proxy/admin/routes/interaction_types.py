@@ -1,0 +1,30 @@
+"""Interaction types: trajectories, mean reward and success per type and policy version."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from proxy.admin import interaction_types
+from proxy.admin.deps import EngineDep
+from proxy.admin.schemas import TypesQuery
+
+router = APIRouter(tags=["types"])
+
+
+@router.get("/types", summary="Per interaction type and policy version: rewards and success")
+def get_types(engine: EngineDep, query: Annotated[TypesQuery, Query()]) -> dict[str, Any]:
+    """Every interaction type (X-Onthejob-Type, else the auto: fingerprint; null: recorded
+    before types were) with its trajectories, graded ones, mean reward and success rate
+    (reward >= `success_at`, over graded ones), overall and by the policy version of each
+    trajectory's first call; trajectories started in [since, until) when given."""
+    with engine.connect() as conn:
+        types = interaction_types.by_type(
+            conn,
+            success_at=query.success_at,
+            since=query.since,
+            until=query.until,
+            interaction_type=query.type,
+        )
+    return {"success_at": query.success_at, "types": types}
