@@ -361,3 +361,51 @@ def test_dashboard_shows_the_curriculum_stage_over_time(
             page.screenshot(path=str(ARTIFACTS / "dashboard-curricula.png"), full_page=True)
         finally:
             browser.close()
+
+
+def test_dashboard_shows_types_and_filters_trajectories_by_type(
+    start_proxy: Callable[..., ProxyServer], tmp_path: Path
+) -> None:
+    """The Types tab: per interaction type and version, trajectories, mean reward and
+    success as GET /admin/api/types has them; a type's row opens its trajectories, each
+    showing its type."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from learner.demo.vllm_server import free_port
+    from tests.test_admin_api import N, kind_of, seed
+
+    db_url = f"sqlite:///{tmp_path / 'types.db'}"
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    seed(engine)  # types kind_of(i), versions v{i % 2}, reward i/N for even i
+    engine.dispose()
+    proxy = start_proxy(
+        [f"http://127.0.0.1:{free_port()}"], db_url, env={"ONTHEJOB_ADMIN_TOKEN": TOKEN}
+    )
+    graded = [i / N for i in range(0, N - 1, 2) if kind_of(i) == "kind-a"]
+    mean = sum(graded) / len(graded)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 800})
+            page.goto(proxy.url + "/admin")
+            page.fill("#token", TOKEN)
+            page.click("#login")
+            page.click("button.tab[data-view=types]")
+            overall = page.locator('#type-table tr[data-type="kind-a"][data-version=""]')
+            expect(overall.locator("td.mean-reward")).to_have_text(str(round(mean * 1000) / 1000))
+            expect(overall.locator("td.success")).to_have_text("0 %")  # success: reward >= 1
+            # one row per version under it, v1's trajectories all ungraded
+            v1 = page.locator('#type-table tr[data-type="kind-a"][data-version="v1"]')
+            expect(v1.locator("td.mean-reward")).to_have_text("\u2013")  # no reward: a dash
+            expect(page.locator('#type-table tr[data-type^="auto:agent:"]')).to_have_count(3)
+            page.screenshot(path=str(ARTIFACTS / "dashboard-types.png"), full_page=True)
+            overall.click()
+            rows = page.locator("#trajectory-table tbody tr")
+            expect(rows).to_have_count(sum(kind_of(i) == "kind-a" for i in range(N)))
+            expect(rows.locator("td.type")).to_have_text(["kind-a"] * rows.count())
+        finally:
+            browser.close()

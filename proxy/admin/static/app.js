@@ -87,7 +87,7 @@ async function guarded(fn) {
 function show(view) {
   state.view = view;
   for (const tab of document.querySelectorAll(".tab")) tab.classList.toggle("active", tab.dataset.view === view);
-  for (const name of ["overview", "trajectories", "versions", "tasks", "harnesses", "curricula"]) $(`view-${name}`).hidden = name !== view;
+  for (const name of ["overview", "trajectories", "versions", "tasks", "types", "harnesses", "curricula"]) $(`view-${name}`).hidden = name !== view;
   refresh(true);
 }
 
@@ -98,6 +98,7 @@ function refresh(first) {
     trajectories: () => (first ? loadTrajectories(true) : Promise.resolve()),
     versions: loadVersions,
     tasks: loadTasks,
+    types: loadTypes,
     harnesses: loadHarnesses,
     curricula: loadCurricula,
   }[state.view];
@@ -172,6 +173,7 @@ async function loadTrajectories(reset) {
       { "data-id": t.id },
       el("td", {}, shortTime(t.started_at)),
       el("td", { title: t.task_key || "" }, (t.task_key || "–").slice(0, 48)),
+      el("td", { class: "type", title: t.interaction_type || "" }, (t.interaction_type || "–").slice(0, 40)),
       el("td", {}, t.policy_versions.join(", ") || "–"),
       el("td", {}, `${t.calls}${t.errors ? ` (${t.errors} err)` : ""}`),
       rewardCell(t),
@@ -198,7 +200,7 @@ async function openTrajectory(id) {
   state.open = t;
   $("viewer").hidden = false;
   $("viewer-title").textContent = t.id;
-  $("viewer-meta").textContent = `session ${t.session || "–"} · task ${t.task_key || "–"} · ${t.status} · ${t.calls.length} calls · started ${shortTime(t.started_at)}`;
+  $("viewer-meta").textContent = `session ${t.session || "–"} · task ${t.task_key || "–"} · type ${t.interaction_type || "–"} · ${t.status} · ${t.calls.length} calls · started ${shortTime(t.started_at)}`;
   showReward(t);
   renderConversation(t.messages);
   renderTokens(t.tokens);
@@ -299,6 +301,43 @@ async function loadTasks() {
       el("tr", {}, el("td", {}, t.key), el("td", {}, t.answer || "–"), el("td", {}, t.match), el("td", {}, String(t.trajectories)), el("td", {}, t.mean_reward === null ? "–" : fmt(t.mean_reward))),
     ),
   );
+}
+
+// -- types: per interaction type and policy version -----------------------------------------
+const rate = (v) => (v === null ? "–" : `${fmt(100 * v)} %`);
+
+function typeRow(kind, version, figures) {
+  const name = kind === null ? "(none)" : kind;
+  const cell = el("td", { class: version === undefined ? "type-name" : "muted" }, version === undefined ? name : "");
+  const row = el(
+    "tr",
+    { "data-type": name, "data-version": version === undefined ? "" : version || "(none)" },
+    cell,
+    el("td", {}, version === undefined ? "all" : version || "(none)"),
+    el("td", {}, String(figures.trajectories)),
+    el("td", {}, String(figures.graded)),
+    el("td", { class: "mean-reward" }, figures.mean_reward === null ? "–" : fmt(figures.mean_reward)),
+    el("td", { class: "success" }, rate(figures.success_rate)),
+  );
+  if (kind !== null) {
+    row.addEventListener("click", () => {
+      $("filters").elements.type.value = kind;
+      show("trajectories");
+    });
+  }
+  return row;
+}
+
+async function loadTypes() {
+  const data = await api("/types");
+  $("types-success-at").textContent = fmt(data.success_at);
+  const body = $("type-table").tBodies[0];
+  body.replaceChildren();
+  for (const t of data.types) {
+    body.appendChild(typeRow(t.interaction_type, undefined, t));
+    for (const v of t.by_version) body.appendChild(typeRow(t.interaction_type, v.policy_version, v));
+  }
+  if (!data.types.length) body.appendChild(el("tr", {}, el("td", { colSpan: 6, class: "muted" }, "no trajectories yet")));
 }
 
 // -- harnesses: the compatibility policy per User-Agent ---------------------------------
