@@ -69,7 +69,7 @@ def test_help_lists_every_option(command: list[str]) -> None:
         for option in ("--db", "--spool"):
             assert option in result.stdout
     if command == ["export"]:
-        for option in ("--db", "--session", "--since", "--output"):
+        for option in ("--db", "--session", "--since", "--type", "--output"):
             assert option in result.stdout
 
 
@@ -83,6 +83,7 @@ def _seed(engine: Engine) -> None:
                     {
                         "id": f"t{i}",
                         "session_key": session,
+                        "interaction_type": f"kind-{session}",
                         "status": "finished",
                         "started_at": at,
                         "last_call_at": at,
@@ -157,6 +158,9 @@ def test_export_filters_and_format(db_url: str, engine: Engine, tmp_path) -> Non
 
     by_session = onthejob("export", "--db", db_url, "--session", "a")
     assert [orjson.loads(x)["id"] for x in by_session.stdout.splitlines()] == ["t0", "t2"]
+    assert lines[1]["interaction_type"] == "kind-b"
+    by_type = onthejob("export", "--db", db_url, "--type", "kind-b")
+    assert [orjson.loads(x)["id"] for x in by_type.stdout.splitlines()] == ["t1"]
     since = onthejob(
         "export",
         "--db",
