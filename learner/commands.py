@@ -62,6 +62,21 @@ def _add_learn(commands: Any) -> None:
     learn.add_argument(
         "--tasks", metavar="FILE", help="task table (JSONL) for the reference grader"
     )
+    _add_self_judge(learn)
+    learn.add_argument(
+        "--self-judge-shadow",
+        type=float,
+        metavar="SHARE",
+        help="share of the trajectories with a ground truth (reference answer, check, "
+        "feedback) that the self-judge also judges, for its agreement figures (default 0.1; "
+        "at most --self-judge-per-minute a minute; 0: none)",
+    )
+    learn.add_argument(
+        "--self-judge-per-minute",
+        type=float,
+        metavar="N",
+        help="at most N of those agreement judgements a minute (default 20)",
+    )
     learn.add_argument(
         "--lora",
         action="store_true",
@@ -143,11 +158,30 @@ def _add_regrade(commands: Any) -> None:
     regrade.add_argument(
         "--tasks", metavar="FILE", help="task table (JSONL) besides the one in the store"
     )
+    _add_self_judge(regrade)
     regrade.add_argument("--config", type=Path, metavar="FILE", help="TOML file with settings")
     regrade.add_argument(
         "--upstream", action="append", metavar="URL", help="vLLM (the judge's default endpoint)"
     )
     regrade.set_defaults(func=cmd_regrade)
+
+
+def _add_self_judge(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-self-judge",
+        dest="self_judge",
+        action="store_false",
+        default=None,
+        help="do not let the served model judge the trajectories no grader applies to (no "
+        "reference answer, no feedback, only --grader reference given); by default it "
+        "does, with their interaction type's rubric",
+    )
+    parser.add_argument(
+        "--rubrics",
+        metavar="FILE",
+        help="TOML file of the self-judge's rubrics: default = RUBRIC, and a [types] table "
+        "of TYPE = RUBRIC, or TYPE = false to not self-judge that type",
+    )
 
 
 def _names(text: str) -> list[str]:
@@ -185,6 +219,10 @@ def cmd_learn(args: argparse.Namespace) -> int:
         keep_checkpoints=args.keep_checkpoints,
         graders=args.grader,
         tasks=args.tasks,
+        self_judge=args.self_judge,
+        rubrics=args.rubrics,
+        self_judge_shadow=args.self_judge_shadow,
+        self_judge_per_minute=args.self_judge_per_minute,
         keys=args.keys,
         learning_rate=args.learning_rate,
         batch_trajectories=args.batch_trajectories,
@@ -260,7 +298,14 @@ def _expected_for(checkpoint: Path) -> Any:
 def cmd_regrade(args: argparse.Namespace) -> int:
     from learner.regrade import Selection, regrade
 
-    config = learner_config(args, model="-", graders=args.grader, tasks=args.tasks)
+    config = learner_config(
+        args,
+        model="-",
+        graders=args.grader,
+        tasks=args.tasks,
+        self_judge=args.self_judge,
+        rubrics=args.rubrics,
+    )
     selection = Selection(
         failed_only=args.failed,
         session_key=args.session,

@@ -65,6 +65,15 @@ class LearnerConfig:
     max_steps: int | None = None  # stop after this many steps (None: run forever)
     judge_base_url: str | None = None
     judge_model: str | None = None
+    # the served model judges what no configured grader applies to (learner/graders/selfjudge.py)
+    self_judge: bool = True
+    rubrics: str | None = None  # TOML file of rubrics per interaction type
+    # share of the trajectories with a ground truth that the self-judge also judges (its
+    # agreement figures), at most self_judge_per_minute of them a minute
+    self_judge_shadow: float = 0.1
+    self_judge_per_minute: float = 20.0
+    judge_max_tokens: int = 1024
+    judge_reasoning_chars: int = 1500
     command_timeout: float = 30.0
     # a grading that failed transiently is tried again after this many seconds, doubling up
     # to grade_retry_cap, grade_max_attempts times in all
@@ -94,6 +103,14 @@ class LearnerConfig:
         config = cls(**values)
         if not config.model:
             raise ValueError("--model is required: the base model directory vLLM serves")
+        if config.rubrics:
+            from learner.graders.rubrics import Rubrics
+
+            Rubrics.load(config.rubrics)  # a mistake stops the start, not every grading
+        if not 0.0 <= config.self_judge_shadow <= 1.0:
+            raise ValueError(
+                f"self_judge_shadow must be a share in [0, 1], got {config.self_judge_shadow}"
+            )
         return config
 
 

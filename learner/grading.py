@@ -19,7 +19,10 @@ from typing import Any
 from sqlalchemy import Engine
 
 from learner import queries
+from learner.config import LearnerConfig
 from learner.graders.base import Grade, Grader
+from learner.graders.rubrics import Rubrics
+from learner.graders.selfjudge import DefaultGrader, ShadowPolicy, build_default_grader
 from learner.graders.tasks import TaskTable
 
 log = logging.getLogger("onthejob.learner")
@@ -59,6 +62,26 @@ class DatabaseFeedback:
     ) -> tuple[float, str | None] | None:
         with self.engine.connect() as conn:
             return queries.latest_feedback(conn, trajectory_id=trajectory_id, session_key=session)
+
+
+def learner_grader(config: LearnerConfig, engine: Engine) -> DefaultGrader:
+    """The graders `onthejob learn` and `onthejob regrade` use, from their settings: the
+    configured ones, and the served model judging itself where none of them applies."""
+    return build_default_grader(
+        config.graders,
+        judge_base_url=config.judge_base_url or config.upstreams[0] + "/v1",
+        judge_model=config.judge_model,
+        self_judge=config.self_judge,
+        rubrics=Rubrics.load(config.rubrics) if config.rubrics else Rubrics(),
+        shadow=ShadowPolicy(
+            share=config.self_judge_shadow, per_minute=config.self_judge_per_minute
+        ),
+        feedback_source=DatabaseFeedback(engine),
+        feedback_wait_seconds=config.feedback_wait,
+        command_timeout=config.command_timeout,
+        judge_max_tokens=config.judge_max_tokens,
+        judge_reasoning_chars=config.judge_reasoning_chars,
+    )
 
 
 def grade_and_save(

@@ -34,7 +34,6 @@ from learner.checkpoint import load_model, save_checkpoint
 from learner.config import LearnerConfig
 from learner.distributed import Ranks
 from learner.fence import Fence
-from learner.graders.combine import build_graders
 from learner.graders.tasks import TaskTable
 from learner.grouping import GroupingConfig, RunningBaselines, Scored, compute_advantages
 from learner.layout import is_adapter, served_base
@@ -87,14 +86,7 @@ class Learner:
         self.model_dir = Path(config.model)
         self.checkpoints = Path(config.checkpoints)
         self.checkpoints.mkdir(parents=True, exist_ok=True)
-        self.grader = build_graders(
-            config.graders,
-            judge_base_url=config.judge_base_url or config.upstreams[0] + "/v1",
-            judge_model=config.judge_model,
-            feedback_source=grading.DatabaseFeedback(self.engine),
-            feedback_wait_seconds=config.feedback_wait,
-            command_timeout=config.command_timeout,
-        )
+        self.grader: Any = grading.learner_grader(config, self.engine)
         self.grouping = GroupingConfig(
             max_staleness=config.max_staleness, std_normalise=config.std_normalise
         )

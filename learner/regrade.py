@@ -17,7 +17,6 @@ from sqlalchemy import Engine
 
 from learner import grading, queries
 from learner.config import LearnerConfig
-from learner.graders.combine import build_graders
 from learner.graders.tasks import TaskTable
 from proxy.export import iter_trajectories
 from proxy.store import db
@@ -60,14 +59,7 @@ def regrade(config: LearnerConfig, selection: Selection) -> Report:
     db.upgrade(config.database_url)
     engine = db.make_engine(config.database_url)
     try:
-        grader = build_graders(
-            config.graders,
-            judge_base_url=config.judge_base_url or config.upstreams[0] + "/v1",
-            judge_model=config.judge_model,
-            feedback_source=grading.DatabaseFeedback(engine),
-            feedback_wait_seconds=config.feedback_wait,
-            command_timeout=config.command_timeout,
-        )
+        grader = grading.learner_grader(config, engine)
         policy = grading.RetryPolicy(
             base=config.grade_retry_base,
             cap=config.grade_retry_cap,

@@ -25,6 +25,12 @@ from learner.graders.judge_prompt import (
 )
 from learner.graders.tasks import TaskTable
 
+# The judge's own calls say what they are (X-Onthejob-Type). By default they go straight to
+# vLLM and are never recorded; a judge pointed at the proxy is recorded with this type, and
+# the learner neither trains on nor judges trajectories of it (learner/graders/selfjudge.py).
+JUDGE_TYPE = "onthejob-judge"
+TYPE_HEADER = "X-Onthejob-Type"
+
 
 class JudgeError(Exception):
     """The judge could not give a verdict for a group."""
@@ -65,6 +71,7 @@ class JudgeGrader:
             timeout=timeout,
             max_retries=max_retries,
             http_client=http_client,
+            default_headers={TYPE_HEADER: JUDGE_TYPE},
         )
 
     def close(self) -> None:
