@@ -74,6 +74,8 @@ class LearnerConfig:
     self_judge_per_minute: float = 20.0
     judge_max_tokens: int = 1024
     judge_reasoning_chars: int = 1500
+    judge_temperature: float = 0.0
+    judge_seed: int | None = None  # servers that honour it (vLLM) then judge reproducibly
     command_timeout: float = 30.0
     # a grading that failed transiently is tried again after this many seconds, doubling up
     # to grade_retry_cap, grade_max_attempts times in all

@@ -81,6 +81,8 @@ def learner_grader(config: LearnerConfig, engine: Engine) -> DefaultGrader:
         command_timeout=config.command_timeout,
         judge_max_tokens=config.judge_max_tokens,
         judge_reasoning_chars=config.judge_reasoning_chars,
+        judge_temperature=config.judge_temperature,
+        judge_seed=config.judge_seed,
     )
 
 

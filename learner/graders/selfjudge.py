@@ -293,6 +293,8 @@ def build_default_grader(
     command_timeout: float,
     judge_max_tokens: int = 1024,
     judge_reasoning_chars: int = 1500,
+    judge_temperature: float = 0.0,
+    judge_seed: int | None = None,
 ) -> DefaultGrader:
     """The learner's grader from its settings (`onthejob learn` and `onthejob regrade`)."""
     from learner.graders.combine import build_graders, parse_spec
@@ -317,6 +319,8 @@ def build_default_grader(
             name=SELF_JUDGE,
             max_tokens=judge_max_tokens,
             max_reasoning_chars=judge_reasoning_chars,
+            temperature=judge_temperature,
+            seed=judge_seed,
         )
 
     feedback = None

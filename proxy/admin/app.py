@@ -19,6 +19,7 @@ from proxy.admin.routes import (
     interaction_types,
     keys,
     learner,
+    selfjudge,
     stats,
     tasks,
     trajectories,
@@ -45,8 +46,8 @@ def create_admin_app() -> FastAPI:
     app = FastAPI(
         title="onthejob admin API",
         summary="See and steer what the system learns: trajectories, rewards, tasks, "
-        "policy versions, the learner, statistics, export, curricula, and the client keys that "
-        "may use the model.",
+        "policy versions, the learner, statistics, export, curricula, the self-judge's "
+        "agreement, and the client keys that may use the model.",
         version="1",
         openapi_url="/api/openapi.json",
         docs_url="/api/docs",
@@ -64,6 +65,7 @@ def create_admin_app() -> FastAPI:
         keys,
         curricula,
         interaction_types,
+        selfjudge,
     )
     for module in modules:
         api.include_router(module.router)

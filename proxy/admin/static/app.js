@@ -87,7 +87,7 @@ async function guarded(fn) {
 function show(view) {
   state.view = view;
   for (const tab of document.querySelectorAll(".tab")) tab.classList.toggle("active", tab.dataset.view === view);
-  for (const name of ["overview", "trajectories", "versions", "tasks", "types", "harnesses", "curricula"]) $(`view-${name}`).hidden = name !== view;
+  for (const name of ["overview", "trajectories", "versions", "tasks", "types", "harnesses", "curricula", "selfjudge"]) $(`view-${name}`).hidden = name !== view;
   refresh(true);
 }
 
@@ -101,6 +101,7 @@ function refresh(first) {
     types: loadTypes,
     harnesses: loadHarnesses,
     curricula: loadCurricula,
+    selfjudge: loadSelfJudge,
   }[state.view];
   return guarded(async () => {
     await work();
@@ -422,6 +423,35 @@ async function loadCurricula() {
     window.charts.lineChart(svg, points, { min: 0, max: 1, marks }); // in the page: it needs its width
   });
   if (!data.items.length) box.appendChild(el("p", { class: "muted" }, "no curriculum has run against this store yet"));
+}
+
+// -- self-judge: its agreement with the ground truth, per interaction type --------------
+const share = (v) => (v === null || v === undefined ? "–" : `${fmt(100 * v)} %`);
+
+async function loadSelfJudge() {
+  const data = await api("/self-judge");
+  const body = $("selfjudge-table").tBodies[0];
+  body.replaceChildren();
+  for (const t of data.types) {
+    const sources = Object.entries(t.by_source).map(([source, f]) => `${source}: ${share(f.agreement)} of ${f.compared}`);
+    body.appendChild(
+      el(
+        "tr",
+        { "data-type": t.type === null ? "" : t.type },
+        el("td", {}, t.type === null ? "(untyped)" : t.type),
+        el("td", {}, String(t.self_judged)),
+        el("td", {}, t.self_judged_mean_reward === null ? "–" : fmt(t.self_judged_mean_reward)),
+        el("td", {}, String(t.compared)),
+        el("td", { class: "agreement" }, share(t.agreement)),
+        el("td", {}, share(t.judge_pass_rate)),
+        el("td", {}, share(t.truth_pass_rate)),
+        el("td", {}, t.correlation === null ? "–" : fmt(t.correlation)),
+        el("td", { class: "muted" }, sources.join(" · ") || "–"),
+        el("td", {}, String(t.judge_errors)),
+      ),
+    );
+  }
+  if (!data.types.length) body.appendChild(el("tr", {}, el("td", { colSpan: 10, class: "muted" }, "no self-judge verdicts yet")));
 }
 
 // -- wiring --------------------------------------------------------------------------
