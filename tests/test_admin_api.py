@@ -202,6 +202,7 @@ def test_every_route_needs_the_token(api: httpx.Client, admin: ProxyServer) -> N
         "/compat",
         "/curricula",
         "/types",
+        "/self-judge",
     ):
         missing = httpx.get(admin.url + "/admin/api" + path)
         assert "token" in error_of(missing, 401)

@@ -47,6 +47,7 @@ OPERATIONS = [
     "GET /curricula",
     "GET /curricula/{name}",
     "GET /types",
+    "GET /self-judge",
 ]
 
 

@@ -58,6 +58,7 @@ def seed(engine: Engine, model: str) -> dict[str, bool | None]:
             trajectory = {
                 "id": tid, "session_key": None, "task_key": task_key, "group_key": None,
                 "status": "open", "started_at": started, "last_call_at": started, "ended_at": None,
+                "interaction_type": TYPE,
             }  # fmt: skip
             finished = [{"id": tid, "ended_at": started + 1}]
             repo.write_batch(conn, trajectories=[trajectory], calls=[call], finished=finished)
@@ -89,9 +90,8 @@ def test_self_judge_agreement_is_measured_against_reference_answers(
         judge_seed=0,
     )
     trajectories = list(iter_trajectories(engine))
-    for trajectory in trajectories:  # what the export carries once types are recorded
-        trajectory.setdefault("interaction_type", None)
-        trajectory["interaction_type"] = trajectory["interaction_type"] or TYPE
+    for trajectory in trajectories:  # until the export carries the recorded type
+        trajectory.setdefault("interaction_type", TYPE)
     grader = grading.learner_grader(config, engine)
     try:
         outcome = grading.grade_and_save(
