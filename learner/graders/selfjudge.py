@@ -19,6 +19,7 @@ never changes the reward. The admin API's /self-judge reads them (proxy/admin/se
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,6 +56,9 @@ def configured_applies(kinds: frozenset[str], trajectory: dict[str, Any], tasks:
 class ShadowPolicy:
     share: float = 0.1  # of the trajectories with a ground truth, also self-judged
     per_minute: float = 20.0  # at most this many of those judgements a minute (and a burst)
+    # after a judge that was away or overloaded, no shadow judgements for this long: they
+    # would only slow grading down
+    pause_after_failure: float = 300.0
 
 
 class ShadowSampler:
@@ -66,9 +70,15 @@ class ShadowSampler:
         self.clock = clock
         self.tokens = policy.per_minute
         self.at = clock()
+        self.paused_until = -math.inf
+
+    def pause(self) -> None:
+        self.paused_until = self.clock() + self.policy.pause_after_failure
 
     def take(self, trajectory_id: str) -> bool:
         if self.policy.share <= 0 or self.policy.per_minute <= 0:
+            return False
+        if self.clock() < self.paused_until:
             return False
         if _fraction(trajectory_id) >= self.policy.share:
             return False
@@ -156,10 +166,12 @@ class DefaultGrader:
         self_judge: SelfJudge | None,
         feedback: FeedbackGrader | None = None,
         shadow: ShadowSampler | None = None,
+        shadow_judge: SelfJudge | None = None,  # default: self_judge
     ) -> None:
         self.configured = configured
         self.kinds = kinds
         self.self_judge = self_judge
+        self.shadow_judge = shadow_judge or self_judge
         self.feedback = feedback
         self.shadow = shadow
         self.truth_source = "+".join(sorted(kinds))
@@ -233,29 +245,33 @@ class DefaultGrader:
         truths: dict[int, str],
         tasks: TaskTable,
     ) -> None:
-        if self.self_judge is None or self.shadow is None:
+        judge, sampler = self.shadow_judge, self.shadow
+        if self.self_judge is None or judge is None or sampler is None:
             return
-        chosen = []
+        by_task: dict[Any, list[int]] = {}  # judged together, as the self-judge would
         for i in truths:
             grade = grades[i]
             if grade is None or grade.error is not None or grade.reward is None:
                 continue
-            if self.self_judge.rubric(trajectories[i]) is None:
+            if judge.rubric(trajectories[i]) is None:
                 continue
-            if self.shadow.take(str(trajectories[i]["id"])):
-                chosen.append(i)
-        if not chosen:
-            return
-        entries = self.self_judge.judge([trajectories[i] for i in chosen], tasks)
-        for i, entry in zip(chosen, entries, strict=True):
-            grade = grades[i]
-            assert grade is not None and grade.reward is not None
-            entry = {
-                **entry,
-                "shadow": True,
-                "truth": {"source": truths[i], "reward": grade.reward},
-            }
-            grades[i] = Grade(grade.reward, {**grade.detail, SELF_JUDGE: entry})
+            if sampler.take(str(trajectories[i]["id"])):
+                key = trajectories[i].get("task_key")
+                by_task.setdefault(("task", key) if key is not None else ("id", i), []).append(i)
+        for chosen in by_task.values():
+            entries = judge.judge([trajectories[i] for i in chosen], tasks)
+            for i, entry in zip(chosen, entries, strict=True):
+                grade = grades[i]
+                assert grade is not None and grade.reward is not None
+                entry = {
+                    **entry,
+                    "shadow": True,
+                    "truth": {"source": truths[i], "reward": grade.reward},
+                }
+                grades[i] = Grade(grade.reward, {**grade.detail, SELF_JUDGE: entry})
+            if any(entry.get("transient") for entry in entries):
+                sampler.pause()  # the judge is away: the rest of the batch goes without
+                return
 
     @staticmethod
     def _each(
@@ -267,8 +283,8 @@ class DefaultGrader:
 
     def close(self) -> None:
         self.configured.close()
-        if self.self_judge is not None:
-            self.self_judge.close()
+        for judge in {id(j): j for j in (self.self_judge, self.shadow_judge) if j}.values():
+            judge.close()
 
 
 def _as_grade(entry: dict[str, Any]) -> Grade:
@@ -310,18 +326,22 @@ def build_default_grader(
     )
     kinds = frozenset(parse_spec(spec)[0] for spec in specs)
 
-    def make_judge(rubric: str) -> JudgeGrader:
-        # model None: the model that served the trajectory, i.e. the model judges itself
-        return JudgeGrader(
-            judge_base_url,
-            model=judge_model,
-            rubric=rubric,
-            name=SELF_JUDGE,
-            max_tokens=judge_max_tokens,
-            max_reasoning_chars=judge_reasoning_chars,
-            temperature=judge_temperature,
-            seed=judge_seed,
-        )
+    def judges(**client: Any) -> JudgeFactory:
+        def make_judge(rubric: str) -> JudgeGrader:
+            # model None: the model that served the trajectory, i.e. the model judges itself
+            return JudgeGrader(
+                judge_base_url,
+                model=judge_model,
+                rubric=rubric,
+                name=SELF_JUDGE,
+                max_tokens=judge_max_tokens,
+                max_reasoning_chars=judge_reasoning_chars,
+                temperature=judge_temperature,
+                seed=judge_seed,
+                **client,
+            )
+
+        return make_judge
 
     feedback = None
     if feedback_source is not None and "feedback" not in kinds:
@@ -329,7 +349,9 @@ def build_default_grader(
     return DefaultGrader(
         configured,
         kinds=kinds,
-        self_judge=SelfJudge(rubrics, make_judge) if self_judge else None,
+        self_judge=SelfJudge(rubrics, judges()) if self_judge else None,
         feedback=feedback,
         shadow=ShadowSampler(shadow),
+        # a shadow verdict is worth one quick try, not a wait: its reward is decided already
+        shadow_judge=SelfJudge(rubrics, judges(max_retries=0, timeout=30.0)),
     )

@@ -195,3 +195,38 @@ def test_the_shadow_sample_is_a_stable_share_within_a_rate() -> None:
     assert sum(slow.take(i) for i in ids[:20]) == 6  # a burst of one minute's worth
     now[0] += 30.0
     assert sum(slow.take(i) for i in ids[20:40]) == 3  # then 6 a minute
+
+
+class AwayJudge:
+    """A judge that cannot be reached."""
+
+    def __init__(self, asked: list[str]) -> None:
+        self.asked = asked
+
+    def grade(self, trajectories: list[dict[str, Any]], *, tasks: TaskTable) -> list[Grade]:
+        self.asked += [t["id"] for t in trajectories]
+        return [Grade.retry("judge: Connection error.") for _ in trajectories]
+
+
+def test_a_judge_that_is_away_pauses_the_shadow_verdicts_not_the_grades() -> None:
+    asked: list[str] = []
+    now = [0.0]
+    sampler = ShadowSampler(
+        ShadowPolicy(share=1.0, per_minute=1000, pause_after_failure=60), clock=lambda: now[0]
+    )
+    grader = DefaultGrader(
+        build_graders(["reference"]),
+        kinds=frozenset({"reference"}),
+        self_judge=SelfJudge(Rubrics(), lambda rubric: StubJudge(rubric, [])),
+        shadow=sampler,
+        shadow_judge=SelfJudge(Rubrics(), lambda rubric: AwayJudge(asked)),
+    )
+    first, other = typed("42", "mul"), answered("7", task_key="other")
+    tasks = TaskTable({**TASKS, "other": Task("other", "3+4?", "7", match="numeric")})
+    grades = grader.grade([first, other], tasks=tasks)
+    assert [g.reward for g in grades] == [1.0, 1.0]  # the references decide, judge or not
+    assert grades[0].detail["self_judge"]["error"] == "judge: Connection error."
+    assert asked == [first["id"]] and "self_judge" not in grades[1].detail  # not tried again
+    assert "self_judge" not in grader.grade([typed("42", "mul")], tasks=tasks)[0].detail
+    now[0] += 61
+    assert "self_judge" in grader.grade([typed("42", "mul")], tasks=tasks)[0].detail
