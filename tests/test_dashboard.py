@@ -409,3 +409,56 @@ def test_dashboard_shows_types_and_filters_trajectories_by_type(
             expect(rows.locator("td.type")).to_have_text(["kind-a"] * rows.count())
         finally:
             browser.close()
+
+
+def test_dashboard_shows_the_self_judges_agreement_per_type(
+    start_proxy: Callable[..., ProxyServer], tmp_path: Path
+) -> None:
+    """The Self-judge tab: per interaction type, what the model graded itself and how often
+    its verdicts agreed with the references, as the learner stored them."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from learner.demo.vllm_server import free_port
+    from tests.test_admin_api import seed
+
+    db_url = f"sqlite:///{tmp_path / 'selfjudge.db'}"
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    made = seed(engine, 6)  # finished trajectories traj000-traj004
+    # (judge reward, truth reward or None: graded by the judge itself)
+    verdicts = {"qa": [(0.8, 1.0), (0.7, 0.0), (0.2, 0.0), (0.9, None)], "tools": [(0.3, 1.0)]}
+    ids = iter(sorted(m["id"] for m in made)[:5])
+    with engine.begin() as conn:
+        for kind, pairs in verdicts.items():
+            for judged, truth in pairs:
+                entry = {"type": kind, "rubric": "default", "reward": judged, "detail": {}}
+                if truth is not None:
+                    entry |= {"shadow": True, "truth": {"source": "reference", "reward": truth}}
+                queries.save_grade(
+                    conn, trajectory_id=next(ids), reward=truth if truth is not None else judged,
+                    detail={"self_judge": entry}, error=None,
+                )  # fmt: skip
+    engine.dispose()
+    proxy = start_proxy(
+        [f"http://127.0.0.1:{free_port()}"], db_url, env={"ONTHEJOB_ADMIN_TOKEN": TOKEN}
+    )
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 600})
+            page.goto(proxy.url + "/admin")
+            page.fill("#token", TOKEN)
+            page.click("#login")
+            page.click("button.tab[data-view=selfjudge]")
+            qa = page.locator('#selfjudge-table tr[data-type="qa"]')
+            # 2 of 3 agree: 0.8 vs 1 pass, 0.7 vs 0 no, 0.2 vs 0 yes
+            expect(qa.locator("td.agreement")).to_have_text("66.667 %")
+            expect(qa).to_contain_text("reference: 66.667 % of 3")
+            tools = page.locator('#selfjudge-table tr[data-type="tools"]')
+            expect(tools.locator("td.agreement")).to_have_text("0 %")
+            page.screenshot(path=str(ARTIFACTS / "dashboard-selfjudge.png"), full_page=True)
+        finally:
+            browser.close()
