@@ -7,8 +7,9 @@ of the tools offered. The policy is one rule for every API and harness, never a 
 harness:
 
 - system prompt: every system-like text of the request body, whatever the API: Anthropic's
-  `system`, Responses' `instructions`, and the `system`/`developer` messages of `messages`
-  (chat) or `input` (Responses), in that order.
+  `system`, Responses' `instructions`, and the `system`/`developer` messages among the
+  first MESSAGES_READ of `messages` (chat, and Messages too) or `input` (Responses), in
+  that order.
 - normalised: a harness fills its system prompt in per run (Claude Code: the working
   directory, today's date, the OS version, a build id in its first line, the git status;
   others a user name or a time), so a word's rest from its first slash or backslash (paths,
@@ -52,6 +53,11 @@ PREFIX_CHARS = 2048
 # raw characters read to get them: normalising shortens text, rarely by half
 RAW_CHARS = 2 * PREFIX_CHARS
 _CACHED_PROMPTS = 1024
+# system-like messages count among the first this many of `messages`/`input` only: a first
+# call may carry a long conversation, and harnesses put their instructions at its start
+# (Claude Code's environment goes in as a system message second, Codex's as developer
+# messages first)
+MESSAGES_READ = 16
 _MAX_PRODUCT = 60
 
 _EXPLICIT = re.compile(r"[A-Za-z0-9._:/@+=-]{1,200}")
@@ -94,14 +100,15 @@ def harness_of(user_agent: str | None) -> str:
 
 
 def system_text(body: dict[str, Any]) -> str:
-    """Every system-like text of a request body, joined (see the module docstring)."""
+    """The system-like text of a request body, joined (see the module docstring): its
+    first RAW_CHARS characters or more, from the first MESSAGES_READ messages."""
     parts: list[str] = []
     _add_text(parts, body.get("system"))
     _add_text(parts, body.get("instructions"))
     for key in ("messages", "input"):
         items = body.get(key)
         if isinstance(items, list):
-            for item in items:
+            for item in items[:MESSAGES_READ]:
                 if isinstance(item, dict) and item.get("role") in _SYSTEM_ROLES:
                     _add_text(parts, item.get("content"))
     return "\n".join(parts)

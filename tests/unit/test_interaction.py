@@ -10,6 +10,7 @@ from starlette.requests import Request
 
 from proxy.errors import BadRequest
 from proxy.interaction import (
+    MESSAGES_READ,
     PREFIX_CHARS,
     _prompt_digest,
     explicit_type,
@@ -118,6 +119,9 @@ def test_system_prompt_of_every_api() -> None:
     ]
     assert len({fingerprint(b, "x/1") for b in bodies}) == 1
     assert fingerprint(None, None) == fingerprint({}, None)
+    # a long first call is read at its start only
+    late = [{"role": "user", "content": "u"}] * MESSAGES_READ + [{"role": "system", "content": "Z"}]
+    assert system_text({"messages": late}) == ""
 
 
 def test_the_header_is_checked() -> None:
