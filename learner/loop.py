@@ -29,7 +29,7 @@ import torch
 from sqlalchemy.exc import DBAPIError
 from tqdm import tqdm
 
-from learner import control, grading, lease, queries, retention
+from learner import control, grading, lease, queries, retention, selfjudge_rollouts
 from learner.checkpoint import load_model, save_checkpoint
 from learner.config import LearnerConfig
 from learner.distributed import Ranks
@@ -64,6 +64,7 @@ PENDING_RECHECK = 30.0  # seconds before trajectories waiting for feedback are g
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
 LEASE_WAIT = 300.0  # seconds the learner waits for an operator's rollback to finish
 LEARNER = "learner@"  # holder prefix: one learner per database, a restart takes over
+SHADOW_ROLLOUTS_EVERY = 30.0  # seconds between looks at what rollout runners graded
 RETRY_CAP = 10.0  # seconds between tries at most, while the database or vLLM is away
 
 
@@ -131,6 +132,7 @@ class Learner:
         self.heartbeat = control.Heartbeat(self)
         self._needs_restore = False
         self._grading: tqdm | None = None
+        self._rollouts_shadowed_at = -float("inf")
         self._pending: set[str] = set()
         self._pending_since = time.monotonic()
 
@@ -327,6 +329,10 @@ class Learner:
             return
         self.activity = "grading"
         graded = self.grade_finished()
+        if time.monotonic() - self._rollouts_shadowed_at > SHADOW_ROLLOUTS_EVERY:
+            # the runners' grades (checks): the self-judge's agreement with them
+            self._rollouts_shadowed_at = time.monotonic()
+            selfjudge_rollouts.shadow_rollout_grades(self.engine, self.grader, self.tasks)
         trained = self.maybe_train()
         if not graded and not trained:
             self.activity = "waiting for trajectories"

@@ -530,3 +530,44 @@ def add_feedback(
             created_at=now(),
         )
     )
+
+
+def rollout_grades_after(
+    conn: Connection, *, after: datetime | None, after_id: str, limit: int
+) -> list[dict[str, Any]]:
+    """Rewarded grades of rollout runs (graded by the runner) after the cursor (graded_at,
+    trajectory_id), oldest first, that no step trained on (eval runs' -1 included)."""
+    query = (
+        select(Grade.trajectory_id, Grade.reward, Grade.detail, Grade.graded_at)
+        .join(Trajectory, Trajectory.id == Grade.trajectory_id)
+        .join(RolloutRun, RolloutRun.session_key == Trajectory.session_key)
+        .where(Grade.reward.is_not(None), Grade.error.is_(None))
+        .where(or_(Grade.trained_in_step.is_(None), Grade.trained_in_step == -1))
+        .order_by(Grade.graded_at, Grade.trajectory_id)
+        .limit(limit)
+    )
+    if after is not None:
+        query = query.where(
+            or_(
+                Grade.graded_at > after,
+                (Grade.graded_at == after) & (Grade.trajectory_id > after_id),
+            )
+        )
+    return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def add_to_grade_detail(conn: Connection, *, trajectory_id: str, key: str, value: Any) -> bool:
+    """Put `key` into a grade's detail, unless a step trained on it meanwhile (eval runs'
+    -1 is no step); whether it did."""
+    untrained = or_(Grade.trained_in_step.is_(None), Grade.trained_in_step == -1)
+    detail = conn.execute(
+        select(Grade.detail).where(Grade.trajectory_id == trajectory_id, untrained)
+    ).scalar()
+    if detail is None:
+        return False
+    result = conn.execute(
+        update(Grade)
+        .where(Grade.trajectory_id == trajectory_id, untrained)
+        .values(detail={**detail, key: value})
+    )
+    return bool(result.rowcount)

@@ -139,3 +139,66 @@ def test_self_judge_agreement_is_measured_against_reference_answers(
     print(f"self-judge agreement on the tiny model: {agreeing}/{len(compared)}", figures)
     bad = httpx.get(proxy.url + "/admin/api/self-judge?limit=0", headers=AUTH, timeout=30)
     assert bad.status_code == 400 and "limit" in bad.json()["error"]["message"]
+
+
+def test_the_self_judge_is_measured_against_rollout_checks(
+    vllm: VLLMServer, db_url: str, engine: Engine
+) -> None:
+    """Rollout runs are graded by their runner's check, never by the learner: the learner's
+    pass over the runners' grades adds the self-judge's verdict, once each."""
+    from learner import selfjudge_rollouts
+    from learner.rollout import store
+    from proxy.admin import selfjudge
+
+    now = time.time()
+    passed = {"run0": True, "run1": False, "run2": True, "run3": False}
+    with engine.begin() as conn:
+        for n, (run, ok) in enumerate(passed.items()):
+            session, tid = f"rollout-{run}", f"t-{run}"
+            store.start_run(
+                conn, id=run, rollout_id="r1", task_set="files", task_key=f"file-{n % 2}",
+                epoch=0, sample=n, session_key=session, eval=n >= 2, command=["agent"],
+            )  # fmt: skip
+            messages = [{"role": "user", "content": f"Write the file number {n % 2}."}]
+            call = chat_call(
+                f"c-{tid}", tid, started=now + n, prompt=[1, 2, 3], completion=[4, 5],
+                messages=messages, reply="Done: I wrote it.", version="v0",
+            )  # fmt: skip
+            call["model"] = call["request"]["model"] = vllm.model_name
+            call["session_key"] = session
+            trajectory = {
+                "id": tid, "session_key": session, "task_key": f"file-{n % 2}",
+                "group_key": None, "status": "open", "started_at": now + n,
+                "last_call_at": now + n, "ended_at": None, "interaction_type": "files",
+            }  # fmt: skip
+            finished = [{"id": tid, "ended_at": now + n + 1}]
+            repo.write_batch(conn, trajectories=[trajectory], calls=[call], finished=finished)
+            store.save_grades(
+                conn, ids=[tid], reward=1.0 if ok else 0.0, error=None, trainable=n < 2,
+                detail={"rollout_run": run, "check": "test -f out", "exit_code": 0 if ok else 1},
+            )  # fmt: skip
+    config = LearnerConfig(
+        database_url=db_url, model="-", upstreams=[vllm.url], self_judge_shadow=1.0,
+        self_judge_per_minute=1000, judge_max_tokens=600, judge_reasoning_chars=200,
+        judge_temperature=1.0, judge_seed=0,
+    )  # fmt: skip
+    grader = grading.learner_grader(config, engine)
+    try:
+        assert selfjudge_rollouts.shadow_rollout_grades(engine, grader, TaskTable()) == 4
+        assert selfjudge_rollouts.shadow_rollout_grades(engine, grader, TaskTable()) == 0
+    finally:
+        grader.close()
+    with engine.connect() as conn:
+        grades = {r["trajectory_id"]: r for r in conn.execute(select(Grade.__table__)).mappings()}
+        figures = selfjudge.agreement(selfjudge.verdicts(conn, since=None, limit=100))
+    compared = []
+    for run, ok in passed.items():
+        grade = grades[f"t-{run}"]
+        assert grade["reward"] == (1.0 if ok else 0.0) and grade["detail"]["exit_code"] in (0, 1)
+        verdict = grade["detail"]["self_judge"]
+        assert verdict["truth"] == {"source": "check", "reward": grade["reward"]}
+        if verdict.get("reward") is not None:
+            compared.append((verdict["reward"] >= 0.5) == ok)
+    (files,) = figures
+    assert files["type"] == "files" and files["by_source"]["check"]["compared"] == len(compared)
+    assert files["agreeing"] == sum(compared)

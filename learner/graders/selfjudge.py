@@ -245,33 +245,45 @@ class DefaultGrader:
         truths: dict[int, str],
         tasks: TaskTable,
     ) -> None:
+        graded = {}
+        for i, source in truths.items():
+            grade = grades[i]
+            if grade is not None and grade.error is None and grade.reward is not None:
+                graded[i] = (source, grade.reward)
+        for i, entry in self.shadow_verdicts(trajectories, graded, tasks).items():
+            grade = grades[i]
+            assert grade is not None
+            grades[i] = Grade(grade.reward, {**grade.detail, SELF_JUDGE: entry})
+
+    def shadow_verdicts(
+        self,
+        trajectories: list[dict[str, Any]],
+        truths: dict[int, tuple[str, float]],
+        tasks: TaskTable,
+    ) -> dict[int, dict[str, Any]]:
+        """The self-judge's verdicts on a sample of trajectories whose ground truth is known
+        (index -> (source, reward)), each with its truth: index -> detail entry."""
         judge, sampler = self.shadow_judge, self.shadow
         if self.self_judge is None or judge is None or sampler is None:
-            return
+            return {}
         by_task: dict[Any, list[int]] = {}  # judged together, as the self-judge would
         for i in truths:
-            grade = grades[i]
-            if grade is None or grade.error is not None or grade.reward is None:
-                continue
             if judge.rubric(trajectories[i]) is None:
                 continue
             if sampler.take(str(trajectories[i]["id"])):
                 key = trajectories[i].get("task_key")
                 by_task.setdefault(("task", key) if key is not None else ("id", i), []).append(i)
+        verdicts: dict[int, dict[str, Any]] = {}
         for chosen in by_task.values():
             entries = judge.judge([trajectories[i] for i in chosen], tasks)
             for i, entry in zip(chosen, entries, strict=True):
-                grade = grades[i]
-                assert grade is not None and grade.reward is not None
-                entry = {
-                    **entry,
-                    "shadow": True,
-                    "truth": {"source": truths[i], "reward": grade.reward},
-                }
-                grades[i] = Grade(grade.reward, {**grade.detail, SELF_JUDGE: entry})
+                source, reward = truths[i]
+                truth = {"source": source, "reward": reward}
+                verdicts[i] = {**entry, "shadow": True, "truth": truth}
             if any(entry.get("transient") for entry in entries):
                 sampler.pause()  # the judge is away: the rest of the batch goes without
-                return
+                break
+        return verdicts
 
     @staticmethod
     def _each(
