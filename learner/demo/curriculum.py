@@ -192,7 +192,8 @@ def run_curriculum_demo(config: DemoConfig, minutes: float = DEFAULT_MINUTES) ->
              "--checkpoints", str(here / "checkpoints"), "--grader", "reference",
              "--tasks", str(here / "tools-train.jsonl"),
              "--learning-rate", str(config.learning_rate),
-             "--batch-trajectories", str(config.batch_trajectories), "--poll-interval", "0.2"],
+             "--batch-trajectories", str(config.batch_trajectories), "--poll-interval", "0.2",
+             "--self-judge-shadow", "0"],  # the one vLLM is the bottleneck
             here / "learner.log",
         )  # fmt: skip
         cleanup.callback(_stop, learner)

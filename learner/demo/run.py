@@ -152,6 +152,8 @@ def run_demo(config: DemoConfig) -> DemoResult:
             "--checkpoints", str(workdir / "checkpoints"), "--grader", "reference",
             "--tasks", str(train_file), "--learning-rate", str(config.learning_rate),
             "--batch-trajectories", str(config.batch_trajectories), "--poll-interval", "0.2",
+            # the one vLLM is the demo's bottleneck: no judge calls measuring agreement
+            "--self-judge-shadow", "0",
         ]  # fmt: skip
         learner = _start(learner_args, workdir / "learner.log")
         cleanup.callback(_stop, learner)
