@@ -95,6 +95,12 @@ def _add_learn(commands: Any) -> None:
         help="learn only from the traffic of these client keys (their names, comma-separated; "
         "a trajectory counts when every call of it came with one of them); default: all traffic",
     )
+    learn.add_argument(
+        "--guard",
+        metavar="FILE",
+        help="regression guard (TOML): evaluate each new version on every guarded "
+        "interaction type's eval task set and roll back one that regresses any (README)",
+    )
     learn.add_argument("--config", type=Path, metavar="FILE", help="TOML file with settings")
     learn.add_argument("--learning-rate", type=float, help="AdamW learning rate (default 1e-5)")
     learn.add_argument(
@@ -223,6 +229,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
         rubrics=args.rubrics,
         self_judge_shadow=args.self_judge_shadow,
         self_judge_per_minute=args.self_judge_per_minute,
+        guard=args.guard,
         keys=args.keys,
         learning_rate=args.learning_rate,
         batch_trajectories=args.batch_trajectories,

@@ -20,6 +20,9 @@ class LearnerConfig:
     keep_checkpoints: int = 3
     graders: list[str] = field(default_factory=lambda: ["reference"])
     tasks: str | None = None  # JSONL task table loaded into the database at start
+    # regression guard file (TOML, learner/guard.py): every new version is evaluated on each
+    # guarded type's eval set and rolled back if it regresses one
+    guard: str | None = None
     # learn only from the traffic of these client keys (by name; every call of a trajectory
     # must carry one); empty: from all traffic
     keys: list[str] = field(default_factory=list)

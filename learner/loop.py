@@ -36,6 +36,9 @@ from learner.distributed import Ranks
 from learner.fence import Fence
 from learner.graders.tasks import TaskTable
 from learner.grouping import GroupingConfig, RunningBaselines, Scored, compute_advantages
+from learner.guard import GuardConfig
+from learner.guard_run import Guard
+from learner.guard_store import guard_decision, mark_rolled_back
 from learner.layout import is_adapter, served_base
 from learner.lora import LoraSettings, load_trainable, merge, save_adapter, wrap
 from learner.lora_publisher import LoraPublisher
@@ -53,6 +56,7 @@ from learner.publisher import (
 )
 from learner.samples import Sample, build_samples
 from learner.trainer import Trainer, TrainerConfig
+from learner.versions import serve_version
 from proxy.export import iter_trajectories
 from proxy.store import db, gates
 
@@ -118,6 +122,7 @@ class Learner:
         self.tasks = TaskTable()
         self.trainer: Trainer | None = None
         self.publisher: FullReloadPublisher | None = None
+        self.guard: Guard | None = None
         self.serving: dict[str, Any] | None = None
         self.baselines = RunningBaselines()
         self.step = 0
@@ -176,6 +181,65 @@ class Learner:
             ", ".join(self.config.graders),
             "the client keys " + ", ".join(self.config.keys) if self.config.keys else "everyone",
         )
+        if self.config.guard:
+            self._start_guard(Path(self.config.guard))
+
+    def _start_guard(self, path: Path) -> None:
+        """The regression guard: the serving version's scores are the baseline; one that
+        served before the guard could judge it (the learner stopped in between) is judged
+        now against its parent's."""
+        assert self.serving is not None
+        self.guard = Guard(
+            GuardConfig.load(path),
+            self.engine,
+            self.config.database_url,
+            activity=lambda text: setattr(self, "activity", text),
+        )
+        parent = self._parent()
+        if self.guard.known(self.serving) is None and parent and self.guard.known(parent):
+            self._guard_step(None)
+        else:
+            self.guard.baseline(self.serving)
+
+    def _parent(self) -> dict[str, Any] | None:
+        assert self.serving is not None
+        if not self.serving["parent"]:
+            return None
+        with self.engine.connect() as conn:
+            return queries.version(conn, version=self.serving["parent"])
+
+    def _guard_step(self, step: int | None) -> None:
+        """Judge the version that just started serving; roll it back to its parent (the last
+        kept version) if it regressed a guarded type."""
+        assert self.guard is not None and self.serving is not None
+        candidate, kept = self.serving, self._parent()
+        if kept is None:
+            return
+        decision = self.guard.check(candidate, kept, step=step)
+        if decision.outcome != "rolled_back":
+            return
+        self.activity = f"guard: rolling {candidate['version']} back to {kept['version']}"
+        label = serve_version(
+            self.engine,
+            self.config.upstreams,
+            kept["version"],
+            action="rollback",
+            lease_wait=LEASE_WAIT,
+            drain_timeout=self.config.swap_drain_timeout,
+        )
+        with self.engine.begin() as conn:
+            recorded = guard_decision(conn, candidate["version"])
+            mark_rolled_back(conn, version=candidate["version"], serving=label, decision=recorded)
+            serving = queries.serving_version(conn)
+        log.warning(
+            "guard: %s rolled back to %s, serving as %s: %s",
+            candidate["version"],
+            kept["version"],
+            label,
+            decision.reason,
+        )
+        assert serving is not None
+        self._follow(serving)
 
     def _verify_tolerance(self, dtypes: set[str | None]) -> float:
         """The probe tolerance: the configured one, else the one for the dtype the replicas
@@ -541,6 +605,8 @@ class Learner:
             result.swap_seconds,
             result.version if result.ok else f"NOT PUBLISHED ({result.error})",
         )
+        if result.ok and self.guard is not None:
+            self._guard_step(step)
 
     def _publish_step(
         self,

@@ -420,6 +420,19 @@ def set_version_status(conn: Connection, *, version: str, status: str) -> None:
     )
 
 
+def set_version_outcome(
+    conn: Connection, *, version: str, status: str, error: str | None, metrics: dict[str, Any]
+) -> None:
+    """A version taken out of service after it served (the regression guard)."""
+    if status == "serving":
+        raise ValueError("use set_version_status to serve a version")
+    conn.execute(
+        update(PolicyVersion)
+        .where(PolicyVersion.version == version)
+        .values(status=status, error=error, metrics=metrics)
+    )
+
+
 def version(conn: Connection, *, version: str) -> dict[str, Any] | None:
     row = conn.execute(
         select(PolicyVersion.__table__).where(PolicyVersion.version == version)

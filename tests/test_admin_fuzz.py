@@ -48,6 +48,12 @@ OPERATIONS = [
     "GET /curricula/{name}",
     "GET /types",
     "GET /self-judge",
+    "GET /guard",
+    "PUT /guard/waiver",
+    "DELETE /guard/waiver",
+    "PUT /guard/types/{name}/protected",
+    "DELETE /guard/types/{name}/protected",
+    "POST /guard/accept/{version}",
 ]
 
 

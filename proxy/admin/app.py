@@ -16,6 +16,7 @@ from proxy.admin.routes import (
     compat,
     curricula,
     feedback,
+    guard,
     interaction_types,
     keys,
     learner,
@@ -47,7 +48,7 @@ def create_admin_app() -> FastAPI:
         title="onthejob admin API",
         summary="See and steer what the system learns: trajectories, rewards, tasks, "
         "policy versions, the learner, statistics, export, curricula, the self-judge's "
-        "agreement, and the client keys that may use the model.",
+        "agreement, the regression guard, and the client keys that may use the model.",
         version="1",
         openapi_url="/api/openapi.json",
         docs_url="/api/docs",
@@ -66,6 +67,7 @@ def create_admin_app() -> FastAPI:
         curricula,
         interaction_types,
         selfjudge,
+        guard,
     )
     for module in modules:
         api.include_router(module.router)

@@ -45,6 +45,8 @@ def _version_row(row: dict[str, Any], rewards: dict[str | None, Any], calls: dic
         "calls": calls.get(row["version"], 0),
         "trajectories_graded": reward.get("trajectories", 0),
         "mean_reward": reward.get("mean_reward"),
+        # the regression guard's decision, for a version it rolled back (learner/guard.py)
+        "guard": (row["metrics"] or {}).get("guard"),
     }
 
 

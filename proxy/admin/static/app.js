@@ -277,10 +277,40 @@ async function loadVersions() {
         el("td", {}, String(v.trajectories_graded)),
         el("td", {}, String(v.calls)),
         el("td", {}, v.swap_seconds === null ? "–" : fmt(v.swap_seconds)),
+        guardCell(v),
         actions,
       ),
     );
   }
+}
+
+// the regression guard's numbers for a version it rolled back (or that was accepted)
+function guardCell(v) {
+  const cell = el("td", { class: "guard" });
+  if (!v.guard) return cell;
+  cell.appendChild(el("div", { class: "guard-flag" }, `rolled back by the guard → ${v.guard.serving_after || "?"}`));
+  for (const t of v.guard.types || []) {
+    const before = t.before ? fmt(t.before.value) : "–";
+    const after = t.after ? fmt(t.after.value) : "–";
+    const allowed = t.allowed === null ? "" : ` (drop allowed ${fmt(t.allowed)})`;
+    const text = `${t.type}${t.protected ? " (protected)" : ""}: ${before} → ${after}${allowed}`;
+    cell.appendChild(el("div", { class: t.regressed ? "guard-regressed" : "muted", "data-type": t.type }, text));
+  }
+  if (v.status === "rolled_back") {
+    const button = el("button", { class: "accept", "data-version": v.version }, "Accept anyway");
+    button.addEventListener("click", () => acceptVersion(v.version));
+    cell.appendChild(button);
+  }
+  return cell;
+}
+
+async function acceptVersion(version) {
+  if (!window.confirm(`Serve ${version} again, regression and all?`)) return;
+  await guarded(async () => {
+    const result = await api(`/guard/accept/${encodeURIComponent(version)}`, { method: "POST" });
+    say(`Accepted: now serving ${result.serving} (the weights of ${version}).`);
+    await loadVersions();
+  });
 }
 
 async function swap(version, action) {

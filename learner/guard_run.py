@@ -1,0 +1,175 @@
+"""The regression guard at work: evaluate a version on every guarded type, decide, record.
+
+The learner (`onthejob learn --guard FILE`) calls `Guard.check` right after a step's version
+is published and serving: each guarded type's eval task set runs through the proxy with the
+rollout runner in eval mode (learner/rollout/runner.py; the runs are filed in eval_results
+under the task set `guard:TYPE`, as any eval), and learner/guard.py's rule decides. The
+learner rolls a version the rule rejects back to the last kept one (learner/versions.py).
+
+What it keeps: learner/guard_store.py. Invariant: a decision is recorded before the learner
+acts on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Connection, Engine, select
+
+from learner import queries
+from learner.guard import Decision, GuardConfig, GuardedType, Score, Waiver, decide
+from learner.guard_store import (
+    CONFIG,
+    EVALS,
+    WAIVER,
+    append_decision,
+    config_state,
+    now_iso,
+    protected_overrides,
+)
+from learner.rollout.curriculum_runner import eval_metrics
+from learner.rollout.runner import RolloutConfig, run_rollout
+from proxy.store.models import Grade, Trajectory
+
+log = logging.getLogger("onthejob.guard")
+
+
+class Guard:
+    def __init__(
+        self,
+        config: GuardConfig,
+        engine: Engine,
+        database_url: str,
+        *,
+        activity: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.database_url = database_url
+        self.activity = activity
+        with engine.begin() as conn:
+            queries.set_state(conn, CONFIG, config_state(config))
+
+    # -- evals ----------------------------------------------------------------------------
+    def score(self, guarded: GuardedType, version: str) -> Score | None:
+        """One eval of `guarded` by `version` (the serving one): its runs that version
+        served (an operator may have swapped meanwhile), None if there were none."""
+        self.activity(f"guard: evaluating {version} on {guarded.name}")
+        rollout = RolloutConfig(
+            proxy_url=self.config.proxy_url,
+            command=guarded.command,
+            tasks=guarded.tasks,  # named guard:TYPE
+            database_url=self.database_url,
+            group_size=guarded.samples,
+            concurrency=self.config.concurrency,
+            timeout=guarded.timeout,
+            eval=True,
+            success_threshold=guarded.success_threshold,
+            env=guarded.env,
+        )
+        summary = run_rollout(rollout)
+        rows = [r for r in summary.eval_rows if r["policy_version"] == version]
+        metrics = eval_metrics(rows, k=guarded.samples)
+        if not metrics["runs"] or metrics[guarded.metric] is None:
+            return None
+        return Score(float(metrics[guarded.metric]), int(metrics["runs"]))
+
+    def evaluate(self, version: dict[str, Any]) -> dict[str, Score]:
+        """Every guarded type by `version`, remembered for its checkpoint."""
+        scores: dict[str, Score] = {}
+        for guarded in self.config.types:
+            score = self.score(guarded, version["version"])
+            if score is not None:
+                scores[guarded.name] = score
+        state = {n: {"value": s.value, "runs": s.runs, "version": version["version"],
+                     "at": now_iso()} for n, s in scores.items()}  # fmt: skip
+        with self.engine.begin() as conn:
+            evals = dict(queries.get_state(conn, EVALS) or {})
+            evals[str(version["checkpoint_path"])] = state
+            queries.set_state(conn, EVALS, evals)
+        return scores
+
+    def known(self, version: dict[str, Any]) -> dict[str, Score] | None:
+        with self.engine.connect() as conn:
+            evals = queries.get_state(conn, EVALS) or {}
+        state = evals.get(str(version["checkpoint_path"]))
+        if state is None:
+            return None
+        return {n: Score(float(s["value"]), int(s["runs"])) for n, s in state.items()}
+
+    def baseline(self, version: dict[str, Any]) -> dict[str, Score]:
+        """The kept version's scores: remembered for its weights, else evaluated now."""
+        known = self.known(version)
+        if known is not None and set(known) >= {t.name for t in self.config.types}:
+            return known
+        log.info("guard: evaluating %s as the baseline", version["version"])
+        return self.evaluate(version)
+
+    # -- the decision -----------------------------------------------------------------------
+    def check(
+        self, candidate: dict[str, Any], kept: dict[str, Any], *, step: int | None = None
+    ) -> Decision:
+        """Evaluate the serving `candidate` against the last `kept` version, decide, and
+        record the decision (the caller rolls back a rejected version)."""
+        before = self.baseline(kept)
+        after = self.evaluate(candidate)
+        with self.engine.begin() as conn:
+            waiver = Waiver.from_state(queries.get_state(conn, WAIVER))
+            config = self._with_overrides(protected_overrides(conn))
+            decision = decide(config, before, after, waiver)
+            if waiver is not None:
+                queries.set_state(conn, WAIVER, None)  # it was for this version only
+            append_decision(
+                conn,
+                {
+                    "version": candidate["version"],
+                    "kept": kept["version"],
+                    "step": step,
+                    "outcome": decision.outcome,
+                    "reason": decision.reason,
+                    "trained_types": trained_types(conn, step),
+                    "waiver": None if waiver is None else waiver.state(),
+                    "types": [v.state() for v in decision.verdicts],
+                    "at": now_iso(),
+                },
+            )
+        log.info("guard: %s %s (%s)", candidate["version"], decision.outcome, decision.reason)
+        for v in decision.verdicts:
+            log.info(
+                "guard: %s %s %s -> %s (allowed drop %s)",
+                candidate["version"],
+                v.type,
+                _fmt(v.before),
+                _fmt(v.after),
+                "-" if v.allowed is None else f"{v.allowed:.3f}",
+            )
+        return decision
+
+    def _with_overrides(self, overrides: dict[str, bool]) -> GuardConfig:
+        types = [
+            dataclasses.replace(t, protected=overrides[t.name]) if t.name in overrides else t
+            for t in self.config.types
+        ]
+        return dataclasses.replace(self.config, types=types)
+
+
+def _fmt(score: Score | None) -> str:
+    return "-" if score is None else f"{score.value:.3f} ({score.runs} runs)"
+
+
+def trained_types(conn: Connection, step: int | None) -> list[str]:
+    """The interaction types of the trajectories a step trained on (where trajectories
+    record one)."""
+    column = getattr(Trajectory, "interaction_type", None)
+    if column is None or step is None:
+        return []
+    rows = conn.execute(
+        select(column)
+        .distinct()
+        .join(Grade, Grade.trajectory_id == Trajectory.id)
+        .where(Grade.trained_in_step == step)
+    )
+    return sorted(str(t) for (t,) in rows if t is not None)

@@ -1,0 +1,81 @@
+"""The regression guard's records (torch-free: the admin API reads and writes them too).
+
+They live in learner_state (no table of its own), under these keys:
+- `guard.evals`: per checkpoint path (a rollback label shares its version's checkpoint, so
+  its scores carry over), per type, the last eval of those weights;
+- `guard.decisions`: every decision, newest last (at most MAX_DECISIONS);
+- `guard.waiver`: the operator's waiver for the next version (consumed by it);
+- `guard.protected`: types an operator pinned as protected (or unpinned), over the file;
+- `guard.config`: what the running learner guards with (shown by the admin API).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection
+
+from learner import queries
+from learner.guard import GuardConfig
+
+EVALS, DECISIONS, WAIVER, PROTECTED, CONFIG = (
+    "guard.evals", "guard.decisions", "guard.waiver", "guard.protected", "guard.config",
+)  # fmt: skip
+MAX_DECISIONS = 500
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def config_state(config: GuardConfig) -> dict[str, Any]:
+    return {
+        "proxy": config.proxy_url,
+        "z": config.z,
+        "types": [
+            {"type": t.name, "tasks": len(t.tasks.tasks), "samples": t.samples, "runs": t.runs,
+             "margin": t.margin, "protected": t.protected, "metric": t.metric}
+            for t in config.types
+        ],
+    }  # fmt: skip
+
+
+def decisions(conn: Connection) -> list[dict[str, Any]]:
+    return list(queries.get_state(conn, DECISIONS) or [])
+
+
+def guard_decision(conn: Connection, version: str) -> dict[str, Any]:
+    """The latest decision on `version` (KeyError: none)."""
+    for entry in reversed(decisions(conn)):
+        if entry.get("version") == version:
+            return entry
+    raise KeyError(version)
+
+
+def append_decision(conn: Connection, entry: dict[str, Any]) -> None:
+    queries.set_state(conn, DECISIONS, [*decisions(conn), entry][-MAX_DECISIONS:])
+
+
+def protected_overrides(conn: Connection) -> dict[str, bool]:
+    value = queries.get_state(conn, PROTECTED) or {}
+    return {str(k): bool(v) for k, v in value.items()}
+
+
+def mark_rolled_back(
+    conn: Connection, *, version: str, serving: str, decision: dict[str, Any]
+) -> None:
+    """The rejected version: status rolled_back, why, and the decision in its metrics (the
+    dashboard and the versions API show them)."""
+    row = queries.version(conn, version=version)
+    if row is None:
+        return
+    metrics = dict(row["metrics"] or {})
+    metrics["guard"] = {**decision, "serving_after": serving}
+    queries.set_version_outcome(
+        conn,
+        version=version,
+        status="rolled_back",
+        error=f"regression guard: {decision['reason']}",
+        metrics=metrics,
+    )

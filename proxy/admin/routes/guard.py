@@ -1,0 +1,127 @@
+"""The regression guard (`onthejob learn --guard FILE`): its decisions, and the operator's say.
+
+Read: what the running learner guards with, every decision (per type: before, after, drop,
+the drop allowed, regressed, waived), the waiver waiting for the next version and the types
+an operator pinned. Write: a waiver for the next version, a type pinned protected (or not),
+and the acceptance of a version the guard rolled back (it is served again, like promote,
+and its scores become the baseline the next version is judged against).
+See learner/guard.py for the rule and learner/guard_store.py for where it is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from learner import guard_store, queries
+from learner.versions import VersionError
+from proxy.admin.deps import EngineDep, StateDep
+from proxy.admin.errors import AdminError, not_found
+from proxy.admin.routes.versions import _serve
+from proxy.admin.schemas import Key, Text
+
+router = APIRouter(tags=["guard"])
+
+
+class WaiverIn(BaseModel):
+    """Let the next version through the guard: for these types, or (null) every
+    unprotected type. A protected type is waived only when named."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    types: list[Key] | None = Field(None, max_length=100)
+    reason: Text = Field("", max_length=2000)
+
+
+class ProtectedIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    protected: bool = Field(description="no drop beyond the eval's noise is let through")
+
+
+@router.get("/guard", summary="The regression guard: settings, waiver, decisions")
+def get_guard(
+    engine: EngineDep, limit: Annotated[int, Query(ge=1, le=500)] = 100
+) -> dict[str, Any]:
+    """`decisions`: newest first; `outcome` is kept, rolled_back, waived or accepted. `config`
+    is null until a learner ran with --guard."""
+    with engine.connect() as conn:
+        return {
+            "config": queries.get_state(conn, guard_store.CONFIG),
+            "protected": guard_store.protected_overrides(conn),
+            "waiver": queries.get_state(conn, guard_store.WAIVER),
+            "decisions": guard_store.decisions(conn)[::-1][:limit],
+        }
+
+
+@router.put("/guard/waiver", summary="Let the next version through the guard")
+def put_waiver(engine: EngineDep, waiver: WaiverIn) -> dict[str, Any]:
+    state = {"types": waiver.types, "reason": waiver.reason, "at": guard_store.now_iso()}
+    with engine.begin() as conn:
+        queries.set_state(conn, guard_store.WAIVER, state)
+    return {"ok": True, "waiver": state}
+
+
+@router.delete("/guard/waiver", summary="Withdraw the waiver")
+def delete_waiver(engine: EngineDep) -> dict[str, Any]:
+    with engine.begin() as conn:
+        queries.set_state(conn, guard_store.WAIVER, None)
+    return {"ok": True, "waiver": None}
+
+
+@router.put("/guard/types/{name}/protected", summary="Pin a type protected, or unpin it")
+def put_protected(
+    engine: EngineDep, name: Annotated[Key, Path()], body: ProtectedIn
+) -> dict[str, Any]:
+    """Overrides the guard file's `protected` for this type from the next decision on."""
+    with engine.begin() as conn:
+        overrides = guard_store.protected_overrides(conn)
+        overrides[name] = body.protected
+        queries.set_state(conn, guard_store.PROTECTED, overrides)
+    return {"ok": True, "protected": overrides}
+
+
+@router.delete("/guard/types/{name}/protected", summary="Back to the guard file's setting")
+def delete_protected(engine: EngineDep, name: Annotated[Key, Path()]) -> dict[str, Any]:
+    with engine.begin() as conn:
+        overrides = guard_store.protected_overrides(conn)
+        if name not in overrides:
+            raise not_found("protected override", name)
+        del overrides[name]
+        queries.set_state(conn, guard_store.PROTECTED, overrides)
+    return {"ok": True, "protected": overrides}
+
+
+@router.post("/guard/accept/{version}", summary="Serve a version the guard rolled back")
+async def accept(engine: EngineDep, state: StateDep, version: Annotated[Key, Path()]):
+    """The regression is wanted: the version serves again (as `VERSION+rollback-N`, like
+    promote), the acceptance is recorded as a decision, and the learner trains on from it."""
+    with engine.connect() as conn:
+        row = queries.version(conn, version=version)
+    if row is None:
+        raise not_found("policy version", version)
+    guard = (row["metrics"] or {}).get("guard")
+    if row["status"] != "rolled_back" or not isinstance(guard, dict):
+        raise AdminError(409, f"version {version!r} was not rolled back by the guard")
+    try:
+        label = await asyncio.to_thread(_serve, state.settings, engine, version, "promote")
+    except VersionError as exc:
+        raise AdminError(exc.status, str(exc)) from None
+    entry = {
+        "version": version,
+        "kept": guard.get("kept"),
+        "step": guard.get("step"),
+        "outcome": "accepted",
+        "reason": "accepted by an operator: " + str(guard.get("reason", "")),
+        "trained_types": guard.get("trained_types", []),
+        "waiver": None,
+        "types": guard.get("types", []),
+        "serving_after": label,
+        "at": guard_store.now_iso(),
+    }
+    with engine.begin() as conn:
+        guard_store.append_decision(conn, entry)
+    return {"ok": True, "action": "accept", "from": version, "serving": label}
