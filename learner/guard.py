@@ -8,7 +8,7 @@ The rule, per type: `drop = before - after` of the type's metric (pass@1 by defa
 `before` is the last kept version's eval and `after` the new version's. The eval is noisy:
 n tasks x k samples is a binomial estimate with sd sqrt(p(1-p)/(nk)), so the difference of
 two evals has sd sqrt(pb(1-pb)/Nb + pa(1-pa)/Na). The `noise` floor is `z` (default 2) of
-those sd's; a margin below it would roll back at random (about 1 version in 40 at z = 2 for
+those sd's; a margin below it would roll back at random (about 2% of versions at z = 2 for
 a version that changed nothing). So:
 - an unprotected type regressed when `drop > max(margin, noise)` (margin default 0.10);
 - a protected type regressed when `drop > noise` (zero tolerance beyond the eval's noise),

@@ -203,6 +203,7 @@ def test_every_route_needs_the_token(api: httpx.Client, admin: ProxyServer) -> N
         "/curricula",
         "/types",
         "/self-judge",
+        "/guard",
     ):
         missing = httpx.get(admin.url + "/admin/api" + path)
         assert "token" in error_of(missing, 401)
@@ -819,3 +820,64 @@ def test_curricula_show_the_stage_over_time(
         ("long", None),
     ]
     assert all(t["until"] for t in done["timeline"])
+
+
+def test_the_regression_guard_decisions_waiver_and_pins(api: httpx.Client, engine: Engine) -> None:
+    from learner import guard_store
+
+    assert api.get("/guard").json() == {
+        "config": None, "protected": {}, "waiver": None, "decisions": [],
+    }  # fmt: skip
+    verdict = {"type": "tools", "protected": True, "metric": "pass_at_1",
+               "before": {"value": 0.6, "runs": 32}, "after": {"value": 0.2, "runs": 32},
+               "drop": 0.4, "allowed": 0.22, "regressed": True, "waived": False,
+               "note": ""}  # fmt: skip
+    decision = {"version": "v1", "kept": "v0", "step": 1, "outcome": "rolled_back",
+                "reason": "tools (protected) ...", "trained_types": [], "waiver": None,
+                "types": [verdict], "at": "2026-12-01T00:00:00+00:00"}  # fmt: skip
+    with engine.begin() as conn:
+        queries.add_version(
+            conn, version="v0", ordinal=0, parent=None, checkpoint_path=None, status="superseded"
+        )
+        queries.add_version(
+            conn, version="v1", ordinal=1, parent="v0", checkpoint_path=None, status="superseded"
+        )
+        queries.add_version(
+            conn, version="v2", ordinal=2, parent="v0", checkpoint_path=None, status="serving"
+        )
+        guard_store.append_decision(conn, decision)
+        guard_store.mark_rolled_back(conn, version="v1", serving="v2", decision=decision)
+    body = api.get("/guard").json()
+    assert [d["version"] for d in body["decisions"]] == ["v1"]
+    assert body["decisions"][0]["types"][0]["before"] == {"value": 0.6, "runs": 32}
+    # the rolled-back version is flagged, with the numbers, in the versions list
+    item = next(v for v in api.get("/versions").json()["items"] if v["version"] == "v1")
+    assert item["status"] == "rolled_back" and item["error"].startswith("regression guard: ")
+    assert item["guard"]["serving_after"] == "v2" and item["guard"]["types"] == [verdict]
+
+    # a waiver for the next version, read back by the learner's side as written
+    put = api.put("/guard/waiver", json={"types": ["qa"], "reason": "on purpose"})
+    assert put.json()["waiver"]["types"] == ["qa"]
+    with engine.connect() as conn:
+        waiver = queries.get_state(conn, guard_store.WAIVER)
+    assert (waiver["types"], waiver["reason"]) == (["qa"], "on purpose")
+    assert api.put("/guard/waiver", json={}).json()["waiver"]["types"] is None  # all unprotected
+    assert "types" in error_of(api.put("/guard/waiver", json={"types": [""]}), 400)
+    assert "extra" in error_of(api.put("/guard/waiver", json={"typo": 1}), 400).lower()
+    assert api.delete("/guard/waiver").json()["waiver"] is None
+    assert api.get("/guard").json()["waiver"] is None
+
+    # pins over the file
+    assert api.put("/guard/types/qa/protected", json={"protected": True}).json()["protected"] == {
+        "qa": True
+    }
+    with engine.connect() as conn:
+        assert guard_store.protected_overrides(conn) == {"qa": True}
+    assert api.delete("/guard/types/qa/protected").json()["protected"] == {}
+    assert "qa" in error_of(api.delete("/guard/types/qa/protected"), 404)
+    assert "protected" in error_of(api.put("/guard/types/qa/protected", json={}), 400)
+
+    # accepting: only a version the guard rolled back (v1 has no checkpoint: not servable)
+    assert "not rolled back by the guard" in error_of(api.post("/guard/accept/v0"), 409)
+    assert "no policy version" in error_of(api.post("/guard/accept/nope"), 404)
+    assert "no checkpoint" in error_of(api.post("/guard/accept/v1"), 409)

