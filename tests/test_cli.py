@@ -59,7 +59,7 @@ def test_help_lists_every_option(command: list[str]) -> None:
             assert option in result.stdout
         assert "client key" in result.stdout and "/admin/api/keys" in result.stdout
     if command == ["learn"]:
-        assert "--keys" in result.stdout
+        assert "--keys" in result.stdout and "--guard" in result.stdout
     if command == ["rollout"]:
         for option in ("--tasks", "--curriculum", "--max-rounds", "--minutes", "--step-wait"):
             assert option in result.stdout

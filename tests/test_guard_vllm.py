@@ -137,6 +137,10 @@ def test_a_version_that_degrades_a_type_is_rolled_back(
              for n, t in by_type.items()},
         )  # fmt: skip
         assert decision["outcome"] == "rolled_back", decision
+        # the step trained on the harness's traffic: its fingerprinted interaction type
+        assert decision["trained_types"] and all(
+            t.startswith("auto:") for t in decision["trained_types"]
+        ), decision["trained_types"]
         assert all(t["before"]["runs"] == t["after"]["runs"] == 4 * SAMPLES
                    for t in by_type.values())  # fmt: skip
         # one type collapsed, the other rose: the trade the guard exists to refuse
