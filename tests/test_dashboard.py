@@ -127,6 +127,17 @@ def test_dashboard_shows_rewards_opens_a_trajectory_and_rolls_back(
             status="serving",
             probe=served.state(),
         )
+        # one the regression guard rolled back (learner/guard_store.py), with its numbers
+        queries.add_version(
+            conn, version="guarded-1", ordinal=None, parent=original, checkpoint_path=None,
+            status="rolled_back", error="regression guard: tools (protected) ...",
+            metrics={"guard": {"outcome": "rolled_back", "serving_after": original, "types": [
+                {"type": "qa", "protected": False, "before": {"value": 0.5, "runs": 32},
+                 "after": {"value": 0.75, "runs": 32}, "allowed": 0.24, "regressed": False},
+                {"type": "tools", "protected": True, "before": {"value": 0.6, "runs": 32},
+                 "after": {"value": 0.2, "runs": 32}, "allowed": 0.22, "regressed": True},
+            ]}},
+        )  # fmt: skip
     traffic(proxy, vllm.model_name, "before")
     grade_finished(engine, len(PROMPTS))
     # version 1: other weights, hot-swapped in and verified
@@ -194,6 +205,17 @@ def test_dashboard_shows_rewards_opens_a_trajectory_and_rolls_back(
             page.screenshot(path=str(ARTIFACTS / "dashboard-trajectory.png"), full_page=True)
 
             page.click("button.tab[data-view=versions]")
+            guarded = page.locator('#version-table tr[data-version="guarded-1"]')
+            expect(guarded.locator(".guard-flag")).to_have_text(
+                f"rolled back by the guard → {original}"
+            )
+            expect(guarded.locator(".guard-regressed")).to_have_text(
+                "tools (protected): 0.6 → 0.2 (drop allowed 0.22)"
+            )
+            expect(guarded.locator('[data-type="qa"]')).to_have_text(
+                "qa: 0.5 → 0.75 (drop allowed 0.24)"
+            )
+            expect(guarded.locator("button.accept")).to_be_visible()
             button = page.locator(f'button.rollback[data-version="{original}"]')
             expect(button).to_be_visible()
             page.once("dialog", lambda dialog: dialog.accept())
