@@ -113,6 +113,14 @@ def _add_learn(commands: Any) -> None:
         type=int,
         help="drop samples more than this many versions old (default 4)",
     )
+    learn.add_argument(
+        "--type-baseline",
+        choices=("version", "batch", "ema", "off"),
+        help="what a task seen once (most organic traffic: no group, no running baseline of "
+        "its own) is compared with: the mean of the other rewards of its interaction type and "
+        "policy version (version, the default), of its type and version in its batch (batch), "
+        "its type's moving average (ema); off: it is not trained on",
+    )
     learn.add_argument("--max-steps", type=int, help="stop after this many steps")
     learn.add_argument(
         "--activation-checkpointing",
@@ -234,6 +242,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
         learning_rate=args.learning_rate,
         batch_trajectories=args.batch_trajectories,
         max_staleness=args.max_staleness,
+        type_baseline=args.type_baseline,
         max_steps=args.max_steps,
         activation_checkpointing=args.activation_checkpointing,
         mask_truncated=args.mask_truncated,

@@ -39,6 +39,10 @@ class LearnerConfig:
     batch_trajectories: int = 16  # train once this many trajectories carry a signal
     max_staleness: int = 4
     std_normalise: bool = False
+    # what a task seen once (no group, no running baseline) is compared with: its interaction
+    # type's rewards under its policy version ("version"), in its batch only ("batch"), the
+    # type's moving average ("ema"), or nothing: dropped ("off"); learner/type_baselines.py
+    type_baseline: str = "version"
     clip_low: float = 0.2
     clip_high: float = 0.28
     max_importance_weight: float = 2.0

@@ -11,10 +11,16 @@ Rules, in order:
 3. A group of at least ``min_group_size``: advantage = reward - group mean; if all its
    rewards are equal it carries no signal and is dropped whole.
 4. A smaller group (a singleton by default): each sample's advantage = reward - the task's
-   running baseline as it stood BEFORE this batch; no baseline yet -> dropped (its reward only
-   seeds the baseline); an advantage of exactly 0 is dropped as flat, like a flat group.
+   running baseline as it stood BEFORE this batch; a task without one (seen for the first
+   time: most organic traffic is unique prompts) is compared with its interaction type's
+   baseline instead (learner/type_baselines.py: by default the mean of the other rewards of
+   that type and policy version, earlier batches' and this one's), counted in
+   ``baseline_from_type``; neither -> the group is dropped (``dropped_no_baseline``; its
+   rewards only seed the baselines); an advantage of exactly 0 is dropped as flat, like a
+   flat group.
 5. Optionally all kept advantages are divided by their batch standard deviation.
-6. Every non-stale reward then updates its task's running baseline, in input order.
+6. Every non-stale reward then updates its task's running baseline and its type's
+   baselines, in input order.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from learner.type_baselines import Reward, TypeBaselines
 
 # Rewards closer than this are "equal": subtracting a mean leaves only rounding noise.
 FLAT_TOLERANCE = 1e-9
@@ -35,6 +44,7 @@ class Scored:
     reward: float
     version_index: int  # ordinal of the policy version that produced it (higher = newer)
     group_id: str | None = None  # explicit group (fan-out / rollout); else grouped by task_key
+    interaction_type: str | None = None  # None: recorded without one (type "untyped")
 
 
 @dataclass(frozen=True)
@@ -88,24 +98,62 @@ class RunningBaselines:
         return baselines
 
 
+@dataclass
+class Baselines:
+    """What the learner keeps between batches (and in learner_state, under these keys):
+    the per-task running baselines and the per-type ones."""
+
+    KEYS: ClassVar[tuple[str, str]] = ("baselines", "type_baselines")
+
+    tasks: RunningBaselines
+    types: TypeBaselines
+
+    @classmethod
+    def fresh(cls, type_mode: str = "version") -> Baselines:
+        return cls(RunningBaselines(), TypeBaselines(type_mode))
+
+    @classmethod
+    def from_states(cls, states: Mapping[str, Any], type_mode: str = "version") -> Baselines:
+        return cls(
+            RunningBaselines.from_state(states.get("baselines") or {}),
+            TypeBaselines.from_state(states.get("type_baselines") or {}, type_mode),
+        )
+
+    def states(self) -> dict[str, Any]:
+        return {"baselines": self.tasks.state(), "type_baselines": self.types.state()}
+
+    def copy(self) -> Baselines:
+        return Baselines.from_states(self.states(), self.types.mode)
+
+
 def compute_advantages(
     scored: list[Scored],
     *,
     current_version_index: int,
     baselines: RunningBaselines,
     config: GroupingConfig,
+    type_baselines: TypeBaselines | None = None,
 ) -> tuple[list[Advantaged], dict[str, float]]:
     """Advantages for the samples that carry signal, in input order, plus metrics. Updates
-    ``baselines`` in place with every non-stale reward (after using them)."""
+    ``baselines`` and ``type_baselines`` (None: no type baselines) in place with every
+    non-stale reward (after using them)."""
     _check_rewards(scored)
-    fresh = [s for s in scored if current_version_index - s.version_index <= config.max_staleness]
-    kept, dropped = _advantages(fresh, baselines, config)
+    oldest = current_version_index - config.max_staleness
+    fresh = [s for s in scored if s.version_index >= oldest]
+    rewards = [Reward(s.interaction_type, s.version_index, s.reward) for s in fresh]
+    if type_baselines is None:
+        by_type: list[float | None] = [None] * len(fresh)
+    else:
+        by_type = type_baselines.for_batch(rewards)
+    kept, counts = _advantages(fresh, baselines, by_type, config)
     if config.std_normalise:
         kept = _std_normalised(kept)
     for sample in fresh:
         baselines.update(sample.task_key, sample.reward)
-    dropped["dropped_stale"] = len(scored) - len(fresh)
-    return kept, _metrics(kept, fresh, dropped)
+    if type_baselines is not None:
+        type_baselines.update(rewards, oldest_version=oldest)
+    counts["dropped_stale"] = len(scored) - len(fresh)
+    return kept, _metrics(kept, fresh, counts)
 
 
 def _check_rewards(scored: list[Scored]) -> None:
@@ -116,23 +164,32 @@ def _check_rewards(scored: list[Scored]) -> None:
 
 
 def _advantages(
-    fresh: list[Scored], baselines: RunningBaselines, config: GroupingConfig
+    fresh: list[Scored],
+    baselines: RunningBaselines,
+    by_type: list[float | None],
+    config: GroupingConfig,
 ) -> tuple[list[Advantaged], dict[str, int]]:
-    """Kept samples in input order, and how many were dropped for each reason."""
+    """Kept samples in input order, and how many were dropped for each reason (plus how many
+    kept ones were compared with their type's baseline)."""
     kept: dict[int, Advantaged] = {}
-    dropped = {"dropped_flat": 0, "dropped_no_baseline": 0}
+    counts = {"dropped_flat": 0, "dropped_no_baseline": 0, "baseline_from_type": 0}
     for name, indices in _group(fresh).items():
         members = [fresh[i] for i in indices]
+        from_type = [False] * len(members)
         if len(members) >= config.min_group_size:
             values, reason = _group_advantages(members)
         else:
-            values, reason = _baseline_advantages(members, baselines)
-        for i, value in zip(indices, values, strict=True):
+            base = [baselines.get(s.task_key) for s in members]
+            from_type = [b is None for b in base]
+            base = [by_type[i] if b is None else b for i, b in zip(indices, base, strict=True)]
+            values, reason = _baseline_advantages(members, base)
+        for i, value, typed in zip(indices, values, from_type, strict=True):
             if value is None:
-                dropped[reason] += 1
+                counts[reason] += 1
             else:
                 kept[i] = Advantaged(fresh[i].trajectory_id, value, name)
-    return [kept[i] for i in sorted(kept)], dropped
+                counts["baseline_from_type"] += typed
+    return [kept[i] for i in sorted(kept)], counts
 
 
 def _group(samples: list[Scored]) -> dict[str, list[int]]:
@@ -157,12 +214,12 @@ def _group_advantages(members: list[Scored]) -> tuple[list[float | None], str]:
 
 
 def _baseline_advantages(
-    members: list[Scored], baselines: RunningBaselines
+    members: list[Scored], base: list[float | None]
 ) -> tuple[list[float | None], str]:
-    """reward - the task's running baseline. The members of one undersized group share a task
-    key in practice; if not, each uses its own. A missing baseline drops the whole group, so a
-    group is never half-trained; a zero advantage is dropped as flat."""
-    base = [baselines.get(s.task_key) for s in members]
+    """reward - each member's baseline (its task's, else its type's). The members of one
+    undersized group share a task key in practice; if not, each uses its own. A missing
+    baseline drops the whole group, so a group is never half-trained; a zero advantage is
+    dropped as flat."""
     if any(b is None for b in base):
         return [None] * len(members), "dropped_no_baseline"
     values = [s.reward - b for s, b in zip(members, base, strict=True) if b is not None]
@@ -178,14 +235,16 @@ def _std_normalised(kept: list[Advantaged]) -> list[Advantaged]:
 
 
 def _metrics(
-    kept: list[Advantaged], fresh: list[Scored], dropped: dict[str, int]
+    kept: list[Advantaged], fresh: list[Scored], counts: dict[str, int]
 ) -> dict[str, float]:
     return {
         "groups": float(len({a.group for a in kept})),
         "kept": float(len(kept)),
-        "dropped_stale": float(dropped["dropped_stale"]),
-        "dropped_flat": float(dropped["dropped_flat"]),
-        "dropped_no_baseline": float(dropped["dropped_no_baseline"]),
+        "dropped_stale": float(counts["dropped_stale"]),
+        "dropped_flat": float(counts["dropped_flat"]),
+        "dropped_no_baseline": float(counts["dropped_no_baseline"]),
+        # kept samples whose task had no baseline, compared with their interaction type's
+        "baseline_from_type": float(counts["baseline_from_type"]),
         # Over every fresh reward, not just kept ones: the policy's performance, unbiased by
         # the flat-group filter.
         "mean_reward": statistics.fmean(s.reward for s in fresh) if fresh else 0.0,

@@ -35,7 +35,7 @@ from learner.config import LearnerConfig
 from learner.distributed import Ranks
 from learner.fence import Fence
 from learner.graders.tasks import TaskTable
-from learner.grouping import GroupingConfig, RunningBaselines, Scored, compute_advantages
+from learner.grouping import Baselines, GroupingConfig, Scored, compute_advantages
 from learner.guard import GuardConfig
 from learner.guard_run import Guard
 from learner.guard_store import guard_decision, mark_rolled_back
@@ -124,7 +124,7 @@ class Learner:
         self.publisher: FullReloadPublisher | None = None
         self.guard: Guard | None = None
         self.serving: dict[str, Any] | None = None
-        self.baselines = RunningBaselines()
+        self.baselines = Baselines.fresh(config.type_baseline)
         self.step = 0
         self.holder = lease.holder_name(LEARNER.rstrip("@"))
         self.fence = Fence(self.engine, self.holder, drain_timeout=config.swap_drain_timeout)
@@ -159,9 +159,8 @@ class Learner:
             with self.engine.begin() as conn:
                 self.serving = queries.serving_version(conn)
                 self.step = queries.last_step(conn)
-                state = queries.get_state(conn, "baselines")
-                if state:
-                    self.baselines = RunningBaselines.from_state(state)
+                states = {key: queries.get_state(conn, key) for key in Baselines.KEYS}
+                self.baselines = Baselines.from_states(states, self.config.type_baseline)
                 self.own_set_at = control.own_set_at(self.own_knobs, control.read_heartbeat(conn))
             adopted = self.serving is None and self._adopt_served_weights()
             assert self.serving is not None
@@ -515,6 +514,7 @@ class Learner:
                 reward=float(r["reward"]),
                 version_index=ordinals[r["policy_version"]],
                 group_id=r["group_key"],
+                interaction_type=r["interaction_type"],
             )
             for r in rows
             if r["policy_version"] in ordinals
@@ -522,9 +522,13 @@ class Learner:
         # on a copy: the same rows come back at every poll until a step consumes them, and
         # the learner takes the copy only once a record says so (a step tried again after a
         # fault must not fold its rewards in twice)
-        baselines = RunningBaselines.from_state(self.baselines.state())
+        baselines = self.baselines.copy()
         advantaged, group_metrics = compute_advantages(
-            scored, current_version_index=current, baselines=baselines, config=self.grouping
+            scored,
+            current_version_index=current,
+            baselines=baselines.tasks,
+            type_baselines=baselines.types,
+            config=self.grouping,
         )
         if len(advantaged) < self.config.batch_trajectories:
             return False
@@ -539,7 +543,7 @@ class Learner:
         advantaged: list[Any],
         considered: list[str],
         group_metrics: dict[str, float],
-        baselines: RunningBaselines,
+        baselines: Baselines,
     ) -> None:
         assert self.trainer is not None and self.publisher is not None and self.serving
         advantage_of = {a.trajectory_id: a.advantage for a in advantaged}
@@ -570,7 +574,7 @@ class Learner:
             # nothing trainable (all truncated or without captured tokens): no new version
             with self.engine.begin() as conn:
                 queries.mark_trained(conn, trajectory_ids=considered, step=-1)
-                queries.set_state(conn, "baselines", baselines.state())
+                _save_baselines(conn, baselines)
             self.baselines = baselines
             log.info("batch of %d trajectories had nothing to train on", len(considered))
             return
@@ -613,7 +617,7 @@ class Learner:
         step: int,
         metrics: dict[str, Any],
         considered: list[str],
-        baselines: RunningBaselines,
+        baselines: Baselines,
     ) -> PublishResult | None:
         """Checkpoint, publish and record one step under the publish lease; None when an
         operator changed what serves while it trained (the step is dropped). The learner's
@@ -714,11 +718,11 @@ class Learner:
         version: str | None,
         metrics: dict[str, Any],
         considered: list[str],
-        baselines: RunningBaselines,
+        baselines: Baselines,
     ) -> None:
         queries.add_step(conn, step=step, version=version, metrics=metrics)
         queries.mark_trained(conn, trajectory_ids=considered, step=step)
-        queries.set_state(conn, "baselines", baselines.state())
+        _save_baselines(conn, baselines)
 
     def _publisher(self, source: Path) -> FullReloadPublisher:
         assert self.serving is not None
@@ -813,6 +817,11 @@ def expected_for(checkpoint: Path) -> tuple[Probe, ExpectedLogprobs]:
     tokenizer = AutoTokenizer.from_pretrained(str(served_base(checkpoint)))
     probe = Probe(prompt_token_ids=list(tokenizer(PROBE_TEXT)["input_ids"]))
     return probe, Trainer(weights, TrainerConfig(), None).logprobs_of
+
+
+def _save_baselines(conn: Any, baselines: Baselines) -> None:
+    for key, state in baselines.states().items():
+        queries.set_state(conn, key, state)
 
 
 def _unreachable(exc: DBAPIError) -> bool:

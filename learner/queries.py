@@ -269,9 +269,9 @@ def save_grade(
 
 
 def trainable_grades(conn: Connection, *, keys: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """Graded trajectories not yet trained on: id, task_key, group_key, reward, policy version;
-    with `keys`, only the traffic of those client keys (rollout runs, graded by their runner,
-    included).
+    """Graded trajectories not yet trained on: id, task_key, group_key, interaction_type,
+    reward, policy version; with `keys`, only the traffic of those client keys (rollout runs,
+    graded by their runner, included).
 
     group_key: the explicit GRPO group (fan-out siblings share one), None for organic ones.
     """
@@ -287,6 +287,7 @@ def trainable_grades(conn: Connection, *, keys: Sequence[str] = ()) -> list[dict
             Grade.trajectory_id,
             Trajectory.task_key,
             Trajectory.group_key,
+            Trajectory.interaction_type,
             Grade.reward,
             first_version.label("policy_version"),
         )
