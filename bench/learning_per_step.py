@@ -118,6 +118,8 @@ class Curve:
     counts: list[int] = field(default_factory=list)
     steps: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
+    # learner arm: the reward of every recorded call, in the order they started
+    by_call: list[float] = field(default_factory=list)
 
     def gain(self) -> float:
         tail = self.rewards[-3:] if len(self.rewards) > 3 else self.rewards[1:]
@@ -352,7 +354,21 @@ def grouping_config(settings: dict[str, str]) -> GroupingConfig:
 # -- the learner on live traffic -----------------------------------------------------------
 
 
-def run_learner(served: Served, args: argparse.Namespace, arm: Arm) -> Curve:
+def rotation(turn: int) -> str:
+    """The toy's prompts, in turn: eight tasks, each seen again and again."""
+    return PROMPTS[turn % len(PROMPTS)]
+
+
+def run_learner(
+    served: Served,
+    args: argparse.Namespace,
+    arm: Arm,
+    prompt_of: Callable[[int], str] = rotation,
+    max_calls: int | None = None,
+) -> Curve:
+    """``prompt_of``: the prompt of the n-th call sent; ``max_calls``: the traffic stops
+    after that many calls even if the learner has not taken its ``--steps`` (it is stopped
+    then)."""
     from sqlalchemy import select
 
     from proxy.store import db
@@ -389,23 +405,28 @@ def run_learner(served: Served, args: argparse.Namespace, arm: Arm) -> Curve:
         try:
             wait_until(lambda: "learner ready" in log_path.read_text(), learner, log_path)
             started = time.monotonic()
-            with live_traffic(proxy.url, served.name, args):
+            calls = Calls()
+            with live_traffic(proxy.url, served.name, args, prompt_of, calls, max_calls):
                 deadline = started + args.learner_timeout
                 while learner.poll() is None:
+                    if max_calls is not None and calls.sent >= max_calls:
+                        learner.terminate()
+                        learner.wait()
+                        break
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"learner not done: {tail(log_path)}")
                     with engine.connect() as conn:
                         done = conn.execute(select(TrainingStep.step)).scalars().all()
                     print(f"  learner: {len(done)} steps", end="\r", flush=True)
                     time.sleep(1.0)
-            if learner.returncode != 0:
+            if learner.returncode != 0 and not (max_calls is not None and learner.returncode < 0):
                 raise RuntimeError(f"learner exited {learner.returncode}: {tail(log_path)}")
             curve.wall_s = time.monotonic() - started
             # the last version, measured like the others: one more round through the proxy
             with httpx.Client() as client:
-                for _ in range(args.group):
-                    for prompt in PROMPTS:
-                        send(client, proxy.url, served.name, prompt, args.max_tokens)
+                for _ in range(args.group * len(PROMPTS)):
+                    prompt = prompt_of(calls.take())
+                    send(client, proxy.url, served.name, prompt, args.max_tokens)
         finally:
             if learner.poll() is None:
                 learner.kill()
@@ -437,22 +458,49 @@ def send(client: httpx.Client, base: str, model: str, prompt: str, max_tokens: i
     client.post(base + "/v1/chat/completions", json=body, timeout=120).raise_for_status()
 
 
+class Calls:
+    """Numbers the calls the clients send, over all their threads."""
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> int:
+        with self._lock:
+            self._next += 1
+            return self._next - 1
+
+    @property
+    def sent(self) -> int:
+        return self._next
+
+
 @contextmanager
-def live_traffic(base: str, model: str, args: argparse.Namespace) -> Iterator[None]:
-    """``--clients`` threads, each sending one call after another, prompts in rotation."""
+def live_traffic(
+    base: str,
+    model: str,
+    args: argparse.Namespace,
+    prompt_of: Callable[[int], str] = rotation,
+    calls: Calls | None = None,
+    max_calls: int | None = None,
+) -> Iterator[None]:
+    """``--clients`` threads, each sending one call after another, the n-th call (over all
+    threads, numbered by ``calls``) with ``prompt_of(n)``, at most ``max_calls`` in all."""
     stop = threading.Event()
     errors: list[BaseException] = []
+    numbered = calls if calls is not None else Calls()
 
     def client(index: int) -> None:
         with httpx.Client() as http:
-            turn = index
             while not stop.is_set():
+                turn = numbered.take()
+                if max_calls is not None and turn >= max_calls:
+                    return
                 try:
-                    send(http, base, model, PROMPTS[turn % len(PROMPTS)], args.max_tokens)
+                    send(http, base, model, prompt_of(turn), args.max_tokens)
                 except httpx.HTTPError as exc:  # a swap in progress may refuse or delay
                     errors.append(exc)
                     time.sleep(0.05)
-                turn += 1
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
     for thread in threads:
@@ -483,9 +531,9 @@ def learner_curve(engine: Any, curve: Curve) -> None:
             ).all()
         )
         calls = conn.execute(
-            select(Call.trajectory_id, Call.policy_version, Call.response).where(
-                Call.status == "ok"
-            )
+            select(Call.trajectory_id, Call.policy_version, Call.response)
+            .where(Call.status == "ok")
+            .order_by(Call.started_at)
         ).all()
         steps = conn.execute(
             select(TrainingStep.step, TrainingStep.version, TrainingStep.metrics).order_by(
@@ -501,6 +549,7 @@ def learner_curve(engine: Any, curve: Curve) -> None:
         choices = (response or {}).get("choices") or [{}]
         text = (choices[0].get("message") or {}).get("content") or ""
         rewards.setdefault(ordinals[version], []).append(share_of_a(text))
+        curve.by_call.append(share_of_a(text))
         version_of[trajectory] = ordinals[version]
     for ordinal in sorted(rewards):
         curve.rewards.append(statistics.fmean(rewards[ordinal]))
@@ -513,7 +562,7 @@ def learner_curve(engine: Any, curve: Curve) -> None:
     for step, version, metrics in steps:
         ages = [serving - v for v in by_step.get(step, [])]
         keys = ("samples", "kept", "dropped_stale", "dropped_flat", "clip_fraction")
-        keys += ("behaviour_clip_fraction",)
+        keys += ("behaviour_clip_fraction", "baseline_from_type", "dropped_no_baseline")
         record = {k: metrics.get(k) for k in keys}
         if metrics.get("stale_not_graded"):  # too stale to grade: dropped before grading
             record["dropped_stale"] = (record["dropped_stale"] or 0) + metrics["stale_not_graded"]
