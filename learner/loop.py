@@ -217,6 +217,12 @@ class Learner:
         decision = self.guard.check(candidate, kept, step=step)
         if decision.outcome != "rolled_back":
             return
+        with self.engine.connect() as conn:
+            now_serving = queries.serving_version(conn)
+        if now_serving is None or now_serving["version"] != candidate["version"]:
+            # an operator changed what serves during the evals: theirs is the last word
+            log.warning("guard: %s no longer serves; not rolled back", candidate["version"])
+            return
         self.activity = f"guard: rolling {candidate['version']} back to {kept['version']}"
         label = serve_version(
             self.engine,
@@ -238,7 +244,7 @@ class Learner:
             decision.reason,
         )
         assert serving is not None
-        self._follow(serving)
+        self._follow(serving, by="the regression guard")
 
     def _verify_tolerance(self, dtypes: set[str | None]) -> float:
         """The probe tolerance: the configured one, else the one for the dtype the replicas
@@ -472,10 +478,10 @@ class Learner:
         if serving is not None and serving["version"] != self.serving["version"]:
             self._follow(serving)
 
-    def _follow(self, serving: dict[str, Any]) -> None:
-        """What serves changed under us (an operator): the trainer and the publisher's idea
-        of the last good weights move to it."""
-        log.info("now serving %s (changed by an operator); training from it", serving["version"])
+    def _follow(self, serving: dict[str, Any], by: str = "an operator") -> None:
+        """What serves changed under us (an operator, the guard): the trainer and the
+        publisher's idea of the last good weights move to it."""
+        log.info("now serving %s (changed by %s); training from it", serving["version"], by)
         self.serving = serving
         source = Path(serving["checkpoint_path"])
         self.trainer = self._trainer(source)
