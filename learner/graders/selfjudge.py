@@ -59,6 +59,11 @@ class ShadowPolicy:
     # after a judge that was away or overloaded, no shadow judgements for this long: they
     # would only slow grading down
     pause_after_failure: float = 300.0
+    # at most this share of the wall time since the sampler started goes to shadow judging
+    # (after a first `time_allowance` seconds): the judge is the served model, which may be
+    # slow, and grading waits for these calls, so a count a minute alone does not bound them
+    time_share: float = 0.1
+    time_allowance: float = 30.0
 
 
 class ShadowSampler:
@@ -70,15 +75,25 @@ class ShadowSampler:
         self.clock = clock
         self.tokens = policy.per_minute
         self.at = clock()
+        self.started = self.at
+        self.spent = 0.0  # seconds of shadow judging so far
         self.paused_until = -math.inf
 
     def pause(self) -> None:
         self.paused_until = self.clock() + self.policy.pause_after_failure
 
+    def spend(self, seconds: float) -> None:
+        """Shadow judging took this long (counted against `time_share`)."""
+        self.spent += max(0.0, seconds)
+
+    def over_time_budget(self) -> bool:
+        budget = self.policy.time_allowance + self.policy.time_share * (self.clock() - self.started)
+        return self.spent >= budget
+
     def take(self, trajectory_id: str) -> bool:
         if self.policy.share <= 0 or self.policy.per_minute <= 0:
             return False
-        if self.clock() < self.paused_until:
+        if self.clock() < self.paused_until or self.over_time_budget():
             return False
         if _fraction(trajectory_id) >= self.policy.share:
             return False
@@ -275,7 +290,11 @@ class DefaultGrader:
                 by_task.setdefault(("task", key) if key is not None else ("id", i), []).append(i)
         verdicts: dict[int, dict[str, Any]] = {}
         for chosen in by_task.values():
+            if sampler.over_time_budget():
+                break  # the rest of the batch goes without: grading is waiting
+            started = time.monotonic()
             entries = judge.judge([trajectories[i] for i in chosen], tasks)
+            sampler.spend(time.monotonic() - started)
             for i, entry in zip(chosen, entries, strict=True):
                 source, reward = truths[i]
                 truth = {"source": source, "reward": reward}

@@ -230,3 +230,19 @@ def test_a_judge_that_is_away_pauses_the_shadow_verdicts_not_the_grades() -> Non
     assert "self_judge" not in grader.grade([typed("42", "mul")], tasks=tasks)[0].detail
     now[0] += 61
     assert "self_judge" in grader.grade([typed("42", "mul")], tasks=tasks)[0].detail
+
+
+def test_shadow_judging_keeps_to_its_share_of_the_time() -> None:
+    now = [0.0]
+    policy = ShadowPolicy(share=1.0, per_minute=10_000, time_share=0.1, time_allowance=30.0)
+    sampler = ShadowSampler(policy, clock=lambda: now[0])
+    assert sampler.take("a")
+    sampler.spend(30.0)  # a slow judge used the whole first allowance
+    assert not sampler.take("b")
+    now[0] = 50.0  # the budget is 30 + 5 s now: judging may go on
+    assert sampler.take("c")
+    sampler.spend(20.0)  # 50 s spent
+    now[0] = 100.0  # against 30 + 10 s: none until 50 s are under a tenth of the time (after 200 s)
+    assert not sampler.take("d")
+    now[0] = 210.0
+    assert sampler.take("e")
