@@ -504,7 +504,6 @@ class Learner:
             trainable = queries.trainable_grades(conn, keys=self.config.keys)
             rows = [r for r in trainable if r["group_key"] not in waiting]
             ordinals = queries.version_ordinals(conn)
-            stale = queries.stale_skipped(conn, keys=self.config.keys)
         if not rows:
             return False
         assert self.serving is not None
@@ -538,7 +537,10 @@ class Learner:
         )
         if len(advantaged) < self.config.batch_trajectories:
             return False
-        # the step also accounts for what was too stale to grade
+        # the step also accounts for what was too stale to grade (read only when a step will
+        # happen: this runs at every poll)
+        with self.engine.connect() as conn:
+            stale = queries.stale_skipped(conn, keys=self.config.keys)
         group_metrics["stale_not_graded"] = float(len(stale))
         considered = [s.trajectory_id for s in scored] + unknown + stale
         self._train(advantaged, considered, group_metrics, baselines)
