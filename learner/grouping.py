@@ -31,7 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from learner.type_baselines import Reward, TypeBaselines
+# RunningBaselines lives beside the type baselines, which keep one too (their ema)
+from learner.type_baselines import Reward, RunningBaselines, TypeBaselines
 
 # Rewards closer than this are "equal": subtracting a mean leaves only rounding noise.
 FLAT_TOLERANCE = 1e-9
@@ -66,36 +67,6 @@ class Advantaged:
     trajectory_id: str
     advantage: float
     group: str  # "group:<group_id>" or "task:<task_key>": the two namespaces never collide
-
-
-class RunningBaselines:
-    """Per-task exponential moving average of rewards: the baseline for singletons, which have
-    no group mean. The first reward of a task seeds its baseline as is."""
-
-    def __init__(self, decay: float = 0.9) -> None:
-        if not 0.0 <= decay < 1.0:
-            raise ValueError(f"decay must be in [0, 1), got {decay}")
-        self.decay = decay
-        self._values: dict[str, float] = {}
-
-    def get(self, task_key: str) -> float | None:
-        return self._values.get(task_key)
-
-    def update(self, task_key: str, reward: float) -> None:
-        previous = self._values.get(task_key)
-        if previous is None:
-            self._values[task_key] = reward
-        else:
-            self._values[task_key] = self.decay * previous + (1.0 - self.decay) * reward
-
-    def state(self) -> dict[str, float]:
-        return dict(self._values)
-
-    @classmethod
-    def from_state(cls, state: Mapping[str, float], decay: float = 0.9) -> RunningBaselines:
-        baselines = cls(decay)
-        baselines._values = {str(key): float(value) for key, value in state.items()}
-        return baselines
 
 
 @dataclass

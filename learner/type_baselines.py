@@ -35,14 +35,42 @@ class Reward(NamedTuple):
     reward: float
 
 
+class RunningBaselines:
+    """Per-task exponential moving average of rewards: the baseline for singletons, which have
+    no group mean. The first reward of a task seeds its baseline as is."""
+
+    def __init__(self, decay: float = 0.9) -> None:
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay must be in [0, 1), got {decay}")
+        self.decay = decay
+        self._values: dict[str, float] = {}
+
+    def get(self, task_key: str) -> float | None:
+        return self._values.get(task_key)
+
+    def update(self, task_key: str, reward: float) -> None:
+        previous = self._values.get(task_key)
+        if previous is None:
+            self._values[task_key] = reward
+        else:
+            self._values[task_key] = self.decay * previous + (1.0 - self.decay) * reward
+
+    def state(self) -> dict[str, float]:
+        return dict(self._values)
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, float], decay: float = 0.9) -> RunningBaselines:
+        baselines = cls(decay)
+        baselines._values = {str(key): float(value) for key, value in state.items()}
+        return baselines
+
+
 class TypeBaselines:
     def __init__(self, mode: str = "version", decay: float = 0.9) -> None:
         if mode not in MODES:
             raise ValueError(f"type baseline mode must be one of {', '.join(MODES)}: {mode!r}")
-        if not 0.0 <= decay < 1.0:
-            raise ValueError(f"decay must be in [0, 1), got {decay}")
-        self.mode, self.decay = mode, decay
-        self._ema: dict[str, float] = {}
+        self.mode = mode
+        self._ema = RunningBaselines(decay)  # by type name (it checks decay)
         # type -> version index -> (count, sum) of the rewards folded in
         self._versions: dict[str, dict[int, tuple[int, float]]] = {}
 
@@ -63,8 +91,9 @@ class TypeBaselines:
     ) -> float | None:
         kind = _name(sample.interaction_type)
         if self.mode == "ema":
-            if kind in self._ema:
-                return self._ema[kind]
+            ema = self._ema.get(kind)
+            if ema is not None:
+                return ema
             return _leave_one_out(in_batch[kind, None], sample.reward)
         count, total = in_batch[kind, sample.version_index]
         if self.mode == "version":
@@ -80,10 +109,7 @@ class TypeBaselines:
         sample of theirs is trained any more)."""
         for kind, version, reward in batch:
             name = _name(kind)
-            previous = self._ema.get(name)
-            self._ema[name] = (
-                reward if previous is None else self.decay * previous + (1 - self.decay) * reward
-            )
+            self._ema.update(name, reward)
             versions = self._versions.setdefault(name, {})
             count, total = versions.get(version, (0, 0.0))
             versions[version] = (count + 1, total + reward)
@@ -101,7 +127,7 @@ class TypeBaselines:
     def state(self) -> dict[str, Any]:
         """JSON: {"ema": {type: value}, "versions": {type: {"<version>": [count, sum]}}}."""
         return {
-            "ema": dict(self._ema),
+            "ema": self._ema.state(),
             "versions": {
                 kind: {str(v): [c, t] for v, (c, t) in versions.items()}
                 for kind, versions in self._versions.items()
@@ -113,7 +139,7 @@ class TypeBaselines:
         cls, state: Mapping[str, Any], mode: str = "version", decay: float = 0.9
     ) -> TypeBaselines:
         baselines = cls(mode, decay)
-        baselines._ema = {str(k): float(v) for k, v in state.get("ema", {}).items()}
+        baselines._ema = RunningBaselines.from_state(state.get("ema", {}), decay)
         baselines._versions = {
             str(kind): {int(v): (int(c), float(t)) for v, (c, t) in versions.items()}
             for kind, versions in state.get("versions", {}).items()
