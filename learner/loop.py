@@ -319,7 +319,7 @@ class Learner:
         assert serving is not None
         if serving["version"] != self.serving["version"]:
             self._follow(serving)
-        fingerprint = Fingerprint.from_state(serving["probe"])
+        fingerprint = Fingerprint.from_state(serving["probe"], at_least=self.tolerance)
         result = self.publisher.rollback(
             Path(serving["checkpoint_path"]),
             serving["version"],
@@ -488,7 +488,9 @@ class Learner:
         self._load_optimizer(source)
         if self.publisher is not None:
             self.publisher.last_good = served_base(source).resolve()
-            self.publisher.last_good_fingerprint = Fingerprint.from_state(serving["probe"])
+            self.publisher.last_good_fingerprint = Fingerprint.from_state(
+                serving["probe"], at_least=self.tolerance
+            )
 
     def _reload_trainer(self) -> None:
         """Back to the serving weights and their optimizer state (a step nobody recorded)."""
@@ -740,7 +742,9 @@ class Learner:
             "probe": self.probe,
             "tolerance": self.tolerance,
             "last_good": base,
-            "last_good_fingerprint": Fingerprint.from_state(self.serving["probe"]),
+            "last_good_fingerprint": Fingerprint.from_state(
+                self.serving["probe"], at_least=self.tolerance
+            ),
             "fence": self.fence,
         }
         if not self.config.lora:

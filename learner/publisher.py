@@ -116,9 +116,13 @@ class Fingerprint:
         return {"token_ids": self.token_ids, "logprobs": self.logprobs, "tolerance": self.tolerance}
 
     @classmethod
-    def from_state(cls, value: Any, tolerance: float | None = None) -> Fingerprint | None:
+    def from_state(
+        cls, value: Any, tolerance: float | None = None, *, at_least: float = 0.0
+    ) -> Fingerprint | None:
         """A stored probe (None for versions recorded before probes were stored);
-        `tolerance` replaces the stored one."""
+        `tolerance` replaces the stored one; `at_least` only widens it, to what the replicas'
+        dtype needs now (a probe stored while vLLM served float32 carries 1e-3, which a
+        bf16 replica cannot meet with the right weights)."""
         if not isinstance(value, dict):
             return None
         try:
@@ -129,7 +133,8 @@ class Fingerprint:
             )
         except (KeyError, TypeError, ValueError):
             return None
-        return stored if tolerance is None else cls(stored.token_ids, stored.logprobs, tolerance)
+        wanted = max(stored.tolerance if tolerance is None else tolerance, at_least)
+        return cls(stored.token_ids, stored.logprobs, wanted)
 
 
 @dataclass

@@ -105,7 +105,8 @@ def _serve(
     _check(target, current, version, action)
     assert target is not None
     checkpoint = Path(target["checkpoint_path"])
-    fingerprint = Fingerprint.from_state(target["probe"])
+    tolerance = _tolerance(upstreams) if tolerance is None else tolerance
+    fingerprint = Fingerprint.from_state(target["probe"], at_least=tolerance)
     expected: ExpectedLogprobs | None = None
     probe = None if fingerprint is None else Probe(fingerprint.token_ids)
     if fingerprint is None:
@@ -121,9 +122,13 @@ def _serve(
     publisher = LoraPublisher(
         upstreams,
         probe=probe,
-        tolerance=_tolerance(upstreams) if tolerance is None else tolerance,
+        tolerance=tolerance,
         last_good=None if current is None else served_base(Path(current["checkpoint_path"])),
-        last_good_fingerprint=None if current is None else Fingerprint.from_state(current["probe"]),
+        last_good_fingerprint=(
+            None
+            if current is None
+            else Fingerprint.from_state(current["probe"], at_least=tolerance)
+        ),
         fence=Fence(engine, holder, drain_timeout=drain_timeout),
         # a recorded version's files were checked when it was first published
         check_files=fingerprint is None,

@@ -191,7 +191,12 @@ def test_vllm_killed_during_a_publish(
         assert held.status_code == 503  # fenced off: nobody gets a replica in an unknown state
 
         vllm.start()  # the same port; it serves the base model from disk again
+        # the learner's back-off (up to 10 s) may outlast a held call's 3 s: the "after"
+        # batch goes once the serving version is restored, or it is turned away and step 2
+        # has nothing to train on
+        wait_until(lambda: not gated(proxy), "the learner restores the serving version", 120)
         traffic.batch("after")
+        assert not [f for f in traffic.failures if f.startswith("after-")], traffic.failures
         running.join(240)
         assert_invariants(engine, traffic.answered)
         with engine.connect() as conn:
