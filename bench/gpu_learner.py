@@ -12,8 +12,8 @@ of each, and the logprob computation's peak against one micro-batch's bf16 logit
 <= 2x). The behaviour logprobs are the trainer's own, under the same precision, so the
 first step is on-policy (ratio 1).
 
-Precision: both train under ``--precision`` (the trainer's `TrainerConfig.precision`;
-default ``bfloat16``, as the learner runs when vLLM serves bf16): the 0.5B model's full
+Precision: both train under ``--precision`` (the trainer's `TrainerConfig.precision`; this
+bench's default ``bfloat16``, as the learner runs when vLLM serves bf16): the 0.5B model's full
 weights as float32 masters with their AdamW state, the forward and backward passes on a bf16
 copy; the 7B model's frozen base in bf16 alone, its adapter as float32 masters with a bf16
 copy that computes (``float32``: the bf16 base as built, the float32 adapter as peft makes
@@ -307,7 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="0.5b,7b", help="comma-separated: 0.5b, 7b")
     parser.add_argument("--small", action="store_true", help="small shapes (default on CPU)")
     parser.add_argument(
-        "--precision", choices=PRECISIONS, default="bfloat16", help="the 0.5B model's trainer"
+        "--precision",
+        choices=PRECISIONS,
+        default="bfloat16",
+        help="both models' trainer precision (default bfloat16)",
     )
     parser.add_argument("--samples", type=int, help="sequences per step (default 4; small 2)")
     parser.add_argument("--prompt-tokens", type=int, help="default 4096; small 256")
@@ -341,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     print(
         f"device {args.device} ({device_name}), torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads; 0.5B precision {args.precision}; "
+        f"{torch.get_num_threads()} threads; trainer precision {args.precision}; "
         f"{'small' if args.small else 'full'} shapes; {args.samples} x ({args.prompt_tokens} + "
         f"{args.completion_tokens}) tokens per step, micro-batches <= {args.micro_batch_tokens}",
         flush=True,

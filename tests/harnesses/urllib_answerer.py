@@ -2,6 +2,9 @@
 tests can afford hundreds of runs): one chat completion, the reply on stdout.
 
 Usage: urllib_answerer.py [--write FILE]   (the prompt from stdin, else ONTHEJOB_PROMPT)
+
+ONTHEJOB_HARNESS_TYPE, when set, goes out as X-Onthejob-Type: a harness that can send
+headers names its interaction type.
 """
 
 from __future__ import annotations
@@ -20,6 +23,11 @@ def post(url: str, body: dict[str, object]) -> dict[str, object]:
         headers={
             "content-type": "application/json",
             "authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', 'x')}",
+            **(
+                {"x-onthejob-type": os.environ["ONTHEJOB_HARNESS_TYPE"]}
+                if os.environ.get("ONTHEJOB_HARNESS_TYPE")
+                else {}
+            ),
         },
     )
     with urllib.request.urlopen(request, timeout=120) as response:
