@@ -422,9 +422,17 @@ class FullReloadPublisher:
             if not diff <= reference.tolerance:  # NaN fails too
                 failed.append(f"{upstream} (max |diff| {diff:.3g})")
         if failed:
+            hint = ""
+            if reference.tolerance >= HALF_PRECISION_TOLERANCE:
+                # a trained model's bf16 kernels differ by more than the tiny model's
+                hint = (
+                    "; in bf16 a trained model's right weights can differ by more: measure "
+                    "with bench/probe_tolerance.py, serve float32 or set "
+                    "ONTHEJOB_LEARN_VERIFY_TOLERANCE"
+                )
             raise PublishError(
                 f"probe logprobs differ from the trainer's by more than {reference.tolerance:g} "
-                f"on {', '.join(failed)}"
+                f"on {', '.join(failed)}{hint}"
             )
 
     def _probe_diff(

@@ -65,7 +65,6 @@ def test_help_lists_every_option(command: list[str]) -> None:
             assert option in result.stdout
     if command == ["demo"]:
         assert "--curriculum" in result.stdout and "--curriculum-minutes" in result.stdout
-        assert "--dtype" in result.stdout and "AMX" in result.stdout
     if command == ["spool", "replay"]:
         for option in ("--db", "--spool"):
             assert option in result.stdout

@@ -83,13 +83,6 @@ def register(commands: Any) -> None:
         help="the harness's sampling temperature (default 1.0; GRPO needs varied samples)",
     )
     demo.add_argument(
-        "--dtype",
-        choices=["auto", "bfloat16", "float32"],
-        default="auto",
-        help="what vLLM serves in, and so what the learner computes in (default auto: "
-        "bfloat16 where the CPU has it natively, AVX-512 BF16 or AMX; float32 elsewhere)",
-    )
-    demo.add_argument(
         "--no-band-check",
         dest="band_check",
         action="store_false",
@@ -138,7 +131,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         band_check=args.band_check,
         warmup=warmup,
         model_cache=args.model_cache,
-        dtype=args.dtype,
     )
     if args.curriculum:
         return _curriculum(config, args.curriculum_minutes)

@@ -55,27 +55,6 @@ def _rss_bytes(pid: int) -> int:
     return total
 
 
-def cpu_has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """Whether this CPU computes bfloat16 natively (AVX-512 BF16 or AMX): there vLLM-CPU
-    serves bf16 at full speed; elsewhere it would emulate it."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return False
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            return bool(flags & {"avx512_bf16", "amx_bf16"})
-    return False
-
-
-def resolve_dtype(dtype: str) -> str:
-    """`auto`: bfloat16 where the CPU has it natively, float32 elsewhere; else `dtype`."""
-    if dtype != "auto":
-        return dtype
-    return "bfloat16" if cpu_has_native_bf16() else "float32"
-
-
 class VLLMServer:
     """One vLLM OpenAI API server on 127.0.0.1, a free port, logging to a file."""
 
@@ -93,9 +72,9 @@ class VLLMServer:
         dtype: str = "float32",
     ) -> None:
         """``max_lora_rank``: serve LoRA adapters up to this rank, loadable at runtime;
-        ``dtype``: what vLLM computes in (``--dtype``; "auto" as `resolve_dtype` says)."""
+        ``dtype``: what vLLM computes in (``--dtype``)."""
         self.model_dir = Path(model_dir)
-        self.dtype = resolve_dtype(dtype)
+        self.dtype = dtype
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         if log_path is None:
