@@ -50,6 +50,9 @@ def learner_config(db_url: str, vllm: VLLMServer, model: Path, tmp: Path, **extr
         "learning_rate": 1e-3,
         "mask_truncated": False,
         "poll_interval": 0.2,
+        # the drills time the learner's publishes: no judge calls to the one vLLM measuring
+        # the self-judge's agreement (tests/test_selfjudge_vllm.py does)
+        "self_judge_shadow": 0.0,
         **extra,
     }
     return LearnerConfig(**values)

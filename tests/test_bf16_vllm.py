@@ -216,6 +216,7 @@ def learner_command(
         *("--checkpoints", str(checkpoints), "--batch-trajectories", "32"),
         *("--grader", "python:tests.learning_rewards:share_of_a_reward"),
         *("--learning-rate", "3e-3", "--max-steps", str(steps), "--poll-interval", "0.2"),
+        *("--self-judge-shadow", "0"),  # no judge calls beside the measured steps
         "--no-mask-truncated",
     ]
 

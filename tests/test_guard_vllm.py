@@ -116,6 +116,7 @@ def test_a_version_that_degrades_a_type_is_rolled_back(
              "--model", str(tiny_model), "--checkpoints", str(tmp_path / "checkpoints"),
              "--grader", "reference", "--batch-trajectories", "16", "--learning-rate", "2e-1",
              "--max-steps", "1", "--no-mask-truncated", "--poll-interval", "0.2",
+             "--self-judge-shadow", "0",
              "--guard", str(guard_file(tmp_path, proxy.url))],
             stdout=log, stderr=subprocess.STDOUT, timeout=240,
         )  # fmt: skip

@@ -108,6 +108,9 @@ def test_traffic_through_the_proxy_makes_the_model_better(
         "--no-mask-truncated",
         "--poll-interval",
         "0.2",
+        # the grader's reward alone: no judge calls to the one vLLM measuring agreement
+        "--self-judge-shadow",
+        "0",
     ]
 
     def start_learner() -> subprocess.Popen:

@@ -184,7 +184,7 @@ def lora_learner_command(
         *("--grader", "python:tests.learning_rewards:share_of_a_reward"),
         *("--batch-trajectories", "32", "--learning-rate", "2e-2"),
         *("--lora", "--lora-rank", str(RANK), "--max-steps", str(steps)),
-        *("--no-mask-truncated", "--poll-interval", "0.2"),
+        *("--no-mask-truncated", "--poll-interval", "0.2", "--self-judge-shadow", "0"),
     ]
 
 

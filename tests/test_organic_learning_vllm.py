@@ -16,11 +16,11 @@ from pathlib import Path
 
 import openai
 import pytest
-from sqlalchemy import select
+from sqlalchemy import Engine, func, select
 
 from learner import queries
 from proxy.store import db
-from proxy.store.models import TrainingStep, Trajectory
+from proxy.store.models import Grade, TrainingStep, Trajectory
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -45,6 +45,11 @@ async def unique_traffic(base_url: str, model: str, numbers: range) -> None:
                 )
 
         await asyncio.gather(*(one(n) for n in numbers))
+
+
+def graded(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(Grade)).scalar_one())
 
 
 def test_unique_prompt_traffic_trains_against_its_type_baseline(
@@ -73,6 +78,11 @@ def test_unique_prompt_traffic_trains_against_its_type_baseline(
             first = next(counter)
             numbers = range(first, first + 24)
             asyncio.run(unique_traffic(proxy.url + "/v1", vllm.model_name, numbers))
+            # the next burst once the learner has graded this one: traffic that outran it
+            # made ever larger steps on a slow machine (256 samples, minutes each)
+            while learner.poll() is None and graded(engine) < first + 24:
+                assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+                time.sleep(0.2)
         assert learner.returncode == 0, log_path.read_text()[-3000:]
 
         with engine.connect() as conn:

@@ -96,7 +96,8 @@ def test_rollout_rounds_and_training_raise_eval_success(
         [sys.executable, "-m", "proxy.cli", "learn", "--db", pg_url, "--upstream", vllm.url,
          "--model", str(tiny_model), "--checkpoints", str(tmp_path / "checkpoints"),
          "--grader", "reference", "--batch-trajectories", str(BATCH), "--learning-rate",
-         "3e-3", "--max-steps", str(STEPS), "--no-mask-truncated", "--poll-interval", "0.2"],
+         "3e-3", "--max-steps", str(STEPS), "--no-mask-truncated", "--poll-interval", "0.2",
+         "--self-judge-shadow", "0"],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     engine = db.make_engine(pg_url)
