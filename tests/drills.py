@@ -28,6 +28,7 @@ from learner.control import read_heartbeat
 from learner.demo.vllm_server import VLLMServer
 from learner.grouping import RunningBaselines
 from learner.loop import Learner
+from learner.publisher import FullReloadPublisher
 from learner.trainer import Trainer
 from proxy.store.models import Call, Grade, PolicyVersion, SwapGate, TrainingStep, Trajectory
 from tests.proxy_server import ProxyServer
@@ -358,6 +359,25 @@ class LearnerThread:
             self.learner.run()
         except BaseException as exc:  # reported by join()
             self.error = exc
+
+
+class HeldPublish:
+    """The first publish of a version named `prefix`... in this process holds once its
+    replicas are fenced off and drained, before any swap, until `released` is set: a drill
+    acts at that moment whatever the machine's speed."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
+        self.reached = threading.Event()
+        self.released = threading.Event()
+        swap_all = FullReloadPublisher._swap_all
+
+        def held(publisher: FullReloadPublisher, client: Any, directory: Any, result: Any) -> None:
+            if result.version.startswith(prefix) and not self.reached.is_set():
+                self.reached.set()
+                assert self.released.wait(120), "the held publish was never released"
+            swap_all(publisher, client, directory, result)
+
+        monkeypatch.setattr(FullReloadPublisher, "_swap_all", held)
 
 
 class HeldStep:

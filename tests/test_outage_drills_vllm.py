@@ -1,7 +1,9 @@
 """Fault drills: the store and vLLM go away in the middle of the learner's work.
 
-PostgreSQL (a private server, stopped and started again) stops while the learner waits for
-a replica to drain, and while it is inside a training step; vLLM is killed mid-publish.
+PostgreSQL (a private server, stopped and started again) stops while the learner's publish
+has its replica fenced off and drained, and while it is inside a training step; vLLM is
+killed at that same point of a publish (the publish is held there: tests/drills.py
+HeldPublish).
 Either way the learner survives and says why in its log, nothing is served by unverified
 weights (clients wait at the fenced replica, or get a 503 after ONTHEJOB_GATE_WAIT), the
 step is neither lost nor doubled, and once the server is back the learner restores the
@@ -25,15 +27,14 @@ from proxy.store.models import Call, PolicyVersion, TrainingStep
 from tests.conftest import REUSE_VLLM_URL
 from tests.drills import (
     FAST_GATES,
+    HeldPublish,
     HeldStep,
     LearnerThread,
-    Stream,
     Traffic,
     assert_baselines_count_each_reward_once,
     assert_invariants,
     drill_learner,
     gated,
-    graded_count,
     heartbeat,
     served_by,
     trained_in,
@@ -46,22 +47,13 @@ pytestmark = [pytest.mark.vllm]
 SHORT_WAIT = {**FAST_GATES, "ONTHEJOB_GATE_WAIT": "3"}
 
 
-def publishing_step_1(engine, proxy) -> bool:  # type: ignore[no-untyped-def]
-    return heartbeat(engine).get("activity") == "publishing step 1" and gated(proxy)
-
-
-def start_publishing(traffic: Traffic, engine) -> Stream:  # type: ignore[no-untyped-def]
-    """Seven of a batch graded, then the eighth while a client streams: the learner's
-    publish of step 1 then waits for that stream to drain."""
-    sessions = traffic.batch("batch", 7)
-    wait_until(lambda: graded_count(engine, sessions) == 7, "seven graded")
-    stream = Stream(traffic, "streaming").start()
-    traffic.call("batch-7")
-    return stream
-
-
 def test_postgres_stopped_during_a_publish(
-    vllm: VLLMServer, tiny_model: Path, start_proxy, tmp_path: Path, restore_vllm
+    vllm: VLLMServer,
+    tiny_model: Path,
+    start_proxy,
+    tmp_path: Path,
+    restore_vllm,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     found = binaries()
     if found is None:
@@ -74,13 +66,17 @@ def test_postgres_stopped_during_a_publish(
         proxy = start_proxy([vllm.url], pg.url, args=["--idle-timeout", "0.3"], env=SHORT_WAIT)
         traffic = Traffic(proxy, vllm.model_name)
         learner = drill_learner(pg.url, vllm, tiny_model, tmp_path, max_steps=1)
+        # step 1's publish holds with its replica fenced off and drained: the store goes
+        # away right there, on any machine
+        publish = HeldPublish(monkeypatch, "step-1-")
         running = LearnerThread(learner).start()
         wait_until(lambda: heartbeat(engine).get("serving"), "the learner is up", 120)
-        stream = start_publishing(traffic, engine)
-        wait_until(lambda: publishing_step_1(engine, proxy), "the learner publishes step 1")
+        traffic.batch("batch")
+        assert publish.reached.wait(120), f"the learner never published step 1: {learner.activity}"
+        assert gated(proxy)
 
         pg.stop()
-        stream.finish()
+        publish.released.set()
         # the proxy still answers: a call for the fenced replica waits, then a 503
         held = traffic.call("held", timeout=30)
         assert held.status_code == 503 and held.json()["error"]["code"] == "upstream_busy"
@@ -167,25 +163,35 @@ def test_postgres_stopped_during_a_step(
 
 @pytest.mark.skipif(REUSE_VLLM_URL is not None, reason="kills and restarts the vLLM server")
 def test_vllm_killed_during_a_publish(
-    vllm: VLLMServer, tiny_model: Path, pg_url: str, start_proxy, tmp_path: Path, restore_vllm
+    vllm: VLLMServer,
+    tiny_model: Path,
+    pg_url: str,
+    start_proxy,
+    tmp_path: Path,
+    restore_vllm,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     db.upgrade(pg_url)
     engine = db.make_engine(pg_url)
     proxy = start_proxy([vllm.url], pg_url, args=["--idle-timeout", "0.3"], env=SHORT_WAIT)
     traffic = Traffic(proxy, vllm.model_name)
     learner = drill_learner(pg_url, vllm, tiny_model, tmp_path, max_steps=2)
+    # step 1's publish holds with its replica fenced off and drained, before the swap: vLLM
+    # dies right there, on any machine (a stream to drain made the moment a race)
+    publish = HeldPublish(monkeypatch, "step-1-")
     try:
         running = LearnerThread(learner).start()
         wait_until(lambda: heartbeat(engine).get("serving"), "the learner is up", 120)
         base = heartbeat(engine)["serving"]
-        stream = start_publishing(traffic, engine)
-        wait_until(lambda: publishing_step_1(engine, proxy), "the learner publishes step 1")
+        traffic.batch("batch")
+        assert publish.reached.wait(120), f"the learner never published step 1: {learner.activity}"
+        assert gated(proxy)
 
         assert vllm.proc is not None
         os.killpg(vllm.proc.pid, signal.SIGKILL)
         vllm.proc.wait()
         vllm.proc = None
-        stream.finish()
+        publish.released.set()
         wait_until(lambda: "retrying" in learner.activity, "the learner waits for vLLM", 60)
         held = traffic.call("held", timeout=30)
         assert held.status_code == 503  # fenced off: nobody gets a replica in an unknown state
@@ -216,5 +222,6 @@ def test_vllm_killed_during_a_publish(
         assert len(failed) == 1 and after == {base}
         assert httpx.get(vllm.url + "/health").status_code == 200
     finally:
+        publish.released.set()
         learner.engine.dispose()
         engine.dispose()

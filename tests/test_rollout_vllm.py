@@ -253,6 +253,9 @@ def test_sigint_mid_run_leaves_a_consistent_database(proxy, db_url, engine, tmp_
          "--tasks", str(write_tasks(tmp_path / "t.jsonl", tasks)), "--group-size", "2",
          "--concurrency", "3", "--timeout", "300", "--db", db_url, "--", *ANSWERER],
         env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+        # Ctrl-C as a terminal delivers it, whatever this pytest inherited: one started in
+        # the background of a script ignores SIGINT, and so would the rollout it starts
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     try:
         # the quick runs are done and the slow ones are hanging inside their harness
