@@ -275,6 +275,8 @@ def learn_command(
         "--no-mask-truncated",
         "--poll-interval",
         "0.2",
+        "--self-judge-shadow",
+        "0",
         *extra,
     ]
 

@@ -1,9 +1,13 @@
-"""`onthejob learn` whose first optimizer step holds for ever, once the weights have moved
-and before anything records the step: a fault drill kills the process there.
+"""`onthejob learn` that holds for ever at a moment a fault drill kills the process in:
 
-    python -m tests.held_learner MARKER learn ...
+    python -m tests.held_learner MARKER learn ...            the first optimizer step, once
+                                                             the weights have moved and before
+                                                             anything records the step
+    python -m tests.held_learner --publish MARKER learn ...  step 1's publish, once its
+                                                             replicas are fenced off and
+                                                             drained, before the swap
 
-MARKER is written (with the process id) when the step holds.
+MARKER is written (with the process id) when it holds.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from learner.publisher import FullReloadPublisher
 from learner.trainer import Trainer
 from proxy import cli
 
@@ -30,6 +35,22 @@ def hold_first_step(marker: Path) -> None:
     Trainer.step = held  # type: ignore[method-assign]
 
 
+def hold_first_publish(marker: Path) -> None:
+    swap_all = FullReloadPublisher._swap_all
+
+    def held(publisher: FullReloadPublisher, client: Any, directory: Any, result: Any) -> None:
+        if result.version.startswith("step-1-"):
+            marker.write_text(str(os.getpid()))
+            while True:  # until the drill's SIGKILL
+                signal.pause()
+        swap_all(publisher, client, directory, result)
+
+    FullReloadPublisher._swap_all = held  # type: ignore[method-assign]
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--publish":
+        hold_first_publish(Path(sys.argv[2]))
+        sys.exit(cli.main(sys.argv[3:]))
     hold_first_step(Path(sys.argv[1]))
     sys.exit(cli.main(sys.argv[2:]))
