@@ -266,7 +266,12 @@ def test_the_learner_trains_and_hot_swaps_lora_adapters(
 
 
 def test_bf16_adapters_verify_against_bf16_vllm_and_wrong_ones_fail(
-    lora_bf16_vllm: VLLMServer, tiny_model: Path, tmp_path: Path, pg_url: str, start_proxy
+    lora_bf16_vllm: VLLMServer,
+    tiny_model: Path,
+    tmp_path: Path,
+    pg_url: str,
+    start_proxy,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     server = lora_bf16_vllm
     tolerance = tolerance_for(served_dtype(server.url))
@@ -314,6 +319,11 @@ def test_bf16_adapters_verify_against_bf16_vllm_and_wrong_ones_fail(
     engine = db.make_engine(pg_url)
     checkpoints = tmp_path / "checkpoints"
     launch = lora_learner_command(server, tiny_model, pg_url, checkpoints, steps=2)
+    # after a step at 2e-2 the right bf16 adapter's probe was off by 0.0126 once, past the
+    # dtype's 1e-2 (bf16 noise grows as the weights move; README "Publish"): the learner runs
+    # with the remedy the README gives, a tolerance set above it (the wrong adapters above
+    # are off by several times more)
+    monkeypatch.setenv("ONTHEJOB_LEARN_VERIFY_TOLERANCE", "0.03")
     log = tmp_path / "learn.log"
     try:
         steps = run_live(launch, server, engine, proxy.url + "/v1", 2, log)
