@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Connection, Engine, Select, select
 
 from learner import queries
 from learner.guard import Decision, GuardConfig, GuardedType, Score, Waiver, decide
@@ -185,24 +185,27 @@ def _fmt(score: Score | None) -> str:
 
 
 def trained_types(conn: Connection, step: int | None) -> list[str]:
-    """The interaction types of the trajectories a step trained on (where trajectories
-    record one)."""
-    column = getattr(Trajectory, "interaction_type", None)
-    if column is None or step is None:
+    """The interaction types of the trajectories a step trained on."""
+    if step is None:
         return []
-    rows = conn.execute(
-        select(column)
-        .distinct()
+    return _types(
+        conn,
+        select(Trajectory.interaction_type)
         .join(Grade, Grade.trajectory_id == Trajectory.id)
-        .where(Grade.trained_in_step == step)
+        .where(Grade.trained_in_step == step),
     )
-    return sorted(str(t) for (t,) in rows if t is not None)
 
 
 def recorded_types(conn: Connection, trajectory_ids: list[str]) -> list[str]:
-    """The interaction types these trajectories were recorded as, sorted."""
-    column = getattr(Trajectory, "interaction_type", None)
-    if column is None or not trajectory_ids:
+    """The interaction types these trajectories were recorded as."""
+    if not trajectory_ids:
         return []
-    rows = conn.execute(select(column).distinct().where(Trajectory.id.in_(trajectory_ids)))
+    return _types(
+        conn, select(Trajectory.interaction_type).where(Trajectory.id.in_(trajectory_ids))
+    )
+
+
+def _types(conn: Connection, query: Select[Any]) -> list[str]:
+    """The distinct interaction types `query` selects, sorted (untyped ones left out)."""
+    rows = conn.execute(query.distinct())
     return sorted(str(t) for (t,) in rows if t is not None)
