@@ -256,7 +256,9 @@ def cmd_learn(args: argparse.Namespace) -> int:
     if ranks is not None and not ranks.leader:
         return ranks.serve()
     try:
-        Learner(config, ranks=ranks).run()
+        learner = Learner(config, ranks=ranks)
+        learner.stopping.install()  # SIGTERM/Ctrl-C: never in the middle of a swap
+        learner.run()
     except KeyboardInterrupt:
         print("onthejob learn: stopped", file=sys.stderr)
     finally:

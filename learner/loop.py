@@ -55,6 +55,7 @@ from learner.publisher import (
     tolerance_for,
 )
 from learner.samples import Sample, build_samples
+from learner.stopping import GracefulStop
 from learner.trainer import Trainer, TrainerConfig
 from learner.versions import serve_version
 from proxy.export import iter_trajectories
@@ -135,6 +136,8 @@ class Learner:
         self.applied_control = control.Control()  # what operators asked, as last applied
         self.activity = "starting"  # what the heartbeat says the learner is doing
         self.heartbeat = control.Heartbeat(self)
+        # a stop (signal, or `stopping.request()` from another thread) never cuts a swap short
+        self.stopping = GracefulStop()
         self._needs_restore = False
         self._grading: tqdm | None = None
         self._rollouts_shadowed_at = -float("inf")
@@ -224,14 +227,15 @@ class Learner:
             log.warning("guard: %s no longer serves; not rolled back", candidate["version"])
             return
         self.activity = f"guard: rolling {candidate['version']} back to {kept['version']}"
-        label = serve_version(
-            self.engine,
-            self.config.upstreams,
-            kept["version"],
-            action="rollback",
-            lease_wait=LEASE_WAIT,
-            drain_timeout=self.config.swap_drain_timeout,
-        )
+        with self.stopping.swap():
+            label = serve_version(
+                self.engine,
+                self.config.upstreams,
+                kept["version"],
+                action="rollback",
+                lease_wait=LEASE_WAIT,
+                drain_timeout=self.config.swap_drain_timeout,
+            )
         with self.engine.begin() as conn:
             recorded = guard_decision(conn, candidate["version"])
             mark_rolled_back(conn, version=candidate["version"], serving=label, decision=recorded)
@@ -312,6 +316,10 @@ class Learner:
             self._restore_locked()
 
     def _restore_locked(self) -> None:
+        with self.stopping.swap():
+            self._restore_verified()
+
+    def _restore_verified(self) -> None:
         assert self.serving is not None and self.publisher is not None
         assert self.trainer is not None
         with self.engine.connect() as conn:
@@ -371,7 +379,9 @@ class Learner:
         self.heartbeat.start()
         failures = 0
         try:
-            while self.config.max_steps is None or self.step < self.config.max_steps:
+            while not self.stopping.requested and (
+                self.config.max_steps is None or self.step < self.config.max_steps
+            ):
                 try:
                     self.iterate()
                     failures = 0
@@ -383,7 +393,7 @@ class Learner:
                     wait = min(self.config.poll_interval * 2.0**failures, RETRY_CAP)
                     self.activity = f"retrying in {wait:g}s: {_first_line(exc)}"
                     log.warning("%s; trying again in %gs", _first_line(exc), wait)
-                    time.sleep(wait)
+                    self.stopping.wait(wait)
         finally:
             self.heartbeat.stop()
 
@@ -405,7 +415,7 @@ class Learner:
         trained = self.maybe_train()
         if not graded and not trained:
             self.activity = "waiting for trajectories"
-            time.sleep(self.config.poll_interval)
+            self.stopping.wait(self.config.poll_interval)
 
     def grade_finished(self) -> int:
         """Grade what finished (and failed gradings now due again), newest first; how many
@@ -674,40 +684,42 @@ class Learner:
                     recorded = queries.version(conn, version=version)
                 self.step, self.serving, self.baselines = step, recorded, baselines
 
-            try:
-                result = self.publisher.publish(
-                    checkpoint, version, expected=self.trainer.logprobs_of, commit=record
+            # a stop asked for from here on comes once the outcome is recorded (stopping.py)
+            with self.stopping.swap():
+                try:
+                    result = self.publisher.publish(
+                        checkpoint, version, expected=self.trainer.logprobs_of, commit=record
+                    )
+                except BaseException:
+                    self._needs_restore = True  # the replicas may still be fenced off
+                    raise
+                if result.ok:
+                    self._needs_restore = not result.opened
+                    self._prune()
+                    return result
+                metrics.update(
+                    swap_seconds=result.swap_seconds, max_logprob_diff=result.max_logprob_diff
                 )
-            except BaseException:
-                self._needs_restore = True  # the replicas may still be fenced off
-                raise
-            if result.ok:
-                self._needs_restore = not result.opened
+                with self.engine.begin() as conn:
+                    # no ordinal: it never served anyone, nothing it did is trainable
+                    queries.add_version(
+                        conn,
+                        version=version,
+                        ordinal=None,
+                        parent=parent,
+                        checkpoint_path=str(checkpoint),
+                        status="rolled_back",
+                        swap_seconds=result.swap_seconds,
+                        error=result.error,
+                        metrics=metrics,
+                    )
+                    self._record_step(conn, step, None, metrics, considered, baselines)
+                self.step, self.baselines = step, baselines
+                log.error("version %s failed (%s); %s keeps serving", version, result.error, parent)
+                self._reload_trainer()
+                self._needs_restore = not result.restored
                 self._prune()
                 return result
-            metrics.update(
-                swap_seconds=result.swap_seconds, max_logprob_diff=result.max_logprob_diff
-            )
-            with self.engine.begin() as conn:
-                # no ordinal: it never served anyone, nothing it did is trainable
-                queries.add_version(
-                    conn,
-                    version=version,
-                    ordinal=None,
-                    parent=parent,
-                    checkpoint_path=str(checkpoint),
-                    status="rolled_back",
-                    swap_seconds=result.swap_seconds,
-                    error=result.error,
-                    metrics=metrics,
-                )
-                self._record_step(conn, step, None, metrics, considered, baselines)
-            self.step, self.baselines = step, baselines
-            log.error("version %s failed (%s); %s keeps serving", version, result.error, parent)
-            self._reload_trainer()
-            self._needs_restore = not result.restored
-            self._prune()
-            return result
 
     def _prune(self) -> None:
         """Checkpoint retention, under the publish lease the caller holds."""

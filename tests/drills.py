@@ -353,8 +353,18 @@ class LearnerThread:
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
-        assert not self._thread.is_alive(), f"the learner is still at: {self.learner.activity}"
+        if self._thread.is_alive():
+            activity = self.learner.activity
+            self.stop()
+            raise AssertionError(f"the learner is still at: {activity}")
         assert self.error is None, f"the learner failed: {self.error!r}"
+
+    def stop(self, timeout: float = 60) -> None:
+        """Ask it to stop (after any swap under way) and wait: a failed drill leaves no
+        learner behind retrying against what the next test starts."""
+        self.learner.stopping.request()
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
 
     def _run(self) -> None:
         try:

@@ -6,6 +6,10 @@
     python -m tests.held_learner --publish MARKER learn ...  step 1's publish, once its
                                                              replicas are fenced off and
                                                              drained, before the swap
+    python -m tests.held_learner --publish-until-signal MARKER learn ...
+                                                             the same, until the first
+                                                             signal it handles: the swap
+                                                             then goes on
 
 MARKER is written (with the process id) when it holds.
 """
@@ -35,13 +39,14 @@ def hold_first_step(marker: Path) -> None:
     Trainer.step = held  # type: ignore[method-assign]
 
 
-def hold_first_publish(marker: Path) -> None:
+def hold_first_publish(marker: Path, *, until_signal: bool = False) -> None:
     swap_all = FullReloadPublisher._swap_all
 
     def held(publisher: FullReloadPublisher, client: Any, directory: Any, result: Any) -> None:
         if result.version.startswith("step-1-"):
             marker.write_text(str(os.getpid()))
-            while True:  # until the drill's SIGKILL
+            signal.pause()  # returns once a handler ran: the learner's, for SIGTERM
+            while not until_signal:  # until the drill's SIGKILL
                 signal.pause()
         swap_all(publisher, client, directory, result)
 
@@ -49,8 +54,8 @@ def hold_first_publish(marker: Path) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--publish":
-        hold_first_publish(Path(sys.argv[2]))
+    if sys.argv[1] in ("--publish", "--publish-until-signal"):
+        hold_first_publish(Path(sys.argv[2]), until_signal=sys.argv[1] != "--publish")
         sys.exit(cli.main(sys.argv[3:]))
     hold_first_step(Path(sys.argv[1]))
     sys.exit(cli.main(sys.argv[2:]))

@@ -40,6 +40,7 @@ from learner.samples import Sample
 from learner.trainer import Trainer, TrainerConfig
 from proxy.store import db
 from proxy.store.models import TrainingStep
+from tests.proxy_server import ProxyServer
 from tests.test_learning_vllm import traffic, wait_for_step
 from tests.test_publisher import trainer_logprobs
 
@@ -222,10 +223,11 @@ def learner_command(
 
 
 def run_live(
-    launch: list[str], vllm: VLLMServer, engine: Engine, base_url: str, steps: int, log: Path
+    launch: list[str], vllm: VLLMServer, engine: Engine, proxy: ProxyServer, steps: int, log: Path
 ) -> list[dict[str, Any]]:
     """Run the learner command `launch` while one round of traffic per step goes through
-    the proxy at `base_url`; the recorded steps' metrics, in order."""
+    `proxy`; the recorded steps' metrics, in order. Each round after the first goes once the
+    proxy routes to the last step's version, so that it is that version's own traffic."""
     with open(log, "wb") as out:
         learner = subprocess.Popen(launch, stdout=out, stderr=subprocess.STDOUT)
         try:
@@ -233,8 +235,9 @@ def run_live(
             # first) is from no verified version: not trainable
             wait_for_line(log, "learner ready", learner)
             for step in range(1, steps + 1):
-                asyncio.run(traffic(base_url, vllm.model_name, rounds=1))
+                asyncio.run(traffic(proxy.url + "/v1", vllm.model_name, rounds=1))
                 wait_for_step(engine, step, learner, log)
+                wait_until_served(engine, step, proxy)
             learner.wait(timeout=120)
         finally:
             if learner.poll() is None:
@@ -251,6 +254,22 @@ def run_live(
     assert all(r.version is not None for r in rows), "every step verified and served"
     assert httpx.get(vllm.url + "/weight_info").json()["weight_version"] == rows[-1].version
     return [dict(r.metrics, version=r.version) for r in rows]
+
+
+def wait_until_served(engine: Engine, step: int, proxy: ProxyServer) -> None:
+    """Poll (bounded) until every upstream of `proxy` serves the version of `step`, gate
+    open: the step is recorded once verified, and the proxy learns of the swap just after."""
+    with engine.connect() as conn:
+        version = conn.execute(select(TrainingStep.version).where(TrainingStep.step == step))
+        expected = version.scalar()
+    assert expected is not None, f"step {step} was not published"
+    proxy.wait_for(
+        lambda health: all(
+            u["policy_version"] == expected and not u["gated"] for u in health["upstreams"]
+        ),
+        f"the proxy routes to {expected}",
+        timeout=60,
+    )
 
 
 def wait_for_line(log: Path, text: str, process: subprocess.Popen, timeout: float = 300) -> None:
@@ -293,7 +312,7 @@ def test_the_learner_trains_in_bf16_and_records_each_step_s_ratios_and_mismatch(
     launch = [sys.executable, "-m", "proxy.cli"]
     launch += learner_command(bf16_vllm, tiny_model, pg_url, checkpoints, steps=2)
     try:
-        steps = run_live(launch, bf16_vllm, engine, proxy.url + "/v1", 2, tmp_path / "learn.log")
+        steps = run_live(launch, bf16_vllm, engine, proxy, 2, tmp_path / "learn.log")
     finally:
         engine.dispose()
     assert "the trainer computes in bfloat16" in (tmp_path / "learn.log").read_text()

@@ -24,7 +24,11 @@ from learner.demo.vllm_server import free_port
 from proxy.store import db
 from proxy.store.models import Grade, PolicyVersion, TrainingStep, Trajectory
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# 284-460 s on 2 cores, the warm-up included when the session's cache is cold: the demo's own
+# timeout (below) comes first, so that a slow machine fails with the demo's output, not a
+# stack of pytest-timeout's
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+DEMO_TIMEOUT = 840
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 HELDOUT_TASKS = 50
@@ -78,7 +82,12 @@ def test_a_short_demo_runs_every_stage_and_cleans_up(tmp_path: Path, demo_cache:
         "--model-cache",
         str(demo_cache),
     ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=1500)
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=DEMO_TIMEOUT)
+    except subprocess.TimeoutExpired as expired:
+        out = expired.stdout or b""  # bytes, even with text=True
+        said = out if isinstance(out, str) else out.decode(errors="replace")
+        pytest.fail(f"the demo ran past {DEMO_TIMEOUT}s; it said:\n{said[-4000:]}")
     output = result.stdout + result.stderr
     (tmp_path / "demo.out").write_text(output)
     assert result.returncode == 0, output[-4000:]

@@ -35,7 +35,7 @@ def test_two_ranks_learn_live_and_every_swap_verifies(
     log = tmp_path / "learn.log"
     started = time.monotonic()
     try:
-        steps = run_live(launch, bf16_vllm, engine, proxy.url + "/v1", STEPS, log)
+        steps = run_live(launch, bf16_vllm, engine, proxy, STEPS, log)
     finally:
         engine.dispose()
     seconds = time.monotonic() - started

@@ -1,5 +1,5 @@
 """Fault drills: the learner killed (SIGKILL), as a real process, in the middle of a publish
-and in the middle of a training step.
+and in the middle of a training step; and stopped (SIGTERM) in the middle of a publish.
 
 Mid-publish, it dies holding the publish lease, with the replica fenced off and a checkpoint
 written but nothing recorded. Mid-step, it dies with its optimizer stepped and nothing
@@ -10,6 +10,7 @@ waiting clients through) and trains the same batch again: one step.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from pathlib import Path
 
@@ -86,6 +87,50 @@ def test_a_learner_killed_mid_publish_loses_no_step_and_serves_nothing_unverifie
             first.kill()
         log.close()
         second.engine.dispose()
+        engine.dispose()
+
+
+def test_a_learner_stopped_mid_publish_finishes_the_swap_first_and_leaves_nothing_fenced(
+    vllm: VLLMServer, tiny_model: Path, pg_url: str, start_proxy, tmp_path: Path, restore_vllm
+) -> None:
+    """`docker stop`, Ctrl-C, the demo's end: a SIGTERM while the replica is fenced off
+    waits for the swap to be verified and recorded, then the learner exits; clients go on
+    being answered, by the new version, with no learner left to let them through."""
+    db.upgrade(pg_url)
+    engine = db.make_engine(pg_url)
+    proxy = start_proxy([vllm.url], pg_url, args=["--idle-timeout", "0.3"], env=FAST_GATES)
+    traffic = Traffic(proxy, vllm.model_name)
+    marker = tmp_path / "held"
+    held = ("tests.held_learner", "--publish-until-signal", str(marker))
+    # it would go on to a second step: only the SIGTERM ends it
+    command = learn_command(pg_url, vllm, tiny_model, tmp_path, "--max-steps", "2", entry=held)
+    log_path = tmp_path / "learner.log"
+    with open(log_path, "ab") as log:
+        learner = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: heartbeat(engine).get("serving"), "the learner is up", 120)
+        traffic.batch("batch")
+        wait_until(marker.exists, "the learner publishes step 1", 120)
+        assert gated(proxy)  # the replica fenced off, the swap not begun
+        learner.send_signal(signal.SIGTERM)
+        assert learner.wait(timeout=120) == 0, log_path.read_text()[-3000:]
+
+        said = log_path.read_text()
+        assert "stopping once the swap under way is verified" in said, said[-3000:]
+        assert "onthejob learn: stopped" in said
+        assert not gated(proxy)  # nobody is left to reopen it: the learner did, on its way out
+        after = traffic.batch("after", 2)
+        assert traffic.failures == []
+        assert_invariants(engine, traffic.answered)
+        with engine.connect() as conn:
+            steps = conn.execute(select(TrainingStep.step, TrainingStep.version)).all()
+        assert [n for n, _ in steps] == [1] and steps[0][1].startswith("step-1-")
+        assert current_version(vllm.url) == steps[0][1]
+        assert served_by(engine, after) == {steps[0][1]}
+    finally:
+        if learner.poll() is None:
+            learner.kill()
+            learner.wait()
         engine.dispose()
 
 

@@ -326,7 +326,7 @@ def test_bf16_adapters_verify_against_bf16_vllm_and_wrong_ones_fail(
     monkeypatch.setenv("ONTHEJOB_LEARN_VERIFY_TOLERANCE", "0.03")
     log = tmp_path / "learn.log"
     try:
-        steps = run_live(launch, server, engine, proxy.url + "/v1", 2, log)
+        steps = run_live(launch, server, engine, proxy, 2, log)
     finally:
         engine.dispose()
     assert "the trainer computes in bfloat16" in log.read_text()

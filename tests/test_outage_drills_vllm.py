@@ -60,6 +60,7 @@ def test_postgres_stopped_during_a_publish(
         pytest.skip("NO POSTGRESQL SERVER BINARIES (/usr/lib/postgresql/*/bin): drill not run")
     pg = PrivatePostgres(found).init()
     engine = None
+    running = None
     try:
         db.upgrade(pg.url)
         engine = db.make_engine(pg.url)
@@ -97,6 +98,8 @@ def test_postgres_stopped_during_a_publish(
         assert [n for n, _ in steps] == [1] and steps[0][1] is not None
         assert after == {steps[0][1]}
     finally:
+        if running is not None:
+            running.stop()
         if engine is not None:
             engine.dispose()
         pg.remove()
@@ -117,6 +120,7 @@ def test_postgres_stopped_during_a_step(
     pg = PrivatePostgres(found).init()
     engine = None
     learner = None
+    running = None
     step = HeldStep(monkeypatch)
     caplog.set_level(logging.WARNING, logger="onthejob.learner")
     try:
@@ -154,6 +158,8 @@ def test_postgres_stopped_during_a_step(
         assert any("trying again" in m and "OperationalError" in m for m in said), said
     finally:
         step.released.set()
+        if running is not None:
+            running.stop()
         if learner is not None:
             learner.engine.dispose()
         if engine is not None:
@@ -179,8 +185,9 @@ def test_vllm_killed_during_a_publish(
     # step 1's publish holds with its replica fenced off and drained, before the swap: vLLM
     # dies right there, on any machine (a stream to drain made the moment a race)
     publish = HeldPublish(monkeypatch, "step-1-")
+    running = LearnerThread(learner)
     try:
-        running = LearnerThread(learner).start()
+        running.start()
         wait_until(lambda: heartbeat(engine).get("serving"), "the learner is up", 120)
         base = heartbeat(engine)["serving"]
         traffic.batch("batch")
@@ -223,5 +230,6 @@ def test_vllm_killed_during_a_publish(
         assert httpx.get(vllm.url + "/health").status_code == 200
     finally:
         publish.released.set()
+        running.stop()
         learner.engine.dispose()
         engine.dispose()
