@@ -71,20 +71,34 @@ def swap(client: httpx.Client, directory: Path) -> None:
         client.post("/resume").raise_for_status()
 
 
-def diffs(
+def scores(
     client: httpx.Client, model: str, probes: list[list[int]], expected: Expected
-) -> list[tuple[float, float]]:
-    """(served logprob, |served - trainer|) for every probe token."""
-    out = []
+) -> tuple[list[float], list[float]]:
+    """(vLLM's, the trainer's) logprob of every probe token, probe after probe."""
+    served: list[float] = []
+    theirs: list[float] = []
     for ids in probes:
-        served = served_logprobs(client, model, ids)
-        theirs = expected(ids[:1], ids[1:])
-        out += [(s, abs(s - t)) for s, t in zip(served, theirs, strict=True)]
-    return out
+        served += served_logprobs(client, model, ids)
+        theirs += expected(ids[:1], ids[1:])
+    return served, theirs
 
 
-def summary(name: str, pairs: list[tuple[float, float]], tolerance: float) -> dict[str, Any]:
-    values = sorted(d for _, d in pairs)
+def gaps(a: list[float], b: list[float]) -> list[float]:
+    return [abs(x - y) for x, y in zip(a, b, strict=True)]
+
+
+def changes(
+    after: tuple[list[float], list[float]], before: tuple[list[float], list[float]]
+) -> list[float]:
+    """|vLLM's change - the trainer's change| per token between two versions: the part of
+    the kernels' error that both versions share cancels out."""
+    served = [x - y for x, y in zip(after[0], before[0], strict=True)]
+    theirs = [x - y for x, y in zip(after[1], before[1], strict=True)]
+    return gaps(served, theirs)
+
+
+def summary(name: str, values: list[float], tolerance: float) -> dict[str, Any]:
+    values = sorted(values)
     return {
         "case": name,
         "tokens": len(values),
@@ -155,22 +169,34 @@ def main(argv: list[str] | None = None) -> int:
         with httpx.Client(base_url=url, timeout=300) as client:
             model = client.get("/v1/models").json()["data"][0]["id"]
             base = trainer_expected(args.model, precision)
-            rows.append(
-                summary("right weights (from disk)", diffs(client, model, probes, base), tolerance)
-            )
+            served_base = scores(client, model, probes, base)
+            rows.append(summary("right weights (from disk)", gaps(*served_base), tolerance))
             tensors = moved(args.model, args.step, work / "step")
             expected = trainer_expected(work / "step", precision)
             swap(client, work / "step")
-            after = diffs(client, model, probes, expected)
-            rows.append(summary(f"right weights after a {args.step:g} step", after, tolerance))
+            after = scores(client, model, probes, expected)
+            step = f"right weights after a {args.step:g} step"
+            rows.append(summary(step, gaps(*after), tolerance))
+            changed = [summary(step, changes(after, served_base), tolerance)]
             swap(client, args.model)
             layers = sorted({k.split(".")[2] for k in tensors if k.startswith("model.layers.")})
             last = f"model.layers.{layers[-1]}.mlp"
             for drop, name in (("lm_head", "stale LM head"), (last, "one old layer (MLP)")):
                 swap(client, partial(tensors, work / "step", drop, work / name.split()[1]))
-                rows.append(summary(name, diffs(client, model, probes, expected), tolerance))
+                wrong = scores(client, model, probes, expected)
+                rows.append(summary(name, gaps(*wrong), tolerance))
+                changed.append(summary(name, changes(wrong, served_base), tolerance))
                 swap(client, args.model)
     print(f"{args.model} in {args.dtype} (trainer {precision}); {len(probes)} probes")
+    _table("|vLLM - trainer|", rows)
+    _table("|vLLM's change - the trainer's change| from the weights on disk", changed)
+    if args.json:
+        args.json.write_text(json.dumps({"absolute": rows, "change": changed}, indent=2) + "\n")
+    return 0
+
+
+def _table(title: str, rows: list[dict[str, Any]]) -> None:
+    print(title)
     print(f"{'case':36} {'tokens':>6} {'max':>8} {'p99':>8} {'mean':>8} {'median':>8}  verdict")
     for r in rows:
         verdict = "pass" if r["passes"] else "FAIL"
@@ -178,9 +204,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['case']:36} {r['tokens']:>6} {r['max']:8.4f} {r['p99']:8.4f} {r['mean']:8.4f}"
             f" {r['median']:8.4f}  {verdict} ({r['measure']})"
         )
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
-    return 0
 
 
 class _server:
