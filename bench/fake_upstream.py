@@ -1,6 +1,7 @@
 """A minimal constant-answer OpenAI-style upstream on raw asyncio, so benchmarks measure the
 proxy and not a model. Answers chat completions (whole or streamed, with the token ids and
-logprobs vLLM adds when asked), /v1/models, /weight_info and /health.
+logprobs vLLM adds when asked), the sampling defaults on /v1/chat/completions/render,
+/v1/models, /weight_info and /health.
 
 Run: python -m bench.fake_upstream --port 9000
 """
@@ -16,6 +17,10 @@ WORDS = ["The", " answer", " is", " forty", "-two", "."]
 TOKEN_IDS = [101, 102, 103, 104, 105, 106]
 LOGPROBS = [-0.5, -0.25, -0.125, -1.0, -0.75, -0.0625]
 PROMPT_IDS = list(range(1, 21))
+# what vLLM's render answers under --generation-config vllm: its neutral sampling
+RENDERED = orjson.dumps(
+    {"sampling_params": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}}
+)
 
 
 def chat_body(request: dict) -> bytes:
@@ -136,6 +141,9 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
                     writer.write(respond("200 OK", chat_stream(request), b"text/event-stream"))
                 else:
                     writer.write(respond("200 OK", chat_body(request)))
+            elif path == b"/v1/chat/completions/render" and method == b"POST":
+                # the sampling vLLM applies where a request sets nothing (--enable-scale-out)
+                writer.write(respond("200 OK", RENDERED))
             elif path == b"/weight_info":
                 writer.write(respond("200 OK", b'{"weight_version":"fake-v1"}'))
             elif path in (b"/health", b"/v1/models"):

@@ -227,6 +227,7 @@ class Learner:
             log.warning("guard: %s no longer serves; not rolled back", candidate["version"])
             return
         self.activity = f"guard: rolling {candidate['version']} back to {kept['version']}"
+        # a stop asked for meanwhile comes once the rollback is recorded as the guard's
         with self.stopping.swap():
             label = serve_version(
                 self.engine,
@@ -236,10 +237,12 @@ class Learner:
                 lease_wait=LEASE_WAIT,
                 drain_timeout=self.config.swap_drain_timeout,
             )
-        with self.engine.begin() as conn:
-            recorded = guard_decision(conn, candidate["version"])
-            mark_rolled_back(conn, version=candidate["version"], serving=label, decision=recorded)
-            serving = queries.serving_version(conn)
+            with self.engine.begin() as conn:
+                recorded = guard_decision(conn, candidate["version"])
+                mark_rolled_back(
+                    conn, version=candidate["version"], serving=label, decision=recorded
+                )
+                serving = queries.serving_version(conn)
         log.warning(
             "guard: %s rolled back to %s, serving as %s: %s",
             candidate["version"],

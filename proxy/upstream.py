@@ -96,6 +96,8 @@ class UpstreamPool:
         self._sent: dict[int, Replica] = {}  # id(response) -> the replica it is in flight on
         self._gate_opened = asyncio.Event()
         self.drained = asyncio.Event()  # set when a gated replica's last request ends
+        # one question for sampling defaults at a time per replica (`_know_defaults`)
+        self._defaults_asked: dict[str, asyncio.Lock] = {}
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
@@ -232,6 +234,8 @@ class UpstreamPool:
         """
         failures: list[str] = []
         for replica in await self._open_replicas(sticky_key):
+            if replica.sampling_defaults is None:  # no coroutine on the hot path
+                await self._know_defaults(replica)
             # a dropped connection is tried once more on the same replica: it may have been
             # a kept-alive one the server closed as we sent (the next one is fresh)
             for attempt in range(2):
@@ -336,6 +340,23 @@ class UpstreamPool:
         except (aiohttp.ClientError, TimeoutError, ValueError):
             # slow or odd answers from a busy replica are not a reason to route around it
             log.debug("policy version poll of %s failed", replica.url, exc_info=True)
+
+    async def _know_defaults(self, replica: Replica) -> None:
+        """A replica whose sampling defaults are unknown (back from a failure: it may have
+        restarted with others) is asked for them before it answers a client, not at the
+        next poll: a call recorded without its effective sampling is never trained on."""
+        if not self._defaults_due(replica):
+            return  # the hot path: known, or asked within DEFAULTS_RETRY
+        lock = self._defaults_asked.setdefault(replica.url, asyncio.Lock())
+        async with lock:
+            if not self._defaults_due(replica):
+                return  # a request before this one asked
+            limit = aiohttp.ClientTimeout(total=max(self._connect_timeout, 2.0))
+            try:
+                await self._learn_sampling(replica, limit)
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                # still down, or odd: the request finds out itself; asked again later
+                log.debug("sampling defaults of %s unknown: %r", replica.url, exc)
 
     def _defaults_due(self, replica: Replica) -> bool:
         if replica.sampling_defaults is not None:

@@ -31,6 +31,7 @@ import torch
 
 from learner.checkpoint import load_model
 from learner.loss import LossConfig
+from learner.publisher import HALF_PRECISION_TOLERANCE
 from learner.samples import Sample
 from learner.trainer import Trainer, TrainerConfig, micro_batches
 
@@ -149,7 +150,10 @@ def test_two_ranks_step_like_one(
         assert worst < worst_allowed
         assert moved > 100 * worst_allowed  # the steps moved the weights far more than that
     probe = single.logprobs_of([1, 10, 20, 30], [40, 50, 60])
-    assert sharded["probe"] == pytest.approx(probe, abs=figures)
+    # in bf16 the two ranks' checkpoint must pass what a bf16 swap is verified with: one ulp
+    # of a bf16 logit near 0.5 is 0.002, and the suite once saw 0.00197 here
+    probe_allowed = HALF_PRECISION_TOLERANCE if precision == "bfloat16" else figures
+    assert sharded["probe"] == pytest.approx(probe, abs=probe_allowed)
     # what vLLM would load, in the trainer's dtype, with the LM head named
     assert {t.dtype for t in sharded["checkpoint"].values()} == {single.checkpoint_dtype}
     assert "lm_head.weight" in sharded["checkpoint"]

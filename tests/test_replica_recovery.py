@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import openai
+import pytest
 from sqlalchemy import Engine
 
 from bench.fake_upstream import WORDS
@@ -67,3 +68,37 @@ def test_a_replica_that_comes_back_is_used_again(db_url: str, engine: Engine, st
     assert set(while_down.values()) == {first.url}  # routed around
     assert set(after.values()) == {second.url}  # and back home
     assert {c["status"] for c in all_calls(engine)} == {"ok"}
+
+
+def test_a_replica_back_from_a_failure_is_asked_its_sampling_before_it_answers(
+    db_url: str, engine: Engine, start_proxy
+) -> None:
+    """A failed replica's sampling defaults are forgotten (it may come back restarted with
+    others). Its first call after it is back must not be recorded without them, which would
+    make the call untrainable: the proxy asks before it sends, not at its next poll."""
+    with FakeReplica() as replica:
+        # the background poll only at start: what the proxy knows later, it asked itself
+        env = {"ONTHEJOB_POLICY_POLL_INTERVAL": "3600"}
+        proxy = start_proxy([replica.url], db_url, args=["--upstream-retry-after", "0.2"], env=env)
+        known = proxy.wait_for(lambda h: h["upstreams"][0]["sampling_defaults"], "defaults")
+        ask(proxy.url, "before", "before")
+
+        replica.down()
+        api = openai.OpenAI(base_url=f"{proxy.url}/s/down/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.APIStatusError):
+            api.chat.completions.create(
+                model="fake", messages=[{"role": "user", "content": "down"}], timeout=20
+            )
+        out = proxy.health()["upstreams"][0]
+        assert not out["healthy"] and out["sampling_defaults"] is None  # forgotten
+
+        replica.up()
+        ask(proxy.url, "after", "after")  # at once: no poll has seen it back
+        wait_for_calls(engine, 3)
+    sampling = {
+        c["request"]["messages"][0]["content"]: c["sampling"]
+        for c in all_calls(engine)
+        if c["status"] == "ok"
+    }
+    assert sampling["after"] is not None and sampling["after"] == sampling["before"], sampling
+    assert known["upstreams"][0]["sampling_defaults"]["temperature"] == 1.0
