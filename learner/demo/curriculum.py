@@ -148,7 +148,8 @@ def run_curriculum_demo(config: DemoConfig, minutes: float = DEFAULT_MINUTES) ->
     from learner.rollout.curriculum_runner import CurriculumConfig, run_curriculum
     from learner.rollout.runner import RolloutConfig
 
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    for noisy in ("alembic", "httpx"):  # one line per rollout or request otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     workdir = config.workdir.resolve()
     here = workdir / "curriculum"
     shutil.rmtree(here, ignore_errors=True)  # a curriculum demo starts at its first stage

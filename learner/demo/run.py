@@ -98,7 +98,10 @@ def say(message: str) -> None:
 
 
 def run_demo(config: DemoConfig) -> DemoResult:
-    logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per rollout otherwise
+    # one line per rollout, or per request the rounds make, otherwise: the demo's own lines
+    # are what its reader follows
+    for noisy in ("alembic", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     workdir = config.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
