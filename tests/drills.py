@@ -329,6 +329,13 @@ def assert_baselines_count_each_reward_once(engine: Engine) -> None:
     assert stored == pytest.approx(replayed.state()), (stored, replayed.state())
 
 
+def recorded_steps(engine: Engine) -> list[tuple[int, str | None]]:
+    """(step, version) of every recorded step; the version None where it failed."""
+    with engine.connect() as conn:
+        rows = conn.execute(select(TrainingStep.step, TrainingStep.version)).all()
+    return [(int(step), version) for step, version in rows]
+
+
 def served_by(engine: Engine, sessions: list[str]) -> set[str | None]:
     """The policy versions the calls of these sessions were answered by."""
     with engine.connect() as conn:

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import Engine, select
 
 from learner.demo.vllm_server import VLLMServer
 from learner.publisher import current_version
@@ -31,12 +31,28 @@ from tests.drills import (
     gated,
     heartbeat,
     learn_command,
+    recorded_steps,
     served_by,
     trained_in,
     wait_until,
 )
+from tests.proxy_server import ProxyServer
 
 pytestmark = [pytest.mark.vllm]
+
+
+def held_at_step_1_publish(
+    engine: Engine, proxy: ProxyServer, traffic: Traffic, marker: Path
+) -> str:
+    """Once the learner (tests.held_learner) is up: one batch of traffic, then the moment its
+    step 1's publish holds, with the replica fenced off and drained, before the swap; the
+    version that served before."""
+    wait_until(lambda: heartbeat(engine).get("serving"), "the learner is up", 120)
+    base = heartbeat(engine)["serving"]
+    traffic.batch("batch")
+    wait_until(marker.exists, "the learner publishes step 1", 120)
+    assert gated(proxy)  # the replica fenced off
+    return base
 
 
 def test_a_learner_killed_mid_publish_loses_no_step_and_serves_nothing_unverified(
@@ -55,11 +71,7 @@ def test_a_learner_killed_mid_publish_loses_no_step_and_serves_nothing_unverifie
     first = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     second = drill_learner(pg_url, vllm, tiny_model, tmp_path, max_steps=1)
     try:
-        wait_until(lambda: heartbeat(engine).get("serving"), "the learner is up", 120)
-        base = heartbeat(engine)["serving"]
-        traffic.batch("batch")
-        wait_until(marker.exists, "the learner publishes step 1", 120)
-        assert gated(proxy)  # the replica fenced off
+        base = held_at_step_1_publish(engine, proxy, traffic, marker)
         first.kill()
         first.wait()
         waiting = traffic.in_parallel(["late-0", "late-1"])  # held until a learner restores
@@ -108,10 +120,7 @@ def test_a_learner_stopped_mid_publish_finishes_the_swap_first_and_leaves_nothin
     with open(log_path, "ab") as log:
         learner = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_until(lambda: heartbeat(engine).get("serving"), "the learner is up", 120)
-        traffic.batch("batch")
-        wait_until(marker.exists, "the learner publishes step 1", 120)
-        assert gated(proxy)  # the replica fenced off, the swap not begun
+        held_at_step_1_publish(engine, proxy, traffic, marker)  # the swap not begun
         learner.send_signal(signal.SIGTERM)
         assert learner.wait(timeout=120) == 0, log_path.read_text()[-3000:]
 
@@ -122,8 +131,7 @@ def test_a_learner_stopped_mid_publish_finishes_the_swap_first_and_leaves_nothin
         after = traffic.batch("after", 2)
         assert traffic.failures == []
         assert_invariants(engine, traffic.answered)
-        with engine.connect() as conn:
-            steps = conn.execute(select(TrainingStep.step, TrainingStep.version)).all()
+        steps = recorded_steps(engine)
         assert [n for n, _ in steps] == [1] and steps[0][1].startswith("step-1-")
         assert current_version(vllm.url) == steps[0][1]
         assert served_by(engine, after) == {steps[0][1]}
@@ -174,8 +182,7 @@ def test_a_learner_killed_mid_step_trains_its_batch_once_after_a_restart(
 
         assert traffic.failures == []
         assert_invariants(engine, traffic.answered)
-        with engine.connect() as conn:
-            steps = conn.execute(select(TrainingStep.step, TrainingStep.version)).all()
+        steps = recorded_steps(engine)
         assert [n for n, _ in steps] == [1] and steps[0][1].startswith("step-1-")
         # the interrupted batch, trained once, in the step the restarted learner recorded
         assert trained_in(engine, batch) == dict.fromkeys(batch, 1)

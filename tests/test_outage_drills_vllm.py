@@ -36,6 +36,7 @@ from tests.drills import (
     drill_learner,
     gated,
     heartbeat,
+    recorded_steps,
     served_by,
     trained_in,
     wait_until,
@@ -145,8 +146,7 @@ def test_postgres_stopped_during_a_step(
         after = traffic.batch("after", 2)
         assert traffic.failures == []
         assert_invariants(engine, traffic.answered)
-        with engine.connect() as conn:
-            steps = conn.execute(select(TrainingStep.step, TrainingStep.version)).all()
+        steps = recorded_steps(engine)
         assert [n for n, _ in steps] == [1] and steps[0][1].startswith("step-1-")
         assert trained_in(engine, batch) == dict.fromkeys(batch, 1)
         assert set(trained_in(engine, during).values()) <= {1, None}
