@@ -10,8 +10,9 @@ model), then scores probes there and in the trainer (its precision for that dtyp
   lm_head.weight, so vLLM keeps the old head) and one old layer (one decoder layer's MLP left
   out, so vLLM keeps the pre-step one).
 For each case it prints |vLLM - trainer| over the probe tokens: max, p99, mean and median,
-and the criterion the publisher applies (learner/publisher.py `probe_verdict`). The original
-weights are swapped back at the end.
+and the criterion the publisher applies to the probe; then the exact weight check's verdict
+(learner/weight_check.py: vLLM's weights against the checkpoint's, through its own kernels).
+The original weights are swapped back at the end.
 
 Run: .venv/bin/python -m bench.probe_tolerance --model DIR [--dtype bfloat16]
 """
@@ -31,6 +32,7 @@ import httpx
 import torch
 from safetensors.torch import load_file, save_file
 
+from learner import weight_check
 from learner.checkpoint import load_model, save_checkpoint
 from learner.demo.vllm_server import VLLMServer
 from learner.loop import PROBE_TEXT
@@ -171,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             base = trainer_expected(args.model, precision)
             served_base = scores(client, model, probes, base)
             rows.append(summary("right weights (from disk)", gaps(*served_base), tolerance))
+            checked = [weights_row("right weights (from disk)", client, url, args.model)]
             tensors = moved(args.model, args.step, work / "step")
             expected = trainer_expected(work / "step", precision)
             swap(client, work / "step")
@@ -178,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             step = f"right weights after a {args.step:g} step"
             rows.append(summary(step, gaps(*after), tolerance))
             changed = [summary(step, changes(after, served_base), tolerance)]
+            checked.append(weights_row(step, client, url, work / "step"))
             swap(client, args.model)
             layers = sorted({k.split(".")[2] for k in tensors if k.startswith("model.layers.")})
             last = f"model.layers.{layers[-1]}.mlp"
@@ -186,13 +190,41 @@ def main(argv: list[str] | None = None) -> int:
                 wrong = scores(client, model, probes, expected)
                 rows.append(summary(name, gaps(*wrong), tolerance))
                 changed.append(summary(name, changes(wrong, served_base), tolerance))
+                checked.append(weights_row(name, client, url, work / "step"))
                 swap(client, args.model)
     print(f"{args.model} in {args.dtype} (trainer {precision}); {len(probes)} probes")
     _table("|vLLM - trainer|", rows)
     _table("|vLLM's change - the trainer's change| from the weights on disk", changed)
+    _weights_table(checked)
     if args.json:
-        args.json.write_text(json.dumps({"absolute": rows, "change": changed}, indent=2) + "\n")
+        both = {"absolute": rows, "change": changed, "weights": checked}
+        args.json.write_text(json.dumps(both, indent=2) + "\n")
     return 0
+
+
+def weights_row(name: str, client: httpx.Client, url: str, reference: Path) -> dict[str, Any]:
+    """The exact weight check (learner/weight_check.py) of what vLLM serves now against
+    ``reference``'s tensors: what the publisher applies besides the probe."""
+    try:
+        report = weight_check.verify(client, url, reference)
+    except weight_check.WeightCheckUnavailable as exc:
+        return {"case": name, "passes": None, "detail": str(exc)}
+    return {
+        "case": name,
+        "passes": report.ok,
+        "sums": report.compared,
+        "tensors": report.tensors,
+        "max_relative": report.max_relative,
+        "detail": report.summary(limit=2),
+    }
+
+
+def _weights_table(rows: list[dict[str, Any]]) -> None:
+    print(f"exact weight check (sums within {weight_check.SUM_TOLERANCE:g} of their scale)")
+    for r in rows:
+        verdict = {True: "pass", False: "FAIL", None: "n/a"}[r["passes"]]
+        offset = f"{r['max_relative']:.2g}" if "max_relative" in r else "-"
+        print(f"{r['case']:36} max offset {offset:>8}  {verdict} ({r['detail']})")
 
 
 def _table(title: str, rows: list[dict[str, Any]]) -> None:

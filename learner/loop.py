@@ -44,6 +44,7 @@ from learner.lora import LoraSettings, load_trainable, merge, save_adapter, wrap
 from learner.lora_publisher import LoraPublisher
 from learner.loss import LossConfig
 from learner.publisher import (
+    WEIGHT_CHECK_EXTENSION,
     ExpectedLogprobs,
     Fingerprint,
     FullReloadPublisher,
@@ -153,6 +154,10 @@ class Learner:
         tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         self.probe = Probe(prompt_token_ids=list(tokenizer(PROBE_TEXT)["input_ids"]))
         dtypes = {served_dtype(upstream) for upstream in self.config.upstreams}
+        # an adapter's probe is its only check: it keeps the tight tolerance
+        self.weights_checked = not self.config.lora and (
+            FullReloadPublisher(self.config.upstreams, probe=self.probe).weights_checkable()
+        )
         self.tolerance = self._verify_tolerance(dtypes)
         self.trainer_config = dataclasses.replace(
             self.trainer_config, precision=self._precision(dtypes)
@@ -256,12 +261,19 @@ class Learner:
     def _verify_tolerance(self, dtypes: set[str | None]) -> float:
         """The probe tolerance: the configured one, else the one for the dtype the replicas
         serve in (the loosest, should they differ)."""
+        checked = self.weights_checked
+        log.info(
+            "vLLM serves in %s; its weights are %s",
+            ", ".join(map(str, dtypes)),
+            "compared exactly with each checkpoint's"
+            if checked
+            else "not checked (no "
+            f"--worker-extension-cls {WEIGHT_CHECK_EXTENSION}): the probe alone verifies",
+        )
         if self.config.verify_tolerance is not None:
             return self.config.verify_tolerance
-        tolerance = max(tolerance_for(dtype) for dtype in dtypes)
-        log.info(
-            "vLLM serves in %s: swaps verify within %g", ", ".join(map(str, dtypes)), tolerance
-        )
+        tolerance = max(tolerance_for(dtype, weights_checked=checked) for dtype in dtypes)
+        log.info("swaps verify the probe within %g", tolerance)
         return tolerance
 
     def _precision(self, dtypes: set[str | None]) -> str:
@@ -287,14 +299,14 @@ class Learner:
         version = current_version(self.config.upstreams[0])
         serves_base = version not in served_adapters(self.config.upstreams[0])
         if serves_base:
-            checker = FullReloadPublisher(self.config.upstreams, probe=self.probe)
+            checker = FullReloadPublisher(
+                self.config.upstreams, probe=self.probe, check_weights=self.weights_checked
+            )
             for upstream in self.config.upstreams:
-                diff = checker.score(upstream, fingerprint)
-                if not diff <= fingerprint.tolerance:
+                why = checker.serves(upstream, base, fingerprint)
+                if why is not None:
                     log.warning(
-                        "%s does not serve --model's weights (probe off by %.3g): swapping them in",
-                        upstream,
-                        diff,
+                        "%s does not serve --model's weights (%s): swapping them in", upstream, why
                     )
                     serves_base = False
         if not serves_base:
@@ -761,6 +773,7 @@ class Learner:
                 self.serving["probe"], at_least=self.tolerance
             ),
             "fence": self.fence,
+            "check_weights": self.weights_checked or None,
         }
         if not self.config.lora:
             return FullReloadPublisher(self.config.upstreams, **settings)

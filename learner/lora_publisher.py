@@ -168,7 +168,7 @@ class LoraPublisher(FullReloadPublisher):
         with self._client() as client:
             try:
                 if result.fingerprint is not None:
-                    self._verify_all(client, result.fingerprint, result)
+                    self._verify_all(client, result.fingerprint, result, directory=self.last_good)
             except (httpx.HTTPError, PublishError) as exc:
                 result.error = failure_reason(exc)
                 return result

@@ -58,6 +58,16 @@ DEFAULT_TOLERANCE = 1e-3
 # layer's MLP left as it was by 0.022-0.034 (tests/test_bf16_vllm.py). 1e-2 passes the right
 # weights and fails both; a deeper model in bf16 may need more (verify_tolerance).
 HALF_PRECISION_TOLERANCE = 1e-2
+# For a half-precision replica whose weights are checked exactly (learner/weight_check.py):
+# the probe then only has to show that the engine computes like the trainer, not which
+# weights it holds. On the warmed-up demo model in bf16 the right weights differ by up to
+# 0.33 (535 probe tokens; bench/probe_tolerance.py), as much as one training step moves
+# them, so no probe tolerance can tell weights apart there; a wrong model config or a
+# broken kernel is off by several nats.
+HALF_PRECISION_CHECKED_TOLERANCE = 1.0
+
+# What vLLM must load to have its weights checked exactly (learner/vllm_weight_check.py).
+WEIGHT_CHECK_EXTENSION = "learner.vllm_weight_check.WeightCheck"
 
 # Calls that must not give up early: a replica left paused serves nobody, one left
 # half-loaded crashes at its next request.
@@ -152,6 +162,9 @@ class PublishResult:
     # after a recorded success: False when labelling or opening the gates failed (the
     # caller publishes the serving version again, which finishes the job)
     opened: bool = True
+    # checksums of the served weights compared with the checkpoint's, over all replicas
+    # (learner/weight_check.py); 0 when no replica could be checked
+    weight_sums_compared: int = 0
 
 
 class WeightPublisher(Protocol):
@@ -207,6 +220,7 @@ class FullReloadPublisher:
         last_good_fingerprint: Fingerprint | None = None,
         fence: Fence | None = None,
         check_files: bool = True,
+        check_weights: bool | None = None,
     ) -> None:
         if not upstreams:
             raise ValueError("at least one upstream is needed")
@@ -219,6 +233,9 @@ class FullReloadPublisher:
         self.last_good_fingerprint = last_good_fingerprint
         self.fence = fence
         self.check_files = check_files
+        # True: every replica's weights are compared with the checkpoint's, and a replica
+        # that cannot answer fails the swap; None: where the replica can answer; False: never
+        self.check_weights = check_weights
 
     def publish(
         self,
@@ -255,6 +272,30 @@ class FullReloadPublisher:
         with self._client() as client:
             return self._probe_diff(client, upstream.rstrip("/"), reference, model)
 
+    def serves(self, upstream: str, directory: Path, reference: Fingerprint) -> str | None:
+        """None when ``upstream`` serves ``directory``'s weights (compared exactly where it
+        can be) and passes ``reference``'s probe; else why not."""
+        upstream = upstream.rstrip("/")
+        with self._client() as client:
+            try:
+                self._verify_replica(client, upstream, reference, Path(directory), None)
+            except PublishError as exc:
+                return str(exc)
+        return None
+
+    def weights_checkable(self) -> bool:
+        """Whether every replica can have its weights compared with a checkpoint's."""
+        from learner import weight_check  # torch: only where weights are checked
+
+        with self._client() as client:
+            for upstream in self.upstreams:
+                try:
+                    weight_check.ask(client, upstream, 0, columns=1)
+                except (weight_check.WeightCheckUnavailable, httpx.HTTPError, ValueError) as exc:
+                    log.info("no exact weight check: %s", exc)
+                    return False
+        return True
+
     # -- the protocol --------------------------------------------------------------------
     def _guarded(
         self,
@@ -290,7 +331,7 @@ class FullReloadPublisher:
             try:
                 self._swap_all(client, directory, result)
                 if result.fingerprint is not None:
-                    self._verify_all(client, result.fingerprint, result)
+                    self._verify_all(client, result.fingerprint, result, directory=directory)
                 if commit is not None:
                     commit(result)
             except BaseException as exc:
@@ -340,7 +381,9 @@ class FullReloadPublisher:
                     self._swap(client, upstream, self.last_good, _MUST_SUCCEED_RETRIES)
             if self.last_good_fingerprint is not None:
                 scratch = PublishResult("restore", False, 0.0, None, None, [])
-                self._verify_all(client, self.last_good_fingerprint, scratch)
+                self._verify_all(
+                    client, self.last_good_fingerprint, scratch, directory=self.last_good
+                )
             elif swapped:
                 log.warning("restored %s without a probe to verify it against", self.last_good)
             self._fence_open(None)
@@ -414,25 +457,54 @@ class FullReloadPublisher:
         reference: Fingerprint,
         result: PublishResult,
         model: str | None = None,
+        *,
+        directory: Path | None = None,
     ) -> None:
-        failed: list[str] = []
+        """Verify every replica: its weights against ``directory``'s (when given and
+        checked), then the probe against ``reference``."""
         for upstream in self.upstreams:
-            diff = self._probe_diff(client, upstream, reference, model)
+            self._verify_replica(client, upstream, reference, directory, result, model)
+
+    def _verify_replica(
+        self,
+        client: httpx.Client,
+        upstream: str,
+        reference: Fingerprint,
+        directory: Path | None,
+        result: PublishResult | None,
+        model: str | None = None,
+    ) -> None:
+        if directory is not None and self.check_weights is not False:
+            from learner import weight_check  # torch: only where weights are checked
+
+            try:
+                report = weight_check.verify(client, upstream, directory)
+            except weight_check.WeightCheckUnavailable as exc:
+                if self.check_weights:
+                    raise PublishError(f"its weights cannot be checked: {exc}") from None
+            else:
+                if result is not None:
+                    result.weight_sums_compared += report.compared
+                if not report.ok:
+                    raise PublishError(
+                        f"{upstream} does not serve the checkpoint's weights: {report.summary()}"
+                    )
+        diff = self._probe_diff(client, upstream, reference, model)
+        if result is not None:
             result.max_logprob_diff = max(diff, result.max_logprob_diff or 0.0)
-            if not diff <= reference.tolerance:  # NaN fails too
-                failed.append(f"{upstream} (max |diff| {diff:.3g})")
-        if failed:
+        if not diff <= reference.tolerance:  # NaN fails too
             hint = ""
-            if reference.tolerance >= HALF_PRECISION_TOLERANCE:
+            if HALF_PRECISION_TOLERANCE <= reference.tolerance < HALF_PRECISION_CHECKED_TOLERANCE:
                 # a trained model's bf16 kernels differ by more than the tiny model's
                 hint = (
-                    "; in bf16 a trained model's right weights can differ by more: measure "
-                    "with bench/probe_tolerance.py, serve float32 or set "
+                    "; in bf16 a trained model's right weights can differ by more: start "
+                    f"vLLM with --worker-extension-cls {WEIGHT_CHECK_EXTENSION} (weights are "
+                    "then checked exactly, the probe loosely), serve float32, or set "
                     "ONTHEJOB_LEARN_VERIFY_TOLERANCE"
                 )
             raise PublishError(
                 f"probe logprobs differ from the trainer's by more than {reference.tolerance:g} "
-                f"on {', '.join(failed)}{hint}"
+                f"on {upstream} (max |diff| {diff:.3g}){hint}"
             )
 
     def _probe_diff(
@@ -485,10 +557,11 @@ class FullReloadPublisher:
             attempt += 1
 
 
-def tolerance_for(dtype: str | None) -> float:
-    """The probe tolerance for weights served in `dtype` (None: unknown, float32 assumed)."""
+def tolerance_for(dtype: str | None, *, weights_checked: bool = False) -> float:
+    """The probe tolerance for weights served in `dtype` (None: unknown, float32 assumed);
+    ``weights_checked``: every swap also compares the weights exactly."""
     if dtype in ("bfloat16", "float16"):
-        return HALF_PRECISION_TOLERANCE
+        return HALF_PRECISION_CHECKED_TOLERANCE if weights_checked else HALF_PRECISION_TOLERANCE
     return DEFAULT_TOLERANCE
 
 

@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from sqlalchemy import Engine, select
 
+from learner import weight_check
 from learner.checkpoint import load_model, save_checkpoint
 from learner.demo.vllm_server import VLLMServer
 from learner.publisher import (
@@ -78,6 +79,7 @@ def test_bf16_swaps_verify_and_wrong_weights_still_fail(
         tolerance=tolerance,
         last_good=tiny_model,
         check_files=False,  # the probe alone must catch the wrong weights
+        check_weights=False,
     )
     base = Fingerprint.of(PROBE, trainer_logprobs(tiny_model), tolerance)
     # the served bf16 weights are not the trainer's float32 ones, and within the tolerance
@@ -110,6 +112,90 @@ def test_bf16_swaps_verify_and_wrong_weights_still_fail(
         print(f"{name}: probe off by {failed.max_logprob_diff:.3f} (tolerance {tolerance:g})")
     print(
         f"bf16 vs the float32 trainer: {start:.4f} at start, {ok.max_logprob_diff:.4f} after a step"
+    )
+
+
+def swap_in(server: VLLMServer, directory: Path) -> None:
+    """Reload ``directory`` into the server as it is, no verification (a stand-in for a
+    replica that did not load what it was given)."""
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        client.post("/pause", params={"mode": "keep"}).raise_for_status()
+        try:
+            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(directory)}}
+            client.post("/collective_rpc", json=rpc).raise_for_status()
+            client.post("/reset_prefix_cache", params={"reset_running_requests": "true"})
+        finally:
+            client.post("/resume").raise_for_status()
+
+
+def test_the_exact_weight_check_names_each_stale_tensor_where_the_probe_sees_nothing(
+    bf16_vllm: VLLMServer, tiny_model: Path, tmp_path: Path
+) -> None:
+    """A step too small for any bf16 probe to see, with the LM head or one layer left
+    stale: the weight check names exactly what is stale, and a publish fails on it."""
+    publisher = FullReloadPublisher(
+        [bf16_vllm.url],
+        probe=PROBE,
+        tolerance=tolerance_for("bfloat16", weights_checked=True),
+        last_good=tiny_model,
+        check_files=False,  # the weight check alone must catch the wrong weights
+        check_weights=True,
+    )
+    back = publisher.rollback(tiny_model, "bf16-base", expected=trainer_logprobs(tiny_model))
+    assert back.ok, back.error
+    assert back.weight_sums_compared > 0
+    # every weight moved by 1e-4: about one bf16 unit of the tiny model's weights (~0.02)
+    torch.manual_seed(2)
+    base = load_file(str(tiny_model / "model.safetensors"))
+    after = {k: (v + 1e-4 * torch.randn_like(v).sign()).to(torch.bfloat16) for k, v in base.items()}
+    after["lm_head.weight"] = after["model.embed_tokens.weight"]
+    full = write(after, tiny_model, tmp_path / "next")
+    with httpx.Client(timeout=120) as client:
+        swap_in(bf16_vllm, full)
+        right = weight_check.verify(client, bf16_vllm.url, full)
+        assert right.ok, right.summary()
+        assert right.max_relative <= weight_check.SUM_TOLERANCE
+        stale_probe = {}
+        expected = Fingerprint.of(PROBE, trainer_logprobs(full), 1.0)
+        for keep, stale in (
+            ("lm_head", {"lm_head"}),
+            (
+                "model.layers.1.mlp",
+                {"model.layers.1.mlp.gate_up_proj", "model.layers.1.mlp.down_proj"},
+            ),
+        ):
+            swap_in(bf16_vllm, tiny_model)
+            swap_in(
+                bf16_vllm,
+                write(
+                    {k: v for k, v in after.items() if not k.startswith(keep)},
+                    tiny_model,
+                    tmp_path / keep,
+                ),
+            )
+            report = weight_check.verify(client, bf16_vllm.url, full)
+            named = {m.split(" ")[0] for m in report.mismatched}
+            assert named == stale, report.summary()
+            assert not report.missing
+            stale_probe[keep] = publisher.score(bf16_vllm.url, expected)
+        # a publish of such a checkpoint fails on the weights and puts the last good back
+        swap_in(bf16_vllm, tiny_model)
+        failed = publisher.publish(
+            write(
+                {k: v for k, v in after.items() if not k.startswith("lm_head")},
+                tiny_model,
+                tmp_path / "no-head",
+            ),
+            "bf16-no-head",
+            expected=trainer_logprobs(full),
+        )
+        assert not failed.ok and failed.restored
+        assert "does not serve the checkpoint's weights" in (failed.error or ""), failed.error
+        assert weight_check.verify(client, bf16_vllm.url, tiny_model).ok
+    print(
+        "probe off by, with a stale tensor after a 1e-4 step: "
+        + ", ".join(f"{k} {v:.4f}" for k, v in stale_probe.items())
+        + f" (the bf16 probe tolerance without the weight check: {tolerance_for('bfloat16'):g})"
     )
 
 

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from learner.publisher import WEIGHT_CHECK_EXTENSION
+
 
 def free_port() -> int:
     """A port that was free a moment ago (the server binds it shortly after)."""
@@ -121,6 +123,9 @@ class VLLMServer:
             "processed_logprobs",
             # /v1/chat/completions/render: the proxy learns the sampling defaults from it
             "--enable-scale-out",
+            # checksums of the weights its kernels use: each swap is verified exactly
+            "--worker-extension-cls",
+            WEIGHT_CHECK_EXTENSION,
             *self.extra_args,
         ]
 

@@ -1,0 +1,131 @@
+"""What a vLLM replica really computes with: checksums of its weights, read through its kernels.
+
+Loaded into vLLM with ``--worker-extension-cls learner.vllm_weight_check.WeightCheck`` and
+called through the dev-mode ``POST /collective_rpc`` (method ``onthejob_weight_sums``); the
+learner compares the answer with the same sums over the checkpoint's tensors
+(learner/weight_check.py). Only torch is imported here: this file runs inside vLLM, also in
+vLLM's own image, where onthejob is not installed (compose mounts this directory).
+
+Why not compare the weights themselves: vLLM-CPU repacks every linear layer for its GEMM
+kernels and empties ``layer.weight``, so only the kernel can say what it multiplies with.
+Each linear layer (and each embedding used as an LM head) is therefore run on one-hot
+inputs: ``x = e_j`` gives column ``j`` of the weight exactly (one product by 1.0, summed with
+zeros, in a float32 or wider accumulator), whatever the dtype or the packing. A weighted sum
+of that column is compared; every other parameter (norms, biases, embedding rows) is read
+directly. Unlike a logprob probe, this does not compound rounding through the layers, so a
+bf16 replica is checked as exactly as a float32 one, and one stale layer cannot hide.
+
+The inputs are picked from a seed both sides share, and the weights of the sums depend only
+on the element's index, so a vLLM tensor padded beyond the checkpoint's (a vocabulary
+rounded up) adds only zeros.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from typing import Any
+
+import torch
+
+METHOD = "onthejob_weight_sums"
+
+
+def picks(seed: int, name: str, count: int, size: int) -> list[int]:
+    """``count`` distinct indices below ``size`` for tensor ``name``: the same on both sides."""
+    rng = random.Random(zlib.crc32(f"{seed}:{name}".encode()))
+    return sorted(rng.sample(range(size), min(count, size)))
+
+
+def index_weights(size: int, seed: int) -> torch.Tensor:
+    """float64 weights in [-1, 1) for elements 0..size-1; element i's weight depends on
+    (i, seed) only, not on ``size``."""
+    i = torch.arange(size, dtype=torch.int64)
+    mixed = (i * 2654435761 + seed * 40503 + 12345) % 2147483647
+    return mixed.to(torch.float64) / 1073741823.5 - 1.0
+
+
+def weighted_sums(values: torch.Tensor, seed: int) -> list[float]:
+    """Per row of a [rows, n] tensor: sum of its elements times their index weights."""
+    flat = values.detach().to("cpu", torch.float64)
+    return (flat * index_weights(flat.shape[-1], seed)).sum(dim=-1).tolist()
+
+
+def _input_size(module: torch.nn.Module) -> int | None:
+    for attr in ("input_size_per_partition", "embedding_dim"):
+        size = getattr(module, attr, None)
+        if isinstance(size, int):
+            return size
+    return None
+
+
+def _kernel_columns(module: torch.nn.Module, columns: list[int]) -> torch.Tensor:
+    """Columns ``columns`` of the module's weight as its own kernel applies it: [k, out]."""
+    device, dtype = _where(module)
+    x = torch.zeros(len(columns), _input_size(module) or 0, device=device, dtype=dtype)
+    x[torch.arange(len(columns)), torch.tensor(columns)] = 1
+    y = module.quant_method.apply(module, x, bias=None)
+    rows = getattr(module, "org_vocab_size", None)  # an LM head padded beyond the vocabulary
+    return y[:, :rows] if isinstance(rows, int) else y
+
+
+def _where(module: torch.nn.Module) -> tuple[torch.device, torch.dtype]:
+    """Device and compute dtype: the parameters', else (all repacked) the model's."""
+    for p in module.parameters():
+        if p.is_floating_point():
+            return p.device, p.dtype
+    return torch.device("cpu"), torch.get_default_dtype()
+
+
+def weight_sums(model: torch.nn.Module, seed: int, columns: int) -> dict[str, Any]:
+    """The checksums of ``model``'s weights (see the module docstring), JSON-ready."""
+    kernels: dict[str, Any] = {}
+    params: dict[str, Any] = {}
+    owners: dict[int, str] = {}  # a weight tied to an earlier module's: that module's name
+    with torch.inference_mode():
+        for name, module in model.named_modules():
+            method = getattr(module, "quant_method", None)
+            if method is None or not hasattr(method, "apply") or _input_size(module) is None:
+                continue
+            picked = picks(seed, name, columns, _input_size(module) or 0)
+            out = _kernel_columns(module, picked)
+            kernels[name] = {"columns": picked, "sums": weighted_sums(out, seed)}
+            weight = getattr(module, "weight", None)
+            if isinstance(weight, torch.Tensor) and weight.numel():
+                tied = owners.setdefault(id(weight), name)
+                if tied != name:
+                    kernels[name]["tied_to"] = tied
+        modules = dict(model.named_modules())
+        for name, param in model.named_parameters():
+            if param.numel() == 0:  # repacked: its kernel was checked above
+                continue
+            if param.dim() == 1:
+                params[name] = {"rows": None, "sums": weighted_sums(param[None, :], seed)}
+            else:
+                matrix = param.reshape(param.shape[0], -1)
+                owner = modules.get(name.rpartition(".")[0])
+                real = getattr(owner, "org_vocab_size", None)  # rows beyond it: padding
+                size = real if isinstance(real, int) else matrix.shape[0]
+                rows = picks(seed, name, columns, size)
+                params[name] = {"rows": rows, "sums": weighted_sums(matrix[rows], seed)}
+    packed = getattr(model, "packed_modules_mapping", {}) or {}
+    return {
+        "kernels": kernels,
+        "params": params,
+        "packed": {k: list(v) for k, v in dict(packed).items()},
+    }
+
+
+class WeightCheck:
+    """Mixed into vLLM's worker (``--worker-extension-cls``); ``self`` is the worker."""
+
+    model_runner: Any  # the worker's
+    vllm_config: Any
+
+    def onthejob_weight_sums(self, seed: int, columns: int = 4) -> dict[str, Any]:
+        answer = weight_sums(self.model_runner.get_model(), int(seed), int(columns))
+        answer["dtype"] = str(self.vllm_config.model_config.dtype).removeprefix("torch.")
+        parallel = self.vllm_config.parallel_config
+        answer["tensor_parallel"] = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
+        answer["pipeline_parallel"] = int(getattr(parallel, "pipeline_parallel_size", 1) or 1)
+        return answer

