@@ -114,19 +114,20 @@ def compare(answer: dict[str, Any], tensors: TensorSource, seed: int) -> WeightR
     packed = {str(k): [str(s) for s in v] for k, v in answer.get("packed", {}).items()}
     report = WeightReport()
     for name, entry in answer.get("kernels", {}).items():
-        weight = _fused(f"{name}.weight", packed, tensors)
+        wanted: list[int] = entry["columns"]
+        weight = _fused(f"{name}.weight", packed, tensors, wanted)
         if weight is None and entry.get("tied_to"):  # a tied LM head, saved only once
-            weight = _fused(f"{entry['tied_to']}.weight", packed, tensors)
+            weight = _fused(f"{entry['tied_to']}.weight", packed, tensors, wanted)
         if weight is None:
             report.missing.append(name)
             continue
-        columns = picks(seed, name, len(entry["columns"]), weight.shape[1])
-        if columns != entry["columns"]:
-            report.mismatched.append(f"{name} (input size {weight.shape[1]})")
+        columns, size = weight
+        if picks(seed, name, len(wanted), size) != wanted:
+            report.mismatched.append(f"{name} (input size {size})")
             continue
-        _score(report, name, weight[:, columns].T, entry["sums"], dtype, seed)
+        _score(report, name, columns.T, entry["sums"], dtype, seed)
     for name, entry in answer.get("params", {}).items():
-        value = _fused(name, packed, tensors)
+        value = _fused_tensor(name, packed, tensors)
         if value is None:
             report.missing.append(name)
             continue
@@ -176,18 +177,38 @@ def _score(
         report.mismatched.append(f"{name} ({worst:.2g} of its scale)")
 
 
-def _fused(name: str, packed: dict[str, list[str]], tensors: TensorSource) -> torch.Tensor | None:
-    """The checkpoint tensor(s) behind vLLM's ``name``: a fused one is its parts' rows,
-    concatenated in the order ``packed`` gives."""
+def _parts(name: str, packed: dict[str, list[str]]) -> list[str]:
+    """The checkpoint names behind vLLM's ``name``: a fused tensor's parts, whose rows it
+    concatenates in the order ``packed`` gives; else the name itself."""
     module, _, attr = name.rpartition(".")
     parent, _, leaf = module.rpartition(".")
     parts = packed.get(leaf)
     if not parts:
-        return tensors(name)
-    found = [tensors(".".join(p for p in (parent, part, attr) if p)) for part in parts]
+        return [name]
+    return [".".join(p for p in (parent, part, attr) if p) for part in parts]
+
+
+def _fused_tensor(
+    name: str, packed: dict[str, list[str]], tensors: TensorSource
+) -> torch.Tensor | None:
+    found = [tensors(part) for part in _parts(name, packed)]
     if any(t is None for t in found):
         return None
     return torch.cat([t for t in found if t is not None], dim=0)
+
+
+def _fused(
+    name: str, packed: dict[str, list[str]], tensors: TensorSource, columns: list[int]
+) -> tuple[torch.Tensor, int] | None:
+    """Columns ``columns`` of the (fused) weight behind ``name``, and its input size;
+    None when a part is missing or a column is out of range."""
+    found = [tensors(part) for part in _parts(name, packed)]
+    if any(t is None or t.dim() != 2 for t in found):
+        return None
+    sizes = {t.shape[1] for t in found if t is not None}
+    if len(sizes) != 1 or (columns and max(columns) >= min(sizes)):
+        return None
+    return torch.cat([t[:, columns] for t in found if t is not None], dim=0), sizes.pop()
 
 
 def _dtype(name: Any) -> torch.dtype:

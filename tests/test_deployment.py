@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from learner.config import LearnerConfig
+from learner.publisher import WEIGHT_CHECK_EXTENSION
 from proxy.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,6 +174,7 @@ def test_migrations_vllm_flags_and_wiring(path: Path) -> None:
         "--enable-auto-tool-choice",
         "--host=0.0.0.0",
         "--port=8000",
+        f"--worker-extension-cls={WEIGHT_CHECK_EXTENSION}",
     ):
         assert flag in vllm, flag
     assert svc["vllm"]["environment"]["VLLM_SERVER_DEV_MODE"] == "1"

