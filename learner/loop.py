@@ -626,7 +626,7 @@ class Learner:
         log.info(
             "step %d: %d samples, %d tokens, reward %.3f, lr %.3g, loss %.4f, clip %.3f "
             "(behaviour %.3f), ratio %.4f [%.4f, %.4f], mismatch-kl %.2e (fresh %.2e over %d "
-            "tokens), swap %.2fs -> %s",
+            "tokens), swap %.2fs (verified: %d weight sums exact, probe within %.3g) -> %s",
             step,
             len(pairs),
             int(metrics.get("trained_tokens", 0)),
@@ -642,6 +642,8 @@ class Learner:
             metrics.get("fresh_mismatch_kl", float("nan")),
             int(metrics.get("fresh_tokens", 0)),
             result.swap_seconds,
+            result.weight_sums_compared,
+            result.max_logprob_diff if result.max_logprob_diff is not None else float("nan"),
             result.version if result.ok else f"NOT PUBLISHED ({result.error})",
         )
         if result.ok and self.guard is not None:
@@ -681,7 +683,9 @@ class Learner:
             def record(result: PublishResult) -> None:
                 """Verified, not yet serving: the version, the step and its batch, at once."""
                 metrics.update(
-                    swap_seconds=result.swap_seconds, max_logprob_diff=result.max_logprob_diff
+                    swap_seconds=result.swap_seconds,
+                    max_logprob_diff=result.max_logprob_diff,
+                    weight_sums_compared=result.weight_sums_compared,
                 )
                 with self.engine.begin() as conn:
                     queries.add_version(
@@ -713,7 +717,9 @@ class Learner:
                     self._prune()
                     return result
                 metrics.update(
-                    swap_seconds=result.swap_seconds, max_logprob_diff=result.max_logprob_diff
+                    swap_seconds=result.swap_seconds,
+                    max_logprob_diff=result.max_logprob_diff,
+                    weight_sums_compared=result.weight_sums_compared,
                 )
                 with self.engine.begin() as conn:
                     # no ordinal: it never served anyone, nothing it did is trainable

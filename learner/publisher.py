@@ -10,10 +10,15 @@ gates. A failed swap or probe puts the last good weights back, verified against 
 recorded probe, before the gates open: the previous version keeps serving, and the failed
 version never serves a client, so no call is ever recorded as served by it.
 
-The probe is teacher-forced: each replica scores a fixed token sequence
-(``prompt_logprobs``), and every logprob must equal the trainer's within ``tolerance``. What
-a verified version scored is its ``Fingerprint``, stored with the version, so serving it
-again (a rollback, a restore) is verified without loading the model.
+Verification is two checks per replica. First the weights, exactly, where the replica runs
+the weight-check extension (learner/weight_check.py): checksums of what its kernels multiply
+with must equal the same sums over the checkpoint's tensors, in any dtype. Then the probe,
+teacher-forced: the replica scores a fixed token sequence (``prompt_logprobs``), and every
+logprob must equal the trainer's within ``tolerance``; it shows that the engine computes
+like the trainer, and without the extension it is the only check. What a verified version
+scored is its ``Fingerprint``, stored with the version, so serving it again (a rollback, a
+restore) is verified without loading the model; its weights are checked against its own
+checkpoint.
 
 vLLM's dev-mode endpoints (``VLLM_SERVER_DEV_MODE=1``), see shared/DESIGN.md "Hot-swap". Every
 call is idempotent, which makes retrying 5xx answers and transport errors safe; a 4xx is our

@@ -167,11 +167,18 @@ def test_missing_tied_head_is_caught(
     assert not refused.ok and refused.replicas == [] and LM_HEAD in (refused.error or "")
     assert current_version(vllm.url) == original  # no replica was touched
 
-    # Past the file check, vLLM loads it but keeps the stale head: the probe must notice.
+    # Past the file check, vLLM loads it but keeps the stale head: the weight check names
+    # it, and the probe alone notices too.
     unchecked = FullReloadPublisher(
         [vllm.url], probe=probe, last_good=tiny_model, check_files=False
     )
     stale = unchecked.publish(checkpoint, "no-head", expected=expected)
+    assert not stale.ok and "weights differ in lm_head" in (stale.error or ""), stale.error
+    assert stale.restored
+    probe_only = FullReloadPublisher(
+        [vllm.url], probe=probe, last_good=tiny_model, check_files=False, check_weights=False
+    )
+    stale = probe_only.publish(checkpoint, "no-head", expected=expected)
     assert not stale.ok and "probe logprobs differ" in (stale.error or "")
     assert stale.max_logprob_diff is not None and stale.max_logprob_diff > 0.01
 
