@@ -59,6 +59,7 @@ class LoraPublisher(FullReloadPublisher):
         last_good_fingerprint: Fingerprint | None = None,
         fence: Fence | None = None,
         check_files: bool = True,
+        check_weights: bool | None = None,
         max_rank: int | None = None,
         keep: int = 3,
     ) -> None:
@@ -72,6 +73,7 @@ class LoraPublisher(FullReloadPublisher):
             last_good_fingerprint=last_good_fingerprint,
             fence=fence,
             check_files=check_files,
+            check_weights=check_weights,
         )
         self.max_rank = max_rank
         self.keep = max(keep, 1)

@@ -179,7 +179,9 @@ def _score(
 
 def _parts(name: str, packed: dict[str, list[str]]) -> list[str]:
     """The checkpoint names behind vLLM's ``name``: a fused tensor's parts, whose rows it
-    concatenates in the order ``packed`` gives; else the name itself."""
+    concatenates in the order ``packed`` gives; else the name itself. A layer wrapped for
+    LoRA (vLLM's ``--enable-lora``) holds the checkpoint's under ``base_layer``."""
+    name = name.replace(".base_layer.", ".").removesuffix(".base_layer")
     module, _, attr = name.rpartition(".")
     parent, _, leaf = module.rpartition(".")
     parts = packed.get(leaf)

@@ -1,10 +1,13 @@
-"""The dtype vLLM is started in is the one asked for (the demo's float32, a bench's bf16)."""
+"""The dtype vLLM is started in is the one asked for (the demo's, a bench's bf16)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from learner.demo.run import DemoConfig
+import pytest
+import torch
+
+from learner.demo.run import DemoConfig, serving_dtype
 from learner.demo.vllm_server import VLLMServer
 
 
@@ -15,6 +18,12 @@ def test_the_server_command_carries_the_dtype(tmp_path: Path) -> None:
     assert default[default.index("--dtype") + 1] == "float32"
 
 
-def test_the_demo_serves_float32() -> None:
-    # bf16 swaps of the warmed-up model cannot be verified (bench/probe_tolerance.py)
-    assert DemoConfig().dtype == "float32"
+def test_the_demo_serves_bf16_where_the_cpu_computes_it_natively(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert DemoConfig().dtype == "auto"
+    assert serving_dtype("float32") == "float32"
+    for native, expected in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda n=native: n)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+        assert serving_dtype("auto") == expected
