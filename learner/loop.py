@@ -44,7 +44,8 @@ from learner.lora import LoraSettings, load_trainable, merge, save_adapter, wrap
 from learner.lora_publisher import LoraPublisher
 from learner.loss import LossConfig
 from learner.publisher import (
-    WEIGHT_CHECK_EXTENSION,
+    HALF_PRECISION,
+    HALF_PRECISION_CHECKED_TOLERANCE,
     ExpectedLogprobs,
     Fingerprint,
     FullReloadPublisher,
@@ -154,11 +155,10 @@ class Learner:
         tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         self.probe = Probe(prompt_token_ids=list(tokenizer(PROBE_TEXT)["input_ids"]))
         dtypes = {served_dtype(upstream) for upstream in self.config.upstreams}
-        # an adapter's probe is its only check: it keeps the tight tolerance
-        self.weights_checked = not self.config.lora and (
-            FullReloadPublisher(self.config.upstreams, probe=self.probe).weights_checkable()
-        )
-        self.tolerance = self._verify_tolerance(dtypes)
+        checker = FullReloadPublisher(self.config.upstreams, probe=self.probe)
+        why_not = checker.weights_checkable(self.model_dir)
+        self.weights_checked = why_not is None
+        self.tolerance = self._verify_tolerance(dtypes, why_not)
         self.trainer_config = dataclasses.replace(
             self.trainer_config, precision=self._precision(dtypes)
         )
@@ -258,22 +258,28 @@ class Learner:
         assert serving is not None
         self._follow(serving, by="the regression guard")
 
-    def _verify_tolerance(self, dtypes: set[str | None]) -> float:
+    def _verify_tolerance(self, dtypes: set[str | None], unchecked: str | None) -> float:
         """The probe tolerance: the configured one, else the one for the dtype the replicas
-        serve in (the loosest, should they differ)."""
-        checked = self.weights_checked
+        serve in (the loosest, should they differ). ``unchecked``: why the weights cannot be
+        compared exactly (None: they are, at every swap)."""
         log.info(
-            "vLLM serves in %s; its weights are %s",
+            "vLLM serves in %s; %s",
             ", ".join(map(str, dtypes)),
-            "compared exactly with each checkpoint's"
-            if checked
-            else "not checked (no "
-            f"--worker-extension-cls {WEIGHT_CHECK_EXTENSION}): the probe alone verifies",
+            "its weights are compared exactly with each checkpoint's"
+            if unchecked is None
+            else f"the probe alone verifies swaps, no exact weight check ({unchecked})",
         )
         if self.config.verify_tolerance is not None:
             return self.config.verify_tolerance
-        tolerance = max(tolerance_for(dtype, weights_checked=checked) for dtype in dtypes)
-        log.info("swaps verify the probe within %g", tolerance)
+        tolerance = max(tolerance_for(dtype) for dtype in dtypes)
+        if unchecked is None and dtypes & set(HALF_PRECISION):
+            log.info(
+                "swaps verify the probe within %g, within %g once the weights matched",
+                tolerance,
+                HALF_PRECISION_CHECKED_TOLERANCE,
+            )
+        else:
+            log.info("swaps verify the probe within %g", tolerance)
         return tolerance
 
     def _precision(self, dtypes: set[str | None]) -> str:
@@ -779,7 +785,11 @@ class Learner:
                 self.serving["probe"], at_least=self.tolerance
             ),
             "fence": self.fence,
-            "check_weights": self.weights_checked or None,
+            "check_weights": self.weights_checked,
+            # a configured tolerance is kept as it is
+            "checked_probe_tolerance": None
+            if self.config.verify_tolerance is not None
+            else HALF_PRECISION_CHECKED_TOLERANCE,
         }
         if not self.config.lora:
             return FullReloadPublisher(self.config.upstreams, **settings)

@@ -32,10 +32,11 @@ the replica reloads the last good checkpoint before it resumes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -226,6 +227,7 @@ class FullReloadPublisher:
         fence: Fence | None = None,
         check_files: bool = True,
         check_weights: bool | None = None,
+        checked_probe_tolerance: float | None = HALF_PRECISION_CHECKED_TOLERANCE,
     ) -> None:
         if not upstreams:
             raise ValueError("at least one upstream is needed")
@@ -241,6 +243,9 @@ class FullReloadPublisher:
         # True: every replica's weights are compared with the checkpoint's, and a replica
         # that cannot answer fails the swap; None: where the replica can answer; False: never
         self.check_weights = check_weights
+        # the probe's tolerance on a half-precision replica whose weights were just found
+        # equal to the checkpoint's (None: the probe's own tolerance, e.g. one configured)
+        self.checked_probe_tolerance = checked_probe_tolerance
 
     def publish(
         self,
@@ -283,23 +288,28 @@ class FullReloadPublisher:
         upstream = upstream.rstrip("/")
         with self._client() as client:
             try:
-                self._verify_replica(client, upstream, reference, Path(directory), None)
-            except PublishError as exc:
-                return str(exc)
+                with self._weights(directory) as weights:
+                    self._verify_replica(client, upstream, reference, weights, None, require=False)
+            except (PublishError, httpx.HTTPError) as exc:
+                return failure_reason(exc)
         return None
 
-    def weights_checkable(self) -> bool:
-        """Whether every replica can have its weights compared with a checkpoint's."""
+    def weights_checkable(self, directory: Path) -> str | None:
+        """None when every replica's weights can be compared with ``directory``'s exactly
+        (each answers, and every tensor it holds maps onto the checkpoint's and is
+        reproducible here; whether they are equal now does not matter); else why not."""
         from learner import weight_check  # torch: only where weights are checked
 
-        with self._client() as client:
+        with self._client() as client, weight_check.CheckpointTensors.open(directory) as tensors:
+            reference = weight_check.Reference(tensors)
             for upstream in self.upstreams:
                 try:
-                    weight_check.ask(client, upstream, 0, columns=1)
-                except (weight_check.WeightCheckUnavailable, httpx.HTTPError, ValueError) as exc:
-                    log.info("no exact weight check: %s", exc)
-                    return False
-        return True
+                    report = reference.verify(client, upstream)
+                except (weight_check.WeightCheckUnavailable, httpx.HTTPError) as exc:
+                    return failure_reason(exc)
+                if not report.mappable:
+                    return f"{upstream}: {report.summary()}"
+        return None
 
     # -- the protocol --------------------------------------------------------------------
     def _guarded(
@@ -386,8 +396,13 @@ class FullReloadPublisher:
                     self._swap(client, upstream, self.last_good, _MUST_SUCCEED_RETRIES)
             if self.last_good_fingerprint is not None:
                 scratch = PublishResult("restore", False, 0.0, None, None, [])
+                # a replica restarted without the extension is still restored, by the probe
                 self._verify_all(
-                    client, self.last_good_fingerprint, scratch, directory=self.last_good
+                    client,
+                    self.last_good_fingerprint,
+                    scratch,
+                    directory=self.last_good,
+                    require=False,
                 )
             elif swapped:
                 log.warning("restored %s without a probe to verify it against", self.last_good)
@@ -464,29 +479,54 @@ class FullReloadPublisher:
         model: str | None = None,
         *,
         directory: Path | None = None,
+        require: bool | None = None,
     ) -> None:
         """Verify every replica: its weights against ``directory``'s (when given and
-        checked), then the probe against ``reference``."""
-        for upstream in self.upstreams:
-            self._verify_replica(client, upstream, reference, directory, result, model)
+        checked), then the probe against ``reference``. ``require`` (default: whether the
+        publisher was told to check weights): a replica that cannot answer the weight check
+        fails; else the probe alone verifies it."""
+        require = self.check_weights is True if require is None else require
+        with self._weights(directory) as weights:
+            for upstream in self.upstreams:
+                self._verify_replica(
+                    client, upstream, reference, weights, result, model, require=require
+                )
+
+    def _weights(self, directory: Path | None) -> contextlib.AbstractContextManager[Any]:
+        """The checkpoint side of the weight check (learner.weight_check.Reference), or
+        None where weights are not checked."""
+        if directory is None or self.check_weights is False:
+            return contextlib.nullcontext(None)
+        from learner import weight_check  # torch: only where weights are checked
+
+        @contextlib.contextmanager
+        def opened() -> Iterator[Any]:
+            with weight_check.CheckpointTensors.open(Path(directory)) as tensors:
+                yield weight_check.Reference(tensors)
+
+        return opened()
 
     def _verify_replica(
         self,
         client: httpx.Client,
         upstream: str,
         reference: Fingerprint,
-        directory: Path | None,
+        weights: Any,
         result: PublishResult | None,
         model: str | None = None,
+        *,
+        require: bool,
     ) -> None:
-        if directory is not None and self.check_weights is not False:
-            from learner import weight_check  # torch: only where weights are checked
+        tolerance = reference.tolerance
+        if weights is not None:
+            from learner import weight_check
 
             try:
-                report = weight_check.verify(client, upstream, directory)
+                report = weights.verify(client, upstream)
             except weight_check.WeightCheckUnavailable as exc:
-                if self.check_weights:
+                if require:
                     raise PublishError(f"its weights cannot be checked: {exc}") from None
+                log.warning("verifying %s by the probe alone: %s", upstream, exc)
             else:
                 if result is not None:
                     result.weight_sums_compared += report.compared
@@ -494,12 +534,16 @@ class FullReloadPublisher:
                     raise PublishError(
                         f"{upstream} does not serve the checkpoint's weights: {report.summary()}"
                     )
+                if report.dtype in HALF_PRECISION and self.checked_probe_tolerance is not None:
+                    # the weights are the checkpoint's: the probe only has to show that the
+                    # engine computes like the trainer
+                    tolerance = max(tolerance, self.checked_probe_tolerance)
         diff = self._probe_diff(client, upstream, reference, model)
         if result is not None:
             result.max_logprob_diff = max(diff, result.max_logprob_diff or 0.0)
-        if not diff <= reference.tolerance:  # NaN fails too
+        if not diff <= tolerance:  # NaN fails too
             hint = ""
-            if HALF_PRECISION_TOLERANCE <= reference.tolerance < HALF_PRECISION_CHECKED_TOLERANCE:
+            if tolerance == HALF_PRECISION_TOLERANCE:
                 # a trained model's bf16 kernels differ by more than the tiny model's
                 hint = (
                     "; in bf16 a trained model's right weights can differ by more: start "
@@ -508,7 +552,7 @@ class FullReloadPublisher:
                     "ONTHEJOB_LEARN_VERIFY_TOLERANCE"
                 )
             raise PublishError(
-                f"probe logprobs differ from the trainer's by more than {reference.tolerance:g} "
+                f"probe logprobs differ from the trainer's by more than {tolerance:g} "
                 f"on {upstream} (max |diff| {diff:.3g}){hint}"
             )
 
@@ -562,11 +606,14 @@ class FullReloadPublisher:
             attempt += 1
 
 
-def tolerance_for(dtype: str | None, *, weights_checked: bool = False) -> float:
-    """The probe tolerance for weights served in `dtype` (None: unknown, float32 assumed);
-    ``weights_checked``: every swap also compares the weights exactly."""
-    if dtype in ("bfloat16", "float16"):
-        return HALF_PRECISION_CHECKED_TOLERANCE if weights_checked else HALF_PRECISION_TOLERANCE
+HALF_PRECISION = ("bfloat16", "float16")
+
+
+def tolerance_for(dtype: str | None) -> float:
+    """The probe tolerance for weights served in `dtype` (None: unknown, float32 assumed),
+    where the weights are not checked exactly."""
+    if dtype in HALF_PRECISION:
+        return HALF_PRECISION_TOLERANCE
     return DEFAULT_TOLERANCE
 
 

@@ -29,12 +29,18 @@ from typing import Any
 import torch
 
 METHOD = "onthejob_weight_sums"
+# Bumped when the sums change: vLLM may run another copy of this file than the learner
+# (compose mounts the host's), and sums computed two ways never match.
+PROTOCOL = 1
 
 
 def picks(seed: int, name: str, count: int, size: int) -> list[int]:
-    """``count`` distinct indices below ``size`` for tensor ``name``: the same on both sides."""
+    """``count`` consecutive indices below ``size`` for tensor ``name``, from a start both
+    sides draw alike: consecutive, so the checkpoint side reads one block of columns."""
+    count = min(count, size)
     rng = random.Random(zlib.crc32(f"{seed}:{name}".encode()))
-    return sorted(rng.sample(range(size), min(count, size)))
+    start = rng.randrange(size - count + 1)
+    return list(range(start, start + count))
 
 
 def index_weights(size: int, seed: int) -> torch.Tensor:
@@ -77,11 +83,18 @@ def _where(module: torch.nn.Module) -> tuple[torch.device, torch.dtype]:
     return torch.device("cpu"), torch.get_default_dtype()
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def weight_sums(model: torch.nn.Module, seed: int, columns: int) -> dict[str, Any]:
-    """The checksums of ``model``'s weights (see the module docstring), JSON-ready."""
+    """The checksums of ``model``'s weights (see the module docstring), JSON-ready. Each
+    entry says its dtype, and each kernel its quant method (the learner checks only the
+    unquantized ones it can reproduce)."""
     kernels: dict[str, Any] = {}
     params: dict[str, Any] = {}
     owners: dict[int, str] = {}  # a weight tied to an earlier module's: that module's name
+    linear_weights: set[int] = set()  # read through their kernels: not summed again
     with torch.inference_mode():
         for name, module in model.named_modules():
             method = getattr(module, "quant_method", None)
@@ -89,27 +102,39 @@ def weight_sums(model: torch.nn.Module, seed: int, columns: int) -> dict[str, An
                 continue
             picked = picks(seed, name, columns, _input_size(module) or 0)
             out = _kernel_columns(module, picked)
-            kernels[name] = {"columns": picked, "sums": weighted_sums(out, seed)}
+            kernels[name] = {
+                "columns": picked,
+                "sums": weighted_sums(out, seed),
+                "dtype": _dtype_name(out.dtype),
+                "method": type(method).__name__,
+            }
             weight = getattr(module, "weight", None)
             if isinstance(weight, torch.Tensor) and weight.numel():
                 tied = owners.setdefault(id(weight), name)
                 if tied != name:
                     kernels[name]["tied_to"] = tied
+                if hasattr(module, "input_size_per_partition"):  # linear, not an embedding
+                    linear_weights.add(id(weight))
         modules = dict(model.named_modules())
         for name, param in model.named_parameters():
-            if param.numel() == 0:  # repacked: its kernel was checked above
+            if param.dim() == 0 or param.numel() == 0 or not param.is_floating_point():
+                continue  # emptied (repacked: its kernel was read above), or not a weight
+            if id(param) in linear_weights:
                 continue
+            entry: dict[str, Any] = {"dtype": _dtype_name(param.dtype)}
             if param.dim() == 1:
-                params[name] = {"rows": None, "sums": weighted_sums(param[None, :], seed)}
+                entry.update(rows=None, sums=weighted_sums(param[None, :], seed))
             else:
                 matrix = param.reshape(param.shape[0], -1)
                 owner = modules.get(name.rpartition(".")[0])
                 real = getattr(owner, "org_vocab_size", None)  # rows beyond it: padding
                 size = real if isinstance(real, int) else matrix.shape[0]
                 rows = picks(seed, name, columns, size)
-                params[name] = {"rows": rows, "sums": weighted_sums(matrix[rows], seed)}
+                entry.update(rows=rows, sums=weighted_sums(matrix[rows], seed))
+            params[name] = entry
     packed = getattr(model, "packed_modules_mapping", {}) or {}
     return {
+        "protocol": PROTOCOL,
         "kernels": kernels,
         "params": params,
         "packed": {k: list(v) for k, v in dict(packed).items()},

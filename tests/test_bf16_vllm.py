@@ -136,7 +136,7 @@ def test_the_exact_weight_check_names_each_stale_tensor_where_the_probe_sees_not
     publisher = FullReloadPublisher(
         [bf16_vllm.url],
         probe=PROBE,
-        tolerance=tolerance_for("bfloat16", weights_checked=True),
+        tolerance=tolerance_for("bfloat16"),
         last_good=tiny_model,
         check_files=False,  # the weight check alone must catch the wrong weights
         check_weights=True,

