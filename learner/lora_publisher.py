@@ -26,6 +26,7 @@ import httpx
 from learner.layout import CheckpointError, is_adapter
 from learner.publisher import (
     DEFAULT_TOLERANCE,
+    HALF_PRECISION_CHECKED_TOLERANCE,
     Commit,
     ExpectedLogprobs,
     Fence,
@@ -60,6 +61,7 @@ class LoraPublisher(FullReloadPublisher):
         fence: Fence | None = None,
         check_files: bool = True,
         check_weights: bool | None = None,
+        checked_probe_tolerance: float | None = HALF_PRECISION_CHECKED_TOLERANCE,
         max_rank: int | None = None,
         keep: int = 3,
     ) -> None:
@@ -74,6 +76,7 @@ class LoraPublisher(FullReloadPublisher):
             fence=fence,
             check_files=check_files,
             check_weights=check_weights,
+            checked_probe_tolerance=checked_probe_tolerance,
         )
         self.max_rank = max_rank
         self.keep = max(keep, 1)
