@@ -149,7 +149,7 @@ class WeightCheck:
 
     def onthejob_weight_sums(self, seed: int, columns: int = 4) -> dict[str, Any]:
         answer = weight_sums(self.model_runner.get_model(), int(seed), int(columns))
-        answer["dtype"] = str(self.vllm_config.model_config.dtype).removeprefix("torch.")
+        answer["dtype"] = _dtype_name(self.vllm_config.model_config.dtype)
         parallel = self.vllm_config.parallel_config
         answer["tensor_parallel"] = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
         answer["pipeline_parallel"] = int(getattr(parallel, "pipeline_parallel_size", 1) or 1)

@@ -277,12 +277,19 @@ class Reference:
             report.mismatched.append(f"{name} ({worst:.2g} of its scale)")
 
 
+@contextmanager
+def reference(directory: Path, seed: int | None = None) -> Iterator[Reference]:
+    """The checkpoint side of a check against ``directory``, its files open meanwhile."""
+    with CheckpointTensors.open(Path(directory)) as tensors:
+        yield Reference(tensors, seed)
+
+
 def verify(
     client: httpx.Client, upstream: str, directory: Path, *, seed: int | None = None
 ) -> WeightReport:
     """Compare ``upstream``'s weights with the checkpoint in ``directory`` (tests, benches)."""
-    with CheckpointTensors.open(directory) as tensors:
-        return Reference(tensors, seed).verify(client, upstream)
+    with reference(directory, seed) as checkpoint:
+        return checkpoint.verify(client, upstream)
 
 
 def compare(answer: dict[str, Any], tensors: Tensors, seed: int) -> WeightReport:

@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from sqlalchemy import Engine, select
 
+from bench.probe_tolerance import swap
 from learner import weight_check
 from learner.checkpoint import load_model, save_checkpoint
 from learner.demo.vllm_server import VLLMServer
@@ -119,13 +120,7 @@ def swap_in(server: VLLMServer, directory: Path) -> None:
     """Reload ``directory`` into the server as it is, no verification (a stand-in for a
     replica that did not load what it was given)."""
     with httpx.Client(base_url=server.url, timeout=120) as client:
-        client.post("/pause", params={"mode": "keep"}).raise_for_status()
-        try:
-            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(directory)}}
-            client.post("/collective_rpc", json=rpc).raise_for_status()
-            client.post("/reset_prefix_cache", params={"reset_running_requests": "true"})
-        finally:
-            client.post("/resume").raise_for_status()
+        swap(client, directory)
 
 
 def test_the_exact_weight_check_names_each_stale_tensor_where_the_probe_sees_nothing(
