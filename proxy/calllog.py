@@ -49,7 +49,6 @@ class CallLog:
         self._sizes: dict[int, int] = {}
         self.end: Position = (1, 0)
         self.committed: Position = (1, 0)
-        self.last_start: Position = (1, 0)  # where the last line appended begins
         self._fd = -1
         self._lock_fd = -1
         self._checkpoint_fd = -1
@@ -119,7 +118,6 @@ class CallLog:
             self._fill_torn(segment, offset)
             return False
         self._appended += written
-        self.last_start = (segment, offset)
         self.end = (segment, offset + written)
         return True
 

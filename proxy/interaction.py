@@ -86,6 +86,7 @@ def explicit_type(request: Request) -> str | None:
     return value
 
 
+@functools.lru_cache(maxsize=_CACHED_PROMPTS)  # a handful of harnesses send nearly every call
 def harness_of(user_agent: str | None) -> str:
     """The User-Agent's product token, lower case, without its version:
     "claude-cli/2.0.14 (external, cli)" -> "claude-cli", "OpenAI/Python 1.109.1" ->

@@ -19,7 +19,7 @@ import orjson
 from sqlalchemy import Engine
 
 from proxy.calllog import CallLog
-from proxy.capture import CHAT, COMPLETIONS, Capture
+from proxy.capture import Capture
 from proxy.rows import entry_of
 from proxy.spool import Spool
 from proxy.stitching import TrajectoryTracker
@@ -27,11 +27,6 @@ from proxy.translate.policy import Compat
 from proxy.writer import Writer
 
 log = logging.getLogger("onthejob.recording")
-
-# the APIs whose records the writer may take as the objects just logged, not read back: a
-# chat or completions record shares no object that a later call changes (a translated
-# API's records share conversation messages with the stored responses follow-ups reuse)
-HANDED_OFF = {CHAT, COMPLETIONS}
 
 
 @dataclass
@@ -121,11 +116,8 @@ class Recorder:
             log.exception("record %s could not be serialised; kept without its bodies", call.id)
             entry = _bare_entry(call)
             line = _line(entry)
-        before = self.log.end
         if self.log.append(line):
             self.logged += 1
-            if self.writer is not None and call.api in HANDED_OFF:
-                self.writer.hand_off(self.log.last_start, before, self.log.end, len(line), entry)
         elif self.writer is not None:
             self.writer.unlogged.append(entry)  # the disk refused it: memory is all it has
 
@@ -163,14 +155,12 @@ class Recorder:
         writer = self.writer
         processed = writer.processed if writer else 0
         backlog_bytes = self.log.bytes_between(writer.cursor, self.log.end) if writer else 0
-        handed_calls, handed_bytes = writer.handed_off if writer else (0, 0)
         return {
-            # the batch being written and the calls handed over for the next
-            "queue_depth": (writer.in_memory_calls if writer else 0) + handed_calls,
-            "queue_bytes": (writer.in_memory_bytes if writer else 0) + handed_bytes,
-            # each of the two at most a batch's bounds
-            "queue_limit_calls": 2 * self.batch_calls,
-            "queue_limit_bytes": 2 * self.batch_bytes,
+            # the batch being written: all the proxy holds in memory, within a batch's bounds
+            "queue_depth": writer.in_memory_calls if writer else 0,
+            "queue_bytes": writer.in_memory_bytes if writer else 0,
+            "queue_limit_calls": self.batch_calls,
+            "queue_limit_bytes": self.batch_bytes,
             "backlog_calls": self.backlog_at_start
             + self.logged
             - processed

@@ -40,10 +40,6 @@ DRAIN_SECONDS = 10.0
 RETRY_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
 
 
-# a call handed over by the event loop: (line start, log end before it, line end, bytes, entry)
-HandOff = tuple[Position, Position, Position, int, dict[str, Any]]
-
-
 class Unreachable(Exception):
     """The database could not be reached, or cannot take rows yet (schema behind)."""
 
@@ -78,13 +74,6 @@ class Writer:
         self.replay_until: Position = calllog.end
         # entries the log could not take (e.g. a full disk): kept in memory, written first
         self.unlogged: collections.deque[dict[str, Any]] = collections.deque()
-        # calls the event loop has just logged, handed over as objects (proxy/recording.py):
-        # (line start, log end before it, line end, line bytes, entry). While the writer
-        # keeps up it takes them from here instead of reading and parsing the log again
-        # (~7 us a call); behind, the loop stops handing over and the log is read.
-        self._handoff: collections.deque[HandOff] = collections.deque()
-        self._handoff_in = 0  # bytes handed over (event loop only)
-        self._handoff_out = 0  # bytes taken or dropped (writer only)
         self.written = 0
         self.rejected = 0
         self.processed = 0  # lines taken from the log (written, rejected, skipped or torn)
@@ -133,15 +122,13 @@ class Writer:
 
     def _step(self) -> bool:
         """Write one batch (or sweep, or wait); False when it is time to stop."""
-        taken = self._take_handoff()
-        if taken is not None:
-            logged, size, after = taken
-            count = len(logged)
-        else:
-            lines, after = self.log.read(
-                self.cursor, max_lines=self.batch_calls, max_bytes=self.batch_bytes
-            )
-            logged, count, size = self._parse(lines), len(lines), sum(len(li) for li in lines)
+        # read back from the log, never taken as the objects the event loop logged: kept
+        # alive across threads until the writer's turn, those cost the process ~19 us of
+        # CPU a call (GC, memory) where parsing the lines again costs the writer ~7
+        lines, after = self.log.read(
+            self.cursor, max_lines=self.batch_calls, max_bytes=self.batch_bytes
+        )
+        logged, count, size = self._parse(lines), len(lines), sum(len(li) for li in lines)
         unlogged = [self.unlogged.popleft() for _ in range(len(self.unlogged))]
         stopping = self._stopping.is_set()
         if logged or unlogged:
@@ -159,50 +146,6 @@ class Writer:
         if not full:
             self._stopping.wait(self.flush_interval)
         return True
-
-    # -- the hand-off ----------------------------------------------------------------------
-    def hand_off(
-        self, start: Position, before: Position, end: Position, size: int, entry: dict[str, Any]
-    ) -> None:
-        """(event loop) A call just appended to the log at `start` (the log ended at
-        `before` until then) up to `end`. Kept for the writer only while the hand-off
-        holds less than a batch's bounds (calls, bytes); past them the log alone has it.
-
-        Each counter has one writer (this side `_handoff_in`, the writer `_handoff_out`),
-        so no update is lost between the threads.
-        """
-        held_bytes = self._handoff_in - self._handoff_out
-        if len(self._handoff) >= self.batch_calls or held_bytes + size > self.batch_bytes:
-            return
-        self._handoff.append((start, before, end, size, entry))
-        self._handoff_in += size
-
-    @property
-    def handed_off(self) -> tuple[int, int]:
-        """(calls, bytes) handed over and not yet taken."""
-        return len(self._handoff), max(0, self._handoff_in - self._handoff_out)
-
-    def _take_handoff(self) -> tuple[list[dict[str, Any]], int, Position] | None:
-        """The next batch from the hand-off, if it continues the log exactly where the
-        writer stands (else None: the log is read)."""
-        queue = self._handoff
-        while queue and queue[0][2] <= self.cursor:  # the log was read past it
-            self._handoff_out += queue.popleft()[3]
-        if not queue or self.cursor not in (queue[0][0], queue[0][1]):
-            return None
-        entries: list[dict[str, Any]] = []
-        size = 0
-        end = self.cursor
-        while queue and len(entries) < self.batch_calls and size < self.batch_bytes:
-            start, before, line_end, line_size, entry = queue[0]
-            if end not in (start, before):
-                break  # a call the loop did not hand over lies between: read next time
-            queue.popleft()
-            self._handoff_out += line_size
-            entries.append(entry)
-            size += line_size
-            end = line_end
-        return entries, size, end
 
     # -- one batch -----------------------------------------------------------------------
     def _write_entries(

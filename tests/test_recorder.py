@@ -19,7 +19,6 @@ import pytest
 from alembic import command
 from sqlalchemy import Engine, func, select
 
-from proxy import recording
 from proxy.capture import Capture, ChoiceCapture
 from proxy.recording import CallRecord, Recorder, log_directory
 from proxy.spool import Spool
@@ -95,8 +94,6 @@ def test_calls_reach_the_database_once_with_their_trajectories(
         await rec.start()
         for i in range(250):
             rec.record(call(i, session_key="s" if i % 2 else None))
-        # the hand-off may still hold calls the writer read from the log instead; it drops
-        # them at its next step, so the queue empties a moment after the backlog
         await until(
             lambda: rec.status()["backlog_calls"] == 0 and rec.status()["queue_depth"] == 0,
             "all written",
@@ -149,37 +146,34 @@ def stored(engine: Engine) -> list[dict[str, Any]]:
     return calls
 
 
-def test_calls_handed_over_in_memory_are_stored_as_those_read_back_from_the_log(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_conversations_read_back_from_the_log_are_stitched_and_stored_as_deltas(
+    tmp_path: Path,
 ) -> None:
     records = conversation(6) + conversation(4, session_key="s") + [call(i) for i in range(20)]
-    engines = {}
+    url = f"sqlite:///{tmp_path / 'log.db'}"
+    db.upgrade(url)
+    engine = db.make_engine(url)
 
-    async def body(name: str) -> None:
-        engine = engines[name] = db.make_engine(f"sqlite:///{tmp_path / name}.db")
-        db.upgrade(f"sqlite:///{tmp_path / name}.db")
-        rec = recorder(engine, tmp_path / f"{name}.jsonl")
+    async def body() -> None:
+        rec = recorder(engine, tmp_path / "spool.jsonl")
         await rec.start()
         for record in records:
             rec.record(record)
         await until(lambda: rec.status()["backlog_calls"] == 0, "all written")
-        assert rec.writer is not None
-        handed = rec.writer._handoff_out
         await rec.close()
-        assert (handed > 0) == (name == "handed")
 
     try:
-        run(lambda: body("handed"))
-        monkeypatch.setattr(recording, "HANDED_OFF", set())  # every call read back from the log
-        run(lambda: body("read"))
-        handed, read = stored(engines["handed"]), stored(engines["read"])
-        assert len(handed) == len(records)
-        assert handed == read
-        assert max(c["trajectory_id"] for c in handed) == 1 + 20  # two conversations + 20
-        assert any(c["prompt_prefix_len"] for c in handed)  # deltas on both paths
+        run(body)
+        rows = stored(engine)
     finally:
-        for engine in engines.values():
-            engine.dispose()
+        engine.dispose()
+    assert len(rows) == len(records)
+    assert max(c["trajectory_id"] for c in rows) == 1 + 20  # two conversations + 20
+    later_turns = [c for c in rows if c["prompt_parent_id"] is not None]
+    assert len(later_turns) == 5 + 3  # every turn after a conversation's first
+    assert all(c["prompt_prefix_len"] > 0 for c in later_turns)
+    assert {c["user_agent"] for c in rows if c["user_agent"]} == {"agent/1.0\ufffd"}
+    assert all(c["sampling"] == {"temperature": 0.5, "top_p": 1.0} for c in later_turns)
 
 
 def test_idle_time_counts_from_the_end_of_a_call_not_its_start(
@@ -277,8 +271,8 @@ def test_while_the_database_is_away_calls_wait_in_the_log_not_in_memory(
             rec.record(call(i))
         await until(lambda: rec.status()["database"] == "unreachable", "writer sees the outage")
         status = rec.status()
-        # the batch being retried and the calls handed over for the next, 50 each at most
-        assert status["queue_depth"] <= status["queue_limit_calls"] == 100
+        # the batch being retried is all that is in memory: 50 calls at most
+        assert status["queue_depth"] <= status["queue_limit_calls"] == 50
         assert status["backlog_calls"] == 2000 and status["backlog_bytes"] > 0
         assert status["log_bytes"] >= status["backlog_bytes"]
         gate.open()

@@ -106,17 +106,21 @@ async def passthrough(request: Request) -> Response:
     return StreamingResponse(relay(), status_code=response.status, headers=out_headers)
 
 
-def routes() -> list[BaseRoute]:
+def generation_routes() -> list[BaseRoute]:
     """Plain Starlette routes: no per-request validation on the hot path."""
     out: list[BaseRoute] = []
     for prefix in ("", "/s/{session}"):
         out += [
             Route(prefix + "/v1/chat/completions", chat_completions, methods=["POST"]),
             Route(prefix + "/v1/completions", completions, methods=["POST"]),
-            Route(
-                prefix + "/v1/{path:path}",
-                passthrough,
-                methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
-            ),
         ]
     return out
+
+
+def passthrough_routes() -> list[BaseRoute]:
+    """The /v1/* catch-all: it must come after every other /v1 route."""
+    methods = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+    return [
+        Route(prefix + "/v1/{path:path}", passthrough, methods=methods)
+        for prefix in ("", "/s/{session}")
+    ]
