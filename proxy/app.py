@@ -166,9 +166,11 @@ def _tune_gc() -> None:
     """Keep start-up objects out of the collector and collect young objects less often.
 
     Full collections over the ~100k objects that imports leave behind paused the event
-    loop for 60-110 ms at a time under load (bench/proxy_overhead.py). A young generation
-    of 100k allocations instead of 10k lets most of a call's objects die before a
-    collection looks at them: 3% less CPU a call at c=32.
+    loop for 60-110 ms at a time under load (bench/proxy_overhead.py). What outlives a call
+    is little (its trajectory's state, two objects) and the hot path makes no reference
+    cycles, so a young generation of 100k allocations is collected every ~45k calls in
+    ~30 ms: at c=32, 0.03 s of collection in 10 s of load against 0.17 s with 10k, and a
+    lower p99 (15-16 ms against 19).
     """
     gc.collect()
     gc.freeze()

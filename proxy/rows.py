@@ -7,11 +7,18 @@ it owns the trajectory tracker, so it must see every entry exactly once, in orde
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from proxy.interaction import type_of
-from proxy.stitching import PrefixHasher, TrajectoryTracker, derive_task_key, new_id
+from proxy.stitching import (
+    PrefixHasher,
+    TrajectoryTracker,
+    derive_task_key,
+    new_id,
+    token_array,
+)
 from proxy.store.tokens import common_prefix_len
 
 if TYPE_CHECKING:
@@ -147,8 +154,10 @@ class RowBuilder:
         prompt = capture["prompt_token_ids"] if capture else None
         parent_id, prefix_len, suffix = None, 0, prompt
         last_sequence = state.last_sequence
-        if prompt is not None and state.last_call_id and last_sequence:
-            prefix_len = common_prefix_len(last_sequence, prompt)
+        # the prompt as the tracker keeps sequences (None: ids that are not 64-bit ints)
+        sequence = None if prompt is None else token_array(prompt)
+        if sequence is not None and state.last_call_id and last_sequence:
+            prefix_len = common_prefix_len(last_sequence, sequence)
             if prefix_len:
                 parent_id, suffix = state.last_call_id, prompt[prefix_len:]
         digest = None
@@ -163,8 +172,12 @@ class RowBuilder:
         ended = ended_at(entry)
         if prompt is not None:
             choices = capture["choices"]
-            completion = choices[0]["token_ids"] if choices else []
-            tracker.touch(state, ended, entry["id"], prompt + completion)
+            completion = token_array(choices[0]["token_ids"] if choices else [])
+            if sequence is None or completion is None:
+                sequence = array("q")  # nothing to store the next prompt against
+            else:
+                sequence.extend(completion)
+            tracker.touch(state, ended, entry["id"], sequence)
         else:
             tracker.touch(state, ended, state.last_call_id or "", last_sequence)
         row = call_columns(entry, state.id, parent_id, prefix_len, suffix, digest)

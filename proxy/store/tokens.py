@@ -20,9 +20,19 @@ FetchCalls = Callable[[list[str]], dict[str, dict[str, Any]]]
 """Given call ids, the rows of those the store has (the missing ones left out)."""
 
 
+_BLOCK = 256
+
+
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids two sequences share. Of one type (two lists, two arrays), the
+    comparisons run a block at a time in C: a long agent prompt that continues the last
+    sequence whole costs one comparison, not a Python step per token."""
     n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
     i = 0
+    while i + _BLOCK <= n and a[i : i + _BLOCK] == b[i : i + _BLOCK]:
+        i += _BLOCK
     while i < n and a[i] == b[i]:
         i += 1
     return i

@@ -329,7 +329,7 @@ def test_a_revived_session_is_remembered() -> None:
     again, new = tracker.resolve(session_key="s1", messages=None, now=7, find_open=find_open)
 
     assert (again.id, new) == ("traj-from-db", False)
-    assert (again.last_call_id, again.last_sequence) == ("call-1", [1, 2, 3])
+    assert (again.last_call_id, list(again.last_sequence)) == ("call-1", [1, 2, 3])
 
 
 def test_a_revived_session_expires_like_any_other() -> None:
@@ -403,7 +403,7 @@ def test_last_sequences_are_shed_least_recent_first_past_the_token_budget() -> N
 
     tracker.touch(b, 4, "b2", [5, 6, 7, 8, 10, 11])  # 11 tokens held: a's go
 
-    assert (a.last_sequence, b.last_sequence) == ([], [5, 6, 7, 8, 10, 11])
+    assert (list(a.last_sequence), list(b.last_sequence)) == ([], [5, 6, 7, 8, 10, 11])
     assert tracker.tokens == 6
     assert tracker.expire(now=1000) == [a, b]
     assert tracker.tokens == 0

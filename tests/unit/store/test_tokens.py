@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import pytest
@@ -162,3 +163,22 @@ def test_a_session_far_longer_than_the_recursion_limit() -> None:
     rows = _encode(turns)
 
     assert materialize_prompts(rows) == {f"call{i}": t[0] for i, t in enumerate(turns)}
+
+
+def _naive_prefix(a: list[int], b: list[int]) -> int:
+    i = 0
+    while i < min(len(a), len(b)) and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@pytest.mark.parametrize("differs_at", [0, 1, 255, 256, 257, 511, 777, 999, None])
+def test_common_prefix_len_of_long_token_arrays(differs_at: int | None) -> None:
+    base = list(range(100_000, 101_000))
+    other = list(base)
+    if differs_at is not None:
+        other[differs_at] = -1
+    for a, b in ((base, other), (base, other[:600]), (base[:300], other)):
+        expected = _naive_prefix(a, b)
+        assert common_prefix_len(array("q", a), array("q", b)) == expected
+        assert common_prefix_len(a, b) == expected
