@@ -66,6 +66,7 @@ PERF_BARE_RPS_C32 = 9073.0  # the bare passthrough in ../shared/PERF.md, which t
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BUSY = "_machine busy"
 PROXY_TOTAL = "_proxy process"
+PROXY_LOOP = "proxy loop thread"
 
 MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -253,7 +254,7 @@ def cpu_snapshot(proxy_pid: int | None, upstream_pid: int) -> Counter[str]:
                 continue
             comm, used = found
             if task.name == str(proxy_pid):
-                name = "proxy loop thread"
+                name = PROXY_LOOP
             elif comm.startswith("python"):  # Python 3.11 leaves thread names unset
                 name = "proxy other threads (recorder)"
             else:

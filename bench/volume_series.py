@@ -8,6 +8,12 @@ together; less moved by other load on the machine than req/s), its RSS, and the 
 backlog at the segment's end (calls answered but not yet in the database: growing means
 the writer does not keep up). At the end, every segment against the first: the aim is
 req/s and p50 within 10%.
+
+On a shared virtual machine the host itself speeds up and slows down by 10-20% over
+minutes, and the proxy's req/s and CPU per call move with it, either way. So before each
+segment the series also times a fixed piece of Python work on the proxy's CPU
+(bench/host_speed.py) and reports CPU per call in those rounds too: a cost that grows with
+volume shows there, a slower host does not.
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.host_speed import python_us_per_round
 from bench.proxy_overhead import (
     CLK_TCK,
     HOST,
+    PROXY_LOOP,
     PROXY_TOTAL,
     cpu_snapshot,
     http_get_json,
@@ -43,6 +51,11 @@ class Segment:
     p50_ms: float | None
     p99_ms: float | None
     cpu_us_per_call: float
+    # of which the event loop's thread (the rest: the writer and the call log's fsync)
+    loop_us_per_call: float
+    # the host's speed just before: CPU µs per round of fixed Python work on the proxy's
+    # CPU (bench/host_speed.py); what the host's other tenants move, the proxy not at all
+    host_us: float
     cpu_share: float  # of one core, over the segment: under ~95% the proxy was not all busy
     rss_mib: float
     backlog_calls: int
@@ -70,9 +83,11 @@ def run_series(bench: Bench, segments: int, per: int) -> list[Segment]:
     )
     print(
         f"  {'segment':>7} {'calls':>11} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
-        f"{'CPU/call':>9} {'CPU':>5} {'RSS MiB':>8} {'backlog':>8}"
+        f"{'CPU/call':>9} {'loop':>7} {'host':>7} {'CPU':>5} {'RSS MiB':>8} {'backlog':>8}"
     )
+    cpu = _single_cpu(args.proxy_cpus)
     for index in range(1, segments + 1):
+        host_us = python_us_per_round(cpu)
         before = cpu_snapshot(bench.proxy.pid, bench.upstream.pid)
         result = run_wrk(
             script,
@@ -88,6 +103,7 @@ def run_series(bench: Bench, segments: int, per: int) -> list[Segment]:
         health: dict[str, Any] = http_get_json(f"http://{HOST}:{bench.proxy_port}/healthz")
         recording = health.get("recording", {})
         cpu_ticks = after[PROXY_TOTAL] - before[PROXY_TOTAL]
+        loop_ticks = after[PROXY_LOOP] - before[PROXY_LOOP]
         segment = Segment(
             index=index,
             calls=result.sent,
@@ -95,6 +111,8 @@ def run_series(bench: Bench, segments: int, per: int) -> list[Segment]:
             p50_ms=result.p50_ms,
             p99_ms=result.p99_ms,
             cpu_us_per_call=_ticks_to_us(cpu_ticks) / max(1, result.completed),
+            loop_us_per_call=_ticks_to_us(loop_ticks) / max(1, result.completed),
+            host_us=host_us,
             cpu_share=_ticks_to_us(cpu_ticks) / 1e6 / max(result.seconds, 1e-9),
             rss_mib=rss_mib(bench.proxy.pid),
             backlog_calls=int(recording.get("backlog_calls", -1)),
@@ -106,6 +124,7 @@ def run_series(bench: Bench, segments: int, per: int) -> list[Segment]:
         print(
             f"  {index:>7} {sent:>11,} {segment.rps:>8,.0f} {_ms(segment.p50_ms):>7} "
             f"{_ms(segment.p99_ms):>7} {segment.cpu_us_per_call:>6.0f} us "
+            f"{segment.loop_us_per_call:>4.0f} us {segment.host_us:>5.2f}us "
             f"{segment.cpu_share:>5.0%} {segment.rss_mib:>8.0f} {segment.backlog_calls:>8,}"
             + (
                 f"  ({result.non_2xx} non-2xx, {result.socket_errors} socket errors)"
@@ -153,6 +172,21 @@ def report_series(series: list[Segment]) -> bool:
     cpu_flat = all(
         abs(s.cpu_us_per_call / first.cpu_us_per_call - 1) <= FLAT_WITHIN for s in series[1:]
     )
+    # and with the host's speed taken out: CPU per call in rounds of the fixed Python work
+    # measured on the proxy's CPU just before the segment
+    relative = [s.cpu_us_per_call / s.host_us for s in series]
+    print(
+        "Host speed against segment 1 (its CPU per round of fixed Python work): "
+        + ", ".join(f"x{s.host_us / first.host_us:.2f}" for s in series[1:])
+    )
+    print(f"Trend of CPU/call in host rounds: {_trend(relative)}")
+    relative_flat = all(abs(r / relative[0] - 1) <= FLAT_WITHIN for r in relative[1:])
+    print(
+        "CPU/call in host rounds within 10% of segment 1 -> "
+        f"{'yes' if relative_flat else 'no'} ("
+        + ", ".join(f"x{r / relative[0]:.2f}" for r in relative[1:])
+        + ")"
+    )
     shares = [s.cpu_share for s in series]
     print(
         f"CPU per call within 10% of segment 1 -> {'yes' if cpu_flat else 'no'}; the proxy "
@@ -160,6 +194,13 @@ def report_series(series: list[Segment]) -> bool:
         "some, and req/s and p50 moved with it)"
     )
     return flat
+
+
+def _single_cpu(cpus: str | None) -> int | None:
+    """The proxy's CPU when it is pinned to one ("0"), else None."""
+    if cpus is None or not cpus.strip().isdigit():
+        return None
+    return int(cpus)
 
 
 def _trend(values: list[float]) -> str:
