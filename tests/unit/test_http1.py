@@ -72,6 +72,19 @@ class Server:
         return head
 
 
+def answering_ok(times: int) -> Handler:
+    """A server that reads `times` requests on its connection and answers each with OK."""
+
+    async def handler(
+        server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        for _ in range(times):
+            await server.head(reader)
+            writer.write(OK)
+
+    return handler
+
+
 def client(total: float = 10.0) -> http1.Client:
     return http1.Client(connect_timeout=2.0, total_timeout=total, keepalive=4.0)
 
@@ -83,12 +96,7 @@ async def post(c: http1.Client, url: str, path: str = "/v1/chat/completions") ->
 
 
 def test_a_whole_answer_is_read_and_its_connection_kept_for_the_next_request() -> None:
-    async def handler(
-        server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        for _ in range(3):
-            await server.head(reader)
-            writer.write(OK)
+    handler = answering_ok(3)
 
     async def run(server: Server) -> None:
         c = client()
@@ -312,12 +320,7 @@ def test_a_released_response_is_freed_at_once_without_the_garbage_collector() ->
     """A response read whole or streamed holds no reference cycle: at c=32 each one left to
     the collector piled up by the ten thousand and cost 50 ms pauses to collect."""
 
-    async def handler(
-        server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        for _ in range(2):
-            await server.head(reader)
-            writer.write(OK)
+    handler = answering_ok(2)
 
     async def main() -> list[weakref.ref[http1.Response]]:
         refs = []
