@@ -109,6 +109,14 @@ def _add_learn(commands: Any) -> None:
         help="train once this many trajectories carry a signal (default 16)",
     )
     learn.add_argument(
+        "--max-batch-trajectories",
+        type=int,
+        metavar="N",
+        help="a step trains on at most N trajectories with a signal, the newest whole groups "
+        "first; the rest wait for later steps or grow stale (--max-staleness). Never fewer "
+        "than --batch-trajectories; 0: no bound (default 64)",
+    )
+    learn.add_argument(
         "--max-staleness",
         type=int,
         help="drop samples more than this many versions old (default 4)",
@@ -241,6 +249,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
         keys=args.keys,
         learning_rate=args.learning_rate,
         batch_trajectories=args.batch_trajectories,
+        max_batch_trajectories=args.max_batch_trajectories,
         max_staleness=args.max_staleness,
         type_baseline=args.type_baseline,
         max_steps=args.max_steps,

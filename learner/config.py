@@ -37,6 +37,14 @@ class LearnerConfig:
     )
     learning_rate: float = 1e-5
     batch_trajectories: int = 16  # train once this many trajectories carry a signal
+    # a step trains on at most this many trajectories with a signal (never fewer than
+    # batch_trajectories; 0: no bound): the newest whole groups, the rest wait for later
+    # steps or grow stale (max_staleness). 64 = 4 x batch_trajectories' default: a learner
+    # that keeps up never meets it, one that fell behind (continuous traffic, vLLM on the
+    # same cores) makes bounded steps instead of one on everything graded since its last
+    # (256 trajectories a step made 3 steps in 240 s on 2 cores), and still holds several
+    # whole GRPO groups (fan-out 8) a step
+    max_batch_trajectories: int = 64
     max_staleness: int = 4
     std_normalise: bool = False
     # what a task seen once (no group, no running baseline) is compared with: its interaction
@@ -117,6 +125,11 @@ class LearnerConfig:
             from learner.graders.rubrics import Rubrics
 
             Rubrics.load(config.rubrics)  # a mistake stops the start, not every grading
+        if config.max_batch_trajectories < 0:
+            raise ValueError(
+                "max_batch_trajectories must be >= 0 (0: no bound), got "
+                f"{config.max_batch_trajectories}"
+            )
         if not 0.0 <= config.self_judge_shadow <= 1.0:
             raise ValueError(
                 f"self_judge_shadow must be a share in [0, 1], got {config.self_judge_shadow}"

@@ -36,7 +36,7 @@ log = logging.getLogger("onthejob.learner")
 CONTROL_KEY = "control"
 HEARTBEAT_KEY = "learner"
 TASKS_REVISION_KEY = "tasks_revision"
-KNOBS = ("learning_rate", "batch_trajectories", "max_staleness")
+KNOBS = ("learning_rate", "batch_trajectories", "max_batch_trajectories", "max_staleness")
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class Control:
     paused: bool = False
     learning_rate: float | None = None
     batch_trajectories: int | None = None
+    max_batch_trajectories: int | None = None  # 0: no bound
     max_staleness: int | None = None
     set_at: dict[str, str] = field(default_factory=dict)  # knob -> ISO time it was set
 
@@ -56,6 +57,10 @@ class Control:
             raise ValueError("learning_rate must be in (0, 1]")
         if self.batch_trajectories is not None and not 1 <= self.batch_trajectories <= 100_000:
             raise ValueError("batch_trajectories must be between 1 and 100000")
+        if self.max_batch_trajectories is not None and not (
+            0 <= self.max_batch_trajectories <= 100_000
+        ):
+            raise ValueError("max_batch_trajectories must be between 0 (no bound) and 100000")
         if self.max_staleness is not None and not 0 <= self.max_staleness <= 1_000_000:
             raise ValueError("max_staleness must be between 0 and 1000000")
         if not isinstance(self.set_at, dict):
@@ -134,9 +139,9 @@ def effective_knobs(
     own: dict[str, Any], own_stamps: dict[str, str], control: Control
 ) -> dict[str, Any]:
     """Each knob as it was set last: the operator's value unless the learner's own setting
-    is newer (ties go to the operator)."""
+    is newer (ties go to the operator). Knobs missing from `own` are left out."""
     wanted: dict[str, Any] = {}
-    for name in KNOBS:
+    for name in (n for n in KNOBS if n in own):
         operator = getattr(control, name)
         newer_own = own_stamps.get(name, "") > control.set_at.get(name, "")
         wanted[name] = own[name] if operator is None or newer_own else operator
@@ -155,6 +160,7 @@ def _apply(learner: Learner, control: Control) -> None:
         if learner.trainer is not None:
             learner.trainer.set_learning_rate(config.learning_rate)
     config.batch_trajectories = wanted["batch_trajectories"]
+    config.max_batch_trajectories = wanted["max_batch_trajectories"]
     if wanted["max_staleness"] != config.max_staleness:
         config.max_staleness = wanted["max_staleness"]
         learner.grouping = dataclasses.replace(learner.grouping, max_staleness=config.max_staleness)
@@ -182,10 +188,14 @@ def heartbeat(learner: Learner) -> dict[str, Any]:
         "serving": None if learner.serving is None else learner.serving["version"],
         "learning_rate": config.learning_rate,
         "batch_trajectories": config.batch_trajectories,
+        "max_batch_trajectories": config.max_batch_trajectories,
         "max_staleness": config.max_staleness,
         "poll_interval": config.poll_interval,
         "own": learner.own_knobs,
         "own_set_at": learner.own_set_at,
+        # the last batch a step took: what it trained on and dropped, by reason (also when
+        # it had nothing to train on, which records no step)
+        "last_batch": getattr(learner, "last_batch", None),
     }
 
 

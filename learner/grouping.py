@@ -21,6 +21,9 @@ Rules, in order:
 5. Optionally all kept advantages are divided by their batch standard deviation.
 6. Every non-stale reward then updates its task's running baseline and its type's
    baselines, in input order.
+
+``bound_batch`` picks a step's batch when more carry a signal than one step may train on
+(max_batch_trajectories): the newest whole groups; the rest waits for a later step.
 """
 
 from __future__ import annotations
@@ -163,16 +166,58 @@ def _advantages(
     return [kept[i] for i in sorted(kept)], counts
 
 
+def group_name(sample: Scored) -> str:
+    """The GRPO group a sample belongs to (``Advantaged.group``)."""
+    if sample.group_id is not None:
+        return f"group:{sample.group_id}"
+    return f"task:{sample.task_key}"
+
+
 def _group(samples: list[Scored]) -> dict[str, list[int]]:
     """Group name -> positions of its members in ``samples``."""
     groups: dict[str, list[int]] = {}
     for i, sample in enumerate(samples):
-        if sample.group_id is not None:
-            name = f"group:{sample.group_id}"
-        else:
-            name = f"task:{sample.task_key}"
-        groups.setdefault(name, []).append(i)
+        groups.setdefault(group_name(sample), []).append(i)
     return groups
+
+
+def bound_batch(
+    scored: list[Scored], advantaged: list[Advantaged], *, limit: int, oldest: int
+) -> tuple[list[Scored], list[Scored]]:
+    """(this step's batch, what waits for a later step), each in input order, so that the
+    batch holds at most ``limit`` trajectories with a signal (``advantaged``, computed over
+    all of ``scored``): the newest whole groups with a signal first (on-policy learns
+    fastest; newest: the group's oldest policy version, then its last-graded member), a
+    group never split, the first always taken whole even when larger than ``limit``. What
+    carries no signal (flat groups, no baseline) and what is already stale (version below
+    ``oldest``) always goes into the batch: it costs the trainer nothing, and the step
+    records it as dropped. What waits stays untrained: a later step takes it, or, once
+    more than max_staleness versions old, drops it as stale. ``limit`` <= 0: no bound."""
+    signal: dict[str, int] = {}
+    for a in advantaged:
+        signal[a.group] = signal.get(a.group, 0) + 1
+    if limit <= 0 or sum(signal.values()) <= limit:
+        return list(scored), []
+    newest: dict[str, tuple[int, int]] = {}  # group -> (oldest version, last position)
+    for i, s in enumerate(scored):
+        name = group_name(s)
+        if name in signal and s.version_index >= oldest:
+            version, _ = newest.get(name, (s.version_index, i))
+            newest[name] = (min(version, s.version_index), i)
+    taken: set[str] = set()
+    room = limit
+    for name in sorted(newest, key=lambda g: newest[g], reverse=True):
+        if taken and signal[name] > room:
+            break  # the next newest does not fit: it and everything older wait
+        taken.add(name)
+        room -= signal[name]
+    batch: list[Scored] = []
+    waiting: list[Scored] = []
+    for s in scored:
+        name = group_name(s)
+        waits = name in signal and name not in taken and s.version_index >= oldest
+        (waiting if waits else batch).append(s)
+    return batch, waiting
 
 
 def _group_advantages(members: list[Scored]) -> tuple[list[float | None], str]:

@@ -30,12 +30,13 @@ from sqlalchemy.exc import DBAPIError
 from tqdm import tqdm
 
 from learner import control, grading, lease, queries, retention, selfjudge_rollouts
+from learner.accounting import StepAccount
 from learner.checkpoint import load_model, save_checkpoint
 from learner.config import LearnerConfig
 from learner.distributed import Ranks
 from learner.fence import Fence
 from learner.graders.tasks import TaskTable
-from learner.grouping import Baselines, GroupingConfig, Scored, compute_advantages
+from learner.grouping import Baselines, GroupingConfig, Scored, bound_batch, compute_advantages
 from learner.guard import GuardConfig
 from learner.guard_run import Guard
 from learner.guard_store import guard_decision, mark_rolled_back
@@ -145,6 +146,8 @@ class Learner:
         self._rollouts_shadowed_at = -float("inf")
         self._pending: set[str] = set()
         self._pending_since = time.monotonic()
+        # the last batch a step took, accounted (StepAccount.metrics): the heartbeat shows it
+        self.last_batch: dict[str, Any] | None = None
 
     # -- start-up ---------------------------------------------------------------------
     def start(self) -> None:
@@ -560,6 +563,36 @@ class Learner:
         # on a copy: the same rows come back at every poll until a step consumes them, and
         # the learner takes the copy only once a record says so (a step tried again after a
         # fault must not fold its rewards in twice)
+        baselines, advantaged, group_metrics = self._advantages(scored, current)
+        if len(advantaged) < self.config.batch_trajectories:
+            return False
+        # at most max_batch_trajectories with a signal: the newest whole groups; the others
+        # stay untrained (not considered, not marked) for a later step, or to grow stale
+        scored, waiting = bound_batch(
+            scored,
+            advantaged,
+            limit=self._batch_limit(),
+            oldest=current - self.grouping.max_staleness,
+        )
+        if waiting:
+            # the batch's advantages and baselines without what waits: the step that takes
+            # it folds its rewards in
+            baselines, advantaged, group_metrics = self._advantages(scored, current)
+        # the step also accounts for what was too stale to grade (read only when a step will
+        # happen: this runs at every poll)
+        with self.engine.connect() as conn:
+            stale = queries.stale_skipped(conn, keys=self.config.keys)
+        group_metrics["stale_not_graded"] = float(len(stale))
+        group_metrics["dropped_unknown_version"] = float(len(unknown))
+        considered = [s.trajectory_id for s in scored] + unknown + stale
+        self._train(advantaged, considered, group_metrics, baselines, waiting=len(waiting))
+        return True
+
+    def _advantages(
+        self, scored: list[Scored], current: int
+    ) -> tuple[Baselines, list[Any], dict[str, Any]]:
+        """Advantages and grouping metrics of `scored`, with a copy of the baselines that
+        has their rewards folded in."""
         baselines = self.baselines.copy()
         advantaged, group_metrics = compute_advantages(
             scored,
@@ -568,16 +601,13 @@ class Learner:
             type_baselines=baselines.types,
             config=self.grouping,
         )
-        if len(advantaged) < self.config.batch_trajectories:
-            return False
-        # the step also accounts for what was too stale to grade (read only when a step will
-        # happen: this runs at every poll)
-        with self.engine.connect() as conn:
-            stale = queries.stale_skipped(conn, keys=self.config.keys)
-        group_metrics["stale_not_graded"] = float(len(stale))
-        considered = [s.trajectory_id for s in scored] + unknown + stale
-        self._train(advantaged, considered, group_metrics, baselines)
-        return True
+        return baselines, advantaged, dict(group_metrics)
+
+    def _batch_limit(self) -> int:
+        """Trajectories with a signal a step trains on at most (0: no bound): never fewer
+        than a step waits for (both are live knobs)."""
+        bound = self.config.max_batch_trajectories
+        return 0 if bound <= 0 else max(bound, self.config.batch_trajectories)
 
     def _train(
         self,
@@ -585,8 +615,15 @@ class Learner:
         considered: list[str],
         group_metrics: dict[str, float],
         baselines: Baselines,
+        *,
+        waiting: int = 0,
     ) -> None:
+        """One step on `advantaged`; `considered`: every trajectory it consumes (marked with
+        the step); `waiting`: how many with a signal were left for a later step."""
         assert self.trainer is not None and self.publisher is not None and self.serving
+        account = StepAccount.of_grouping(
+            group_metrics, considered=len(considered), waiting=waiting
+        )
         advantage_of = {a.trajectory_id: a.advantage for a in advantaged}
         trajectories = list(iter_trajectories(self.engine, ids=list(advantage_of)))
         samples: list[Sample] = []
@@ -596,8 +633,20 @@ class Learner:
             for sample in build_samples(trajectory, skipped=skipped):
                 samples.append(sample)
                 advantages.append(advantage_of[trajectory["id"]])
-        keep = set(map(id, self.trainer.trainable(samples)))
-        pairs = [(s, a) for s, a in zip(samples, advantages, strict=True) if id(s) in keep]
+        pairs: list[tuple[Sample, float]] = []
+        left_out: Counter[str] = Counter()  # samples the trainer is not given, by reason
+        for sample, advantage in zip(samples, advantages, strict=True):
+            why = self.trainer.untrainable(sample)
+            if why is None:
+                pairs.append((sample, advantage))
+            else:
+                left_out[why] += 1
+        account.built(
+            calls_skipped=skipped,
+            samples=len(samples),
+            dropped=left_out,
+            trajectories=len({s.trajectory_id for s, _ in pairs}),
+        )
         step = self.step + 1
         self.activity = f"training step {step}"
         # the knob as the operator or the command line last set it, whatever the optimizer
@@ -606,19 +655,30 @@ class Learner:
         metrics = self.trainer.step(
             [s for s, _ in pairs], [a for _, a in pairs], fresh_version=self.serving["version"]
         )
+        account.trained(metrics)
         metrics.update(
-            group_metrics, learning_rate=self.config.learning_rate, skipped_calls=dict(skipped)
+            group_metrics,
+            learning_rate=self.config.learning_rate,
+            skipped_calls=dict(skipped),
+            **account.metrics(),
         )
-        if skipped:
-            log.info("step %d: calls not trained on, by reason: %s", step, dict(skipped))
+        # one assignment: the heartbeat thread reads it
+        self.last_batch = {"step": step, "trained": not metrics.get("skipped"), **account.metrics()}
         if metrics.get("skipped"):
-            # nothing trainable (all truncated or without captured tokens): no new version
+            # nothing trainable (all truncated, without captured tokens, or mismatched): no
+            # new version
             with self.engine.begin() as conn:
                 queries.mark_trained(conn, trajectory_ids=considered, step=-1)
                 _save_baselines(conn, baselines)
             self.baselines = baselines
-            log.info("batch of %d trajectories had nothing to train on", len(considered))
+            log.warning(
+                "batch of %d trajectories had nothing to train on: %s",
+                len(considered),
+                account.summary(),
+            )
             return
+        if account.low:
+            log.warning("step %d %s", step, account.warning())
         try:
             result = self._publish_step(step, metrics, considered, baselines)
         except BaseException:
@@ -630,11 +690,11 @@ class Learner:
         if result is None:
             return  # an operator changed what serves meanwhile: trained again from there
         log.info(
-            "step %d: %d samples, %d tokens, reward %.3f, lr %.3g, loss %.4f, clip %.3f "
+            "step %d: %s; %d tokens, reward %.3f, lr %.3g, loss %.4f, clip %.3f "
             "(behaviour %.3f), ratio %.4f [%.4f, %.4f], mismatch-kl %.2e (fresh %.2e over %d "
             "tokens), swap %.2fs (verified: %d weight sums exact, probe within %.3g) -> %s",
             step,
-            len(pairs),
+            account.summary(),
             int(metrics.get("trained_tokens", 0)),
             group_metrics.get("mean_reward", float("nan")),
             self.config.learning_rate,

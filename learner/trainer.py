@@ -363,12 +363,16 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = value
 
+    def untrainable(self, sample: Sample) -> str | None:
+        """Why the trainer leaves a sample out (a reason of learner/accounting.py), or None."""
+        if sample.trained_tokens == 0:
+            return "no_tokens"
+        if self.config.mask_truncated and sample.truncated:
+            return "truncated"  # overlong filtering: a reply cut at max_tokens
+        return None
+
     def trainable(self, samples: list[Sample]) -> list[Sample]:
-        return [
-            s
-            for s in samples
-            if s.trained_tokens > 0 and not (self.config.mask_truncated and s.truncated)
-        ]
+        return [s for s in samples if self.untrainable(s) is None]
 
     def _tensors(self, batch: MicroBatch) -> dict[str, torch.Tensor]:
         width = max(len(s.token_ids) for s in batch.samples)

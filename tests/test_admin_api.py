@@ -504,6 +504,30 @@ def test_learner_pause_and_knobs_reach_the_learner(
         learner.engine.dispose()
 
 
+def test_the_batch_bound_is_a_live_knob_and_the_last_batch_is_reported(
+    api: httpx.Client, db_url: str, tmp_path: Any
+) -> None:
+    assert error_of(api.patch("/learner/knobs", json={"max_batch_trajectories": -1}), 400)
+    api.patch("/learner/knobs", json={"max_batch_trajectories": 8})
+    learner = Learner(
+        LearnerConfig(database_url=db_url, model=str(tmp_path), checkpoints=str(tmp_path / "c"))
+    )
+    try:
+        assert learner.config.max_batch_trajectories == 64
+        learner.last_batch = {"trained": False, "considered_trajectories": 3, "dropped": []}
+        follow(learner)
+        assert learner.config.max_batch_trajectories == 8
+        status = api.get("/learner").json()
+        assert status["control"]["max_batch_trajectories"] == 8
+        assert status["heartbeat"]["max_batch_trajectories"] == 8
+        assert status["heartbeat"]["last_batch"]["considered_trajectories"] == 3
+        api.patch("/learner/knobs", json={"max_batch_trajectories": None})
+        follow(learner)
+        assert learner.config.max_batch_trajectories == 64
+    finally:
+        learner.engine.dispose()
+
+
 def test_stats(api: httpx.Client, engine: Engine) -> None:
     now = time.time()
     seed(engine, now=now)

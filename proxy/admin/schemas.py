@@ -120,6 +120,9 @@ class KnobsIn(BaseModel):
 
     learning_rate: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
     batch_trajectories: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    max_batch_trajectories: Annotated[int, Field(ge=0, le=100_000)] | None = Field(
+        None, description="at most this many trajectories with a signal a step; 0: no bound"
+    )
     max_staleness: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
     fanout: Annotated[int, Field(ge=1, le=64)] | None = Field(
         None, description="group size of fan-out (this proxy process, applied at once)"

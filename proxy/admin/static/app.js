@@ -145,6 +145,26 @@ function showLearner(learner) {
   const doing = learner.state === "running" && learner.heartbeat?.activity ? `${learner.heartbeat.activity} · ` : "";
   const failed = q.grading_failed || q.grading_retrying ? ` · grading failed: ${q.grading_failed}, retrying: ${q.grading_retrying}` : "";
   $("learner-detail").textContent = `${doing}${step} · ${q.ungraded_finished} to grade · ${q.graded_untrained} graded, waiting · ${q.open} open${failed}`;
+  // the last batch a step took: what it trained on and dropped, and why (also a batch with
+  // nothing to train on, which records no step)
+  const batch = learner.heartbeat?.last_batch || learner.last_step?.metrics;
+  $("learner-batch").replaceChildren(...(batch ? stepAccount(batch, learner.heartbeat?.last_batch ? "last batch" : "last step") : []));
+}
+
+// a step's accounting (learner/accounting.py): trained vs considered, the drops by reason
+const SINGULAR = { trajectories: "trajectory", samples: "sample", calls: "call" };
+const unitOf = (n, unit) => `${n} ${n === 1 ? SINGULAR[unit] || unit : unit}`;
+function stepAccount(m, title) {
+  if (!m || m.considered_trajectories === undefined) return [];
+  const low = m.trained_share < 0.25;
+  const nothing = m.trained === false ? " — nothing to train on, no version" : "";
+  const head = `${title ? `${title}: ` : ""}${unitOf(m.trained_samples, "samples")} trained, from ${m.trained_trajectories} of ${unitOf(m.considered_trajectories, "trajectories")} (${Math.round(100 * m.trained_share)} %)${nothing}`;
+  const nodes = [el("div", { class: low ? "account-low" : "account-head" }, head)];
+  for (const d of m.dropped || []) {
+    nodes.push(el("div", { class: "account-drop", "data-reason": d.reason, title: `changed by: ${d.setting}` }, `${d.label} ${unitOf(d.count, d.unit)} `, el("span", { class: "muted" }, `(${d.setting})`)));
+  }
+  if (m.waiting_trajectories) nodes.push(el("div", { class: "muted" }, `${unitOf(m.waiting_trajectories, "trajectories")} with a signal left for later steps (--max-batch-trajectories)`));
+  return nodes;
 }
 
 async function setPaused(paused) {
@@ -277,6 +297,7 @@ async function loadVersions() {
         el("td", {}, String(v.trajectories_graded)),
         el("td", {}, String(v.calls)),
         el("td", {}, v.swap_seconds === null ? "–" : fmt(v.swap_seconds)),
+        el("td", { class: "account" }, ...stepAccount(v.metrics)),
         guardCell(v),
         actions,
       ),

@@ -20,3 +20,22 @@ def test_learning_is_limited_to_client_keys_from_the_flag_or_the_environment(
     assert LearnerConfig.load(config_file=None, overrides={"model": "m"}).keys == []
     with pytest.raises(SystemExit):
         build_parser().parse_args(["learn", "--keys", ","])
+
+
+def test_a_step_s_batch_is_bounded_by_the_flag_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("ONTHEJOB_LEARN_MAX_BATCH_TRAJECTORIES", raising=False)
+    assert (
+        LearnerConfig.load(config_file=None, overrides={"model": "m"}).max_batch_trajectories == 64
+    )
+    args = build_parser().parse_args(["learn", "--model", "m", "--max-batch-trajectories", "32"])
+    config = learner_config(args, model="m", max_batch_trajectories=args.max_batch_trajectories)
+    assert config.max_batch_trajectories == 32
+    monkeypatch.setenv("ONTHEJOB_LEARN_MAX_BATCH_TRAJECTORIES", "0")  # 0: no bound
+    assert (
+        LearnerConfig.load(config_file=None, overrides={"model": "m"}).max_batch_trajectories == 0
+    )
+    monkeypatch.setenv("ONTHEJOB_LEARN_MAX_BATCH_TRAJECTORIES", "-1")
+    with pytest.raises(ValueError, match="max_batch_trajectories"):
+        LearnerConfig.load(config_file=None, overrides={"model": "m"})

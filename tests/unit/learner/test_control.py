@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from learner.control import Control, effective_knobs, own_set_at
 
 OWN = {"learning_rate": 1e-5, "batch_trajectories": 16, "max_staleness": 4}
@@ -33,3 +35,16 @@ def test_clearing_a_knob_returns_it_to_the_learner_own_setting() -> None:
     knobs = effective_knobs(OWN, {}, cleared)
     assert knobs["batch_trajectories"] == 16 and knobs["max_staleness"] == 1
     assert Control.from_state(cleared.state()) == cleared
+
+
+def test_the_batch_bound_is_a_live_knob() -> None:
+    own = {**OWN, "max_batch_trajectories": 64}
+    operator = Control().changed(max_batch_trajectories=8)
+    assert effective_knobs(own, {}, operator)["max_batch_trajectories"] == 8
+    cleared = operator.changed(max_batch_trajectories=None)
+    assert effective_knobs(own, {}, cleared)["max_batch_trajectories"] == 64
+    assert Control(max_batch_trajectories=0).max_batch_trajectories == 0  # no bound
+    with pytest.raises(ValueError, match="max_batch_trajectories"):
+        Control(max_batch_trajectories=-1)
+    # a hand-edited row with a bad value does not stop the learner
+    assert Control.from_state({"max_batch_trajectories": -1}) == Control()

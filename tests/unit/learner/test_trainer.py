@@ -372,3 +372,14 @@ def test_autocast_and_bf16_score_alike_and_write_bf16(tmp_path: Path) -> None:
         diff = float((got - exact).abs().max())
         assert 0 < diff < 0.05, (precision, diff)  # bf16 rounding, nothing worse
         assert {t.dtype for t in by[precision].checkpoint_state().values()} == {torch.bfloat16}
+
+
+def test_samples_are_left_out_by_reason_truncated_ones_only_when_masked() -> None:
+    whole, cut = sample(4), sample(4)
+    cut.truncated = True  # a completion hit max_tokens
+    empty = Sample(trajectory_id="t", token_ids=[1, 2], loss_mask=[False, False])
+    masked = Trainer(torch.nn.Linear(2, 2), TrainerConfig(), device="cpu")
+    assert [masked.untrainable(s) for s in (whole, cut, empty)] == [None, "truncated", "no_tokens"]
+    assert masked.trainable([whole, cut, empty]) == [whole]
+    unmasked = Trainer(torch.nn.Linear(2, 2), TrainerConfig(mask_truncated=False), device="cpu")
+    assert unmasked.trainable([whole, cut, empty]) == [whole, cut]
