@@ -28,8 +28,9 @@ def register(commands: Any) -> None:
     demo.add_argument(
         "--model",
         metavar="PATH_OR_HF_ID",
-        help="run on this model instead of the warmed-up tiny one (e.g. a 0.5B instruct "
-        "model on a GPU box)",
+        help="run on this model instead of the warmed-up tiny one: a name of `onthejob "
+        "models list` (e.g. smollm2-135m, prepared on first use), a directory, or a Hugging "
+        "Face id (e.g. a 0.5B instruct model on a GPU box)",
     )
     demo.add_argument("--seed", type=int, default=0, help="task sets and warm-up (default 0)")
     demo.add_argument(
@@ -51,7 +52,16 @@ def register(commands: Any) -> None:
         "--concurrency", type=int, default=8, help="harness runs at a time (default 8)"
     )
     demo.add_argument(
-        "--learning-rate", type=float, default=1e-4, help="learner's AdamW rate (default 1e-4)"
+        "--learning-rate",
+        type=float,
+        help="learner's AdamW rate (default: the task recipe's, 1e-4 calculator, 1e-5 reading)",
+    )
+    demo.add_argument(
+        "--tasks",
+        choices=["auto", "calculator", "reading"],
+        default="auto",
+        help="the agent and its tasks: the calculator-tool agent, or one-reply reading "
+        "questions (default auto: calculator on the tiny model, reading with --model)",
     )
     demo.add_argument(
         "--batch-trajectories",
@@ -123,6 +133,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         port=args.port,
         model=args.model,
         seed=args.seed,
+        tasks=args.tasks,
         minutes=args.minutes,
         max_steps=args.max_steps,
         train_tasks=args.train_tasks,

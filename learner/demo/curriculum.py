@@ -40,6 +40,7 @@ from typing import Any
 
 from learner.demo.run import (
     HARNESS,
+    RECIPES,
     DemoConfig,
     _model,
     _start,
@@ -184,7 +185,7 @@ def run_curriculum_demo(config: DemoConfig, minutes: float = DEFAULT_MINUTES) ->
             ["learn", "--db", db_url, "--upstream", vllm.url, "--model", str(model_dir),
              "--checkpoints", str(here / "checkpoints"), "--grader", "reference",
              "--tasks", str(here / "tools-train.jsonl"),
-             "--learning-rate", str(config.learning_rate),
+             "--learning-rate", str(config.learning_rate or RECIPES["calculator"].learning_rate),
              "--batch-trajectories", str(config.batch_trajectories), "--poll-interval", "0.2",
              "--self-judge-shadow", "0"],  # the one vLLM is the bottleneck
             here / "learner.log",

