@@ -54,7 +54,7 @@ def register(commands: Any) -> None:
     demo.add_argument(
         "--learning-rate",
         type=float,
-        help="learner's AdamW rate (default: the task recipe's, 1e-4 calculator, 1e-5 reading)",
+        help="learner's AdamW rate (default: the task recipe's, 1e-4 calculator, 3e-5 reading)",
     )
     demo.add_argument(
         "--tasks",

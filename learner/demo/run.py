@@ -45,6 +45,7 @@ from learner.demo.warmup import WarmupFailed, WarmupSettings, build_demo_model, 
 from learner.rollout.curriculum_runner import proxy_version, signal_runs
 
 HARNESS = [sys.executable, "-m", "learner.demo.harnesses.calc_agent", "{prompt}"]
+QA_ONLY = [sys.executable, "-m", "learner.demo.harnesses.qa_agent", "{prompt}"]
 # Held-out success before learning, at the demo's temperature, inside which learning can
 # show within the demo's minutes: below it the learner sees almost no reward (every group
 # scores 0, so GRPO has no signal); above it doubling is out of reach of the model's skill.
@@ -82,9 +83,10 @@ RECIPES = {
     # never see that rambling costs the answer (--no-mask-truncated)
     "reading": Recipe(
         "reading",
-        [sys.executable, "-m", "learner.demo.harnesses.answer_agent", "{prompt}"],
+        [*QA_ONLY, "--no-tools", "--max-tokens", "32"],
         _reading_tasks,
-        learning_rate=1e-5,
+        # 17% -> 43% held-out in 10 minutes on SmolLM2 at 3e-5 (seed 0, 17 verified swaps)
+        learning_rate=3e-5,
         learner_args=("--no-mask-truncated",),
     ),
 }

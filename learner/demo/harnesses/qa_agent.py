@@ -1,10 +1,12 @@
 """A single-turn question-and-answer agent over plain HTTP: the first stage of the demo's
 curriculum (`onthejob demo --curriculum`, learner/demo/curriculum.py).
 
-One question, one model reply, no tool loop. The calculator tool is offered, as the demo
-model knows it, and the model may answer with it: a reply that calls the calculator is
-answered by the value of the expression the model wrote (the harness evaluates it; the
-model is neither shown the result nor asked again), any other reply by its text. So the
+One question, one model reply, no tool loop (with ``--no-tools``, no tool at all: the
+real-model demo's reading questions, `onthejob demo --model smollm2-135m`). The calculator
+tool is offered, as the demo model knows it, and the model may answer with it: a reply that
+calls the calculator is answered by the value of the expression the model wrote (the
+harness evaluates it; the model is neither shown the result nor asked again), any other
+reply by its text. So the
 reward says whether the model's one reply got the arithmetic right; the calculator agent
 (calc_agent.py) adds the second turn, reading the tool's result back and answering with it.
 
@@ -27,12 +29,18 @@ from learner.demo.tasks import CALCULATOR_TOOL
 
 
 def answer(
-    complete: Complete, prompt: str, *, max_tokens: int = 64, temperature: float = 1.0
+    complete: Complete,
+    prompt: str,
+    *,
+    max_tokens: int = 64,
+    temperature: float = 1.0,
+    tools: bool = True,
 ) -> str:
     """The model's one reply: its calculator expression's value, else its text."""
+    offered = {"tools": [CALCULATOR_TOOL]} if tools else {}
     message: dict[str, Any] = complete(
         [{"role": "user", "content": prompt}],
-        tools=[CALCULATOR_TOOL],
+        **offered,
         max_tokens=max_tokens,
         temperature=temperature,
     )
@@ -49,6 +57,12 @@ def main() -> int:
     parser.add_argument("--model", default=os.environ.get("ONTHEJOB_MODEL", "default"))
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument(
+        "--no-tools",
+        dest="tools",
+        action="store_false",
+        help="offer no calculator: the reply's text is the answer (the real-model demo)",
+    )
     args = parser.parse_args()
     prompt = question(args).strip()
     if not prompt:
@@ -64,7 +78,13 @@ def main() -> int:
         headers={"X-Onthejob-Task": task} if task else None,
     )
     try:
-        reply = answer(complete, prompt, max_tokens=args.max_tokens, temperature=args.temperature)
+        reply = answer(
+            complete,
+            prompt,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            tools=args.tools,
+        )
     except ModelError as exc:
         print(f"qa_agent: the model failed: {exc}", file=sys.stderr)
         return 1
