@@ -151,6 +151,13 @@ def _add_learn(commands: Any) -> None:
         default=None,
         help="also train on completions cut by max_tokens",
     )
+    learn.add_argument(
+        "--shuffle-rewards",
+        action="store_true",
+        default=None,
+        help="a control run: permute each step's rewards across its batch, so that a gain "
+        "it shows cannot come from the reward",
+    )
     learn.add_argument("--poll-interval", type=float, help="seconds between looks (default 1)")
     learn.set_defaults(func=cmd_learn)
 
@@ -255,6 +262,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
         max_steps=args.max_steps,
         activation_checkpointing=args.activation_checkpointing,
         mask_truncated=args.mask_truncated,
+        shuffle_rewards=args.shuffle_rewards,
         precision=args.precision,
         poll_interval=args.poll_interval,
     )

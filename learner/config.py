@@ -47,6 +47,9 @@ class LearnerConfig:
     max_batch_trajectories: int = 64
     max_staleness: int = 4
     std_normalise: bool = False
+    # a control run: every step's rewards are permuted across its batch before advantages,
+    # so whatever such a run gains does not come from the reward (bench, demo --control)
+    shuffle_rewards: bool = False
     # what a task seen once (no group, no running baseline) is compared with: its interaction
     # type's rewards under its policy version ("version"), in its batch only ("batch"), the
     # type's moving average ("ema"), or nothing: dropped ("off"); learner/type_baselines.py

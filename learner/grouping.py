@@ -28,7 +28,10 @@ Rules, in order:
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
+import random
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,6 +52,18 @@ class Scored:
     version_index: int  # ordinal of the policy version that produced it (higher = newer)
     group_id: str | None = None  # explicit group (fan-out / rollout); else grouped by task_key
     interaction_type: str | None = None  # None: recorded without one (type "untyped")
+
+
+def shuffle_rewards(scored: list[Scored]) -> list[Scored]:
+    """The same trajectories with their rewards permuted among them (a control run). The
+    permutation depends only on which trajectories there are, so the batch a learner reads
+    again at its next poll is shuffled the same way."""
+    ordered = sorted(scored, key=lambda s: s.trajectory_id)
+    seed = hashlib.sha256("\n".join(s.trajectory_id for s in ordered).encode()).digest()
+    rewards = [s.reward for s in ordered]
+    random.Random(seed).shuffle(rewards)
+    moved = {s.trajectory_id: r for s, r in zip(ordered, rewards, strict=True)}
+    return [dataclasses.replace(s, reward=moved[s.trajectory_id]) for s in scored]
 
 
 @dataclass(frozen=True)

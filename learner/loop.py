@@ -36,7 +36,14 @@ from learner.config import LearnerConfig
 from learner.distributed import Ranks
 from learner.fence import Fence
 from learner.graders.tasks import TaskTable
-from learner.grouping import Baselines, GroupingConfig, Scored, bound_batch, compute_advantages
+from learner.grouping import (
+    Baselines,
+    GroupingConfig,
+    Scored,
+    bound_batch,
+    compute_advantages,
+    shuffle_rewards,
+)
 from learner.guard import GuardConfig
 from learner.guard_run import Guard
 from learner.guard_store import guard_decision, mark_rolled_back
@@ -560,6 +567,8 @@ class Learner:
             for r in rows
             if r["policy_version"] in ordinals
         ]
+        if self.config.shuffle_rewards:
+            scored = shuffle_rewards(scored)
         # on a copy: the same rows come back at every poll until a step consumes them, and
         # the learner takes the copy only once a record says so (a step tried again after a
         # fault must not fold its rewards in twice)

@@ -99,6 +99,12 @@ def register(commands: Any) -> None:
         help="go on even when held-out success before learning is outside the learnable band",
     )
     demo.add_argument(
+        "--control",
+        action="store_true",
+        help="a control run: the learner shuffles each step's rewards across its batch "
+        "(learn --shuffle-rewards); what it gains is not the reward's doing",
+    )
+    demo.add_argument(
         "--dtype",
         choices=["auto", "bfloat16", "float32"],
         default="auto",
@@ -147,6 +153,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         step_wait=args.step_wait,
         temperature=args.temperature,
         band_check=args.band_check,
+        control=args.control,
         warmup=warmup,
         model_cache=args.model_cache,
         dtype=args.dtype,

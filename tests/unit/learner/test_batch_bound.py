@@ -113,3 +113,14 @@ def test_what_waits_is_trained_later_or_dropped_as_stale_never_lost() -> None:
         oldest=later - CONFIG.max_staleness,
     )
     assert waiting == [] and _ids(batch) == ["old0", "old1", "now0", "now1"]
+
+
+def test_shuffled_rewards_are_a_permutation_that_a_second_poll_repeats() -> None:
+    from learner.grouping import Scored, shuffle_rewards
+
+    batch = [Scored(f"t{i}", f"task{i % 4}", float(i % 3 == 0), 0) for i in range(24)]
+    once, again = shuffle_rewards(batch), shuffle_rewards(list(reversed(batch)))
+    assert sorted(s.reward for s in once) == sorted(s.reward for s in batch)
+    assert [s.trajectory_id for s in once] == [s.trajectory_id for s in batch]
+    assert {s.trajectory_id: s.reward for s in once} == {s.trajectory_id: s.reward for s in again}
+    assert [s.reward for s in once] != [s.reward for s in batch]
