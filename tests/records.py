@@ -34,3 +34,23 @@ def export(engine: Engine, **filters: Any) -> list[dict[str, Any]]:
 
 def all_calls(engine: Engine) -> list[dict[str, Any]]:
     return [c for t in export(engine) for c in t["calls"]]
+
+
+def served_calls(tid: str, versions: list[str], at: float) -> list[dict[str, Any]]:
+    """The calls of `tid`, one per version in `versions`, a second apart from `at`."""
+    return [
+        {
+            "id": f"{tid}-{i}",
+            "trajectory_id": tid,
+            "session_key": None,
+            "api": "chat.completions",
+            "status": "ok",
+            "http_status": 200,
+            "stream": False,
+            "prompt_prefix_len": 0,
+            "capture_complete": True,
+            "started_at": at + i,
+            "policy_version": version,
+        }
+        for i, version in enumerate(versions)
+    ]

@@ -17,6 +17,7 @@ from learner.loop import Learner
 from proxy.store import repo
 from proxy.store.models import Grade
 from tests.drills import wait_until
+from tests.records import served_calls
 from tests.unit.learner.graders import sample_rewards
 
 
@@ -131,26 +132,6 @@ def test_a_transient_failure_is_graded_again_with_back_off_then_gives_up(
         learner.engine.dispose()
 
 
-def _served_by(tid: str, versions: list[str], at: float) -> list[dict[str, Any]]:
-    """The calls of `tid`, one per version in `versions`, a second apart from `at`."""
-    return [
-        {
-            "id": f"{tid}-{i}",
-            "trajectory_id": tid,
-            "session_key": None,
-            "api": "chat.completions",
-            "status": "ok",
-            "http_status": 200,
-            "stream": False,
-            "prompt_prefix_len": 0,
-            "capture_complete": True,
-            "started_at": at + i,
-            "policy_version": version,
-        }
-        for i, version in enumerate(versions)
-    ]
-
-
 def test_the_newest_are_graded_first_and_the_too_stale_not_at_all(
     db_url: str, engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -172,7 +153,7 @@ def test_the_newest_are_graded_first_and_the_too_stale_not_at_all(
         for i, (tid, versions) in enumerate(served.items()):
             at = now + 10 * i  # finished in this order: "new" last
             trajectories.append({**_finished(tid, f"s-{tid}", at), "last_call_at": at + 1})
-            calls += _served_by(tid, versions, at)
+            calls += served_calls(tid, versions, at)
         repo.write_batch(conn, trajectories=trajectories, calls=calls)
     sample_rewards.SEEN.clear()
     grader = "python:tests.unit.learner.graders.sample_rewards:recorded"

@@ -21,6 +21,7 @@ from learner.samples import Sample
 from learner.trainer import Trainer, TrainerConfig
 from proxy.store import repo
 from proxy.store.models import Grade
+from tests.records import served_calls
 
 # trajectory -> (group, policy version of its calls, reward)
 Batch = dict[str, tuple[str | None, str, float]]
@@ -53,21 +54,7 @@ def _graded(engine: Engine, batch: Batch) -> None:
                     "last_call_at": now + i,
                 }
             )
-            calls.append(
-                {
-                    "id": f"{tid}-0",
-                    "trajectory_id": tid,
-                    "session_key": None,
-                    "api": "chat.completions",
-                    "status": "ok",
-                    "http_status": 200,
-                    "stream": False,
-                    "prompt_prefix_len": 0,
-                    "capture_complete": True,
-                    "started_at": now + i,
-                    "policy_version": version,
-                }
-            )
+            calls += served_calls(tid, [version], now + i)
         repo.write_batch(conn, trajectories=trajectories, calls=calls)
     for tid, (_, _, reward) in batch.items():
         with engine.begin() as conn:
