@@ -117,6 +117,14 @@ def _add_learn(commands: Any) -> None:
         "than --batch-trajectories; 0: no bound (default 64)",
     )
     learn.add_argument(
+        "--yield-to-traffic",
+        type=float,
+        metavar="SECONDS",
+        help="where the trainer shares the replicas' cores or GPU: a ready step waits up to "
+        "SECONDS while vLLM is running or queueing requests (its /metrics), then trains on "
+        "everything graded meanwhile; 0: train at once (default 0)",
+    )
+    learn.add_argument(
         "--max-staleness",
         type=int,
         help="drop samples more than this many versions old (default 4)",
@@ -263,6 +271,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
         activation_checkpointing=args.activation_checkpointing,
         mask_truncated=args.mask_truncated,
         shuffle_rewards=args.shuffle_rewards,
+        yield_to_traffic=args.yield_to_traffic,
         precision=args.precision,
         poll_interval=args.poll_interval,
     )

@@ -46,6 +46,10 @@ class LearnerConfig:
     # whole GRPO groups (fan-out 8) a step
     max_batch_trajectories: int = 64
     max_staleness: int = 4
+    # a step that is ready waits up to this many seconds while the replicas are running or
+    # queueing requests (vLLM's /metrics), where the trainer shares their cores or GPU
+    # (learner/traffic.py); 0: it trains at once
+    yield_to_traffic: float = 0.0
     std_normalise: bool = False
     # a control run: every step's rewards are permuted across its batch before advantages,
     # so whatever such a run gains does not come from the reward (bench, demo --control)
@@ -132,6 +136,10 @@ class LearnerConfig:
             raise ValueError(
                 "max_batch_trajectories must be >= 0 (0: no bound), got "
                 f"{config.max_batch_trajectories}"
+            )
+        if not config.yield_to_traffic >= 0:
+            raise ValueError(
+                f"yield_to_traffic must be >= 0 seconds (0: off), got {config.yield_to_traffic}"
             )
         if not 0.0 <= config.self_judge_shadow <= 1.0:
             raise ValueError(

@@ -66,6 +66,7 @@ from learner.publisher import (
 )
 from learner.samples import Sample, build_samples
 from learner.stopping import GracefulStop
+from learner.traffic import yielding_to
 from learner.trainer import Trainer, TrainerConfig
 from learner.versions import serve_version
 from proxy.export import iter_trajectories
@@ -155,6 +156,8 @@ class Learner:
         self._pending_since = time.monotonic()
         # the last batch a step took, accounted (StepAccount.metrics): the heartbeat shows it
         self.last_batch: dict[str, Any] | None = None
+        # a ready step waits for busy replicas to go idle (--yield-to-traffic)
+        self.traffic = yielding_to(config.upstreams, config.yield_to_traffic)
 
     # -- start-up ---------------------------------------------------------------------
     def start(self) -> None:
@@ -575,6 +578,15 @@ class Learner:
         baselines, advantaged, group_metrics = self._advantages(scored, current)
         if len(advantaged) < self.config.batch_trajectories:
             return False
+        if self.traffic.should_wait():
+            # vLLM is generating on the cores (or GPU) the step would take: grade on, and
+            # train on everything graded meanwhile once it is idle
+            self.activity = (
+                f"step ready, waiting for idle replicas ({self.traffic.busy:g} requests, "
+                f"{self.traffic.waited():.0f}s of {self.config.yield_to_traffic:g}s)"
+            )
+            return False
+        waited = self.traffic.took()
         # at most max_batch_trajectories with a signal: the newest whole groups; the others
         # stay untrained (not considered, not marked) for a later step, or to grow stale
         scored, waiting = bound_batch(
@@ -592,6 +604,7 @@ class Learner:
         with self.engine.connect() as conn:
             stale = queries.stale_skipped(conn, keys=self.config.keys)
         group_metrics["stale_not_graded"] = float(len(stale))
+        group_metrics["yield_seconds"] = round(waited, 2)
         group_metrics["dropped_unknown_version"] = float(len(unknown))
         considered = [s.trajectory_id for s in scored] + unknown + stale
         self._train(advantaged, considered, group_metrics, baselines, waiting=len(waiting))
@@ -701,7 +714,9 @@ class Learner:
         log.info(
             "step %d: %s; %d tokens, reward %.3f, lr %.3g, loss %.4f, clip %.3f "
             "(behaviour %.3f), ratio %.4f [%.4f, %.4f], mismatch-kl %.2e (fresh %.2e over %d "
-            "tokens), swap %.2fs (verified: %d weight sums exact, probe within %.3g) -> %s",
+            "tokens); waited %.1fs for idle replicas, trained in %.1fs, saved in %.1fs "
+            "(optimizer state %.1fs), swap %.2fs (verified: %d weight sums exact, probe "
+            "within %.3g) -> %s",
             step,
             account.summary(),
             int(metrics.get("trained_tokens", 0)),
@@ -716,6 +731,10 @@ class Learner:
             metrics.get("mismatch_kl", float("nan")),
             metrics.get("fresh_mismatch_kl", float("nan")),
             int(metrics.get("fresh_tokens", 0)),
+            metrics.get("yield_seconds", 0.0),
+            metrics.get("step_seconds", float("nan")),
+            metrics.get("save_seconds", float("nan")),
+            metrics.get("optimizer_state_seconds", float("nan")),
             result.swap_seconds,
             result.weight_sums_compared,
             result.max_logprob_diff if result.max_logprob_diff is not None else float("nan"),
@@ -751,8 +770,14 @@ class Learner:
                 # left by a run that died before recording this step: the database, not the
                 # directory, says what was published, so the half-done attempt is redone
                 shutil.rmtree(target)
+            saving = time.monotonic()
             checkpoint = self._save(target)
+            saved = time.monotonic()
             self._save_optimizer(checkpoint)
+            metrics.update(
+                save_seconds=round(saved - saving, 3),
+                optimizer_state_seconds=round(time.monotonic() - saved, 3),
+            )
             parent = self.serving["version"]
 
             def record(result: PublishResult) -> None:

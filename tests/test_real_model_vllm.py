@@ -7,7 +7,8 @@ with a default system prompt. One server (bf16, LoRA enabled) serves the whole m
 - a live call through the proxy is recorded token-exact, chat template included;
 - the bf16 trainer scores what vLLM sampled within the tolerance measured on this model;
 - a LoRA adapter swap is verified (probe within the bf16 tolerance; wrong weights fail);
-- one `onthejob learn` step is published and verified by the exact weight check.
+- one `onthejob learn` step is published and verified by the exact weight check;
+- the learner sees from vLLM's /metrics when it is generating (--yield-to-traffic).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from learner.checkpoint import load_model
 from learner.demo.vllm_server import VLLMServer
 from learner.lora_publisher import LoraPublisher
 from learner.publisher import Probe, served_dtype
+from learner.traffic import replicas_busy
 from learner.trainer import Trainer, TrainerConfig
 from proxy.store import db
 from proxy.store.models import TrainingStep
@@ -209,3 +212,25 @@ def test_one_learner_step_is_published_and_verified_by_the_weight_check(
     assert step.version is not None, "the step was verified and serves"
     assert step.metrics["weight_sums_compared"] > 0, step.metrics
     assert httpx.get(real_vllm.url + "/weight_info").json()["weight_version"] == step.version
+
+
+def test_the_learner_sees_when_vllm_is_generating(real_vllm: VLLMServer) -> None:
+    assert replicas_busy(["http://127.0.0.1:9"]) is None  # nobody answers: unknown
+    body = {
+        "model": real_vllm.model_name,
+        "prompt": "Once upon a time",
+        "max_tokens": 64,  # over a second at SmolLM2's 57 tokens/s here
+        "ignore_eos": True,
+        "stream": True,
+    }
+    during: float | None = None
+    with httpx.stream("POST", real_vllm.url + "/v1/completions", json=body, timeout=300) as out:
+        for index, _ in enumerate(out.iter_lines()):
+            if index == 4:  # two tokens in: the engine holds the request
+                during = replicas_busy([real_vllm.url])
+    assert during is not None and during >= 1, during
+    # the gauge follows the engine's next stats update after the request finished
+    deadline = time.monotonic() + 30
+    while (after := replicas_busy([real_vllm.url])) != 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert after == 0

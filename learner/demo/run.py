@@ -118,6 +118,9 @@ class DemoConfig:
     # after a round, wait up to this long for the learner's step and its version to serve,
     # so the next round samples from the newest policy (on-policy GRPO learns fastest)
     step_wait: float = 60.0
+    # a ready step waits this long at most for vLLM to finish a round's calls: the trainer
+    # and vLLM on the same 2 cores slow each other down several times over
+    yield_to_traffic: float = 60.0
     temperature: float = 1.0  # the harness's sampling temperature
     band_check: bool = True  # stop when held-out success before learning is outside the band
     # a control run: the learner permutes each step's rewards across its batch
@@ -202,7 +205,9 @@ def run_demo(config: DemoConfig) -> DemoResult:
             "--learning-rate", str(config.learning_rate or recipe.learning_rate),
             "--batch-trajectories", str(config.batch_trajectories), "--poll-interval", "0.2",
             # the one vLLM is the demo's bottleneck: no judge calls measuring agreement
-            "--self-judge-shadow", "0", *recipe.learner_args,
+            "--self-judge-shadow", "0",
+            # the trainer and vLLM share the cores: a step waits for the round to end
+            "--yield-to-traffic", str(config.yield_to_traffic), *recipe.learner_args,
         ]  # fmt: skip
         if config.control:
             say("control run: the learner shuffles each step's rewards across its batch")
@@ -213,7 +218,9 @@ def run_demo(config: DemoConfig) -> DemoResult:
         rollout = _Rollouts(proxy_url, db_url, vllm.model_name, config, workdir, recipe.harness)
         before = rollout.evaluate("before", heldout_file)
         _check_band(before, config)
+        learning_started = time.monotonic()
         rounds = rollout.train_rounds(train_file, learner, workdir / "learner.log")
+        learning_seconds = time.monotonic() - learning_started
         _stop(learner)  # the version that serves now is the one evaluated
         after = rollout.evaluate("after", heldout_file)
 
@@ -225,10 +232,18 @@ def run_demo(config: DemoConfig) -> DemoResult:
         say(
             f"held-out success: {100 * before.success_rate:.0f}% before learning "
             f"({before.version}), {100 * after.success_rate:.0f}% after ({after.version}), "
-            f"{steps} verified hot-swaps"
+            f"{steps} verified hot-swaps in {learning_seconds / 60:.1f} minutes of learning "
+            f"({60 * steps / max(learning_seconds, 1):.1f} a minute)"
         )
         summary = _write_summary(
-            workdir / "summary.json", before, after, steps, time.monotonic() - started, model_dir
+            workdir / "summary.json",
+            before,
+            after,
+            steps,
+            seconds=time.monotonic() - started,
+            learning_seconds=learning_seconds,
+            model_dir=model_dir,
+            control=config.control,
         )
         say(f"chart: {chart}; numbers: {summary}")
         say(f"dashboard: {proxy_url}/admin (token {admin_token}) while the demo runs;")
@@ -299,7 +314,15 @@ def _check_band(before: EvalPoint, config: DemoConfig) -> None:
 
 
 def _write_summary(
-    path: Path, before: EvalPoint, after: EvalPoint, steps: int, seconds: float, model_dir: Path
+    path: Path,
+    before: EvalPoint,
+    after: EvalPoint,
+    steps: int,
+    *,
+    seconds: float,
+    learning_seconds: float,
+    model_dir: Path,
+    control: bool,
 ) -> Path:
     import json
 
@@ -309,6 +332,9 @@ def _write_summary(
         "after": {"success": after.success_rate, "runs": after.runs, "version": after.version},
         "verified_swaps": steps,
         "seconds": round(seconds, 1),
+        # the training rounds alone (traffic, steps and swaps): what "minutes of learning" is
+        "learning_seconds": round(learning_seconds, 1),
+        "control": control,
         "learnable_band": list(LEARNABLE_BAND),
         "warmup_probe": warmup.get("probe"),
     }
