@@ -125,6 +125,15 @@ def _add_learn(commands: Any) -> None:
         "everything graded meanwhile; 0: train at once (default 0)",
     )
     learn.add_argument(
+        "--optimizer-state-every",
+        type=int,
+        metavar="N",
+        help="write the optimizer state (AdamW moments, bf16's float32 master weights: 12 "
+        "bytes a parameter) beside every N-th step's checkpoint, and the serving one's at a "
+        "clean stop; a restart after a crash in between starts the moments afresh. 1: every "
+        "step; 0: only at a clean stop (default 10)",
+    )
+    learn.add_argument(
         "--max-staleness",
         type=int,
         help="drop samples more than this many versions old (default 4)",
@@ -272,6 +281,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
         mask_truncated=args.mask_truncated,
         shuffle_rewards=args.shuffle_rewards,
         yield_to_traffic=args.yield_to_traffic,
+        optimizer_state_every=args.optimizer_state_every,
         precision=args.precision,
         poll_interval=args.poll_interval,
     )

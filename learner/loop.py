@@ -430,6 +430,24 @@ class Learner:
                     self.stopping.wait(wait)
         finally:
             self.heartbeat.stop()
+            self._save_optimizer_at_stop()
+
+    def _save_optimizer_at_stop(self) -> None:
+        """The serving checkpoint's optimizer state, if no step wrote it (they do every
+        --optimizer-state-every steps): a restart after a clean stop continues the same run."""
+        if self.trainer is None or self.serving is None or self.ranks is not None:
+            return
+        checkpoint = Path(self.serving["checkpoint_path"])
+        if not checkpoint.is_dir() or self._optimizer_path(checkpoint).exists():
+            return
+        try:
+            started = time.monotonic()
+            self._save_optimizer(checkpoint)
+            log.info(
+                "optimizer state of %s saved in %.1fs", checkpoint.name, time.monotonic() - started
+            )
+        except OSError as exc:
+            log.warning("could not save the optimizer state at stop: %s", exc)
 
     def iterate(self) -> None:
         """One look at the world: restore what serves if it needs it, follow the operator,
@@ -773,7 +791,9 @@ class Learner:
             saving = time.monotonic()
             checkpoint = self._save(target)
             saved = time.monotonic()
-            self._save_optimizer(checkpoint)
+            every = self.config.optimizer_state_every
+            if every > 0 and step % every == 0:
+                self._save_optimizer(checkpoint)
             metrics.update(
                 save_seconds=round(saved - saving, 3),
                 optimizer_state_seconds=round(time.monotonic() - saved, 3),
@@ -949,6 +969,16 @@ class Learner:
         carries the rate it was saved with)."""
         assert self.trainer is not None
         path = self._optimizer_path(checkpoint)
+        if not path.exists() and self.step > 0:
+            # written every --optimizer-state-every steps and at a clean stop: after a crash
+            # (or a failed publish) the run goes on from the checkpoint's weights
+            log.warning(
+                "no optimizer state beside %s (saved every %d steps and at a clean stop): "
+                "AdamW moments start afresh%s",
+                checkpoint.name,
+                self.config.optimizer_state_every,
+                ", from its bf16 weights" if self.trainer_config.precision == "bfloat16" else "",
+            )
         if path.exists():
             try:
                 self.trainer.load_training_state(torch.load(path, weights_only=True))

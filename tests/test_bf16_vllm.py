@@ -405,3 +405,7 @@ def test_the_learner_trains_in_bf16_and_records_each_step_s_ratios_and_mismatch(
     }
     state = torch.load(latest.with_name(latest.name + ".optimizer.pt"), weights_only=True)
     assert {t.dtype for t in state["master"].values()} == {torch.float32}
+    # written every --optimizer-state-every (10) steps and at the clean stop only: step 1's
+    # checkpoint has none
+    first = checkpoints / steps[0]["version"]
+    assert first.is_dir() and not first.with_name(first.name + ".optimizer.pt").exists()
