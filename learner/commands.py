@@ -99,7 +99,8 @@ def _add_learn(commands: Any) -> None:
         "--guard",
         metavar="FILE",
         help="regression guard (TOML): evaluate each new version on every guarded "
-        "interaction type's eval task set and roll back one that regresses any (README)",
+        "interaction type's eval task set and roll back one that regresses any "
+        "(docs/rollouts.md)",
     )
     learn.add_argument("--config", type=Path, metavar="FILE", help="TOML file with settings")
     learn.add_argument("--learning-rate", type=float, help="AdamW learning rate (default 1e-5)")

@@ -127,7 +127,7 @@ def _capture_problem(call: dict[str, Any]) -> str | None:
 def build_samples(
     trajectory: dict[str, Any], *, skipped: Counter[str] | None = None
 ) -> list[Sample]:
-    """Samples of one trajectory in the export format (see the README). A call that
+    """Samples of one trajectory in the export format (docs/reference/export-format.md). A call that
     cannot be trained on is counted in `skipped` by its reason."""
     samples: list[Sample] = []
     current: Sample | None = None

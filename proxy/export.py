@@ -1,6 +1,7 @@
 """`onthejob export`: trajectories as JSON Lines, one trajectory per line.
 
-This format is a public interface (documented in the README); add fields, never change one.
+This format is a public interface (docs/reference/export-format.md); add fields, never
+change one.
 """
 
 from __future__ import annotations

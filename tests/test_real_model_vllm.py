@@ -146,7 +146,7 @@ def test_a_lora_swap_is_verified_and_a_wrong_adapter_fails(
 
     assert served_dtype(real_vllm.url) == "bfloat16"
     # the bf16 default of 1e-2 holds on the 2-layer tiny model only: a LoRA learner on a
-    # real model in bf16 needs --verify-tolerance (README, "Bring your own model")
+    # real model in bf16 needs --verify-tolerance (docs/real-models.md)
     tolerance = LORA_BF16_TOLERANCE
     probe = Probe(chat_ids(smollm2, [{"role": "user", "content": "Hi"}]))
     publisher = LoraPublisher(

@@ -99,7 +99,7 @@ class FeedbackIn(BaseModel):
 
 
 class TasksIn(BaseModel):
-    """Tasks in the task-file format (README), as objects or as JSON Lines text."""
+    """Tasks in the task-file format (docs/rollouts.md), as objects or as JSON Lines text."""
 
     model_config = ConfigDict(extra="forbid")
 

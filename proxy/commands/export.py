@@ -15,7 +15,8 @@ def register(commands: Any) -> None:
     export = commands.add_parser(
         "export",
         help="write trajectories as JSON Lines",
-        description="Write trajectories, one JSON object per line, oldest first (format: README).",
+        description="Write trajectories, one JSON object per line, oldest first "
+        "(format: docs/reference/export-format.md).",
     )
     add_db(export)
     export.add_argument("--session", metavar="KEY", help="only this session key")

@@ -1,4 +1,5 @@
-"""Proxy settings from the environment, as the README and `serve --help` describe them."""
+"""Proxy settings from the environment, as the README, docs/operations.md and `serve
+--help` describe them."""
 
 from __future__ import annotations
 

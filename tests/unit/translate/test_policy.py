@@ -1,5 +1,5 @@
 """The compatibility policy of the Messages and Responses translations: one test per row of
-the README's policy table ("Compatibility policy"), each checking both what reaches the
+the policy table of docs/harnesses.md ("Compatibility policy"), each checking both what reaches the
 chat request and what the call's record says (`Compat`).
 
 The request fields are the ones Claude Code 2.1.332 and Codex CLI 0.171.0 send (captured

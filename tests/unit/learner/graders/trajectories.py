@@ -1,4 +1,5 @@
-"""Hand-made trajectories in the export format (README "Export format"), one per API shape."""
+"""Hand-made trajectories in the export format (docs/reference/export-format.md), one per
+API shape."""
 
 from __future__ import annotations
 
