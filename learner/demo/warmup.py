@@ -47,7 +47,9 @@ build, is rebuilt.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import logging
@@ -69,6 +71,10 @@ log = logging.getLogger("onthejob.warmup")
 
 # Bump when the recipe (data, tokenizer, training, probe) changes, so stale caches rebuild.
 RECIPE_VERSION = 6
+# what a build is made by, besides its settings: a cache shared across clones and runs
+# (`onthejob demo` and the tests keep theirs in the user's model cache) is used only by the
+# same code on the same torch
+_RECIPE_SOURCES = ("warmup.py", "probe.py", "tasks.py", "tiny_model.py")
 _MARKER = "warmup.json"
 _IM_START, _IM_END, _EOT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 _TOOL_CALL_TAGS = ["<tool_call>", "</tool_call>"]
@@ -125,6 +131,7 @@ class WarmupSettings:
         blob = json.dumps(
             {
                 "recipe": RECIPE_VERSION,
+                "code": recipe_code_digest(),
                 "settings": settings,
                 "exclude": hashlib.sha256("\n".join(sorted(exclude)).encode()).hexdigest(),
             },
@@ -178,9 +185,30 @@ def build_demo_model(
     recorded = read_info(out_dir)
     if recorded is not None and recorded.get("passed"):
         return out_dir
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # one build of a key at a time: the cache is shared by demos and test runs
+    with _locked(out_dir.parent / f".{out_dir.name}.lock"):
+        return _build_cached(out_dir, settings, excluded, progress=progress)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _build_cached(
+    out_dir: Path, settings: WarmupSettings, excluded: list[str], *, progress: bool
+) -> Path:
+    recorded = read_info(out_dir)
+    if recorded is not None and recorded.get("passed"):
+        return out_dir  # built by whoever held the lock before
     if recorded is not None and progress:
         print(f"[warm-up] the cached build failed its probe; rebuilding {out_dir}", flush=True)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     # Built aside and renamed into place: a cache directory is complete or absent.
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
@@ -198,6 +226,26 @@ def build_demo_model(
             info,
         )
     return out_dir
+
+
+def recipe_code_digest() -> str:
+    """sha256 of the modules that make a build and the torch that runs them."""
+    import torch
+
+    digest = hashlib.sha256(torch.__version__.encode())
+    here = Path(__file__).resolve().parent
+    for name in _RECIPE_SOURCES:
+        digest.update((here / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def default_cache_dir() -> Path:
+    """Where warmed-up demo models are kept by default: beside the prepared real models
+    (``$ONTHEJOB_MODEL_CACHE``, else ``~/.cache/onthejob/models``), so a new clone or work
+    directory reuses a build its code made before instead of warming up for minutes."""
+    from learner.real_models import default_cache_dir as models_cache
+
+    return models_cache() / "demo-warmups"
 
 
 def read_info(model_dir: Path) -> dict[str, Any] | None:
