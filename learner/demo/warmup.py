@@ -186,9 +186,14 @@ def build_demo_model(
     if recorded is not None and recorded.get("passed"):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    # one build of a key at a time: the cache is shared by demos and test runs
-    with _locked(out_dir.parent / f".{out_dir.name}.lock"):
-        return _build_cached(out_dir, settings, excluded, progress=progress)
+    # one build of a key at a time: the cache is shared by demos and test runs. The lock
+    # file goes once the build is done: a waiter holding the old one finds the build made
+    lock = out_dir.parent / f".{out_dir.name}.lock"
+    try:
+        with _locked(lock):
+            return _build_cached(out_dir, settings, excluded, progress=progress)
+    finally:
+        lock.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
