@@ -35,6 +35,10 @@ MAX_MINUTES = 15.0
 MAX_CONTROL_GAIN = 0.05
 
 
+class DemoFailed(RuntimeError):
+    """One demo run gave no summary; the message says why."""
+
+
 @dataclass
 class Run:
     seed: int
@@ -48,7 +52,8 @@ class Run:
 
     @property
     def gain(self) -> float:
-        return self.after - self.before
+        # success rates are counts over the same number of runs: 0.3 - 0.1 is 20 points
+        return round(self.after - self.before, 6)
 
     @property
     def steps_per_minute(self) -> float:
@@ -61,7 +66,7 @@ class Run:
                 return True, "control gains no more than 5 points"
             return False, f"control gained {100 * self.gain:.0f} points (> 5)"
         missed = []
-        if self.after < MIN_FACTOR * self.before or self.before <= 0:
+        if round(self.after - MIN_FACTOR * self.before, 6) < 0 or self.before <= 0:
             missed.append(f"not doubled ({self.after / max(self.before, 1e-9):.2f}x)")
         if self.gain < MIN_GAIN:
             missed.append(f"gain {100 * self.gain:.0f} points < 20")
@@ -97,8 +102,10 @@ def run_demo(seed: int, control: bool, args: argparse.Namespace, extra: list[str
     summary_path = workdir / "summary.json"
     if proc.returncode != 0 or not summary_path.exists():
         tail = "\n".join(lines[-15:])
-        raise SystemExit(f"{name}: the demo exited {proc.returncode}; its last lines:\n{tail}")
+        raise DemoFailed(f"{name}: the demo exited {proc.returncode}; its last lines:\n{tail}")
     summary = json.loads(summary_path.read_text())
+    if "learning_seconds" not in summary:
+        raise DemoFailed(f"{name}: summary.json has no learning_seconds (an older demo?)")
     return Run(
         seed=seed,
         control=control,
@@ -144,11 +151,17 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
     runs: list[Run] = []
+    failed: list[str] = []
     for seed in (int(s) for s in args.seeds.split(",") if s.strip()):
         for control in (False,) if args.no_control else (False, True):
-            runs.append(run_demo(seed, control, args, extra))
-            print_table(runs)
-    ok = print_table(runs)
+            try:
+                runs.append(run_demo(seed, control, args, extra))
+            except DemoFailed as exc:
+                print(exc, flush=True)
+                failed.append(str(exc).split(":", 1)[0])
+            ok = print_table(runs) and not failed
+    if failed:
+        print(f"runs that gave no summary: {', '.join(failed)}")
     if args.json:
         rows: list[dict[str, Any]] = [
             {**asdict(r), "gain": r.gain, "meets": r.verdict()[0]} for r in runs

@@ -113,7 +113,10 @@ def check_capture(checks: Checks, url: str, db_url: str, served: str, tokenizer:
     chat = httpx.post(url + "/v1/chat/completions", json=chat_body, timeout=300)
     templated = tokenizer.chat_template is not None
     calls = recorded_calls(db_url, 2 if chat.status_code == 200 else 1)
-    completion_call = next(c for c in calls if c["api"] == "completions")
+    completion_call = next((c for c in calls if c["api"] == "completions"), None)
+    if completion_call is None:
+        checks.report("completion recorded token-exact", False, "no record within 30 s")
+        return
     expected = tokenizer(PROMPT)["input_ids"]
     ids = completion_call["completion_token_ids"]
     exact = (

@@ -122,8 +122,9 @@ def _add_learn(commands: Any) -> None:
         type=float,
         metavar="SECONDS",
         help="where the trainer shares the replicas' cores or GPU: a ready step waits up to "
-        "SECONDS while vLLM is running or queueing requests (its /metrics), then trains on "
-        "everything graded meanwhile; 0: train at once (default 0)",
+        "SECONDS while vLLM is running or queueing requests (its /metrics), then trains on a "
+        "batch taken afresh, graded meanwhile included (at most --max-batch-trajectories); "
+        "0: train at once (default 0)",
     )
     learn.add_argument(
         "--optimizer-state-every",
@@ -131,7 +132,8 @@ def _add_learn(commands: Any) -> None:
         metavar="N",
         help="write the optimizer state (AdamW moments, bf16's float32 master weights: 12 "
         "bytes a parameter) beside every N-th step's checkpoint, and the serving one's at a "
-        "clean stop; a restart after a crash in between starts the moments afresh. 1: every "
+        "clean stop (not under torchrun); a checkpoint without one (after a crash, a failed "
+        "publish, a rollback to it) trains on with the moments started afresh. 1: every "
         "step; 0: only at a clean stop (default 10)",
     )
     learn.add_argument(

@@ -158,6 +158,9 @@ class Learner:
         self.last_batch: dict[str, Any] | None = None
         # a ready step waits for busy replicas to go idle (--yield-to-traffic)
         self.traffic = yielding_to(config.upstreams, config.yield_to_traffic)
+        # the trainer holds exactly the serving checkpoint's weights and optimizer state (not
+        # a step nobody recorded, nor a model half loaded): only then may a stop save it
+        self._trainer_is_serving = False
 
     # -- start-up ---------------------------------------------------------------------
     def start(self) -> None:
@@ -189,6 +192,7 @@ class Learner:
             if self.trainer is None:
                 self.trainer = self._trainer(source)
             self._load_optimizer(source)
+            self._trainer_is_serving = True
             self.publisher = self._publisher(source)
             if not adopted:
                 # always swap in what the database says serves, verified: a learner that died
@@ -434,11 +438,19 @@ class Learner:
 
     def _save_optimizer_at_stop(self) -> None:
         """The serving checkpoint's optimizer state, if no step wrote it (they do every
-        --optimizer-state-every steps): a restart after a clean stop continues the same run."""
-        if self.trainer is None or self.serving is None or self.ranks is not None:
+        --optimizer-state-every steps): a restart after a clean stop continues the same run.
+        Only while the trainer holds exactly that checkpoint's state: a stop that came
+        mid-step (or mid-reload) must not pass a step nobody recorded off as the serving
+        one's. Not for version 0 (nothing trained yet), nor under FSDP (its ranks are gone)."""
+        if not self._trainer_is_serving or self.ranks is not None:
             return
+        assert self.trainer is not None and self.serving is not None
         checkpoint = Path(self.serving["checkpoint_path"])
-        if not checkpoint.is_dir() or self._optimizer_path(checkpoint).exists():
+        if (
+            not self.serving["ordinal"]
+            or not checkpoint.is_dir()
+            or self._optimizer_path(checkpoint).exists()
+        ):
             return
         try:
             started = time.monotonic()
@@ -446,7 +458,7 @@ class Learner:
             log.info(
                 "optimizer state of %s saved in %.1fs", checkpoint.name, time.monotonic() - started
             )
-        except OSError as exc:
+        except Exception as exc:  # a stop goes on; a resume says what it lacks
             log.warning("could not save the optimizer state at stop: %s", exc)
 
     def iterate(self) -> None:
@@ -457,6 +469,7 @@ class Learner:
         if self._needs_restore or self._gates_left_closed():
             self._restore()
         if control.follow(self):  # operator pause and live knobs (admin API)
+            self.traffic.reset()  # a pause is no wait for idle replicas
             return
         self.activity = "grading"
         graded = self.grade_finished()
@@ -544,10 +557,12 @@ class Learner:
         """What serves changed under us (an operator, the guard): the trainer and the
         publisher's idea of the last good weights move to it."""
         log.info("now serving %s (changed by %s); training from it", serving["version"], by)
-        self.serving = serving
+        self._trainer_is_serving = False
         source = Path(serving["checkpoint_path"])
         self.trainer = self._trainer(source)
+        self.serving = serving
         self._load_optimizer(source)
+        self._trainer_is_serving = True
         if self.publisher is not None:
             self.publisher.last_good = served_base(source).resolve()
             self.publisher.last_good_fingerprint = Fingerprint.from_state(
@@ -557,9 +572,11 @@ class Learner:
     def _reload_trainer(self) -> None:
         """Back to the serving weights and their optimizer state (a step nobody recorded)."""
         assert self.serving is not None
+        self._trainer_is_serving = False
         source = Path(self.serving["checkpoint_path"])
         self.trainer = self._trainer(source)
         self._load_optimizer(source)
+        self._trainer_is_serving = True
 
     def maybe_train(self) -> bool:
         self._follow_operator()
@@ -569,6 +586,7 @@ class Learner:
             rows = [r for r in trainable if r["group_key"] not in waiting]
             ordinals = queries.version_ordinals(conn)
         if not rows:
+            self.traffic.reset()
             return False
         assert self.serving is not None
         current = int(self.serving["ordinal"])
@@ -595,6 +613,7 @@ class Learner:
         # fault must not fold its rewards in twice)
         baselines, advantaged, group_metrics = self._advantages(scored, current)
         if len(advantaged) < self.config.batch_trajectories:
+            self.traffic.reset()
             return False
         if self.traffic.should_wait():
             # vLLM is generating on the cores (or GPU) the step would take: grade on, and
@@ -692,6 +711,7 @@ class Learner:
         # the knob as the operator or the command line last set it, whatever the optimizer
         # state loaded from a checkpoint says
         self.trainer.set_learning_rate(self.config.learning_rate)
+        self._trainer_is_serving = False  # until a record says what it holds
         metrics = self.trainer.step(
             [s for s, _ in pairs], [a for _, a in pairs], fresh_version=self.serving["version"]
         )
@@ -706,7 +726,8 @@ class Learner:
         self.last_batch = {"step": step, "trained": not metrics.get("skipped"), **account.metrics()}
         if metrics.get("skipped"):
             # nothing trainable (all truncated, without captured tokens, or mismatched): no
-            # new version
+            # new version, and no optimizer step
+            self._trainer_is_serving = True
             with self.engine.begin() as conn:
                 queries.mark_trained(conn, trajectory_ids=considered, step=-1)
                 _save_baselines(conn, baselines)
@@ -822,6 +843,7 @@ class Learner:
                     self._record_step(conn, step, version, metrics, considered, baselines)
                     recorded = queries.version(conn, version=version)
                 self.step, self.serving, self.baselines = step, recorded, baselines
+                self._trainer_is_serving = True
 
             # a stop asked for from here on comes once the outcome is recorded (stopping.py)
             with self.stopping.swap():
@@ -973,8 +995,8 @@ class Learner:
             # written every --optimizer-state-every steps and at a clean stop: after a crash
             # (or a failed publish) the run goes on from the checkpoint's weights
             log.warning(
-                "no optimizer state beside %s (saved every %d steps and at a clean stop): "
-                "AdamW moments start afresh%s",
+                "no optimizer state beside %s (--optimizer-state-every %d; and at a clean "
+                "stop): AdamW moments start afresh%s",
                 checkpoint.name,
                 self.config.optimizer_state_every,
                 ", from its bf16 weights" if self.trainer_config.precision == "bfloat16" else "",

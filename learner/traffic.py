@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -26,23 +26,27 @@ BUSY_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 QUIET_SECONDS = 1.0
 
 
-def busy_requests(metrics_text: str) -> float:
-    """Requests running or waiting in one replica's /metrics text (every label set summed)."""
-    total = 0.0
+def busy_requests(metrics_text: str) -> float | None:
+    """Requests running or waiting in one replica's /metrics text (every label set summed);
+    None when it has neither gauge (not vLLM, or vLLM with --disable-log-stats)."""
+    total, found = 0.0, False
     for line in metrics_text.splitlines():
         if line.startswith("#"):
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name in BUSY_GAUGES:
+            # NAME{labels} VALUE [TIMESTAMP]: the value follows the labels
+            fields = line[len(name) :].rsplit("}", 1)[-1].split()
             try:
-                total += float(line.rsplit(" ", 1)[1])
+                total += float(fields[0])
+                found = True
             except (IndexError, ValueError):
                 continue
-    return total
+    return total if found else None
 
 
 def replicas_busy(upstreams: Sequence[str], timeout: float = 2.0) -> float | None:
-    """Requests running or waiting over all replicas; None when none of them answered."""
+    """Requests running or waiting over all replicas; None when none of them could say."""
     total, answered = 0.0, False
     for upstream in upstreams:
         try:
@@ -50,8 +54,10 @@ def replicas_busy(upstreams: Sequence[str], timeout: float = 2.0) -> float | Non
             response.raise_for_status()
         except httpx.HTTPError:
             continue
-        answered = True
-        total += busy_requests(response.text)
+        busy = busy_requests(response.text)
+        if busy is not None:
+            answered = True
+            total += busy
     return total if answered else None
 
 
@@ -63,10 +69,10 @@ class TrafficYield:
     busy_now: Callable[[], float | None]
     limit_seconds: float
     quiet_seconds: float = QUIET_SECONDS
-    ready_since: float | None = None
-    idle_since: float | None = None
-    busy: float = 0.0  # what the replicas reported last
-    _unanswered_logged: bool = False
+    ready_since: float | None = field(default=None, init=False)
+    idle_since: float | None = field(default=None, init=False)
+    busy: float = field(default=0.0, init=False)  # what the replicas reported last
+    _unanswered_logged: bool = field(default=False, init=False)
 
     def should_wait(self, now: float | None = None) -> bool:
         """True while the replicas are busy (or idle for less than quiet_seconds) and the
@@ -81,13 +87,14 @@ class TrafficYield:
             return False
         busy = self.busy_now()
         if busy is None:
+            # unknown is not idle: wait (within the limit) for an answer
             if not self._unanswered_logged:
                 log.warning(
-                    "no replica answered /metrics: steps do not wait for idle replicas "
-                    "(--yield-to-traffic)"
+                    "no replica answered /metrics: a ready step waits its --yield-to-traffic "
+                    "limit, or until one answers idle"
                 )
                 self._unanswered_logged = True
-            return False
+            return True
         self.busy = busy
         if busy > 0:
             self.idle_since = None
@@ -105,8 +112,12 @@ class TrafficYield:
     def took(self, now: float | None = None) -> float:
         """The step starts: how long it waited; the next one waits anew."""
         waited = self.waited(now)
-        self.ready_since = self.idle_since = None
+        self.reset()
         return waited
+
+    def reset(self) -> None:
+        """No step is ready (any more): the next one that is waits from then."""
+        self.ready_since = self.idle_since = None
 
 
 def yielding_to(upstreams: Sequence[str], limit_seconds: float) -> TrafficYield:

@@ -36,7 +36,8 @@ Library use::
                                  exclude=[t["prompt"] for t in train + heldout])
 
 The directory (``cache_dir/demo-<hash>``) is keyed by a hash of the settings, the recipe
-version and the excluded prompts. It holds a transformers-format Qwen2 (float32,
+version, the source of the modules that build it, the torch version and the excluded
+prompts. It holds a transformers-format Qwen2 (float32,
 ``lm_head.weight`` written explicitly so vLLM's reload_weights never leaves the head stale),
 a byte-level BPE tokenizer that splits digits one by one (as Qwen's does), the
 ChatML/Hermes chat template of learner/demo/tiny_model.py, and ``warmup.json`` with the

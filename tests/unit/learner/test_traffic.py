@@ -22,7 +22,8 @@ vllm:num_requests_running_total_seconds_bucket{le="1.0"} 11.0
 def test_busy_requests_sums_running_and_waiting_only() -> None:
     assert busy_requests(METRICS) == 5.0
     assert busy_requests(METRICS.replace(" 3.0", " 0.0").replace(" 2.0", " 0.0")) == 0.0
-    assert busy_requests("") == 0.0
+    assert busy_requests("") is None  # no gauge: not known, never taken for idle
+    assert busy_requests('vllm:num_requests_running{engine="0"} 2.0 1700000000000') == 2.0
 
 
 def scripted(values: list[float | None]) -> Iterator[float | None]:
@@ -64,4 +65,6 @@ def test_traffic_that_never_pauses_delays_a_step_by_the_limit_at_most() -> None:
 
 def test_off_or_unknown_means_no_wait() -> None:
     assert not TrafficYield(lambda: 8.0, limit_seconds=0).should_wait(now=0.0)
-    assert not TrafficYield(lambda: None, limit_seconds=60).should_wait(now=0.0)
+    # unknown (no replica answered) waits, within the limit
+    unknown = TrafficYield(lambda: None, limit_seconds=60)
+    assert unknown.should_wait(now=0.0) and not unknown.should_wait(now=60.0)
