@@ -147,13 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=Path(".onthejob-bench-seeds"))
     parser.add_argument("--port", type=int, default=8093, help="the demo's proxy port")
     parser.add_argument("--no-control", action="store_true", help="learning runs only")
+    parser.add_argument("--only-control", action="store_true", help="control runs only")
     parser.add_argument("--json", type=Path, help="write the rows here")
     args, extra = parser.parse_known_args(argv)
     extra = [a for a in extra if a != "--"]
     runs: list[Run] = []
     failed: list[str] = []
     for seed in (int(s) for s in args.seeds.split(",") if s.strip()):
-        for control in (False,) if args.no_control else (False, True):
+        kinds = (True,) if args.only_control else (False,) if args.no_control else (False, True)
+        for control in kinds:
             try:
                 runs.append(run_demo(seed, control, args, extra))
             except DemoFailed as exc:
