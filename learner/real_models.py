@@ -19,7 +19,6 @@ Wheels copied into ``wheels/`` by hand (a machine without PyPI) are used like do
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -36,6 +35,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from learner.file_lock import locked
 
 MARKER = "prepared.json"
 MARKER_FORMAT = 1
@@ -198,7 +199,7 @@ def prepare(name: str, cache_dir: Path | None = None, *, progress: Progress = pr
         progress(f"{model.name}: cached in {target}")
         return target
     cache.mkdir(parents=True, exist_ok=True)
-    with _locked(cache / f".{model.name}.lock"):
+    with locked(cache / f".{model.name}.lock"):
         if is_prepared(target, model):  # another process made it while we waited
             progress(f"{model.name}: cached in {target}")
             return target
@@ -541,17 +542,6 @@ def _quiet(hf_logging: Any) -> Iterator[None]:
         hf_logging.set_verbosity(level)
         if bars:
             hf_logging.enable_progress_bar()
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """One preparation of a model at a time (`make models` and a test may race)."""
-    with open(path, "a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -48,9 +48,7 @@ build, is rebuilt.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import logging
@@ -67,6 +65,7 @@ from typing import Any
 from learner.demo.probe import ProbeResult, probe, probe_tasks, render
 from learner.demo.tasks import declined_dialogue_for, dialogue_for, make_task
 from learner.demo.tiny_model import CHAT_TEMPLATE
+from learner.file_lock import locked
 
 log = logging.getLogger("onthejob.warmup")
 
@@ -191,20 +190,10 @@ def build_demo_model(
     # file goes once the build is done: a waiter holding the old one finds the build made
     lock = out_dir.parent / f".{out_dir.name}.lock"
     try:
-        with _locked(lock):
+        with locked(lock):
             return _build_cached(out_dir, settings, excluded, progress=progress)
     finally:
         lock.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _build_cached(
