@@ -12,7 +12,7 @@ case, a reward that punishes every "plain" success. Replies are one token long, 
 moves only the first token's distribution, and it overshoots: the new version begins (almost)
 every reply the same way. Which way is the tiny model's business, but the
 two types' successes are complementary, so one of them falls by about 0.5, far beyond its
-noise floor (about 0.2 at 24 runs per eval), while the other rises. The guard evaluates the
+noise floor (about 0.18 at 48 runs per eval), while the other rises. The guard evaluates the
 version on both types, rolls it back to version 0 and records why; traffic is then served
 by version 0's weights again (the calls' recorded version).
 """
@@ -60,7 +60,10 @@ LOWER = [{"id": f"lower-{i}", "prompt": f"Write something, take {i}.", "check": 
          for i in range(10, 14)]  # fmt: skip
 PLAIN = [{"id": f"plain-{i}", "prompt": f"Write something, take {i}.", "check": NOT_LOW}
          for i in range(20, 24)]  # fmt: skip
-SAMPLES = 6  # 4 tasks x 6 samples: 24 runs per eval
+# 4 tasks x 12 samples: 48 runs per eval, a noise floor of about 0.18 on a drop. At 6 (24
+# runs, a floor of 0.25) one run's step took "lower" from 0.375 to 0.167 only, not beyond
+# that floor: the collapse is not always whole
+SAMPLES = 12
 
 
 def write_tasks(path: Path, tasks: list[dict[str, Any]]) -> Path:
