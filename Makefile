@@ -65,7 +65,7 @@ test: $(STAMP) browser clis models
 	$(VENV)/bin/python -m pytest
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m bench.proxy_overhead

@@ -31,8 +31,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from learner.demo.probe import render, tool_turn
 from learner.demo.tasks import dialogue_for, make_task_sets
 from learner.demo.warmup import WarmupSettings, build_demo_model, encode_dialogue
-from learner.samples import Sample, build_samples
 from learner.trainer import Trainer, TrainerConfig
+from store.samples import Sample, build_samples
 
 Call = tuple[list[int], list[int], list[float], str, str]  # prompt, completion, lps, finish, text
 

@@ -45,8 +45,8 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 from transformers.utils import logging as transformers_logging
 
 from bench.learner_step import BenchError, Memory, Timings, measure_memory, measure_steps
-from learner.samples import Sample, Sampling
 from learner.trainer import PRECISIONS, Trainer, TrainerConfig, micro_batches
+from store.samples import Sample, Sampling
 
 # The published configs' shapes (Qwen/Qwen2.5-0.5B and Qwen/Qwen2.5-7B config.json).
 SHAPES: dict[str, dict[str, Any]] = {

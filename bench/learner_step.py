@@ -66,7 +66,6 @@ from transformers.utils import logging as transformers_logging
 from learner.checkpoint import CheckpointError, load_model, save_checkpoint, validate_checkpoint
 from learner.demo.tiny_model import build_tiny_model
 from learner.demo.vllm_server import VLLMServer
-from learner.samples import Sample, Sampling
 from learner.trainer import (
     PRECISIONS,
     Trainer,
@@ -76,6 +75,7 @@ from learner.trainer import (
     processed_logprobs,
     sample_logprobs,
 )
+from store.samples import Sample, Sampling
 
 # learner.publisher (httpx, and the store through the fence) is imported where the swaps are
 # measured: bench/gpu_learner.py reuses the step measurements on a machine without them

@@ -81,8 +81,8 @@ from learner.publisher import (
     served_dtype,
     tolerance_for,
 )
-from learner.samples import Sample
 from learner.trainer import Trainer, TrainerConfig
+from store.samples import Sample
 from tests.learning_rewards import share_of_a
 
 PROMPTS = [f"Write something, take {i}." for i in range(8)]
@@ -371,8 +371,8 @@ def run_learner(
     then)."""
     from sqlalchemy import select
 
-    from proxy.store import db
-    from proxy.store.models import TrainingStep
+    from store import db
+    from store.models import TrainingStep
     from tests.proxy_server import ProxyServer
 
     work = Path(tempfile.mkdtemp(prefix="learner-arm-", dir=served.work))
@@ -520,7 +520,7 @@ def learner_curve(engine: Any, curve: Curve) -> None:
     how many versions old the trajectories each step trained on were."""
     from sqlalchemy import select
 
-    from proxy.store.models import Call, Grade, PolicyVersion, TrainingStep
+    from store.models import Call, Grade, PolicyVersion, TrainingStep
 
     with engine.connect() as conn:
         ordinals = dict(

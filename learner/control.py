@@ -17,91 +17,28 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import threading
 import time
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection
 
-from learner import queries
+from store import grade_queue
+from store.control import (
+    HEARTBEAT_KEY,
+    KNOBS,
+    TASKS_REVISION_KEY,
+    Control,
+    read_control,
+)
+from store.learner_state import get_state, set_state
+from store.tasks import task_table
 
 if TYPE_CHECKING:
     from learner.loop import Learner
 
 log = logging.getLogger("onthejob.learner")
-
-CONTROL_KEY = "control"
-HEARTBEAT_KEY = "learner"
-TASKS_REVISION_KEY = "tasks_revision"
-KNOBS = ("learning_rate", "batch_trajectories", "max_batch_trajectories", "max_staleness")
-
-
-@dataclass(frozen=True)
-class Control:
-    """What operators asked for; None means 'as the learner was started'."""
-
-    paused: bool = False
-    learning_rate: float | None = None
-    batch_trajectories: int | None = None
-    max_batch_trajectories: int | None = None  # 0: no bound
-    max_staleness: int | None = None
-    set_at: dict[str, str] = field(default_factory=dict)  # knob -> ISO time it was set
-
-    def __post_init__(self) -> None:
-        if self.learning_rate is not None and not (
-            math.isfinite(self.learning_rate) and 0 < self.learning_rate <= 1
-        ):
-            raise ValueError("learning_rate must be in (0, 1]")
-        if self.batch_trajectories is not None and not 1 <= self.batch_trajectories <= 100_000:
-            raise ValueError("batch_trajectories must be between 1 and 100000")
-        if self.max_batch_trajectories is not None and not (
-            0 <= self.max_batch_trajectories <= 100_000
-        ):
-            raise ValueError("max_batch_trajectories must be between 0 (no bound) and 100000")
-        if self.max_staleness is not None and not 0 <= self.max_staleness <= 1_000_000:
-            raise ValueError("max_staleness must be between 0 and 1000000")
-        if not isinstance(self.set_at, dict):
-            raise ValueError("set_at must map knobs to times")
-
-    def changed(self, **knobs: Any) -> Control:
-        """These knobs set now (None: back to the learner's own setting)."""
-        stamp = datetime.now(UTC).isoformat()
-        set_at = dict(self.set_at)
-        for name, value in knobs.items():
-            if value is None:
-                set_at.pop(name, None)
-            else:
-                set_at[name] = stamp
-        return dataclasses.replace(self, **knobs, set_at=set_at)
-
-    @classmethod
-    def from_state(cls, value: Any) -> Control:
-        if not isinstance(value, dict):
-            return cls()
-        names = {f.name for f in dataclasses.fields(cls)}
-        try:
-            return cls(**{k: v for k, v in value.items() if k in names})
-        except (TypeError, ValueError):
-            return cls()  # a hand-edited row must not stop the learner
-
-    def state(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def read_control(conn: Connection) -> Control:
-    return Control.from_state(queries.get_state(conn, CONTROL_KEY))
-
-
-def write_control(conn: Connection, control: Control) -> None:
-    queries.set_state(conn, CONTROL_KEY, control.state())
-
-
-def read_heartbeat(conn: Connection) -> dict[str, Any] | None:
-    value = queries.get_state(conn, HEARTBEAT_KEY)
-    return value if isinstance(value, dict) else None
 
 
 def follow(learner: Learner) -> bool:
@@ -112,7 +49,7 @@ def follow(learner: Learner) -> bool:
         _apply(learner, control)
         _follow_tasks(learner, conn)
         learner.applied_control = control
-        queries.set_state(conn, HEARTBEAT_KEY, heartbeat(learner))
+        set_state(conn, HEARTBEAT_KEY, heartbeat(learner))
     if control.paused:
         learner.activity = "paused"
         time.sleep(learner.config.poll_interval)
@@ -167,13 +104,13 @@ def _apply(learner: Learner, control: Control) -> None:
 
 
 def _follow_tasks(learner: Learner, conn: Connection) -> None:
-    state = queries.get_state(conn, TASKS_REVISION_KEY)
+    state = get_state(conn, TASKS_REVISION_KEY)
     revision = state.get("revision") if isinstance(state, dict) else None
     if revision is None or revision == getattr(learner, "_tasks_revision", None):
         return
-    learner.tasks = queries.task_table(conn)
+    learner.tasks = task_table(conn)
     learner._tasks_revision = revision  # type: ignore[attr-defined]
-    queries.retry_failed_now(conn)  # a grading that lacked its task may succeed now
+    grade_queue.retry_failed_now(conn)  # a grading that lacked its task may succeed now
     log.info("task table reloaded from the store: %d tasks", len(learner.tasks))
 
 
@@ -223,4 +160,4 @@ class Heartbeat:
         while not self._stop.wait(self.every):
             with contextlib.suppress(Exception):  # the store is away: the loop says why
                 with self.learner.engine.begin() as conn:
-                    queries.set_state(conn, HEARTBEAT_KEY, heartbeat(self.learner))
+                    set_state(conn, HEARTBEAT_KEY, heartbeat(self.learner))

@@ -41,7 +41,6 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from learner.samples import Sample
 from learner.trainer import (
     TRAINING_STATE_FORMAT,
     MicroBatch,
@@ -50,6 +49,7 @@ from learner.trainer import (
     checkpoint_layers,
     micro_batches,
 )
+from store.samples import Sample
 
 log = logging.getLogger("onthejob.learner")
 

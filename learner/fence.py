@@ -1,5 +1,5 @@
 """The publisher's side of the swap gates: keep every proxy off replicas while their weights
-change, and let them back once the weights are verified (proxy/store/gates.py).
+change, and let them back once the weights are verified (store/gates.py).
 
 Invariant: `close` returns only when every live proxy that routes to one of the replicas has
 acknowledged the new gate epoch with nothing in flight to it; from then until `open`, the
@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import Connection, Engine
 
-from proxy.store import gates
+from store import gates
 
 log = logging.getLogger("onthejob.learner")
 

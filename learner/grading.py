@@ -18,12 +18,13 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from learner import queries
 from learner.config import LearnerConfig
 from learner.graders.base import Grade, Grader
 from learner.graders.rubrics import Rubrics
 from learner.graders.selfjudge import DefaultGrader, ShadowPolicy, build_default_grader
-from learner.graders.tasks import TaskTable
+from store import grade_queue
+from store.feedback import latest_feedback
+from store.tasks import TaskTable
 
 log = logging.getLogger("onthejob.learner")
 
@@ -61,7 +62,7 @@ class DatabaseFeedback:
         self, trajectory_id: str, session: str | None
     ) -> tuple[float, str | None] | None:
         with self.engine.connect() as conn:
-            return queries.latest_feedback(conn, trajectory_id=trajectory_id, session_key=session)
+            return latest_feedback(conn, trajectory_id=trajectory_id, session_key=session)
 
 
 def learner_grader(config: LearnerConfig, engine: Engine) -> DefaultGrader:
@@ -100,7 +101,7 @@ def grade_and_save(
     outcome = Outcome()
     now = datetime.now(UTC)
     with engine.begin() as conn:
-        tries = queries.grade_attempts(conn, ids)
+        tries = grade_queue.grade_attempts(conn, ids)
         for trajectory_id, grade in zip(ids, grades, strict=True):
             if grade.pending:
                 outcome.pending.append(trajectory_id)
@@ -124,7 +125,7 @@ def _save(
     if error is not None:
         kind = "will be tried again" if transient else "failed"
         log.warning("grading of trajectory %s %s: %s", trajectory_id, kind, error)
-    queries.save_grade(
+    grade_queue.save_grade(
         conn,
         trajectory_id=trajectory_id,
         reward=grade.reward if error is None else None,

@@ -288,3 +288,15 @@ def _verdict(
     regressed = before.value - after.value > allowed
     return TypeVerdict(**common, before=before, after=after, allowed=allowed,
                        regressed=regressed, waived=waived and regressed)  # fmt: skip
+
+
+def config_state(config: GuardConfig) -> dict[str, Any]:
+    return {
+        "proxy": config.proxy_url,
+        "z": config.z,
+        "types": [
+            {"type": t.name, "tasks": len(t.tasks.tasks), "samples": t.samples, "runs": t.runs,
+             "margin": t.margin, "protected": t.protected, "metric": t.metric}
+            for t in config.types
+        ],
+    }  # fmt: skip

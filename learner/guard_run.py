@@ -6,7 +6,7 @@ rollout runner in eval mode (learner/rollout/runner.py; the runs are filed in ev
 under the task set `guard:TYPE`, as any eval), and learner/guard.py's rule decides. The
 learner rolls a version the rule rejects back to the last kept one (learner/versions.py).
 
-What it keeps: learner/guard_store.py. Invariant: a decision is recorded before the learner
+What it keeps: store/guard_records.py. Invariant: a decision is recorded before the learner
 acts on it.
 """
 
@@ -19,20 +19,19 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, select
 
-from learner import queries
-from learner.guard import Decision, GuardConfig, GuardedType, Score, Waiver, decide
-from learner.guard_store import (
+from learner.guard import Decision, GuardConfig, GuardedType, Score, Waiver, config_state, decide
+from learner.rollout.curriculum_runner import eval_metrics
+from learner.rollout.runner import RolloutConfig, run_rollout
+from store import learner_state
+from store.guard_records import (
     CONFIG,
     EVALS,
     WAIVER,
     append_decision,
-    config_state,
     now_iso,
     protected_overrides,
 )
-from learner.rollout.curriculum_runner import eval_metrics
-from learner.rollout.runner import RolloutConfig, run_rollout
-from proxy.store.models import Grade, Trajectory
+from store.models import Grade, Trajectory
 
 log = logging.getLogger("onthejob.guard")
 
@@ -55,7 +54,7 @@ class Guard:
         # not named after the type it is meant to guard
         self.recorded_as: dict[str, list[str]] = {}
         with engine.begin() as conn:
-            queries.set_state(conn, CONFIG, config_state(config))
+            learner_state.set_state(conn, CONFIG, config_state(config))
 
     # -- evals ----------------------------------------------------------------------------
     def score(self, guarded: GuardedType, version: str) -> Score | None:
@@ -108,14 +107,14 @@ class Guard:
         state = {n: {"value": s.value, "runs": s.runs, "version": version["version"],
                      "at": now_iso()} for n, s in scores.items()}  # fmt: skip
         with self.engine.begin() as conn:
-            evals = dict(queries.get_state(conn, EVALS) or {})
+            evals = dict(learner_state.get_state(conn, EVALS) or {})
             evals[str(version["checkpoint_path"])] = state
-            queries.set_state(conn, EVALS, evals)
+            learner_state.set_state(conn, EVALS, evals)
         return scores
 
     def known(self, version: dict[str, Any]) -> dict[str, Score] | None:
         with self.engine.connect() as conn:
-            evals = queries.get_state(conn, EVALS) or {}
+            evals = learner_state.get_state(conn, EVALS) or {}
         state = evals.get(str(version["checkpoint_path"]))
         if state is None:
             return None
@@ -138,11 +137,11 @@ class Guard:
         before = self.baseline(kept)
         after = self.evaluate(candidate)
         with self.engine.begin() as conn:
-            waiver = Waiver.from_state(queries.get_state(conn, WAIVER))
+            waiver = Waiver.from_state(learner_state.get_state(conn, WAIVER))
             config = self._with_overrides(protected_overrides(conn))
             decision = decide(config, before, after, waiver)
             if waiver is not None:
-                queries.set_state(conn, WAIVER, None)  # it was for this version only
+                learner_state.set_state(conn, WAIVER, None)  # it was for this version only
             append_decision(
                 conn,
                 {

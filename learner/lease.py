@@ -20,8 +20,8 @@ from typing import Any
 
 from sqlalchemy import Engine, or_, select, update
 
-from proxy.store.models import PublishLease
-from proxy.store.repo import insert_for
+from store.db import insert_for
+from store.models import PublishLease
 
 NAME = "publish"
 TTL = timedelta(seconds=60)

@@ -29,13 +29,12 @@ import torch
 from sqlalchemy.exc import DBAPIError
 from tqdm import tqdm
 
-from learner import control, grading, lease, queries, retention, selfjudge_rollouts
+from learner import control, grading, lease, retention, selfjudge_rollouts
 from learner.accounting import StepAccount
 from learner.checkpoint import load_model, save_checkpoint
 from learner.config import LearnerConfig
 from learner.distributed import Ranks
 from learner.fence import Fence
-from learner.graders.tasks import TaskTable
 from learner.grouping import (
     Baselines,
     GroupingConfig,
@@ -46,7 +45,6 @@ from learner.grouping import (
 )
 from learner.guard import GuardConfig
 from learner.guard_run import Guard
-from learner.guard_store import guard_decision, mark_rolled_back
 from learner.layout import is_adapter, served_base
 from learner.lora import LoraSettings, load_trainable, merge, save_adapter, wrap
 from learner.lora_publisher import LoraPublisher
@@ -64,13 +62,15 @@ from learner.publisher import (
     served_dtype,
     tolerance_for,
 )
-from learner.samples import Sample, build_samples
 from learner.stopping import GracefulStop
 from learner.traffic import yielding_to
 from learner.trainer import Trainer, TrainerConfig
 from learner.versions import serve_version
-from proxy.export import iter_trajectories
-from proxy.store import db, gates
+from store import db, gates, grade_queue, learner_state, policy_versions, training_steps
+from store.export import iter_trajectories
+from store.guard_records import guard_decision, mark_rolled_back
+from store.samples import Sample, build_samples
+from store.tasks import TaskTable, upsert_tasks
 
 log = logging.getLogger("onthejob.learner")
 
@@ -96,6 +96,8 @@ class Learner:
             raise ValueError("--lora trains on one device: launch it without torchrun")
         self.config = config
         self.ranks = ranks
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
         if ranks is not None:
             log.info("training sharded over %d ranks (FSDP2) on %s", ranks.world, ranks.device)
         db.upgrade(config.database_url)
@@ -181,9 +183,9 @@ class Learner:
         # a learner killed mid-publish left its lease behind: take it over at once
         with lease.held(self.engine, self.holder, wait=LEASE_WAIT, steal_prefix=LEARNER):
             with self.engine.begin() as conn:
-                self.serving = queries.serving_version(conn)
-                self.step = queries.last_step(conn)
-                states = {key: queries.get_state(conn, key) for key in Baselines.KEYS}
+                self.serving = policy_versions.serving_version(conn)
+                self.step = training_steps.last_step(conn)
+                states = {key: learner_state.get_state(conn, key) for key in Baselines.KEYS}
                 self.baselines = Baselines.from_states(states, self.config.type_baseline)
                 self.own_set_at = control.own_set_at(self.own_knobs, control.read_heartbeat(conn))
             adopted = self.serving is None and self._adopt_served_weights()
@@ -230,7 +232,7 @@ class Learner:
         if not self.serving["parent"]:
             return None
         with self.engine.connect() as conn:
-            return queries.version(conn, version=self.serving["parent"])
+            return policy_versions.version(conn, version=self.serving["parent"])
 
     def _guard_step(self, step: int | None) -> None:
         """Judge the version that just started serving; roll it back to its parent (the last
@@ -243,7 +245,7 @@ class Learner:
         if decision.outcome != "rolled_back":
             return
         with self.engine.connect() as conn:
-            now_serving = queries.serving_version(conn)
+            now_serving = policy_versions.serving_version(conn)
         if now_serving is None or now_serving["version"] != candidate["version"]:
             # an operator changed what serves during the evals: theirs is the last word
             log.warning("guard: %s no longer serves; not rolled back", candidate["version"])
@@ -264,7 +266,7 @@ class Learner:
                 mark_rolled_back(
                     conn, version=candidate["version"], serving=label, decision=recorded
                 )
-                serving = queries.serving_version(conn)
+                serving = policy_versions.serving_version(conn)
         log.warning(
             "guard: %s rolled back to %s, serving as %s: %s",
             candidate["version"],
@@ -335,16 +337,16 @@ class Learner:
         if not serves_base:
             version = f"base-{os.urandom(3).hex()}"
         with self.engine.begin() as conn:
-            queries.add_version(
+            policy_versions.add_version(
                 conn,
                 version=version,
-                ordinal=queries.next_ordinal(conn),
+                ordinal=policy_versions.next_ordinal(conn),
                 parent=None,
                 checkpoint_path=str(base),
                 status="serving",
                 probe=fingerprint.state(),
             )
-            self.serving = queries.serving_version(conn)
+            self.serving = policy_versions.serving_version(conn)
         return serves_base
 
     def _restore(self) -> None:
@@ -361,7 +363,7 @@ class Learner:
         assert self.serving is not None and self.publisher is not None
         assert self.trainer is not None
         with self.engine.connect() as conn:
-            serving = queries.serving_version(conn)
+            serving = policy_versions.serving_version(conn)
         assert serving is not None
         if serving["version"] != self.serving["version"]:
             self._follow(serving)
@@ -377,7 +379,7 @@ class Learner:
             raise RestoreFailed(f"could not restore {serving['version']}: {result.error}")
         if fingerprint is None and result.fingerprint is not None:
             with self.engine.begin() as conn:
-                queries.set_version_probe(
+                policy_versions.set_version_probe(
                     conn, version=serving["version"], probe=result.fingerprint.state()
                 )
             self.serving["probe"] = result.fingerprint.state()
@@ -406,8 +408,8 @@ class Learner:
             for t in table.values()
         ]
         with self.engine.begin() as conn:
-            queries.upsert_tasks(conn, rows)
-            queries.retry_failed_now(conn)  # "no reference answer" may have one now
+            upsert_tasks(conn, rows)
+            grade_queue.retry_failed_now(conn)  # "no reference answer" may have one now
         self.tasks = table
         log.info("loaded %d tasks from %s", len(rows), path)
 
@@ -491,11 +493,13 @@ class Learner:
                 # feedback may have arrived for what was waiting: look at it again
                 self._pending, self._pending_since = set(), time.monotonic()
             keys = self.config.keys
-            ids = queries.ungraded_finished(
+            ids = grade_queue.ungraded_finished(
                 conn, limit=GRADE_BATCH, skip=sorted(self._pending), keys=keys
             )
             backlog = (
-                queries.count_ungraded_finished(conn, keys=keys) if len(ids) == GRADE_BATCH else 0
+                grade_queue.count_ungraded_finished(conn, keys=keys)
+                if len(ids) == GRADE_BATCH
+                else 0
             )
         if backlog > GRADE_BATCH and self._grading is None:
             # a long phase (e.g. a learner started on a full database): show progress
@@ -521,13 +525,13 @@ class Learner:
         The next step counts them (`stale_not_graded`). How many there were."""
         staleness = self.grouping.max_staleness
         with self.engine.begin() as conn:
-            serving = queries.serving_version(conn)
+            serving = policy_versions.serving_version(conn)
             if serving is None or serving["ordinal"] is None:
                 return 0
             below = int(serving["ordinal"]) - staleness
             if below <= 0:  # ordinals start at 0: nothing can be that old yet
                 return 0
-            ids = queries.stale_ungraded(
+            ids = grade_queue.stale_ungraded(
                 conn, below_ordinal=below, limit=STALE_BATCH, keys=self.config.keys
             )
             detail = {
@@ -535,7 +539,7 @@ class Learner:
                 "serving_ordinal": int(serving["ordinal"]),
                 "max_staleness": staleness,
             }
-            queries.skip_stale(conn, trajectory_ids=ids, detail=detail)
+            grade_queue.skip_stale(conn, trajectory_ids=ids, detail=detail)
         if ids:
             log.info(
                 "%d finished trajectories are more than %d versions older than the serving "
@@ -549,7 +553,7 @@ class Learner:
         """`onthejob rollback` may have changed what serves: train on from there."""
         assert self.serving is not None
         with self.engine.connect() as conn:
-            serving = queries.serving_version(conn)
+            serving = policy_versions.serving_version(conn)
         if serving is not None and serving["version"] != self.serving["version"]:
             self._follow(serving)
 
@@ -581,10 +585,10 @@ class Learner:
     def maybe_train(self) -> bool:
         self._follow_operator()
         with self.engine.connect() as conn:
-            waiting = queries.incomplete_groups(conn)
-            trainable = queries.trainable_grades(conn, keys=self.config.keys)
+            waiting = grade_queue.incomplete_groups(conn)
+            trainable = grade_queue.trainable_grades(conn, keys=self.config.keys)
             rows = [r for r in trainable if r["group_key"] not in waiting]
-            ordinals = queries.version_ordinals(conn)
+            ordinals = policy_versions.version_ordinals(conn)
         if not rows:
             self.traffic.reset()
             return False
@@ -639,7 +643,7 @@ class Learner:
         # the step also accounts for what was too stale to grade (read only when a step will
         # happen: this runs at every poll)
         with self.engine.connect() as conn:
-            stale = queries.stale_skipped(conn, keys=self.config.keys)
+            stale = grade_queue.stale_skipped(conn, keys=self.config.keys)
         group_metrics["stale_not_graded"] = float(len(stale))
         group_metrics["yield_seconds"] = round(waited, 2)
         group_metrics["dropped_unknown_version"] = float(len(unknown))
@@ -729,7 +733,7 @@ class Learner:
             # new version, and no optimizer step
             self._trainer_is_serving = True
             with self.engine.begin() as conn:
-                queries.mark_trained(conn, trajectory_ids=considered, step=-1)
+                grade_queue.mark_trained(conn, trajectory_ids=considered, step=-1)
                 _save_baselines(conn, baselines)
             self.baselines = baselines
             log.warning(
@@ -797,7 +801,7 @@ class Learner:
         self.activity = f"publishing step {step}"
         with lease.held(self.engine, self.holder, wait=LEASE_WAIT):
             with self.engine.connect() as conn:
-                serving = queries.serving_version(conn)
+                serving = policy_versions.serving_version(conn)
             if serving is not None and serving["version"] != self.serving["version"]:
                 log.info("step %d trained on weights an operator replaced: dropped", step)
                 self._follow(serving)
@@ -829,10 +833,10 @@ class Learner:
                     weight_sums_compared=result.weight_sums_compared,
                 )
                 with self.engine.begin() as conn:
-                    queries.add_version(
+                    policy_versions.add_version(
                         conn,
                         version=version,
-                        ordinal=queries.next_ordinal(conn),
+                        ordinal=policy_versions.next_ordinal(conn),
                         parent=parent,
                         checkpoint_path=str(checkpoint),
                         status="serving",
@@ -841,7 +845,7 @@ class Learner:
                         probe=None if result.fingerprint is None else result.fingerprint.state(),
                     )
                     self._record_step(conn, step, version, metrics, considered, baselines)
-                    recorded = queries.version(conn, version=version)
+                    recorded = policy_versions.version(conn, version=version)
                 self.step, self.serving, self.baselines = step, recorded, baselines
                 self._trainer_is_serving = True
 
@@ -865,7 +869,7 @@ class Learner:
                 )
                 with self.engine.begin() as conn:
                     # no ordinal: it never served anyone, nothing it did is trainable
-                    queries.add_version(
+                    policy_versions.add_version(
                         conn,
                         version=version,
                         ordinal=None,
@@ -905,8 +909,8 @@ class Learner:
         considered: list[str],
         baselines: Baselines,
     ) -> None:
-        queries.add_step(conn, step=step, version=version, metrics=metrics)
-        queries.mark_trained(conn, trajectory_ids=considered, step=step)
+        training_steps.add_step(conn, step=step, version=version, metrics=metrics)
+        grade_queue.mark_trained(conn, trajectory_ids=considered, step=step)
         _save_baselines(conn, baselines)
 
     def _publisher(self, source: Path) -> FullReloadPublisher:
@@ -1023,7 +1027,7 @@ def expected_for(checkpoint: Path) -> tuple[Probe, ExpectedLogprobs]:
 
 def _save_baselines(conn: Any, baselines: Baselines) -> None:
     for key, state in baselines.states().items():
-        queries.set_state(conn, key, state)
+        learner_state.set_state(conn, key, state)
 
 
 def _unreachable(exc: DBAPIError) -> bool:

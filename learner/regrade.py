@@ -15,11 +15,11 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from learner import grading, queries
+from learner import grading
 from learner.config import LearnerConfig
-from learner.graders.tasks import TaskTable
-from proxy.export import iter_trajectories
-from proxy.store import db
+from store import db, grade_queue
+from store.export import iter_trajectories
+from store.tasks import TaskTable, task_table
 
 BATCH = 256
 
@@ -67,7 +67,7 @@ def regrade(config: LearnerConfig, selection: Selection) -> Report:
         )
         tasks = _tasks(engine, config.tasks)
         with engine.connect() as conn:
-            ids, trained = queries.regrade_candidates(
+            ids, trained = grade_queue.regrade_candidates(
                 conn,
                 failed_only=selection.failed_only,
                 session_key=selection.session_key,
@@ -81,7 +81,7 @@ def regrade(config: LearnerConfig, selection: Selection) -> Report:
             batch = list(iter_trajectories(engine, ids=ids[start : start + BATCH]))
             # a regrade starts the count of tries afresh
             with engine.begin() as conn:
-                queries.reset_attempts(conn, [t["id"] for t in batch])
+                grade_queue.reset_attempts(conn, [t["id"] for t in batch])
             outcome = grading.grade_and_save(engine, grader, batch, tasks=tasks, policy=policy)
             total.rewarded += outcome.rewarded
             total.retrying += outcome.retrying
@@ -96,7 +96,7 @@ def regrade(config: LearnerConfig, selection: Selection) -> Report:
 def _tasks(engine: Engine, path: str | None) -> TaskTable:
     """The task table in the store, with the --tasks file's tasks over it (not stored)."""
     with engine.connect() as conn:
-        tasks = dict(queries.task_table(conn))
+        tasks = dict(task_table(conn))
     if path is not None:
         tasks.update(TaskTable.from_jsonl(Path(path)))
     return TaskTable(tasks)

@@ -28,8 +28,8 @@ from typing import Any
 import httpx
 from sqlalchemy import Engine
 
-from learner import queries
 from learner.layout import CheckpointError, is_adapter, served_base
+from store import policy_versions
 
 log = logging.getLogger("onthejob.learner")
 
@@ -83,7 +83,7 @@ def prune(
     publish lease. `in_use`: the adapter names the replicas still list (None: unknown)."""
     checkpoints = Path(checkpoints)
     with engine.connect() as conn:
-        versions = queries.versions_with_checkpoints(conn)
+        versions = policy_versions.versions_with_checkpoints(conn)
     decided = plan(versions, checkpoints=checkpoints, keep_last=keep_last)
     delete = dict(decided.delete)
     adapters = {path: names for path, names in delete.items() if _is_adapter(path)}
@@ -95,7 +95,7 @@ def prune(
     if delete:
         with engine.begin() as conn:
             names = [name for names in delete.values() for name in names]
-            queries.mark_checkpoints_deleted(conn, versions=names)
+            policy_versions.mark_checkpoints_deleted(conn, versions=names)
         for path in delete:
             _remove(path)
         log.info("retention: deleted %d checkpoints, keeping %d", len(delete), len(decided.keep))

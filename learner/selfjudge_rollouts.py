@@ -16,10 +16,10 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from learner import queries
 from learner.graders.selfjudge import SELF_JUDGE, DefaultGrader
-from learner.graders.tasks import TaskTable
-from proxy.export import iter_trajectories
+from store import grade_queue, learner_state
+from store.export import iter_trajectories
+from store.tasks import TaskTable
 
 CURSOR_KEY = "self_judge_rollout_cursor"
 BATCH = 64
@@ -46,9 +46,9 @@ def shadow_rollout_grades(engine: Engine, grader: DefaultGrader, tasks: TaskTabl
     if grader.shadow is None or grader.shadow.policy.share <= 0:
         return 0
     with engine.connect() as conn:
-        cursor = queries.get_state(conn, CURSOR_KEY) or {}
+        cursor = learner_state.get_state(conn, CURSOR_KEY) or {}
         after = cursor.get("graded_at")
-        rows = queries.rollout_grades_after(
+        rows = grade_queue.rollout_grades_after(
             conn,
             after=datetime.fromisoformat(after) if after else None,
             after_id=cursor.get("trajectory_id", ""),
@@ -70,11 +70,11 @@ def shadow_rollout_grades(engine: Engine, grader: DefaultGrader, tasks: TaskTabl
     with engine.begin() as conn:
         for n, entry in verdicts.items():
             tid = trajectories[n]["id"]
-            stored += queries.add_to_grade_detail(
+            stored += grade_queue.add_to_grade_detail(
                 conn, trajectory_id=tid, key=SELF_JUDGE, value=entry
             )
         last = rows[-1]
-        queries.set_state(
+        learner_state.set_state(
             conn,
             CURSOR_KEY,
             {"graded_at": last["graded_at"].isoformat(), "trajectory_id": last["trajectory_id"]},

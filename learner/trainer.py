@@ -42,7 +42,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.utils.checkpoint import checkpoint
 
 from learner.loss import LossBatch, LossConfig, policy_loss, sequence_mismatch
-from learner.samples import Sample, Sampling
+from store.samples import Sample, Sampling
 
 PRECISIONS = ("float32", "bfloat16", "autocast")
 TRAINING_STATE_FORMAT = 2  # optimizer state by parameter name, float32 masters beside it

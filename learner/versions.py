@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from learner import lease, queries
+from learner import lease
 from learner.fence import Fence
 from learner.layout import served_base
 from learner.lora_publisher import LoraPublisher
@@ -34,6 +34,7 @@ from learner.publisher import (
     served_dtype,
     tolerance_for,
 )
+from store import policy_versions
 
 log = logging.getLogger("onthejob.learner")
 
@@ -99,9 +100,9 @@ def _serve(
     drain_timeout: float,
 ) -> str:
     with engine.connect() as conn:
-        target = queries.version(conn, version=version)
-        current = queries.serving_version(conn)
-        ordinal = queries.next_ordinal(conn)  # ours: nobody else publishes under the lease
+        target = policy_versions.version(conn, version=version)
+        current = policy_versions.serving_version(conn)
+        ordinal = policy_versions.next_ordinal(conn)  # ours: nobody else publishes under the lease
     _check(target, current, version, action)
     assert target is not None
     checkpoint = Path(target["checkpoint_path"])
@@ -136,7 +137,7 @@ def _serve(
 
     def record(result: PublishResult) -> None:
         with engine.begin() as conn:
-            queries.add_version(
+            policy_versions.add_version(
                 conn,
                 version=label,
                 ordinal=ordinal,
@@ -147,7 +148,9 @@ def _serve(
                 probe=None if result.fingerprint is None else result.fingerprint.state(),
             )
             if fingerprint is None and result.fingerprint is not None:
-                queries.set_version_probe(conn, version=version, probe=result.fingerprint.state())
+                policy_versions.set_version_probe(
+                    conn, version=version, probe=result.fingerprint.state()
+                )
 
     result = publisher.rollback(
         checkpoint, label, fingerprint=fingerprint, expected=expected, commit=record
@@ -171,12 +174,12 @@ def pin_version(engine: Engine, version: str, *, pinned: bool) -> None:
     try:
         with lease.held(engine, lease.holder_name("pin"), wait=30.0):
             with engine.begin() as conn:
-                target = queries.version(conn, version=version)
+                target = policy_versions.version(conn, version=version)
                 if target is None:
                     raise UnknownVersion(f"no policy version {version!r}")
                 if pinned and target.get("checkpoint_deleted_at") is not None:
                     raise VersionError(f"version {version!r}: its checkpoint is deleted already")
-                queries.set_pinned(conn, version=version, pinned=pinned)
+                policy_versions.set_pinned(conn, version=version, pinned=pinned)
     except lease.LeaseBusy as exc:
         raise VersionError(str(exc)) from None
 

@@ -1,11 +1,11 @@
-"""Alembic environment: runs revisions against the URL set by proxy.store.db.alembic_config."""
+"""Alembic environment: runs revisions against the URL set by store.db.alembic_config."""
 
 from __future__ import annotations
 
 from alembic import context
 
-from proxy.store.db import make_engine
-from proxy.store.models import Base
+from store.db import make_engine
+from store.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -29,9 +29,9 @@ from proxy.routes import openai as openai_routes
 from proxy.routes import responses as responses_routes
 from proxy.settings import Settings
 from proxy.state import ProxyState
-from proxy.store import db
-from proxy.store.identity import ensure_store_id, public_url
 from proxy.upstream import UpstreamPool
+from store import db
+from store.identity import ensure_store_id, public_url
 
 log = logging.getLogger("onthejob.app")
 

@@ -1,7 +1,7 @@
 """The proxy's side of the swap gates: follow them from the store, acknowledge drained ones.
 
 A publisher (the learner, a rollback) closes a replica's gate before it touches the
-replica's weights and opens it only once they are verified (proxy/store/gates.py). This
+replica's weights and opens it only once they are verified (store/gates.py). This
 proxy then sends the replica nothing, and acknowledges the gate's epoch once its last
 request to the replica has ended, so the publisher knows that no client of this proxy can
 be answered by weights that have not passed verification.
@@ -23,8 +23,8 @@ from datetime import UTC, datetime
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from proxy.store import gates
 from proxy.upstream import UpstreamPool
+from store import gates
 
 log = logging.getLogger("onthejob.gates")
 

@@ -33,7 +33,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from proxy.errors import ServiceUnavailable, Unauthorized
-from proxy.store import keys as store
+from store import keys as store
 
 log = logging.getLogger("onthejob.keys")
 

@@ -29,9 +29,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from learner import queries
 from proxy.state import ProxyState
-from proxy.store.models import TrainingStep
+from store import grade_queue, policy_versions
+from store.models import TrainingStep
 
 log = logging.getLogger("onthejob.metrics")
 
@@ -161,8 +161,8 @@ def _learner_snapshot(engine: Engine) -> dict[str, Any]:
             .order_by(TrainingStep.step.desc())
             .limit(1)
         ).first()
-        serving = queries.serving_version(conn)
-        ungraded = queries.count_ungraded_finished(conn)
+        serving = policy_versions.serving_version(conn)
+        ungraded = grade_queue.count_ungraded_finished(conn)
     metrics = (step.metrics if step is not None else None) or {}
     return {
         "step": None if step is None else step.step,

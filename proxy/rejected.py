@@ -21,8 +21,8 @@ from sqlalchemy import Engine
 
 from proxy.rows import empty_rows
 from proxy.spool import Spool
-from proxy.store import repo
 from proxy.writer import Unreachable, is_unreachable, short_reason
+from store import recording
 
 log = logging.getLogger("onthejob.rejected")
 
@@ -52,7 +52,7 @@ def _replay_file(engine: Engine, working: Path, path: Path, result: Replayed) ->
         rows = {**empty_rows(), **entry.get("rows", {})}
         try:
             with engine.begin() as conn:
-                repo.write_batch(conn, **rows)  # idempotent: a row in already changes nothing
+                recording.write_batch(conn, **rows)  # idempotent: a row in already changes nothing
         except Exception as exc:
             if is_unreachable(exc):
                 raise Unreachable(short_reason(exc)) from exc

@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from proxy.store import repo
+from store import recording
 
 
 class ResponseStore:
@@ -37,4 +37,4 @@ class ResponseStore:
 
     def _load(self, response_id: str) -> dict[str, Any] | None:
         with self.engine.connect() as conn:
-            return repo.stored_response(conn, response_id=response_id)
+            return recording.stored_response(conn, response_id=response_id)

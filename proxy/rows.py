@@ -19,7 +19,7 @@ from proxy.stitching import (
     new_id,
     token_array,
 )
-from proxy.store.tokens import common_prefix_len
+from store.tokens import common_prefix_len
 
 if TYPE_CHECKING:
     from proxy.recording import CallRecord

@@ -10,8 +10,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from proxy.translate.policy import HOSTED_TOOL_MODES
-
-DEFAULT_SQLITE_URL = "sqlite:///onthejob.db"
+from store.url import DEFAULT_SQLITE_URL
 
 
 class Settings(BaseSettings):

@@ -19,5 +19,5 @@ class ProxyState:
     recorder: Recorder
     responses: ResponseStore
     keys: KeyRing
-    # the store it records to: {"id", "url"} (proxy/store/identity.py); id None until read
+    # the store it records to: {"id", "url"} (store/identity.py); id None until read
     store: dict[str, Any] = field(default_factory=lambda: {"id": None, "url": None})

@@ -31,7 +31,7 @@ from proxy.calllog import CallLog, Position
 from proxy.rows import RowBuilder, Rows, empty_rows, ended_at
 from proxy.spool import Spool
 from proxy.stitching import TrajectoryTracker
-from proxy.store import db, repo
+from store import db, recording
 
 log = logging.getLogger("onthejob.recording")
 
@@ -206,10 +206,12 @@ class Writer:
         try:
             with self._transaction() as conn:
                 if from_replay:
-                    present = repo.existing_call_ids(conn, ids=[e["id"] for e in entries])
+                    present = recording.existing_call_ids(conn, ids=[e["id"] for e in entries])
                     entries = [e for e in entries if e["id"] not in present]
                 if keys:
-                    found = repo.open_trajectories_for_sessions(conn, session_keys=sorted(keys))
+                    found = recording.open_trajectories_for_sessions(
+                        conn, session_keys=sorted(keys)
+                    )
                     self._prefetched.update(
                         {
                             key: (row["id"], _epoch(row["started_at"]), _epoch(row["last_call_at"]))
@@ -244,7 +246,7 @@ class Writer:
         """
         try:
             with self._transaction() as conn:
-                repo.write_batch(conn, **rows, fresh=fresh)
+                recording.write_batch(conn, **rows, fresh=fresh)
             self.written += len(rows["calls"])
             return
         except Exception as exc:
@@ -256,7 +258,7 @@ class Writer:
         for single in _singles(rows):
             try:
                 with self._transaction() as conn:
-                    repo.write_batch(conn, **single)
+                    recording.write_batch(conn, **single)
                 self.written += len(single["calls"])
             except Exception as exc:
                 if is_unreachable(exc):
@@ -315,8 +317,8 @@ class Writer:
         cutoff = now - self.tracker.idle_timeout - 10 * self.flush_interval - 5
         try:
             with self._transaction() as conn:
-                repo.finish_trajectories(conn, finished=finished)
-                repo.finish_idle(conn, idle_before=datetime.fromtimestamp(cutoff, UTC))
+                recording.finish_trajectories(conn, finished=finished)
+                recording.finish_idle(conn, idle_before=datetime.fromtimestamp(cutoff, UTC))
         except Exception as exc:  # finish_idle finishes them on a later sweep
             log.warning("could not finish idle trajectories (%s)", short_reason(exc))
 
@@ -359,7 +361,7 @@ def is_unreachable(exc: BaseException) -> bool:
         if exc.connection_invalidated:
             return True
         exc = exc.orig or exc
-    # raw driver errors come from the bulk paths (proxy/store/bulk.py); SQLite's operational
+    # raw driver errors come from the bulk paths (store/bulk.py); SQLite's operational
     # errors are a missing table or column, or a lock held past the busy timeout
     unreachable = psycopg.OperationalError | psycopg.InterfaceError | sqlite3.OperationalError
     return isinstance(exc, unreachable | OSError | _SCHEMA_BEHIND)

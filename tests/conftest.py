@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 
 from learner.demo.tiny_model import build_tiny_model
 from learner.demo.vllm_server import VLLMServer
-from proxy.store import db
+from store import db
 from tests.proxy_server import ProxyServer
 
 PG_ADMIN_URL = os.environ.get("ONTHEJOB_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")

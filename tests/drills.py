@@ -21,16 +21,16 @@ import pytest
 from safetensors.torch import load_file, save_file
 from sqlalchemy import Engine, func, select
 
-from learner import queries
 from learner.checkpoint import WEIGHTS_FILE
 from learner.config import LearnerConfig
-from learner.control import read_heartbeat
 from learner.demo.vllm_server import VLLMServer
 from learner.grouping import RunningBaselines
 from learner.loop import Learner
 from learner.publisher import FullReloadPublisher
 from learner.trainer import Trainer
-from proxy.store.models import Call, Grade, PolicyVersion, SwapGate, TrainingStep, Trajectory
+from store import learner_state
+from store.control import read_heartbeat
+from store.models import Call, Grade, PolicyVersion, SwapGate, TrainingStep, Trajectory
 from tests.proxy_server import ProxyServer
 
 TASK = "drill"
@@ -322,7 +322,7 @@ def assert_baselines_count_each_reward_once(engine: Engine) -> None:
             .where(Grade.trained_in_step > 0)
             .order_by(Grade.trained_in_step, Grade.graded_at, Grade.trajectory_id)
         ).all()
-        stored = queries.get_state(conn, "baselines") or {}
+        stored = learner_state.get_state(conn, "baselines") or {}
     replayed = RunningBaselines()
     for trajectory_id, task_key, reward in rows:
         replayed.update(task_key or trajectory_id, float(reward))

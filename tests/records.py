@@ -7,8 +7,8 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 
-from proxy.export import iter_trajectories
-from proxy.store.models import Call
+from store.export import iter_trajectories
+from store.models import Call
 
 
 def count_calls(engine: Engine, **where: Any) -> int:

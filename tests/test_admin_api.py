@@ -1,6 +1,6 @@
 """The admin API on a running proxy, against PostgreSQL and SQLite.
 
-Rows are written with the store's own batch writer (proxy/store/repo.py, what the recorder
+Rows are written with the store's own batch writer (store/recording.py, what the recorder
 uses) and the learner's queries; the API is read over real HTTP from a proxy subprocess.
 """
 
@@ -20,15 +20,15 @@ import httpx
 import pytest
 from sqlalchemy import Engine, select
 
-from learner import queries
 from learner.config import LearnerConfig
 from learner.control import follow
 from learner.demo.vllm_server import free_port
 from learner.loop import Learner
-from proxy.export import iter_trajectories
 from proxy.settings import Settings
-from proxy.store import repo
-from proxy.store.models import Grade
+from store import grade_queue, learner_state, policy_versions, recording
+from store.export import iter_trajectories
+from store.feedback import add_feedback
+from store.models import Grade
 from tests.proxy_server import ProxyServer
 
 TOKEN = "admin-secret-token"
@@ -161,9 +161,9 @@ def seed(engine: Engine, n: int = N, *, now: float | None = None) -> list[dict[s
                 "ended_at": None,
             }
             finished = [] if i == n - 1 else [{"id": tid, "ended_at": started + 2}]
-            repo.write_batch(conn, trajectories=[trajectory], calls=calls, finished=finished)
+            recording.write_batch(conn, trajectories=[trajectory], calls=calls, finished=finished)
             if i % 2 == 0 and i != n - 1:
-                queries.save_grade(
+                grade_queue.save_grade(
                     conn, trajectory_id=tid, reward=i / n, detail={"grader": "test"}, error=None
                 )
             made.append({"id": tid, "started": started, "reward": i / n if i % 2 == 0 else None})
@@ -313,9 +313,7 @@ def test_bad_list_input_is_a_clear_400(
 def test_one_trajectory_with_conversation_and_tokens(api: httpx.Client, engine: Engine) -> None:
     seed(engine)
     with engine.begin() as conn:
-        queries.add_feedback(
-            conn, reward=1.0, trajectory_id="traj002", session_key=None, comment="nice"
-        )
+        add_feedback(conn, reward=1.0, trajectory_id="traj002", session_key=None, comment="nice")
     detail = api.get("/trajectories/traj002", params={"token_text": "false"}).json()
     assert [c["id"] for c in detail["calls"]] == ["c002a", "c002b"]
     assert detail["grade"]["reward"] == pytest.approx(2 / N)
@@ -354,7 +352,7 @@ def test_feedback_posts_and_corrects_rewards(api: httpx.Client, engine: Engine) 
         before = conn.execute(
             select(Grade.reward).where(Grade.trajectory_id == "traj004")
         ).scalar_one()
-        queries.mark_trained(conn, trajectory_ids=["traj004"], step=1)
+        grade_queue.mark_trained(conn, trajectory_ids=["traj004"], step=1)
     detail = api.get("/trajectories/traj002", params={"token_text": "false"}).json()
     assert detail["reward"] == 0.9 and detail["grade"]["reward"] == 0.9
     assert detail["grade"]["detail"]["operator"]["was"] == pytest.approx(2 / N)
@@ -417,16 +415,16 @@ def test_tasks_load_list_delete(api: httpx.Client, engine: Engine) -> None:
     assert api.delete("/tasks/" + quote("what is 1/2?", safe="")).status_code == 204
     assert "no task" in error_of(api.delete("/tasks/" + quote("what is 1/2?", safe="")), 404)
     with engine.connect() as conn:
-        assert queries.get_state(conn, "tasks_revision") == {"revision": 5}
+        assert learner_state.get_state(conn, "tasks_revision") == {"revision": 5}
 
 
 def test_versions_listed_with_rewards_and_guarded(api: httpx.Client, engine: Engine) -> None:
     seed(engine)
     with engine.begin() as conn:
-        queries.add_version(
+        policy_versions.add_version(
             conn, version="v0", ordinal=0, parent=None, checkpoint_path=None, status="superseded"
         )
-        queries.add_version(
+        policy_versions.add_version(
             conn,
             version="v1",
             ordinal=1,
@@ -454,7 +452,7 @@ def test_versions_listed_with_rewards_and_guarded(api: httpx.Client, engine: Eng
     assert api.delete("/versions/v1/pin").json()["pinned"] is False
     assert "no policy version" in error_of(api.put("/versions/nope/pin"), 404)
     with engine.begin() as conn:
-        queries.mark_checkpoints_deleted(conn, versions=["v1"])
+        policy_versions.mark_checkpoints_deleted(conn, versions=["v1"])
     assert api.get("/versions").json()["items"][0]["has_checkpoint"] is False
     assert "deleted already" in error_of(api.put("/versions/v1/pin"), 409)
 
@@ -604,7 +602,7 @@ def test_compat_per_harness(api: httpx.Client, engine: Engine) -> None:
         _compat_call("k6", api="responses", user_agent=CODEX, compat=codex, started=now - 90000),
     ]
     with engine.begin() as conn:
-        repo.write_batch(conn, trajectories=[], calls=rows)
+        recording.write_batch(conn, trajectories=[], calls=rows)
     body = api.get("/compat").json()
     harnesses = {h["user_agent"]: h for h in body["harnesses"]}
     assert [h["user_agent"] for h in body["harnesses"]] == [CLAUDE, CODEX, None]
@@ -711,7 +709,7 @@ def test_trajectories_whose_grading_failed_show_why(api: httpx.Client, engine: E
     seed(engine)
     later = datetime.now(UTC) + timedelta(minutes=5)
     with engine.begin() as conn:
-        queries.save_grade(
+        grade_queue.save_grade(
             conn,
             trajectory_id="traj001",
             reward=None,
@@ -720,7 +718,7 @@ def test_trajectories_whose_grading_failed_show_why(api: httpx.Client, engine: E
             transient=True,
             retry_at=later,
         )
-        queries.save_grade(
+        grade_queue.save_grade(
             conn, trajectory_id="traj003", reward=None, detail={}, error="command: exited with 2"
         )
     retrying = api.get("/trajectories", params={"grading": "retrying"}).json()["items"]
@@ -761,8 +759,8 @@ def _curriculum(tmp_path: Any, stages: list[str]) -> Any:
 def test_curricula_show_the_stage_over_time(
     api: httpx.Client, engine: Engine, tmp_path: Any
 ) -> None:
-    from learner.rollout import curriculum_store as cstore
     from learner.rollout.curriculum import CurriculumError
+    from store import curricula as cstore
 
     assert api.get("/curricula").json() == {"items": []}
     curriculum = _curriculum(tmp_path, ["qa", "tools", "long"])
@@ -847,7 +845,7 @@ def test_curricula_show_the_stage_over_time(
 
 
 def test_the_regression_guard_decisions_waiver_and_pins(api: httpx.Client, engine: Engine) -> None:
-    from learner import guard_store
+    from store import guard_records as guard_store
 
     assert api.get("/guard").json() == {
         "config": None, "protected": {}, "waiver": None, "decisions": [],
@@ -860,13 +858,13 @@ def test_the_regression_guard_decisions_waiver_and_pins(api: httpx.Client, engin
                 "reason": "tools (protected) ...", "trained_types": [], "waiver": None,
                 "types": [verdict], "at": "2026-12-01T00:00:00+00:00"}  # fmt: skip
     with engine.begin() as conn:
-        queries.add_version(
+        policy_versions.add_version(
             conn, version="v0", ordinal=0, parent=None, checkpoint_path=None, status="superseded"
         )
-        queries.add_version(
+        policy_versions.add_version(
             conn, version="v1", ordinal=1, parent="v0", checkpoint_path=None, status="superseded"
         )
-        queries.add_version(
+        policy_versions.add_version(
             conn, version="v2", ordinal=2, parent="v0", checkpoint_path=None, status="serving"
         )
         guard_store.append_decision(conn, decision)
@@ -883,7 +881,7 @@ def test_the_regression_guard_decisions_waiver_and_pins(api: httpx.Client, engin
     put = api.put("/guard/waiver", json={"types": ["qa"], "reason": "on purpose"})
     assert put.json()["waiver"]["types"] == ["qa"]
     with engine.connect() as conn:
-        waiver = queries.get_state(conn, guard_store.WAIVER)
+        waiver = learner_state.get_state(conn, guard_store.WAIVER)
     assert (waiver["types"], waiver["reason"]) == (["qa"], "on purpose")
     assert api.put("/guard/waiver", json={}).json()["waiver"]["types"] is None  # all unprotected
     assert "types" in error_of(api.put("/guard/waiver", json={"types": [""]}), 400)

@@ -95,7 +95,7 @@ def _model(api: str, base_url: str, model_name: str) -> Any:
 
 @pytest.mark.parametrize("api", ["chat.completions", "responses", "messages"])
 def test_pydantic_ai_agent_run_is_one_recorded_trajectory(vllm, pg_url, start_proxy, api):
-    from proxy.store import db
+    from store import db
 
     db.upgrade(pg_url)
     proxy = start_proxy([vllm.url], pg_url)

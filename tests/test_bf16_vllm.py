@@ -38,10 +38,10 @@ from learner.publisher import (
     served_dtype,
     tolerance_for,
 )
-from learner.samples import Sample
 from learner.trainer import Trainer, TrainerConfig
-from proxy.store import db
-from proxy.store.models import TrainingStep
+from store import db
+from store.models import TrainingStep
+from store.samples import Sample
 from tests.proxy_server import ProxyServer
 from tests.test_learning_vllm import traffic, wait_for_step
 from tests.test_publisher import trainer_logprobs

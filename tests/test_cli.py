@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from learner.demo.vllm_server import free_port
-from proxy.store import db, repo
+from store import db, recording
 
 
 def onthejob(*args: str) -> subprocess.CompletedProcess[str]:
@@ -130,7 +130,7 @@ def _seed(engine: Engine) -> None:
         )
     with engine.begin() as conn:
         for batch in rows:
-            repo.write_batch(conn, **batch)
+            recording.write_batch(conn, **batch)
 
 
 def test_export_filters_and_format(db_url: str, engine: Engine, tmp_path) -> None:

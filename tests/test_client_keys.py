@@ -23,7 +23,7 @@ from aiohttp import web
 from sqlalchemy import Engine, select
 
 from bench.fake_upstream import chat_body
-from proxy.store.models import Call, ClientKey
+from store.models import Call, ClientKey
 from tests.drills import wait_until
 from tests.proxy_server import ProxyServer
 from tests.records import count_calls, wait_for_calls

@@ -14,8 +14,8 @@ import openai
 import pytest
 from sqlalchemy import select
 
-from proxy.store.models import Call
 from proxy.translate.context_edits import CLEARED_RESULT
+from store.models import Call
 from tests.records import all_calls, wait_for_calls
 
 pytestmark = [pytest.mark.vllm]

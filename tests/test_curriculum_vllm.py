@@ -25,8 +25,8 @@ import httpx
 import pytest
 from sqlalchemy import Engine, select
 
-from proxy.store import db
-from proxy.store.models import CurriculumEval, CurriculumPromotion, EvalResult, RolloutRun
+from store import db
+from store.models import CurriculumEval, CurriculumPromotion, EvalResult, RolloutRun
 from tests.conftest import ARTIFACTS
 
 pytestmark = [pytest.mark.vllm]

@@ -16,7 +16,6 @@ import pytest
 from openai import OpenAI
 from sqlalchemy import Engine, func, select
 
-from learner import queries
 from learner.checkpoint import load_model, save_checkpoint
 from learner.demo.vllm_server import VLLMServer
 from learner.publisher import (
@@ -26,9 +25,9 @@ from learner.publisher import (
     Probe,
     current_version,
 )
-from proxy.export import iter_trajectories
-from proxy.store import db
-from proxy.store.models import Feedback, Trajectory
+from store import db, grade_queue, policy_versions
+from store.export import iter_trajectories
+from store.models import Feedback, Trajectory
 from tests.conftest import ARTIFACTS
 from tests.learning_rewards import share_of_a_reward
 from tests.proxy_server import ProxyServer
@@ -81,10 +80,10 @@ def grade_finished(engine: Engine, n: int) -> None:
 
     wait_until(lambda: finished() >= n, f"{n} finished trajectories")
     with engine.connect() as conn:
-        ungraded = queries.ungraded_finished(conn, limit=100)
+        ungraded = grade_queue.ungraded_finished(conn, limit=100)
     for trajectory in iter_trajectories(engine, ids=ungraded):
         with engine.begin() as conn:
-            queries.save_grade(
+            grade_queue.save_grade(
                 conn,
                 trajectory_id=trajectory["id"],
                 reward=share_of_a_reward(trajectory),
@@ -118,7 +117,7 @@ def test_dashboard_shows_rewards_opens_a_trajectory_and_rolls_back(
     # the probes a learner records with each version: rollbacks are verified against them
     served = Fingerprint.of(probe, trainer_logprobs(tiny_model), DEFAULT_TOLERANCE)
     with engine.begin() as conn:
-        queries.add_version(
+        policy_versions.add_version(
             conn,
             version=original,
             ordinal=0,
@@ -127,8 +126,8 @@ def test_dashboard_shows_rewards_opens_a_trajectory_and_rolls_back(
             status="serving",
             probe=served.state(),
         )
-        # one the regression guard rolled back (learner/guard_store.py), with its numbers
-        queries.add_version(
+        # one the regression guard rolled back (store/guard_records.py), with its numbers
+        policy_versions.add_version(
             conn, version="guarded-1", ordinal=None, parent=original, checkpoint_path=None,
             status="rolled_back", error="regression guard: tools (protected) ...",
             metrics={"guard": {"outcome": "rolled_back", "serving_after": original, "types": [
@@ -147,7 +146,7 @@ def test_dashboard_shows_rewards_opens_a_trajectory_and_rolls_back(
     assert published.ok, published.error
     assert published.fingerprint is not None
     with engine.begin() as conn:
-        queries.add_version(
+        policy_versions.add_version(
             conn,
             version="step-1",
             ordinal=1,
@@ -244,8 +243,8 @@ def test_dashboard_shows_rewards_opens_a_trajectory_and_rolls_back(
     # the rollback really happened: vLLM served the new label, the store recorded it
     assert rolled_back_to == label
     with engine.connect() as conn:
-        assert queries.version(conn, version=label)["checkpoint_path"] == str(base)
-        assert queries.serving_version(conn)["checkpoint_path"] == str(checkpoint)
+        assert policy_versions.version(conn, version=label)["checkpoint_path"] == str(base)
+        assert policy_versions.serving_version(conn)["checkpoint_path"] == str(checkpoint)
         comments = conn.execute(select(Feedback.comment)).scalars().all()
     assert comments == ["thumbs up"]
     assert current_version(vllm.url) == promoted["serving"]
@@ -315,14 +314,14 @@ def test_dashboard_shows_what_the_proxy_did_per_harness(
 def test_dashboard_shows_the_curriculum_stage_over_time(
     start_proxy: Callable[..., ProxyServer], tmp_path: Path
 ) -> None:
-    """A curriculum's state as the runner records it (learner/rollout/curriculum_store.py):
+    """A curriculum's state as the runner records it (store/curricula.py):
     the Curricula tab shows its stages (passed, current, pending), a chart of its evals and
     the promotion with its version and the metric that passed."""
     from playwright.sync_api import expect, sync_playwright
 
     from learner.demo.vllm_server import free_port
-    from learner.rollout import curriculum_store as cstore
     from learner.rollout.curriculum import load_curriculum
+    from store import curricula as cstore
 
     for name in ("qa", "tools", "long"):
         (tmp_path / f"{name}.jsonl").write_text(f'{{"id": "{name}", "prompt": "{name}"}}\n')
@@ -456,7 +455,7 @@ def test_dashboard_shows_the_self_judges_agreement_per_type(
                 entry = {"type": kind, "rubric": "default", "reward": judged, "detail": {}}
                 if truth is not None:
                     entry |= {"shadow": True, "truth": {"source": "reference", "reward": truth}}
-                queries.save_grade(
+                grade_queue.save_grade(
                     conn, trajectory_id=next(ids), reward=truth if truth is not None else judged,
                     detail={"self_judge": entry}, error=None,
                 )  # fmt: skip

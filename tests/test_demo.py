@@ -21,8 +21,8 @@ import pytest
 from sqlalchemy import func, select
 
 from learner.demo.vllm_server import free_port
-from proxy.store import db
-from proxy.store.models import Grade, PolicyVersion, TrainingStep, Trajectory
+from store import db
+from store.models import Grade, PolicyVersion, TrainingStep, Trajectory
 
 # 284-460 s on 2 cores, the warm-up included when the session's cache is cold: the demo's own
 # timeout (below) comes first, so that a slow machine fails with the demo's output, not a

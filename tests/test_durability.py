@@ -7,7 +7,7 @@ import asyncio
 import openai
 import pytest
 
-from proxy.store import db
+from store import db
 from tests.records import count_calls, export
 from tests.tcp_gate import through_gate
 

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import Engine, select
 
 from learner.demo.vllm_server import free_port
-from proxy.store.models import Call
+from store.models import Call
 from tests.records import wait_for_calls
 
 

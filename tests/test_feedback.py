@@ -6,7 +6,7 @@ import httpx
 from sqlalchemy import select
 
 from learner.demo.vllm_server import free_port
-from proxy.store.models import Feedback
+from store.models import Feedback
 
 TOKEN = "fb-secret"
 

@@ -32,8 +32,8 @@ import torch
 from learner.checkpoint import load_model
 from learner.loss import LossConfig
 from learner.publisher import HALF_PRECISION_TOLERANCE
-from learner.samples import Sample
 from learner.trainer import Trainer, TrainerConfig, micro_batches
+from store.samples import Sample
 
 pytestmark = [pytest.mark.slow]
 

@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from learner import queries
 from learner.demo.vllm_server import VLLMServer
 from learner.graders.combine import CombinedGrader
 from learner.graders.judge import JudgeGrader
-from proxy.store import db
-from proxy.store.models import Grade
+from store import db, grade_queue
+from store.models import Grade
 from tests.drills import (
     FAST_GATES,
     Traffic,
@@ -63,14 +62,14 @@ def test_a_judge_that_was_away_grades_once_it_is_back(
         assert learner.grade_finished() == 2
         with engine.connect() as conn:
             failed = conn.execute(select(Grade.__table__)).mappings().all()
-            assert queries.grading_failures(conn) == {"retrying": 2, "failed": 0}
+            assert grade_queue.grading_failures(conn) == {"retrying": 2, "failed": 0}
         assert all(g["transient"] and "Connection error" in g["error"] for g in failed)
 
         gate.open()
         wait_until(lambda: learner.grade_finished() == 2, "graded again once the judge is back")
         with engine.connect() as conn:
             graded = conn.execute(select(Grade.__table__)).mappings().all()
-            assert queries.grading_failures(conn) == {"retrying": 0, "failed": 0}
+            assert grade_queue.grading_failures(conn) == {"retrying": 0, "failed": 0}
         assert all(g["error"] is None and 0.0 <= g["reward"] <= 1.0 for g in graded)
         assert {g["attempts"] for g in graded} == {2}
         assert_invariants(engine, traffic.answered)

@@ -1,4 +1,4 @@
-"""The guard's bookkeeping on both databases (learner/guard_run.py, learner/guard_store.py):
+"""The guard's bookkeeping on both databases (learner/guard_run.py, store/guard_records.py):
 baselines kept per checkpoint, the waiver consumed by the next version, an operator's
 protected pin applied, every decision recorded. The evals themselves are replaced by fixed
 scores here; tests/test_guard_vllm.py runs real ones."""
@@ -9,12 +9,12 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from learner import queries
-from learner.graders.tasks import TaskTable
 from learner.guard import GuardConfig, GuardedType, Score
 from learner.guard_run import Guard
-from learner.guard_store import PROTECTED, WAIVER, decisions
 from learner.rollout.taskset import TaskSet
+from store import learner_state
+from store.guard_records import PROTECTED, WAIVER, decisions
+from store.tasks import TaskTable
 
 
 class FixedScores(Guard):
@@ -52,15 +52,15 @@ def test_decisions_baselines_waiver_and_pins(engine: Engine) -> None:
     # after the rollback, the same weights under their new label: not evaluated again
     guard.evaluated.clear()
     with engine.begin() as conn:
-        queries.set_state(conn, WAIVER, {"types": None, "reason": "wanted"})
+        learner_state.set_state(conn, WAIVER, {"types": None, "reason": "wanted"})
     assert guard.check(version("v2", "/ck/v2"), v0_again, step=2).outcome == "waived"
     assert guard.evaluated == ["v2/a", "v2/b"]
     with engine.connect() as conn:
-        assert queries.get_state(conn, WAIVER) is None  # for that version only
+        assert learner_state.get_state(conn, WAIVER) is None  # for that version only
     # pinned protected by an operator: a waiver naming no types no longer covers "a"
     with engine.begin() as conn:
-        queries.set_state(conn, PROTECTED, {"a": True})
-        queries.set_state(conn, WAIVER, {"types": None, "reason": ""})
+        learner_state.set_state(conn, PROTECTED, {"a": True})
+        learner_state.set_state(conn, WAIVER, {"types": None, "reason": ""})
     assert guard.check(version("v3", "/ck/v3"), v0_again, step=3).outcome == "rolled_back"
 
     with engine.connect() as conn:

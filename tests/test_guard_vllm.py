@@ -31,11 +31,10 @@ import pytest
 from openai import OpenAI
 from sqlalchemy import select
 
-from learner import queries
-from learner.guard_store import decisions
 from learner.rollout import RolloutConfig, load_task_set, run_rollout
-from proxy.store import db
-from proxy.store.models import Call, PolicyVersion, Trajectory
+from store import db, policy_versions
+from store.guard_records import decisions
+from store.models import Call, PolicyVersion, Trajectory
 from tests.conftest import ARTIFACTS
 from tests.records import wait_for_calls
 
@@ -135,7 +134,7 @@ def test_a_version_that_degrades_a_type_is_rolled_back(
             versions = {
                 r.version: dict(r._mapping) for r in conn.execute(select(PolicyVersion.__table__))
             }
-            serving = queries.serving_version(conn)
+            serving = policy_versions.serving_version(conn)
         (decision,) = recorded
         by_type = {t["type"]: t for t in decision["types"]}
         print(

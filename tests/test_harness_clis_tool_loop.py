@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from learner.samples import build_samples
+from store.samples import build_samples
 from tests.harness_clis import Run, claude_code, codex
 from tests.records import export, wait_for_calls
 from tests.tool_loop_upstream import LOGPROB, ToolLoopUpstream, has_tool_result, text, tool_call

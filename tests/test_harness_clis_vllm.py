@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import Engine
 
 from learner.demo.vllm_server import VLLMServer
-from proxy.store import db
+from store import db
 from tests.conftest import ARTIFACTS
 from tests.harness_clis import Run, claude_code, codex, pinned
 from tests.long_tiny_model import POSITIONS, build_long_tiny_model

@@ -14,8 +14,8 @@ import openai
 import pytest
 from sqlalchemy import Engine, select
 
-from learner import queries
-from proxy.store.models import Call, Trajectory
+from store import grade_queue
+from store.models import Call, Trajectory
 from tests.proxy_server import ProxyServer
 from tests.records import wait_for_calls
 from tests.test_admin_api import AUTH, TOKEN
@@ -96,7 +96,7 @@ def test_two_harnesses_two_types_and_the_header_overrides(
     rewards = dict(zip([r.id for r in rows], [1.0, 0.0, 0.5, 1.0], strict=True))
     with engine.begin() as conn:
         for trajectory_id, reward in rewards.items():
-            queries.save_grade(
+            grade_queue.save_grade(
                 conn, trajectory_id=trajectory_id, reward=reward, detail={}, error=None
             )
     response = httpx.get(proxy.url + "/admin/api/types", headers=AUTH, timeout=30)

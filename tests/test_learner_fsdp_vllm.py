@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from learner.demo.vllm_server import VLLMServer
-from proxy.store import db
+from store import db
 from tests.test_bf16_vllm import check_step_figures, learner_command, run_live
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

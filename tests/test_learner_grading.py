@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
-from learner import loop, queries
+from learner import loop
 from learner.config import LearnerConfig
 from learner.loop import Learner
-from proxy.store import repo
-from proxy.store.models import Grade
+from store import grade_queue, policy_versions, recording, training_steps
+from store.feedback import add_feedback
+from store.models import Grade
 from tests.drills import wait_until
 from tests.records import served_calls
 from tests.unit.learner.graders import sample_rewards
@@ -37,12 +38,12 @@ def test_feedback_grades_what_has_feedback_and_waits_for_the_rest(
 ) -> None:
     now = time.time()
     with engine.begin() as conn:
-        repo.write_batch(
+        recording.write_batch(
             conn, trajectories=[_finished(f"t{i}", f"s{i}", now) for i in range(3)], calls=[]
         )
-        repo.finish_trajectory(conn, trajectory_id="t0", ended_at=None)
-        queries.add_feedback(conn, reward=1.0, trajectory_id="t0", session_key=None, comment="good")
-        queries.add_feedback(conn, reward=0.0, trajectory_id=None, session_key="s1", comment=None)
+        recording.finish_trajectory(conn, trajectory_id="t0", ended_at=None)
+        add_feedback(conn, reward=1.0, trajectory_id="t0", session_key=None, comment="good")
+        add_feedback(conn, reward=0.0, trajectory_id=None, session_key="s1", comment=None)
     config = LearnerConfig(
         database_url=db_url,
         model=str(tmp_path),
@@ -57,9 +58,7 @@ def test_feedback_grades_what_has_feedback_and_waits_for_the_rest(
             grades = dict(conn.execute(select(Grade.trajectory_id, Grade.reward)).all())
         assert grades == {"t0": 1.0, "t1": 0.0}
         with engine.begin() as conn:
-            queries.add_feedback(
-                conn, reward=0.5, trajectory_id="t2", session_key=None, comment=None
-            )
+            add_feedback(conn, reward=0.5, trajectory_id="t2", session_key=None, comment=None)
         learner._pending_since = 0.0  # the recheck interval has passed
         assert learner.grade_finished() == 1
     finally:
@@ -88,7 +87,7 @@ def test_a_transient_failure_is_graded_again_with_back_off_then_gives_up(
 ) -> None:
     now = time.time()
     with engine.begin() as conn:
-        repo.write_batch(conn, trajectories=[_finished("t0", "s0", now)], calls=[])
+        recording.write_batch(conn, trajectories=[_finished("t0", "s0", now)], calls=[])
     sample_rewards.SERVICE_UP["up"] = False
     learner = _learner(
         db_url,
@@ -111,12 +110,12 @@ def test_a_transient_failure_is_graded_again_with_back_off_then_gives_up(
         graded = _grades(engine)["t0"]
         assert graded["reward"] == 0.75 and graded["error"] is None and not graded["transient"]
         with engine.connect() as conn:
-            assert [r["trajectory_id"] for r in queries.trainable_grades(conn)] == ["t0"]
+            assert [r["trajectory_id"] for r in grade_queue.trainable_grades(conn)] == ["t0"]
 
         # a trajectory whose every try fails: permanent after the last one
         sample_rewards.SERVICE_UP["up"] = False
         with engine.begin() as conn:
-            repo.write_batch(conn, trajectories=[_finished("t1", "s1", now)], calls=[])
+            recording.write_batch(conn, trajectories=[_finished("t1", "s1", now)], calls=[])
         assert learner.grade_finished() == 1
         wait_until(
             lambda: learner.grade_finished() == 0 and _grades(engine)["t1"]["attempts"] == 3,
@@ -125,8 +124,8 @@ def test_a_transient_failure_is_graded_again_with_back_off_then_gives_up(
         given_up = _grades(engine)["t1"]
         assert not given_up["transient"] and given_up["error"].startswith("gave up after 3 tries")
         with engine.connect() as conn:
-            assert queries.grading_failures(conn) == {"retrying": 0, "failed": 1}
-            assert queries.ungraded_finished(conn, limit=10) == []
+            assert grade_queue.grading_failures(conn) == {"retrying": 0, "failed": 1}
+            assert grade_queue.ungraded_finished(conn, limit=10) == []
     finally:
         sample_rewards.SERVICE_UP["up"] = False
         learner.engine.dispose()
@@ -145,7 +144,7 @@ def test_the_newest_are_graded_first_and_the_too_stale_not_at_all(
     with engine.begin() as conn:
         for ordinal in range(6):
             parent = f"v{ordinal - 1}" if ordinal else None
-            queries.add_version(
+            policy_versions.add_version(
                 conn, version=f"v{ordinal}", ordinal=ordinal, parent=parent,
                 checkpoint_path=None, status="serving",
             )  # fmt: skip
@@ -154,7 +153,7 @@ def test_the_newest_are_graded_first_and_the_too_stale_not_at_all(
             at = now + 10 * i  # finished in this order: "new" last
             trajectories.append({**_finished(tid, f"s-{tid}", at), "last_call_at": at + 1})
             calls += served_calls(tid, versions, at)
-        repo.write_batch(conn, trajectories=trajectories, calls=calls)
+        recording.write_batch(conn, trajectories=trajectories, calls=calls)
     sample_rewards.SEEN.clear()
     grader = "python:tests.unit.learner.graders.sample_rewards:recorded"
     learner = _learner(db_url, tmp_path, grader, max_staleness=2)
@@ -175,15 +174,15 @@ def test_the_newest_are_graded_first_and_the_too_stale_not_at_all(
         }
         with engine.connect() as conn:
             # neither a failure nor waiting to be graded or trained: counted by the next step
-            assert queries.grading_failures(conn) == {"retrying": 0, "failed": 0}
-            assert queries.count_ungraded_finished(conn) == 0
-            trainable = {r["trajectory_id"] for r in queries.trainable_grades(conn)}
+            assert grade_queue.grading_failures(conn) == {"retrying": 0, "failed": 0}
+            assert grade_queue.count_ungraded_finished(conn) == 0
+            trainable = {r["trajectory_id"] for r in grade_queue.trainable_grades(conn)}
             assert trainable == {"new", "unknown", "edge"}
-            assert queries.stale_skipped(conn) == ["old"]
-            assert queries.stale_skipped(conn, keys=["someone"]) == []
+            assert grade_queue.stale_skipped(conn) == ["old"]
+            assert grade_queue.stale_skipped(conn, keys=["someone"]) == []
         with engine.begin() as conn:
-            queries.mark_trained(conn, trajectory_ids=["old"], step=1)
-            assert queries.stale_skipped(conn) == []
+            grade_queue.mark_trained(conn, trajectory_ids=["old"], step=1)
+            assert grade_queue.stale_skipped(conn) == []
     finally:
         learner.engine.dispose()
 
@@ -193,7 +192,7 @@ def test_regrade_grades_the_failed_ones_again_and_leaves_trained_ones(
 ) -> None:
     now = time.time()
     with engine.begin() as conn:
-        repo.write_batch(
+        recording.write_batch(
             conn, trajectories=[_finished(f"t{i}", f"s{i}", now) for i in range(3)], calls=[]
         )
     broken = "python:tests.unit.learner.graders.sample_rewards:explodes"
@@ -203,9 +202,9 @@ def test_regrade_grades_the_failed_ones_again_and_leaves_trained_ones(
     finally:
         learner.engine.dispose()
     with engine.begin() as conn:
-        assert queries.grading_failures(conn) == {"retrying": 0, "failed": 3}
-        queries.mark_trained(conn, trajectory_ids=["t2"], step=1)  # as if a step used it
-        queries.add_step(conn, step=1, version=None, metrics={})
+        assert grade_queue.grading_failures(conn) == {"retrying": 0, "failed": 3}
+        grade_queue.mark_trained(conn, trajectory_ids=["t2"], step=1)  # as if a step used it
+        training_steps.add_step(conn, step=1, version=None, metrics={})
     fixed = "python:tests.unit.learner.graders.sample_rewards:is_finished"
     regrade = [sys.executable, "-m", "proxy.cli", "regrade", "--db", db_url]
     run = subprocess.run(

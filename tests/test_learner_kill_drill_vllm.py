@@ -19,8 +19,8 @@ from sqlalchemy import Engine, select
 
 from learner.demo.vllm_server import VLLMServer
 from learner.publisher import current_version
-from proxy.store import db
-from proxy.store.models import Call, TrainingStep
+from store import db
+from store.models import Call, TrainingStep
 from tests.drills import (
     FAST_GATES,
     LearnerThread,

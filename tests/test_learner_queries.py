@@ -6,8 +6,7 @@ import time
 
 from sqlalchemy import Engine
 
-from learner import queries
-from proxy.store import repo
+from store import grade_queue, learner_state, policy_versions, recording
 
 
 def _trajectory(tid: str, group: str | None, now: float) -> dict:
@@ -26,34 +25,36 @@ def test_fanout_groups_wait_until_every_member_is_graded(engine: Engine) -> None
     now = time.time()
     members = [("a1", "g1"), ("a2", "g1"), ("a3", "g1"), ("b1", "g2"), ("b2", "g2"), ("c", None)]
     with engine.begin() as conn:
-        repo.write_batch(conn, trajectories=[_trajectory(t, g, now) for t, g in members], calls=[])
+        recording.write_batch(
+            conn, trajectories=[_trajectory(t, g, now) for t, g in members], calls=[]
+        )
         for tid in ("a1", "a2", "b1", "b2", "c"):
-            queries.save_grade(conn, trajectory_id=tid, reward=0.5, detail={}, error=None)
-        assert queries.incomplete_groups(conn) == {"g1"}
-        trainable = {r["trajectory_id"]: r["group_key"] for r in queries.trainable_grades(conn)}
+            grade_queue.save_grade(conn, trajectory_id=tid, reward=0.5, detail={}, error=None)
+        assert grade_queue.incomplete_groups(conn) == {"g1"}
+        trainable = {r["trajectory_id"]: r["group_key"] for r in grade_queue.trainable_grades(conn)}
         assert trainable == {"a1": "g1", "a2": "g1", "b1": "g2", "b2": "g2", "c": None}
         # a grader error still counts as graded: the group is complete, the member untrainable
-        queries.save_grade(conn, trajectory_id="a3", reward=None, detail={}, error="boom")
-        assert queries.incomplete_groups(conn) == set()
-        assert "a3" not in {r["trajectory_id"] for r in queries.trainable_grades(conn)}
+        grade_queue.save_grade(conn, trajectory_id="a3", reward=None, detail={}, error="boom")
+        assert grade_queue.incomplete_groups(conn) == set()
+        assert "a3" not in {r["trajectory_id"] for r in grade_queue.trainable_grades(conn)}
 
 
 def test_versions_serve_one_at_a_time_and_state_round_trips(engine: Engine) -> None:
     with engine.begin() as conn:
-        queries.add_version(
+        policy_versions.add_version(
             conn, version="v0", ordinal=0, parent=None, checkpoint_path="/a", status="serving"
         )
-        queries.add_version(
+        policy_versions.add_version(
             conn, version="v1", ordinal=1, parent="v0", checkpoint_path="/b", status="serving"
         )
-        assert queries.serving_version(conn)["version"] == "v1"
-        assert queries.version(conn, version="v0")["status"] == "superseded"
-        queries.set_version_status(conn, version="v0", status="serving")
-        assert queries.serving_version(conn)["version"] == "v0"
-        assert queries.next_ordinal(conn) == 2
-        queries.set_state(conn, "baselines", {"task": 0.25})
-        queries.set_state(conn, "baselines", {"task": 0.5})
-        assert queries.get_state(conn, "baselines") == {"task": 0.5}
+        assert policy_versions.serving_version(conn)["version"] == "v1"
+        assert policy_versions.version(conn, version="v0")["status"] == "superseded"
+        policy_versions.set_version_status(conn, version="v0", status="serving")
+        assert policy_versions.serving_version(conn)["version"] == "v0"
+        assert policy_versions.next_ordinal(conn) == 2
+        learner_state.set_state(conn, "baselines", {"task": 0.25})
+        learner_state.set_state(conn, "baselines", {"task": 0.5})
+        assert learner_state.get_state(conn, "baselines") == {"task": 0.5}
 
 
 def _call(call_id: str, trajectory_id: str, key_name: str | None, now: float) -> dict:
@@ -87,14 +88,14 @@ def test_learning_can_be_limited_to_the_traffic_of_chosen_keys(engine: Engine) -
     ]  # fmt: skip
     with engine.begin() as conn:
         trajectories = [_trajectory(t, None, now) for t in calls]
-        repo.write_batch(conn, trajectories=trajectories, calls=rows)
-        assert set(queries.ungraded_finished(conn, limit=10)) == set(calls)
+        recording.write_batch(conn, trajectories=trajectories, calls=rows)
+        assert set(grade_queue.ungraded_finished(conn, limit=10)) == set(calls)
         chosen = ["ci", "batch"]
-        assert set(queries.ungraded_finished(conn, limit=10, keys=chosen)) == {"alpha", "beta"}
-        assert queries.count_ungraded_finished(conn, keys=chosen) == 2
-        assert queries.count_ungraded_finished(conn, keys=["ci"]) == 1
+        assert set(grade_queue.ungraded_finished(conn, limit=10, keys=chosen)) == {"alpha", "beta"}
+        assert grade_queue.count_ungraded_finished(conn, keys=chosen) == 2
+        assert grade_queue.count_ungraded_finished(conn, keys=["ci"]) == 1
         for tid in calls:
-            queries.save_grade(conn, trajectory_id=tid, reward=1.0, detail={}, error=None)
-        trainable = {r["trajectory_id"] for r in queries.trainable_grades(conn, keys=["ci"])}
+            grade_queue.save_grade(conn, trajectory_id=tid, reward=1.0, detail={}, error=None)
+        trainable = {r["trajectory_id"] for r in grade_queue.trainable_grades(conn, keys=["ci"])}
         assert trainable == {"alpha"}
-        assert len(queries.trainable_grades(conn)) == len(calls)
+        assert len(grade_queue.trainable_grades(conn)) == len(calls)

@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
-from learner import loop, queries
+from learner import loop
 from learner.config import LearnerConfig
 from learner.control import heartbeat
 from learner.loop import Learner
-from learner.samples import Sample
 from learner.trainer import Trainer, TrainerConfig
-from proxy.store import repo
-from proxy.store.models import Grade
+from store import grade_queue, policy_versions, recording
+from store.models import Grade
+from store.samples import Sample
 from tests.records import served_calls
 
 # trajectory -> (group, policy version of its calls, reward)
@@ -30,7 +30,7 @@ Batch = dict[str, tuple[str | None, str, float]]
 def _versions(engine: Engine, n: int, start: int = 0) -> None:
     with engine.begin() as conn:
         for ordinal in range(start, start + n):
-            queries.add_version(
+            policy_versions.add_version(
                 conn, version=f"v{ordinal}", ordinal=ordinal,
                 parent=f"v{ordinal - 1}" if ordinal else None,
                 checkpoint_path=None, status="serving",
@@ -55,10 +55,10 @@ def _graded(engine: Engine, batch: Batch) -> None:
                 }
             )
             calls += served_calls(tid, [version], now + i)
-        repo.write_batch(conn, trajectories=trajectories, calls=calls)
+        recording.write_batch(conn, trajectories=trajectories, calls=calls)
     for tid, (_, _, reward) in batch.items():
         with engine.begin() as conn:
-            queries.save_grade(conn, trajectory_id=tid, reward=reward, detail={}, error=None)
+            grade_queue.save_grade(conn, trajectory_id=tid, reward=reward, detail={}, error=None)
 
 
 def _learner(db_url: str, tmp_path: Path, **extra: Any) -> Learner:
@@ -76,7 +76,7 @@ def _learner(db_url: str, tmp_path: Path, **extra: Any) -> Learner:
 
 def _serve_newest(learner: Learner) -> None:
     with learner.engine.connect() as conn:
-        learner.serving = queries.serving_version(conn)
+        learner.serving = policy_versions.serving_version(conn)
 
 
 def _trained_in(engine: Engine) -> dict[str, int | None]:
@@ -116,7 +116,7 @@ def test_a_step_takes_the_newest_groups_and_what_waits_grows_stale_not_lost(
             }
         )
         with engine.begin() as conn:  # as a recorded step does
-            queries.mark_trained(conn, trajectory_ids=considered, step=step)
+            grade_queue.mark_trained(conn, trajectory_ids=considered, step=step)
         learner.baselines = baselines
 
     monkeypatch.setattr(learner, "_train", recorded)
@@ -130,7 +130,7 @@ def test_a_step_takes_the_newest_groups_and_what_waits_grows_stale_not_lost(
         # what waits is neither marked nor lost: graded, untrained, still trainable
         assert _trained_in(engine)["old0"] is None and _trained_in(engine)["old1"] is None
         with engine.connect() as conn:
-            waiting = {r["trajectory_id"] for r in queries.trainable_grades(conn)}
+            waiting = {r["trajectory_id"] for r in grade_queue.trainable_grades(conn)}
         assert waiting == {"old0", "old1"}
 
         # three versions later it is too stale: the next step drops it as stale

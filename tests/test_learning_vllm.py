@@ -20,8 +20,8 @@ import pytest
 from sqlalchemy import func, select
 
 from learner.publisher import FullReloadPublisher, Probe
-from proxy.store import db
-from proxy.store.models import Call, PolicyVersion, TrainingStep
+from store import db
+from store.models import Call, PolicyVersion, TrainingStep
 from tests.learning_rewards import share_of_a
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from learner.demo.vllm_server import free_port
-from proxy.store import db
+from store import db
 from tests.proxy_server import ProxyServer
 from tests.records import export
 from tests.tcp_gate import TcpGate, through_gate

@@ -27,10 +27,10 @@ from learner.layout import ADAPTER_WEIGHTS
 from learner.lora import LoraSettings, load_trainable, save_adapter, wrap
 from learner.lora_publisher import LoraPublisher
 from learner.publisher import Probe, served_dtype, tolerance_for
-from learner.samples import Sample
 from learner.trainer import Trainer, TrainerConfig
-from proxy.store import db
-from proxy.store.models import Call, PolicyVersion, TrainingStep
+from store import db
+from store.models import Call, PolicyVersion, TrainingStep
+from store.samples import Sample
 from tests.conftest import ARTIFACTS
 from tests.records import wait_for_calls
 from tests.test_bf16_vllm import check_step_figures, run_live

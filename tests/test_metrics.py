@@ -9,9 +9,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine
 
-from learner import queries
 from learner.demo.vllm_server import free_port
 from proxy.metrics import RequestStats, route_label
+from store import policy_versions, training_steps
 from tests.proxy_server import ProxyServer
 
 
@@ -37,7 +37,7 @@ def test_metrics_count_requests_and_show_the_learner(
         assert httpx.post(proxy.url + path, json=body).status_code == 502
     proxy.wait_for(lambda h: h["recording"]["written"] >= 2, "two calls written")
     with engine.begin() as conn:
-        queries.add_version(
+        policy_versions.add_version(
             conn,
             version="step-3",
             ordinal=3,
@@ -46,7 +46,7 @@ def test_metrics_count_requests_and_show_the_learner(
             status="serving",
             swap_seconds=0.25,
         )
-        queries.add_step(
+        training_steps.add_step(
             conn, step=3, version="step-3", metrics={"mean_reward": 0.625, "swap_seconds": 0.25}
         )
     before = scrape(proxy)

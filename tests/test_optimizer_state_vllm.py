@@ -16,7 +16,7 @@ import pytest
 
 from learner.demo.vllm_server import VLLMServer
 from learner.trainer import Trainer
-from proxy.store import db
+from store import db
 from tests.drills import (
     FAST_GATES,
     LearnerThread,

@@ -18,9 +18,8 @@ import openai
 import pytest
 from sqlalchemy import Engine, func, select
 
-from learner import queries
-from proxy.store import db
-from proxy.store.models import Grade, TrainingStep, Trajectory
+from store import db, learner_state
+from store.models import Grade, TrainingStep, Trajectory
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -93,7 +92,7 @@ def test_unique_prompt_traffic_trains_against_its_type_baseline(
             ).all()
             types = set(conn.execute(select(Trajectory.interaction_type)).scalars())
             task_keys = conn.execute(select(Trajectory.task_key)).scalars().all()
-            state = queries.get_state(conn, "type_baselines")
+            state = learner_state.get_state(conn, "type_baselines")
         assert types == {TYPE}
         assert len(task_keys) == len(set(task_keys))  # no task seen twice
         assert [s.step for s in steps] == list(range(1, STEPS + 1))

@@ -22,8 +22,8 @@ import pytest
 from sqlalchemy import select
 
 from learner.demo.vllm_server import VLLMServer
-from proxy.store import db
-from proxy.store.models import Call, PolicyVersion, TrainingStep
+from store import db
+from store.models import Call, PolicyVersion, TrainingStep
 from tests.conftest import REUSE_VLLM_URL
 from tests.drills import (
     FAST_GATES,

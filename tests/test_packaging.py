@@ -14,8 +14,8 @@ from pathlib import Path
 from sqlalchemy import func, select
 
 from learner.demo.vllm_server import free_port
-from proxy.store import db
-from proxy.store.models import Call
+from store import db
+from store.models import Call
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers", "vllm", "matplotlib", "peft")

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import Engine, select
 
 from learner.demo.vllm_server import VLLMServer
-from proxy.store.models import Call
+from store.models import Call
 from tests.proxy_server import ProxyServer
 from tests.records import export, wait_for_calls
 

@@ -11,8 +11,8 @@ from sqlalchemy import Engine, update
 
 from learner import lease
 from learner.fence import Fence, FenceError
-from proxy.store import gates
-from proxy.store.models import ProxyInstance, PublishLease
+from store import gates
+from store.models import ProxyInstance, PublishLease
 from tests.drills import wait_until
 
 A, B = "http://a:8000", "http://b:8000"

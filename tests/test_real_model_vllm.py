@@ -32,8 +32,8 @@ from learner.lora_publisher import LoraPublisher
 from learner.publisher import Probe, served_dtype
 from learner.traffic import replicas_busy
 from learner.trainer import Trainer, TrainerConfig
-from proxy.store import db
-from proxy.store.models import TrainingStep
+from store import db
+from store.models import TrainingStep
 from tests.conftest import ARTIFACTS
 from tests.records import export, wait_for_calls
 from tests.test_bf16_vllm import wait_for_line, wait_until_served

@@ -23,8 +23,8 @@ from proxy.capture import Capture, ChoiceCapture
 from proxy.recording import CallRecord, Recorder, log_directory
 from proxy.spool import Spool
 from proxy.stitching import new_id
-from proxy.store import db
-from proxy.store.models import Call, Trajectory
+from store import db
+from store.models import Call, Trajectory
 from tests.records import count_calls, export
 from tests.tcp_gate import through_gate
 from tests.test_store import _batch as store_batch

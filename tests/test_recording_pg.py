@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from proxy.recording import CallRecord, Recorder
-from proxy.store import db
+from store import db
 from tests.records import count_calls
 
 pytestmark = [pytest.mark.postgres]

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from learner import queries
 from learner.retention import plan, prune
 from learner.versions import VersionError, pin_version, serve_version
+from store import policy_versions
 
 KEEP_LAST = 3
 
@@ -30,10 +30,10 @@ def write_checkpoint(directory: Path, *, adapter_of: Path | None = None) -> Path
 
 def publish(engine: Engine, version: str, path: Path, parent: str | None, *, ok: bool) -> None:
     with engine.begin() as conn:
-        queries.add_version(
+        policy_versions.add_version(
             conn,
             version=version,
-            ordinal=queries.next_ordinal(conn) if ok else None,
+            ordinal=policy_versions.next_ordinal(conn) if ok else None,
             parent=parent,
             checkpoint_path=str(path),
             status="serving" if ok else "rolled_back",
@@ -67,9 +67,9 @@ def test_fifty_steps_keep_the_directory_bounded(engine: Engine, tmp_path: Path) 
         # base, the last K verified, the serving one's parent, the pins
         assert len(step_dirs(checkpoints)) <= 1 + KEEP_LAST + 1 + len(pinned), step
         with engine.connect() as conn:
-            current = queries.serving_version(conn)
+            current = policy_versions.serving_version(conn)
             assert current is not None and current["parent"] is not None
-            parent = queries.version(conn, version=current["parent"])
+            parent = policy_versions.version(conn, version=current["parent"])
         # what serves, and what it rolls back to, can be loaded
         assert parent is not None and Path(parent["checkpoint_path"]).exists()
         assert Path(current["checkpoint_path"]).exists()

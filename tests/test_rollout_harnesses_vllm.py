@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from learner.rollout import RolloutConfig, load_task_set, run_rollout
-from proxy.store import db
+from store import db
 from tests.records import export
 
 pytestmark = [pytest.mark.vllm]

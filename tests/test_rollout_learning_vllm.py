@@ -18,12 +18,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, func, select
 
-from learner import queries
 from learner.grouping import GroupingConfig, RunningBaselines, Scored, compute_advantages
 from learner.publisher import FullReloadPublisher, Probe
 from learner.rollout import RolloutConfig, load_task_set, run_rollout
-from proxy.store import db
-from proxy.store.models import TrainingStep
+from store import db, grade_queue, policy_versions
+from store.models import TrainingStep
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -45,10 +44,10 @@ def learner_has_a_batch(engine: Engine) -> bool:
     """What the learner's next poll will see: at least BATCH trajectories with a signal
     (groups whose rewards are all equal carry none and are dropped)."""
     with engine.connect() as conn:
-        waiting = queries.incomplete_groups(conn)
-        rows = [r for r in queries.trainable_grades(conn) if r["group_key"] not in waiting]
-        ordinals = queries.version_ordinals(conn)
-        serving = queries.serving_version(conn)
+        waiting = grade_queue.incomplete_groups(conn)
+        rows = [r for r in grade_queue.trainable_grades(conn) if r["group_key"] not in waiting]
+        ordinals = policy_versions.version_ordinals(conn)
+        serving = policy_versions.serving_version(conn)
     scored = [
         Scored(r["trajectory_id"], r["task_key"], r["reward"],
                ordinals.get(r["policy_version"], 0), r["group_key"])

@@ -17,9 +17,9 @@ import pytest
 from sqlalchemy import select
 
 from learner.rollout import Progress, RolloutConfig, load_task_set, run_rollout
-from learner.rollout.store import runs_of
-from proxy.store import db
-from proxy.store.models import RolloutRun
+from store import db
+from store.models import RolloutRun
+from store.rollouts import runs_of
 from tests.fake_replica import FakeReplica
 from tests.proxy_server import ProxyServer
 

@@ -9,10 +9,8 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from learner import queries
-from learner.rollout import store
 from learner.rollout.taskset import list_tasks, load_task_set, store_tasks
-from proxy.store import repo
+from store import grade_queue, recording, rollouts
 
 
 def _trajectory(tid: str, session: str | None, now: float) -> dict:
@@ -28,7 +26,7 @@ def _trajectory(tid: str, session: str | None, now: float) -> dict:
 
 
 def _start(conn, run_id: str, *, epoch: int = 0, task: str = "t1") -> None:
-    store.start_run(
+    rollouts.start_run(
         conn,
         id=run_id,
         rollout_id="r1",
@@ -36,7 +34,7 @@ def _start(conn, run_id: str, *, epoch: int = 0, task: str = "t1") -> None:
         task_key=task,
         epoch=epoch,
         sample=0,
-        session_key=store.session_key_for(run_id),
+        session_key=rollouts.session_key_for(run_id),
         eval=False,
         command=["agent"],
     )
@@ -49,36 +47,38 @@ def test_learner_leaves_rollout_runs_to_the_runner_and_waits_for_whole_groups(
     with engine.begin() as conn:
         for run_id in ("a", "b", "c"):
             _start(conn, run_id)
-        rows = [_trajectory(f"t{r}", store.session_key_for(r), now) for r in "abc"]
+        rows = [_trajectory(f"t{r}", rollouts.session_key_for(r), now) for r in "abc"]
         rows.append(_trajectory("organic", None, now))
-        repo.write_batch(conn, trajectories=rows, calls=[])
+        recording.write_batch(conn, trajectories=rows, calls=[])
         for row in rows:  # e.g. finished by the proxy's idle timeout before the run ended
-            repo.finish_trajectory(conn, trajectory_id=row["id"], ended_at=None)
+            recording.finish_trajectory(conn, trajectory_id=row["id"], ended_at=None)
         # the learner grades organic traffic only
-        assert queries.ungraded_finished(conn, limit=10) == ["organic"]
-        assert queries.count_ungraded_finished(conn) == 1
+        assert grade_queue.ungraded_finished(conn, limit=10) == ["organic"]
+        assert grade_queue.count_ungraded_finished(conn) == 1
 
-        group = store.group_key_for("r1", 0, "t1", "v0")
+        group = rollouts.group_key_for("r1", 0, "t1", "v0")
         for run_id, reward in (("a", 1.0), ("b", 0.0)):
-            ids = store.trajectory_ids(conn, session_key=store.session_key_for(run_id))
+            ids = rollouts.trajectory_ids(conn, session_key=rollouts.session_key_for(run_id))
             assert ids == [f"t{run_id}"]
-            store.stamp_trajectories(conn, ids=ids, task_key="t1", group_key=group)
-            store.save_grades(conn, ids=ids, reward=reward, detail={}, error=None, trainable=True)
-            store.finish_run(conn, run_id=run_id, status="ok", reward=reward, group_key=group)
+            rollouts.stamp_trajectories(conn, ids=ids, task_key="t1", group_key=group)
+            rollouts.save_grades(
+                conn, ids=ids, reward=reward, detail={}, error=None, trainable=True
+            )
+            rollouts.finish_run(conn, run_id=run_id, status="ok", reward=reward, group_key=group)
         # run c still runs: its graded siblings wait
-        assert group in queries.incomplete_groups(conn)
-        store.finish_run(conn, run_id="c", status="timeout", reward=0.0, group_key=group)
-        store.stamp_trajectories(conn, ids=["tc"], task_key="t1", group_key=group)
-        store.save_grades(conn, ids=["tc"], reward=0.0, detail={}, error=None, trainable=True)
-        assert queries.incomplete_groups(conn) == set()
-        trainable = {r["trajectory_id"]: r for r in queries.trainable_grades(conn)}
+        assert group in grade_queue.incomplete_groups(conn)
+        rollouts.finish_run(conn, run_id="c", status="timeout", reward=0.0, group_key=group)
+        rollouts.stamp_trajectories(conn, ids=["tc"], task_key="t1", group_key=group)
+        rollouts.save_grades(conn, ids=["tc"], reward=0.0, detail={}, error=None, trainable=True)
+        assert grade_queue.incomplete_groups(conn) == set()
+        trainable = {r["trajectory_id"]: r for r in grade_queue.trainable_grades(conn)}
         assert set(trainable) == {"ta", "tb", "tc"}
         assert {r["task_key"] for r in trainable.values()} == {"t1"}
         assert {r["group_key"] for r in trainable.values()} == {group}
         # a late record of the run (same trajectory) keeps the runner's task and group
-        late = {**_trajectory("ta", store.session_key_for("a"), now + 1), "task_key": "msg:x"}
-        repo.write_batch(conn, trajectories=[late], calls=[])
-        (row,) = [r for r in queries.trainable_grades(conn) if r["trajectory_id"] == "ta"]
+        late = {**_trajectory("ta", rollouts.session_key_for("a"), now + 1), "task_key": "msg:x"}
+        recording.write_batch(conn, trajectories=[late], calls=[])
+        (row,) = [r for r in grade_queue.trainable_grades(conn) if r["trajectory_id"] == "ta"]
         assert (row["task_key"], row["group_key"]) == ("t1", group)
 
 
@@ -89,22 +89,22 @@ def test_eval_grades_are_never_trained_on_and_unfinished_runs_are_cancelled(
     with engine.begin() as conn:
         _start(conn, "e")
         _start(conn, "left", task="t2")
-        repo.write_batch(
-            conn, trajectories=[_trajectory("te", store.session_key_for("e"), now)], calls=[]
+        recording.write_batch(
+            conn, trajectories=[_trajectory("te", rollouts.session_key_for("e"), now)], calls=[]
         )
-        store.stamp_trajectories(conn, ids=["te"], task_key="t1", group_key="g")
-        store.save_grades(conn, ids=["te"], reward=1.0, detail={}, error=None, trainable=False)
-        store.finish_run(conn, run_id="e", status="ok", reward=1.0)
-        assert queries.trainable_grades(conn) == []
-        assert store.cancel_unfinished(conn, rollout_id="r1") == 1
-        runs = {r["id"]: r for r in store.runs_of(conn, rollout_id="r1")}
+        rollouts.stamp_trajectories(conn, ids=["te"], task_key="t1", group_key="g")
+        rollouts.save_grades(conn, ids=["te"], reward=1.0, detail={}, error=None, trainable=False)
+        rollouts.finish_run(conn, run_id="e", status="ok", reward=1.0)
+        assert grade_queue.trainable_grades(conn) == []
+        assert rollouts.cancel_unfinished(conn, rollout_id="r1") == 1
+        runs = {r["id"]: r for r in rollouts.runs_of(conn, rollout_id="r1")}
     assert runs["left"]["status"] == "cancelled" and runs["left"]["ended_at"] is not None
     assert runs["e"]["status"] == "ok"
 
 
 def test_group_keys_fit_and_separate_rounds_tasks_and_versions() -> None:
     keys = {
-        store.group_key_for("r" * 16, epoch, task, version)
+        rollouts.group_key_for("r" * 16, epoch, task, version)
         for epoch in (0, 1)
         for task in ("a", "x" * 500)
         for version in (None, "v" * 200)

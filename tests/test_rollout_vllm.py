@@ -21,12 +21,11 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
-from learner import queries
 from learner.grouping import GroupingConfig, RunningBaselines, Scored, compute_advantages
 from learner.rollout import RolloutConfig, load_task_set, run_rollout
 from learner.rollout.runner import NO_CALLS
-from proxy.store import db
-from proxy.store.models import EvalResult, Grade, RolloutRun, Trajectory
+from store import db, grade_queue
+from store.models import EvalResult, Grade, RolloutRun, Trajectory
 from tests.records import export
 
 pytestmark = [pytest.mark.vllm]
@@ -130,9 +129,9 @@ def test_rollout_groups_grades_and_eval(proxy, db_url, engine, tmp_path):
 
     # the learner: nothing for it to grade, every run trainable in its rollout group
     with engine.connect() as conn:
-        assert queries.ungraded_finished(conn, limit=100) == []
-        trainable = queries.trainable_grades(conn)
-        assert queries.incomplete_groups(conn) == set()
+        assert grade_queue.ungraded_finished(conn, limit=100) == []
+        trainable = grade_queue.trainable_grades(conn)
+        assert grade_queue.incomplete_groups(conn) == set()
     assert len(trainable) == 9
     scored = [
         Scored(r["trajectory_id"], r["task_key"], r["reward"], 0, r["group_key"]) for r in trainable
@@ -167,7 +166,7 @@ def test_rollout_groups_grades_and_eval(proxy, db_url, engine, tmp_path):
         assert r["pass_at_k"] == (1.0 if any(x >= 1.0 for x in mine) else 0.0)
         assert r["task_key"] in result.stdout
     with engine.connect() as conn:
-        assert len(queries.trainable_grades(conn)) == 9  # the eval runs are not among them
+        assert len(grade_queue.trainable_grades(conn)) == 9  # the eval runs are not among them
         graded = conn.execute(select(Grade.trained_in_step)).scalars().all()
     assert Counter(graded) == {None: 9, -1: 6}
 
@@ -286,8 +285,8 @@ def test_sigint_mid_run_leaves_a_consistent_database(proxy, db_url, engine, tmp_
     with engine.connect() as conn:
         trajectories = conn.execute(select(Trajectory.__table__)).mappings().all()
         grades = {g.trajectory_id: g for g in conn.execute(select(Grade.__table__))}
-        assert queries.ungraded_finished(conn, limit=100) == []
-        trainable = {r["trajectory_id"] for r in queries.trainable_grades(conn)}
+        assert grade_queue.ungraded_finished(conn, limit=100) == []
+        trainable = {r["trajectory_id"] for r in grade_queue.trainable_grades(conn)}
     assert all(t["status"] == "finished" and t["id"] in grades for t in trajectories)
     cancelled = {t for r in runs if r["status"] == "cancelled" for t in r["trajectory_ids"]}
     assert cancelled and not (cancelled & trainable)

@@ -25,10 +25,10 @@ import torch
 
 from learner.checkpoint import load_model
 from learner.demo.vllm_server import VLLMServer
-from learner.samples import build_samples
 from learner.trainer import Trainer, TrainerConfig, micro_batches
 from proxy.sampling import NEUTRAL
-from proxy.store import db
+from store import db
+from store.samples import build_samples
 from tests.conftest import ARTIFACTS
 from tests.records import export, wait_for_calls
 

@@ -19,10 +19,10 @@ from sqlalchemy import Engine, func, select
 from learner import grading
 from learner.config import LearnerConfig
 from learner.demo.vllm_server import VLLMServer
-from learner.graders.tasks import Task, TaskTable
-from proxy.export import iter_trajectories
-from proxy.store import repo
-from proxy.store.models import Grade, Trajectory
+from store import recording
+from store.export import iter_trajectories
+from store.models import Grade, Trajectory
+from store.tasks import Task, TaskTable
 from tests.proxy_server import ProxyServer
 from tests.test_admin_api import AUTH, TOKEN, chat_call
 
@@ -61,7 +61,7 @@ def seed(engine: Engine, model: str) -> dict[str, bool | None]:
                 "interaction_type": TYPE,
             }  # fmt: skip
             finished = [{"id": tid, "ended_at": started + 1}]
-            repo.write_batch(conn, trajectories=[trajectory], calls=[call], finished=finished)
+            recording.write_batch(conn, trajectories=[trajectory], calls=[call], finished=finished)
     return truth
 
 
@@ -172,7 +172,7 @@ def test_the_self_judge_is_measured_against_rollout_checks(
                 "last_call_at": now + n, "ended_at": None, "interaction_type": "files",
             }  # fmt: skip
             finished = [{"id": tid, "ended_at": now + n + 1}]
-            repo.write_batch(conn, trajectories=[trajectory], calls=[call], finished=finished)
+            recording.write_batch(conn, trajectories=[trajectory], calls=[call], finished=finished)
             store.save_grades(
                 conn, ids=[tid], reward=1.0 if ok else 0.0, error=None, trainable=n < 2,
                 detail={"rollout_run": run, "check": "test -f out", "exit_code": 0 if ok else 1},

@@ -16,8 +16,8 @@ import httpx
 from sqlalchemy import Engine, select, text
 
 from bench.fake_upstream import PROMPT_IDS, TOKEN_IDS
-from proxy.store import db
-from proxy.store.models import Call
+from store import db
+from store.models import Call
 from tests.fake_replica import FakeReplica
 from tests.proxy_server import ProxyServer
 from tests.records import count_calls, export, wait_for_calls

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, inspect, select
 
-from proxy.store import db, repo
-from proxy.store.models import Base, Call, Trajectory
+from store import db, recording
+from store.models import Base, Call, Trajectory
 
 
 def _batch(now: float) -> dict:
@@ -76,10 +76,10 @@ def test_replaying_a_batch_changes_nothing(engine: Engine) -> None:
     # that may already be in
     for fresh in (True, False):
         with engine.begin() as conn:
-            repo.write_batch(conn, **batch, fresh=fresh)
+            recording.write_batch(conn, **batch, fresh=fresh)
     with engine.connect() as conn:
         assert conn.execute(select(Call.id)).scalars().all() == ["c1"]
-        call = repo.call_by_id(conn, call_id="c1")
+        call = recording.call_by_id(conn, call_id="c1")
         assert call is not None
         assert call["request"]["messages"][0]["content"] == "héllo"
         assert call["choices"] == batch["calls"][0]["choices"]
@@ -93,9 +93,9 @@ def test_trajectory_last_call_only_moves_forward(engine: Engine) -> None:
     batch = _batch(now)
     later = dict(batch["trajectories"][0], last_call_at=now + 60)
     with engine.begin() as conn:
-        repo.write_batch(conn, **batch)
-        repo.write_batch(conn, trajectories=[later], calls=[])
-        repo.write_batch(conn, **batch)  # an older replayed batch must not move it back
+        recording.write_batch(conn, **batch)
+        recording.write_batch(conn, trajectories=[later], calls=[])
+        recording.write_batch(conn, **batch)  # an older replayed batch must not move it back
         last = conn.execute(select(Trajectory.last_call_at)).scalar_one()
     if last.tzinfo is None:
         last = last.replace(tzinfo=UTC)
@@ -105,12 +105,12 @@ def test_trajectory_last_call_only_moves_forward(engine: Engine) -> None:
 def test_finish_idle_and_open_lookup(engine: Engine) -> None:
     now = time.time()
     with engine.begin() as conn:
-        repo.write_batch(conn, **_batch(now - 600))
-        found = repo.open_trajectory_for_session(conn, session_key="s")
+        recording.write_batch(conn, **_batch(now - 600))
+        found = recording.open_trajectory_for_session(conn, session_key="s")
         assert found is not None and found["id"] == "t1"
         cutoff = datetime.now(UTC) - timedelta(seconds=300)
-        assert repo.finish_idle(conn, idle_before=cutoff) == 1
-        assert repo.open_trajectory_for_session(conn, session_key="s") is None
+        assert recording.finish_idle(conn, idle_before=cutoff) == 1
+        assert recording.open_trajectory_for_session(conn, session_key="s") is None
         assert conn.execute(select(Trajectory.status)).scalar_one() == "finished"
 
 
@@ -133,11 +133,11 @@ def test_the_writers_bulk_path_stores_what_sqlalchemy_stores(engine: Engine) -> 
     for batch in (bulk, plain):
         batch["trajectories"][0]["interaction_type"] = "first"
     with engine.begin() as conn:
-        repo.write_batch(conn, **bulk, fresh=True)
-        repo.write_batch(conn, trajectories=[later], calls=[], fresh=True)  # upsert
-        repo.write_batch(conn, **plain)
-        repo.write_batch(conn, trajectories=[plain_later], calls=[])
-        repo.finish_trajectories(
+        recording.write_batch(conn, **bulk, fresh=True)
+        recording.write_batch(conn, trajectories=[later], calls=[], fresh=True)  # upsert
+        recording.write_batch(conn, **plain)
+        recording.write_batch(conn, trajectories=[plain_later], calls=[])
+        recording.finish_trajectories(
             conn, finished=[{"id": t, "ended_at": now + 6} for t in ("t-bulk", "t-plain")]
         )
     with engine.connect() as conn:

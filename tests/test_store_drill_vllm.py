@@ -15,10 +15,10 @@ import pytest
 from sqlalchemy import Engine, select, text
 
 from learner.demo.vllm_server import VLLMServer
-from learner.samples import build_samples
-from proxy.export import iter_trajectories
-from proxy.store import db
-from proxy.store.models import Call, Grade, Trajectory
+from store import db
+from store.export import iter_trajectories
+from store.models import Call, Grade, Trajectory
+from store.samples import build_samples
 from tests.drills import (
     FAST_GATES,
     TASK,

@@ -15,11 +15,11 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from learner import control, lease, queries
+from learner import control, lease
 from learner.demo.vllm_server import VLLMServer
 from learner.publisher import current_version
-from proxy.store import db
-from proxy.store.models import Call, Grade, PolicyVersion, TrainingStep
+from store import db, policy_versions
+from store.models import Call, Grade, PolicyVersion, TrainingStep
 from tests.drills import (
     DRILL_TOKEN,
     FAST_GATES,
@@ -144,7 +144,7 @@ def test_an_operator_rollback_waits_for_the_learner_publish_and_wins_over_its_ne
                 (v, o)
                 for v, o in conn.execute(select(PolicyVersion.version, PolicyVersion.ordinal))
             )
-            serving = queries.serving_version(conn)
+            serving = policy_versions.serving_version(conn)
         step_2 = next(v for v in ordinals if v.startswith("step-2-"))
         # one after the other: the rollback took the ordinal after step 2's
         assert label == f"{base}+rollback-{ordinals[step_2] + 1}"
@@ -217,7 +217,7 @@ def test_a_step_trained_while_an_operator_promotes_is_dropped_and_trained_again(
 
         assert learner.maybe_train()  # trained again, from the promoted weights
         with engine.connect() as conn:
-            parent = queries.serving_version(conn)["parent"]
+            parent = policy_versions.serving_version(conn)["parent"]
             rates = conn.execute(select(TrainingStep.metrics)).scalars().all()
         assert learner.step == 2 and parent == label
         # the operator's rate through three trainer reloads (two rollbacks, one dropped step)

@@ -38,7 +38,7 @@ def ask(base_url: str, model: str, text: str, **kwargs) -> str:
 def test_sessions_stick_to_a_replica_and_a_dead_one_is_routed_around(
     vllm, second_vllm, pg_url, start_proxy
 ):
-    from proxy.store import db
+    from store import db
 
     db.upgrade(pg_url)
     proxy = start_proxy([vllm.url, second_vllm.url], pg_url)

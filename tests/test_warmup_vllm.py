@@ -29,7 +29,7 @@ from learner.demo.probe import render, sample_episodes
 from learner.demo.tasks import DECLINE, make_task_sets
 from learner.demo.vllm_server import VLLMServer
 from learner.demo.warmup import WarmupSettings, build_demo_model, read_info
-from proxy.store import db
+from store import db
 from tests.records import export
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

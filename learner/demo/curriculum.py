@@ -277,8 +277,8 @@ def _before(curriculum: Any, rollout: Any) -> dict[str, float | None]:
 def stage_numbers(db_url: str, name: str) -> list[StageNumbers]:
     """Per stage, from the store: its evals, training rounds and promotion (seconds are
     since the curriculum started)."""
-    from learner.rollout import curriculum_store as cstore
-    from proxy.store import db
+    from store import curricula as cstore
+    from store import db
 
     engine = db.make_engine(db_url)
     try:

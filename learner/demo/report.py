@@ -14,8 +14,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from proxy.store import db
-from proxy.store.models import PolicyVersion, TrainingStep
+from store import db
+from store.models import PolicyVersion, TrainingStep
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ per trajectory and reports failures inside the Grade instead of raising.
 from learner.graders.base import Grade, Grader
 from learner.graders.combine import CombinedGrader, build_graders, parse_spec
 from learner.graders.feedback import FeedbackSource
-from learner.graders.tasks import Task, TaskTable, TaskTableError
+from store.tasks import Task, TaskTable, TaskTableError
 
 __all__ = [
     "CombinedGrader",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from learner.graders.tasks import TaskTable
+    from store.tasks import TaskTable
 
 
 @dataclass(frozen=True)

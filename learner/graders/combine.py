@@ -8,8 +8,6 @@ pending component makes it pending.
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,43 +18,10 @@ from learner.graders.judge import JudgeGrader
 from learner.graders.judge_prompt import DEFAULT_RUBRIC
 from learner.graders.python import PythonGrader
 from learner.graders.reference import ReferenceGrader
-from learner.graders.tasks import TaskTable
+from store.grader_specs import FORMS, ORDER, parse_spec
+from store.tasks import TaskTable
 
-# Cheap and possibly-pending graders run first: a trajectory that is already pending or
-# failed is not sent to the slow ones (commands, the judge) at all.
-_ORDER = {"feedback": 0, "reference": 1, "python": 2, "command": 3, "judge": 4}
-_FORMS = "reference, python:MODULE:FUNCTION, command:SHELL_COMMAND, judge[:BASE_URL], feedback"
-# Only a trailing @<number> is a weight: commands and URLs may contain '@' and ':' themselves.
-_WEIGHT = re.compile(r"@([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
-
-
-def parse_spec(spec: str) -> tuple[str, str | None, float]:
-    """'KIND[:ARG][@WEIGHT]' -> (kind, arg or None, weight); ValueError saying what is wrong."""
-    body, weight = _split_weight(spec.strip())
-    kind, colon, arg = body.partition(":")
-    kind = kind.strip()
-    if kind not in _ORDER:
-        hint = " (a weight is @ followed by a number)" if "@" in kind else ""
-        raise ValueError(f"grader spec {spec!r}: unknown kind {kind!r}{hint}; expected {_FORMS}")
-    if kind in ("reference", "feedback") and colon:
-        raise ValueError(f"grader spec {spec!r}: {kind} takes no argument")
-    if kind == "python" and not re.fullmatch(r"[\w.]+:[\w.]+", arg.strip()):
-        raise ValueError(f"grader spec {spec!r}: expected python:MODULE:FUNCTION")
-    if kind == "command" and not arg.strip():
-        raise ValueError(f"grader spec {spec!r}: expected command:SHELL_COMMAND")
-    if kind == "judge" and colon and not re.match(r"https?://\S+$", arg.strip()):
-        raise ValueError(f"grader spec {spec!r}: expected judge or judge:http(s)://HOST[:PORT]/v1")
-    return kind, arg.strip() or None, weight
-
-
-def _split_weight(spec: str) -> tuple[str, float]:
-    found = _WEIGHT.search(spec)
-    if found is None:
-        return spec, 1.0
-    weight = float(found.group(1))
-    if not math.isfinite(weight) or weight <= 0:
-        raise ValueError(f"grader spec {spec!r}: the weight must be a positive number")
-    return spec[: found.start()], weight
+__all__ = ["CombinedGrader", "build_graders", "parse_spec"]
 
 
 def build_graders(
@@ -71,7 +36,7 @@ def build_graders(
 ) -> CombinedGrader:
     """The graders named by `specs`, combined; ValueError for a bad or duplicated spec."""
     if not specs:
-        raise ValueError(f"no grader given; expected one or more of {_FORMS}")
+        raise ValueError(f"no grader given; expected one or more of {FORMS}")
     components: list[tuple[int, Grader, float]] = []
     for spec in specs:
         kind, arg, weight = parse_spec(spec)
@@ -87,7 +52,7 @@ def build_graders(
         )
         if any(grader.name == other.name for _, other, _ in components):
             raise ValueError(f"grader spec {spec!r}: {grader.name!r} is given twice")
-        components.append((_ORDER[kind], grader, weight))
+        components.append((ORDER[kind], grader, weight))
     components.sort(key=lambda item: item[0])
     return CombinedGrader([(grader, weight) for _, grader, weight in components])
 

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from learner.graders.base import Grade, as_reward
-from learner.graders.tasks import TaskTable
+from store.tasks import TaskTable
 
 _TAIL_CHARS = 2000  # of stdout/stderr kept in the detail and error
 

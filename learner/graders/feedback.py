@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from learner.graders.base import Grade, as_reward
-from learner.graders.tasks import TaskTable
+from store.tasks import TaskTable
 
 Posted = tuple[float, str | None]  # (reward, comment)
 

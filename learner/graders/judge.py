@@ -23,7 +23,7 @@ from learner.graders.judge_prompt import (
     parse_verdict,
     response_format,
 )
-from learner.graders.tasks import TaskTable
+from store.tasks import TaskTable
 
 # The judge's own calls say what they are (X-Onthejob-Type). By default they go straight to
 # vLLM and are never recorded; a judge pointed at the proxy is recorded with this type, and

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from learner.graders.base import Grade, as_reward
-from learner.graders.tasks import TaskTable
+from store.tasks import TaskTable
 
 
 class PythonGrader:

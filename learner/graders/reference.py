@@ -12,7 +12,7 @@ from typing import Any
 
 from learner.graders.base import Grade
 from learner.graders.extract import final_answer
-from learner.graders.tasks import TaskTable
+from store.tasks import TaskTable
 
 # A number as people write it: sign, thousands separators, decimals, exponent.
 _NUMBER = re.compile(r"[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")

@@ -30,7 +30,7 @@ from learner.graders.combine import CombinedGrader
 from learner.graders.feedback import FeedbackGrader
 from learner.graders.judge import JUDGE_TYPE
 from learner.graders.rubrics import Rubric, Rubrics
-from learner.graders.tasks import TaskTable
+from store.tasks import TaskTable
 
 SELF_JUDGE = "self_judge"  # its key in a grade's detail
 # graders whose reward is a ground truth the self-judge can be measured against

@@ -28,12 +28,12 @@ joins that session key to the task, round and rollout. When the run has ended, t
 grades it and, in one transaction, stamps its trajectories with task key = the task id and
 group_key = `rollout:<rollout id>:<round>:<hash of task and policy version>`, finishes them
 and writes their Grade. The learner never grades a rollout run's trajectory itself and holds
-back a rollout group while any run of it is still running (learner/queries.py).
+back a rollout group while any run of it is still running (store/grade_queue.py).
 Modules: taskset (task sets, the task table), harness (one bounded process), grading (the
-reward of a run), store (the runner's database writes), runner (the pool), report (eval
+reward of a run), runner (the pool; its database writes are store/rollouts.py), report (eval
 numbers), progress (the bar), curriculum (curriculum files and promotion rules),
-curriculum_runner (`rollout --curriculum`: stages, rounds, evals, promotions),
-curriculum_store (where a curriculum stands), cli.
+curriculum_runner (`rollout --curriculum`: stages, rounds, evals, promotions; where a
+curriculum stands is store/curricula.py), cli.
 """
 
 from __future__ import annotations

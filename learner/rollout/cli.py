@@ -14,8 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from proxy.commands import add_db
-from proxy.settings import DEFAULT_SQLITE_URL
+from store.url import DEFAULT_SQLITE_URL, add_db
 
 
 def database_url(args: argparse.Namespace) -> str:
@@ -27,7 +26,7 @@ def _reading(args: argparse.Namespace, command: str) -> Iterator[Any]:
     """A connection for a read-only command; a database it cannot read is a clear error."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from proxy.store import db
+    from store import db
 
     engine = db.make_engine(database_url(args))
     try:
@@ -160,12 +159,12 @@ def _add_rollout(commands: Any) -> None:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    from learner.graders.tasks import TaskTableError
     from learner.rollout.progress import ProgressBar
     from learner.rollout.proxy_store import StoreMismatch
     from learner.rollout.report import format_table
     from learner.rollout.runner import NO_CALLS, RolloutConfig, run_rollout
     from learner.rollout.taskset import load_task_set
+    from store.tasks import TaskTableError
 
     command = args.harness[1:] if args.harness[:1] == ["--"] else args.harness
     if args.curriculum is not None:
@@ -228,7 +227,6 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
 
 def cmd_curriculum(args: argparse.Namespace, command: list[str]) -> int:
-    from learner.graders.tasks import TaskTableError
     from learner.rollout.curriculum import CurriculumError, load_curriculum
     from learner.rollout.curriculum_runner import (
         CurriculumConfig,
@@ -237,6 +235,7 @@ def cmd_curriculum(args: argparse.Namespace, command: list[str]) -> int:
     )
     from learner.rollout.proxy_store import StoreMismatch
     from learner.rollout.runner import RolloutConfig
+    from store.tasks import TaskTableError
 
     for option, given in (
         ("--eval", args.eval),
@@ -294,13 +293,13 @@ def cmd_curriculum(args: argparse.Namespace, command: list[str]) -> int:
 
 
 def cmd_eval_report(args: argparse.Namespace) -> int:
-    from learner import queries
     from learner.rollout import store
     from learner.rollout.report import by_version_and_set, format_table
+    from store import policy_versions
 
     with _reading(args, "eval-report") as conn:
         results = store.eval_results(conn)
-        order = queries.version_ordinals(conn)
+        order = policy_versions.version_ordinals(conn)
     if not results:
         print("no eval results yet: run `onthejob rollout --eval ...`", file=sys.stderr)
         return 1
@@ -309,9 +308,9 @@ def cmd_eval_report(args: argparse.Namespace) -> int:
 
 
 def cmd_tasks_load(args: argparse.Namespace) -> int:
-    from learner.graders.tasks import TaskTableError
     from learner.rollout.taskset import load_task_set, store_tasks
-    from proxy.store import db
+    from store import db
+    from store.tasks import TaskTableError
 
     try:
         task_set = load_task_set(args.file)

@@ -44,8 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from learner.graders.tasks import TaskTable, TaskTableError
 from learner.rollout.taskset import TaskSet, load_task_set
+from store.curricula import CurriculumError
+from store.tasks import TaskTable, TaskTableError
 
 METRICS = ("pass_at_1", "mean_reward", "pass_at_k")
 MAX_NAME = 80  # curriculum and stage names: task set names hold both (at most 200)
@@ -63,10 +64,6 @@ _STAGE_FIELDS = {
 }
 _RULE_FIELDS = {"metric", "at_least", "over_last"}
 _ROUND_DEFAULTS = {"tasks_per_round": 4, "eval_every": 2, "eval_samples": 4}
-
-
-class CurriculumError(ValueError):
-    """A curriculum file that cannot be used; the message names file, stage and field."""
 
 
 @dataclass(frozen=True)

@@ -36,18 +36,17 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 
-from learner import queries
-from learner.control import read_heartbeat
-from learner.graders.tasks import Task, TaskTable
-from learner.rollout import curriculum_store as cstore
 from learner.rollout import proxy_store
 from learner.rollout.curriculum import Curriculum, EvalPoint, Stage, metric_label
 from learner.rollout.progress import ProgressBar
 from learner.rollout.report import pass_at_k
 from learner.rollout.runner import RolloutConfig, RolloutSummary, RunResult, run_rollout
 from learner.rollout.taskset import TaskSet
-from proxy.store import db
-from proxy.store.models import TrainingStep
+from store import curricula as cstore
+from store import db, policy_versions
+from store.control import read_heartbeat
+from store.models import TrainingStep
+from store.tasks import Task, TaskTable
 
 log = logging.getLogger("onthejob.curriculum")
 
@@ -376,7 +375,7 @@ class _Run:
         )
         window = evals[-rule.over_last :]
         with self.engine.begin() as conn:
-            serving = queries.serving_version(conn)
+            serving = policy_versions.serving_version(conn)
             promotion = cstore.promote(
                 conn,
                 self.curriculum.name,
@@ -422,7 +421,7 @@ class _Run:
         while time.monotonic() < until and not self.stop.is_set():
             if self._steps() > steps_before:
                 with self.engine.connect() as conn:
-                    serving = queries.serving_version(conn)
+                    serving = policy_versions.serving_version(conn)
                 if (
                     serving is not None
                     and proxy_version(self.config.rollout.proxy_url) == serving["version"]

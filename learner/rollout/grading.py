@@ -20,8 +20,8 @@ from learner.graders.base import Grade
 from learner.graders.combine import CombinedGrader, build_graders
 from learner.graders.extract import final_answer
 from learner.graders.reference import match
-from learner.graders.tasks import Task, TaskTable
 from learner.rollout.harness import Running, clip, run_process
+from store.tasks import Task, TaskTable
 
 DETAIL_CHARS = 500
 

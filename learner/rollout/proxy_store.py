@@ -11,8 +11,8 @@ from __future__ import annotations
 import httpx
 from sqlalchemy.exc import SQLAlchemyError
 
-from proxy.store import db
-from proxy.store.identity import read_store_id
+from store import db
+from store.identity import read_store_id
 
 HIDDEN = "***"
 

@@ -27,8 +27,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from learner.graders.base import Grade
-from learner.graders.tasks import Task
-from learner.rollout import proxy_store, store
+from learner.rollout import proxy_store
 from learner.rollout.grading import SpecGraders, grade_run, run_check
 from learner.rollout.harness import (
     ProcessResult,
@@ -41,8 +40,9 @@ from learner.rollout.harness import (
 )
 from learner.rollout.report import summarise
 from learner.rollout.taskset import TaskSet, store_tasks
-from proxy.export import iter_trajectories
-from proxy.store import db
+from store import db, rollouts
+from store.export import iter_trajectories
+from store.tasks import Task
 
 log = logging.getLogger("onthejob.rollout")
 
@@ -145,7 +145,7 @@ def run_rollout(
     stop: threading.Event | None = None,
 ) -> RolloutSummary:
     """Run the whole rollout; KeyboardInterrupt or `stop` cancels it cleanly (see module).
-    Raises proxy_store.StoreMismatch before any run if it would not read the proxy's store."""
+    Raises proxy_store.StoreMismatch before any run if it would not read the proxy's rollouts."""
     config.database_url = proxy_store.resolve(config.proxy_url, config.database_url)
     db.upgrade(config.database_url)
     engine = db.make_engine(config.database_url)
@@ -202,7 +202,7 @@ class _Rollout:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
             with self.engine.begin() as conn:
-                store.cancel_unfinished(conn, rollout_id=self.rollout_id)
+                rollouts.cancel_unfinished(conn, rollout_id=self.rollout_id)
         self._drain()
         if self._reconcile():
             log.info("picked up runs whose calls were recorded late")
@@ -256,11 +256,11 @@ class _Rollout:
 
     def _eval_results(self) -> list[dict[str, Any]]:
         with self.engine.begin() as conn:
-            runs = store.runs_of(conn, rollout_id=self.rollout_id)
+            runs = rollouts.runs_of(conn, rollout_id=self.rollout_id)
             rows = summarise(
                 runs, k=self.config.group_size, threshold=self.config.success_threshold
             )
-            store.add_eval_results(conn, rows)
+            rollouts.add_eval_results(conn, rows)
         return rows
 
     # -- worker threads -------------------------------------------------------------------
@@ -268,9 +268,9 @@ class _Rollout:
         if self.running.cancelled.is_set():
             return
         run_id = os.urandom(16).hex()
-        session = store.session_key_for(run_id)
+        session = rollouts.session_key_for(run_id)
         with self.engine.begin() as conn:
-            store.start_run(
+            rollouts.start_run(
                 conn,
                 id=run_id,
                 rollout_id=self.rollout_id,
@@ -351,14 +351,14 @@ class _Rollout:
         # a harness that exited normally has surely called the model: wait for its calls
         self._wait_for_records(session, expect_calls=process.exit_code == 0)
         with self.engine.connect() as conn:
-            ids = store.trajectory_ids(conn, session_key=session)
-            version = store.first_policy_version(conn, session_key=session)
-        group_key = store.group_key_for(self.rollout_id, job.epoch, job.task.key, version)
+            ids = rollouts.trajectory_ids(conn, session_key=session)
+            version = rollouts.first_policy_version(conn, session_key=session)
+        group_key = rollouts.group_key_for(self.rollout_id, job.epoch, job.task.key, version)
         status, grade = self._status_and_grade(job.task, process, ids, workdir, env)
         files = snapshot(workdir)
         with self.engine.begin() as conn:
-            store.stamp_trajectories(conn, ids=ids, task_key=job.task.key, group_key=group_key)
-            store.save_grades(
+            rollouts.stamp_trajectories(conn, ids=ids, task_key=job.task.key, group_key=group_key)
+            rollouts.save_grades(
                 conn,
                 ids=ids,
                 reward=grade.reward,
@@ -366,7 +366,7 @@ class _Rollout:
                 error=grade.error,
                 trainable=not self.config.eval,
             )
-            store.finish_run(
+            rollouts.finish_run(
                 conn,
                 run_id=run_id,
                 status=status,
@@ -455,7 +455,7 @@ class _Rollout:
         last, since = -1, start
         while time.monotonic() - start < self.config.record_wait:
             with self.engine.connect() as conn:
-                count = store.call_count(conn, session_key=session)
+                count = rollouts.call_count(conn, session_key=session)
             if count != last:
                 last, since = count, time.monotonic()
             elif time.monotonic() - since >= self.config.settle and (count or not expect_calls):
@@ -467,13 +467,13 @@ class _Rollout:
         """Runs whose trajectories were recorded only after the run was finished: stamp and
         grade them now (with the run's grade; a grade that needed the trajectory is redone)."""
         with self.engine.connect() as conn:
-            runs = store.runs_of(conn, rollout_id=self.rollout_id)
+            runs = rollouts.runs_of(conn, rollout_id=self.rollout_id)
         orphans = [r for r in runs if not r["trajectory_ids"] and r["status"] != "running"]
         fixed = 0
         for run in orphans:
             with self.engine.connect() as conn:
-                ids = store.trajectory_ids(conn, session_key=run["session_key"])
-                version = store.first_policy_version(conn, session_key=run["session_key"])
+                ids = rollouts.trajectory_ids(conn, session_key=run["session_key"])
+                version = rollouts.first_policy_version(conn, session_key=run["session_key"])
             if not ids:
                 continue
             task = self.config.tasks.tasks[run["task_key"]]
@@ -498,10 +498,10 @@ class _Rollout:
                     stdout=run["stdout"] or "",
                     check=lambda kept=grade: kept,  # a check never needs the trajectory
                 )
-            group_key = store.group_key_for(self.rollout_id, run["epoch"], task.key, version)
+            group_key = rollouts.group_key_for(self.rollout_id, run["epoch"], task.key, version)
             with self.engine.begin() as conn:
-                store.stamp_trajectories(conn, ids=ids, task_key=task.key, group_key=group_key)
-                store.save_grades(
+                rollouts.stamp_trajectories(conn, ids=ids, task_key=task.key, group_key=group_key)
+                rollouts.save_grades(
                     conn,
                     ids=ids,
                     reward=grade.reward,
@@ -509,7 +509,7 @@ class _Rollout:
                     error=grade.error,
                     trainable=not self.config.eval,
                 )
-                store.update_run(
+                rollouts.update_run(
                     conn,
                     run_id=run["id"],
                     status=status,
@@ -526,7 +526,7 @@ class _Rollout:
     def _record_crash(self, job: _Job, run_id: str, exc: Exception) -> RunResult:
         error = f"{type(exc).__name__}: {exc}"
         with contextlib.suppress(Exception), self.engine.begin() as conn:
-            store.finish_run(conn, run_id=run_id, status="failed", error=clip(error, 2000))
+            rollouts.finish_run(conn, run_id=run_id, status="failed", error=clip(error, 2000))
         return RunResult(
             run_id, job.task.key, job.epoch, job.sample, "failed", None, None, None, [], error
         )

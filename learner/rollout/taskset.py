@@ -1,6 +1,6 @@
 """Task sets: JSONL files of tasks for the rollout runner, and the task table they load into.
 
-A task set is a `TaskTable` (learner.graders.tasks: one task a line, validated with errors
+A task set is a `TaskTable` (store.tasks: one task a line, validated with errors
 naming the line and field) plus a name (the file's stem unless given), which eval results
 are filed under. Invariant: loading a task set twice leaves one row per task id.
 """
@@ -13,9 +13,8 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from learner import queries
-from learner.graders.tasks import TaskTable, TaskTableError
-from proxy.store.models import Task as TaskRow
+from store.models import Task as TaskRow
+from store.tasks import TaskTable, TaskTableError, upsert_tasks
 
 MAX_NAME = 200
 
@@ -44,7 +43,7 @@ def load_task_set(path: str | Path, *, name: str | None = None) -> TaskSet:
 def store_tasks(conn: Connection, task_set: TaskSet) -> int:
     """Insert or update every task of the set in the task table; how many."""
     rows = [task.row() for task in task_set.tasks.values()]
-    queries.upsert_tasks(conn, rows)
+    upsert_tasks(conn, rows)
     return len(rows)
 
 

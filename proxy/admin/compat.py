@@ -14,8 +14,8 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
-from proxy.store.models import Call
 from proxy.translate.policy import CATEGORIES
+from store.models import Call
 
 # the APIs the compatibility policy translates (the others pass through unchanged)
 TRANSLATED_APIS = ("messages", "responses")

@@ -14,7 +14,7 @@ from sqlalchemy import Connection, case, func, select
 
 from proxy.admin.stats import first_version
 from proxy.admin.trajectories import iso
-from proxy.store.models import Trajectory
+from store.models import Trajectory
 
 SUCCESS_AT = 1.0
 MAX_TYPES = 200

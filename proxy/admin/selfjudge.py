@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from proxy.store.models import Feedback, Grade
+from store.models import Feedback, Grade
 
 PASS = 0.5
 SELF_JUDGE = "self_judge"

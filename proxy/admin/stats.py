@@ -13,7 +13,7 @@ from sqlalchemy import ColumnElement, Connection, case, func, select
 
 from proxy.admin.errors import AdminError
 from proxy.admin.trajectories import iso
-from proxy.store.models import Call, Trajectory
+from store.models import Call, Trajectory
 
 PERCENTILES = (0.5, 0.9, 0.99)
 MAX_BUCKETS = 2000

@@ -1,6 +1,6 @@
 """The token view of a trajectory: exactly what the learner trains on, with token texts.
 
-Sequences come from learner.samples.build_samples (the trainer's own stitching and loss
+Sequences come from store.samples.build_samples (the trainer's own stitching and loss
 mask). Token texts are asked of the upstream vLLM (`POST /detokenize`, one id at a time,
 cached for the process: a hot-swap changes weights, never the vocabulary); they are a
 display aid and absent when the upstream cannot answer.
@@ -15,8 +15,8 @@ from typing import Any
 
 import aiohttp
 
-from learner.samples import build_samples
 from proxy.upstream import UpstreamPool
+from store.samples import build_samples
 
 log = logging.getLogger("onthejob.admin")
 

@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Select, Text, and_, cast, exists, or_, select
 
 from proxy.admin.errors import AdminError
 from proxy.admin.schemas import TrajectoryFilter
-from proxy.store.models import Call, Feedback, Grade, Trajectory
+from store.models import Call, Feedback, Grade, Trajectory
 
 LIST_COLUMNS = (
     Trajectory.id,

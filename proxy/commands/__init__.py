@@ -13,15 +13,9 @@ import argparse
 from pydantic import ValidationError
 
 from proxy.settings import Settings
+from store.url import add_db
 
-
-def add_db(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--db",
-        metavar="URL",
-        help="database URL (postgresql://... or sqlite:///file.db); default: "
-        "$ONTHEJOB_DATABASE_URL, else sqlite:///onthejob.db in the working directory",
-    )
+__all__ = ["add_db", "proxy_settings"]
 
 
 def proxy_settings(args: argparse.Namespace, **extra: object) -> Settings:

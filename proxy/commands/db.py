@@ -20,7 +20,7 @@ def register(commands: Any) -> None:
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from proxy.store import db
+    from store import db
 
     settings = proxy_settings(args)
     db.upgrade(settings.database_url)
@@ -29,7 +29,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_db_current(args: argparse.Namespace) -> int:
-    from proxy.store import db
+    from store import db
 
     settings = proxy_settings(args)
     current = db.current_revision(settings.database_url)

@@ -44,8 +44,8 @@ def _parse_since(text: str) -> datetime:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from proxy.export import iter_trajectories, write_jsonl
-    from proxy.store import db
+    from store import db
+    from store.export import iter_trajectories, write_jsonl
 
     settings = proxy_settings(args)
     since = _parse_since(args.since) if args.since else None

@@ -32,8 +32,8 @@ def register(commands: Any) -> None:
 def cmd_spool_replay(args: argparse.Namespace) -> int:
     from proxy.recording import rejected_path
     from proxy.rejected import replay
-    from proxy.store import db
     from proxy.writer import Unreachable
+    from store import db
 
     settings = proxy_settings(args, spool_path=args.spool)
     path = rejected_path(settings.spool_path)

@@ -16,7 +16,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from learner import queries
 from proxy.errors import (
     BadRequest,
     Forbidden,
@@ -27,6 +26,7 @@ from proxy.errors import (
 )
 from proxy.requests import parse_object, read_body
 from proxy.state import ProxyState
+from store.feedback import add_feedback
 
 
 def _check_token(request: Request, expected: str | None) -> None:
@@ -71,7 +71,7 @@ async def post_feedback(request: Request) -> Response:
 
     def write() -> None:
         with state.recorder.engine.begin() as conn:
-            queries.add_feedback(conn, **feedback)
+            add_feedback(conn, **feedback)
 
     try:
         await asyncio.to_thread(write)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from proxy.store import db
-from proxy.store.models import Call, RolloutRun
+from store import db
+from store.models import Call, RolloutRun
 from tests.harnesses import urllib_answerer
 
 DEADLINE = 60.0

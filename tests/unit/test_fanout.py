@@ -22,7 +22,7 @@ from proxy.fanout import (
 from proxy.recording import CallRecord
 from proxy.rows import RowBuilder, Rows, entry_of
 from proxy.stitching import TrajectoryTracker
-from proxy.store.tokens import materialize_prompts
+from store.tokens import materialize_prompts
 
 SYSTEM = {"role": "system", "content": "be terse"}
 USER = {"role": "user", "content": "hi"}

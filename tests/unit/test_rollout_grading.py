@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from learner.graders.base import Grade
-from learner.graders.tasks import Task, TaskTable
 from learner.rollout.grading import SpecGraders, grade_reference, grade_run
+from store.tasks import Task, TaskTable
 
 
 def trajectory(answer: str) -> dict[str, Any]:

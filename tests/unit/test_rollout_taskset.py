@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from learner.graders.tasks import TaskTableError
 from learner.rollout.taskset import load_task_set
+from store.tasks import TaskTableError
 
 
 def write(tmp_path: Path, *lines: str) -> Path:

@@ -26,7 +26,7 @@ from learner.demo.warmup import (
     read_info,
     warmup_dialogues,
 )
-from learner.graders.tasks import TaskTable
+from store.tasks import TaskTable
 
 # A warm-up that takes seconds, with targets any model meets: the cache and the gating,
 # not the competence, are under test here.

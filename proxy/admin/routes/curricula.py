@@ -1,6 +1,6 @@
 """Curricula (`onthejob rollout --curriculum`): where each stands, and its stage over time.
 
-Read from the curriculum tables (learner/rollout/curriculum_store.py): the current stage,
+Read from the curriculum tables (learner/rollout/curricula.py): the current stage,
 every promotion (from, to, the version that answered the eval that passed, the metrics
 that passed the rule), a timeline of the stages with when each began and ended, and the
 evals of every stage.
@@ -13,11 +13,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from sqlalchemy import Connection
 
-from learner.rollout import curriculum_store
 from proxy.admin.deps import EngineDep
 from proxy.admin.errors import not_found
 from proxy.admin.schemas import Key
 from proxy.admin.trajectories import iso
+from store import curricula
 
 router = APIRouter(tags=["curricula"])
 
@@ -70,7 +70,7 @@ def _timeline(state: dict[str, Any], promotions: list[dict[str, Any]]) -> list[d
 
 
 def _item(conn: Connection, state: dict[str, Any]) -> dict[str, Any]:
-    promotions = curriculum_store.promotions(conn, state["name"])
+    promotions = curricula.promotions(conn, state["name"])
     passed = {p["from_stage"]: p for p in promotions}
     stages = []
     for index, stage in enumerate(state["stages"] or []):
@@ -104,7 +104,7 @@ def list_curricula(engine: EngineDep) -> dict[str, Any]:
     """The most recently active first. `stages[].status`: passed, current or pending;
     `complete`: every stage passed (`stage` is then null)."""
     with engine.connect() as conn:
-        return {"items": [_item(conn, s) for s in curriculum_store.curricula(conn)]}
+        return {"items": [_item(conn, s) for s in curricula.curricula(conn)]}
 
 
 @router.get("/curricula/{name}", summary="One curriculum with the evals of its stages")
@@ -116,9 +116,9 @@ def get_curriculum(
     """As in the list, plus `evals`: the latest `limit` evals, oldest first, each with its
     stage, the version that answered most of its runs, pass@1, mean reward and pass@k."""
     with engine.connect() as conn:
-        state = curriculum_store.state(conn, name)
+        state = curricula.state(conn, name)
         if state is None:
             raise not_found("curriculum", name)
         item = _item(conn, state)
-        item["evals"] = [_eval(e) for e in curriculum_store.evals(conn, name, limit=limit)]
+        item["evals"] = [_eval(e) for e in curricula.evals(conn, name, limit=limit)]
     return item

@@ -13,12 +13,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from sqlalchemy import Connection, select, update
 
-from learner import queries
 from proxy.admin import trajectories as store
 from proxy.admin.deps import EngineDep
 from proxy.admin.errors import not_found
 from proxy.admin.schemas import FeedbackIn, Key
-from proxy.store.models import Grade, Trajectory
+from store.feedback import add_feedback
+from store.models import Grade, Trajectory
 
 router = APIRouter(tags=["rewards"])
 
@@ -60,7 +60,7 @@ def post_feedback(engine: EngineDep, body: FeedbackIn) -> dict[str, Any]:
         if not targets:
             what = "trajectory" if body.trajectory_id is not None else "session"
             raise not_found(what, body.trajectory_id or body.session or "")
-        queries.add_feedback(
+        add_feedback(
             conn,
             reward=body.reward,
             trajectory_id=body.trajectory_id,

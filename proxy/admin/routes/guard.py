@@ -5,7 +5,7 @@ the drop allowed, regressed, waived), the waiver waiting for the next version an
 an operator pinned. Write: a waiver for the next version, a type pinned protected (or not),
 and the acceptance of a version the guard rolled back (it is served again, like promote,
 and its scores become the baseline the next version is judged against).
-See learner/guard.py for the rule and learner/guard_store.py for where it is kept.
+See learner/guard.py for the rule and learner/guard_records.py for where it is kept.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from learner import guard_store, queries
 from learner.versions import VersionError
 from proxy.admin.deps import EngineDep, StateDep
 from proxy.admin.errors import AdminError, not_found
 from proxy.admin.routes.versions import _serve
 from proxy.admin.schemas import Key, Text
+from store import guard_records, learner_state, policy_versions
 
 router = APIRouter(tags=["guard"])
 
@@ -50,25 +50,25 @@ def get_guard(
     is null until a learner ran with --guard."""
     with engine.connect() as conn:
         return {
-            "config": queries.get_state(conn, guard_store.CONFIG),
-            "protected": guard_store.protected_overrides(conn),
-            "waiver": queries.get_state(conn, guard_store.WAIVER),
-            "decisions": guard_store.decisions(conn)[::-1][:limit],
+            "config": learner_state.get_state(conn, guard_records.CONFIG),
+            "protected": guard_records.protected_overrides(conn),
+            "waiver": learner_state.get_state(conn, guard_records.WAIVER),
+            "decisions": guard_records.decisions(conn)[::-1][:limit],
         }
 
 
 @router.put("/guard/waiver", summary="Let the next version through the guard")
 def put_waiver(engine: EngineDep, waiver: WaiverIn) -> dict[str, Any]:
-    state = {"types": waiver.types, "reason": waiver.reason, "at": guard_store.now_iso()}
+    state = {"types": waiver.types, "reason": waiver.reason, "at": guard_records.now_iso()}
     with engine.begin() as conn:
-        queries.set_state(conn, guard_store.WAIVER, state)
+        learner_state.set_state(conn, guard_records.WAIVER, state)
     return {"ok": True, "waiver": state}
 
 
 @router.delete("/guard/waiver", summary="Withdraw the waiver")
 def delete_waiver(engine: EngineDep) -> dict[str, Any]:
     with engine.begin() as conn:
-        queries.set_state(conn, guard_store.WAIVER, None)
+        learner_state.set_state(conn, guard_records.WAIVER, None)
     return {"ok": True, "waiver": None}
 
 
@@ -78,20 +78,20 @@ def put_protected(
 ) -> dict[str, Any]:
     """Overrides the guard file's `protected` for this type from the next decision on."""
     with engine.begin() as conn:
-        overrides = guard_store.protected_overrides(conn)
+        overrides = guard_records.protected_overrides(conn)
         overrides[name] = body.protected
-        queries.set_state(conn, guard_store.PROTECTED, overrides)
+        learner_state.set_state(conn, guard_records.PROTECTED, overrides)
     return {"ok": True, "protected": overrides}
 
 
 @router.delete("/guard/types/{name}/protected", summary="Back to the guard file's setting")
 def delete_protected(engine: EngineDep, name: Annotated[Key, Path()]) -> dict[str, Any]:
     with engine.begin() as conn:
-        overrides = guard_store.protected_overrides(conn)
+        overrides = guard_records.protected_overrides(conn)
         if name not in overrides:
             raise not_found("protected override", name)
         del overrides[name]
-        queries.set_state(conn, guard_store.PROTECTED, overrides)
+        learner_state.set_state(conn, guard_records.PROTECTED, overrides)
     return {"ok": True, "protected": overrides}
 
 
@@ -100,7 +100,7 @@ async def accept(engine: EngineDep, state: StateDep, version: Annotated[Key, Pat
     """The regression is wanted: the version serves again (as `VERSION+rollback-N`, like
     promote), the acceptance is recorded as a decision, and the learner trains on from it."""
     with engine.connect() as conn:
-        row = queries.version(conn, version=version)
+        row = policy_versions.version(conn, version=version)
     if row is None:
         raise not_found("policy version", version)
     guard = (row["metrics"] or {}).get("guard")
@@ -120,8 +120,8 @@ async def accept(engine: EngineDep, state: StateDep, version: Annotated[Key, Pat
         "waiver": None,
         "types": guard.get("types", []),
         "serving_after": label,
-        "at": guard_store.now_iso(),
+        "at": guard_records.now_iso(),
     }
     with engine.begin() as conn:
-        guard_store.append_decision(conn, entry)
+        guard_records.append_decision(conn, entry)
     return {"ok": True, "action": "accept", "from": version, "serving": label}

@@ -18,7 +18,7 @@ from proxy.admin.deps import EngineDep, StateDep
 from proxy.admin.errors import AdminError, not_found
 from proxy.admin.schemas import ClientKeyIn, KeyName
 from proxy.admin.trajectories import iso
-from proxy.store import keys as store
+from store import keys as store
 
 router = APIRouter(tags=["keys"])
 

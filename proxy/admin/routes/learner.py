@@ -11,13 +11,12 @@ from typing import Any
 from fastapi import APIRouter
 from sqlalchemy import Connection, func, select
 
-from learner import queries
-from learner.control import KNOBS, Control, read_control, read_heartbeat, write_control
 from proxy.admin.deps import EngineDep, StateDep
 from proxy.admin.schemas import KnobsIn
 from proxy.admin.trajectories import iso
-from proxy.store import gates
-from proxy.store.models import Grade, TrainingStep, Trajectory
+from store import gates, grade_queue, policy_versions
+from store.control import KNOBS, Control, read_control, read_heartbeat, write_control
+from store.models import Grade, TrainingStep, Trajectory
 
 router = APIRouter(tags=["learner"])
 ALIVE_POLLS = 5  # a heartbeat older than this many poll intervals (at least 15 s): stopped
@@ -42,10 +41,10 @@ def _queue(conn: Connection) -> dict[str, int]:
     open_count = conn.execute(
         select(func.count()).select_from(Trajectory).where(Trajectory.status == "open")
     ).scalar_one()
-    failures = queries.grading_failures(conn)
+    failures = grade_queue.grading_failures(conn)
     return {
         "open": int(open_count),
-        "ungraded_finished": queries.count_ungraded_finished(conn),
+        "ungraded_finished": grade_queue.count_ungraded_finished(conn),
         "graded_untrained": int(graded_waiting),
         # gradings that failed: to be tried again, or for good (`onthejob regrade`)
         "grading_retrying": failures["retrying"],
@@ -74,7 +73,7 @@ def status(conn: Connection, fanout: int) -> dict[str, Any]:
         state = "stopped" if heartbeat else "never_seen"
     else:
         state = "paused" if (heartbeat or {}).get("paused") else "running"
-    serving = queries.serving_version(conn)
+    serving = policy_versions.serving_version(conn)
     return {
         "state": state,
         "pause_requested": control.paused,

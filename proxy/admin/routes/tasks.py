@@ -1,6 +1,6 @@
 """Tasks: the reference answers graders compare against (list, load, delete).
 
-Loading validates every task with the task-file parser (learner/graders/tasks.py) before
+Loading validates every task with the task-file parser (store/tasks.py) before
 anything is written; a change bumps the "tasks_revision" state, on which a running learner
 reloads its table from the store (learner/control.py).
 """
@@ -13,14 +13,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Response
 from sqlalchemy import Connection, delete, func, select
 
-from learner import queries
-from learner.control import TASKS_REVISION_KEY
-from learner.graders.tasks import Task as TaskSpec
-from learner.graders.tasks import TaskTableError, parse_task
 from proxy.admin.deps import EngineDep
 from proxy.admin.errors import AdminError, not_found
 from proxy.admin.schemas import TaskKeyText, TasksIn
-from proxy.store.models import Task, Trajectory
+from store import learner_state
+from store.control import TASKS_REVISION_KEY
+from store.models import Task, Trajectory
+from store.tasks import Task as TaskSpec
+from store.tasks import TaskTableError, parse_task, upsert_tasks
 
 router = APIRouter(tags=["tasks"])
 TaskKey = Annotated[TaskKeyText, Path()]
@@ -58,9 +58,9 @@ def _stats(conn: Connection, keys: list[str]) -> dict[str, dict[str, Any]]:
 
 def _bump(conn: Connection) -> None:
     # an object, not a bare number: SQLite's JSON column affinity turns "1" into 1 (not JSON)
-    state = queries.get_state(conn, TASKS_REVISION_KEY)
+    state = learner_state.get_state(conn, TASKS_REVISION_KEY)
     revision = state.get("revision", 0) if isinstance(state, dict) else 0
-    queries.set_state(conn, TASKS_REVISION_KEY, {"revision": revision + 1})
+    learner_state.set_state(conn, TASKS_REVISION_KEY, {"revision": revision + 1})
 
 
 @router.get("/tasks", summary="List tasks, by key")
@@ -114,7 +114,7 @@ def load_tasks(engine: EngineDep, body: TasksIn) -> dict[str, Any]:
     tasks = _parse(body)
     rows = [t.row() for t in tasks]  # every column, the rollout's setup/check/grader too
     with engine.begin() as conn:
-        queries.upsert_tasks(conn, rows)
+        upsert_tasks(conn, rows)
         _bump(conn)
     return {"loaded": len(rows), "keys": [r["key"] for r in rows][:1000]}
 

@@ -16,7 +16,7 @@ from proxy.admin.deps import DetokenizerDep, EngineDep
 from proxy.admin.errors import not_found
 from proxy.admin.schemas import TrajectoryFilter, TrajectoryPage
 from proxy.admin.tokens import token_sequences
-from proxy.export import iter_trajectories
+from store.export import iter_trajectories
 
 router = APIRouter(tags=["trajectories"])
 EXPORT_CHUNK = 200

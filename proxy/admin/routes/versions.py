@@ -15,7 +15,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from sqlalchemy import Engine, func, select
 
-from learner import queries
 from learner.versions import VersionError, pin_version, serve_version
 from proxy.admin.deps import EngineDep, StateDep
 from proxy.admin.errors import AdminError
@@ -23,7 +22,8 @@ from proxy.admin.schemas import Key
 from proxy.admin.stats import reward_by_version
 from proxy.admin.trajectories import iso
 from proxy.settings import Settings
-from proxy.store.models import Call, PolicyVersion
+from store import policy_versions
+from store.models import Call, PolicyVersion
 
 router = APIRouter(tags=["versions"])
 VersionKey = Annotated[Key, Path()]
@@ -66,7 +66,7 @@ def list_versions(
                 select(Call.policy_version, func.count()).group_by(Call.policy_version)
             ).all()
         )
-        serving = queries.serving_version(conn)
+        serving = policy_versions.serving_version(conn)
     return {
         "serving": None if serving is None else serving["version"],
         "items": [_version_row(v, rewards, calls) for v in versions],

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from learner.control import Control, effective_knobs, own_set_at
+from learner.control import effective_knobs, own_set_at
+from store.control import Control
 
 OWN = {"learning_rate": 1e-5, "batch_trajectories": 16, "max_staleness": 4}
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from learner.graders.tasks import TaskTable
 from learner.guard import (
     GuardConfig,
     GuardedType,
@@ -22,6 +21,7 @@ from learner.guard import (
     worst_case_noise,
 )
 from learner.rollout.taskset import TaskSet
+from store.tasks import TaskTable
 
 TASKS = TaskSet("t", TaskTable({}))  # the rule never looks at the tasks
 

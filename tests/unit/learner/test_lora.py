@@ -27,8 +27,8 @@ from learner.lora import (
     wrap,
 )
 from learner.loss import LossConfig
-from learner.samples import Sample
 from learner.trainer import Trainer, TrainerConfig
+from store.samples import Sample
 
 PROMPT, COMPLETION = [1, 10, 20, 30], [40, 50, 60]
 

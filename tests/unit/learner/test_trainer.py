@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from learner.samples import Sample, Sampling
 from learner.trainer import (
     Trainer,
     TrainerConfig,
@@ -16,6 +15,7 @@ from learner.trainer import (
     processed_logprobs,
     token_history,
 )
+from store.samples import Sample, Sampling
 
 
 def test_temperature_top_k_and_top_p_processing() -> None:

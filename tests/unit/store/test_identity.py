@@ -1,10 +1,10 @@
-"""proxy.store.identity.public_url: what a proxy may say about its store."""
+"""store.identity.public_url: what a proxy may say about its store."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from proxy.store.identity import public_url
+from store.identity import public_url
 
 
 def test_the_password_never_leaves_and_sqlite_paths_are_absolute() -> None:

@@ -1,4 +1,4 @@
-"""proxy.store.tokens: full prompts rebuilt from parent-relative deltas."""
+"""store.tokens: full prompts rebuilt from parent-relative deltas."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.store.tokens import common_prefix_len, first_completion, materialize_prompts
+from store.tokens import common_prefix_len, first_completion, materialize_prompts
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 from learner.graders.base import Grade
 from learner.graders.combine import CombinedGrader, build_graders, parse_spec
 from learner.graders.feedback import Posted
-from learner.graders.tasks import Task, TaskTable
+from store.tasks import Task, TaskTable
 from tests.unit.learner.graders.trajectories import answered
 
 MODULE = "tests.unit.learner.graders.sample_rewards"

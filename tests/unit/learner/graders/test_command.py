@@ -10,7 +10,7 @@ import pytest
 
 from learner.graders.base import Grade
 from learner.graders.command import CommandGrader
-from learner.graders.tasks import TaskTable
+from store.tasks import TaskTable
 from tests.unit.learner.graders.trajectories import answered
 
 PY = shlex.quote(sys.executable)

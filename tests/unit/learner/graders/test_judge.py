@@ -15,7 +15,7 @@ import pytest
 
 from learner.demo.vllm_server import VLLMServer
 from learner.graders.judge import JudgeGrader
-from learner.graders.tasks import Task, TaskTable
+from store.tasks import Task, TaskTable
 from tests.unit.learner.graders.trajectories import answered, chat_call, failed_call, trajectory
 
 TASKS = TaskTable({"mul": Task("mul", "Multiply 6 by 7.", "42")})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from learner.graders.python import PythonGrader, load_callable
-from learner.graders.tasks import TaskTable
+from store.tasks import TaskTable
 from tests.unit.learner.graders import sample_rewards
 from tests.unit.learner.graders.trajectories import answered
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from learner.graders.reference import ReferenceGrader, last_number, match
-from learner.graders.tasks import Task, TaskTable
+from store.tasks import Task, TaskTable
 from tests.unit.learner.graders.trajectories import (
     chat_call,
     failed_call,

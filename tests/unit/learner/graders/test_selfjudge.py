@@ -21,7 +21,7 @@ from learner.graders.selfjudge import (
     ShadowPolicy,
     ShadowSampler,
 )
-from learner.graders.tasks import Task, TaskTable
+from store.tasks import Task, TaskTable
 from tests.unit.learner.graders.trajectories import answered
 
 TASKS = TaskTable(

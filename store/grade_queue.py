@@ -1,32 +1,24 @@
-"""The learner's reads and writes on the shared store. Callers own the transaction."""
+"""The grading queue and the grades: which finished trajectories wait for a grade, their
+grades, and which grades a step may train on. Callers own the transaction."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, exists, func, or_, select, true, update
 from sqlalchemy.orm import aliased
 
-from learner.graders.tasks import Task as TaskSpec
-from learner.graders.tasks import TaskTable
-from proxy.store.models import (
+from store.clock import now
+from store.db import insert_for
+from store.models import (
     Call,
-    Feedback,
     Grade,
-    LearnerState,
     PolicyVersion,
     RolloutRun,
-    Task,
-    TrainingStep,
     Trajectory,
 )
-from proxy.store.repo import insert_for
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
 
 
 def _not_a_rollout_run() -> Any:
@@ -160,24 +152,6 @@ def reset_attempts(conn: Connection, ids: Sequence[str]) -> None:
             .where(Grade.trajectory_id.in_(list(ids)), Grade.trained_in_step.is_(None))
             .values(attempts=0)
         )
-
-
-def task_table(conn: Connection) -> TaskTable:
-    """The task table as the graders read it."""
-    rows = conn.execute(select(Task.__table__)).mappings()
-    return TaskTable(
-        {
-            row["key"]: TaskSpec(
-                key=row["key"],
-                prompt=row["prompt"],
-                answer=row["answer"],
-                match=row["match"],
-                tolerance=row["tolerance"],
-                metadata=row["metadata"] or {},
-            )
-            for row in rows
-        }
-    )
 
 
 def retry_failed_now(conn: Connection) -> None:
@@ -342,208 +316,6 @@ def mark_trained(conn: Connection, *, trajectory_ids: Sequence[str], step: int) 
             .where(Grade.trajectory_id.in_(list(trajectory_ids)))
             .values(trained_in_step=step)
         )
-
-
-def version_ordinals(conn: Connection) -> dict[str, int]:
-    """The verified versions' places in the staleness order (failed versions have none)."""
-    rows = conn.execute(
-        select(PolicyVersion.version, PolicyVersion.ordinal).where(
-            PolicyVersion.ordinal.is_not(None)
-        )
-    )
-    return {version: ordinal for version, ordinal in rows}
-
-
-def serving_version(conn: Connection) -> dict[str, Any] | None:
-    row = conn.execute(
-        select(PolicyVersion.__table__)
-        .where(PolicyVersion.status == "serving")
-        .order_by(PolicyVersion.ordinal.desc())
-        .limit(1)
-    ).first()
-    return None if row is None else dict(row._mapping)
-
-
-def next_ordinal(conn: Connection) -> int:
-    current = conn.execute(select(func.max(PolicyVersion.ordinal))).scalar()
-    return 0 if current is None else int(current) + 1
-
-
-def add_version(
-    conn: Connection,
-    *,
-    version: str,
-    ordinal: int | None,
-    parent: str | None,
-    checkpoint_path: str | None,
-    status: str,
-    swap_seconds: float | None = None,
-    error: str | None = None,
-    metrics: dict[str, Any] | None = None,
-    probe: dict[str, Any] | None = None,
-) -> None:
-    """`ordinal`: None for a version that failed verification (it never served anyone).
-    Callers hold the publish lease (learner/lease.py), so the ordinal they read is theirs."""
-    if status == "serving":
-        _supersede_serving(conn)
-    conn.execute(
-        insert_for(conn, PolicyVersion.__table__).values(
-            version=version,
-            ordinal=ordinal,
-            parent=parent,
-            checkpoint_path=checkpoint_path,
-            created_at=now(),
-            status=status,
-            swap_seconds=swap_seconds,
-            error=error,
-            metrics=metrics,
-            probe=probe,
-        )
-    )
-
-
-def set_version_probe(conn: Connection, *, version: str, probe: dict[str, Any]) -> None:
-    conn.execute(update(PolicyVersion).where(PolicyVersion.version == version).values(probe=probe))
-
-
-def _supersede_serving(conn: Connection) -> None:
-    """Only one version serves at a time."""
-    conn.execute(
-        update(PolicyVersion).where(PolicyVersion.status == "serving").values(status="superseded")
-    )
-
-
-def set_version_status(conn: Connection, *, version: str, status: str) -> None:
-    if status == "serving":
-        _supersede_serving(conn)
-    conn.execute(
-        update(PolicyVersion).where(PolicyVersion.version == version).values(status=status)
-    )
-
-
-def set_version_outcome(
-    conn: Connection, *, version: str, status: str, error: str | None, metrics: dict[str, Any]
-) -> None:
-    """A version taken out of service after it served (the regression guard)."""
-    if status == "serving":
-        raise ValueError("use set_version_status to serve a version")
-    conn.execute(
-        update(PolicyVersion)
-        .where(PolicyVersion.version == version)
-        .values(status=status, error=error, metrics=metrics)
-    )
-
-
-def version(conn: Connection, *, version: str) -> dict[str, Any] | None:
-    row = conn.execute(
-        select(PolicyVersion.__table__).where(PolicyVersion.version == version)
-    ).first()
-    return None if row is None else dict(row._mapping)
-
-
-def versions_with_checkpoints(conn: Connection) -> list[dict[str, Any]]:
-    """Every version that names a checkpoint, with what retention decides by."""
-    rows = conn.execute(
-        select(
-            PolicyVersion.version,
-            PolicyVersion.ordinal,
-            PolicyVersion.parent,
-            PolicyVersion.status,
-            PolicyVersion.checkpoint_path,
-            PolicyVersion.pinned,
-            PolicyVersion.checkpoint_deleted_at,
-        ).where(PolicyVersion.checkpoint_path.is_not(None))
-    )
-    return [dict(r._mapping) for r in rows]
-
-
-def mark_checkpoints_deleted(conn: Connection, *, versions: Sequence[str]) -> None:
-    for start in range(0, len(versions), 500):
-        conn.execute(
-            update(PolicyVersion)
-            .where(PolicyVersion.version.in_(list(versions[start : start + 500])))
-            .values(checkpoint_deleted_at=now())
-        )
-
-
-def set_pinned(conn: Connection, *, version: str, pinned: bool) -> None:
-    conn.execute(
-        update(PolicyVersion).where(PolicyVersion.version == version).values(pinned=pinned)
-    )
-
-
-def last_step(conn: Connection) -> int:
-    value = conn.execute(select(func.max(TrainingStep.step))).scalar()
-    return 0 if value is None else int(value)
-
-
-def add_step(conn: Connection, *, step: int, version: str | None, metrics: dict[str, Any]) -> None:
-    conn.execute(
-        insert_for(conn, TrainingStep.__table__).values(
-            step=step, version=version, created_at=now(), metrics=metrics
-        )
-    )
-
-
-def get_state(conn: Connection, key: str) -> Any:
-    return conn.execute(select(LearnerState.value).where(LearnerState.key == key)).scalar()
-
-
-def set_state(conn: Connection, key: str, value: Any) -> None:
-    stmt = insert_for(conn, LearnerState.__table__).values(key=key, value=value)
-    conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"value": value}))
-
-
-def upsert_tasks(conn: Connection, tasks: Sequence[dict[str, Any]]) -> None:
-    for task in tasks:
-        values = {
-            "key": task["key"],
-            "prompt": task.get("prompt"),
-            "answer": task.get("answer"),
-            "match": task.get("match", "exact"),
-            "tolerance": task.get("tolerance", 1e-6),
-            "metadata": task.get("metadata"),
-        }
-        # rollout columns only when given: a reference-only reload keeps them
-        values |= {k: task[k] for k in ("grader", "setup", "check") if k in task}
-        stmt = insert_for(conn, Task.__table__).values(values)
-        update_values = {k: v for k, v in values.items() if k != "key"}
-        conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_=update_values))
-
-
-def latest_feedback(
-    conn: Connection, *, trajectory_id: str, session_key: str | None
-) -> tuple[float, str | None] | None:
-    """The newest reward posted for this trajectory (or its session)."""
-    condition = Feedback.trajectory_id == trajectory_id
-    if session_key is not None:
-        condition = condition | (Feedback.session_key == session_key)
-    row = conn.execute(
-        select(Feedback.reward, Feedback.comment)
-        .where(condition)
-        .order_by(Feedback.created_at.desc(), Feedback.id.desc())
-        .limit(1)
-    ).first()
-    return None if row is None else (float(row[0]), row[1])
-
-
-def add_feedback(
-    conn: Connection,
-    *,
-    reward: float,
-    trajectory_id: str | None,
-    session_key: str | None,
-    comment: str | None,
-) -> None:
-    conn.execute(
-        insert_for(conn, Feedback.__table__).values(
-            trajectory_id=trajectory_id,
-            session_key=session_key,
-            reward=reward,
-            comment=comment,
-            created_at=now(),
-        )
-    )
 
 
 def rollout_grades_after(

@@ -12,9 +12,8 @@ from pathlib import Path
 from sqlalchemy import Connection, select
 from sqlalchemy.engine import make_url
 
-from proxy.store.db import normalise_url
-from proxy.store.models import LearnerState
-from proxy.store.repo import insert_for
+from store.db import insert_for, normalise_url
+from store.models import LearnerState
 
 KEY = "store"
 

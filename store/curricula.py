@@ -9,21 +9,42 @@ written together (`promote`), so the recorded stage is always the last promotion
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Any
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
 
 from sqlalchemy import Connection, insert, select, update
 
-from learner.rollout.curriculum import Curriculum, CurriculumError
-from proxy.store.models import Curriculum as CurriculumRow
-from proxy.store.models import CurriculumEval, CurriculumPromotion
+from store.clock import now
+from store.models import Curriculum as CurriculumRow
+from store.models import CurriculumEval, CurriculumPromotion
 
 
-def now() -> datetime:
-    return datetime.now(UTC)
+class CurriculumError(ValueError):
+    """A curriculum file that cannot be used; the message names file, stage and field."""
 
 
-def begin(conn: Connection, curriculum: Curriculum) -> dict[str, Any]:
+class _Stage(Protocol):
+    name: str
+    index: int
+
+
+class CurriculumFile(Protocol):
+    """What `begin` reads of a loaded curriculum (learner/rollout/curriculum.Curriculum)."""
+
+    name: str
+    path: Path
+
+    @property
+    def stages(self) -> Sequence[_Stage]: ...
+
+    def stage(self, name: str) -> _Stage | None: ...
+
+    def state(self) -> list[dict[str, Any]]: ...
+
+
+def begin(conn: Connection, curriculum: CurriculumFile) -> dict[str, Any]:
     """The curriculum's recorded state, made at its first stage if it has none. The stages
     kept are the file's; a recorded stage the file no longer has is a CurriculumError."""
     table = CurriculumRow.__table__

@@ -16,8 +16,8 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from learner import queries
-from learner.guard import GuardConfig
+from store import policy_versions
+from store.learner_state import get_state, set_state
 
 EVALS, DECISIONS, WAIVER, PROTECTED, CONFIG = (
     "guard.evals", "guard.decisions", "guard.waiver", "guard.protected", "guard.config",
@@ -29,20 +29,8 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat()
 
 
-def config_state(config: GuardConfig) -> dict[str, Any]:
-    return {
-        "proxy": config.proxy_url,
-        "z": config.z,
-        "types": [
-            {"type": t.name, "tasks": len(t.tasks.tasks), "samples": t.samples, "runs": t.runs,
-             "margin": t.margin, "protected": t.protected, "metric": t.metric}
-            for t in config.types
-        ],
-    }  # fmt: skip
-
-
 def decisions(conn: Connection) -> list[dict[str, Any]]:
-    return list(queries.get_state(conn, DECISIONS) or [])
+    return list(get_state(conn, DECISIONS) or [])
 
 
 def guard_decision(conn: Connection, version: str) -> dict[str, Any]:
@@ -54,11 +42,11 @@ def guard_decision(conn: Connection, version: str) -> dict[str, Any]:
 
 
 def append_decision(conn: Connection, entry: dict[str, Any]) -> None:
-    queries.set_state(conn, DECISIONS, [*decisions(conn), entry][-MAX_DECISIONS:])
+    set_state(conn, DECISIONS, [*decisions(conn), entry][-MAX_DECISIONS:])
 
 
 def protected_overrides(conn: Connection) -> dict[str, bool]:
-    value = queries.get_state(conn, PROTECTED) or {}
+    value = get_state(conn, PROTECTED) or {}
     return {str(k): bool(v) for k, v in value.items()}
 
 
@@ -67,12 +55,12 @@ def mark_rolled_back(
 ) -> None:
     """The rejected version: status rolled_back, why, and the decision in its metrics (the
     dashboard and the versions API show them)."""
-    row = queries.version(conn, version=version)
+    row = policy_versions.version(conn, version=version)
     if row is None:
         return
     metrics = dict(row["metrics"] or {})
     metrics["guard"] = {**decision, "serving_after": serving}
-    queries.set_version_outcome(
+    policy_versions.set_version_outcome(
         conn,
         version=version,
         status="rolled_back",

@@ -13,8 +13,8 @@ from typing import IO, Any
 import orjson
 from sqlalchemy import Engine
 
-from proxy.store import repo
-from proxy.store.tokens import materialize_prompts
+from store import recording
+from store.tokens import materialize_prompts
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -67,7 +67,7 @@ def iter_trajectories(
     interaction_type: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     with engine.connect() as conn:
-        found = repo.trajectories(
+        found = recording.trajectories(
             conn,
             session_key=session_key,
             since=since,
@@ -75,8 +75,8 @@ def iter_trajectories(
             interaction_type=interaction_type,
         )
         for trajectory in list(found):
-            calls = repo.calls_of(conn, trajectory_id=trajectory["id"])
-            prompts = materialize_prompts(calls, lambda ids: repo.calls_by_ids(conn, ids=ids))
+            calls = recording.calls_of(conn, trajectory_id=trajectory["id"])
+            prompts = materialize_prompts(calls, lambda ids: recording.calls_by_ids(conn, ids=ids))
             yield {
                 "id": trajectory["id"],
                 "session": trajectory["session_key"],

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from sqlalchemy import JSON, Boolean, Connection, DateTime
 
-from proxy.store.models import Call, Trajectory
+from store.models import Call, Trajectory
 
 TRAJECTORY_COLUMNS = (
     "id",

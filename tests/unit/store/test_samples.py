@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from learner.samples import Sampling, build_samples, call_sampling
+from store.samples import Sampling, build_samples, call_sampling
 
 
 def call(prompt: list[int], completion: list[int], **extra: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select, update
 
-from proxy.store.models import ClientKey
+from store.models import ClientKey
 
 
 def add_key(conn: Connection, *, key_id: str, name: str, digest: str, now: datetime) -> None:

@@ -16,8 +16,8 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, select, update
 
-from proxy.store.models import ProxyInstance, SwapGate
-from proxy.store.repo import insert_for
+from store.db import insert_for
+from store.models import ProxyInstance, SwapGate
 
 # a proxy that has not reported for this long is gone (killed, or cut off from the store)
 PROXY_TTL = timedelta(seconds=10)

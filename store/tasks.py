@@ -1,4 +1,5 @@
-"""The task table: reference answers (and prompts) by task key, loaded from JSONL.
+"""The task table: reference answers (and prompts) by task key, loaded from JSONL, and its
+rows in the store.
 
 One JSON object a line: {"id", "prompt"?, "answer"?, "match"?, "tolerance"?, "grader"?,
 "setup"?, "check"?, "metadata"?}. `grader` is a learner grader SPEC for this task; `setup`
@@ -12,10 +13,16 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy import Connection, select
+
+from store.db import insert_for
+from store.grader_specs import parse_spec
+from store.models import Task as TaskRow
 
 MATCH_KINDS = ("exact", "numeric", "regex", "contains")
 _FIELDS = {"id", "prompt", "answer", "match", "tolerance", "grader", "setup", "check", "metadata"}
@@ -38,7 +45,7 @@ class Task:
     check: str | None = None  # shell command grading it: exit code or printed number
 
     def row(self) -> dict[str, Any]:
-        """The task table's row (proxy.store.models.Task)."""
+        """The task table's row (store.models.Task)."""
         return {
             "key": self.key,
             "prompt": self.prompt,
@@ -151,8 +158,6 @@ def _tolerance(row: dict[str, Any], where: str) -> float:
 
 
 def _grader(row: dict[str, Any], where: str) -> str | None:
-    from learner.graders.combine import parse_spec  # combine imports this module
-
     value = _optional_text(row, "grader", where)
     if value is not None:
         try:
@@ -193,3 +198,38 @@ def _check_answer_fits_match(task: Task, where: str) -> None:
             re.compile(task.answer)
         except re.error as exc:
             raise _fail(where, "answer", f"invalid regular expression: {exc}") from exc
+
+
+def task_table(conn: Connection) -> TaskTable:
+    """The task table as the graders read it."""
+    rows = conn.execute(select(TaskRow.__table__)).mappings()
+    return TaskTable(
+        {
+            row["key"]: Task(
+                key=row["key"],
+                prompt=row["prompt"],
+                answer=row["answer"],
+                match=row["match"],
+                tolerance=row["tolerance"],
+                metadata=row["metadata"] or {},
+            )
+            for row in rows
+        }
+    )
+
+
+def upsert_tasks(conn: Connection, tasks: Sequence[dict[str, Any]]) -> None:
+    for task in tasks:
+        values = {
+            "key": task["key"],
+            "prompt": task.get("prompt"),
+            "answer": task.get("answer"),
+            "match": task.get("match", "exact"),
+            "tolerance": task.get("tolerance", 1e-6),
+            "metadata": task.get("metadata"),
+        }
+        # rollout columns only when given: a reference-only reload keeps them
+        values |= {k: task[k] for k in ("grader", "setup", "check") if k in task}
+        stmt = insert_for(conn, TaskRow.__table__).values(values)
+        update_values = {k: v for k, v in values.items() if k != "key"}
+        conn.execute(stmt.on_conflict_do_update(index_elements=["key"], set_=update_values))

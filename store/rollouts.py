@@ -15,8 +15,8 @@ from typing import Any
 
 from sqlalchemy import Connection, func, insert, select, update
 
-from learner import queries
-from proxy.store.models import Call, EvalResult, RolloutRun, Trajectory
+from store import grade_queue
+from store.models import Call, EvalResult, RolloutRun, Trajectory
 
 
 def now() -> datetime:
@@ -88,11 +88,11 @@ def save_grades(
     trainable: bool,
 ) -> None:
     for trajectory_id in ids:
-        queries.save_grade(
+        grade_queue.save_grade(
             conn, trajectory_id=trajectory_id, reward=reward, detail=detail, error=error
         )
     if not trainable:  # eval runs: graded, already "used", never a training signal
-        queries.mark_trained(conn, trajectory_ids=ids, step=-1)
+        grade_queue.mark_trained(conn, trajectory_ids=ids, step=-1)
 
 
 def finish_run(conn: Connection, *, run_id: str, **values: Any) -> None:

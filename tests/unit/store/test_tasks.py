@@ -1,4 +1,4 @@
-"""learner.graders.tasks: loading and validating the task table."""
+"""store.tasks: loading and validating the task table."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from learner.graders.tasks import Task, TaskTable, TaskTableError
+from store.tasks import Task, TaskTable, TaskTableError
 
 
 def _write(tmp_path: Path, *rows: Any) -> Path:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.dialects import postgresql, sqlite
 
 import migrations
 
@@ -20,6 +22,12 @@ def normalise_url(url: str) -> str:
 
 def is_sqlite(url: str) -> bool:
     return normalise_url(url).startswith("sqlite")
+
+
+def insert_for(conn: Connection, table: Any) -> Any:
+    """An INSERT with the dialect's ON CONFLICT support (PostgreSQL or SQLite)."""
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    return dialect.insert(table)
 
 
 def _json_dumps(value: object) -> str:

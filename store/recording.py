@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection, case, func, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
-from proxy.store import bulk
-from proxy.store.models import Call, StoredResponse, Trajectory
+from store import bulk
+from store.db import insert_for
+from store.models import Call, StoredResponse, Trajectory
 
 CALL_TIME_FIELDS = ("started_at",)
 TRAJECTORY_TIME_FIELDS = ("started_at", "last_call_at", "ended_at")
@@ -18,12 +18,6 @@ TRAJECTORY_TIME_FIELDS = ("started_at", "last_call_at", "ended_at")
 
 def to_datetime(epoch: float | None) -> datetime | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, tz=UTC)
-
-
-def insert_for(conn: Connection, table: Any) -> Any:
-    """An INSERT with the dialect's ON CONFLICT support (PostgreSQL or SQLite)."""
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    return dialect.insert(table)
 
 
 def _with_datetimes(rows: Sequence[dict[str, Any]], fields: Sequence[str]) -> list[dict[str, Any]]:
@@ -49,7 +43,7 @@ def write_batch(
     """Insert a batch idempotently: replaying the same batch changes nothing.
 
     `fresh` batches (built by the writer, never written before) take the bulk paths
-    (proxy/store/bulk.py: COPY on PostgreSQL for what is new, prepared statements on
+    (store/bulk.py: COPY on PostgreSQL for what is new, prepared statements on
     SQLite); a batch that might be in already, or rows from elsewhere (a replay, the
     rejected file), take SQLAlchemy's, which also fills in column defaults.
     Timestamps arrive as epoch seconds (the call log keeps them that way).

@@ -1,0 +1,43 @@
+"""Tables shared by the proxy and the learner.
+
+Invariant: the schema is created and changed only by Alembic revisions in `migrations/`;
+these classes describe it for queries and must match the newest revision.
+
+The tables are split by owner: recording (the proxy), learning (the learner), swaps (the
+control plane) and rollouts (the rollout runner). Importing this package registers them
+all on `Base.metadata`.
+"""
+
+from store.models.base import Base
+from store.models.learning import Feedback, Grade, LearnerState, Task, TrainingStep
+from store.models.recording import Call, ClientKey, ProxyInstance, StoredResponse, Trajectory
+from store.models.rollouts import (
+    Curriculum,
+    CurriculumEval,
+    CurriculumPromotion,
+    EvalResult,
+    RolloutRun,
+)
+from store.models.swaps import PolicyVersion, PublishLease, SwapGate
+
+__all__ = [
+    "Base",
+    "Call",
+    "ClientKey",
+    "Curriculum",
+    "CurriculumEval",
+    "CurriculumPromotion",
+    "EvalResult",
+    "Feedback",
+    "Grade",
+    "LearnerState",
+    "PolicyVersion",
+    "ProxyInstance",
+    "PublishLease",
+    "RolloutRun",
+    "StoredResponse",
+    "SwapGate",
+    "Task",
+    "TrainingStep",
+    "Trajectory",
+]

@@ -1,0 +1,83 @@
+"""The control plane of serving: policy versions, the publish lease and the replicas' swap
+gates."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    Integer,
+    String,
+    Text,
+    false,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from store.models.base import Base
+
+
+class PolicyVersion(Base):
+    """Weights that were (or were tried to be) served.
+
+    Only verified versions get an `ordinal` (their place in the staleness order): a version
+    that failed verification never served a client and has none, so nothing counts as
+    trainable traffic of it.
+    """
+
+    __tablename__ = "policy_versions"
+
+    version: Mapped[str] = mapped_column(String(200), primary_key=True)
+    ordinal: Mapped[int | None] = mapped_column(Integer, unique=True)
+    parent: Mapped[str | None] = mapped_column(String(200))
+    checkpoint_path: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # serving | superseded | rolled_back | failed
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    swap_seconds: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # the verified probe: {"token_ids", "logprobs", "tolerance"}; serving this version again
+    # is verified against it, so nobody needs to load the model for a rollback
+    probe: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # an operator's pin keeps its checkpoint whatever retention would delete
+    # (learner/retention.py); when retention deleted it (the version can serve no more)
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    checkpoint_deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class PublishLease(Base):
+    """Who is publishing a policy version now (learner, rollback, promote): one at a time.
+
+    A lease, not a lock held by a connection: it expires unless its holder renews it, so a
+    publisher killed mid-swap does not block the others for ever.
+    """
+
+    __tablename__ = "publish_lease"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    holder: Mapped[str | None] = mapped_column(String(200))
+    acquired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class SwapGate(Base):
+    """A vLLM replica's gate: while closed, no proxy sends it anything.
+
+    The publisher closes it (a new `epoch`), waits until every live proxy has acknowledged
+    that epoch with nothing in flight to the replica, swaps and verifies the weights with the
+    replica to itself, then opens it with the `version` proxies record from then on.
+    """
+
+    __tablename__ = "swap_gates"
+
+    upstream: Mapped[str] = mapped_column(String(500), primary_key=True)
+    epoch: Mapped[int] = mapped_column(Integer, default=0)
+    closed: Mapped[bool] = mapped_column(Boolean, default=False)
+    version: Mapped[str | None] = mapped_column(String(200))
+    holder: Mapped[str | None] = mapped_column(String(200))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -1,0 +1,27 @@
+"""Which database: the one resolver every process uses.
+
+An explicit URL (a `--db` flag, a settings field) wins, then $ONTHEJOB_DATABASE_URL, then
+SQLite in the working directory, the embedded default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+DATABASE_URL_ENV = "ONTHEJOB_DATABASE_URL"
+DEFAULT_SQLITE_URL = "sqlite:///onthejob.db"
+
+
+def database_url(explicit: str | None = None) -> str:
+    return explicit or os.environ.get(DATABASE_URL_ENV) or DEFAULT_SQLITE_URL
+
+
+def add_db(parser: argparse.ArgumentParser) -> None:
+    """The `--db` flag every command that opens the store takes."""
+    parser.add_argument(
+        "--db",
+        metavar="URL",
+        help="database URL (postgresql://... or sqlite:///file.db); default: "
+        f"${DATABASE_URL_ENV}, else {DEFAULT_SQLITE_URL} in the working directory",
+    )
