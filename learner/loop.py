@@ -67,6 +67,7 @@ from learner.traffic import yielding_to
 from learner.trainer import Trainer, TrainerConfig
 from learner.versions import serve_version
 from store import db, gates, grade_queue, learner_state, policy_versions, training_steps
+from store.control import KNOBS, Control, read_heartbeat
 from store.export import iter_trajectories
 from store.guard_records import guard_decision, mark_rolled_back
 from store.samples import Sample, build_samples
@@ -144,9 +145,9 @@ class Learner:
         self.fence = Fence(self.engine, self.holder, drain_timeout=config.swap_drain_timeout)
         # the knobs as the command line (and config, environment) set them; the operator's
         # live values override them (learner/control.py)
-        self.own_knobs = {name: getattr(config, name) for name in control.KNOBS}
+        self.own_knobs = {name: getattr(config, name) for name in KNOBS}
         self.own_set_at: dict[str, str] = {}
-        self.applied_control = control.Control()  # what operators asked, as last applied
+        self.applied_control = Control()  # what operators asked, as last applied
         self.activity = "starting"  # what the heartbeat says the learner is doing
         self.heartbeat = control.Heartbeat(self)
         # a stop (signal, or `stopping.request()` from another thread) never cuts a swap short
@@ -187,7 +188,7 @@ class Learner:
                 self.step = training_steps.last_step(conn)
                 states = {key: learner_state.get_state(conn, key) for key in Baselines.KEYS}
                 self.baselines = Baselines.from_states(states, self.config.type_baseline)
-                self.own_set_at = control.own_set_at(self.own_knobs, control.read_heartbeat(conn))
+                self.own_set_at = control.own_set_at(self.own_knobs, read_heartbeat(conn))
             adopted = self.serving is None and self._adopt_served_weights()
             assert self.serving is not None
             source = Path(self.serving["checkpoint_path"])

@@ -147,15 +147,15 @@ def test_the_self_judge_is_measured_against_rollout_checks(
     """Rollout runs are graded by their runner's check, never by the learner: the learner's
     pass over the runners' grades adds the self-judge's verdict, once each."""
     from learner import selfjudge_rollouts
-    from learner.rollout import store
     from proxy.admin import selfjudge
+    from store import rollouts
 
     now = time.time()
     passed = {"run0": True, "run1": False, "run2": True, "run3": False}
     with engine.begin() as conn:
         for n, (run, ok) in enumerate(passed.items()):
             session, tid = f"rollout-{run}", f"t-{run}"
-            store.start_run(
+            rollouts.start_run(
                 conn, id=run, rollout_id="r1", task_set="files", task_key=f"file-{n % 2}",
                 epoch=0, sample=n, session_key=session, eval=n >= 2, command=["agent"],
             )  # fmt: skip
@@ -173,7 +173,7 @@ def test_the_self_judge_is_measured_against_rollout_checks(
             }  # fmt: skip
             finished = [{"id": tid, "ended_at": now + n + 1}]
             recording.write_batch(conn, trajectories=[trajectory], calls=[call], finished=finished)
-            store.save_grades(
+            rollouts.save_grades(
                 conn, ids=[tid], reward=1.0 if ok else 0.0, error=None, trainable=n < 2,
                 detail={"rollout_run": run, "check": "test -f out", "exit_code": 0 if ok else 1},
             )  # fmt: skip

@@ -293,12 +293,11 @@ def cmd_curriculum(args: argparse.Namespace, command: list[str]) -> int:
 
 
 def cmd_eval_report(args: argparse.Namespace) -> int:
-    from learner.rollout import store
     from learner.rollout.report import by_version_and_set, format_table
-    from store import policy_versions
+    from store import policy_versions, rollouts
 
     with _reading(args, "eval-report") as conn:
-        results = store.eval_results(conn)
+        results = rollouts.eval_results(conn)
         order = policy_versions.version_ordinals(conn)
     if not results:
         print("no eval results yet: run `onthejob rollout --eval ...`", file=sys.stderr)

@@ -145,7 +145,7 @@ def run_rollout(
     stop: threading.Event | None = None,
 ) -> RolloutSummary:
     """Run the whole rollout; KeyboardInterrupt or `stop` cancels it cleanly (see module).
-    Raises proxy_store.StoreMismatch before any run if it would not read the proxy's rollouts."""
+    Raises proxy_store.StoreMismatch before any run if it would not read the proxy's store."""
     config.database_url = proxy_store.resolve(config.proxy_url, config.database_url)
     db.upgrade(config.database_url)
     engine = db.make_engine(config.database_url)
