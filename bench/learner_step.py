@@ -39,6 +39,8 @@ server that tests or a learner are using at the same time.
 
 Run: .venv/bin/python -m bench.learner_step [--samples 64] [--repeats 5] [--no-swap]
      .venv/bin/python -m bench.learner_step --upstream http://127.0.0.1:8011 --model DIR
+     .venv/bin/python -m bench.learner_step --model DIR --no-swap --busy-cores 1 --threads 1
+     (the trainer beside one busy core, as beside vLLM-CPU: compare --threads 1 and 2)
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -526,6 +529,20 @@ def load_text() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+@contextlib.contextmanager
+def busy_cores(count: int) -> Iterator[None]:
+    """`count` processes spinning for as long as the block runs."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    if count:
+        print(f"{count} core(s) kept busy meanwhile (standing in for vLLM-CPU serving)")
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__ or "", formatter_class=argparse.RawDescriptionHelpFormatter
@@ -563,6 +580,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    parser.add_argument(
+        "--busy-cores",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep N cores busy meanwhile (one spinning process each), as vLLM-CPU serving "
+        "beside the trainer does; compare --threads under it",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-swap", action="store_true", help="skip the vLLM hot-swap part")
     parser.add_argument(
@@ -584,7 +609,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.prompt_tokens < 1 or args.warmup < 0:
         parser.error("--prompt-tokens must be >= 1 and --warmup >= 0")
     try:
-        return run(args)
+        with busy_cores(args.busy_cores):
+            return run(args)
     except BenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
     except Exception as exc:  # the bench's answer to anything unexpected: say what and where

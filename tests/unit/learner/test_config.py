@@ -39,3 +39,25 @@ def test_a_step_s_batch_is_bounded_by_the_flag_or_the_environment(
     monkeypatch.setenv("ONTHEJOB_LEARN_MAX_BATCH_TRAJECTORIES", "-1")
     with pytest.raises(ValueError, match="max_batch_trajectories"):
         LearnerConfig.load(config_file=None, overrides={"model": "m"})
+
+
+def test_the_trainer_s_threads_come_from_the_flag_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("ONTHEJOB_LEARN_TORCH_THREADS", raising=False)
+    assert LearnerConfig.load(config_file=None, overrides={"model": "m"}).torch_threads == 0
+    args = build_parser().parse_args(["learn", "--model", "m", "--torch-threads", "1"])
+    assert learner_config(args, model="m", torch_threads=args.torch_threads).torch_threads == 1
+    monkeypatch.setenv("ONTHEJOB_LEARN_TORCH_THREADS", "-2")
+    with pytest.raises(ValueError, match="torch_threads"):
+        LearnerConfig.load(config_file=None, overrides={"model": "m"})
+
+
+def test_the_demo_gives_its_learner_half_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    from learner.demo.run import DemoConfig, learner_threads
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert learner_threads(DemoConfig()) == 1
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert learner_threads(DemoConfig()) == 8
+    assert learner_threads(DemoConfig(learner_threads=3)) == 3
