@@ -131,6 +131,11 @@ class VLLMServer:
 
     def start(self) -> VLLMServer:
         env = {
+            # vLLM 0.32 with torch 2.13 compiles ahead of time by default, and on CPU fails to
+            # load what it saved ("'function' object has no attribute 'finalize_loading'"),
+            # so every start compiled again: 86 s of a 140 s start on 2 AVX2 cores. Without
+            # it, torch.compile's own cache serves later starts. The environment may say 1.
+            "VLLM_USE_AOT_COMPILE": "0",
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
             # Enables /collective_rpc, /pause, /resume, /weight_info: weight hot-swap.
