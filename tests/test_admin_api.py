@@ -1,7 +1,7 @@
 """The admin API on a running proxy, against PostgreSQL and SQLite.
 
 Rows are written with the store's own batch writer (store/recording.py, what the recorder
-uses) and the learner's queries; the API is read over real HTTP from a proxy subprocess.
+uses) and the store's query modules; the API is read over real HTTP from a proxy subprocess.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The learner's store queries on both databases."""
+"""The learner's queries of the store (store/grade_queue.py and its kin), on both databases."""
 
 from __future__ import annotations
 
