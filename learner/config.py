@@ -8,10 +8,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from store.url import DEFAULT_SQLITE_URL, given_database_url
+
 
 @dataclass
 class LearnerConfig:
-    database_url: str = "sqlite:///onthejob.db"
+    database_url: str = DEFAULT_SQLITE_URL
     upstreams: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8000"])
     model: str = ""  # the base model directory (what vLLM was started with)
     checkpoints: str = "checkpoints"
@@ -132,8 +134,8 @@ class LearnerConfig:
             env = os.environ.get(f"ONTHEJOB_LEARN_{name.upper()}")
             if env is not None:
                 values[name] = _parse_env(env, spec.type)
-        if "database_url" not in values and os.environ.get("ONTHEJOB_DATABASE_URL"):
-            values["database_url"] = os.environ["ONTHEJOB_DATABASE_URL"]
+        if "database_url" not in values and given_database_url():
+            values["database_url"] = given_database_url()
         values.update({k: v for k, v in overrides.items() if v is not None})
         config = cls(**values)
         if not config.model:

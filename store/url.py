@@ -13,8 +13,13 @@ DATABASE_URL_ENV = "ONTHEJOB_DATABASE_URL"
 DEFAULT_SQLITE_URL = "sqlite:///onthejob.db"
 
 
+def given_database_url(explicit: str | None = None) -> str | None:
+    """The URL given (the flag, else the environment), or None: the caller's own default."""
+    return explicit or os.environ.get(DATABASE_URL_ENV) or None
+
+
 def database_url(explicit: str | None = None) -> str:
-    return explicit or os.environ.get(DATABASE_URL_ENV) or DEFAULT_SQLITE_URL
+    return given_database_url(explicit) or DEFAULT_SQLITE_URL
 
 
 def add_db(parser: argparse.ArgumentParser) -> None:

@@ -7,18 +7,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import signal
 import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-from store.url import DEFAULT_SQLITE_URL, add_db
-
-
-def database_url(args: argparse.Namespace) -> str:
-    return args.db or os.environ.get("ONTHEJOB_DATABASE_URL") or DEFAULT_SQLITE_URL
+from store.url import add_db, database_url, given_database_url
 
 
 @contextlib.contextmanager
@@ -28,7 +23,7 @@ def _reading(args: argparse.Namespace, command: str) -> Iterator[Any]:
 
     from store import db
 
-    engine = db.make_engine(database_url(args))
+    engine = db.make_engine(database_url(args.db))
     try:
         with engine.connect() as conn:
             yield conn
@@ -183,7 +178,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
             command=command,
             tasks=task_set,
             # none given: the store the proxy says it records to (learner/rollout/proxy_store)
-            database_url=args.db or os.environ.get("ONTHEJOB_DATABASE_URL") or None,
+            database_url=given_database_url(args.db),
             group_size=args.group_size,
             concurrency=args.concurrency,
             epochs=args.epochs,
@@ -262,7 +257,7 @@ def cmd_curriculum(args: argparse.Namespace, command: list[str]) -> int:
                 proxy_url=args.proxy,
                 command=command or list(curriculum.stages[0].command or []),
                 tasks=curriculum.stages[0].tasks,
-                database_url=args.db or os.environ.get("ONTHEJOB_DATABASE_URL") or None,
+                database_url=given_database_url(args.db),
                 group_size=args.group_size,
                 concurrency=args.concurrency,
                 timeout=args.timeout,
@@ -315,7 +310,7 @@ def cmd_tasks_load(args: argparse.Namespace) -> int:
         task_set = load_task_set(args.file)
     except TaskTableError as exc:
         raise SystemExit(f"onthejob tasks load: {exc}") from exc
-    url = database_url(args)
+    url = database_url(args.db)
     db.upgrade(url)
     engine = db.make_engine(url)
     try:
