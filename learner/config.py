@@ -134,8 +134,8 @@ class LearnerConfig:
             env = os.environ.get(f"ONTHEJOB_LEARN_{name.upper()}")
             if env is not None:
                 values[name] = _parse_env(env, spec.type)
-        if "database_url" not in values and given_database_url():
-            values["database_url"] = given_database_url()
+        if "database_url" not in values and (given := given_database_url()):
+            values["database_url"] = given
         values.update({k: v for k, v in overrides.items() if v is not None})
         config = cls(**values)
         if not config.model:
