@@ -99,8 +99,9 @@ def prune(
         for path in delete:
             _remove(path)
         log.info("retention: deleted %d checkpoints, keeping %d", len(delete), len(decided.keep))
-    referenced = {Path(v["checkpoint_path"]) for v in versions}
-    _sweep_leftovers(checkpoints, decided.keep | referenced)
+    # a checkpoint only deleted versions name was being deleted when a learner died: it goes
+    live = {Path(v["checkpoint_path"]) for v in versions if not v.get("checkpoint_deleted_at")}
+    _sweep_leftovers(checkpoints, decided.keep | live)
     return sorted(delete)
 
 
@@ -144,7 +145,8 @@ def _remove(path: Path) -> None:
 def _sweep_leftovers(checkpoints: Path, keep: frozenset[Path]) -> None:
     """What a learner that died mid-step left: half-written checkpoints (`.NAME.tmp-*`,
     `*.optimizer.tmp`), a step's checkpoint saved but never recorded as a version (`step-*`,
-    no version names it: it was never served), optimizer states whose checkpoint is gone."""
+    no version names it: it was never served) or marked deleted before its files went,
+    optimizer states whose checkpoint is gone."""
     for path in checkpoints.iterdir():
         name = path.name
         if name.startswith(".") and ".tmp-" in name:

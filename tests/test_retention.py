@@ -97,6 +97,24 @@ def test_leftovers_of_a_crashed_save_go_too(engine: Engine, tmp_path: Path) -> N
     assert sorted(p.name for p in checkpoints.iterdir()) == ["base", "base.optimizer.pt"]
 
 
+def test_a_delete_a_dying_learner_left_half_done_is_finished(
+    engine: Engine, tmp_path: Path
+) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    publish(engine, "v0", write_checkpoint(checkpoints / "base"), None, ok=True)
+    for step in range(1, 6):
+        publish(
+            engine, f"step-{step}", write_checkpoint(checkpoints / f"step-{step}"), None, ok=True
+        )
+    # the store had marked step-1 deleted, then the learner was killed before its files went
+    with engine.begin() as conn:
+        policy_versions.mark_checkpoints_deleted(conn, versions=["step-1"])
+    prune(engine, checkpoints=checkpoints, keep_last=KEEP_LAST, upstreams=[])
+    assert step_dirs(checkpoints) == {"base", "step-3", "step-4", "step-5"}
+    assert not (checkpoints / "step-1.optimizer.pt").exists()
+
+
 def test_an_adapter_a_replica_lists_is_kept_until_it_is_unloaded(
     engine: Engine, tmp_path: Path
 ) -> None:
