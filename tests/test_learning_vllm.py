@@ -51,9 +51,11 @@ async def traffic(base_url: str, model: str, rounds: int, group: int = 8) -> lis
         )
 
 
-def wait_for_step(engine, step: int, learner: subprocess.Popen, log: Path) -> None:
+def wait_for_step(
+    engine, step: int, learner: subprocess.Popen, log: Path, timeout: float = 180
+) -> None:
     """Poll (bounded) until the learner has recorded `step`."""
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + timeout
     while True:
         with engine.connect() as conn:
             done = conn.execute(select(func.max(TrainingStep.step))).scalar() or 0
