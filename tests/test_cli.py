@@ -65,6 +65,7 @@ def test_help_lists_every_option(command: list[str]) -> None:
             assert option in result.stdout
     if command == ["demo"]:
         assert "--curriculum" in result.stdout and "--curriculum-minutes" in result.stdout
+        assert "--tiny" in result.stdout and "smollm2-135m" in result.stdout
     if command == ["spool", "replay"]:
         for option in ("--db", "--spool"):
             assert option in result.stdout

@@ -61,6 +61,7 @@ def test_a_short_demo_runs_every_stage_and_cleans_up(tmp_path: Path, demo_cache:
         "-m",
         "proxy.cli",
         "demo",
+        "--tiny",
         "--workdir",
         str(workdir),
         "--port",

