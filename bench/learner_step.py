@@ -80,10 +80,10 @@ from learner.trainer import (
 )
 from store.samples import Sample, Sampling
 
-# learner.publisher (httpx, and the store through the fence) is imported where the swaps are
+# learner.swap.publisher (httpx, and the store through the fence) is imported where the swaps are
 # measured: bench/gpu_learner.py reuses the step measurements on a machine without them
 if TYPE_CHECKING:
-    from learner.publisher import FullReloadPublisher
+    from learner.swap.publisher import FullReloadPublisher
 
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
 
@@ -424,7 +424,7 @@ def serves_original(
     """Refuse to swap unless the upstream serves ``--model``'s weights now: the restore at
     the end puts those weights back under the version it reports now."""
     # the publisher's own probe comparison, so "same weights" means what a publish means
-    from learner.publisher import Fingerprint
+    from learner.swap.publisher import Fingerprint
 
     reference = Fingerprint.of(publisher.probe, expected, publisher.tolerance)
     diff = publisher.score(upstream, reference)
@@ -446,7 +446,7 @@ def measure_swaps(
 ) -> SwapReport:
     from transformers import AutoTokenizer
 
-    from learner.publisher import (
+    from learner.swap.publisher import (
         FullReloadPublisher,
         Probe,
         current_version,

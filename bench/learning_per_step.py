@@ -74,7 +74,7 @@ from learner.demo.tiny_model import build_tiny_model
 from learner.demo.vllm_server import VLLMServer
 from learner.grouping import GroupingConfig, RunningBaselines, Scored, compute_advantages
 from learner.loss import LossConfig
-from learner.publisher import (
+from learner.swap.publisher import (
     FullReloadPublisher,
     Probe,
     current_version,

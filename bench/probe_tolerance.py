@@ -11,7 +11,7 @@ model), then scores probes there and in the trainer (its precision for that dtyp
   out, so vLLM keeps the pre-step one).
 For each case it prints |vLLM - trainer| over the probe tokens: max, p99, mean and median,
 and the criterion the publisher applies to the probe; then the exact weight check's verdict
-(learner/weight_check.py: vLLM's weights against the checkpoint's, through its own kernels).
+(learner/swap/weight_check.py: vLLM's weights against the checkpoint's, through its own kernels).
 The original weights are swapped back at the end.
 
 Run: .venv/bin/python -m bench.probe_tolerance --model DIR [--dtype bfloat16]
@@ -32,11 +32,11 @@ import httpx
 import torch
 from safetensors.torch import load_file, save_file
 
-from learner import weight_check
 from learner.checkpoint import load_model, save_checkpoint
 from learner.demo.vllm_server import VLLMServer
 from learner.loop import PROBE_TEXT
-from learner.publisher import _prompt_logprobs, tolerance_for
+from learner.swap import weight_check
+from learner.swap.publisher import _prompt_logprobs, tolerance_for
 from learner.trainer import Trainer, TrainerConfig
 
 Expected = Callable[[list[int], list[int]], list[float]]
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def weights_row(name: str, client: httpx.Client, url: str, reference: Path) -> dict[str, Any]:
-    """The exact weight check (learner/weight_check.py) of what vLLM serves now against
+    """The exact weight check (learner/swap/weight_check.py) of what vLLM serves now against
     ``reference``'s tensors: what the publisher applies besides the probe."""
     try:
         report = weight_check.verify(client, url, reference)

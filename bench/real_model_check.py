@@ -34,7 +34,7 @@ import httpx
 
 from learner.checkpoint import load_model, save_checkpoint
 from learner.demo.vllm_server import VLLMServer, free_port
-from learner.publisher import FullReloadPublisher, Probe, tolerance_for
+from learner.swap.publisher import FullReloadPublisher, Probe, tolerance_for
 from learner.trainer import Trainer, TrainerConfig
 from store.samples import Sample
 

@@ -315,7 +315,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from learner.versions import VersionError, serve_version
+    from learner.swap.versions import VersionError, serve_version
     from store import db
 
     config = learner_config(args, model="-")
@@ -338,7 +338,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
-    from learner.versions import VersionError, pin_version
+    from learner.swap.versions import VersionError, pin_version
     from store import db
 
     config = learner_config(args, model="-")

@@ -92,7 +92,7 @@ class LearnerConfig:
     max_sequence_mismatch: float = 1.0
     # max |vLLM - trainer| probe logprob; None: by the dtype vLLM serves (float32 1e-3,
     # bfloat16 and float16 1e-2, or 1.0 where the weights were just compared exactly and
-    # matched: learner/publisher.py)
+    # matched: learner/swap/publisher.py)
     verify_tolerance: float | None = None
     # seconds a swap waits for the replicas' traffic to drain before it aborts what is left
     swap_drain_timeout: float = 60.0

@@ -4,7 +4,7 @@ The learner (`onthejob learn --guard FILE`) calls `Guard.check` right after a st
 is published and serving: each guarded type's eval task set runs through the proxy with the
 rollout runner in eval mode (learner/rollout/runner.py; the runs are filed in eval_results
 under the task set `guard:TYPE`, as any eval), and learner/guard.py's rule decides. The
-learner rolls a version the rule rejects back to the last kept one (learner/versions.py).
+learner rolls a version the rule rejects back to the last kept one (learner/swap/versions.py).
 
 What it keeps: store/guard_records.py. Invariant: a decision is recorded before the learner
 acts on it.

@@ -2,7 +2,7 @@
 and the full weights an adapter needs under it.
 
 Torch-free on purpose: the proxy's admin API serves earlier versions again (rollback,
-promote) through learner/versions.py, and must not need the model libraries to do so.
+promote) through learner/swap/versions.py, and must not need the model libraries to do so.
 """
 
 from __future__ import annotations

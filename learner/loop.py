@@ -2,9 +2,9 @@
 
 One iteration: grade what finished -> if enough trajectories carry a signal, one optimizer
 step -> checkpoint -> hot-swap into every vLLM replica -> verify -> record -> serve. A version
-that fails verification never serves anyone (learner/publisher.py): the previous version
+that fails verification never serves anyone (learner/swap/publisher.py): the previous version
 keeps serving and the trainer returns to its weights. Publishing holds the publish lease
-(learner/lease.py), so operators' rollbacks and the learner's publishes never interleave.
+(learner/swap/lease.py), so operators' rollbacks and the learner's publishes never interleave.
 
 Invariant: a step is recorded, with the trajectories it trained on, in the transaction that
 records its version, before anyone is served by it; whatever interrupts a step before that
@@ -29,12 +29,11 @@ import torch
 from sqlalchemy.exc import DBAPIError
 from tqdm import tqdm
 
-from learner import control, grading, lease, retention, selfjudge_rollouts
+from learner import control, grading, retention, selfjudge_rollouts
 from learner.accounting import StepAccount
 from learner.checkpoint import load_model, save_checkpoint
 from learner.config import LearnerConfig
 from learner.distributed import Ranks
-from learner.fence import Fence
 from learner.grouping import (
     Baselines,
     GroupingConfig,
@@ -47,9 +46,12 @@ from learner.guard import GuardConfig
 from learner.guard_run import Guard
 from learner.layout import is_adapter, served_base
 from learner.lora import LoraSettings, load_trainable, merge, save_adapter, wrap
-from learner.lora_publisher import LoraPublisher
 from learner.loss import LossConfig
-from learner.publisher import (
+from learner.stopping import GracefulStop
+from learner.swap import lease
+from learner.swap.fence import Fence
+from learner.swap.lora_publisher import LoraPublisher
+from learner.swap.publisher import (
     HALF_PRECISION,
     HALF_PRECISION_CHECKED_TOLERANCE,
     ExpectedLogprobs,
@@ -62,10 +64,9 @@ from learner.publisher import (
     served_dtype,
     tolerance_for,
 )
-from learner.stopping import GracefulStop
+from learner.swap.versions import serve_version
 from learner.traffic import yielding_to
 from learner.trainer import Trainer, TrainerConfig
-from learner.versions import serve_version
 from store import db, gates, grade_queue, learner_state, policy_versions, training_steps
 from store.control import KNOBS, Control, read_heartbeat
 from store.export import iter_trajectories

@@ -54,7 +54,7 @@ def add_version(
     probe: dict[str, Any] | None = None,
 ) -> None:
     """`ordinal`: None for a version that failed verification (it never served anyone).
-    Callers hold the publish lease (learner/lease.py), so the ordinal they read is theirs."""
+    Callers hold the publish lease (learner/swap/lease.py), so the ordinal they read is theirs."""
     if status == "serving":
         _supersede_serving(conn)
     conn.execute(

@@ -59,7 +59,7 @@ def bf16_vllm(tiny_model: Path) -> Iterator[VLLMServer]:
 def restore_vllm(vllm: VLLMServer, tiny_model: Path) -> Iterator[str]:
     """The version vLLM serves before the test; its original weights and name come back
     after it (the server is shared by the whole session)."""
-    from learner.publisher import FullReloadPublisher, Probe, current_version
+    from learner.swap.publisher import FullReloadPublisher, Probe, current_version
     from tests.test_publisher import trainer_logprobs
 
     original = current_version(vllm.url)

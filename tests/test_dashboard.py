@@ -18,7 +18,7 @@ from sqlalchemy import Engine, func, select
 
 from learner.checkpoint import load_model, save_checkpoint
 from learner.demo.vllm_server import VLLMServer
-from learner.publisher import (
+from learner.swap.publisher import (
     DEFAULT_TOLERANCE,
     Fingerprint,
     FullReloadPublisher,

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from learner.config import LearnerConfig
-from learner.publisher import WEIGHT_CHECK_EXTENSION
+from learner.swap.publisher import WEIGHT_CHECK_EXTENSION
 from proxy.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent

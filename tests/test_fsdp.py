@@ -31,7 +31,7 @@ import torch
 
 from learner.checkpoint import load_model
 from learner.loss import LossConfig
-from learner.publisher import HALF_PRECISION_TOLERANCE
+from learner.swap.publisher import HALF_PRECISION_TOLERANCE
 from learner.trainer import Trainer, TrainerConfig, micro_batches
 from store.samples import Sample
 

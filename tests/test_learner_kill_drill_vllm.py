@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import Engine, select
 
 from learner.demo.vllm_server import VLLMServer
-from learner.publisher import current_version
+from learner.swap.publisher import current_version
 from store import db
 from store.models import Call, TrainingStep
 from tests.drills import (

@@ -19,7 +19,7 @@ import openai
 import pytest
 from sqlalchemy import func, select
 
-from learner.publisher import FullReloadPublisher, Probe
+from learner.swap.publisher import FullReloadPublisher, Probe
 from store import db
 from store.models import Call, PolicyVersion, TrainingStep
 from tests.learning_rewards import share_of_a

@@ -25,8 +25,8 @@ from learner.checkpoint import load_model
 from learner.demo.vllm_server import VLLMServer
 from learner.layout import ADAPTER_WEIGHTS
 from learner.lora import LoraSettings, load_trainable, save_adapter, wrap
-from learner.lora_publisher import LoraPublisher
-from learner.publisher import Probe, served_dtype, tolerance_for
+from learner.swap.lora_publisher import LoraPublisher
+from learner.swap.publisher import Probe, served_dtype, tolerance_for
 from learner.trainer import Trainer, TrainerConfig
 from store import db
 from store.models import Call, PolicyVersion, TrainingStep

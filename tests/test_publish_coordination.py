@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import Engine, update
 
-from learner import lease
-from learner.fence import Fence, FenceError
+from learner.swap import lease
+from learner.swap.fence import Fence, FenceError
 from store import gates
 from store.models import ProxyInstance, PublishLease
 from tests.drills import wait_until

@@ -15,7 +15,6 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from learner import weight_check
 from learner.checkpoint import (
     LM_HEAD,
     WEIGHTS_FILE,
@@ -24,7 +23,8 @@ from learner.checkpoint import (
     save_checkpoint,
 )
 from learner.demo.vllm_server import VLLMServer
-from learner.publisher import (
+from learner.swap import weight_check
+from learner.swap.publisher import (
     ExpectedLogprobs,
     Fingerprint,
     FullReloadPublisher,

@@ -28,8 +28,8 @@ from sqlalchemy import select
 
 from learner.checkpoint import load_model
 from learner.demo.vllm_server import VLLMServer
-from learner.lora_publisher import LoraPublisher
-from learner.publisher import Probe, served_dtype
+from learner.swap.lora_publisher import LoraPublisher
+from learner.swap.publisher import Probe, served_dtype
 from learner.traffic import replicas_busy
 from learner.trainer import Trainer, TrainerConfig
 from store import db

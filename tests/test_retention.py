@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import Engine
 
 from learner.retention import plan, prune
-from learner.versions import VersionError, pin_version, serve_version
+from learner.swap.versions import VersionError, pin_version, serve_version
 from store import policy_versions
 
 KEEP_LAST = 3

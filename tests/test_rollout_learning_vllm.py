@@ -19,8 +19,8 @@ import pytest
 from sqlalchemy import Engine, func, select
 
 from learner.grouping import GroupingConfig, RunningBaselines, Scored, compute_advantages
-from learner.publisher import FullReloadPublisher, Probe
 from learner.rollout import RolloutConfig, load_task_set, run_rollout
+from learner.swap.publisher import FullReloadPublisher, Probe
 from store import db, grade_queue, policy_versions
 from store.models import TrainingStep
 

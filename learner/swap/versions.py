@@ -5,7 +5,7 @@ The version's checkpoint goes back into every replica as a new version
 `VERSION+rollback-N` (N its ordinal), so staleness keeps counting forwards and what the
 rolled-away versions produced counts as old. A running learner trains on from it.
 
-Invariant: under the publish lease (learner/lease.py), fenced like any full reload, and
+Invariant: under the publish lease (learner/swap/lease.py), fenced like any full reload, and
 verified against the probe recorded when the version was first verified, within the
 tolerance it was verified with. No model is loaded for it, which is why the admin API can
 run it inside the proxy (this module and what it imports are torch-free); only a version
@@ -21,11 +21,11 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from learner import lease
-from learner.fence import Fence
 from learner.layout import served_base
-from learner.lora_publisher import LoraPublisher
-from learner.publisher import (
+from learner.swap import lease
+from learner.swap.fence import Fence
+from learner.swap.lora_publisher import LoraPublisher
+from learner.swap.publisher import (
     DEFAULT_TOLERANCE,
     ExpectedLogprobs,
     Fingerprint,

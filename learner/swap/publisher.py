@@ -2,7 +2,7 @@
 
 Key invariant: no client of the proxy is answered by weights that have not passed
 verification. A full reload changes the weights of the running engine, and vLLM can only
-run the probe unpaused, so the replicas are fenced off first (learner/fence.py: every proxy
+run the probe unpaused, so the replicas are fenced off first (learner/swap/fence.py: every proxy
 holds their traffic and has nothing in flight to them); then pause (keep) -> reload_weights
 -> reset prefix cache -> resume -> probe, with only the probe running. Only a verified
 version is recorded (``commit``), labelled (``/update_weight_version``) and let through the
@@ -11,7 +11,7 @@ recorded probe, before the gates open: the previous version keeps serving, and t
 version never serves a client, so no call is ever recorded as served by it.
 
 Verification is two checks per replica. First the weights, exactly, where the replica runs
-the weight-check extension (learner/weight_check.py): checksums of what its kernels multiply
+the weight-check extension (learner/swap/weight_check.py): checksums of what its kernels multiply
 with must equal the same sums over the checkpoint's tensors, in any dtype. Then the probe,
 teacher-forced: the replica scores a fixed token sequence (``prompt_logprobs``), and every
 logprob must equal the trainer's within ``tolerance``; it shows that the engine computes
@@ -43,8 +43,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from learner.fence import FenceError
 from learner.layout import CheckpointError
+from learner.swap.fence import FenceError
 
 log = logging.getLogger("onthejob.learner")
 
@@ -64,7 +64,7 @@ DEFAULT_TOLERANCE = 1e-3
 # layer's MLP left as it was by 0.022-0.034 (tests/test_bf16_vllm.py). 1e-2 passes the right
 # weights and fails both; a deeper model in bf16 may need more (verify_tolerance).
 HALF_PRECISION_TOLERANCE = 1e-2
-# For a half-precision replica whose weights are checked exactly (learner/weight_check.py):
+# For a half-precision replica whose weights are checked exactly (learner/swap/weight_check.py):
 # the probe then only has to show that the engine computes like the trainer, not which
 # weights it holds. On the warmed-up demo model in bf16 the right weights differ by up to
 # 0.19 (535 probe tokens; bench/probe_tolerance.py), as much as a stale LM head or an old
@@ -72,8 +72,8 @@ HALF_PRECISION_TOLERANCE = 1e-2
 # model config or a broken kernel is off by several nats.
 HALF_PRECISION_CHECKED_TOLERANCE = 1.0
 
-# What vLLM must load to have its weights checked exactly (learner/vllm_weight_check.py).
-WEIGHT_CHECK_EXTENSION = "learner.vllm_weight_check.WeightCheck"
+# What vLLM must load to have its weights checked exactly (learner/swap/vllm_weight_check.py).
+WEIGHT_CHECK_EXTENSION = "learner.swap.vllm_weight_check.WeightCheck"
 
 # Calls that must not give up early: a replica left paused serves nobody, one left
 # half-loaded crashes at its next request.
@@ -85,7 +85,7 @@ class PublishError(Exception):
 
 
 class Fence(Protocol):
-    """Keeps the proxies off replicas while their weights change (learner.fence.Fence)."""
+    """Keeps the proxies off replicas while their weights change (learner.swap.fence.Fence)."""
 
     def close(
         self,
@@ -169,7 +169,7 @@ class PublishResult:
     # caller publishes the serving version again, which finishes the job)
     opened: bool = True
     # checksums of the served weights compared with the checkpoint's, over all replicas
-    # (learner/weight_check.py); 0 when no replica could be checked
+    # (learner/swap/weight_check.py); 0 when no replica could be checked
     weight_sums_compared: int = 0
 
 
@@ -298,7 +298,7 @@ class FullReloadPublisher:
         """None when every replica's weights can be compared with ``directory``'s exactly
         (each answers, and every tensor it holds maps onto the checkpoint's and is
         reproducible here; whether they are equal now does not matter); else why not."""
-        from learner import weight_check  # torch: only where weights are checked
+        from learner.swap import weight_check  # torch: only where weights are checked
 
         with self._client() as client, weight_check.reference(directory) as reference:
             for upstream in self.upstreams:
@@ -492,11 +492,11 @@ class FullReloadPublisher:
                 )
 
     def _weights(self, directory: Path | None) -> contextlib.AbstractContextManager[Any]:
-        """The checkpoint side of the weight check (learner.weight_check.Reference), or
+        """The checkpoint side of the weight check (learner.swap.weight_check.Reference), or
         None where weights are not checked."""
         if directory is None or self.check_weights is False:
             return contextlib.nullcontext(None)
-        from learner import weight_check  # torch: only where weights are checked
+        from learner.swap import weight_check  # torch: only where weights are checked
 
         return weight_check.reference(directory)
 
@@ -513,7 +513,7 @@ class FullReloadPublisher:
     ) -> None:
         tolerance = reference.tolerance
         if weights is not None:
-            from learner import weight_check
+            from learner.swap import weight_check
 
             try:
                 report = weights.verify(client, upstream)

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from learner.layout import CheckpointError, is_adapter
-from learner.publisher import (
+from learner.swap.publisher import (
     DEFAULT_TOLERANCE,
     HALF_PRECISION_CHECKED_TOLERANCE,
     Commit,

@@ -1,9 +1,9 @@
 """What a vLLM replica really computes with: checksums of its weights, read through its kernels.
 
-Loaded into vLLM with ``--worker-extension-cls learner.vllm_weight_check.WeightCheck`` and
+Loaded into vLLM with ``--worker-extension-cls learner.swap.vllm_weight_check.WeightCheck`` and
 called through the dev-mode ``POST /collective_rpc`` (method ``onthejob_weight_sums``); the
 learner compares the answer with the same sums over the checkpoint's tensors
-(learner/weight_check.py). Only torch is imported here: this file runs inside vLLM, also in
+(learner/swap/weight_check.py). Only torch is imported here: this file runs inside vLLM, also in
 vLLM's own image, where onthejob is not installed (compose mounts this directory).
 
 Why not compare the weights themselves: vLLM-CPU repacks every linear layer for its GEMM
