@@ -338,14 +338,14 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
-    from learner.swap.versions import VersionError, pin_version
-    from store import db
+    from store import db, policy_versions
 
     config = learner_config(args, model="-")
     engine = db.make_engine(config.database_url)
     try:
-        pin_version(engine, args.version, pinned=args.pinned)
-    except VersionError as exc:
+        with engine.begin() as conn:
+            policy_versions.pin(conn, version=args.version, pinned=args.pinned)
+    except policy_versions.VersionError as exc:
         raise SystemExit(f"onthejob {args.command}: {exc}") from exc
     finally:
         engine.dispose()

@@ -64,6 +64,7 @@ from learner.swap.publisher import (
     served_dtype,
     tolerance_for,
 )
+from learner.swap.requests import SwapRequestWorker
 from learner.swap.versions import serve_version
 from learner.traffic import yielding_to
 from learner.trainer import Trainer, TrainerConfig
@@ -419,6 +420,10 @@ class Learner:
     def run(self) -> None:
         self.start()
         self.heartbeat.start()
+        # the admin API's rollbacks and promotes: the learner carries out every swap
+        requests = SwapRequestWorker(
+            self.engine, self.config.upstreams, drain_timeout=self.config.swap_drain_timeout
+        ).start()
         failures = 0
         try:
             while not self.stopping.requested and (
@@ -437,6 +442,7 @@ class Learner:
                     log.warning("%s; trying again in %gs", _first_line(exc), wait)
                     self.stopping.wait(wait)
         finally:
+            requests.stop()
             self.heartbeat.stop()
             self._save_optimizer_at_stop()
 

@@ -7,8 +7,10 @@ rest is deleted: failed versions, and verified ones that fell out of the window.
 checkpoints the learner wrote in its own directory are ever deleted; `base` (version 0 and
 the KL anchor) never is.
 
-Invariant: a checkpoint is deleted only once no replica can still load it. Pruning runs
-under the publish lease, so no publish or rollback is reading a checkpoint meanwhile; a full
+Invariant: a checkpoint is deleted only once no replica can still load it, and never once
+its version is pinned. Pruning runs under the publish lease, so no publish or rollback is
+reading a checkpoint meanwhile; a pin takes no lock: the store marks a checkpoint deleted
+only while its version is unpinned, and pins only one not marked; a full
 checkpoint a replica serves was read into memory when it was swapped in, but a LoRA
 adapter is read again from its directory whenever vLLM evicts and reloads it, so an adapter
 is deleted only once no replica lists it (replicas that cannot be asked keep every adapter).
@@ -95,7 +97,9 @@ def prune(
     if delete:
         with engine.begin() as conn:
             names = [name for names in delete.values() for name in names]
-            policy_versions.mark_checkpoints_deleted(conn, versions=names)
+            marked = policy_versions.mark_checkpoints_deleted(conn, versions=names)
+        # a version an operator pinned since the plan was read keeps its checkpoint
+        delete = {path: names for path, names in delete.items() if set(names) <= marked}
         for path in delete:
             _remove(path)
         log.info("retention: deleted %d checkpoints, keeping %d", len(delete), len(decided.keep))

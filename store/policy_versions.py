@@ -128,16 +128,73 @@ def versions_with_checkpoints(conn: Connection) -> list[dict[str, Any]]:
     return [dict(r._mapping) for r in rows]
 
 
-def mark_checkpoints_deleted(conn: Connection, *, versions: Sequence[str]) -> None:
-    for start in range(0, len(versions), 500):
-        conn.execute(
+def mark_checkpoints_deleted(conn: Connection, *, versions: Sequence[str]) -> set[str]:
+    """Mark these versions' checkpoints deleted, but for any pinned meanwhile; the versions
+    marked. One conditional update per version: a pin that commits first keeps its version,
+    and a pin after the mark finds it deleted (`pin`), so neither needs a lock."""
+    marked: set[str] = set()
+    for name in versions:
+        result = conn.execute(
             update(PolicyVersion)
-            .where(PolicyVersion.version.in_(list(versions[start : start + 500])))
+            .where(
+                PolicyVersion.version == name,
+                PolicyVersion.pinned.is_(False),
+                PolicyVersion.checkpoint_deleted_at.is_(None),
+            )
             .values(checkpoint_deleted_at=now())
         )
+        if result.rowcount == 1:
+            marked.add(name)
+    return marked
 
 
-def set_pinned(conn: Connection, *, version: str, pinned: bool) -> None:
-    conn.execute(
-        update(PolicyVersion).where(PolicyVersion.version == version).values(pinned=pinned)
-    )
+class VersionError(ValueError):
+    """Why a version cannot be served or pinned; `status`: the admin API's HTTP status."""
+
+    status = 409
+
+
+class UnknownVersion(VersionError):
+    status = 404
+
+
+def pin(conn: Connection, *, version: str, pinned: bool) -> None:
+    """Keep (or no longer keep) a version's checkpoint whatever retention would delete."""
+    if pinned:
+        result = conn.execute(
+            update(PolicyVersion)
+            .where(PolicyVersion.version == version, PolicyVersion.checkpoint_deleted_at.is_(None))
+            .values(pinned=True)
+        )
+    else:
+        result = conn.execute(
+            update(PolicyVersion).where(PolicyVersion.version == version).values(pinned=False)
+        )
+    if result.rowcount == 1:
+        return
+    known = conn.execute(select(PolicyVersion.version).where(PolicyVersion.version == version))
+    if known.first() is None:
+        raise UnknownVersion(f"no policy version {version!r}")
+    raise VersionError(f"version {version!r}: its checkpoint is deleted already")
+
+
+def check_servable(
+    target: dict[str, Any] | None, current: dict[str, Any] | None, name: str, action: str
+) -> None:
+    """Refuse what `action` (rollback or promote) cannot serve: `target` is the version
+    `name`'s row, `current` the serving one's."""
+    if target is None:
+        raise UnknownVersion(f"no policy version {name!r}")
+    if not target["checkpoint_path"]:
+        raise VersionError(f"version {name!r} has no checkpoint to serve")
+    if target.get("checkpoint_deleted_at") is not None:
+        raise VersionError(
+            f"version {name!r}: checkpoint retention deleted its checkpoint (pin versions "
+            "to keep them: `onthejob pin`)"
+        )
+    if target["ordinal"] is None:
+        raise VersionError(f"version {name!r} failed verification; it cannot serve")
+    if current is not None and current["version"] == name:
+        raise VersionError(f"version {name!r} is already serving")
+    if action == "rollback" and current is not None and target["ordinal"] > current["ordinal"]:
+        raise VersionError(f"version {name!r} is newer than the serving one: promote it")

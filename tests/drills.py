@@ -27,6 +27,7 @@ from learner.demo.vllm_server import VLLMServer
 from learner.grouping import RunningBaselines
 from learner.loop import Learner
 from learner.swap.publisher import FullReloadPublisher
+from learner.swap.requests import SwapRequestWorker
 from learner.trainer import Trainer
 from store import learner_state
 from store.control import read_heartbeat
@@ -61,6 +62,13 @@ def learner_config(db_url: str, vllm: VLLMServer, model: Path, tmp: Path, **extr
 
 def drill_learner(db_url: str, vllm: VLLMServer, model: Path, tmp: Path, **extra: Any) -> Learner:
     return Learner(learner_config(db_url, vllm, model, tmp, **extra))
+
+
+def swap_worker(learner: Learner) -> SwapRequestWorker:
+    """The learner's worker for the admin API's rollbacks and promotes, started."""
+    return SwapRequestWorker(
+        learner.engine, learner.config.upstreams, drain_timeout=learner.config.swap_drain_timeout
+    ).start()
 
 
 def wait_until(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:

@@ -24,11 +24,12 @@ from learner.config import LearnerConfig
 from learner.control import follow
 from learner.demo.vllm_server import free_port
 from learner.loop import Learner
+from learner.swap.requests import SwapRequestWorker
 from proxy.settings import Settings
 from store import grade_queue, learner_state, policy_versions, recording
 from store.export import iter_trajectories
 from store.feedback import add_feedback
-from store.models import Grade
+from store.models import Grade, SwapRequest
 from tests.proxy_server import ProxyServer
 
 TOKEN = "admin-secret-token"
@@ -455,6 +456,40 @@ def test_versions_listed_with_rewards_and_guarded(api: httpx.Client, engine: Eng
         policy_versions.mark_checkpoints_deleted(conn, versions=["v1"])
     assert api.get("/versions").json()["items"][0]["has_checkpoint"] is False
     assert "deleted already" in error_of(api.put("/versions/v1/pin"), 409)
+
+
+def test_a_rollback_is_the_learners_to_carry_out(
+    api: httpx.Client, engine: Engine, admin: ProxyServer
+) -> None:
+    """The admin API records the request; a learner's worker claims it and answers through
+    the store. With no learner running nobody claims it: 503, and it is never carried out."""
+    with engine.begin() as conn:
+        for ordinal, name in enumerate(("v0", "v1")):
+            policy_versions.add_version(
+                conn,
+                version=name,
+                ordinal=ordinal,
+                parent=None,
+                checkpoint_path=f"/checkpoints/{name}",
+                status="serving" if name == "v1" else "superseded",
+            )
+    message = error_of(api.post("/versions/v0/rollback"), 503)
+    assert "no learner is running" in message and "onthejob rollback v0" in message
+    with engine.connect() as conn:
+        (abandoned,) = conn.execute(select(SwapRequest.status)).scalars().all()
+    assert abandoned == "abandoned"
+
+    worker = SwapRequestWorker(engine, admin.upstreams).start()
+    try:
+        # v0 was recorded without a probe: the learner's swap code refuses it, and says how
+        message = error_of(api.post("/versions/v0/rollback"), 409)
+    finally:
+        worker.stop()
+    assert "no recorded probe" in message and "onthejob rollback v0" in message
+    with engine.connect() as conn:
+        statuses = conn.execute(select(SwapRequest.status).order_by(SwapRequest.id)).scalars()
+        assert statuses.all() == ["abandoned", "failed"]
+        assert policy_versions.serving_version(conn)["version"] == "v1"
 
 
 def test_learner_pause_and_knobs_reach_the_learner(

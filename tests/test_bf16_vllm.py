@@ -16,7 +16,6 @@ import asyncio
 import math
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,7 @@ from store import db
 from store.models import TrainingStep
 from store.samples import Sample
 from tests.proxy_server import ProxyServer
+from tests.support.waits import wait_for_line
 from tests.test_learning_vllm import traffic, wait_for_step
 from tests.test_publisher import trainer_logprobs
 
@@ -356,15 +356,6 @@ def wait_until_served(engine: Engine, step: int, proxy: ProxyServer) -> None:
         f"the proxy routes to {expected}",
         timeout=60,
     )
-
-
-def wait_for_line(log: Path, text: str, process: subprocess.Popen, timeout: float = 300) -> None:
-    """Poll (bounded) until `text` is in the log of the running `process`."""
-    deadline = time.monotonic() + timeout
-    while text not in log.read_text(errors="replace"):
-        assert process.poll() is None, log.read_text()[-3000:]
-        assert time.monotonic() < deadline, f"no {text!r}: {log.read_text()[-2000:]}"
-        time.sleep(0.2)
 
 
 def check_step_figures(steps: list[dict[str, Any]]) -> None:

@@ -25,6 +25,7 @@ from learner.swap.publisher import (
     Probe,
     current_version,
 )
+from learner.swap.requests import SwapRequestWorker
 from store import db, grade_queue, policy_versions
 from store.export import iter_trajectories
 from store.models import Feedback, Trajectory
@@ -163,6 +164,8 @@ def test_dashboard_shows_rewards_opens_a_trajectory_and_rolls_back(
     grade_finished(engine, 2 * len(PROMPTS))
 
     ARTIFACTS.mkdir(exist_ok=True)
+    # the learner's side of the rollbacks the page asks for (a learner runs it in a thread)
+    worker = SwapRequestWorker(engine, [vllm.url]).start()
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
@@ -240,6 +243,7 @@ def test_dashboard_shows_rewards_opens_a_trajectory_and_rolls_back(
             expect(first_cell).to_have_text(promoted["serving"], timeout=15_000)
         finally:
             browser.close()
+            worker.stop()
     # the rollback really happened: vLLM served the new label, the store recorded it
     assert rolled_back_to == label
     with engine.connect() as conn:

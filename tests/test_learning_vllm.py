@@ -23,11 +23,13 @@ from learner.swap.publisher import FullReloadPublisher, Probe
 from store import db
 from store.models import Call, PolicyVersion, TrainingStep
 from tests.learning_rewards import share_of_a
+from tests.support.waits import wait_for_line
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 PROMPTS = [f"Write something, take {i}." for i in range(4)]
 STEPS = int(os.environ.get("ONTHEJOB_TEST_LEARN_STEPS", "25"))
+TOKEN = "learning-admin-token"
 LEARNING_RATE = os.environ.get("ONTHEJOB_TEST_LEARN_LR", "3e-3")
 
 
@@ -78,11 +80,24 @@ def pin(engine, pg_url: str) -> None:
     assert pinned.returncode == 0, pinned.stderr
 
 
+def assert_serving(engine, label: str, checkpoint_of: str) -> None:
+    with engine.connect() as conn:
+        serving = conn.execute(
+            select(PolicyVersion.version, PolicyVersion.checkpoint_path).where(
+                PolicyVersion.status == "serving"
+            )
+        ).all()
+    assert [v for v, _ in serving] == [label]
+    assert serving[0][1].endswith(checkpoint_of)
+
+
 def test_traffic_through_the_proxy_makes_the_model_better(
     vllm, tiny_model: Path, pg_url: str, start_proxy, tmp_path: Path
 ):
     db.upgrade(pg_url)
-    proxy = start_proxy([vllm.url], pg_url, args=["--idle-timeout", "0.5"])
+    proxy = start_proxy(
+        [vllm.url], pg_url, args=["--idle-timeout", "0.5"], env={"ONTHEJOB_ADMIN_TOKEN": TOKEN}
+    )
     base = proxy.url + "/v1"
     engine = db.make_engine(pg_url)
     learner_log = open(tmp_path / "learner.log", "wb")
@@ -115,8 +130,11 @@ def test_traffic_through_the_proxy_makes_the_model_better(
         "0",
     ]
 
+    def start_learner_with(args: list[str]) -> subprocess.Popen:
+        return subprocess.Popen(args, stdout=learner_log, stderr=subprocess.STDOUT)
+
     def start_learner() -> subprocess.Popen:
-        return subprocess.Popen(command, stdout=learner_log, stderr=subprocess.STDOUT)
+        return start_learner_with(command)
 
     learner = start_learner()
     try:
@@ -163,35 +181,47 @@ def test_traffic_through_the_proxy_makes_the_model_better(
         kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir())
         assert len(kept) == 5 and "base" in kept and dict(steps)[1] in kept, kept
 
-        # an operator rolls back to an earlier version: served as a new version
+        # an operator rolls back to an earlier version through the admin API: the running
+        # learner carries it out, and it serves as a new version
         first = dict(steps)[1]
-        rolled = subprocess.run(
+        idle = list(command)
+        idle[idle.index("--max-steps") + 1] = str(STEPS + 1)  # no traffic: it waits
+        learner_log.close()
+        learner_log = open(tmp_path / "learner-2.log", "wb")
+        learner = start_learner_with(idle)
+        wait_for_line(tmp_path / "learner-2.log", "learner ready", learner)
+        rolled = httpx.post(
+            f"{proxy.url}/admin/api/versions/{first}/rollback",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=120,
+        )
+        assert rolled.status_code == 200, rolled.text
+        label = rolled.json()["serving"]
+        assert label.startswith(first + "+rollback-")
+        assert httpx.get(vllm.url + "/weight_info").json()["weight_version"] == label
+        assert_serving(engine, label, first)
+        learner.kill()
+        learner.wait()
+
+        # and back to the newest with the command line, which needs no learner
+        rolled_cli = subprocess.run(
             [
                 sys.executable,
                 "-m",
                 "proxy.cli",
                 "rollback",
-                first,
-                "--db",
-                pg_url,
-                "--upstream",
-                vllm.url,
+                latest,
+                *("--db", pg_url),
+                *("--upstream", vllm.url),
             ],
             capture_output=True,
             text=True,
             timeout=120,
         )
-        assert rolled.returncode == 0, rolled.stderr
+        assert rolled_cli.returncode == 0, rolled_cli.stderr
         label = httpx.get(vllm.url + "/weight_info").json()["weight_version"]
-        assert label.startswith(first + "+rollback-")
-        with engine.connect() as conn:
-            serving = conn.execute(
-                select(PolicyVersion.version, PolicyVersion.checkpoint_path).where(
-                    PolicyVersion.status == "serving"
-                )
-            ).all()
-        assert [v for v, _ in serving] == [label]
-        assert serving[0][1].endswith(first)
+        assert label.startswith(latest + "+rollback-")
+        assert_serving(engine, label, latest)
     finally:
         if learner.poll() is None:
             learner.kill()

@@ -36,7 +36,8 @@ from store import db
 from store.models import TrainingStep
 from tests.conftest import ARTIFACTS
 from tests.records import export, wait_for_calls
-from tests.test_bf16_vllm import wait_for_line, wait_until_served
+from tests.support.waits import wait_for_line
+from tests.test_bf16_vllm import wait_until_served
 from tests.test_learning_vllm import traffic, wait_for_step
 from tests.test_lora_vllm import trained_adapter
 

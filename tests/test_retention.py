@@ -10,8 +10,9 @@ import pytest
 from sqlalchemy import Engine
 
 from learner.retention import plan, prune
-from learner.swap.versions import VersionError, pin_version, serve_version
+from learner.swap.versions import serve_version
 from store import policy_versions
+from store.policy_versions import VersionError
 
 KEEP_LAST = 3
 
@@ -40,6 +41,23 @@ def publish(engine: Engine, version: str, path: Path, parent: str | None, *, ok:
         )
 
 
+def pin(engine: Engine, version: str) -> None:
+    with engine.begin() as conn:
+        policy_versions.pin(conn, version=version, pinned=True)
+
+
+def five_steps(engine: Engine, tmp_path: Path) -> Path:
+    """base and step-1..5, each verified in turn; the checkpoint directory."""
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    publish(engine, "v0", write_checkpoint(checkpoints / "base"), None, ok=True)
+    for step in range(1, 6):
+        publish(
+            engine, f"step-{step}", write_checkpoint(checkpoints / f"step-{step}"), None, ok=True
+        )
+    return checkpoints
+
+
 def step_dirs(checkpoints: Path) -> set[str]:
     return {p.name for p in checkpoints.iterdir() if p.is_dir()}
 
@@ -57,7 +75,7 @@ def test_fifty_steps_keep_the_directory_bounded(engine: Engine, tmp_path: Path) 
         if ok:
             serving = version
         if step == 10:
-            pin_version(engine, "step-8", pinned=True)
+            pin(engine, "step-8")
             pinned.add("step-8")
         if step == 30:
             # an operator rolls back to step-27: its checkpoint serves again, as a new version
@@ -82,7 +100,7 @@ def test_fifty_steps_keep_the_directory_bounded(engine: Engine, tmp_path: Path) 
     with pytest.raises(VersionError, match="retention deleted"):
         serve_version(engine, [], "step-20")
     with pytest.raises(VersionError, match="deleted already"):
-        pin_version(engine, "step-20", pinned=True)
+        pin(engine, "step-20")
 
 
 def test_leftovers_of_a_crashed_save_go_too(engine: Engine, tmp_path: Path) -> None:
@@ -100,13 +118,7 @@ def test_leftovers_of_a_crashed_save_go_too(engine: Engine, tmp_path: Path) -> N
 def test_a_delete_a_dying_learner_left_half_done_is_finished(
     engine: Engine, tmp_path: Path
 ) -> None:
-    checkpoints = tmp_path / "checkpoints"
-    checkpoints.mkdir()
-    publish(engine, "v0", write_checkpoint(checkpoints / "base"), None, ok=True)
-    for step in range(1, 6):
-        publish(
-            engine, f"step-{step}", write_checkpoint(checkpoints / f"step-{step}"), None, ok=True
-        )
+    checkpoints = five_steps(engine, tmp_path)
     # the store had marked step-1 deleted, then the learner was killed before its files went
     with engine.begin() as conn:
         policy_versions.mark_checkpoints_deleted(conn, versions=["step-1"])
@@ -165,3 +177,23 @@ def test_the_plan_keeps_what_can_serve_or_be_rolled_back_to(tmp_path: Path) -> N
     decided = plan(rows, checkpoints=root, keep_last=2, base_of=lambda p: p)
     assert sorted(p.name for p in decided.delete) == ["c", "d", "failed"]
     assert {root / n for n in ("a", "b", "e", "base")} <= decided.keep
+
+
+def test_a_pin_that_lands_while_retention_decides_keeps_its_checkpoint(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pin takes no lock: the store marks only unpinned checkpoints deleted."""
+    checkpoints = five_steps(engine, tmp_path)
+    read = policy_versions.versions_with_checkpoints
+
+    def read_then_pin(conn):  # type: ignore[no-untyped-def]
+        rows = read(conn)
+        pin(engine, "step-1")  # an operator, after retention read step-1 as unpinned
+        return rows
+
+    monkeypatch.setattr(policy_versions, "versions_with_checkpoints", read_then_pin)
+    prune(engine, checkpoints=checkpoints, keep_last=KEEP_LAST, upstreams=[])
+    assert step_dirs(checkpoints) == {"base", "step-1", "step-3", "step-4", "step-5"}
+    with engine.connect() as conn:
+        assert policy_versions.version(conn, version="step-1")["checkpoint_deleted_at"] is None
+        assert policy_versions.version(conn, version="step-2")["checkpoint_deleted_at"] is not None

@@ -32,6 +32,7 @@ from tests.drills import (
     drill_learner,
     gated,
     graded_batch,
+    swap_worker,
     wait_until,
     wrong_weights_once,
 )
@@ -114,8 +115,11 @@ def test_an_operator_rollback_waits_for_the_learner_publish_and_wins_over_its_ne
     proxy = start_proxy([vllm.url], db_url, args=["--idle-timeout", "0.3"], env=FAST_GATES)
     learner = drill_learner(db_url, vllm, tiny_model, tmp_path)
     traffic = Traffic(proxy, vllm.model_name)
+    worker = None
     try:
         learner.start()
+        # the learner's side of the admin API's swaps, as `onthejob learn` runs it
+        worker = swap_worker(learner)
         base = learner.serving["version"]
         graded_batch(traffic, learner, engine, "first")
         assert learner.maybe_train() and learner.serving["version"].startswith("step-1-")
@@ -156,6 +160,8 @@ def test_an_operator_rollback_waits_for_the_learner_publish_and_wins_over_its_ne
         assert learner.serving["version"] == label
         assert_invariants(engine, traffic.answered)
     finally:
+        if worker is not None:
+            worker.stop()
         learner.engine.dispose()
         engine.dispose()
 
@@ -173,9 +179,12 @@ def test_a_step_trained_while_an_operator_promotes_is_dropped_and_trained_again(
     learner = drill_learner(db_url, vllm, tiny_model, tmp_path)
     traffic = Traffic(proxy, vllm.model_name)
     restarted = None
+    worker = None
     try:
         assert admin(proxy, "PATCH", "/learner/knobs", {"learning_rate": 7e-4}).status_code == 200
         learner.start()
+        # the learner's side of the admin API's swaps, as `onthejob learn` runs it
+        worker = swap_worker(learner)
         control.follow(learner)
         base = learner.serving["version"]
         graded_batch(traffic, learner, engine, "first")
@@ -235,6 +244,8 @@ def test_a_step_trained_while_an_operator_promotes_is_dropped_and_trained_again(
         assert restarted.config.learning_rate == 2e-3
         assert restarted.trainer.optimizer.param_groups[0]["lr"] == 2e-3
     finally:
+        if worker is not None:
+            worker.stop()
         learner.engine.dispose()
         if restarted is not None:
             restarted.engine.dispose()

@@ -1,5 +1,5 @@
-"""Serve a recorded policy version again: `onthejob rollback` and the admin API's rollback
-and promote.
+"""Serve a recorded policy version again: `onthejob rollback`, and the admin API's rollback
+and promote, which a running learner carries out (learner/swap/requests.py).
 
 The version's checkpoint goes back into every replica as a new version
 `VERSION+rollback-N` (N its ordinal), so staleness keeps counting forwards and what the
@@ -7,9 +7,9 @@ rolled-away versions produced counts as old. A running learner trains on from it
 
 Invariant: under the publish lease (learner/swap/lease.py), fenced like any full reload, and
 verified against the probe recorded when the version was first verified, within the
-tolerance it was verified with. No model is loaded for it, which is why the admin API can
-run it inside the proxy (this module and what it imports are torch-free); only a version
-recorded before probes were kept needs `expected_for`, which the command line provides.
+tolerance it was verified with. No model is loaded for it (this module and what it imports
+are torch-free); only a version recorded before probes were kept needs `expected_for`,
+which the command line provides.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import Engine
 
@@ -35,21 +34,14 @@ from learner.swap.publisher import (
     tolerance_for,
 )
 from store import policy_versions
+from store.policy_versions import UnknownVersion, VersionError
+
+__all__ = ["PublishFailed", "UnknownVersion", "VersionError", "serve_version"]
 
 log = logging.getLogger("onthejob.learner")
 
 ExpectedFor = Callable[[Path], tuple[Probe, ExpectedLogprobs]]
 """Given a checkpoint, the probe and what the trainer computes for it (loads the model)."""
-
-
-class VersionError(ValueError):
-    """Why a version cannot be served; `status` is the admin API's HTTP status for it."""
-
-    status = 409
-
-
-class UnknownVersion(VersionError):
-    status = 404
 
 
 class PublishFailed(VersionError):
@@ -103,7 +95,7 @@ def _serve(
         target = policy_versions.version(conn, version=version)
         current = policy_versions.serving_version(conn)
         ordinal = policy_versions.next_ordinal(conn)  # ours: nobody else publishes under the lease
-    _check(target, current, version, action)
+    policy_versions.check_servable(target, current, version, action)
     assert target is not None
     checkpoint = Path(target["checkpoint_path"])
     tolerance = _tolerance(upstreams) if tolerance is None else tolerance
@@ -166,39 +158,3 @@ def _serve(
 def _tolerance(upstreams: Sequence[str]) -> float:
     """For a version without a recorded probe: by the dtype the replicas serve in."""
     return max((tolerance_for(served_dtype(u)) for u in upstreams), default=DEFAULT_TOLERANCE)
-
-
-def pin_version(engine: Engine, version: str, *, pinned: bool) -> None:
-    """Keep (or no longer keep) a version's checkpoint whatever retention would delete.
-    Under the publish lease, which retention runs under too: a pin is never raced."""
-    try:
-        with lease.held(engine, lease.holder_name("pin"), wait=30.0):
-            with engine.begin() as conn:
-                target = policy_versions.version(conn, version=version)
-                if target is None:
-                    raise UnknownVersion(f"no policy version {version!r}")
-                if pinned and target.get("checkpoint_deleted_at") is not None:
-                    raise VersionError(f"version {version!r}: its checkpoint is deleted already")
-                policy_versions.set_pinned(conn, version=version, pinned=pinned)
-    except lease.LeaseBusy as exc:
-        raise VersionError(str(exc)) from None
-
-
-def _check(
-    target: dict[str, Any] | None, current: dict[str, Any] | None, version: str, action: str
-) -> None:
-    if target is None:
-        raise UnknownVersion(f"no policy version {version!r}")
-    if not target["checkpoint_path"]:
-        raise VersionError(f"version {version!r} has no checkpoint to serve")
-    if target.get("checkpoint_deleted_at") is not None:
-        raise VersionError(
-            f"version {version!r}: checkpoint retention deleted its checkpoint (pin versions "
-            "to keep them: `onthejob pin`)"
-        )
-    if target["ordinal"] is None:
-        raise VersionError(f"version {version!r} failed verification; it cannot serve")
-    if current is not None and current["version"] == version:
-        raise VersionError(f"version {version!r} is already serving")
-    if action == "rollback" and current is not None and target["ordinal"] > current["ordinal"]:
-        raise VersionError(f"version {version!r} is newer than the serving one: promote it")

@@ -18,7 +18,7 @@ from store.models.rollouts import (
     EvalResult,
     RolloutRun,
 )
-from store.models.swaps import PolicyVersion, PublishLease, SwapGate
+from store.models.swaps import PolicyVersion, PublishLease, SwapGate, SwapRequest
 
 __all__ = [
     "Base",
@@ -37,6 +37,7 @@ __all__ = [
     "RolloutRun",
     "StoredResponse",
     "SwapGate",
+    "SwapRequest",
     "Task",
     "TrainingStep",
     "Trajectory",

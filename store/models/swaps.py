@@ -81,3 +81,30 @@ class SwapGate(Base):
     version: Mapped[str | None] = mapped_column(String(200))
     holder: Mapped[str | None] = mapped_column(String(200))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class SwapRequest(Base):
+    """An operator's request to serve a recorded version again (rollback, promote), recorded
+    by the admin API and carried out by a running learner (learner/swap/requests.py): the
+    proxy process holds no swap code.
+
+    `status`: pending (recorded), running (a learner claimed it), done (`serving` names the
+    new version), failed (`error`, with the HTTP status the admin API answers,
+    `error_status`), abandoned (no learner claimed it in time; it is never carried out).
+    """
+
+    __tablename__ = "swap_requests"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    version: Mapped[str] = mapped_column(String(200))
+    action: Mapped[str] = mapped_column(String(16))  # rollback | promote
+    # how long the swap may wait for the publish lease (a learner's publish in progress)
+    lease_wait: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    requested_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    claimed_by: Mapped[str | None] = mapped_column(String(200))
+    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    serving: Mapped[str | None] = mapped_column(String(200))
+    error: Mapped[str | None] = mapped_column(Text)
+    error_status: Mapped[int | None] = mapped_column(Integer)

@@ -10,17 +10,15 @@ See learner/guard.py for the rule and learner/guard_records.py for where it is k
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from learner.swap.versions import VersionError
 from proxy.admin.deps import EngineDep, StateDep
 from proxy.admin.errors import AdminError, not_found
-from proxy.admin.routes.versions import _serve
 from proxy.admin.schemas import Key, Text
+from proxy.admin.swaps import serve_again
 from store import guard_records, learner_state, policy_versions
 
 router = APIRouter(tags=["guard"])
@@ -106,10 +104,7 @@ async def accept(engine: EngineDep, state: StateDep, version: Annotated[Key, Pat
     guard = (row["metrics"] or {}).get("guard")
     if row["status"] != "rolled_back" or not isinstance(guard, dict):
         raise AdminError(409, f"version {version!r} was not rolled back by the guard")
-    try:
-        label = await asyncio.to_thread(_serve, state.settings, engine, version, "promote")
-    except VersionError as exc:
-        raise AdminError(exc.status, str(exc)) from None
+    label = await serve_again(engine, version, "promote", state.settings.gate_wait)
     entry = {
         "version": version,
         "kept": guard.get("kept"),

@@ -1,10 +1,11 @@
 """Policy versions: list with metrics and rewards; promote or roll back one; pin one.
 
-Both serve the chosen version's checkpoint again through learner.swap.versions.serve_version (the
-same code as `onthejob rollback`): under the publish lease, so never at the same time as the
-learner's own publish or another operator's; a fenced hot-swap into every upstream, verified
-against the probe recorded for that version (no model is loaded in the proxy for it), and
-recorded as a new version `VERSION+rollback-N` so staleness keeps counting forwards.
+Both ask the running learner, through the store (proxy/admin/swaps.py), to serve the chosen
+version's checkpoint again with the same code as `onthejob rollback`: under the publish
+lease, so never at the same time as the learner's own publish or another operator's; a
+fenced hot-swap into every upstream, verified against the probe recorded for that version,
+and recorded as a new version `VERSION+rollback-N` so staleness keeps counting forwards.
+Without a running learner they answer 503 and name `onthejob rollback`.
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from sqlalchemy import Engine, func, select
 
-from learner.swap.versions import VersionError, pin_version, serve_version
 from proxy.admin.deps import EngineDep, StateDep
 from proxy.admin.errors import AdminError
 from proxy.admin.schemas import Key
 from proxy.admin.stats import reward_by_version
+from proxy.admin.swaps import serve_again
 from proxy.admin.trajectories import iso
-from proxy.settings import Settings
 from store import policy_versions
 from store.models import Call, PolicyVersion
 
@@ -73,24 +73,8 @@ def list_versions(
     }
 
 
-# A publish holds the lease while its replicas drain (up to gate_wait) and then swaps and
-# verifies: an operator's rollback queues behind it that long rather than failing with 409
-# because a long stream was still draining (seen on a loaded machine after a fixed 10 s).
-_SWAP_ALLOWANCE = 30.0
-
-
-def _serve(settings: Settings, engine: Engine, version: str, action: str) -> str:
-    wait = settings.gate_wait + _SWAP_ALLOWANCE
-    return serve_version(engine, settings.upstreams, version, action=action, lease_wait=wait)
-
-
 async def _swap(state: Any, engine: Engine, version: str, action: str) -> dict[str, Any]:
-    try:
-        label = await asyncio.to_thread(_serve, state.settings, engine, version, action)
-    except VersionError as exc:
-        # 404 unknown, 409 a conflict (another publish, not servable), 502 the verified swap
-        # failed (the previous weights keep serving)
-        raise AdminError(exc.status, str(exc)) from None
+    label = await serve_again(engine, version, action, state.settings.gate_wait)
     return {"ok": True, "action": action, "from": version, "serving": label}
 
 
@@ -107,9 +91,13 @@ async def promote(engine: EngineDep, state: StateDep, version: VersionKey) -> di
 
 
 async def _pin(engine: Engine, version: str, pinned: bool) -> dict[str, Any]:
+    def pin() -> None:
+        with engine.begin() as conn:
+            policy_versions.pin(conn, version=version, pinned=pinned)
+
     try:
-        await asyncio.to_thread(pin_version, engine, version, pinned=pinned)
-    except VersionError as exc:
+        await asyncio.to_thread(pin)
+    except policy_versions.VersionError as exc:
         raise AdminError(exc.status, str(exc)) from None
     return {"ok": True, "version": version, "pinned": pinned}
 
