@@ -32,13 +32,13 @@ import orjson
 
 from bench.fake_upstream import chat_body
 from bench.proxy_overhead import MESSAGES, parse_cpus, plain_pg_url, scratch_database
-from proxy.calllog import CallLog
-from proxy.capture import CHAT, capture_response, prepare_upstream_body, strip_response
-from proxy.recording import CallRecord, Recorder, log_directory, rejected_path
-from proxy.rows import entry_of
-from proxy.spool import Spool
-from proxy.stitching import TrajectoryTracker, new_id
-from proxy.writer import Writer
+from proxy.generation.capture import CHAT, capture_response, prepare_upstream_body, strip_response
+from proxy.recording.calllog import CallLog
+from proxy.recording.recorder import CallRecord, Recorder, log_directory, rejected_path
+from proxy.recording.rows import entry_of
+from proxy.recording.spool import Spool
+from proxy.recording.stitching import TrajectoryTracker, new_id
+from proxy.recording.writer import Writer
 from store import db
 
 

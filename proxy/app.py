@@ -18,18 +18,18 @@ from starlette.routing import Mount, Route
 
 from proxy import metrics
 from proxy.admin.app import attach, create_admin_app
-from proxy.errors import error_body
-from proxy.gates import GateKeeper
-from proxy.keys import KeyRing
-from proxy.recording import Recorder
-from proxy.response_store import ResponseStore
-from proxy.routes import anthropic as anthropic_routes
-from proxy.routes import feedback as feedback_routes
-from proxy.routes import openai as openai_routes
-from proxy.routes import responses as responses_routes
+from proxy.api.errors import error_body
+from proxy.api.keys import KeyRing
+from proxy.api.response_store import ResponseStore
+from proxy.api.routes import anthropic as anthropic_routes
+from proxy.api.routes import feedback as feedback_routes
+from proxy.api.routes import openai as openai_routes
+from proxy.api.routes import responses as responses_routes
+from proxy.recording.recorder import Recorder
 from proxy.settings import Settings
 from proxy.state import ProxyState
-from proxy.upstream import UpstreamPool
+from proxy.upstream.gates import GateKeeper
+from proxy.upstream.replicas import UpstreamPool
 from store import db
 from store.identity import ensure_store_id, public_url
 

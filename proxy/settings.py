@@ -9,7 +9,7 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from proxy.translate.policy import HOSTED_TOOL_MODES
+from proxy.api.translate.policy import HOSTED_TOOL_MODES
 from store.url import DEFAULT_SQLITE_URL
 
 
@@ -38,7 +38,7 @@ class Settings(BaseSettings):
     # Sent upstream instead of the client's Authorization header when set.
     upstream_api_key: str | None = None
     policy_poll_interval: float = 1.0
-    # How often the swap gates are read from the store (proxy/gates.py), and how long a
+    # How often the swap gates are read from the store (proxy/upstream/gates.py), and how long a
     # request waits for a gated replica before it is answered 503.
     gate_poll_interval: float = 0.25
     gate_wait: float = 60.0
@@ -62,7 +62,7 @@ class Settings(BaseSettings):
     # Tools the served model cannot be given (run by the vendor: web search, MCP, ...), in
     # translated Messages/Responses requests: omit (left out, recorded) or refuse (a 400).
     hosted_tools: str = "omit"
-    # Client keys (proxy/keys.py) are required off loopback; this requires them on loopback
+    # Client keys (proxy/api/keys.py) are required off loopback; this requires them on loopback
     # too (e.g. behind a reverse proxy on the same host). Keys made or revoked through
     # another proxy take effect here within `key_poll_interval` seconds.
     require_keys: bool = False

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.keys import KeyRing
-from proxy.recording import Recorder
-from proxy.response_store import ResponseStore
+from proxy.api.keys import KeyRing
+from proxy.api.response_store import ResponseStore
+from proxy.recording.recorder import Recorder
 from proxy.settings import Settings
-from proxy.upstream import UpstreamPool
+from proxy.upstream.replicas import UpstreamPool
 
 
 @dataclass

@@ -153,7 +153,7 @@ def sqlite_finish(conn: Connection, finished: Sequence[dict[str, Any]]) -> None:
 # -- shared --------------------------------------------------------------------------------
 
 
-# the writer's rows have every column (proxy/rows.py): one C-level lookup of all of them,
+# the writer's rows have every column (proxy/recording/rows.py): one C-level lookup of all of them,
 # then the few that need converting; a Python call per column cost ~20 us a call
 _CALL_GETTER = itemgetter(*CALL_COLUMNS)
 _CALL_JSON_AT = [i for i, name in enumerate(CALL_COLUMNS) if name in _CALL_JSON]

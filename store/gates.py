@@ -1,10 +1,11 @@
 """Swap gates and proxy instances in the store: how a publisher keeps every proxy off a
 replica while it swaps weights.
 
-Invariant (with proxy/gates.py, the proxy's side, and learner/swap/fence.py, the publisher's):
-once every live proxy has acknowledged epoch E of an upstream's gate, none of them has a
-request in flight to it, and none sends it one until the gate opens. A proxy registers
-before it reads the gates, so a proxy that starts while a gate is closed sees it closed.
+Invariant (with proxy/upstream/gates.py, the proxy's side, and learner/swap/fence.py, the
+publisher's): once every live proxy has acknowledged epoch E of an upstream's gate, none
+of them has a request in flight to it, and none sends it one until the gate opens. A proxy
+registers before it reads the gates, so a proxy that starts while a gate is closed sees it
+closed.
 Callers own the transaction.
 """
 

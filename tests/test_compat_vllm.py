@@ -14,7 +14,7 @@ import openai
 import pytest
 from sqlalchemy import select
 
-from proxy.translate.context_edits import CLEARED_RESULT
+from proxy.api.translate.context_edits import CLEARED_RESULT
 from store.models import Call
 from tests.records import all_calls, wait_for_calls
 

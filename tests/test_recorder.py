@@ -19,10 +19,10 @@ import pytest
 from alembic import command
 from sqlalchemy import Engine, func, select
 
-from proxy.capture import Capture, ChoiceCapture
-from proxy.recording import CallRecord, Recorder, log_directory
-from proxy.spool import Spool
-from proxy.stitching import new_id
+from proxy.generation.capture import Capture, ChoiceCapture
+from proxy.recording.recorder import CallRecord, Recorder, log_directory
+from proxy.recording.spool import Spool
+from proxy.recording.stitching import new_id
 from store import db
 from store.models import Call, Trajectory
 from tests.records import count_calls, export

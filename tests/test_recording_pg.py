@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from proxy.recording import CallRecord, Recorder
+from proxy.recording.recorder import CallRecord, Recorder
 from store import db
 from tests.records import count_calls
 

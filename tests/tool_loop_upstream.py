@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.sampling import NEUTRAL
+from proxy.generation.sampling import NEUTRAL
 from tests.threaded_upstream import ThreadedUpstream
 
 # the reply for a call, given its chat messages: an assistant message

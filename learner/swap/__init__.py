@@ -2,7 +2,7 @@
 
 - `lease`: one publisher at a time, across processes (the learner, `onthejob rollback`, the
   swap requests the admin API records);
-- `fence`: the publisher's side of the swap gates (store/gates.py; proxy/gates.py is the
+- `fence`: the publisher's side of the swap gates (store/gates.py; proxy/upstream/gates.py is the
   proxy's side), which keep every proxy off a replica while its weights change;
 - `publisher`, `lora_publisher`: the verified hot-swap of full weights or an adapter;
 - `weight_check`, `vllm_weight_check`: the exact check that vLLM's kernels hold the

@@ -1,7 +1,7 @@
 """trajectories.interaction_type: what kind of interaction a trajectory is
 
 From the X-Onthejob-Type header of its first call, else a fingerprint of that call's
-harness, system prompt and tool set (proxy/interaction.py). Indexed: the admin API, the
+harness, system prompt and tool set (proxy/recording/interaction.py). Indexed: the admin API, the
 export and the per-type figures filter and group by it.
 
 Revision ID: 0015

@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select
 
-from proxy.translate.policy import CATEGORIES
+from proxy.api.translate.policy import CATEGORIES
 from store.models import Call
 
 # the APIs the compatibility policy translates (the others pass through unchanged)

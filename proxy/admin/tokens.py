@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from proxy.upstream import UpstreamPool
+from proxy.upstream.replicas import UpstreamPool
 from store.samples import build_samples
 
 log = logging.getLogger("onthejob.admin")

@@ -30,9 +30,9 @@ def register(commands: Any) -> None:
 
 
 def cmd_spool_replay(args: argparse.Namespace) -> int:
-    from proxy.recording import rejected_path
-    from proxy.rejected import replay
-    from proxy.writer import Unreachable
+    from proxy.recording.recorder import rejected_path
+    from proxy.recording.rejected import replay
+    from proxy.recording.writer import Unreachable
     from store import db
 
     settings = proxy_settings(args, spool_path=args.spool)

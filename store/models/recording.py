@@ -34,7 +34,7 @@ class Trajectory(Base):
     # an explicit GRPO group (fan-out: "fanout:<call id>"); the learner groups by it first
     group_key: Mapped[str | None] = mapped_column(String(200), index=True)
     # what kind of interaction: X-Onthejob-Type of its first call, else a fingerprint of that
-    # call's harness, system prompt and tools (proxy/interaction.py; migration 0015)
+    # call's harness, system prompt and tools (proxy/recording/interaction.py; migration 0015)
     interaction_type: Mapped[str | None] = mapped_column(String(200), index=True)
     # open -> finished (idle timeout or explicit finish)
     status: Mapped[str] = mapped_column(String(16), default="open")
@@ -100,12 +100,12 @@ class Call(Base):
     # the client's User-Agent header: which harness (and release) made the call
     user_agent: Mapped[str | None] = mapped_column(String(500))
     # translated APIs: what the compatibility policy did, {category: [feature, ...],
-    # "detail": {...}} (proxy/translate/policy.py); null when it did nothing
+    # "detail": {...}} (proxy/api/translate/policy.py); null when it did nothing
     compat: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # the name of the client key the call came with (never the key): whose traffic it is
     key_name: Mapped[str | None] = mapped_column(String(100))
     # the sampling parameters vLLM applied: the request's, else the replica's defaults
-    # (proxy/sampling.py), with "constraints" naming other logits processing; null when
+    # (proxy/generation/sampling.py), with "constraints" naming other logits processing; null when
     # the replica's defaults were unknown
     sampling: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
@@ -113,7 +113,7 @@ class Call(Base):
 
 
 class ClientKey(Base):
-    """A key clients present to use the model through the proxy (proxy/keys.py).
+    """A key clients present to use the model through the proxy (proxy/api/keys.py).
 
     The key is `otj_<id>_<secret>`; only its SHA-256 is stored, never the key. A revoked key
     stays (calls still name it), and its name can be given to a new key.

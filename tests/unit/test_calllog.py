@@ -1,4 +1,5 @@
-"""proxy.calllog: the append-only log every answered call waits in until it is in the DB."""
+"""proxy.recording.calllog: the append-only log every answered call waits in until it is in
+the DB."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.calllog import CallLog, LogLocked
+from proxy.recording.calllog import CallLog, LogLocked
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""proxy.fanout: which requests fan out, what the client gets, how the N choices are recorded."""
+"""proxy.generation.fanout: which requests fan out, what the client gets, how the N choices
+are recorded."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.capture import CHAT, Capture, ChoiceCapture, ClientAsked, StreamAssembler
-from proxy.dialect import OpenAIStream
-from proxy.fanout import (
+from proxy.api.dialect import OpenAIStream
+from proxy.generation.capture import CHAT, Capture, ChoiceCapture, ClientAsked, StreamAssembler
+from proxy.generation.fanout import (
     ChoiceZeroChunks,
     FanoutStream,
     choice_response,
@@ -19,9 +20,9 @@ from proxy.fanout import (
     single_usage,
     split_capture,
 )
-from proxy.recording import CallRecord
-from proxy.rows import RowBuilder, Rows, entry_of
-from proxy.stitching import TrajectoryTracker
+from proxy.recording.recorder import CallRecord
+from proxy.recording.rows import RowBuilder, Rows, entry_of
+from proxy.recording.stitching import TrajectoryTracker
 from store.tokens import materialize_prompts
 
 SYSTEM = {"role": "system", "content": "be terse"}
@@ -121,7 +122,7 @@ def test_choice_response_is_that_choice_alone_at_index_0() -> None:
 
 
 def test_choice_response_can_be_stripped_without_touching_the_others() -> None:
-    from proxy.capture import strip_response
+    from proxy.generation.capture import strip_response
 
     data = _response()
     out = choice_response(data, 0, 2)

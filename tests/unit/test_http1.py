@@ -1,4 +1,4 @@
-"""proxy.http1: the upstream client, against raw asyncio servers that answer as scripted.
+"""proxy.upstream.http1: the upstream client, against raw asyncio servers that answer as scripted.
 
 Each test's server is a coroutine given the connection's reader and writer, so what goes
 over the wire (and when) is exact: chunk by chunk, closes mid-answer, answers never sent.
@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 
-from proxy import http1
-from proxy.upstream import _failure
+from proxy.upstream import http1
+from proxy.upstream.replicas import _failure
 
 Handler = Callable[["Server", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"

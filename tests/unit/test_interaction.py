@@ -1,4 +1,4 @@
-"""proxy.interaction: the interaction type of a trajectory (header, else fingerprint)."""
+"""proxy.recording.interaction: the interaction type of a trajectory (header, else fingerprint)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from starlette.requests import Request
 
-from proxy.errors import BadRequest
-from proxy.interaction import (
+from proxy.api.errors import BadRequest
+from proxy.recording.interaction import (
     MESSAGES_READ,
     PREFIX_CHARS,
     _prompt_digest,
@@ -20,8 +20,8 @@ from proxy.interaction import (
     system_text,
     tool_names,
 )
-from proxy.rows import RowBuilder
-from proxy.stitching import TrajectoryTracker
+from proxy.recording.rows import RowBuilder
+from proxy.recording.stitching import TrajectoryTracker
 
 CODER_PROMPT = (
     "You are a coding agent. Work in the repository.\n"

@@ -1,5 +1,5 @@
-"""proxy.rows + proxy.stitching: what the tracker keeps of a call's tokens, and the prompt
-deltas built against it."""
+"""proxy.recording.rows + proxy.recording.stitching: what the tracker keeps of a call's
+tokens, and the prompt deltas built against it."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 
 import orjson
 
-from proxy.capture import Capture, ChoiceCapture
-from proxy.recording import CallRecord
-from proxy.rows import RowBuilder, entry_of
-from proxy.stitching import TrajectoryTracker, new_id, token_array
+from proxy.generation.capture import Capture, ChoiceCapture
+from proxy.recording.recorder import CallRecord
+from proxy.recording.rows import RowBuilder, entry_of
+from proxy.recording.stitching import TrajectoryTracker, new_id, token_array
 
 
 def turn(prompt: list[Any], completion: list[Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""proxy.spool: the append-only file records wait in while the database is down."""
+"""proxy.recording.spool: the append-only file records wait in while the database is down."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import orjson
 
-from proxy.spool import Spool
+from proxy.recording.spool import Spool
 
 FIRST = {"calls": [{"id": "c1", "text": "héllo ✓"}], "trajectories": [], "finished": []}
 SECOND = {"calls": [{"id": "c2", "prompt": [1, 2, 3]}], "trajectories": [{"id": "t"}]}

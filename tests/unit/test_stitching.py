@@ -1,4 +1,4 @@
-"""proxy.stitching: which trajectory a call belongs to."""
+"""proxy.recording.stitching: which trajectory a call belongs to."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from proxy.stitching import (
+from proxy.recording.stitching import (
     TrajectoryTracker,
     continuation_hash,
     normalise_message,

@@ -1,4 +1,4 @@
-"""proxy.streaming.response_to_chunks: a whole chat completion re-emitted as a stream."""
+"""proxy.generation.streaming.response_to_chunks: a whole chat completion re-emitted as a stream."""
 
 from __future__ import annotations
 
@@ -7,8 +7,14 @@ from typing import Any
 
 import pytest
 
-from proxy.capture import CHAT, ClientAsked, StreamAssembler, capture_response, reply_message
-from proxy.streaming import response_to_chunks
+from proxy.generation.capture import (
+    CHAT,
+    ClientAsked,
+    StreamAssembler,
+    capture_response,
+    reply_message,
+)
+from proxy.generation.streaming import response_to_chunks
 
 NOTHING = ClientAsked(token_ids=False, logprobs=False, stream_usage=False)
 EVERYTHING = ClientAsked(token_ids=True, logprobs=True, stream_usage=True)

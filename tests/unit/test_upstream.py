@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from proxy.errors import UpstreamBusy
-from proxy.upstream import UpstreamPool
+from proxy.api.errors import UpstreamBusy
+from proxy.upstream.replicas import UpstreamPool
 
 
 def pool(urls: list[str], api_key: str | None = None) -> UpstreamPool:

@@ -1,4 +1,4 @@
-"""proxy.translate.messages: Anthropic Messages <-> chat completions.
+"""proxy.api.translate.messages: Anthropic Messages <-> chat completions.
 
 Hand-written inputs and expected outputs for each mapping, plus proof that the official
 `anthropic` SDK accepts what we emit: stream events go through the SDK's own SSE decoder,
@@ -20,7 +20,7 @@ from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
-from proxy.translate.messages import (
+from proxy.api.translate.messages import (
     MessagesStream,
     TranslationError,
     chat_to_message,

@@ -16,10 +16,10 @@ from openai.lib.streaming.responses import ResponseStreamState
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from proxy.translate import context_edits
-from proxy.translate import messages as anthropic
-from proxy.translate import responses as openai_responses
-from proxy.translate.policy import Compat, feature_name, fitting_output_limit
+from proxy.api.translate import context_edits
+from proxy.api.translate import messages as anthropic
+from proxy.api.translate import responses as openai_responses
+from proxy.api.translate.policy import Compat, feature_name, fitting_output_limit
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
 WRITE_TOOL = {

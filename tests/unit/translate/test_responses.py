@@ -1,4 +1,4 @@
-"""proxy.translate.responses: the Responses API to and from chat completions."""
+"""proxy.api.translate.responses: the Responses API to and from chat completions."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ from openai.lib.streaming.responses import ResponseStreamState
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from proxy.capture import ClientAsked
-from proxy.streaming import response_to_chunks
-from proxy.translate.responses import (
+from proxy.api.translate.responses import (
     ResponsesStream,
     TranslationError,
     chat_to_response,
@@ -20,6 +18,8 @@ from proxy.translate.responses import (
     new_response_id,
     responses_to_chat,
 )
+from proxy.generation.capture import ClientAsked
+from proxy.generation.streaming import response_to_chunks
 
 RESPONSE_ID = "resp_abc"
 EVENTS = TypeAdapter(ResponseStreamEvent)

@@ -13,10 +13,10 @@ from typing import Any, Protocol
 import orjson
 from starlette.responses import Response
 
-from proxy.capture import CHAT, ChunkFilter, ClientAsked, strip_response
-from proxy.errors import ProxyError, error_response, sse_error_event
-from proxy.recording import CallRecord
-from proxy.requests import check_generation
+from proxy.api.errors import ProxyError, error_response, sse_error_event
+from proxy.api.requests import check_generation
+from proxy.generation.capture import CHAT, ChunkFilter, ClientAsked, strip_response
+from proxy.recording.recorder import CallRecord
 from proxy.state import ProxyState
 
 

@@ -136,7 +136,7 @@ class TrajectoryState:
     last_call_at: float
     task_key: str | None = None
     group_key: str | None = None  # fan-out: the GRPO group its first call was sampled in
-    interaction_type: str | None = None  # fixed by its first call (proxy/interaction.py)
+    interaction_type: str | None = None  # fixed by its first call (proxy/recording/interaction.py)
     last_call_id: str | None = None
     # prompt + first completion of the last call: the base the next prompt is stored against
     # (empty once shed for memory: the next prompt is then stored whole)

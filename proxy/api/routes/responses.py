@@ -1,7 +1,7 @@
 """OpenAI Responses API (`/v1/responses`), answered through an upstream chat call.
 
 `store` (default true) keeps each response, so `previous_response_id` continues it and
-`GET /v1/responses/{id}` returns it; the translation lives in proxy/translate/responses.py.
+`GET /v1/responses/{id}` returns it; the translation lives in proxy/api/translate/responses.py.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from proxy.capture import CHAT, ClientAsked
-from proxy.dialect import StreamWriter, TranslatedWriter
-from proxy.errors import (
+from proxy.api.dialect import StreamWriter, TranslatedWriter
+from proxy.api.errors import (
     BadRequest,
     NotFound,
     ProxyError,
@@ -25,11 +24,12 @@ from proxy.errors import (
     error_body,
     error_response,
 )
-from proxy.generation import Generation
-from proxy.recording import CallRecord
+from proxy.api.translate import responses as translate
+from proxy.api.translate.policy import Compat
+from proxy.generation.call import Generation
+from proxy.generation.capture import CHAT, ClientAsked
+from proxy.recording.recorder import CallRecord
 from proxy.state import ProxyState
-from proxy.translate import responses as translate
-from proxy.translate.policy import Compat
 
 
 def _events(events: list[dict[str, Any]]) -> bytes:

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from proxy.upstream import UpstreamPool
+from proxy.upstream.replicas import UpstreamPool
 from store import gates
 
 log = logging.getLogger("onthejob.gates")

@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 
-from proxy.errors import ProxyError, UpstreamUnavailable, upstream_error_message
-from proxy.upstream import UPSTREAM_READ_ERRORS, UpstreamPool
+from proxy.api.errors import ProxyError, UpstreamUnavailable, upstream_error_message
+from proxy.upstream.replicas import UPSTREAM_READ_ERRORS, UpstreamPool
 
 # the chat request fields that decide the rendered prompt
 _PROMPT_FIELDS = (

@@ -11,8 +11,8 @@ from array import array
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from proxy.interaction import type_of
-from proxy.stitching import (
+from proxy.recording.interaction import type_of
+from proxy.recording.stitching import (
     PrefixHasher,
     TrajectoryTracker,
     derive_task_key,
@@ -22,7 +22,7 @@ from proxy.stitching import (
 from store.tokens import common_prefix_len
 
 if TYPE_CHECKING:
-    from proxy.recording import CallRecord
+    from proxy.recording.recorder import CallRecord
 
 Rows = dict[str, list[dict[str, Any]]]
 FindOpen = Callable[[str], tuple[str, float, float] | None]

@@ -1,6 +1,6 @@
 """One recorded generation call, from the client's bytes to the record, for any dialect.
 
-Invariant: every call a client key lets in (proxy/keys.py) produces exactly one CallRecord,
+Invariant: every call a client key lets in (proxy/api/keys.py) produces exactly one CallRecord,
 whatever happens: refused, failed upstream, answered, broken off mid-stream or cancelled by
 the client. A call without a valid key is answered 401 and recorded nowhere: it is nobody's
 traffic.
@@ -18,17 +18,8 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from proxy import http1
-from proxy.capture import (
-    CHAT,
-    Capture,
-    ClientAsked,
-    StreamAssembler,
-    capture_response,
-    prepare_upstream_body,
-)
-from proxy.dialect import Dialect, StreamWriter
-from proxy.errors import (
+from proxy.api.dialect import Dialect, StreamWriter
+from proxy.api.errors import (
     BadRequest,
     ProxyError,
     UpstreamTimeout,
@@ -36,18 +27,27 @@ from proxy.errors import (
     json_or_text,
     upstream_error_message,
 )
-from proxy.fanout import FanoutStream, choice_response, fanout_eligible, split_capture
-from proxy.interaction import explicit_type
-from proxy.keys import upstream_view
-from proxy.prompt_tokens import count_prompt
-from proxy.recording import CallRecord
-from proxy.requests import parse_object, read_body, session_key, sticky_key, task_key
-from proxy.sampling import effective as effective_sampling
+from proxy.api.keys import upstream_view
+from proxy.api.requests import parse_object, read_body, session_key, sticky_key, task_key
+from proxy.api.translate.policy import Compat, fitting_output_limit
+from proxy.generation.capture import (
+    CHAT,
+    Capture,
+    ClientAsked,
+    StreamAssembler,
+    capture_response,
+    prepare_upstream_body,
+)
+from proxy.generation.fanout import FanoutStream, choice_response, fanout_eligible, split_capture
+from proxy.generation.prompt_tokens import count_prompt
+from proxy.generation.sampling import effective as effective_sampling
+from proxy.generation.streaming import response_to_chunks
+from proxy.recording.interaction import explicit_type
+from proxy.recording.recorder import CallRecord
+from proxy.recording.stitching import new_id
 from proxy.state import ProxyState
-from proxy.stitching import new_id
-from proxy.streaming import response_to_chunks
-from proxy.translate.policy import Compat, fitting_output_limit
-from proxy.upstream import UPSTREAM_READ_ERRORS, Replica
+from proxy.upstream import http1
+from proxy.upstream.replicas import UPSTREAM_READ_ERRORS, Replica
 
 log = logging.getLogger("onthejob.proxy")
 

@@ -6,7 +6,7 @@ only the conversations of a lost replica move. A replica that cannot be connecte
 taken out and tried again after a back-off; a request whose replica refused or dropped the
 connection before answering moves on to the next replica, so the client never sees that.
 
-A replica whose swap gate is closed (proxy/gates.py: its weights are being swapped and
+A replica whose swap gate is closed (proxy/upstream/gates.py: its weights are being swapped and
 verified) gets nothing: requests go to the other replicas, or wait for one to open. Every
 request sent is counted in flight on its replica until its response is released, which is
 how the gate knows when the replica is drained.
@@ -27,8 +27,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy import http1, sampling
-from proxy.errors import UpstreamBusy, UpstreamTimeout, UpstreamUnavailable
+from proxy.api.errors import UpstreamBusy, UpstreamTimeout, UpstreamUnavailable
+from proxy.generation import sampling
+from proxy.upstream import http1
 
 log = logging.getLogger("onthejob.upstream")
 # how long a replica whose sampling defaults cannot be learned waits to be asked again
@@ -53,7 +54,7 @@ class Replica:
     # the epoch of its closed swap gate (None: open), and requests sent, not yet released
     gate_epoch: int | None = None
     in_flight: int = 0
-    # the sampling parameters it applies where a request sets none (proxy/sampling.py);
+    # the sampling parameters it applies where a request sets none (proxy/generation/sampling.py);
     # None: unknown (calls record no effective sampling), and where they came from or why
     sampling_defaults: dict[str, Any] | None = None
     sampling_source: str | None = None
@@ -149,7 +150,7 @@ class UpstreamPool:
         usable = [r for r in ordered if r.eligible(now)]
         return usable + [r for r in ordered if not r.eligible(now)]
 
-    # -- swap gates (driven by proxy/gates.py) -------------------------------------------
+    # -- swap gates (driven by proxy/upstream/gates.py) -------------------------------------------
     def close_gate(self, replica: Replica, epoch: int) -> None:
         if replica.gate_epoch is None:
             log.info("upstream %s: swap gate closed, holding its traffic", replica.url)

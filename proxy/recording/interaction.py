@@ -25,7 +25,7 @@ harness:
   tools), deduplicated and sorted: schemas and descriptions change between versions of
   one harness without changing what kind of interaction it is.
 
-The fingerprint runs once per trajectory, for its first call (proxy/rows.py, in the writer
+The fingerprint runs once per trajectory, for its first call (proxy/recording/rows.py, in the writer
 thread), on at most RAW_CHARS of system prompt whatever the size of the request; the
 normalised prompt's digest is cached by the raw text, as a harness sends the same system
 prompt again and again (Claude Code: every trajectory of one working directory and day).
@@ -42,7 +42,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from proxy.errors import BadRequest
+from proxy.api.errors import BadRequest
 
 TYPE_HEADER = "x-onthejob-type"
 MAX_TYPE = 200

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from proxy.errors import ServiceUnavailable, Unauthorized
+from proxy.api.errors import ServiceUnavailable, Unauthorized
 from store import keys as store
 
 log = logging.getLogger("onthejob.keys")

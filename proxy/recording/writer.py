@@ -27,10 +27,10 @@ import psycopg
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
-from proxy.calllog import CallLog, Position
-from proxy.rows import RowBuilder, Rows, empty_rows, ended_at
-from proxy.spool import Spool
-from proxy.stitching import TrajectoryTracker
+from proxy.recording.calllog import CallLog, Position
+from proxy.recording.rows import RowBuilder, Rows, empty_rows, ended_at
+from proxy.recording.spool import Spool
+from proxy.recording.stitching import TrajectoryTracker
 from store import db, recording
 
 log = logging.getLogger("onthejob.recording")

@@ -19,9 +19,9 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from proxy.rows import empty_rows
-from proxy.spool import Spool
-from proxy.writer import Unreachable, is_unreachable, short_reason
+from proxy.recording.rows import empty_rows
+from proxy.recording.spool import Spool
+from proxy.recording.writer import Unreachable, is_unreachable, short_reason
 from store import recording
 
 log = logging.getLogger("onthejob.rejected")

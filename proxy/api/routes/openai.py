@@ -9,14 +9,14 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from proxy.capture import CHAT, COMPLETIONS
-from proxy.dialect import OpenAIDialect
-from proxy.errors import Forbidden, ProxyError, error_response
-from proxy.generation import Generation
-from proxy.keys import upstream_view
-from proxy.requests import read_body, session_key
+from proxy.api.dialect import OpenAIDialect
+from proxy.api.errors import Forbidden, ProxyError, error_response
+from proxy.api.keys import upstream_view
+from proxy.api.requests import read_body, session_key
+from proxy.generation.call import Generation
+from proxy.generation.capture import CHAT, COMPLETIONS
 from proxy.state import ProxyState
-from proxy.upstream import UPSTREAM_READ_ERRORS
+from proxy.upstream.replicas import UPSTREAM_READ_ERRORS
 
 log = logging.getLogger("onthejob.proxy")
 

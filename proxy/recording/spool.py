@@ -1,11 +1,11 @@
 """Append-only spool file of row batches: `<spool>.rejected` (rows the database refused,
-proxy/rejected.py) and the spool older proxies kept while the database was away.
+proxy/recording/rejected.py) and the spool older proxies kept while the database was away.
 
 One JSON line per row batch, fsynced before `append` returns, so a crash loses nothing
 that was spooled. An append writes one line and reads back one byte; the file is read only
 to replay it, once, line by line. Replaying is idempotent (rows are inserted with ON
 CONFLICT DO NOTHING), so the file is only truncated after every batch in it has been
-written. (Calls wait for the database in the call log, proxy/calllog.py, which the writer
+written. (Calls wait for the database in the call log, proxy/recording/calllog.py, which the writer
 reads from where it stopped; nothing re-reads a file per flush.)
 """
 

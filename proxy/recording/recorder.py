@@ -1,9 +1,9 @@
 """Recording: a call's record goes to the call log before its answer ends.
 
 `Recorder.record` runs on the event loop: it turns the record into one JSON line and appends
-it to the call log (proxy/calllog.py), a write() of a few microseconds that leaves the
+it to the call log (proxy/recording/calllog.py), a write() of a few microseconds that leaves the
 record with the operating system, so a kill -9 of the proxy loses nothing. The writer thread
-(proxy/writer.py) moves the log into the database in batches; what the database has not
+(proxy/recording/writer.py) moves the log into the database in batches; what the database has not
 taken yet waits in the log, on disk, so memory stays bounded whatever the backlog.
 """
 
@@ -18,13 +18,13 @@ from typing import Any
 import orjson
 from sqlalchemy import Engine
 
-from proxy.calllog import CallLog
-from proxy.capture import Capture
-from proxy.rows import entry_of
-from proxy.spool import Spool
-from proxy.stitching import TrajectoryTracker
-from proxy.translate.policy import Compat
-from proxy.writer import Writer
+from proxy.api.translate.policy import Compat
+from proxy.generation.capture import Capture
+from proxy.recording.calllog import CallLog
+from proxy.recording.rows import entry_of
+from proxy.recording.spool import Spool
+from proxy.recording.stitching import TrajectoryTracker
+from proxy.recording.writer import Writer
 
 log = logging.getLogger("onthejob.recording")
 
@@ -50,14 +50,15 @@ class CallRecord:
     # explicit task key (X-Onthejob-Task); else derived from the first user message
     task_key: str | None = None
     # explicit interaction type (X-Onthejob-Type); else the writer fingerprints the first
-    # call of its trajectory (proxy/interaction.py)
+    # call of its trajectory (proxy/recording/interaction.py)
     interaction_type: str | None = None
     # per-call working state of the client API's dialect (never stored)
     context: dict[str, Any] = field(default_factory=dict)
     upstream: str | None = None
     model: str | None = None
     policy_version: str | None = None
-    # the sampling parameters vLLM applied (proxy/sampling.py); None: its defaults unknown
+    # the sampling parameters vLLM applied (proxy/generation/sampling.py); None: its
+    # defaults unknown
     sampling: dict[str, Any] | None = None
     capture: Capture | None = None
     latency_ms: float | None = None
@@ -68,10 +69,10 @@ class CallRecord:
     group_key: str | None = None
     fanout_parent: str | None = None
     # the client's User-Agent (which harness), and what the compatibility policy did with
-    # a translated request (proxy/translate/policy.py)
+    # a translated request (proxy/api/translate/policy.py)
     user_agent: str | None = None
     compat: Compat | None = None
-    # the name of the client key that let the call in (proxy/keys.py; never the key)
+    # the name of the client key that let the call in (proxy/api/keys.py; never the key)
     key_name: str | None = None
 
 

@@ -1,7 +1,7 @@
 """Anthropic Messages API (`/v1/messages`), answered through an upstream chat call.
 
 Translating (instead of forwarding to vLLM's own /v1/messages) is what gets token ids and
-logprobs recorded; the translation itself lives in proxy/translate/messages.py.
+logprobs recorded; the translation itself lives in proxy/api/translate/messages.py.
 """
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from proxy.capture import CHAT, ClientAsked
-from proxy.dialect import StreamWriter, TranslatedWriter
-from proxy.errors import BadRequest, ProxyError, upstream_error_message
-from proxy.generation import Generation
-from proxy.keys import upstream_view
-from proxy.prompt_tokens import count_prompt
-from proxy.recording import CallRecord
-from proxy.requests import parse_object, read_body
+from proxy.api.dialect import StreamWriter, TranslatedWriter
+from proxy.api.errors import BadRequest, ProxyError, upstream_error_message
+from proxy.api.keys import upstream_view
+from proxy.api.requests import parse_object, read_body
+from proxy.api.translate import context_edits
+from proxy.api.translate import messages as translate
+from proxy.api.translate.policy import Compat
+from proxy.generation.call import Generation
+from proxy.generation.capture import CHAT, ClientAsked
+from proxy.generation.prompt_tokens import count_prompt
+from proxy.recording.recorder import CallRecord
 from proxy.state import ProxyState
-from proxy.translate import context_edits
-from proxy.translate import messages as translate
-from proxy.translate.policy import Compat
 
 # HTTP status -> Anthropic error type
 ERROR_TYPES = {

@@ -1,7 +1,7 @@
 """Anthropic Messages API <-> chat completions, so `/v1/messages` rides vLLM's chat endpoint.
 
 Pure functions over parsed JSON, no I/O. Invariant: every part of a Messages request is
-mapped onto the chat request, handled by the compatibility policy (proxy/translate/policy.py:
+mapped onto the chat request, handled by the compatibility policy (proxy/api/translate/policy.py:
 honoured, ignored, left out, unknown; recorded in the `Compat` passed in) or refused with a
 `TranslationError` that names it.
 """
@@ -13,10 +13,10 @@ import json
 import uuid
 from typing import Any
 
-from proxy.capture import REASONING_KEYS
-from proxy.translate import context_edits
-from proxy.translate.extras import VLLM_EXTRAS, vllm_extras
-from proxy.translate.policy import Compat, unmapped_fields
+from proxy.api.translate import context_edits
+from proxy.api.translate.extras import VLLM_EXTRAS, vllm_extras
+from proxy.api.translate.policy import Compat, unmapped_fields
+from proxy.generation.capture import REASONING_KEYS
 
 Event = tuple[str, dict[str, Any]]
 
