@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
-from learner import loop
 from learner.config import LearnerConfig
 from learner.loop import Learner
+from learner.loop import grading as loop_grading
 from store import grade_queue, policy_versions, recording, training_steps
 from store.feedback import add_feedback
 from store.models import Grade
@@ -157,7 +157,7 @@ def test_the_newest_are_graded_first_and_the_too_stale_not_at_all(
     sample_rewards.SEEN.clear()
     grader = "python:tests.unit.learner.graders.sample_rewards:recorded"
     learner = _learner(db_url, tmp_path, grader, max_staleness=2)
-    monkeypatch.setattr(loop, "GRADE_BATCH", 1)
+    monkeypatch.setattr(loop_grading, "GRADE_BATCH", 1)
     try:
         # the too stale one is recorded without a grader call, then the newest is graded
         assert learner.grade_finished() == 2

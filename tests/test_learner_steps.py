@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
-from learner import loop
 from learner.config import LearnerConfig
 from learner.control import heartbeat
 from learner.loop import Learner
+from learner.loop import step as loop_step
 from learner.trainer import Trainer, TrainerConfig
 from store import grade_queue, policy_versions, recording
 from store.models import Grade
@@ -207,7 +207,7 @@ def _stepping(
         ],
     }
     monkeypatch.setattr(
-        loop,
+        loop_step,
         "iter_trajectories",
         lambda engine, ids: [{"id": tid, "calls": calls[tid]} for tid in ids],
     )

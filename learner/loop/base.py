@@ -1,0 +1,78 @@
+"""What the parts of the learner share: the state every part reads and writes (declared
+here, set up by `Learner.__init__`), and the constants more than one part needs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+from tqdm import tqdm
+
+from learner import grading
+from learner.config import LearnerConfig
+from learner.distributed import Ranks
+from learner.grouping import Baselines, GroupingConfig
+from learner.guard_run import Guard
+from learner.lora import LoraSettings
+from learner.stopping import GracefulStop
+from learner.swap.fence import Fence
+from learner.swap.publisher import FullReloadPublisher, Probe
+from learner.traffic import TrafficYield
+from learner.trainer import Trainer, TrainerConfig
+from store import learner_state
+from store.control import Control
+from store.tasks import TaskTable
+
+PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
+LEASE_WAIT = 300.0  # seconds the learner waits for an operator's rollback to finish
+LEARNER = "learner@"  # holder prefix: one learner per database, a restart takes over
+
+
+class RestoreFailed(RuntimeError):
+    """The replicas could not be made to serve what the store says serves (yet)."""
+
+
+class LearnerBase:
+    """The learner's state, shared by its parts (learner/loop/*.py)."""
+
+    config: LearnerConfig
+    ranks: Ranks | None
+    engine: Engine
+    model_dir: Path
+    checkpoints: Path
+    grader: Any
+    grouping: GroupingConfig
+    lora_settings: LoraSettings
+    trainer_config: TrainerConfig
+    retry_policy: grading.RetryPolicy
+    tasks: TaskTable
+    trainer: Trainer | None
+    publisher: FullReloadPublisher | None
+    guard: Guard | None
+    serving: dict[str, Any] | None
+    baselines: Baselines
+    step: int
+    holder: str
+    fence: Fence
+    own_knobs: dict[str, Any]
+    own_set_at: dict[str, str]
+    applied_control: Control
+    activity: str
+    stopping: GracefulStop
+    traffic: TrafficYield
+    last_batch: dict[str, Any] | None
+    probe: Probe
+    tolerance: float
+    weights_checked: bool
+    _needs_restore: bool
+    _grading: tqdm | None
+    _rollouts_shadowed_at: float
+    _pending: set[str]
+    _pending_since: float
+    _trainer_is_serving: bool
+
+
+def save_baselines(conn: Any, baselines: Baselines) -> None:
+    for key, state in baselines.states().items():
+        learner_state.set_state(conn, key, state)

@@ -1,0 +1,197 @@
+"""Publishing a step: checkpoint, verified hot-swap and the record, at once, under the publish
+lease; retention after it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from learner import retention
+from learner.checkpoint import save_checkpoint
+from learner.grouping import Baselines
+from learner.layout import served_base
+from learner.loop.base import LEASE_WAIT, LearnerBase, save_baselines
+from learner.lora import save_adapter
+from learner.swap import lease
+from learner.swap.lora_publisher import LoraPublisher
+from learner.swap.publisher import (
+    HALF_PRECISION_CHECKED_TOLERANCE,
+    Fingerprint,
+    FullReloadPublisher,
+    PublishResult,
+)
+from store import grade_queue, policy_versions, training_steps
+
+log = logging.getLogger("onthejob.learner")
+
+
+class Publishing(LearnerBase):
+    """Publish, verify and record a step's version."""
+
+    def _publish_step(
+        self,
+        step: int,
+        metrics: dict[str, Any],
+        considered: list[str],
+        baselines: Baselines,
+    ) -> PublishResult | None:
+        """Checkpoint, publish and record one step under the publish lease; None when an
+        operator changed what serves while it trained (the step is dropped). The learner's
+        step, serving version and baselines follow the record as soon as it commits, so
+        that nothing after it (the store or vLLM going away) can make it train again."""
+        assert self.trainer is not None and self.publisher is not None and self.serving
+        self.activity = f"publishing step {step}"
+        with lease.held(self.engine, self.holder, wait=LEASE_WAIT):
+            with self.engine.connect() as conn:
+                serving = policy_versions.serving_version(conn)
+            if serving is not None and serving["version"] != self.serving["version"]:
+                log.info("step %d trained on weights an operator replaced: dropped", step)
+                self._follow(serving)
+                return None
+            # unique: a step redone after a crash must not reuse a name vLLM may have served
+            version = f"step-{step}-{os.urandom(3).hex()}"
+            target = self.checkpoints / version
+            if target.exists():
+                # left by a run that died before recording this step: the database, not the
+                # directory, says what was published, so the half-done attempt is redone
+                shutil.rmtree(target)
+            saving = time.monotonic()
+            checkpoint = self._save(target)
+            saved = time.monotonic()
+            every = self.config.optimizer_state_every
+            if every > 0 and step % every == 0:
+                self._save_optimizer(checkpoint)
+            metrics.update(
+                save_seconds=round(saved - saving, 3),
+                optimizer_state_seconds=round(time.monotonic() - saved, 3),
+            )
+            parent = self.serving["version"]
+
+            def record(result: PublishResult) -> None:
+                """Verified, not yet serving: the version, the step and its batch, at once."""
+                metrics.update(
+                    swap_seconds=result.swap_seconds,
+                    max_logprob_diff=result.max_logprob_diff,
+                    weight_sums_compared=result.weight_sums_compared,
+                )
+                with self.engine.begin() as conn:
+                    policy_versions.add_version(
+                        conn,
+                        version=version,
+                        ordinal=policy_versions.next_ordinal(conn),
+                        parent=parent,
+                        checkpoint_path=str(checkpoint),
+                        status="serving",
+                        swap_seconds=result.swap_seconds,
+                        metrics=metrics,
+                        probe=None if result.fingerprint is None else result.fingerprint.state(),
+                    )
+                    self._record_step(conn, step, version, metrics, considered, baselines)
+                    recorded = policy_versions.version(conn, version=version)
+                self.step, self.serving, self.baselines = step, recorded, baselines
+                self._trainer_is_serving = True
+
+            # a stop asked for from here on comes once the outcome is recorded (stopping.py)
+            with self.stopping.swap():
+                try:
+                    result = self.publisher.publish(
+                        checkpoint, version, expected=self.trainer.logprobs_of, commit=record
+                    )
+                except BaseException:
+                    self._needs_restore = True  # the replicas may still be fenced off
+                    raise
+                if result.ok:
+                    self._needs_restore = not result.opened
+                    self._prune()
+                    return result
+                metrics.update(
+                    swap_seconds=result.swap_seconds,
+                    max_logprob_diff=result.max_logprob_diff,
+                    weight_sums_compared=result.weight_sums_compared,
+                )
+                with self.engine.begin() as conn:
+                    # no ordinal: it never served anyone, nothing it did is trainable
+                    policy_versions.add_version(
+                        conn,
+                        version=version,
+                        ordinal=None,
+                        parent=parent,
+                        checkpoint_path=str(checkpoint),
+                        status="rolled_back",
+                        swap_seconds=result.swap_seconds,
+                        error=result.error,
+                        metrics=metrics,
+                    )
+                    self._record_step(conn, step, None, metrics, considered, baselines)
+                self.step, self.baselines = step, baselines
+                log.error("version %s failed (%s); %s keeps serving", version, result.error, parent)
+                self._reload_trainer()
+                self._needs_restore = not result.restored
+                self._prune()
+                return result
+
+    def _prune(self) -> None:
+        """Checkpoint retention, under the publish lease the caller holds."""
+        try:
+            retention.prune(
+                self.engine,
+                checkpoints=self.checkpoints,
+                keep_last=self.config.keep_checkpoints,
+                upstreams=self.config.upstreams,
+            )
+        except OSError as exc:
+            log.warning("checkpoint retention failed (tried again next step): %s", exc)
+
+    def _record_step(
+        self,
+        conn: Any,
+        step: int,
+        version: str | None,
+        metrics: dict[str, Any],
+        considered: list[str],
+        baselines: Baselines,
+    ) -> None:
+        training_steps.add_step(conn, step=step, version=version, metrics=metrics)
+        grade_queue.mark_trained(conn, trajectory_ids=considered, step=step)
+        save_baselines(conn, baselines)
+
+    def _publisher(self, source: Path) -> FullReloadPublisher:
+        assert self.serving is not None
+        # what the replicas hold besides any adapter: the full checkpoint under it
+        base = served_base(source)
+        settings: dict[str, Any] = {
+            "probe": self.probe,
+            "tolerance": self.tolerance,
+            "last_good": base,
+            "last_good_fingerprint": Fingerprint.from_state(
+                self.serving["probe"], at_least=self.tolerance
+            ),
+            "fence": self.fence,
+            "check_weights": self.weights_checked,
+            # a configured tolerance is kept as it is
+            "checked_probe_tolerance": None
+            if self.config.verify_tolerance is not None
+            else HALF_PRECISION_CHECKED_TOLERANCE,
+        }
+        if not self.config.lora:
+            return FullReloadPublisher(self.config.upstreams, **settings)
+        return LoraPublisher(self.config.upstreams, max_rank=self.config.lora_rank, **settings)
+
+    def _save(self, target: Path) -> Path:
+        assert self.trainer is not None and self.serving is not None
+        if self.config.lora:
+            serving = Path(self.serving["checkpoint_path"])
+            # the adapter vLLM is to serve: under bf16 the copy the trainer scores with (its
+            # float32 masters go beside, in the training state)
+            adapter = self.trainer.served_model
+            return save_adapter(adapter, target, base_dir=served_base(serving))  # type: ignore[arg-type]
+        return save_checkpoint(
+            self.trainer.model,
+            target,
+            source_dir=self.model_dir,
+            state=self.trainer.checkpoint_state(),
+        )

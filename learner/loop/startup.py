@@ -1,0 +1,217 @@
+"""Start-up: what the replicas serve, what the trainer computes in, and the tolerance swaps
+are verified with; version 0 on a first start; restoring what the store says serves."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+
+from learner import control
+from learner.checkpoint import load_model, save_checkpoint
+from learner.grouping import Baselines
+from learner.loop.base import LEARNER, LEASE_WAIT, PROBE_TEXT, LearnerBase, RestoreFailed
+from learner.swap import lease
+from learner.swap.publisher import (
+    HALF_PRECISION,
+    HALF_PRECISION_CHECKED_TOLERANCE,
+    Fingerprint,
+    FullReloadPublisher,
+    Probe,
+    current_version,
+    served_adapters,
+    served_dtype,
+    tolerance_for,
+)
+from store import gates, grade_queue, learner_state, policy_versions, training_steps
+from store.control import read_heartbeat
+from store.tasks import TaskTable, upsert_tasks
+
+log = logging.getLogger("onthejob.learner")
+
+
+class StartUp(LearnerBase):
+    """Start the learner, and make the replicas serve what the store says serves."""
+
+    # -- start-up ---------------------------------------------------------------------
+    def start(self) -> None:
+        if self.config.tasks:
+            self._load_tasks(Path(self.config.tasks))
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        self.probe = Probe(prompt_token_ids=list(tokenizer(PROBE_TEXT)["input_ids"]))
+        dtypes = {served_dtype(upstream) for upstream in self.config.upstreams}
+        checker = FullReloadPublisher(self.config.upstreams, probe=self.probe)
+        why_not = checker.weights_checkable(self.model_dir)
+        self.weights_checked = why_not is None
+        self.tolerance = self._verify_tolerance(dtypes, why_not)
+        self.trainer_config = dataclasses.replace(
+            self.trainer_config, precision=self._precision(dtypes)
+        )
+        # a learner killed mid-publish left its lease behind: take it over at once
+        with lease.held(self.engine, self.holder, wait=LEASE_WAIT, steal_prefix=LEARNER):
+            with self.engine.begin() as conn:
+                self.serving = policy_versions.serving_version(conn)
+                self.step = training_steps.last_step(conn)
+                states = {key: learner_state.get_state(conn, key) for key in Baselines.KEYS}
+                self.baselines = Baselines.from_states(states, self.config.type_baseline)
+                self.own_set_at = control.own_set_at(self.own_knobs, read_heartbeat(conn))
+            adopted = self.serving is None and self._adopt_served_weights()
+            assert self.serving is not None
+            source = Path(self.serving["checkpoint_path"])
+            if self.trainer is None:
+                self.trainer = self._trainer(source)
+            self._load_optimizer(source)
+            self._trainer_is_serving = True
+            self.publisher = self._publisher(source)
+            if not adopted:
+                # always swap in what the database says serves, verified: a learner that died
+                # mid-swap may have left a replica fenced off or holding unpublished weights
+                self._restore_locked()
+        log.info(
+            "learner ready: serving %s (step %d), graders %s, traffic of %s",
+            self.serving["version"],
+            self.step,
+            ", ".join(self.config.graders),
+            "the client keys " + ", ".join(self.config.keys) if self.config.keys else "everyone",
+        )
+        if self.config.guard:
+            self._start_guard(Path(self.config.guard))
+
+    def _verify_tolerance(self, dtypes: set[str | None], unchecked: str | None) -> float:
+        """The probe tolerance: the configured one, else the one for the dtype the replicas
+        serve in (the loosest, should they differ). ``unchecked``: why the weights cannot be
+        compared exactly (None: they are, at every swap)."""
+        log.info(
+            "vLLM serves in %s; %s",
+            ", ".join(map(str, dtypes)),
+            "its weights are compared exactly with each checkpoint's"
+            if unchecked is None
+            else f"the probe alone verifies swaps, no exact weight check ({unchecked})",
+        )
+        if self.config.verify_tolerance is not None:
+            return self.config.verify_tolerance
+        tolerance = max(tolerance_for(dtype) for dtype in dtypes)
+        if unchecked is None and dtypes & set(HALF_PRECISION):
+            log.info(
+                "swaps verify the probe within %g, within %g once the weights matched",
+                tolerance,
+                HALF_PRECISION_CHECKED_TOLERANCE,
+            )
+        else:
+            log.info("swaps verify the probe within %g", tolerance)
+        return tolerance
+
+    def _precision(self, dtypes: set[str | None]) -> str:
+        """What the trainer computes in: the configured precision, else bf16 (with float32
+        masters: the full weights, or a LoRA adapter on its bf16 base) when every replica
+        serves bf16, so checkpoints hold exactly the weights the trainer scores with."""
+        precision = self.config.precision
+        if precision == "auto":
+            precision = "bfloat16" if dtypes == {"bfloat16"} else "float32"
+        log.info("the trainer computes in %s", precision)
+        return precision
+
+    def _adopt_served_weights(self) -> bool:
+        """First start: the weights vLLM serves now become version 0, with the probe they
+        pass; its checkpoint is written by us so it always holds lm_head.weight (a rollback
+        to it must be exact). False when vLLM serves something else (an adapter of another
+        run, other weights): version 0 is then the base, swapped in like after a crash."""
+        base = self.checkpoints / "base"
+        if not base.exists():
+            save_checkpoint(load_model(self.model_dir), base, source_dir=self.model_dir)
+        self.trainer = self._trainer(base)
+        fingerprint = Fingerprint.of(self.probe, self.trainer.logprobs_of, self.tolerance)
+        version = current_version(self.config.upstreams[0])
+        serves_base = version not in served_adapters(self.config.upstreams[0])
+        if serves_base:
+            checker = FullReloadPublisher(
+                self.config.upstreams, probe=self.probe, check_weights=self.weights_checked
+            )
+            for upstream in self.config.upstreams:
+                why = checker.serves(upstream, base, fingerprint)
+                if why is not None:
+                    log.warning(
+                        "%s does not serve --model's weights (%s): swapping them in", upstream, why
+                    )
+                    serves_base = False
+        if not serves_base:
+            version = f"base-{os.urandom(3).hex()}"
+        with self.engine.begin() as conn:
+            policy_versions.add_version(
+                conn,
+                version=version,
+                ordinal=policy_versions.next_ordinal(conn),
+                parent=None,
+                checkpoint_path=str(base),
+                status="serving",
+                probe=fingerprint.state(),
+            )
+            self.serving = policy_versions.serving_version(conn)
+        return serves_base
+
+    def _restore(self) -> None:
+        """Make every replica serve what the database says serves, verified."""
+        self.activity = "restoring the serving version"
+        with lease.held(self.engine, self.holder, wait=LEASE_WAIT):
+            self._restore_locked()
+
+    def _restore_locked(self) -> None:
+        with self.stopping.swap():
+            self._restore_verified()
+
+    def _restore_verified(self) -> None:
+        assert self.serving is not None and self.publisher is not None
+        assert self.trainer is not None
+        with self.engine.connect() as conn:
+            serving = policy_versions.serving_version(conn)
+        assert serving is not None
+        if serving["version"] != self.serving["version"]:
+            self._follow(serving)
+        fingerprint = Fingerprint.from_state(serving["probe"], at_least=self.tolerance)
+        result = self.publisher.rollback(
+            Path(serving["checkpoint_path"]),
+            serving["version"],
+            fingerprint=fingerprint,
+            expected=None if fingerprint is not None else self.trainer.logprobs_of,
+        )
+        if not (result.ok and result.opened):
+            self._needs_restore = True
+            raise RestoreFailed(f"could not restore {serving['version']}: {result.error}")
+        if fingerprint is None and result.fingerprint is not None:
+            with self.engine.begin() as conn:
+                policy_versions.set_version_probe(
+                    conn, version=serving["version"], probe=result.fingerprint.state()
+                )
+            self.serving["probe"] = result.fingerprint.state()
+            self.publisher.last_good_fingerprint = result.fingerprint
+        self._needs_restore = False
+
+    def _gates_left_closed(self) -> bool:
+        """A publisher that died mid-swap (nobody holds the lease) left replicas fenced off."""
+        with self.engine.connect() as conn:
+            closed = {g["upstream"] for g in gates.closed_gates(conn)}
+        return bool(closed & set(self.publisher.upstreams if self.publisher else [])) and (
+            lease.who(self.engine) is None
+        )
+
+    def _load_tasks(self, path: Path) -> None:
+        table = TaskTable.from_jsonl(path)
+        rows = [
+            {
+                "key": t.key,
+                "prompt": t.prompt,
+                "answer": t.answer,
+                "match": t.match,
+                "tolerance": t.tolerance,
+                "metadata": t.metadata,
+            }
+            for t in table.values()
+        ]
+        with self.engine.begin() as conn:
+            upsert_tasks(conn, rows)
+            grade_queue.retry_failed_now(conn)  # "no reference answer" may have one now
+        self.tasks = table
+        log.info("loaded %d tasks from %s", len(rows), path)

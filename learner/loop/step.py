@@ -1,0 +1,261 @@
+"""A step: the graded batch, its advantages and bound, one optimizer step on its exact tokens,
+the step line; and following what an operator or the guard made serve."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from learner.accounting import StepAccount
+from learner.grouping import Baselines, Scored, bound_batch, compute_advantages, shuffle_rewards
+from learner.layout import served_base
+from learner.loop.base import LearnerBase, save_baselines
+from learner.swap.publisher import Fingerprint
+from store import grade_queue, policy_versions
+from store.export import iter_trajectories
+from store.samples import Sample, build_samples
+
+log = logging.getLogger("onthejob.learner")
+
+
+class Stepping(LearnerBase):
+    """Train one step when a batch is ready."""
+
+    def _follow_operator(self) -> None:
+        """`onthejob rollback` may have changed what serves: train on from there."""
+        assert self.serving is not None
+        with self.engine.connect() as conn:
+            serving = policy_versions.serving_version(conn)
+        if serving is not None and serving["version"] != self.serving["version"]:
+            self._follow(serving)
+
+    def _follow(self, serving: dict[str, Any], by: str = "an operator") -> None:
+        """What serves changed under us (an operator, the guard): the trainer and the
+        publisher's idea of the last good weights move to it."""
+        log.info("now serving %s (changed by %s); training from it", serving["version"], by)
+        self._trainer_is_serving = False
+        source = Path(serving["checkpoint_path"])
+        self.trainer = self._trainer(source)
+        self.serving = serving
+        self._load_optimizer(source)
+        self._trainer_is_serving = True
+        if self.publisher is not None:
+            self.publisher.last_good = served_base(source).resolve()
+            self.publisher.last_good_fingerprint = Fingerprint.from_state(
+                serving["probe"], at_least=self.tolerance
+            )
+
+    def _reload_trainer(self) -> None:
+        """Back to the serving weights and their optimizer state (a step nobody recorded)."""
+        assert self.serving is not None
+        self._trainer_is_serving = False
+        source = Path(self.serving["checkpoint_path"])
+        self.trainer = self._trainer(source)
+        self._load_optimizer(source)
+        self._trainer_is_serving = True
+
+    def maybe_train(self) -> bool:
+        self._follow_operator()
+        with self.engine.connect() as conn:
+            waiting = grade_queue.incomplete_groups(conn)
+            trainable = grade_queue.trainable_grades(conn, keys=self.config.keys)
+            rows = [r for r in trainable if r["group_key"] not in waiting]
+            ordinals = policy_versions.version_ordinals(conn)
+        if not rows:
+            self.traffic.reset()
+            return False
+        assert self.serving is not None
+        current = int(self.serving["ordinal"])
+        # traffic of a version that is not a verified one (an unknown label, a call recorded
+        # before the proxy knew the version) is not trainable: nothing says which weights
+        # produced it
+        unknown = [r["trajectory_id"] for r in rows if r["policy_version"] not in ordinals]
+        scored = [
+            Scored(
+                trajectory_id=r["trajectory_id"],
+                task_key=r["task_key"] or r["trajectory_id"],
+                reward=float(r["reward"]),
+                version_index=ordinals[r["policy_version"]],
+                group_id=r["group_key"],
+                interaction_type=r["interaction_type"],
+            )
+            for r in rows
+            if r["policy_version"] in ordinals
+        ]
+        if self.config.shuffle_rewards:
+            scored = shuffle_rewards(scored)
+        # on a copy: the same rows come back at every poll until a step consumes them, and
+        # the learner takes the copy only once a record says so (a step tried again after a
+        # fault must not fold its rewards in twice)
+        baselines, advantaged, group_metrics = self._advantages(scored, current)
+        if len(advantaged) < self.config.batch_trajectories:
+            self.traffic.reset()
+            return False
+        if self.traffic.should_wait():
+            # vLLM is generating on the cores (or GPU) the step would take: grade on, and
+            # train on everything graded meanwhile once it is idle
+            self.activity = (
+                f"step ready, waiting for idle replicas ({self.traffic.busy:g} requests, "
+                f"{self.traffic.waited():.0f}s of {self.config.yield_to_traffic:g}s)"
+            )
+            return False
+        waited = self.traffic.took()
+        # at most max_batch_trajectories with a signal: the newest whole groups; the others
+        # stay untrained (not considered, not marked) for a later step, or to grow stale
+        scored, waiting = bound_batch(
+            scored,
+            advantaged,
+            limit=self._batch_limit(),
+            oldest=current - self.grouping.max_staleness,
+        )
+        if waiting:
+            # the batch's advantages and baselines without what waits: the step that takes
+            # it folds its rewards in
+            baselines, advantaged, group_metrics = self._advantages(scored, current)
+        # the step also accounts for what was too stale to grade (read only when a step will
+        # happen: this runs at every poll)
+        with self.engine.connect() as conn:
+            stale = grade_queue.stale_skipped(conn, keys=self.config.keys)
+        group_metrics["stale_not_graded"] = float(len(stale))
+        group_metrics["yield_seconds"] = round(waited, 2)
+        group_metrics["dropped_unknown_version"] = float(len(unknown))
+        considered = [s.trajectory_id for s in scored] + unknown + stale
+        self._train(advantaged, considered, group_metrics, baselines, waiting=len(waiting))
+        return True
+
+    def _advantages(
+        self, scored: list[Scored], current: int
+    ) -> tuple[Baselines, list[Any], dict[str, Any]]:
+        """Advantages and grouping metrics of `scored`, with a copy of the baselines that
+        has their rewards folded in."""
+        baselines = self.baselines.copy()
+        advantaged, group_metrics = compute_advantages(
+            scored,
+            current_version_index=current,
+            baselines=baselines.tasks,
+            type_baselines=baselines.types,
+            config=self.grouping,
+        )
+        return baselines, advantaged, dict(group_metrics)
+
+    def _batch_limit(self) -> int:
+        """Trajectories with a signal a step trains on at most (0: no bound): never fewer
+        than a step waits for (both are live knobs)."""
+        bound = self.config.max_batch_trajectories
+        return 0 if bound <= 0 else max(bound, self.config.batch_trajectories)
+
+    def _train(
+        self,
+        advantaged: list[Any],
+        considered: list[str],
+        group_metrics: dict[str, float],
+        baselines: Baselines,
+        *,
+        waiting: int = 0,
+    ) -> None:
+        """One step on `advantaged`; `considered`: every trajectory it consumes (marked with
+        the step); `waiting`: how many with a signal were left for a later step."""
+        assert self.trainer is not None and self.publisher is not None and self.serving
+        account = StepAccount.of_grouping(
+            group_metrics, considered=len(considered), waiting=waiting
+        )
+        advantage_of = {a.trajectory_id: a.advantage for a in advantaged}
+        trajectories = list(iter_trajectories(self.engine, ids=list(advantage_of)))
+        samples: list[Sample] = []
+        advantages: list[float] = []
+        skipped: Counter[str] = Counter()  # calls not trained on, by reason
+        for trajectory in trajectories:
+            for sample in build_samples(trajectory, skipped=skipped):
+                samples.append(sample)
+                advantages.append(advantage_of[trajectory["id"]])
+        pairs: list[tuple[Sample, float]] = []
+        left_out: Counter[str] = Counter()  # samples the trainer is not given, by reason
+        for sample, advantage in zip(samples, advantages, strict=True):
+            why = self.trainer.untrainable(sample)
+            if why is None:
+                pairs.append((sample, advantage))
+            else:
+                left_out[why] += 1
+        account.built(
+            calls_skipped=skipped,
+            samples=len(samples),
+            dropped=left_out,
+            trajectories=len({s.trajectory_id for s, _ in pairs}),
+        )
+        step = self.step + 1
+        self.activity = f"training step {step}"
+        # the knob as the operator or the command line last set it, whatever the optimizer
+        # state loaded from a checkpoint says
+        self.trainer.set_learning_rate(self.config.learning_rate)
+        self._trainer_is_serving = False  # until a record says what it holds
+        metrics = self.trainer.step(
+            [s for s, _ in pairs], [a for _, a in pairs], fresh_version=self.serving["version"]
+        )
+        account.trained(metrics)
+        metrics.update(
+            group_metrics,
+            learning_rate=self.config.learning_rate,
+            skipped_calls=dict(skipped),
+            **account.metrics(),
+        )
+        # one assignment: the heartbeat thread reads it
+        self.last_batch = {"step": step, "trained": not metrics.get("skipped"), **account.metrics()}
+        if metrics.get("skipped"):
+            # nothing trainable (all truncated, without captured tokens, or mismatched): no
+            # new version, and no optimizer step
+            self._trainer_is_serving = True
+            with self.engine.begin() as conn:
+                grade_queue.mark_trained(conn, trajectory_ids=considered, step=-1)
+                save_baselines(conn, baselines)
+            self.baselines = baselines
+            log.warning(
+                "batch of %d trajectories had nothing to train on: %s",
+                len(considered),
+                account.summary(),
+            )
+            return
+        if account.low:
+            log.warning("step %d %s", step, account.warning())
+        try:
+            result = self._publish_step(step, metrics, considered, baselines)
+        except BaseException:
+            if self.step < step:
+                # the optimizer stepped, but no record says so: back to the serving weights,
+                # so the step is neither lost nor done twice (its batch is trained again)
+                self._reload_trainer()
+            raise
+        if result is None:
+            return  # an operator changed what serves meanwhile: trained again from there
+        log.info(
+            "step %d: %s; %d tokens, reward %.3f, lr %.3g, loss %.4f, clip %.3f "
+            "(behaviour %.3f), ratio %.4f [%.4f, %.4f], mismatch-kl %.2e (fresh %.2e over %d "
+            "tokens); waited %.1fs for idle replicas, trained in %.1fs, saved in %.1fs "
+            "(optimizer state %.1fs), swap %.2fs (verified: %d weight sums exact, probe "
+            "within %.3g) -> %s",
+            step,
+            account.summary(),
+            int(metrics.get("trained_tokens", 0)),
+            group_metrics.get("mean_reward", float("nan")),
+            self.config.learning_rate,
+            metrics.get("loss", float("nan")),
+            metrics.get("clip_fraction", float("nan")),
+            metrics.get("behaviour_clip_fraction", float("nan")),
+            metrics.get("ratio_mean", float("nan")),
+            metrics.get("ratio_min", float("nan")),
+            metrics.get("ratio_max", float("nan")),
+            metrics.get("mismatch_kl", float("nan")),
+            metrics.get("fresh_mismatch_kl", float("nan")),
+            int(metrics.get("fresh_tokens", 0)),
+            metrics.get("yield_seconds", 0.0),
+            metrics.get("step_seconds", float("nan")),
+            metrics.get("save_seconds", float("nan")),
+            metrics.get("optimizer_state_seconds", float("nan")),
+            result.swap_seconds,
+            result.weight_sums_compared,
+            result.max_logprob_diff if result.max_logprob_diff is not None else float("nan"),
+            result.version if result.ok else f"NOT PUBLISHED ({result.error})",
+        )
+        if result.ok and self.guard is not None:
+            self._guard_step(step)
