@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser clis models demo test lint bench
+.PHONY: setup browser clis models demo test test-unit lint bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,10 @@ demo: $(STAMP) models
 
 test: $(STAMP) browser clis models
 	$(VENV)/bin/python -m pytest
+
+# the pure tests alone (no vLLM, no CLIs, no browser): the quick loop while editing
+test-unit: $(STAMP)
+	$(VENV)/bin/python -m pytest tests/unit -q --durations=5
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/lint-imports
