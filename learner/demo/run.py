@@ -347,6 +347,7 @@ def _write_summary(
 
     warmup = read_info(model_dir) or {}
     record = {
+        "model": str(model_dir),
         "before": {"success": before.success_rate, "runs": before.runs, "version": before.version},
         "after": {"success": after.success_rate, "runs": after.runs, "version": after.version},
         "verified_swaps": steps,
