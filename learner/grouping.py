@@ -7,7 +7,11 @@ token count only ever covers tokens that move the policy.
 
 Rules, in order:
 1. Samples produced more than ``max_staleness`` versions before the current one are dropped.
-2. The rest are grouped by ``group_id`` (fan-out, rollout runner) or else by ``task_key``.
+2. The rest are grouped by ``group_id`` (fan-out, rollout runner) or else by ``task_key``
+   and the policy version that produced them: GRPO compares replies of one policy to one
+   prompt. Live traffic repeats a prompt across versions; one group over all of them would
+   credit the newer replies for the policy having improved, and would make a step bounded
+   by max_batch_trajectories take old versions' members along with the new ones.
 3. A group of at least ``min_group_size``: advantage = reward - group mean; if all its
    rewards are equal it carries no signal and is dropped whole.
 4. A smaller group (a singleton by default): each sample's advantage = reward - the task's
@@ -84,7 +88,8 @@ class GroupingConfig:
 class Advantaged:
     trajectory_id: str
     advantage: float
-    group: str  # "group:<group_id>" or "task:<task_key>": the two namespaces never collide
+    # "group:<group_id>" or "task:<task_key>@v<version index>": the namespaces never collide
+    group: str
 
 
 @dataclass
@@ -185,7 +190,7 @@ def group_name(sample: Scored) -> str:
     """The GRPO group a sample belongs to (``Advantaged.group``)."""
     if sample.group_id is not None:
         return f"group:{sample.group_id}"
-    return f"task:{sample.task_key}"
+    return f"task:{sample.task_key}@v{sample.version_index}"
 
 
 def _group(samples: list[Scored]) -> dict[str, list[int]]:

@@ -90,6 +90,22 @@ def test_organic_singletons_newest_graded_first_within_a_version() -> None:
     assert _ids(batch) == ["s2", "s3"] and _ids(waiting) == ["s0", "s1"]
 
 
+def test_live_traffic_repeating_prompts_trains_the_newest_version_s_replies() -> None:
+    # Two prompts in rotation, served by three versions since the last step: without a
+    # group id a prompt's replies group by version, so a bound of 4 takes the two groups of
+    # the current version rather than one prompt's six replies of all three.
+    scored = [
+        Scored(f"{task}-v{version}-{i}", task, float(i), version)
+        for version in (NOW - 2, NOW - 1, NOW)
+        for task in ("p", "q")
+        for i in range(2)
+    ]
+    batch, waiting = bound_batch(scored, _advantaged(scored), limit=4, oldest=OLDEST)
+    assert {s.version_index for s in batch} == {NOW}
+    assert _ids(batch) == ["p-v10-0", "p-v10-1", "q-v10-0", "q-v10-1"]
+    assert len(waiting) == 8
+
+
 def test_what_waits_is_trained_later_or_dropped_as_stale_never_lost() -> None:
     scored = _group("old", NOW - 1, [1, 0]) + _group("new", NOW, [0, 1])
     batch, waiting = bound_batch(scored, _advantaged(scored), limit=2, oldest=OLDEST)

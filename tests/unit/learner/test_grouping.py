@@ -73,7 +73,7 @@ def test_explicit_group_id_wins_over_task_key() -> None:
     )
 
     assert [a.advantage for a in kept] == pytest.approx([0.5, -0.5, -0.2, 0.2, 0.4, -0.4])
-    assert [a.group for a in kept] == ["group:g1"] * 2 + ["group:g2"] * 2 + ["task:t"] * 2
+    assert [a.group for a in kept] == ["group:g1"] * 2 + ["group:g2"] * 2 + ["task:t@v10"] * 2
     assert metrics["groups"] == 3.0
 
 
@@ -98,11 +98,38 @@ def test_output_keeps_input_order_across_interleaved_groups() -> None:
     )
 
     assert kept == [
-        Advantaged("a", 0.5, "task:t"),
-        Advantaged("b", 1.0, "task:u"),
-        Advantaged("c", -0.5, "task:t"),
-        Advantaged("d", -1.0, "task:u"),
+        Advantaged("a", 0.5, "task:t@v10"),
+        Advantaged("b", 1.0, "task:u@v10"),
+        Advantaged("c", -0.5, "task:t@v10"),
+        Advantaged("d", -1.0, "task:u@v10"),
     ]
+
+
+def test_a_task_s_replies_group_by_the_version_that_produced_them() -> None:
+    # Version 9 scored 0 and 1, version 10 scored 2 and 4: each is compared with its own
+    # version's mean, not with 1.75 over all four (which would credit version 10 for having
+    # improved). An explicit group id spans versions: it is one fan-out.
+    scored = [
+        _s("a", "t", 0.0, version=9),
+        _s("b", "t", 2.0),
+        _s("c", "t", 1.0, version=9),
+        _s("d", "t", 4.0),
+        _s("e", "t", 0.0, version=9, group="g"),
+        _s("f", "t", 1.0, group="g"),
+    ]
+    kept, _ = compute_advantages(
+        scored, current_version_index=NOW, baselines=RunningBaselines(), config=CONFIG
+    )
+
+    assert [(a.trajectory_id, a.group) for a in kept] == [
+        ("a", "task:t@v9"),
+        ("b", "task:t@v10"),
+        ("c", "task:t@v9"),
+        ("d", "task:t@v10"),
+        ("e", "group:g"),
+        ("f", "group:g"),
+    ]
+    assert [a.advantage for a in kept] == pytest.approx([-0.5, -1.0, 0.5, 1.0, -0.5, 0.5])
 
 
 # -- staleness -------------------------------------------------------------------------------
@@ -110,8 +137,8 @@ def test_output_keeps_input_order_across_interleaved_groups() -> None:
 
 def test_samples_older_than_max_staleness_are_dropped() -> None:
     # NOW = 10, max_staleness 4: version 6 (4 behind) stays, version 5 (5 behind) goes.
-    # Left: a (1.0), b (0.0) -> mean 0.5.
-    scored = [_s("a", "t", 1.0, version=6), _s("b", "t", 0.0, version=10), _s("c", "t", 9.0, 5)]
+    # Left: a (1.0), b (0.0) of version 6 -> mean 0.5.
+    scored = [_s("a", "t", 1.0, version=6), _s("b", "t", 0.0, version=6), _s("c", "t", 9.0, 5)]
     baselines = RunningBaselines()
     advantages, metrics = _run(scored, baselines)
 
