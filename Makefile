@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser clis models demo test test-unit lint bench
+.PHONY: setup browser clis models demo test test-unit lint bench docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,10 @@ test-unit: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/lint-imports
+
+# the reference pages generated from the code (tests/unit/test_reference_docs.py checks them)
+docs: $(STAMP)
+	$(VENV)/bin/python docs/reference/generate.py
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m bench.proxy_overhead

@@ -7,24 +7,31 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from store.url import add_db
+from store.schema import SchemaBehind
+from store.settings_cli import add_flags, given
 
 
 def register(commands: Any) -> None:
     _add_learn(commands)
     rollback = commands.add_parser("rollback", help="serve an earlier policy version again")
     rollback.add_argument("version", metavar="VERSION")
-    add_db(rollback)
-    rollback.add_argument("--upstream", action="append", metavar="URL", help="vLLM replicas")
+    _add_settings(rollback, only=("database_url", "upstreams"))
     rollback.set_defaults(func=cmd_rollback)
     for name, verb in (("pin", "keep"), ("unpin", "no longer keep")):
         pin = commands.add_parser(
             name, help=f"{verb} a policy version's checkpoint whatever retention would delete"
         )
         pin.add_argument("version", metavar="VERSION")
-        add_db(pin)
+        _add_settings(pin, only=("database_url",))
         pin.set_defaults(func=cmd_pin, pinned=name == "pin")
     _add_regrade(commands)
+
+
+def _add_settings(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+    """The learner's settings as flags (generated from learner/config.py, all or ``only``)."""
+    from learner.config import LearnerConfig
+
+    add_flags(parser, LearnerConfig, only=only)
 
 
 def _add_learn(commands: Any) -> None:
@@ -32,160 +39,12 @@ def _add_learn(commands: Any) -> None:
         "learn",
         help="run the learner: grade trajectories, GRPO on their tokens, hot-swap into vLLM",
         description="Run the learner until stopped (or --max-steps). Settings: defaults < "
-        "--config TOML file < ONTHEJOB_LEARN_<NAME> environment < flags.",
-    )
-    add_db(learn)
-    learn.add_argument(
-        "--upstream",
-        action="append",
-        metavar="URL",
-        help="vLLM server base URL; repeat for replicas (all get every version)",
-    )
-    learn.add_argument("--model", metavar="DIR", help="base model directory vLLM was started on")
-    learn.add_argument(
-        "--checkpoints", metavar="DIR", help="where checkpoints go (default checkpoints)"
-    )
-    learn.add_argument(
-        "--keep-checkpoints",
-        type=int,
-        metavar="K",
-        help="keep the checkpoints of the last K verified versions, besides the serving one, "
-        "its parent and pinned ones (`onthejob pin`); delete the rest (default 3)",
-    )
-    learn.add_argument(
-        "--grader",
-        action="append",
-        metavar="SPEC",
-        help="reference | python:MODULE:FUNCTION | command:SHELL_COMMAND | "
-        "judge[:BASE_URL] | feedback, optionally SPEC@WEIGHT; repeat to combine",
-    )
-    learn.add_argument(
-        "--tasks", metavar="FILE", help="task table (JSONL) for the reference grader"
-    )
-    _add_self_judge(learn)
-    learn.add_argument(
-        "--self-judge-shadow",
-        type=float,
-        metavar="SHARE",
-        help="share of the trajectories with a ground truth (reference answer, check, "
-        "feedback) that the self-judge also judges, for its agreement figures (default 0.1; "
-        "at most --self-judge-per-minute a minute; 0: none)",
-    )
-    learn.add_argument(
-        "--self-judge-per-minute",
-        type=float,
-        metavar="N",
-        help="at most N of those agreement judgements a minute (default 20)",
-    )
-    learn.add_argument(
-        "--lora",
-        action="store_true",
-        default=None,
-        help="train a LoRA adapter instead of all weights; vLLM must run with --enable-lora "
-        "--max-lora-rank R and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1",
-    )
-    learn.add_argument(
-        "--lora-rank", type=int, help="adapter rank, at most vLLM's --max-lora-rank (default 16)"
-    )
-    learn.add_argument("--lora-alpha", type=float, help="adapter scaling alpha (default 32)")
-    learn.add_argument(
-        "--keys",
-        type=_names,
-        metavar="NAME,NAME",
-        help="learn only from the traffic of these client keys (their names, comma-separated; "
-        "a trajectory counts when every call of it came with one of them); default: all traffic",
-    )
-    learn.add_argument(
-        "--guard",
-        metavar="FILE",
-        help="regression guard (TOML): evaluate each new version on every guarded "
-        "interaction type's eval task set and roll back one that regresses any "
-        "(docs/rollouts.md)",
+        "--config TOML file (keys: the settings' names, e.g. learning_rate) < "
+        "ONTHEJOB_LEARN_<NAME> environment < flags. Every flag below is one setting "
+        "(docs/reference/configuration.md).",
     )
     learn.add_argument("--config", type=Path, metavar="FILE", help="TOML file with settings")
-    learn.add_argument("--learning-rate", type=float, help="AdamW learning rate (default 1e-5)")
-    learn.add_argument(
-        "--batch-trajectories",
-        type=int,
-        help="train once this many trajectories carry a signal (default 16)",
-    )
-    learn.add_argument(
-        "--max-batch-trajectories",
-        type=int,
-        metavar="N",
-        help="a step trains on at most N trajectories with a signal, the newest whole groups "
-        "first; the rest wait for later steps or grow stale (--max-staleness). Never fewer "
-        "than --batch-trajectories; 0: no bound (default 64)",
-    )
-    learn.add_argument(
-        "--yield-to-traffic",
-        type=float,
-        metavar="SECONDS",
-        help="where the trainer shares the replicas' cores or GPU: a ready step waits up to "
-        "SECONDS while vLLM is running or queueing requests (its /metrics), then trains on a "
-        "batch taken afresh, graded meanwhile included (at most --max-batch-trajectories); "
-        "0: train at once (default 0)",
-    )
-    learn.add_argument(
-        "--torch-threads",
-        type=int,
-        metavar="N",
-        help="torch's threads for training; where vLLM-CPU serves on the same cores, the "
-        "cores it leaves free (0: torch's default, one per core; default 0)",
-    )
-    learn.add_argument(
-        "--optimizer-state-every",
-        type=int,
-        metavar="N",
-        help="write the optimizer state (AdamW moments, bf16's float32 master weights: 12 "
-        "bytes a parameter) beside every N-th step's checkpoint, and the serving one's at a "
-        "clean stop (not under torchrun); a checkpoint without one (after a crash, a failed "
-        "publish, a rollback to it) trains on with the moments started afresh. 1: every "
-        "step; 0: only at a clean stop (default 10)",
-    )
-    learn.add_argument(
-        "--max-staleness",
-        type=int,
-        help="drop samples more than this many versions old (default 4)",
-    )
-    learn.add_argument(
-        "--type-baseline",
-        choices=("version", "batch", "ema", "off"),
-        help="what a task seen once (most organic traffic: no group, no running baseline of "
-        "its own) is compared with: the mean of the other rewards of its interaction type and "
-        "policy version (version, the default), of its type and version in its batch (batch), "
-        "its type's moving average (ema); off: it is not trained on",
-    )
-    learn.add_argument("--max-steps", type=int, help="stop after this many steps")
-    learn.add_argument(
-        "--activation-checkpointing",
-        action="store_true",
-        default=None,
-        help="recompute decoder layer activations in the backward pass: less memory for "
-        "about a third more compute",
-    )
-    learn.add_argument(
-        "--precision",
-        choices=("auto", "float32", "bfloat16", "autocast"),
-        help="what the trainer computes in: bfloat16 (float32 master weights and AdamW state, "
-        "bf16 checkpoints), float32, autocast (float32 weights, bf16 matmuls); auto (the "
-        "default): bfloat16 when vLLM serves bfloat16, else float32",
-    )
-    learn.add_argument(
-        "--no-mask-truncated",
-        dest="mask_truncated",
-        action="store_false",
-        default=None,
-        help="also train on completions cut by max_tokens",
-    )
-    learn.add_argument(
-        "--shuffle-rewards",
-        action="store_true",
-        default=None,
-        help="a control run: permute each step's rewards across its batch, so that a gain "
-        "it shows cannot come from the reward",
-    )
-    learn.add_argument("--poll-interval", type=float, help="seconds between looks (default 1)")
+    _add_settings(learn)
     learn.set_defaults(func=cmd_learn)
 
 
@@ -197,7 +56,6 @@ def _add_regrade(commands: Any) -> None:
         "the learner's graders, and store the results (a step that trained on one keeps it "
         "as it was). Settings as for `onthejob learn`.",
     )
-    add_db(regrade)
     regrade.add_argument(
         "--failed", action="store_true", help="only trajectories whose grading failed"
     )
@@ -208,54 +66,22 @@ def _add_regrade(commands: Any) -> None:
     regrade.add_argument(
         "--trajectory", action="append", metavar="ID", help="this trajectory; repeat for more"
     )
-    regrade.add_argument(
-        "--grader", action="append", metavar="SPEC", help="as for `onthejob learn`"
-    )
-    regrade.add_argument(
-        "--tasks", metavar="FILE", help="task table (JSONL) besides the one in the store"
-    )
-    _add_self_judge(regrade)
     regrade.add_argument("--config", type=Path, metavar="FILE", help="TOML file with settings")
-    regrade.add_argument(
-        "--upstream", action="append", metavar="URL", help="vLLM (the judge's default endpoint)"
+    _add_settings(
+        regrade,
+        only=(
+            *("database_url", "migrate", "upstreams", "graders", "tasks"),
+            *("self_judge", "rubrics"),
+        ),
     )
     regrade.set_defaults(func=cmd_regrade)
-
-
-def _add_self_judge(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--no-self-judge",
-        dest="self_judge",
-        action="store_false",
-        default=None,
-        help="do not let the served model judge the trajectories no grader applies to (no "
-        "reference answer, no feedback, only --grader reference given); by default it "
-        "does, with their interaction type's rubric",
-    )
-    parser.add_argument(
-        "--rubrics",
-        metavar="FILE",
-        help="TOML file of the self-judge's rubrics: default = RUBRIC, and a [types] table "
-        "of TYPE = RUBRIC, or TYPE = false to not self-judge that type",
-    )
-
-
-def _names(text: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError("give at least one client key name")
-    return names
 
 
 def learner_config(args: argparse.Namespace, **extra: object) -> Any:  # a LearnerConfig
     """The learner's settings: defaults < --config file < environment < the flags given."""
     from learner.config import LearnerConfig
 
-    overrides = {
-        "database_url": getattr(args, "db", None),
-        "upstreams": getattr(args, "upstream", None),
-        **extra,
-    }
+    overrides = {**given(args, LearnerConfig), **extra}
     try:
         return LearnerConfig.load(config_file=getattr(args, "config", None), overrides=overrides)
     except ValueError as exc:
@@ -265,37 +91,7 @@ def learner_config(args: argparse.Namespace, **extra: object) -> Any:  # a Learn
 def cmd_learn(args: argparse.Namespace) -> int:
     from learner.loop import Learner
 
-    config = learner_config(
-        args,
-        lora=args.lora,
-        lora_rank=args.lora_rank,
-        lora_alpha=args.lora_alpha,
-        model=args.model,
-        checkpoints=args.checkpoints,
-        keep_checkpoints=args.keep_checkpoints,
-        graders=args.grader,
-        tasks=args.tasks,
-        self_judge=args.self_judge,
-        rubrics=args.rubrics,
-        self_judge_shadow=args.self_judge_shadow,
-        self_judge_per_minute=args.self_judge_per_minute,
-        guard=args.guard,
-        keys=args.keys,
-        learning_rate=args.learning_rate,
-        batch_trajectories=args.batch_trajectories,
-        max_batch_trajectories=args.max_batch_trajectories,
-        max_staleness=args.max_staleness,
-        type_baseline=args.type_baseline,
-        max_steps=args.max_steps,
-        activation_checkpointing=args.activation_checkpointing,
-        mask_truncated=args.mask_truncated,
-        shuffle_rewards=args.shuffle_rewards,
-        yield_to_traffic=args.yield_to_traffic,
-        optimizer_state_every=args.optimizer_state_every,
-        torch_threads=args.torch_threads,
-        precision=args.precision,
-        poll_interval=args.poll_interval,
-    )
+    config = learner_config(args)
     from learner import distributed
 
     # under torchrun: rank 0 is the learner, the other ranks train their shards with it
@@ -306,6 +102,8 @@ def cmd_learn(args: argparse.Namespace) -> int:
         learner = Learner(config, ranks=ranks)
         learner.stopping.install()  # SIGTERM/Ctrl-C: never in the middle of a swap
         learner.run()
+    except SchemaBehind as exc:
+        raise SystemExit(f"onthejob learn: {exc}") from None
     except KeyboardInterrupt:
         print("onthejob learn: stopped", file=sys.stderr)
     finally:
@@ -363,14 +161,7 @@ def _expected_for(checkpoint: Path) -> Any:
 def cmd_regrade(args: argparse.Namespace) -> int:
     from learner.regrade import Selection, regrade
 
-    config = learner_config(
-        args,
-        model="-",
-        graders=args.grader,
-        tasks=args.tasks,
-        self_judge=args.self_judge,
-        rubrics=args.rubrics,
-    )
+    config = learner_config(args, model="-")
     selection = Selection(
         failed_only=args.failed,
         session_key=args.session,
@@ -381,7 +172,7 @@ def cmd_regrade(args: argparse.Namespace) -> int:
     )
     try:
         report = regrade(config, selection)
-    except ValueError as exc:
+    except (ValueError, SchemaBehind) as exc:
         raise SystemExit(f"onthejob regrade: {exc}") from exc
     outcome = report.outcome
     print(

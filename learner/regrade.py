@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 
 from learner import grading
 from learner.config import LearnerConfig
-from store import db, grade_queue
+from store import db, grade_queue, schema
 from store.export import iter_trajectories
 from store.tasks import TaskTable, task_table
 
@@ -56,7 +56,7 @@ def regrade(config: LearnerConfig, selection: Selection) -> Report:
         raise ValueError(
             "say which trajectories: --failed, --session, --task, --since, --until or --trajectory"
         )
-    db.upgrade(config.database_url)
+    schema.require(config.database_url, migrate=config.migrate, who="regrade")
     engine = db.make_engine(config.database_url)
     try:
         grader = grading.learner_grader(config, engine)

@@ -30,42 +30,21 @@ from proxy.settings import Settings
 from proxy.state import ProxyState
 from proxy.upstream.gates import GateKeeper
 from proxy.upstream.replicas import UpstreamPool
-from store import db
+from store import db, schema
 from store.identity import ensure_store_id, public_url
 
 log = logging.getLogger("onthejob.app")
 
 
-class SchemaBehind(RuntimeError):
-    """The database's schema is older than this code: the proxy must not record into it."""
-
-
 def prepare_database(settings: Settings) -> bool:
-    """Create a new SQLite database's schema (auto-migrate), upgrade any schema when told to
-    (`--migrate`), and otherwise refuse a schema that is behind (or ahead of) this code, on
-    SQLite as on PostgreSQL. False when the database could not be reached: the writer then
-    checks the schema before its first write, and calls wait in the call log."""
-    url = settings.database_url
-    try:
-        current, head = db.current_revision(url), db.head_revision()
-        fresh = current is None and settings.auto_migrate and db.is_sqlite(url)
-        if current != head and current in db.revisions() and (settings.migrate or fresh):
-            db.upgrade(url)
-            return True
-    except SQLAlchemyError as exc:
-        log.warning("database unreachable at start (%s); calls wait in the call log", exc)
-        return False
-    if current == head:
-        return True
-    if current not in db.revisions():
-        raise SchemaBehind(
-            f"the database schema is at {current}, newer than this proxy (it knows up to "
-            f"{head}): run the onthejob release that migrated it"
-        )
-    raise SchemaBehind(
-        f"the database schema is at {current or 'nothing (never migrated)'}, this proxy "
-        f"needs {head}: run `onthejob db upgrade --db URL` first, or start the proxy "
-        "with --migrate (ONTHEJOB_MIGRATE=true) to let it upgrade the schema itself"
+    """The store's schema policy (store/schema.py) with the proxy's settings. False when the
+    database could not be reached: the writer then checks the schema before its first
+    write, and calls wait in the call log."""
+    return schema.prepare(
+        settings.database_url,
+        migrate=settings.migrate,
+        auto_migrate=settings.auto_migrate,
+        who="proxy",
     )
 
 

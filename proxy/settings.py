@@ -4,72 +4,140 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from proxy.api.translate.policy import HOSTED_TOOL_MODES
+from store.settings_cli import setting
 from store.url import DEFAULT_SQLITE_URL
 
 
 class Settings(BaseSettings):
+    """`onthejob serve`'s settings: flags (generated from these fields, store/settings_cli.py)
+    over ONTHEJOB_<NAME> environment variables over the defaults."""
+
     model_config = SettingsConfigDict(env_prefix="ONTHEJOB_", extra="ignore")
 
-    # NoDecode: the environment gives a comma-separated list, not JSON
-    upstreams: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: ["http://127.0.0.1:8000"]
+    upstreams: Annotated[list[str], NoDecode] = setting(
+        default_factory=lambda: ["http://127.0.0.1:8000"],
+        help="vLLM OpenAI server base URL; repeat for replicas (environment: comma-separated)",
+        flag="--upstream",
+        metavar="URL",
+        repeat=True,
     )
-    host: str = "127.0.0.1"
-    port: int = 8080
-    database_url: str = DEFAULT_SQLITE_URL
-    # Base path of the call log (`<spool>.d/`, every call until it is in the database) and
-    # of `<spool>.rejected` (rows the database refused).
-    spool_path: Path = Path("onthejob-spool.jsonl")
-    # The call log is fsynced this often: what a crash of the whole machine can lose.
-    log_fsync_interval: float = 0.1
-    log_segment_bytes: int = 64 << 20
-    # A trajectory with no call for this long is finished.
-    idle_timeout: float = 300.0
-    max_body_bytes: int = 32 * 1024 * 1024
-    upstream_connect_timeout: float = 5.0
-    # Generation can be long; this bounds one whole upstream call.
-    upstream_timeout: float = 600.0
-    # Sent upstream instead of the client's Authorization header when set.
-    upstream_api_key: str | None = None
-    policy_poll_interval: float = 1.0
-    # How often the swap gates are read from the store (proxy/upstream/gates.py), and how long a
-    # request waits for a gated replica before it is answered 503.
-    gate_poll_interval: float = 0.25
-    gate_wait: float = 60.0
-    flush_interval: float = 0.05
-    # The writer's batch: all the calls it holds in memory, in calls and in bytes.
-    flush_batch_size: int = 500
-    flush_batch_bytes: int = 8 << 20
-    # How a replica that failed is retried: first after this many seconds, doubling.
-    upstream_retry_after: float = 1.0
-    # auto: stream tool calls, and fall back to a non-streaming upstream call re-emitted as
-    # a stream once an upstream is seen dropping streamed tool-call token ids.
-    stream_tools_mode: str = "auto"
-    # A new SQLite database gets its schema at start unless this is false; `migrate`
-    # upgrades any database at start. Otherwise a schema that is behind (SQLite or
-    # PostgreSQL) stops the proxy from starting, with what to run.
-    auto_migrate: bool = True
-    migrate: bool = False
-    # Fan-out: single-turn chat requests are sampled this many times upstream, the client
-    # gets the first answer and all are recorded as one GRPO group. 1 = off.
-    fanout: int = 1
-    # Tools the served model cannot be given (run by the vendor: web search, MCP, ...), in
-    # translated Messages/Responses requests: omit (left out, recorded) or refuse (a 400).
-    hosted_tools: str = "omit"
-    # Client keys (proxy/api/keys.py) are required off loopback; this requires them on loopback
-    # too (e.g. behind a reverse proxy on the same host). Keys made or revoked through
-    # another proxy take effect here within `key_poll_interval` seconds.
-    require_keys: bool = False
-    key_poll_interval: float = 1.0
-    # bearer tokens: feedback posting (falls back to the admin token); never logged
-    feedback_token: str | None = None
-    admin_token: str | None = None
+    host: str = setting("127.0.0.1", "address to bind")
+    port: int = setting(8080, "port to bind")
+    database_url: str = setting(
+        DEFAULT_SQLITE_URL,
+        "database URL (postgresql://... or sqlite:///file.db) in the working directory",
+        flag="--db",
+        metavar="URL",
+    )
+    spool_path: Path = setting(
+        Path("onthejob-spool.jsonl"),
+        "base path of the call log FILE.d/ (every answered call, until it is in the "
+        "database) and of FILE.rejected (rows the database refused)",
+        flag="--spool",
+        metavar="FILE",
+    )
+    log_fsync_interval: float = setting(
+        0.1,
+        "fsync the call log this often: what a crash of the whole machine can lose (a kill "
+        "of the proxy loses nothing); more than 0, at most 60",
+        metavar="SECONDS",
+    )
+    log_segment_bytes: int = setting(
+        64 << 20, "a call log segment file is closed at this size", metavar="BYTES"
+    )
+    idle_timeout: float = setting(
+        300.0, "a trajectory with no call for this long is finished", metavar="SECONDS"
+    )
+    max_body_bytes: int = setting(
+        32 * 1024 * 1024, "largest request body accepted", metavar="BYTES"
+    )
+    upstream_connect_timeout: float = setting(5.0, "to connect to a replica", metavar="SECONDS")
+    upstream_timeout: float = setting(
+        600.0, "one whole upstream call (generation can be long)", metavar="SECONDS"
+    )
+    upstream_api_key: str | None = setting(
+        None,
+        "sent upstream instead of the client's Authorization header (environment only: a "
+        "flag would show it in the process list)",
+        cli=False,
+    )
+    policy_poll_interval: float = setting(
+        1.0, "how often each replica's served policy version is read", metavar="SECONDS"
+    )
+    gate_poll_interval: float = setting(
+        0.25,
+        "how often the swap gates are read from the store (proxy/upstream/gates.py)",
+        metavar="SECONDS",
+    )
+    gate_wait: float = setting(
+        60.0,
+        "how long a request waits for a replica gated by a swap before it is answered 503",
+        metavar="SECONDS",
+    )
+    flush_interval: float = setting(
+        0.05, "how often the writer moves recorded calls into the database", metavar="SECONDS"
+    )
+    flush_batch_size: int = setting(
+        500, "the writer's batch: the calls it holds in memory at most", metavar="N"
+    )
+    flush_batch_bytes: int = setting(
+        8 << 20, "the writer's batch: the bytes it holds in memory at most", metavar="BYTES"
+    )
+    upstream_retry_after: float = setting(
+        1.0,
+        "a replica that failed is probed again after this long, doubling with each further "
+        "failure up to 30 s",
+        metavar="SECONDS",
+    )
+    stream_tools_mode: Literal["auto", "stream", "buffer"] = setting(
+        "auto",
+        "streaming requests with tools: stream them (stream), answer them from a whole "
+        "upstream response re-emitted as a stream (buffer), or stream until an upstream is "
+        "seen dropping tool-call token ids (auto)",
+    )
+    auto_migrate: bool = setting(
+        True, "a new SQLite file, never migrated, gets its schema at start"
+    )
+    migrate: bool = setting(
+        False,
+        "upgrade the database schema at start; without it a schema that is behind "
+        "(PostgreSQL or SQLite) stops the proxy with what to run (`onthejob db upgrade`)",
+    )
+    fanout: int = setting(
+        1,
+        "sample single-turn chat requests N times upstream, answer with the first and "
+        "record all N as one GRPO group (1 = off)",
+        metavar="N",
+    )
+    hosted_tools: Literal["omit", "refuse"] = setting(
+        "omit",
+        "Messages/Responses tools the served model cannot be given (web search, file "
+        "search, computer use, code interpreter, vendor-run MCP, ...): leave them out and "
+        "record it (omit) or answer with a 400 (refuse)",
+    )
+    require_keys: bool = setting(
+        False,
+        "require a client key on every call on loopback too (e.g. behind a reverse proxy on "
+        "this host); off loopback they are always required. Keys: POST /admin/api/keys",
+    )
+    key_poll_interval: float = setting(
+        1.0,
+        "client keys made or revoked through another proxy take effect here within this long",
+        metavar="SECONDS",
+    )
+    feedback_token: str | None = setting(
+        None,
+        "bearer token for posting feedback (else the admin token); environment only, never logged",
+        cli=False,
+    )
+    admin_token: str | None = setting(
+        None, "bearer token of the admin API and dashboard; environment only", cli=False
+    )
 
     @field_validator("upstreams", mode="before")
     @classmethod
@@ -93,25 +161,11 @@ class Settings(BaseSettings):
             out.append(url)
         return out
 
-    @field_validator("stream_tools_mode")
-    @classmethod
-    def _check_mode(cls, value: str) -> str:
-        if value not in ("auto", "stream", "buffer"):
-            raise ValueError("stream_tools_mode must be auto, stream or buffer")
-        return value
-
     @field_validator("log_fsync_interval")
     @classmethod
     def _check_fsync_interval(cls, value: float) -> float:
         if not 0 < value <= 60:
             raise ValueError("log_fsync_interval must be more than 0 and at most 60 seconds")
-        return value
-
-    @field_validator("hosted_tools")
-    @classmethod
-    def _check_hosted_tools(cls, value: str) -> str:
-        if value not in HOSTED_TOOL_MODES:
-            raise ValueError("hosted_tools must be omit or refuse")
         return value
 
     @field_validator("fanout")

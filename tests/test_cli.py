@@ -213,6 +213,27 @@ def test_serve_refuses_a_schema_that_is_behind(db_url: str, tmp_path: Path) -> N
     assert db.current_revision(db_url) == "0003"  # untouched
 
 
+def test_only_db_upgrade_or_migrate_changes_the_schema_in_every_process(
+    db_url: str, tmp_path: Path
+) -> None:
+    # a newer learner must not migrate the database under older proxies: each process that
+    # opens the store refuses a schema that is behind, unless told --migrate
+    db.upgrade(db_url, "0003")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "t1", "prompt": "2+2?", "answer": "4"}\n')
+    for command in (
+        ("learn", "--model", str(tmp_path / "model")),
+        ("regrade", "--failed"),
+        ("tasks", "load", str(tasks)),
+    ):
+        _assert_refused(onthejob(*command, "--db", db_url), "0003")
+    assert db.current_revision(db_url) == "0003"
+    migrated = onthejob("regrade", "--failed", "--migrate", "--db", db_url)
+    assert migrated.returncode == 0, migrated.stderr
+    assert migrated.stdout.startswith("regraded 0")
+    assert db.current_revision(db_url) == db.head_revision()
+
+
 @pytest.mark.postgres
 def test_serve_refuses_a_postgres_database_never_migrated(pg_url: str, tmp_path: Path) -> None:
     _assert_refused(_serve(pg_url, tmp_path), None)

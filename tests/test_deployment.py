@@ -7,7 +7,6 @@ accept them.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shutil
@@ -23,6 +22,7 @@ import yaml
 from learner.config import LearnerConfig
 from learner.swap.publisher import WEIGHT_CHECK_EXTENSION
 from proxy.settings import Settings
+from store.settings_cli import env_name
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU_FILE = ROOT / "docker-compose.yml"
@@ -288,9 +288,7 @@ def test_every_compose_variable_is_documented() -> None:
 def test_every_setting_is_documented_with_its_default(monkeypatch: pytest.MonkeyPatch) -> None:
     names = documented_names()
     proxy = {f"ONTHEJOB_{name.upper()}": name for name in Settings.model_fields}
-    learner = {
-        f"ONTHEJOB_LEARN_{f.name.upper()}": f.name for f in dataclasses.fields(LearnerConfig)
-    }
+    learner = {env_name(LearnerConfig, name): name for name in LearnerConfig.model_fields}
     missing = sorted((set(proxy) | set(learner)) - names)
     assert not missing, f"settings not documented in .env.example (add them there): {missing}"
 

@@ -46,7 +46,7 @@ from learner.swap.publisher import FullReloadPublisher
 from learner.swap.requests import SwapRequestWorker
 from learner.traffic import yielding_to
 from learner.trainer import Trainer, TrainerConfig
-from store import db
+from store import db, schema
 from store.control import KNOBS, Control
 from store.tasks import TaskTable
 
@@ -71,7 +71,7 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights):
             torch.set_num_threads(config.torch_threads)
         if ranks is not None:
             log.info("training sharded over %d ranks (FSDP2) on %s", ranks.world, ranks.device)
-        db.upgrade(config.database_url)
+        schema.require(config.database_url, migrate=config.migrate, who="learner")
         self.engine = db.make_engine(config.database_url)
         self.model_dir = Path(config.model)
         self.checkpoints = Path(config.checkpoints)

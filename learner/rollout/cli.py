@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from store.schema import SchemaBehind
 from store.url import add_db, database_url, given_database_url
 
 
@@ -62,10 +63,20 @@ def register(commands: Any) -> None:
     load = actions.add_parser("load", help="validate a JSONL task set and load it")
     load.add_argument("file", metavar="FILE")
     add_db(load)
+    _add_migrate(load)
     load.set_defaults(func=cmd_tasks_load)
     listing = actions.add_parser("list", help="list the task table")
     add_db(listing)
     listing.set_defaults(func=cmd_tasks_list)
+
+
+def _add_migrate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--migrate",
+        action="store_true",
+        help="upgrade the database schema first; without it a schema that is behind stops "
+        "the command with what to run (`onthejob db upgrade`)",
+    )
 
 
 def _add_rollout(commands: Any) -> None:
@@ -106,6 +117,7 @@ def _add_rollout(commands: Any) -> None:
         help="the proxy's database (default: $ONTHEJOB_DATABASE_URL, else the one the proxy "
         "says it records to); a database that is not the proxy's is refused",
     )
+    _add_migrate(rollout)
     rollout.add_argument(
         "--grader", metavar="SPEC", help="grader for tasks without check/grader (learner SPEC)"
     )
@@ -189,6 +201,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
             success_threshold=args.success_threshold,
             check_timeout=args.check_timeout,
             keep_workdirs=args.keep_workdirs,
+            migrate=args.migrate,
         )
     except (TaskTableError, ValueError) as exc:
         raise SystemExit(f"onthejob rollout: {exc}") from exc
@@ -200,7 +213,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         summary = run_rollout(config, on_progress=bar.update, stop=stop)
-    except StoreMismatch as exc:
+    except (StoreMismatch, SchemaBehind) as exc:
         raise SystemExit(f"onthejob rollout: {exc}") from None
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -266,6 +279,7 @@ def cmd_curriculum(args: argparse.Namespace, command: list[str]) -> int:
                 success_threshold=args.success_threshold,
                 check_timeout=args.check_timeout,
                 keep_workdirs=args.keep_workdirs,
+                migrate=args.migrate,
             ),
             max_rounds=args.max_rounds,
             minutes=args.minutes,
@@ -278,7 +292,7 @@ def cmd_curriculum(args: argparse.Namespace, command: list[str]) -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         summary = run_curriculum(config, stop=stop)
-    except (StoreMismatch, CurriculumError, CurriculumFailed) as exc:
+    except (StoreMismatch, SchemaBehind, CurriculumError, CurriculumFailed) as exc:
         raise SystemExit(f"onthejob rollout: {exc}") from None
     except KeyboardInterrupt:
         return 130
@@ -303,7 +317,7 @@ def cmd_eval_report(args: argparse.Namespace) -> int:
 
 def cmd_tasks_load(args: argparse.Namespace) -> int:
     from learner.rollout.taskset import load_task_set, store_tasks
-    from store import db
+    from store import db, schema
     from store.tasks import TaskTableError
 
     try:
@@ -311,7 +325,10 @@ def cmd_tasks_load(args: argparse.Namespace) -> int:
     except TaskTableError as exc:
         raise SystemExit(f"onthejob tasks load: {exc}") from exc
     url = database_url(args.db)
-    db.upgrade(url)
+    try:
+        schema.require(url, migrate=args.migrate, who="`tasks load`")
+    except schema.SchemaBehind as exc:
+        raise SystemExit(f"onthejob tasks load: {exc}") from None
     engine = db.make_engine(url)
     try:
         with engine.begin() as conn:

@@ -43,7 +43,7 @@ from learner.rollout.report import pass_at_k
 from learner.rollout.runner import RolloutConfig, RolloutSummary, RunResult, run_rollout
 from learner.rollout.taskset import TaskSet
 from store import curricula as cstore
-from store import db, policy_versions
+from store import db, policy_versions, schema
 from store.control import read_heartbeat
 from store.models import TrainingStep
 from store.tasks import Task, TaskTable
@@ -129,7 +129,7 @@ def run_curriculum(
     Raises proxy_store.StoreMismatch (before anything runs) or CurriculumFailed."""
     rollout = config.rollout
     rollout.database_url = proxy_store.resolve(rollout.proxy_url, rollout.database_url)
-    db.upgrade(rollout.database_url)
+    schema.require(rollout.database_url, migrate=rollout.migrate, who="curriculum runner")
     engine = db.make_engine(rollout.database_url)
     try:
         return _Run(config, engine, say or _print, stop or threading.Event()).run()

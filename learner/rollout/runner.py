@@ -40,7 +40,7 @@ from learner.rollout.harness import (
 )
 from learner.rollout.report import summarise
 from learner.rollout.taskset import TaskSet, store_tasks
-from store import db, rollouts
+from store import db, rollouts, schema
 from store.export import iter_trajectories
 from store.tasks import Task
 
@@ -74,6 +74,7 @@ class RolloutConfig:
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the harness
     workdir_root: Path | None = None  # where run directories are made (default: temp)
     keep_workdirs: bool = False
+    migrate: bool = False  # upgrade a schema that is behind (store/schema.py), else refuse
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -147,7 +148,7 @@ def run_rollout(
     """Run the whole rollout; KeyboardInterrupt or `stop` cancels it cleanly (see module).
     Raises proxy_store.StoreMismatch before any run if it would not read the proxy's store."""
     config.database_url = proxy_store.resolve(config.proxy_url, config.database_url)
-    db.upgrade(config.database_url)
+    schema.require(config.database_url, migrate=config.migrate, who="rollout runner")
     engine = db.make_engine(config.database_url)
     try:
         return _Rollout(config, engine, on_progress, stop or threading.Event()).run()

@@ -13,14 +13,16 @@ import argparse
 from pydantic import ValidationError
 
 from proxy.settings import Settings
+from store.settings_cli import given
 from store.url import add_db
 
 __all__ = ["add_db", "proxy_settings"]
 
 
-def proxy_settings(args: argparse.Namespace, **extra: object) -> Settings:
-    """Settings from the environment, overridden by the flags given (None = not given)."""
-    values = {k: v for k, v in extra.items() if v is not None}
+def proxy_settings(args: argparse.Namespace) -> Settings:
+    """Settings from the environment, overridden by the flags given (None = not given):
+    `serve`'s flags are the settings' own, other commands take only `--db`."""
+    values = given(args, Settings)
     if getattr(args, "db", None):
         values["database_url"] = args.db
     try:

@@ -22,6 +22,7 @@ def register(commands: Any) -> None:
     add_db(replay)
     replay.add_argument(
         "--spool",
+        dest="spool_path",
         type=Path,
         metavar="FILE",
         help="the proxy's --spool (default: $ONTHEJOB_SPOOL_PATH, else onthejob-spool.jsonl)",
@@ -35,7 +36,7 @@ def cmd_spool_replay(args: argparse.Namespace) -> int:
     from proxy.recording.writer import Unreachable
     from store import db
 
-    settings = proxy_settings(args, spool_path=args.spool)
+    settings = proxy_settings(args)
     path = rejected_path(settings.spool_path)
     engine = db.make_engine(settings.database_url)
     try:

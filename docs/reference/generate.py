@@ -1,0 +1,153 @@
+"""Write the reference pages generated from the code: `make docs`.
+
+- cli.md: every command's `--help`, as `onthejob` prints it;
+- configuration.md: every setting of the proxy (proxy/settings.py) and of the learner
+  (learner/config.py), with its environment variable, flag, default and help text.
+
+`tests/unit/test_reference_docs.py` fails when a page differs from what this writes, so a
+setting or flag cannot exist in the code without its line here, nor the other way round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+WIDTH = "100"  # argparse wraps help at $COLUMNS
+
+CONFIGURATION_INTRO = """\
+# Configuration
+
+Generated from `proxy/settings.py` and `learner/config.py` by `make docs`; do not edit the
+tables by hand. The flags as the commands print them: [cli.md](cli.md). In the compose
+deployment every setting goes in `.env` (`.env.example` lists them all): see
+[Deployment](../operations.md#deployment).
+
+## The database and the schema
+
+The database comes from `--db`, else `ONTHEJOB_DATABASE_URL`, else `sqlite:///onthejob.db` in
+the working directory (for `onthejob rollout`: else the proxy's own). PostgreSQL URLs
+(`postgresql://user@host/db`) use psycopg 3.
+
+Only `onthejob db upgrade`, or a command started with `--migrate`, changes the schema: the
+proxy, the learner, `regrade`, `rollout` and `tasks load` all refuse a schema that is behind
+(or ahead of) their code, and say what to run, so a newer learner never migrates the
+database under older proxies. The one exception is a new SQLite file, never migrated: it gets
+its schema at start (the zero-set-up default; for the proxy not with
+`ONTHEJOB_AUTO_MIGRATE=false`). If the proxy cannot reach the database at start, the schema is
+checked before the first write, and calls wait in the call log until it is current; so do
+calls written after the schema was taken back under a running proxy (a table or column
+missing is not a refusal: nothing goes to `<spool>.rejected` for it).
+"""
+
+PROXY_INTRO = """\
+## The proxy (`onthejob serve`)
+
+Flags over `ONTHEJOB_<NAME>` environment variables over the defaults. Lists come from the
+environment comma-separated (`ONTHEJOB_UPSTREAMS=http://a:8000,http://b:8000`). Secrets have
+no flag: a flag would show them in the process list.
+"""
+
+LEARNER_INTRO = """\
+## The learner (`onthejob learn`)
+
+Flags over `ONTHEJOB_LEARN_<NAME>` environment variables over a TOML file (`--config FILE`,
+whose keys are the setting names below) over the defaults. Lists come from the environment
+comma-separated, from the TOML file as arrays. The live knobs and which value wins:
+[the learner](../learner.md).
+"""
+
+
+def settings_table(settings: type) -> str:
+    from store.settings_cli import env_name, flag_name, shown_default
+
+    lines = [
+        "| setting | environment | flag | default | what it does |",
+        "|---|---|---|---|---|",
+    ]
+    for name, info in settings.model_fields.items():  # type: ignore[attr-defined]
+        flag = flag_name(name, info)
+        default = shown_default(info)
+        help_text = (info.description or "").replace("|", "\\|")
+        lines.append(
+            f"| `{name}` | `{env_name(settings, name)}` | "
+            f"{f'`{flag}`' if flag else '(none)'} | "
+            f"{f'`{default}`' if default is not None else ''} | {help_text} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def configuration_page() -> str:
+    from learner.config import LearnerConfig
+    from proxy.settings import Settings
+
+    return "\n".join(
+        [
+            CONFIGURATION_INTRO,
+            PROXY_INTRO,
+            settings_table(Settings),
+            LEARNER_INTRO,
+            settings_table(LearnerConfig),
+        ]
+    )
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
+    """(full command, parser) for every command under ``parser``, depth first."""
+    found = []
+    for action in parser._actions:  # argparse keeps its sub-parsers only here
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found.append((name, sub))
+                found += [(f"{name} {deeper}", p) for deeper, p in _subcommands(sub)]
+    return found
+
+
+def help_text(parser: argparse.ArgumentParser) -> str:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        parser.print_help()
+    return out.getvalue()
+
+
+def cli_page() -> str:
+    from proxy.cli import build_parser
+
+    parser = build_parser()
+    parts = [
+        "# Command line\n",
+        "Generated from the code by `make docs`: what `onthejob COMMAND --help` prints. The "
+        "settings behind the flags, with their environment variables: "
+        "[configuration.md](configuration.md).\n",
+        "```",
+        help_text(parser).rstrip(),
+        "```",
+    ]
+    for name, sub in _subcommands(parser):
+        if any(a for a in sub._actions if isinstance(a, argparse._SubParsersAction)):
+            continue  # a group (`db`, `tasks`): its commands follow
+        parts += [f"\n## onthejob {name}\n", "```", help_text(sub).rstrip(), "```"]
+    return "\n".join(parts) + "\n"
+
+
+def pages() -> dict[Path, str]:
+    os.environ["COLUMNS"] = WIDTH
+    return {HERE / "cli.md": cli_page(), HERE / "configuration.md": configuration_page()}
+
+
+def main() -> int:
+    for path, text in pages().items():
+        path.write_text(text)
+        print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""One configuration system: the settings are the source, the flags are generated from them,
+and the reference pages (docs/reference/) must say what the code does (`make docs`)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from learner.config import LearnerConfig
+from proxy.cli import build_parser
+from proxy.settings import Settings
+from store.settings_cli import flag_name
+
+ROOT = Path(__file__).resolve().parents[2]
+GENERATOR = ROOT / "docs" / "reference" / "generate.py"
+FIX = "run `make docs` and commit docs/reference/"
+
+
+def generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("reference_generate", GENERATOR)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def commands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    return {name: sub for name, sub in generator()._subcommands(parser)}
+
+
+def flags_of(parser: argparse.ArgumentParser) -> set[str]:
+    return {
+        flag
+        for action in parser._actions
+        for flag in action.option_strings
+        if flag.startswith("--") and flag != "--help"
+    }
+
+
+def test_the_configuration_page_is_the_one_the_settings_generate() -> None:
+    page = (ROOT / "docs" / "reference" / "configuration.md").read_text()
+    assert page == generator().configuration_page(), FIX
+
+
+def test_the_cli_page_has_every_command_with_exactly_its_flags() -> None:
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    sections = dict(re.findall(r"\n## onthejob ([a-z -]+)\n\n```\n(.*?)\n```", page, re.S))
+    leaves = {
+        name: sub
+        for name, sub in commands().items()
+        if not any(isinstance(a, argparse._SubParsersAction) for a in sub._actions)
+    }
+    assert set(sections) == set(leaves), FIX
+    for name, sub in leaves.items():
+        shown = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", sections[name])) - {"--help"}
+        assert shown >= flags_of(sub), f"`{name}`: {sorted(flags_of(sub) - shown)}; {FIX}"
+
+
+@pytest.mark.parametrize(
+    ("command", "settings", "extra"),
+    [("serve", Settings, set()), ("learn", LearnerConfig, {"--config"})],
+)
+def test_every_setting_has_its_flag_and_every_flag_is_a_setting(
+    command: str, settings: type, extra: set[str]
+) -> None:
+    parser = commands()[command]
+    expected = {flag_name(n, i) for n, i in settings.model_fields.items()} - {None}
+    # a bool setting also takes --no-NAME
+    negated = {
+        "--no-" + str(flag_name(n, i)).removeprefix("--")
+        for n, i in settings.model_fields.items()
+        if i.annotation is bool and flag_name(n, i)
+    }
+    assert flags_of(parser) == expected | negated | extra
+    secrets = {n for n, i in settings.model_fields.items() if flag_name(n, i) is None}
+    assert secrets <= {"upstream_api_key", "feedback_token", "admin_token"}
+
+
+def test_flags_beat_the_environment_which_beats_the_toml_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("LEARNING_RATE", "MAX_STALENESS", "GRADERS", "LORA"):
+        monkeypatch.delenv(f"ONTHEJOB_LEARN_{name}", raising=False)
+    file = tmp_path / "learner.toml"
+    file.write_text(
+        'learning_rate = 3e-4\nmax_staleness = 2\ngraders = ["feedback", "reference"]\n'
+        "lora = true\n"
+    )
+    loaded = LearnerConfig.load(config_file=file, overrides={"model": "m"})
+    assert (loaded.learning_rate, loaded.max_staleness) == (3e-4, 2)
+    assert loaded.graders == ["feedback", "reference"] and loaded.lora is True
+    monkeypatch.setenv("ONTHEJOB_LEARN_MAX_STALENESS", "7")
+    monkeypatch.setenv("ONTHEJOB_LEARN_GRADERS", "judge,feedback")
+    args = build_parser().parse_args(
+        ["learn", "--config", str(file), "--model", "m", "--learning-rate", "1e-3", "--no-lora"]
+    )
+    from learner.commands import learner_config
+
+    config = learner_config(args)
+    assert config.learning_rate == 1e-3 and config.lora is False  # the flags
+    assert config.max_staleness == 7 and config.graders == ["judge", "feedback"]  # the env
+
+
+def test_a_wrong_setting_is_refused_with_its_name(tmp_path: Path) -> None:
+    file = tmp_path / "learner.toml"
+    file.write_text("learning_rat = 3e-4\n")
+    with pytest.raises(ValueError, match=r"unknown setting learning_rat in .*learner\.toml"):
+        LearnerConfig.load(config_file=file, overrides={"model": "m"})
+    with pytest.raises(ValueError, match="no such file"):
+        LearnerConfig.load(config_file=tmp_path / "missing.toml", overrides={"model": "m"})
+    with pytest.raises(ValueError, match="type_baseline"):
+        LearnerConfig.load(config_file=None, overrides={"model": "m", "type_baseline": "mean"})
+    with pytest.raises(SystemExit):  # argparse knows the choices too
+        build_parser().parse_args(["learn", "--type-baseline", "mean"])
+
+
+def test_the_database_url_comes_from_the_flag_then_either_environment_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("ONTHEJOB_LEARN_DATABASE_URL", raising=False)
+    monkeypatch.delenv("ONTHEJOB_DATABASE_URL", raising=False)
+    assert LearnerConfig.load(config_file=None, overrides={"model": "m"}).database_url == (
+        "sqlite:///onthejob.db"
+    )
+    monkeypatch.setenv("ONTHEJOB_DATABASE_URL", "sqlite:///shared.db")
+    assert LearnerConfig.load(config_file=None, overrides={"model": "m"}).database_url == (
+        "sqlite:///shared.db"
+    )
+    monkeypatch.setenv("ONTHEJOB_LEARN_DATABASE_URL", "sqlite:///learner.db")
+    assert LearnerConfig.load(config_file=None, overrides={"model": "m"}).database_url == (
+        "sqlite:///learner.db"
+    )
+    args = build_parser().parse_args(["learn", "--model", "m", "--db", "sqlite:///flag.db"])
+    from learner.commands import learner_config
+
+    assert learner_config(args).database_url == "sqlite:///flag.db"
