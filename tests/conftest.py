@@ -16,15 +16,10 @@ from sqlalchemy import Engine
 from learner.demo.tiny_model import build_tiny_model
 from learner.demo.vllm_server import VLLMServer
 from store import db
-from tests.proxy_server import ProxyServer
+from tests.support.paths import ARTIFACTS, REUSE_MODEL_DIR, REUSE_VLLM_URL
+from tests.support.proxy_server import ProxyServer
 
 PG_ADMIN_URL = os.environ.get("ONTHEJOB_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
-
-
-# For quick local iterations: reuse a vLLM server already serving this model directory.
-REUSE_VLLM_URL = os.environ.get("ONTHEJOB_TEST_VLLM_URL")
-REUSE_MODEL_DIR = os.environ.get("ONTHEJOB_TEST_MODEL_DIR")
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +55,7 @@ def restore_vllm(vllm: VLLMServer, tiny_model: Path) -> Iterator[str]:
     """The version vLLM serves before the test; its original weights and name come back
     after it (the server is shared by the whole session)."""
     from learner.swap.publisher import FullReloadPublisher, Probe, current_version
-    from tests.test_publisher import trainer_logprobs
+    from tests.support.weights import trainer_logprobs
 
     original = current_version(vllm.url)
     yield original

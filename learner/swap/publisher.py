@@ -61,7 +61,7 @@ DEFAULT_TOLERANCE = 1e-3
 # trainer, on the tiny model, differs by at most 0.0048 (16 random 64-token probes: p99
 # 0.0031, median 0.0008) with the right weights, 0.0062 on the learner's probe after an AdamW
 # step at 3e-3; after a change of that size, a stale LM head was off by 0.084-0.089 and one
-# layer's MLP left as it was by 0.022-0.034 (tests/test_bf16_vllm.py). 1e-2 passes the right
+# layer's MLP left as it was by 0.022-0.034 (tests/e2e/test_bf16_vllm.py). 1e-2 passes the right
 # weights and fails both; a deeper model in bf16 may need more (verify_tolerance).
 HALF_PRECISION_TOLERANCE = 1e-2
 # For a half-precision replica whose weights are checked exactly (learner/swap/weight_check.py):

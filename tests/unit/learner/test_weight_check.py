@@ -1,7 +1,7 @@
 """The exact weight check's two halves against each other, on a model laid out like vLLM's:
 fused projections whose weight is repacked away (as vLLM-CPU does), a vocabulary padded
 beyond the checkpoint's, an LM head tied to the embedding. The real replica is tested in
-tests/test_bf16_vllm.py."""
+tests/e2e/test_bf16_vllm.py."""
 
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ from learner.graders.base import Grade
 from learner.graders.combine import CombinedGrader, build_graders, parse_spec
 from learner.graders.feedback import Posted
 from store.tasks import Task, TaskTable
-from tests.unit.learner.graders.trajectories import answered
+from tests.support.trajectories import answered
 
-MODULE = "tests.unit.learner.graders.sample_rewards"
+MODULE = "tests.support.sample_rewards"
 TASKS = TaskTable({"mul": Task("mul", "6*7?", "42", match="numeric")})
 
 

@@ -11,7 +11,7 @@ import pytest
 from learner.graders.base import Grade
 from learner.graders.command import CommandGrader
 from store.tasks import TaskTable
-from tests.unit.learner.graders.trajectories import answered
+from tests.support.trajectories import answered
 
 PY = shlex.quote(sys.executable)
 

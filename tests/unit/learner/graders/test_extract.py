@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from learner.graders.extract import content_text, final_answer, reply_text, task_prompt
-from tests.unit.learner.graders.trajectories import (
+from tests.support.trajectories import (
     QUESTION,
     chat_call,
     completions_call,

@@ -7,7 +7,7 @@ from typing import Any
 
 from learner.graders.feedback import FeedbackGrader, FeedbackSource, Posted, parse_time
 from store.tasks import TaskTable
-from tests.unit.learner.graders.trajectories import chat_call, trajectory
+from tests.support.trajectories import chat_call, trajectory
 
 ENDED = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -15,7 +15,7 @@ import pytest
 
 from learner.graders.judge import JudgeGrader
 from store.tasks import Task, TaskTable
-from tests.unit.learner.graders.trajectories import answered, failed_call, trajectory
+from tests.support.trajectories import answered, failed_call, trajectory
 
 TASKS = TaskTable({"mul": Task("mul", "Multiply 6 by 7.", "42")})
 

@@ -6,10 +6,10 @@ import pytest
 
 from learner.graders.python import PythonGrader, load_callable
 from store.tasks import TaskTable
-from tests.unit.learner.graders import sample_rewards
-from tests.unit.learner.graders.trajectories import answered
+from tests.support import sample_rewards
+from tests.support.trajectories import answered
 
-MODULE = "tests.unit.learner.graders.sample_rewards"
+MODULE = "tests.support.sample_rewards"
 
 
 def _grade_one(function: str) -> tuple[float | None, str | None]:

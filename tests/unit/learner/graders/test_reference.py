@@ -8,7 +8,7 @@ import pytest
 
 from learner.graders.reference import ReferenceGrader, last_number, match
 from store.tasks import Task, TaskTable
-from tests.unit.learner.graders.trajectories import (
+from tests.support.trajectories import (
     chat_call,
     failed_call,
     messages_call,

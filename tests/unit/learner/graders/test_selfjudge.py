@@ -1,6 +1,6 @@
 """learner.graders.selfjudge: which grader a trajectory gets by default, and the shadow
 verdicts the agreement figures come from. The judge here is a stub; the real one on vLLM is
-in tests/test_selfjudge_vllm.py."""
+in tests/e2e/test_selfjudge_vllm.py."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from learner.graders.selfjudge import (
     ShadowSampler,
 )
 from store.tasks import Task, TaskTable
-from tests.unit.learner.graders.trajectories import answered
+from tests.support.trajectories import answered
 
 TASKS = TaskTable(
     {"mul": Task("mul", "6*7?", "42", match="numeric"), "open": Task("open", "Write a poem.")}
@@ -123,7 +123,7 @@ def test_posted_feedback_beats_the_self_judge_and_is_its_ground_truth() -> None:
 
 def test_other_configured_graders_apply_to_everything() -> None:
     asked: list[tuple[str, str]] = []
-    spec = "python:tests.unit.learner.graders.sample_rewards:is_finished"
+    spec = "python:tests.support.sample_rewards:is_finished"
     grades = default_grader([spec], asked, shadow=0.0).grade([typed("x", None)], tasks=TASKS)
     assert grades[0].error is None and "self_judge" not in grades[0].detail
     assert asked == []

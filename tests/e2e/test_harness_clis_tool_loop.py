@@ -1,0 +1,88 @@
+"""Claude Code and Codex CLI, unchanged, in a real tool loop through the proxy.
+
+The upstream is scripted (tests/support/tool_loop_upstream.py): it answers the first call with a
+call of the harness's own file-writing tool (Claude Code's `Write`, Codex's `exec_command`
+shell), the harness runs it for real in its temporary working directory and sends the
+result back, and the second call gets a final answer. What is checked: the file is there,
+the harness exited 0, its calls are one trajectory (stitched from the messages alone, no
+session key), and the learner's `build_samples` makes one training sequence of it from the
+recorded token ids, never re-tokenising text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from store.samples import build_samples
+from tests.support.harness_clis import Run, claude_code, codex
+from tests.support.records import export, wait_for_calls
+from tests.support.tool_loop_upstream import (
+    LOGPROB,
+    ToolLoopUpstream,
+    has_tool_result,
+    text,
+    tool_call,
+)
+
+CONTENT = "hello from the proxy\n"
+FINAL = "I wrote hello.txt."
+
+
+def _one_training_sequence(engine: Any, run: Run, api: str) -> None:
+    wait_for_calls(engine, 2)
+    (trajectory,) = export(engine)
+    calls = trajectory["calls"]
+    assert [c["api"] for c in calls] == [api, api], run.explain()
+    assert all(c["status"] == "ok" and c["capture_complete"] for c in calls)
+    first, last = calls
+    (sample,) = build_samples(trajectory)
+    print(f"{run.command[0]} printed {run.stdout!r}; {len(calls)} calls, 1 trajectory, 1 sample")
+    assert sample.token_ids == last["prompt_token_ids"] + last["completion_token_ids"]
+    assert sample.token_ids[: len(first["prompt_token_ids"])] == first["prompt_token_ids"]
+    # only the two replies carry loss, with the logprobs vLLM (here: the script) reported
+    trained = [t for t, on in zip(sample.token_ids, sample.loss_mask, strict=True) if on]
+    assert trained == first["completion_token_ids"] + last["completion_token_ids"]
+    assert {p for p, on in zip(sample.logprobs, sample.loss_mask, strict=True) if on} == {LOGPROB}
+
+
+def test_claude_code_tool_loop(tokenizer, db_url, engine, start_proxy, tmp_path: Path):
+    target = tmp_path / "claude" / "work" / "hello.txt"
+
+    def script(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        if has_tool_result(messages):
+            return text(FINAL)
+        return tool_call("call_write_1", "Write", {"file_path": str(target), "content": CONTENT})
+
+    with ToolLoopUpstream(tokenizer, script) as upstream:
+        proxy = start_proxy([upstream.url], db_url)
+        run = claude_code(proxy.url, "tiny", "Write hello.txt.", tmp_path / "claude")
+    assert run.returncode == 0, run.explain()
+    assert target.read_text() == CONTENT
+    assert FINAL in run.stdout
+    _one_training_sequence(engine, run, "messages")
+    # the file-writing tool's result reached the model as the harness wrote it
+    tool_results = [m for m in upstream.requests[1]["messages"] if m["role"] == "tool"]
+    assert "hello.txt" in tool_results[0]["content"]
+
+
+def test_codex_tool_loop(tokenizer, db_url, engine, start_proxy, tmp_path: Path):
+    target = tmp_path / "codex" / "work" / "hello.txt"
+
+    def script(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        if has_tool_result(messages):
+            return text(FINAL)
+        command = f"printf '{CONTENT.strip()}\\n' > hello.txt"
+        return tool_call("call_shell_1", "exec_command", {"cmd": command})
+
+    with ToolLoopUpstream(tokenizer, script) as upstream:
+        proxy = start_proxy([upstream.url], db_url)
+        run = codex(proxy.url + "/v1", "tiny", "Write hello.txt.", tmp_path / "codex")
+    assert run.returncode == 0, run.explain()
+    assert target.read_text() == CONTENT
+    assert FINAL in run.stdout
+    _one_training_sequence(engine, run, "responses")
+    # Codex's instructions reached the model (as a system message) and its shell output too
+    second = upstream.requests[1]["messages"]
+    assert second[0]["role"] == "system" and "Codex" in second[0]["content"]
+    assert "exited with code 0" in next(m for m in second if m["role"] == "tool")["content"]

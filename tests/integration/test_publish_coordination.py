@@ -1,0 +1,98 @@
+"""The publish lease and the swap fence on both databases (no vLLM: the proxies here are
+their rows in the store, as a real proxy's GateKeeper writes them)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import Engine, update
+
+from learner.swap import lease
+from learner.swap.fence import Fence, FenceError
+from store import gates
+from store.models import ProxyInstance, PublishLease
+from tests.support.drills import wait_until
+
+A, B = "http://a:8000", "http://b:8000"
+
+
+def proxy(engine: Engine, name: str, upstreams: list[str], acks: dict[str, int]) -> None:
+    with engine.begin() as conn:
+        gates.register(
+            conn, instance_id=name, host=name, upstreams=upstreams, acks=acks, now=datetime.now(UTC)
+        )
+
+
+def test_one_publisher_at_a_time_and_a_dead_one_expires(engine: Engine) -> None:
+    assert lease.try_acquire(engine, "learner@x:1:a")
+    assert lease.try_acquire(engine, "learner@x:1:a")  # ours already
+    assert not lease.try_acquire(engine, "rollback@y:2:b")
+    with pytest.raises(lease.LeaseBusy, match="learner@x:1:a"):
+        lease.acquire(engine, "rollback@y:2:b", wait=0.2)
+    # a restarted learner takes over its predecessor's lease at once
+    assert lease.try_acquire(engine, "learner@x:9:c", steal_prefix="learner@")
+    assert lease.who(engine)["holder"] == "learner@x:9:c"
+    # a holder killed without releasing: its lease expires
+    with engine.begin() as conn:
+        past = datetime.now(UTC) - timedelta(seconds=1)
+        conn.execute(update(PublishLease).values(expires_at=past))
+    assert lease.who(engine) is None
+    with lease.held(engine, "rollback@y:2:b", wait=1):
+        assert not lease.renew(engine, "learner@x:9:c")
+        assert lease.renew(engine, "rollback@y:2:b")
+    assert lease.who(engine) is None  # released
+
+
+def test_the_fence_waits_for_every_live_proxy_to_drain(engine: Engine) -> None:
+    proxy(engine, "p1", [A, B], {})
+    proxy(engine, "p2", [A], {})
+    proxy(engine, "gone", [A], {})
+    with engine.begin() as conn:  # a proxy that stopped reporting is not waited for
+        old = datetime.now(UTC) - gates.PROXY_TTL - timedelta(seconds=1)
+        conn.execute(update(ProxyInstance).where(ProxyInstance.id == "gone").values(seen_at=old))
+    fence = Fence(engine, "learner@t", drain_timeout=30, poll=0.01)
+    closed = threading.Event()
+
+    def drain_like_proxies() -> None:
+        # what each proxy's GateKeeper does once its calls to the replicas have ended
+        def epochs() -> dict[str, int]:
+            with engine.connect() as conn:
+                return {u: g["epoch"] for u, g in gates.read_gates(conn).items() if g["closed"]}
+
+        wait_until(lambda: len(epochs()) == 2, "both gates closed")
+        closed.set()
+        proxy(engine, "p1", [A, B], epochs())
+        proxy(engine, "p2", [A], {A: epochs()[A]})
+
+    helper = threading.Thread(target=drain_like_proxies)
+    helper.start()
+    fence.close([A, B])
+    helper.join()
+    assert closed.is_set()
+    with engine.connect() as conn:
+        assert {u for u, g in gates.read_gates(conn).items() if g["closed"]} == {A, B}
+    fence.open([A, B], "v7")
+    with engine.connect() as conn:
+        state = gates.read_gates(conn)
+    assert not state[A]["closed"] and state[A]["version"] == "v7" and state[B]["epoch"] == 1
+
+
+def test_the_fence_aborts_stragglers_then_gives_up_and_reopens(engine: Engine) -> None:
+    proxy(engine, "p1", [A], {})
+    aborted: list[list[str]] = []
+    fence = Fence(engine, "learner@t", drain_timeout=0.05, abort_grace=0.05, poll=0.01)
+    with pytest.raises(FenceError, match="proxies p1 still have requests in flight"):
+        fence.close([A], abort_stragglers=aborted.append)
+    assert aborted == [[A]]
+    with engine.connect() as conn:
+        assert not gates.read_gates(conn)[A]["closed"]  # nothing was touched: open again
+
+
+def test_the_fence_refuses_a_proxy_routing_to_a_replica_it_does_not_know(
+    engine: Engine,
+) -> None:
+    proxy(engine, "p1", [A, "http://localhost:8000"], {})
+    with pytest.raises(FenceError, match="same --upstream list"):
+        Fence(engine, "learner@t", poll=0.01).close([A])

@@ -1,0 +1,51 @@
+"""Live traffic through the proxy and waiting for the learner's steps."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from pathlib import Path
+
+import openai
+from sqlalchemy import func, select
+
+from store.models import TrainingStep
+from tests.support.learning_rewards import share_of_a
+
+PROMPTS = [f"Write something, take {i}." for i in range(4)]
+
+
+async def traffic(base_url: str, model: str, rounds: int, group: int = 8) -> list[float]:
+    """`rounds` x len(PROMPTS) x `group` single-call episodes; their rewards."""
+    limit = asyncio.Semaphore(16)
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0) as api:
+
+        async def one(prompt: str) -> float:
+            async with limit:
+                reply = await api.chat.completions.create(
+                    model=model,
+                    messages=[{"role": "user", "content": prompt}],
+                    max_tokens=8,
+                    temperature=1.0,
+                )
+            return share_of_a(reply.choices[0].message.content or "")
+
+        return await asyncio.gather(
+            *(one(p) for _ in range(rounds) for p in PROMPTS for _ in range(group))
+        )
+
+
+def wait_for_step(
+    engine, step: int, learner: subprocess.Popen, log: Path, timeout: float = 180
+) -> None:
+    """Poll (bounded) until the learner has recorded `step`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with engine.connect() as conn:
+            done = conn.execute(select(func.max(TrainingStep.step))).scalar() or 0
+        if done >= step:
+            return
+        assert learner.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"step {step} never came: {log.read_text()[-2000:]}"
+        time.sleep(0.2)

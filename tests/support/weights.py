@@ -1,0 +1,37 @@
+"""A trainer's expected probe logprobs and a modified checkpoint: what the swap tests share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from learner.checkpoint import (
+    load_model,
+    save_checkpoint,
+)
+from learner.swap.publisher import (
+    ExpectedLogprobs,
+)
+
+
+def trainer_logprobs(model_dir: Path) -> ExpectedLogprobs:
+    """What the trainer computes for ``model_dir``: float32 log-softmax at temperature 1."""
+    model = load_model(model_dir)
+
+    def expected(prompt: list[int], completion: list[int]) -> list[float]:
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + completion])).logits[0]
+        logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
+        return logprobs.gather(1, torch.tensor(completion)[:, None]).squeeze(1).tolist()
+
+    return expected
+
+
+def modified_checkpoint(source: Path, out_dir: Path) -> tuple[Path, Any]:
+    """A checkpoint whose tied embeddings (so also the LM head) are scaled: easy to tell apart."""
+    model = load_model(source)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(3.0)
+    return save_checkpoint(model, out_dir, source_dir=source), model
