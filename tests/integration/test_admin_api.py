@@ -391,8 +391,11 @@ def test_learner_pause_and_knobs_reach_the_learner(
         # a knob set to null goes back to what the learner was started with
         api.patch("/learner/knobs", json={"learning_rate": None})
         follow(learner)
-        assert learner.config.learning_rate == LearnerConfig.learning_rate
-        assert learner.trainer_config.learning_rate == LearnerConfig.learning_rate
+        assert learner.config.learning_rate == LearnerConfig.model_fields["learning_rate"].default
+        assert (
+            learner.trainer_config.learning_rate
+            == LearnerConfig.model_fields["learning_rate"].default
+        )
         assert learner.config.batch_trajectories == 2
         # tasks loaded through the API reach the learner's grader table
         api.post("/tasks", json={"tasks": [{"id": "k", "answer": "7"}]})
