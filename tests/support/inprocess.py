@@ -1,0 +1,52 @@
+"""The proxy app in the test's own process: `create_app` behind httpx's ASGITransport, its
+lifespan (recorder, writer, pollers) run around the test, so the official SDKs talk to it
+without a port, a subprocess or a start-up wait. What needs a real socket (keys off
+loopback, kills, the CLI) stays with tests/support/proxy_server.py."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import anthropic
+import httpx
+import httpx2
+import openai
+from starlette.applications import Starlette
+
+from proxy.app import create_app, prepare_database
+from proxy.settings import Settings
+
+BASE = "http://proxy.test"
+
+
+@dataclass
+class InProcessProxy:
+    app: Starlette
+    http: httpx.AsyncClient
+
+    def openai(self, session: str | None = None) -> openai.AsyncOpenAI:
+        base = f"{BASE}/s/{session}/v1" if session else f"{BASE}/v1"
+        return openai.AsyncOpenAI(base_url=base, api_key="x", http_client=self.http, max_retries=0)
+
+    def anthropic(self) -> anthropic.AsyncAnthropic:
+        # the anthropic SDK brings its own fork of httpx (httpx2), with the same transport
+        http = httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=self.app), base_url=BASE, timeout=30
+        )
+        return anthropic.AsyncAnthropic(base_url=BASE, api_key="x", http_client=http, max_retries=0)
+
+
+@contextlib.asynccontextmanager
+async def in_process_proxy(**settings: Any) -> AsyncIterator[InProcessProxy]:
+    """The app on these settings (as `onthejob serve` would build them). On leaving, its
+    lifespan ends as a stopping proxy's does: every call answered is in the database."""
+    config = Settings(**settings)
+    prepare_database(config)
+    app = create_app(config, database_checked=True)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE, timeout=30) as http:
+            yield InProcessProxy(app, http)
