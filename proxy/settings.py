@@ -30,7 +30,7 @@ class Settings(BaseSettings):
     port: int = setting(8080, "port to bind")
     database_url: str = setting(
         DEFAULT_SQLITE_URL,
-        "database URL (postgresql://... or sqlite:///file.db) in the working directory",
+        "database URL (postgresql://... or sqlite:///file.db, relative to the working directory)",
         flag="--db",
         metavar="URL",
     )
