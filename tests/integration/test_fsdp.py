@@ -74,7 +74,7 @@ def sharded_steps(
     out = tmp_path / f"sharded-{precision}.pt"
     command = [
         *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"),
-        *(str(ROOT / "tests" / "support" / "fsdp_step.py"), str(tiny_model), str(tmp_path / "batch.pkl")),
+        *(str(ROOT / "tests/support/fsdp_step.py"), str(tiny_model), str(tmp_path / "batch.pkl")),
         *(str(out), precision),
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
