@@ -40,12 +40,15 @@ def prepare_database(settings: Settings) -> bool:
     """The store's schema policy (store/schema.py) with the proxy's settings. False when the
     database could not be reached: the writer then checks the schema before its first
     write, and calls wait in the call log."""
-    return schema.prepare(
+    reachable = schema.prepare(
         settings.database_url,
         migrate=settings.migrate,
         auto_migrate=settings.auto_migrate,
         who="proxy",
     )
+    if not reachable:
+        log.warning("the database is away at start: calls wait in the call log")
+    return reachable
 
 
 def create_app(settings: Settings, *, database_checked: bool | None = None) -> Starlette:

@@ -11,10 +11,8 @@ setting or flag cannot exist in the code without its line here, nor the other wa
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import sys
-from contextlib import redirect_stdout
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,13 +107,6 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Ar
     return found
 
 
-def help_text(parser: argparse.ArgumentParser) -> str:
-    out = io.StringIO()
-    with redirect_stdout(out):
-        parser.print_help()
-    return out.getvalue()
-
-
 def cli_page() -> str:
     from proxy.cli import build_parser
 
@@ -126,13 +117,13 @@ def cli_page() -> str:
         "settings behind the flags, with their environment variables: "
         "[configuration.md](configuration.md).\n",
         "```",
-        help_text(parser).rstrip(),
+        parser.format_help().rstrip(),
         "```",
     ]
     for name, sub in _subcommands(parser):
         if any(a for a in sub._actions if isinstance(a, argparse._SubParsersAction)):
             continue  # a group (`db`, `tasks`): its commands follow
-        parts += [f"\n## onthejob {name}\n", "```", help_text(sub).rstrip(), "```"]
+        parts += [f"\n## onthejob {name}\n", "```", sub.format_help().rstrip(), "```"]
     return "\n".join(parts) + "\n"
 
 
