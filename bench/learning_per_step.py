@@ -61,6 +61,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,10 @@ class Curve:
     wall_s: float = 0.0
     # learner arm: the reward of every recorded call, in the order they started
     by_call: list[float] = field(default_factory=list)
+    # learner arm: where the trained trajectories' time went (see `lag_table`)
+    lags: list[dict[str, Any]] = field(default_factory=list)
+    # learner arm: the recording and grading backlog, sampled while the traffic ran
+    backlog: list[dict[str, Any]] = field(default_factory=list)
 
     def gain(self) -> float:
         tail = self.rewards[-3:] if len(self.rewards) > 3 else self.rewards[1:]
@@ -419,6 +424,7 @@ def run_learner(
                         raise TimeoutError(f"learner not done: {tail(log_path)}")
                     with engine.connect() as conn:
                         done = conn.execute(select(TrainingStep.step)).scalars().all()
+                        curve.backlog.append(backlog_now(conn, time.monotonic() - started))
                     print(f"  learner: {len(done)} steps", end="\r", flush=True)
                     time.sleep(1.0)
             if learner.returncode != 0 and not (max_calls is not None and learner.returncode < 0):
@@ -517,6 +523,104 @@ def live_traffic(
             print(f"  {len(errors)} client calls failed, e.g. {errors[0]!r}")
 
 
+def _seconds(at: Any) -> float:
+    """A stored timestamp as epoch seconds (SQLite hands back naive UTC)."""
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
+
+
+def backlog_now(conn: Any, elapsed: float) -> dict[str, Any]:
+    """What waits where, now: how long ago the newest recorded call started (the recorder's
+    lag under continuous traffic), open and finished-ungraded trajectories, graded ones no
+    step took yet, and the serving version."""
+    from sqlalchemy import func, select
+
+    from store import policy_versions
+    from store.models import Call, Grade, Trajectory
+
+    newest = conn.execute(select(func.max(Call.started_at))).scalar()
+    ungraded = conn.execute(
+        select(func.count(Trajectory.id))
+        .outerjoin(Grade, Grade.trajectory_id == Trajectory.id)
+        .where(Trajectory.status == "finished", Grade.trajectory_id.is_(None))
+    ).scalar()
+    opened = conn.execute(
+        select(func.count(Trajectory.id)).where(Trajectory.status != "finished")
+    ).scalar()
+    waiting = conn.execute(
+        select(func.count(Grade.trajectory_id)).where(Grade.trained_in_step.is_(None))
+    ).scalar()
+    serving = policy_versions.serving_version(conn)
+    return {
+        "t": round(elapsed, 1),
+        "recorder_lag_s": None if newest is None else round(time.time() - _seconds(newest), 1),
+        "open": opened,
+        "finished_ungraded": ungraded,
+        "graded_waiting": waiting,
+        "serving": None if serving is None else serving["ordinal"],
+    }
+
+
+def lag_table(conn: Any, ordinals: dict[str, int]) -> list[dict[str, Any]]:
+    """Per step, where the time of the trajectories it trained on went: sampled (first call
+    started) -> finished -> graded -> trained, in seconds (medians), and how many versions
+    old they were when graded and when trained."""
+    from sqlalchemy import select
+
+    from store.models import Call, Grade, PolicyVersion, TrainingStep, Trajectory
+
+    published = sorted(
+        (_seconds(at), ordinal)
+        for at, ordinal in conn.execute(
+            select(PolicyVersion.created_at, PolicyVersion.ordinal).where(
+                PolicyVersion.ordinal.is_not(None)
+            )
+        )
+    )
+
+    def serving_at(t: float) -> int:
+        return max((o for at, o in published if at <= t), default=0)
+
+    step_at = {
+        step: _seconds(at)
+        for step, at in conn.execute(select(TrainingStep.step, TrainingStep.created_at))
+    }
+    first_call: dict[str, tuple[float, str | None]] = {}
+    for trajectory, started, version in conn.execute(
+        select(Call.trajectory_id, Call.started_at, Call.policy_version).order_by(Call.started_at)
+    ):
+        first_call.setdefault(trajectory, (_seconds(started), version))
+    rows = conn.execute(
+        select(Grade.trajectory_id, Grade.trained_in_step, Grade.graded_at, Trajectory.ended_at)
+        .join(Trajectory, Trajectory.id == Grade.trajectory_id)
+        .where(Grade.trained_in_step.is_not(None))
+    ).all()
+    by_step: dict[int, list[tuple[float, ...]]] = {}
+    for trajectory, step, graded, ended in rows:
+        sampled, version = first_call.get(trajectory, (None, None))
+        if sampled is None or version not in ordinals or ended is None or step not in step_at:
+            continue
+        g, e, trained = _seconds(graded), _seconds(ended), step_at[step]
+        v = ordinals[version]
+        by_step.setdefault(step, []).append(
+            (e - sampled, g - e, trained - g, serving_at(g) - v, serving_at(trained) - v)
+        )
+    table = []
+    for step in sorted(by_step):
+        cols = list(zip(*by_step[step], strict=True))
+        table.append(
+            {
+                "step": step,
+                "n": len(by_step[step]),
+                "to_finished_s": statistics.median(cols[0]),
+                "to_graded_s": statistics.median(cols[1]),
+                "to_trained_s": statistics.median(cols[2]),
+                "age_graded": statistics.fmean(cols[3]),
+                "age_trained": statistics.fmean(cols[4]),
+            }
+        )
+    return table
+
+
 def learner_curve(engine: Any, curve: Curve) -> None:
     """Reward per served version from the recorded calls; the learner's step records, with
     how many versions old the trajectories each step trained on were."""
@@ -543,6 +647,7 @@ def learner_curve(engine: Any, curve: Curve) -> None:
             )
         ).all()
         trained = conn.execute(select(Grade.trajectory_id, Grade.trained_in_step)).all()
+        curve.lags = lag_table(conn, ordinals)
     rewards: dict[int, list[float]] = {}
     version_of: dict[str, int] = {}
     for trajectory, version, response in calls:
@@ -613,10 +718,13 @@ def print_curves(curves: list[Curve]) -> dict[str, Any]:
             "gain": c.gain(),
             "gain_ratio_to_bare": ratio,
             "wall_s": c.wall_s,
+            "lags": c.lags,
+            "backlog": c.backlog,
         }
     for i, c in enumerate(curves, 1):
         if c.steps and "considered" in c.steps[0]:
             print_learner_steps(i, c)
+            print_lags(i, c)
     return results
 
 
@@ -656,6 +764,35 @@ def print_learner_steps(index: int, curve: Curve) -> None:
             f"{fmt(s['clip_fraction'], '6.3f')} {fmt(s.get('behaviour_clip_fraction'), '6.3f')} "
             f"{fmt(s['ratio_mean'], '6.3f')} "
             f"{fmt(s['step_s'], '7.2f')}"
+        )
+
+
+def print_lags(index: int, curve: Curve) -> None:
+    print(f"\n[{index}] where the trained trajectories' time went (medians, s; ages in versions)")
+    print(
+        f"{'step':>4} {'n':>4} {'->finished':>10} {'->graded':>9} {'->trained':>9} "
+        f"{'age graded':>10} {'age trained':>11}"
+    )
+    for r in curve.lags:
+        print(
+            f"{r['step']:4d} {r['n']:4d} {r['to_finished_s']:10.1f} {r['to_graded_s']:9.1f} "
+            f"{r['to_trained_s']:9.1f} {r['age_graded']:10.2f} {r['age_trained']:11.2f}"
+        )
+    if not curve.backlog:
+        return
+    print(f"\n[{index}] backlog while the traffic ran (every 15 s)")
+    print(
+        f"{'t s':>6} {'recorder lag s':>14} {'open':>5} {'ungraded':>8} {'waiting':>7} "
+        f"{'serving':>7}"
+    )
+    last = -15.0
+    for b in curve.backlog:
+        if b["t"] - last < 15.0:
+            continue
+        last = b["t"]
+        print(
+            f"{b['t']:6.0f} {fmt(b['recorder_lag_s'], '14.1f')} {b['open']:5d} "
+            f"{b['finished_ungraded']:8d} {b['graded_waiting']:7d} {fmt(b['serving'], '7.0f')}"
         )
 
 

@@ -204,6 +204,16 @@ class LearnerConfig(BaseSettings):
         metavar="SECONDS",
         ge=0.0,
     )
+    fresh_wait: float = setting(
+        0.0,
+        "a ready step first waits up to SECONDS until --batch-trajectories trajectories with "
+        "a signal come from the serving version itself, grading meanwhile, then trains (the "
+        "newest groups first). Where traffic outpaces steps (vLLM and the trainer on one "
+        "machine), the samples answered while a step trains are a version old: on-policy "
+        "steps learn more per step (docs/learner.md); 0: train at once",
+        metavar="SECONDS",
+        ge=0.0,
+    )
     max_steps: int | None = setting(None, "stop after this many steps", metavar="N", ge=0)
     poll_interval: float = setting(
         1.0, "seconds between looks at the store", metavar="SECONDS", gt=0.0

@@ -12,6 +12,7 @@ from tqdm import tqdm
 from learner import grading
 from learner.config import LearnerConfig
 from learner.distributed import Ranks
+from learner.fresh_wait import FreshWait
 from learner.grouping import Baselines, GroupingConfig
 from learner.guard_run import Guard
 from learner.lora import LoraSettings
@@ -61,6 +62,7 @@ class LearnerBase:
     activity: str
     stopping: GracefulStop
     traffic: TrafficYield
+    fresh: FreshWait
     last_batch: dict[str, Any] | None
     probe: Probe
     tolerance: float

@@ -28,6 +28,7 @@ from tqdm import tqdm
 from learner import control, grading, selfjudge_rollouts
 from learner.config import LearnerConfig
 from learner.distributed import Ranks
+from learner.fresh_wait import FreshWait
 from learner.grouping import Baselines, GroupingConfig
 from learner.guard_run import Guard
 from learner.loop.base import LEARNER, RestoreFailed
@@ -131,6 +132,8 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights):
         self.last_batch: dict[str, Any] | None = None
         # a ready step waits for busy replicas to go idle (--yield-to-traffic)
         self.traffic = yielding_to(config.upstreams, config.yield_to_traffic)
+        # and, first, for samples of the serving version itself (--fresh-wait)
+        self.fresh = FreshWait(config.fresh_wait)
         # the trainer holds exactly the serving checkpoint's weights and optimizer state (not
         # a step nobody recorded, nor a model half loaded): only then may a stop save it
         self._trainer_is_serving = False
@@ -174,6 +177,7 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights):
             self._restore()
         if control.follow(self):  # operator pause and live knobs (admin API)
             self.traffic.reset()  # a pause is no wait for idle replicas
+            self.fresh.reset()
             return
         self.activity = "grading"
         graded = self.grade_finished()

@@ -64,7 +64,7 @@ class Stepping(LearnerBase):
             rows = [r for r in trainable if r["group_key"] not in waiting]
             ordinals = policy_versions.version_ordinals(conn)
         if not rows:
-            self.traffic.reset()
+            self._not_ready()
             return False
         assert self.serving is not None
         current = int(self.serving["ordinal"])
@@ -91,7 +91,18 @@ class Stepping(LearnerBase):
         # fault must not fold its rewards in twice)
         baselines, advantaged, group_metrics = self._advantages(scored, current)
         if len(advantaged) < self.config.batch_trajectories:
-            self.traffic.reset()
+            self._not_ready()
+            return False
+        version_of = {s.trajectory_id: s.version_index for s in scored}
+        fresh = sum(version_of[a.trajectory_id] == current for a in advantaged)
+        if self.fresh.should_wait(fresh >= self.config.batch_trajectories):
+            # the serving version is answering: train on its own samples, not on the
+            # older ones answered while the last step trained
+            self.activity = (
+                f"step ready, waiting for the serving version's samples ({fresh} of "
+                f"{self.config.batch_trajectories} with a signal, "
+                f"{self.fresh.waited():.0f}s of {self.config.fresh_wait:g}s)"
+            )
             return False
         if self.traffic.should_wait():
             # vLLM is generating on the cores (or GPU) the step would take: grade on, and
@@ -101,6 +112,7 @@ class Stepping(LearnerBase):
                 f"{self.traffic.waited():.0f}s of {self.config.yield_to_traffic:g}s)"
             )
             return False
+        fresh_waited = self.fresh.took()
         waited = self.traffic.took()
         # at most max_batch_trajectories with a signal: the newest whole groups; the others
         # stay untrained (not considered, not marked) for a later step, or to grow stale
@@ -120,10 +132,16 @@ class Stepping(LearnerBase):
             stale = grade_queue.stale_skipped(conn, keys=self.config.keys)
         group_metrics["stale_not_graded"] = float(len(stale))
         group_metrics["yield_seconds"] = round(waited, 2)
+        group_metrics["fresh_wait_seconds"] = round(fresh_waited, 2)
         group_metrics["dropped_unknown_version"] = float(len(unknown))
         considered = [s.trajectory_id for s in scored] + unknown + stale
         self._train(advantaged, considered, group_metrics, baselines, waiting=len(waiting))
         return True
+
+    def _not_ready(self) -> None:
+        """No step is ready: the waits of the next one that is start anew."""
+        self.fresh.reset()
+        self.traffic.reset()
 
     def _advantages(
         self, scored: list[Scored], current: int
@@ -231,7 +249,8 @@ class Stepping(LearnerBase):
         log.info(
             "step %d: %s; %d tokens, reward %.3f, lr %.3g, loss %.4f, clip %.3f "
             "(behaviour %.3f), ratio %.4f [%.4f, %.4f], mismatch-kl %.2e (fresh %.2e over %d "
-            "tokens); waited %.1fs for idle replicas, trained in %.1fs, saved in %.1fs "
+            "tokens); waited %.1fs for the serving version's samples and %.1fs for idle "
+            "replicas, trained in %.1fs, saved in %.1fs "
             "(optimizer state %.1fs), swap %.2fs (verified: %d weight sums exact, probe "
             "within %.3g) -> %s",
             step,
@@ -248,6 +267,7 @@ class Stepping(LearnerBase):
             metrics.get("mismatch_kl", float("nan")),
             metrics.get("fresh_mismatch_kl", float("nan")),
             int(metrics.get("fresh_tokens", 0)),
+            metrics.get("fresh_wait_seconds", 0.0),
             metrics.get("yield_seconds", 0.0),
             metrics.get("step_seconds", float("nan")),
             metrics.get("save_seconds", float("nan")),

@@ -1,6 +1,7 @@
 """The learner's step on a real database, with a stand-in trainer and publisher (no model
-needed): the batch bound (max_batch_trajectories) and the step's accounting of what it
-dropped, by reason, in its log line, its metrics and the heartbeat."""
+needed): the batch bound (max_batch_trajectories), the wait for the serving version's own
+samples (fresh_wait) and the step's accounting of what it dropped, by reason, in its log
+line, its metrics and the heartbeat."""
 
 from __future__ import annotations
 
@@ -144,6 +145,46 @@ def test_a_step_takes_the_newest_groups_and_what_waits_grows_stale_not_lost(
         assert second["considered"] == ["next0", "next1", "old0", "old1"]
         assert second["metrics"]["dropped_stale"] == 2.0
         assert set(_trained_in(engine).values()) == {1, 2}  # every one accounted for
+    finally:
+        learner.engine.dispose()
+
+
+def test_with_fresh_wait_a_ready_step_waits_for_the_serving_version_s_samples(
+    db_url: str, engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _versions(engine, 2)  # v0, v1 (serving)
+    _graded(engine, {"old0": ("old", "v0", 1.0), "old1": ("old", "v0", 0.0)})
+    learner = _learner(
+        db_url, tmp_path, batch_trajectories=2, max_batch_trajectories=2, fresh_wait=60.0
+    )
+    steps: list[dict[str, Any]] = []
+
+    def recorded(advantaged, considered, group_metrics, baselines, *, waiting=0) -> None:
+        steps.append({"trained": sorted(a.trajectory_id for a in advantaged), **group_metrics})
+        with engine.begin() as conn:
+            grade_queue.mark_trained(conn, trajectory_ids=considered, step=len(steps))
+
+    monkeypatch.setattr(learner, "_train", recorded)
+    try:
+        # a batch with a signal is there, but v0's: the step waits for v1's own samples
+        assert not learner.maybe_train() and not steps
+        assert "waiting for the serving version's samples (0 of 2" in learner.activity
+        _graded(engine, {"new0": ("new", "v1", 0.0), "new1": ("new", "v1", 1.0)})
+        assert learner.maybe_train()
+        assert steps[0]["trained"] == ["new0", "new1"]  # on-policy; v0's wait for later
+        assert 0.0 <= steps[0]["fresh_wait_seconds"] < 60.0
+        assert _trained_in(engine)["old0"] is None
+
+        # v2 serves and answers nothing: after the wait the step trains on what it has
+        _versions(engine, 1, start=2)
+        _serve_newest(learner)
+        assert not learner.maybe_train() and len(steps) == 1
+        assert learner.fresh.ready_since is not None
+        learner.fresh.ready_since -= 60.0  # the limit has passed (no sleeping in tests)
+        assert learner.maybe_train()
+        assert steps[1]["trained"] == ["old0", "old1"]
+        assert steps[1]["fresh_wait_seconds"] >= 60.0
+        assert learner.fresh.ready_since is None  # the next step waits anew
     finally:
         learner.engine.dispose()
 
