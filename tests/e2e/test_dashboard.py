@@ -16,6 +16,8 @@ import pytest
 from openai import OpenAI
 from sqlalchemy import Engine, func, select
 
+from bench.letter_toy import share_of_a_reward
+from bench.proxy_server import ProxyServer
 from learner.checkpoint import load_model, save_checkpoint
 from learner.demo.vllm_server import VLLMServer
 from learner.swap.publisher import (
@@ -29,9 +31,7 @@ from learner.swap.requests import SwapRequestWorker
 from store import db, grade_queue, policy_versions
 from store.export import iter_trajectories
 from store.models import Feedback, Trajectory
-from tests.support.learning_rewards import share_of_a_reward
 from tests.support.paths import ARTIFACTS
-from tests.support.proxy_server import ProxyServer
 from tests.support.weights import modified_checkpoint, trainer_logprobs
 
 TOKEN = "dashboard-token"

@@ -12,8 +12,8 @@ import openai
 import pytest
 from sqlalchemy import Engine
 
+from bench.proxy_server import ProxyServer
 from learner.demo.vllm_server import VLLMServer
-from tests.support.proxy_server import ProxyServer
 from tests.support.records import export, wait_for_calls
 
 pytestmark = [pytest.mark.vllm]

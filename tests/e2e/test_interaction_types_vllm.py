@@ -14,10 +14,10 @@ import openai
 import pytest
 from sqlalchemy import Engine, select
 
+from bench.proxy_server import ProxyServer
 from store import grade_queue
 from store.models import Call, Trajectory
 from tests.support.admin import AUTH, TOKEN
-from tests.support.proxy_server import ProxyServer
 from tests.support.records import wait_for_calls
 
 pytestmark = [pytest.mark.vllm]

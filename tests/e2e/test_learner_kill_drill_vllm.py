@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, select
 
+from bench.proxy_server import ProxyServer
 from learner.demo.vllm_server import VLLMServer
 from learner.swap.publisher import current_version
 from store import db
@@ -36,7 +37,6 @@ from tests.support.drills import (
     trained_in,
     wait_until,
 )
-from tests.support.proxy_server import ProxyServer
 
 pytestmark = [pytest.mark.vllm]
 

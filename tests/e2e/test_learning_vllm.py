@@ -77,7 +77,7 @@ def test_traffic_through_the_proxy_makes_the_model_better(
         "--checkpoints",
         str(tmp_path / "checkpoints"),
         "--grader",
-        "python:tests.support.learning_rewards:share_of_a_reward",
+        "python:bench.letter_toy:share_of_a_reward",
         "--batch-trajectories",
         "32",
         "--learning-rate",

@@ -159,7 +159,7 @@ def lora_learner_command(
     return [
         *(sys.executable, "-m", "proxy.cli", "learn", "--db", db_url, "--upstream", server.url),
         *("--model", str(tiny_model), "--checkpoints", str(checkpoints)),
-        *("--grader", "python:tests.support.learning_rewards:share_of_a_reward"),
+        *("--grader", "python:bench.letter_toy:share_of_a_reward"),
         *("--batch-trajectories", "32", "--learning-rate", "2e-2"),
         *("--lora", "--lora-rank", str(RANK), "--max-steps", str(steps)),
         *("--no-mask-truncated", "--poll-interval", "0.2", "--self-judge-shadow", "0"),

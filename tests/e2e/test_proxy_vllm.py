@@ -13,9 +13,9 @@ import openai
 import pytest
 from sqlalchemy import Engine, select
 
+from bench.proxy_server import ProxyServer
 from learner.demo.vllm_server import VLLMServer
 from store.models import Call
-from tests.support.proxy_server import ProxyServer
 from tests.support.records import export, wait_for_calls
 
 pytestmark = [pytest.mark.vllm]

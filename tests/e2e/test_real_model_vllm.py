@@ -187,7 +187,7 @@ def test_one_learner_step_is_published_and_verified_by_the_weight_check(
     launch = [
         *(sys.executable, "-m", "proxy.cli", "learn", "--db", db_url, "--upstream", real_vllm.url),
         *("--model", str(smollm2), "--checkpoints", str(tmp_path / "checkpoints")),
-        *("--grader", "python:tests.support.learning_rewards:share_of_a_reward"),
+        *("--grader", "python:bench.letter_toy:share_of_a_reward"),
         *("--batch-trajectories", "32", "--learning-rate", "1e-5", "--max-steps", "1"),
         *("--no-mask-truncated", "--poll-interval", "0.2", "--self-judge-shadow", "0"),
     ]

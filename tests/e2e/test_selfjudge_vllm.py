@@ -16,6 +16,7 @@ import httpx
 import pytest
 from sqlalchemy import Engine, func, select
 
+from bench.proxy_server import ProxyServer
 from learner import grading
 from learner.config import LearnerConfig
 from learner.demo.vllm_server import VLLMServer
@@ -24,7 +25,6 @@ from store.export import iter_trajectories
 from store.models import Grade, Trajectory
 from store.tasks import Task, TaskTable
 from tests.support.admin import AUTH, TOKEN, chat_call
-from tests.support.proxy_server import ProxyServer
 
 pytestmark = [pytest.mark.vllm]
 

@@ -20,6 +20,7 @@ import httpx
 import pytest
 from sqlalchemy import Engine, select
 
+from bench.proxy_server import ProxyServer
 from learner.config import LearnerConfig
 from learner.control import follow
 from learner.demo.vllm_server import free_port
@@ -31,7 +32,6 @@ from store.export import iter_trajectories
 from store.feedback import add_feedback
 from store.models import Grade, SwapRequest
 from tests.support.admin import AUTH, TOKEN, N, chat_call, kind_of, seed
-from tests.support.proxy_server import ProxyServer
 
 PAGE = 5
 

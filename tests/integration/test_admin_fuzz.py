@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
+from bench.proxy_server import ProxyServer
 from learner.demo.vllm_server import free_port
 from tests.support.admin import TOKEN, seed
-from tests.support.proxy_server import ProxyServer
 
 pytestmark = pytest.mark.slow
 

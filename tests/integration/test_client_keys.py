@@ -23,9 +23,9 @@ from aiohttp import web
 from sqlalchemy import Engine, select
 
 from bench.fake_upstream import chat_body
+from bench.proxy_server import ProxyServer
 from store.models import Call, ClientKey
 from tests.support.drills import wait_until
-from tests.support.proxy_server import ProxyServer
 from tests.support.records import count_calls, wait_for_calls
 from tests.support.threaded_upstream import ThreadedUpstream
 

@@ -9,10 +9,10 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine
 
+from bench.proxy_server import ProxyServer
 from learner.demo.vllm_server import free_port
 from proxy.metrics import RequestStats, route_label
 from store import policy_versions, training_steps
-from tests.support.proxy_server import ProxyServer
 
 
 def scrape(proxy: ProxyServer) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

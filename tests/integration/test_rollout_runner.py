@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from bench.proxy_server import ProxyServer
 from learner.rollout import Progress, RolloutConfig, load_task_set, run_rollout
 from store import db
 from store.models import RolloutRun
 from store.rollouts import runs_of
 from tests.support.fake_replica import FakeReplica
-from tests.support.proxy_server import ProxyServer
 
 # one call to the model through the proxy, as any harness makes
 CALL = (

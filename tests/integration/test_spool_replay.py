@@ -16,11 +16,11 @@ import httpx
 from sqlalchemy import Engine, select, text
 
 from bench.fake_upstream import PROMPT_IDS, TOKEN_IDS
+from bench.proxy_server import ProxyServer
 from store import db
 from store.models import Call
 from tests.support.cli import onthejob
 from tests.support.fake_replica import FakeReplica
-from tests.support.proxy_server import ProxyServer
 from tests.support.records import count_calls, export, wait_for_calls
 
 BANNED = "banned-agent/1.0"

@@ -21,6 +21,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 from sqlalchemy import Engine, func, select
 
+from bench.proxy_server import ProxyServer
 from learner.checkpoint import WEIGHTS_FILE
 from learner.config import LearnerConfig
 from learner.demo.vllm_server import VLLMServer
@@ -32,10 +33,9 @@ from learner.trainer import Trainer
 from store import learner_state
 from store.control import read_heartbeat
 from store.models import Call, Grade, PolicyVersion, SwapGate, TrainingStep, Trajectory
-from tests.support.proxy_server import ProxyServer
 
 TASK = "drill"
-GRADER = "python:tests.support.learning_rewards:share_of_a_reward"
+GRADER = "python:bench.letter_toy:share_of_a_reward"
 DRILL_TOKEN = "drill-token"
 # the proxy follows the swap gates quickly, so drills wait for swaps briefly
 FAST_GATES = {"ONTHEJOB_GATE_POLL_INTERVAL": "0.05", "ONTHEJOB_ADMIN_TOKEN": DRILL_TOKEN}

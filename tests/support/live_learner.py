@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 from sqlalchemy import Engine, select
 
+from bench.proxy_server import ProxyServer
 from learner.demo.vllm_server import VLLMServer
 from store.models import TrainingStep
-from tests.support.proxy_server import ProxyServer
 from tests.support.traffic import traffic, wait_for_step
 from tests.support.waits import wait_for_line
 
@@ -25,7 +25,7 @@ def learner_command(
     return [
         *("learn", "--db", db_url, "--upstream", vllm.url, "--model", str(tiny_model)),
         *("--checkpoints", str(checkpoints), "--batch-trajectories", "32"),
-        *("--grader", "python:tests.support.learning_rewards:share_of_a_reward"),
+        *("--grader", "python:bench.letter_toy:share_of_a_reward"),
         *("--learning-rate", "3e-3", "--max-steps", str(steps), "--poll-interval", "0.2"),
         *("--self-judge-shadow", "0"),  # no judge calls beside the measured steps
         "--no-mask-truncated",

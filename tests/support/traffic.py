@@ -10,8 +10,8 @@ from pathlib import Path
 import openai
 from sqlalchemy import func, select
 
+from bench.letter_toy import share_of_a
 from store.models import TrainingStep
-from tests.support.learning_rewards import share_of_a
 
 PROMPTS = [f"Write something, take {i}." for i in range(4)]
 

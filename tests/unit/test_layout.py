@@ -41,3 +41,17 @@ def test_every_test_module_is_in_a_tier() -> None:
         if p.relative_to(TESTS).parts[0] not in TIERS
     ]
     assert not stray, f"put these under tests/unit, tests/integration or tests/e2e: {stray}"
+
+
+def test_bench_does_not_import_the_tests() -> None:
+    """Benchmarks are tools a user runs from a clone: what they share with the tests lives
+    in bench/ or the product, and the tests import it from there."""
+    bench = TESTS.parent / "bench"
+    offenders = {
+        str(path.relative_to(bench)): sorted(
+            n for n in imported_modules(path) if n == "tests" or n.startswith("tests.")
+        )
+        for path in bench.rglob("*.py")
+    }
+    offenders = {k: v for k, v in offenders.items() if v}
+    assert not offenders, f"move what they share into bench/: {offenders}"

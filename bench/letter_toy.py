@@ -1,4 +1,5 @@
-"""Rewards for the learning tests: properties a tiny random model can learn quickly."""
+"""The letter toy's reward (bench/learning_per_step.py, and the learning tests): the share of
+the letter 'a' in a reply, a property a tiny random model can learn quickly."""
 
 from __future__ import annotations
 
@@ -16,5 +17,5 @@ def share_of_a(text: str) -> float:
 
 
 def share_of_a_reward(trajectory: dict[str, Any]) -> float:
-    """Python grader (python:tests.support.learning_rewards:share_of_a_reward)."""
+    """Python grader (python:bench.letter_toy:share_of_a_reward)."""
     return share_of_a(reply_text(trajectory))

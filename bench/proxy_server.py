@@ -1,4 +1,4 @@
-"""Run `onthejob serve` as a real subprocess on a free port, for tests."""
+"""Run `onthejob serve` as a real subprocess on a free port (benchmarks and tests)."""
 
 from __future__ import annotations
 
