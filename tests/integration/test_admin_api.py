@@ -1,7 +1,8 @@
-"""The admin API on a running proxy, against PostgreSQL and SQLite.
+"""The admin API of the proxy app in-process (tests/support/inprocess.py), against
+PostgreSQL and SQLite.
 
 Rows are written with the store's own batch writer (store/recording.py, what the recorder
-uses) and the store's query modules; the API is read over real HTTP from a proxy subprocess.
+uses) and the store's query modules; the API is read through the app's own HTTP stack.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -20,7 +22,6 @@ import httpx
 import pytest
 from sqlalchemy import Engine, select
 
-from bench.proxy_server import ProxyServer
 from learner.config import LearnerConfig
 from learner.control import follow
 from learner.demo.vllm_server import free_port
@@ -32,22 +33,38 @@ from store.export import iter_trajectories
 from store.feedback import add_feedback
 from store.models import Grade, SwapRequest
 from tests.support.admin import AUTH, TOKEN, N, chat_call, kind_of, seed
+from tests.support.inprocess import in_process_client
 
 PAGE = 5
 
 
 @pytest.fixture
-def admin(db_url: str, engine: Engine, start_proxy: Callable[..., ProxyServer]) -> ProxyServer:
-    """A proxy with an admin token; its upstream is not needed by these routes."""
-    return start_proxy(
-        [f"http://127.0.0.1:{free_port()}"], db_url, env={"ONTHEJOB_ADMIN_TOKEN": TOKEN}
-    )
+def nobody() -> str:
+    """The proxy's upstream: these routes never need one, so nobody answers there."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+def app_settings(db_url: str, tmp_path: Path, upstream: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "upstreams": [upstream],
+        "database_url": db_url,
+        "spool_path": tmp_path / "spool.jsonl",
+        **extra,
+    }
 
 
 @pytest.fixture
-def api(admin: ProxyServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=admin.url + "/admin/api", headers=AUTH, timeout=30) as client:
+def api(db_url: str, engine: Engine, tmp_path: Path, nobody: str) -> Iterator[httpx.Client]:
+    """The app with an admin token, its URLs from /admin/api, the token sent with each."""
+    settings = app_settings(db_url, tmp_path, nobody, admin_token=TOKEN)
+    with in_process_client("/admin/api", headers=AUTH, **settings) as client:
         yield client
+
+
+def without_token(api: httpx.Client, method: str, path: str) -> httpx.Response:
+    request = api.build_request(method, path)
+    del request.headers["Authorization"]
+    return api.send(request)
 
 
 def error_of(response: httpx.Response, status: int) -> str:
@@ -55,8 +72,8 @@ def error_of(response: httpx.Response, status: int) -> str:
     return response.json()["error"]["message"]
 
 
-def test_every_route_needs_the_token(api: httpx.Client, admin: ProxyServer) -> None:
-    schema = httpx.get(admin.url + "/admin/api/openapi.json").json()
+def test_every_route_needs_the_token(api: httpx.Client) -> None:
+    schema = without_token(api, "GET", "/openapi.json").json()
     assert "/api/trajectories" in schema["paths"]
     for path in (
         "/trajectories",
@@ -71,21 +88,21 @@ def test_every_route_needs_the_token(api: httpx.Client, admin: ProxyServer) -> N
         "/self-judge",
         "/guard",
     ):
-        missing = httpx.get(admin.url + "/admin/api" + path)
+        missing = without_token(api, "GET", path)
         assert "token" in error_of(missing, 401)
-        wrong = httpx.get(admin.url + "/admin/api" + path, headers={"Authorization": "Bearer x"})
+        wrong = api.get(path, headers={"Authorization": "Bearer x"})
         assert wrong.json()["error"]["type"] == "authentication_error"
         assert wrong.status_code == 401
         assert api.get(path).status_code == 200
-    posted = httpx.post(admin.url + "/admin/api/learner/pause")
+    posted = without_token(api, "POST", "/learner/pause")
     assert posted.status_code == 401
 
 
 def test_the_admin_api_is_off_without_a_token(
-    db_url: str, engine: Engine, start_proxy: Callable[..., ProxyServer]
+    db_url: str, engine: Engine, tmp_path: Path, nobody: str
 ) -> None:
-    proxy = start_proxy([f"http://127.0.0.1:{free_port()}"], db_url)
-    response = httpx.get(proxy.url + "/admin/api/trajectories", headers=AUTH)
+    with in_process_client(**app_settings(db_url, tmp_path, nobody)) as proxy:
+        response = proxy.get("/admin/api/trajectories", headers=AUTH)
     assert "ONTHEJOB_ADMIN_TOKEN" in error_of(response, 403)
 
 
@@ -324,7 +341,7 @@ def test_versions_listed_with_rewards_and_guarded(api: httpx.Client, engine: Eng
 
 
 def test_a_rollback_is_the_learners_to_carry_out(
-    api: httpx.Client, engine: Engine, admin: ProxyServer
+    api: httpx.Client, engine: Engine, nobody: str
 ) -> None:
     """The admin API records the request; a learner's worker claims it and answers through
     the store. With no learner running nobody claims it: 503, and it is never carried out."""
@@ -344,7 +361,7 @@ def test_a_rollback_is_the_learners_to_carry_out(
         (abandoned,) = conn.execute(select(SwapRequest.status)).scalars().all()
     assert abandoned == "abandoned"
 
-    worker = SwapRequestWorker(engine, admin.upstreams).start()
+    worker = SwapRequestWorker(engine, [nobody]).start()
     try:
         # v0 was recorded without a probe: the learner's swap code refuses it, and says how
         message = error_of(api.post("/versions/v0/rollback"), 409)

@@ -6,7 +6,7 @@ loopback, kills, the CLI) stays with bench/proxy_server.py."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +15,7 @@ import httpx
 import httpx2
 import openai
 from starlette.applications import Starlette
+from starlette.testclient import TestClient
 
 from proxy.app import create_app, prepare_database
 from proxy.settings import Settings
@@ -39,13 +40,27 @@ class InProcessProxy:
         return anthropic.AsyncAnthropic(base_url=BASE, api_key="x", http_client=http, max_retries=0)
 
 
+def _app(settings: dict[str, Any]) -> Starlette:
+    config = Settings(**settings)
+    prepare_database(config)
+    return create_app(config, database_checked=True)
+
+
+@contextlib.contextmanager
+def in_process_client(
+    path: str = "", headers: dict[str, str] | None = None, **settings: Any
+) -> Iterator[TestClient]:
+    """The app on these settings as a synchronous client whose URLs start at `path` (e.g.
+    "/admin/api"), sending `headers` with every request; its lifespan ends on leaving."""
+    with TestClient(_app(settings), base_url=BASE + path, headers=headers) as client:
+        yield client
+
+
 @contextlib.asynccontextmanager
 async def in_process_proxy(**settings: Any) -> AsyncIterator[InProcessProxy]:
     """The app on these settings (as `onthejob serve` would build them). On leaving, its
     lifespan ends as a stopping proxy's does: every call answered is in the database."""
-    config = Settings(**settings)
-    prepare_database(config)
-    app = create_app(config, database_checked=True)
+    app = _app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url=BASE, timeout=30) as http:
