@@ -78,8 +78,6 @@ class RequestStats:
         return [requests, latency]
 
 
-REQUEST_STATS = RequestStats()
-
 _KNOWN = {
     p: p
     for p in (
@@ -118,7 +116,7 @@ def route_label(path: str) -> str:
 class MetricsMiddleware:
     """Pure ASGI (no BaseHTTPMiddleware: it would buffer the hot path's streams)."""
 
-    def __init__(self, app: ASGIApp, stats: RequestStats = REQUEST_STATS) -> None:
+    def __init__(self, app: ASGIApp, stats: RequestStats) -> None:
         self.app = app
         self.stats = stats
         self._labels: dict[str, str] = {}
@@ -150,8 +148,10 @@ class MetricsMiddleware:
         return label
 
 
-def middleware() -> Middleware:
-    return Middleware(MetricsMiddleware)
+def middleware(stats: RequestStats) -> Middleware:
+    """Counts into `stats`: one per app (two apps in one process, as in the in-process tests,
+    count apart), which its /metrics reads from `app.state.request_stats`."""
+    return Middleware(MetricsMiddleware, stats=stats)
 
 
 def _learner_snapshot(engine: Engine) -> dict[str, Any]:
@@ -175,12 +175,15 @@ def _learner_snapshot(engine: Engine) -> dict[str, Any]:
 
 
 class _StateCollector(Collector):
-    def __init__(self, state: ProxyState, learner: dict[str, Any] | None) -> None:
+    def __init__(
+        self, state: ProxyState, stats: RequestStats, learner: dict[str, Any] | None
+    ) -> None:
         self.state = state
+        self.stats = stats
         self.learner = learner
 
     def collect(self) -> Any:
-        yield from REQUEST_STATS.families()
+        yield from self.stats.families()
         recording = self.state.recorder.status()
         for name, key, help_text in (
             ("recording_queue_depth", "queue_depth", "Calls the writer holds in memory"),
@@ -220,18 +223,18 @@ class _StateCollector(Collector):
                 yield GaugeMetricFamily(f"onthejob_{name}", help_text, value=float(value))
 
 
-def _render(state: ProxyState) -> bytes:
+def _render(state: ProxyState, stats: RequestStats) -> bytes:
     try:
         learner: dict[str, Any] | None = _learner_snapshot(state.recorder.engine)
     except SQLAlchemyError as exc:
         log.warning("metrics without learner figures: database error %s", exc)
         learner = None
     scrape = CollectorRegistry(auto_describe=False)
-    scrape.register(_StateCollector(state, learner))
+    scrape.register(_StateCollector(state, stats, learner))
     return generate_latest(scrape)
 
 
 async def endpoint(request: Request) -> Response:
     state: ProxyState = request.app.state.proxy
-    body = await asyncio.to_thread(_render, state)
+    body = await asyncio.to_thread(_render, state, request.app.state.request_stats)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

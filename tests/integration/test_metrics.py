@@ -1,22 +1,23 @@
 """GET /metrics: Prometheus text that a Prometheus parser reads, with request counts and
-latencies by route and status, the recording backlog and the learner's figures."""
+latencies by route and status, the recording backlog and the learner's figures; the app
+in-process (tests/support/inprocess.py) on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine
 
-from bench.proxy_server import ProxyServer
 from learner.demo.vllm_server import free_port
 from proxy.metrics import RequestStats, route_label
 from store import policy_versions, training_steps
+from tests.support.inprocess import in_process_client, wait_for_health
 
 
-def scrape(proxy: ProxyServer) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    response = httpx.get(proxy.url + "/metrics")
+def scrape(proxy: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = proxy.get("/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     return {
@@ -27,15 +28,20 @@ def scrape(proxy: ProxyServer) -> dict[tuple[str, tuple[tuple[str, str], ...]], 
 
 
 def test_metrics_count_requests_and_show_the_learner(
-    db_url: str, engine: Engine, start_proxy: Callable[..., ProxyServer]
+    db_url: str, engine: Engine, tmp_path: Path
 ) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    proxy = start_proxy([dead], db_url, env={"ONTHEJOB_ADMIN_TOKEN": "t"})
-    httpx.get(proxy.url + "/admin/api/learner")  # 401
+    settings = {"upstreams": [dead], "database_url": db_url, "admin_token": "t"}
+    with in_process_client(spool_path=tmp_path / "spool.jsonl", **settings) as proxy:
+        figures(proxy, engine, dead)
+
+
+def figures(proxy: httpx.Client, engine: Engine, dead: str) -> None:
+    proxy.get("/admin/api/learner")  # 401
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     for path in ("/v1/chat/completions", "/s/some-session/v1/chat/completions"):
-        assert httpx.post(proxy.url + path, json=body).status_code == 502
-    proxy.wait_for(lambda h: h["recording"]["written"] >= 2, "two calls written")
+        assert proxy.post(path, json=body).status_code == 502
+    wait_for_health(proxy, lambda h: h["recording"]["written"] >= 2, "two calls written")
     with engine.begin() as conn:
         policy_versions.add_version(
             conn,
@@ -51,7 +57,7 @@ def test_metrics_count_requests_and_show_the_learner(
         )
     before = scrape(proxy)
     for _ in range(3):
-        httpx.get(proxy.url + "/healthz")
+        proxy.get("/healthz")
     metrics = scrape(proxy)
 
     def value(name: str, **labels: str) -> float:

@@ -6,7 +6,8 @@ loopback, kills, the CLI) stays with bench/proxy_server.py."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,20 @@ def in_process_client(
     "/admin/api"), sending `headers` with every request; its lifespan ends on leaving."""
     with TestClient(_app(settings), base_url=BASE + path, headers=headers) as client:
         yield client
+
+
+def wait_for_health(
+    client: TestClient, predicate: Callable[[dict[str, Any]], bool], what: str, timeout: float = 30
+) -> dict[str, Any]:
+    """Poll the app's /healthz until predicate(health) holds; bounded."""
+    deadline = time.monotonic() + timeout
+    while True:
+        health = client.get(BASE + "/healthz").json()
+        if predicate(health):
+            return health
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the app never reached: {what}; last health {health}")
+        time.sleep(0.05)
 
 
 @contextlib.asynccontextmanager
