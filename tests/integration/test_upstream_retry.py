@@ -8,11 +8,14 @@ that on demand, so a small aiohttp server drops the connection when told to.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
 
 import httpx
 import pytest
 from aiohttp import web
 
+from tests.support.inprocess import in_process_client
 from tests.support.threaded_upstream import ThreadedUpstream
 
 ANSWER = {
@@ -66,19 +69,28 @@ def dropping(request: pytest.FixtureRequest) -> Iterator[DroppingUpstream]:
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
+def proxy_to(upstream: str, tmp_path: Path) -> AbstractContextManager[httpx.Client]:
+    """The app in-process (tests/support/inprocess.py) in front of `upstream`."""
+    return in_process_client(
+        upstreams=[upstream],
+        database_url=f"sqlite:///{tmp_path / 'r.db'}",
+        spool_path=tmp_path / "spool.jsonl",
+    )
+
+
 @pytest.mark.parametrize("dropping", [1], indirect=True)
-def test_one_dropped_connection_is_retried_unseen(dropping, tmp_path, start_proxy):
-    proxy = start_proxy([dropping.url], f"sqlite:///{tmp_path / 'r.db'}")
-    answer = httpx.post(proxy.url + "/v1/chat/completions", json=BODY, timeout=30)
+def test_one_dropped_connection_is_retried_unseen(dropping, tmp_path):
+    with proxy_to(dropping.url, tmp_path) as proxy:
+        answer = proxy.post("/v1/chat/completions", json=BODY)
     assert answer.status_code == 200, answer.text
     assert answer.json()["choices"][0]["message"]["content"] == "hello"
     assert dropping.requests == 2
 
 
 @pytest.mark.parametrize("dropping", [100], indirect=True)
-def test_a_replica_that_keeps_dropping_is_a_502_naming_it(dropping, tmp_path, start_proxy):
-    proxy = start_proxy([dropping.url], f"sqlite:///{tmp_path / 'r.db'}")
-    answer = httpx.post(proxy.url + "/v1/chat/completions", json=BODY, timeout=30)
+def test_a_replica_that_keeps_dropping_is_a_502_naming_it(dropping, tmp_path):
+    with proxy_to(dropping.url, tmp_path) as proxy:
+        answer = proxy.post("/v1/chat/completions", json=BODY)
     assert answer.status_code == 502
     message = answer.json()["error"]["message"]
     assert dropping.url in message and "dropped the connection" in message
