@@ -2,26 +2,45 @@
 
 The replicas are bench/fake_upstream's constant-answer server
 (tests/support/fake_replica.py): what is tested is the proxy's routing, and a real engine
-cannot be brought back on its port quickly.
+cannot be brought back on its port quickly. The app runs in-process
+(tests/support/inprocess.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from sqlalchemy import Engine
 
 from bench.fake_upstream import WORDS
 from tests.support.fake_replica import FakeReplica
+from tests.support.inprocess import BASE, in_process_client, wait_for_health
 from tests.support.records import all_calls, export, wait_for_calls
 
 SESSIONS = [f"agent-{i}" for i in range(16)]
 
 
-def ask(proxy_url: str, session: str, text: str) -> None:
-    api = openai.OpenAI(base_url=f"{proxy_url}/s/{session}/v1", api_key="x", max_retries=0)
+@contextmanager
+def proxy_to(upstreams: list[str], db_url: str, tmp_path: Path, **extra: Any) -> Iterator[Any]:
+    settings = {"upstreams": upstreams, "database_url": db_url, "upstream_retry_after": 0.2}
+    with in_process_client(spool_path=tmp_path / "spool.jsonl", **settings, **extra) as proxy:
+        yield proxy
+
+
+def sdk(proxy: httpx.Client, session: str) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{BASE}/s/{session}/v1", api_key="x", max_retries=0, http_client=proxy
+    )
+
+
+def ask(proxy: httpx.Client, session: str, text: str) -> None:
+    api = sdk(proxy, session)
     reply = api.chat.completions.create(
         model="fake", messages=[{"role": "user", "content": text}], timeout=20
     )
@@ -42,11 +61,14 @@ def upstream_healthy(health: dict[str, Any], url: str) -> bool:
     return next(u["healthy"] for u in health["upstreams"] if u["url"] == url)
 
 
-def test_a_replica_that_comes_back_is_used_again(db_url: str, engine: Engine, start_proxy):
-    with FakeReplica() as first, FakeReplica() as second:
-        proxy = start_proxy([first.url, second.url], db_url, args=["--upstream-retry-after", "0.2"])
+def test_a_replica_that_comes_back_is_used_again(db_url: str, engine: Engine, tmp_path: Path):
+    with (
+        FakeReplica() as first,
+        FakeReplica() as second,
+        proxy_to([first.url, second.url], db_url, tmp_path) as proxy,
+    ):
         for session in SESSIONS:
-            ask(proxy.url, session, "before")
+            ask(proxy, session, "before")
         wait_for_calls(engine, len(SESSIONS))
         before = served_by(engine, "before")
         moved = [s for s in SESSIONS if before[s] == second.url]
@@ -54,14 +76,14 @@ def test_a_replica_that_comes_back_is_used_again(db_url: str, engine: Engine, st
 
         second.down()
         for session in moved:
-            ask(proxy.url, session, "while down")
-        proxy.wait_for(lambda h: not upstream_healthy(h, second.url), "second replica out")
+            ask(proxy, session, "while down")
+        wait_for_health(proxy, lambda h: not upstream_healthy(h, second.url), "second out")
 
         second.up()
         # the proxy's own re-check (a /health probe after the back-off) takes it back
-        proxy.wait_for(lambda h: upstream_healthy(h, second.url), "second replica back", 20)
+        wait_for_health(proxy, lambda h: upstream_healthy(h, second.url), "second back", 20)
         for session in moved:
-            ask(proxy.url, session, "after")
+            ask(proxy, session, "after")
 
         wait_for_calls(engine, len(SESSIONS) + 2 * len(moved))
     while_down, after = served_by(engine, "while down"), served_by(engine, "after")
@@ -72,29 +94,30 @@ def test_a_replica_that_comes_back_is_used_again(db_url: str, engine: Engine, st
 
 
 def test_a_replica_back_from_a_failure_is_asked_its_sampling_before_it_answers(
-    db_url: str, engine: Engine, start_proxy
+    db_url: str, engine: Engine, tmp_path: Path
 ) -> None:
     """A failed replica's sampling defaults are forgotten (it may come back restarted with
     others). Its first call after it is back must not be recorded without them, which would
     make the call untrainable: the proxy asks before it sends, not at its next poll."""
-    with FakeReplica() as replica:
-        # the background poll only at start: what the proxy knows later, it asked itself
-        env = {"ONTHEJOB_POLICY_POLL_INTERVAL": "3600"}
-        proxy = start_proxy([replica.url], db_url, args=["--upstream-retry-after", "0.2"], env=env)
-        known = proxy.wait_for(lambda h: h["upstreams"][0]["sampling_defaults"], "defaults")
-        ask(proxy.url, "before", "before")
+    # the background poll only at start: what the proxy knows later, it asked itself
+    with (
+        FakeReplica() as replica,
+        proxy_to([replica.url], db_url, tmp_path, policy_poll_interval=3600) as proxy,
+    ):
+        known = wait_for_health(proxy, lambda h: h["upstreams"][0]["sampling_defaults"], "ask")
+        ask(proxy, "before", "before")
 
         replica.down()
-        api = openai.OpenAI(base_url=f"{proxy.url}/s/down/v1", api_key="x", max_retries=0)
+        api = sdk(proxy, "down")
         with pytest.raises(openai.APIStatusError):
             api.chat.completions.create(
                 model="fake", messages=[{"role": "user", "content": "down"}], timeout=20
             )
-        out = proxy.health()["upstreams"][0]
+        out = proxy.get("/healthz").json()["upstreams"][0]
         assert not out["healthy"] and out["sampling_defaults"] is None  # forgotten
 
         replica.up()
-        ask(proxy.url, "after", "after")  # at once: no poll has seen it back
+        ask(proxy, "after", "after")  # at once: no poll has seen it back
         wait_for_calls(engine, 3)
     sampling = {
         c["request"]["messages"][0]["content"]: c["sampling"]

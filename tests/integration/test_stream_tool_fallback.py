@@ -5,10 +5,12 @@ re-emitted as a stream, so their capture is complete again."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import openai
 from sqlalchemy import Engine
 
+from tests.support.inprocess import BASE, in_process_client
 from tests.support.records import all_calls, wait_for_calls
 from tests.support.tool_dropping_upstream import (
     ARGUMENTS,
@@ -51,11 +53,16 @@ def streamed_tool_call(api: openai.OpenAI, question: str) -> tuple[str, str, str
 
 
 def test_dropped_tool_tokens_switch_streaming_tool_calls_to_whole_upstream_answers(
-    db_url: str, engine: Engine, start_proxy
+    db_url: str, engine: Engine, tmp_path: Path
 ) -> None:
-    with ToolDroppingUpstream() as upstream:
-        proxy = start_proxy([upstream.url], db_url)  # --stream-tools-mode auto, the default
-        api = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0, timeout=30)
+    # the app in-process (tests/support/inprocess.py); --stream-tools-mode auto, the default
+    with (
+        ToolDroppingUpstream() as upstream,
+        in_process_client(
+            upstreams=[upstream.url], database_url=db_url, spool_path=tmp_path / "s.jsonl"
+        ) as proxy,
+    ):
+        api = openai.OpenAI(base_url=BASE + "/v1", api_key="x", max_retries=0, http_client=proxy)
 
         # first: streamed through as it comes; the upstream loses tool-call token ids
         assert streamed_tool_call(api, "first") == ("add", ARGUMENTS, "tool_calls")
