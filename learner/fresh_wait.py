@@ -16,9 +16,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from learner.step_wait import ReadySince
+
 
 @dataclass
-class FreshWait:
+class FreshWait(ReadySince):
     """Whether a ready step should wait for the serving version's own samples."""
 
     limit_seconds: float
@@ -34,19 +36,3 @@ class FreshWait:
         if self.ready_since is None:
             self.ready_since = now
         return now - self.ready_since < self.limit_seconds
-
-    def waited(self, now: float | None = None) -> float:
-        """Seconds the ready step has waited so far (0 if it never did)."""
-        if self.ready_since is None:
-            return 0.0
-        return (time.monotonic() if now is None else now) - self.ready_since
-
-    def took(self, now: float | None = None) -> float:
-        """The step starts: how long it waited; the next one waits anew."""
-        waited = self.waited(now)
-        self.reset()
-        return waited
-
-    def reset(self) -> None:
-        """No step is ready (any more): the next one that is waits from then."""
-        self.ready_since = None

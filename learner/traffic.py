@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from learner.step_wait import ReadySince
+
 log = logging.getLogger("onthejob.learner")
 
 # vLLM's gauges (vllm/v1/metrics/loggers.py): requests being generated, requests queued
@@ -62,7 +64,7 @@ def replicas_busy(upstreams: Sequence[str], timeout: float = 2.0) -> float | Non
 
 
 @dataclass
-class TrafficYield:
+class TrafficYield(ReadySince):
     """Whether a step that is ready should wait for the replicas to go idle; `busy_now` says
     how many requests they hold now (None: unknown), e.g. `replicas_busy` of them."""
 
@@ -103,21 +105,9 @@ class TrafficYield:
             self.idle_since = now
         return now - self.idle_since < self.quiet_seconds
 
-    def waited(self, now: float | None = None) -> float:
-        """Seconds the ready step has waited so far (0 if it never did)."""
-        if self.ready_since is None:
-            return 0.0
-        return (time.monotonic() if now is None else now) - self.ready_since
-
-    def took(self, now: float | None = None) -> float:
-        """The step starts: how long it waited; the next one waits anew."""
-        waited = self.waited(now)
-        self.reset()
-        return waited
-
     def reset(self) -> None:
-        """No step is ready (any more): the next one that is waits from then."""
-        self.ready_since = self.idle_since = None
+        super().reset()
+        self.idle_since = None
 
 
 def yielding_to(upstreams: Sequence[str], limit_seconds: float) -> TrafficYield:
