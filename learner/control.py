@@ -98,6 +98,7 @@ def _apply(learner: Learner, control: Control) -> None:
             learner.trainer.set_learning_rate(config.learning_rate)
     config.batch_trajectories = wanted["batch_trajectories"]
     config.max_batch_trajectories = wanted["max_batch_trajectories"]
+    config.fresh_wait = learner.fresh.limit_seconds = wanted["fresh_wait"]
     if wanted["max_staleness"] != config.max_staleness:
         config.max_staleness = wanted["max_staleness"]
         learner.grouping = dataclasses.replace(learner.grouping, max_staleness=config.max_staleness)
@@ -127,6 +128,7 @@ def heartbeat(learner: Learner) -> dict[str, Any]:
         "batch_trajectories": config.batch_trajectories,
         "max_batch_trajectories": config.max_batch_trajectories,
         "max_staleness": config.max_staleness,
+        "fresh_wait": config.fresh_wait,
         "poll_interval": config.poll_interval,
         "own": learner.own_knobs,
         "own_set_at": learner.own_set_at,

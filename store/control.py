@@ -23,7 +23,13 @@ from store.learner_state import get_state, set_state
 CONTROL_KEY = "control"
 HEARTBEAT_KEY = "learner"
 TASKS_REVISION_KEY = "tasks_revision"
-KNOBS = ("learning_rate", "batch_trajectories", "max_batch_trajectories", "max_staleness")
+KNOBS = (
+    "learning_rate",
+    "batch_trajectories",
+    "max_batch_trajectories",
+    "max_staleness",
+    "fresh_wait",
+)
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,7 @@ class Control:
     batch_trajectories: int | None = None
     max_batch_trajectories: int | None = None  # 0: no bound
     max_staleness: int | None = None
+    fresh_wait: float | None = None  # seconds; 0: train at once
     set_at: dict[str, str] = field(default_factory=dict)  # knob -> ISO time it was set
 
     def __post_init__(self) -> None:
@@ -50,6 +57,10 @@ class Control:
             raise ValueError("max_batch_trajectories must be between 0 (no bound) and 100000")
         if self.max_staleness is not None and not 0 <= self.max_staleness <= 1_000_000:
             raise ValueError("max_staleness must be between 0 and 1000000")
+        if self.fresh_wait is not None and not (
+            math.isfinite(self.fresh_wait) and 0 <= self.fresh_wait <= 86_400
+        ):
+            raise ValueError("fresh_wait must be between 0 (no wait) and 86400 seconds")
         if not isinstance(self.set_at, dict):
             raise ValueError("set_at must map knobs to times")
 

@@ -124,6 +124,11 @@ class KnobsIn(BaseModel):
         None, description="at most this many trajectories with a signal a step; 0: no bound"
     )
     max_staleness: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+    fresh_wait: Annotated[float, Field(ge=0, le=86_400, allow_inf_nan=False)] | None = Field(
+        None,
+        description="seconds a ready step first waits for trajectories of the serving version "
+        "itself (learn --fresh-wait); 0: train at once",
+    )
     fanout: Annotated[int, Field(ge=1, le=64)] | None = Field(
         None, description="group size of fan-out (this proxy process, applied at once)"
     )

@@ -442,6 +442,15 @@ def test_the_batch_bound_is_a_live_knob_and_the_last_batch_is_reported(
         api.patch("/learner/knobs", json={"max_batch_trajectories": None})
         follow(learner)
         assert learner.config.max_batch_trajectories == 64
+        # the wait for the serving version's own samples, likewise
+        assert error_of(api.patch("/learner/knobs", json={"fresh_wait": -1}), 400)
+        api.patch("/learner/knobs", json={"fresh_wait": 90})
+        follow(learner)
+        assert learner.config.fresh_wait == learner.fresh.limit_seconds == 90
+        assert api.get("/learner").json()["heartbeat"]["fresh_wait"] == 90
+        api.patch("/learner/knobs", json={"fresh_wait": None})
+        follow(learner)
+        assert learner.fresh.limit_seconds == 0
     finally:
         learner.engine.dispose()
 

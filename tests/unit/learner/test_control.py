@@ -38,6 +38,15 @@ def test_clearing_a_knob_returns_it_to_the_learner_own_setting() -> None:
     assert Control.from_state(cleared.state()) == cleared
 
 
+def test_the_fresh_wait_is_a_knob_with_bounds() -> None:
+    own = {**OWN, "fresh_wait": 0.0}
+    assert effective_knobs(own, {}, Control().changed(fresh_wait=60.0))["fresh_wait"] == 60.0
+    for wrong in (-1.0, float("inf"), 1e9):
+        with pytest.raises(ValueError, match="fresh_wait"):
+            Control(fresh_wait=wrong)
+    assert Control.from_state({"fresh_wait": -5}) == Control()
+
+
 def test_the_batch_bound_is_a_live_knob() -> None:
     own = {**OWN, "max_batch_trajectories": 64}
     operator = Control().changed(max_batch_trajectories=8)
