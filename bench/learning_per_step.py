@@ -37,7 +37,14 @@ count is printed beside it). Per step: how many versions old the trained samples
 share of their tokens that the clip zeroed, and that share had the clip been taken against
 the behaviour policy; for the learner also the batch size, the share of fresh samples and
 what grouping dropped. At the end, for each arm, the gain (mean of the last 3 versions'
-rewards - version 0's) and its ratio to the bare loop's gain.
+rewards - version 0's) and its ratio to the bare loop's gain. For the learner arm, also
+where its trained trajectories' time went (sampled -> finished -> graded -> trained, and
+their age in versions when graded and when trained) and the backlog every 15 s (how far
+the recorder is behind, open and ungraded trajectories, graded ones no step took yet).
+
+On a real model: ``--model <dir> --arms bare,learner:fresh_wait=120 --batch-trajectories 64
+--lr 1e-4 --steps 8 --threads 1 --set torch_threads=1 --unseeded`` (docs/measurements/
+real-models.md).
 
 Run: .venv/bin/python -m bench.learning_per_step [--steps 25] [--lr 3e-3]
      [--arms bare,trainer,trainer:lag=2,trainer:lag=2:clip_against=behaviour,learner]
