@@ -130,6 +130,12 @@ class Settings(BaseSettings):
         "client keys made or revoked through another proxy take effect here within this long",
         metavar="SECONDS",
     )
+    tokenizer: Path | None = setting(
+        None,
+        "the served model's directory (or its tokenizer.json): the dashboard's token view "
+        "reads token texts from it instead of asking vLLM, so they show while vLLM is down",
+        metavar="DIR",
+    )
     feedback_token: str | None = setting(
         None,
         "bearer token for posting feedback (else the admin token); environment only, never logged",
@@ -160,6 +166,14 @@ class Settings(BaseSettings):
                 raise ValueError(f"upstream must be an http(s) URL: {url!r}")
             out.append(url)
         return out
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _check_tokenizer(cls, value: Path | None) -> Path | None:
+        found = value is None or value.is_file() or (value / "tokenizer.json").is_file()
+        if not found:
+            raise ValueError(f"no tokenizer.json at {value} (give a model directory or the file)")
+        return value
 
     @field_validator("log_fsync_interval")
     @classmethod

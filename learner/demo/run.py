@@ -261,8 +261,9 @@ def run_demo(config: DemoConfig) -> DemoResult:
         say(f"chart: {chart}; numbers: {summary}")
         say(f"dashboard: {proxy_url}/admin (token {admin_token}) while the demo runs;")
         say(
-            f"  to look again later: onthejob serve --db {db_url} --upstream {vllm.url}"
-            " (with vLLM started on the model) or onthejob export --db " + db_url
+            f"  to look again later: onthejob serve --db {db_url} --tokenizer {model_dir}"
+            " (the dashboard, token texts included; vLLM need not run) or onthejob export"
+            " --db " + db_url
         )
         return DemoResult(before, after, steps, table, chart, summary)
 

@@ -107,4 +107,4 @@ def _page_headers() -> dict[str, str]:
 def attach(app: FastAPI, state: ProxyState) -> None:
     """Give the admin app the running proxy's state (a mounted app gets no lifespan)."""
     app.state.proxy = state
-    app.state.detokenizer = Detokenizer(state.pool)
+    app.state.detokenizer = Detokenizer(state.pool, state.settings.tokenizer)

@@ -14,7 +14,9 @@ from sqlalchemy import Connection, case, func, select
 
 from proxy.admin.stats import first_version
 from proxy.admin.trajectories import iso
+from proxy.admin.version_order import version_order
 from store.models import Trajectory
+from store.policy_versions import version_ordinals
 
 SUCCESS_AT = 1.0
 MAX_TYPES = 200
@@ -55,11 +57,9 @@ def by_type(
         if last is not None and (entry["last"] is None or last > entry["last"]):
             entry["last"] = last
     out = []
+    order = version_order(version_ordinals(conn))
     for entry in types.values():
-        versions = sorted(
-            entry["versions"],
-            key=lambda v: (v["policy_version"] is None, v["policy_version"] or ""),
-        )
+        versions = sorted(entry["versions"], key=lambda v: order(v["policy_version"]))
         n = sum(v["trajectories"] for v in versions)
         n_graded = sum(v["graded"] for v in versions)
         reward_sum = sum((v["mean_reward"] or 0.0) * v["graded"] for v in versions)

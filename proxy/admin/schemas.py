@@ -144,6 +144,25 @@ class StatsQuery(BaseModel):
     bucket: Literal["hour", "day"] = "hour"
 
 
+class CurvesQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    since: Time = Field(None, description="trajectories that ended at or after (default: all)")
+    until: Time = Field(None, description="trajectories that ended before (default: all)")
+    buckets: int = Field(
+        30, ge=2, le=500, description="at most this many time buckets (their size is round)"
+    )
+    success_at: Reward = Field(
+        1.0, description="a graded trajectory succeeded if its reward is at least this"
+    )
+
+    @model_validator(mode="after")
+    def _window(self) -> CurvesQuery:
+        if self.since is not None and self.until is not None and self.since >= self.until:
+            raise ValueError("since must be before until")
+        return self
+
+
 class TypesQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -13,7 +13,9 @@ from sqlalchemy import ColumnElement, Connection, case, func, select
 
 from proxy.admin.errors import AdminError
 from proxy.admin.trajectories import iso
+from proxy.admin.version_order import version_order
 from store.models import Call, Trajectory
+from store.policy_versions import version_ordinals
 
 PERCENTILES = (0.5, 0.9, 0.99)
 MAX_BUCKETS = 2000
@@ -158,9 +160,11 @@ def rewards(conn: Connection, *, since: datetime, until: datetime, bucket: str) 
         .group_by(label)
         .order_by(label)
     )
+    by_version = reward_by_version(conn)
+    order = version_order(version_ordinals(conn))
     return {
         "by_version": [
-            {"version": version, **values} for version, values in reward_by_version(conn).items()
+            {"version": version, **by_version[version]} for version in sorted(by_version, key=order)
         ],
         "by_task": [
             {"task_key": row[0], "trajectories": int(row[1]), "mean_reward": float(row[2])}

@@ -1,9 +1,11 @@
 """The token view of a trajectory: exactly what the learner trains on, with token texts.
 
 Sequences come from store.samples.build_samples (the trainer's own stitching and loss
-mask). Token texts are asked of the upstream vLLM (`POST /detokenize`, one id at a time,
-cached for the process: a hot-swap changes weights, never the vocabulary); they are a
-display aid and absent when the upstream cannot answer.
+mask). Token texts come from the model's own tokenizer when `serve --tokenizer` names it
+(read locally: it works while vLLM is down, e.g. to look at a finished demo's store), else
+from the upstream vLLM (`POST /detokenize`, one id at a time). Either way they are cached for
+the process (a hot-swap changes weights, never the vocabulary); they are a display aid and
+absent when neither can answer.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -40,16 +43,49 @@ def token_sequences(trajectory: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-class Detokenizer:
-    """Token id -> text, through the first healthy upstream, cached."""
+def tokenizer_file(path: Path) -> Path:
+    """A tokenizer.json, or the model directory that holds one."""
+    candidate = path / "tokenizer.json" if path.is_dir() else path
+    if not candidate.is_file():
+        raise ValueError(f"no tokenizer.json at {path} (give a model directory or the file)")
+    return candidate
 
-    def __init__(self, pool: UpstreamPool) -> None:
+
+class LocalTokenizer:
+    """Token texts from the model's tokenizer.json (the `tokenizers` library: no model)."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer  # only where a tokenizer is configured
+
+        self._tokenizer = Tokenizer.from_file(str(tokenizer_file(path)))
+
+    def lookup(self, ids: list[int], pieces: dict[int, str]) -> None:
+        for token_id in ids:
+            pieces[token_id] = self._tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+class Detokenizer:
+    """Token id -> text, from the local tokenizer if there is one, else through the first
+    healthy upstream; cached."""
+
+    def __init__(self, pool: UpstreamPool, tokenizer: Path | None = None) -> None:
         self.pool = pool
         self.pieces: dict[int, str] = {}
         self._model: str | None = None
+        self._tokenizer_path = tokenizer
+        self._local: LocalTokenizer | None = None
 
     async def pieces_for(self, ids: set[int]) -> dict[int, str] | None:
         missing = sorted(i for i in ids if i not in self.pieces)[:MAX_LOOKUPS]
+        if missing and self._tokenizer_path is not None:
+            try:
+                if self._local is None:
+                    self._local = await asyncio.to_thread(LocalTokenizer, self._tokenizer_path)
+                self._local.lookup(missing, self.pieces)
+            except Exception as exc:  # a display aid: say why, then ask vLLM
+                log.warning("the local tokenizer %s failed: %s", self._tokenizer_path, exc)
+                self._tokenizer_path = None
+            missing = []
         if missing:
             try:
                 await self._lookup(missing)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -34,6 +36,9 @@ from store.models import Feedback, Trajectory
 from tests.support.paths import ARTIFACTS
 from tests.support.weights import modified_checkpoint, trainer_logprobs
 
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
+
 TOKEN = "dashboard-token"
 CHROMIUM = next(
     (p for p in ("/usr/lib/chromium/chromium", shutil.which("chromium")) if p and Path(p).exists()),
@@ -48,6 +53,7 @@ pytestmark = [
         "apt-get install -y chromium)",
     ),
 ]
+LOGPROBS_OF = "ts => ts.map(t => t.dataset.logprob)"  # the heat strip's logprob per token
 PROMPTS = ["tell me about apples", "say something", "what is a banana", "name a fruit"]
 
 
@@ -184,7 +190,10 @@ def test_dashboard_shows_rewards_opens_a_trajectory_and_rolls_back(
             chart = page.locator("#chart-reward-version")
             expect(chart).to_have_attribute("data-points", "2")
             assert page.locator("#chart-reward-version rect.bar").count() == 2
-            expect(page.locator("#chart-reward-time circle.dot")).not_to_have_count(0)
+            # the learning curve: the graded trajectories of this run, in buckets that fit it
+            curve = page.locator("#chart-learning")
+            expect(curve.locator("circle.dot")).not_to_have_count(0)
+            expect(page.locator("#curve-bucket")).not_to_have_text("time bucket")
             expect(page.locator("#card-version")).to_have_text("step-1")
             page.screenshot(path=str(ARTIFACTS / "dashboard-overview.png"), full_page=True)
 
@@ -201,6 +210,12 @@ def test_dashboard_shows_rewards_opens_a_trajectory_and_rolls_back(
             expect(context).not_to_have_count(0)
             # token texts come from vLLM's tokenizer: the prompt is readable in the view
             expect(page.locator("#tokens")).to_contain_text("fruit")
+            # the heat strip: each trained token coloured by the probability it was sampled at
+            logprobs = [
+                float(x) for x in trained.evaluate_all("ts => ts.map(t => t.dataset.logprob)")
+            ]
+            assert logprobs and all(lp <= 0 for lp in logprobs)
+            assert all(trained.evaluate_all("ts => ts.map(t => t.style.background !== '')"))
             page.click("#thumbs-up")
             expect(page.locator("#viewer-reward")).to_have_text("1")
             expect(page.locator("#viewer-feedback li")).to_contain_text("thumbs up")
@@ -255,13 +270,32 @@ def test_dashboard_shows_rewards_opens_a_trajectory_and_rolls_back(
     engine.dispose()
 
 
+@contextmanager
+def logged_in(proxy: ProxyServer, width: int, height: int) -> Iterator[Page]:
+    """A headless chromium page on the dashboard, logged in with the admin token."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": width, "height": height})
+            page.goto(proxy.url + "/admin")
+            page.fill("#token", TOKEN)
+            page.click("#login")
+            yield page
+        finally:
+            browser.close()
+
+
 def test_dashboard_shows_what_the_proxy_did_per_harness(
     vllm: VLLMServer, start_proxy: Callable[..., ProxyServer], tmp_path: Path
 ) -> None:
     """Two harnesses' calls through the proxy to vLLM; the Harnesses tab shows, per
     User-Agent, what the compatibility policy did with them."""
     import anthropic
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     db_url = f"sqlite:///{tmp_path / 'harnesses.db'}"
     db.upgrade(db_url)
@@ -292,27 +326,17 @@ def test_dashboard_shows_what_the_proxy_did_per_harness(
     engine.dispose()
 
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
-        )
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 800})
-            page.goto(proxy.url + "/admin")
-            page.fill("#token", TOKEN)
-            page.click("#login")
-            page.click("button.tab[data-view=harnesses]")
-            rows = page.locator("#harness-table tbody tr")
-            expect(rows).to_have_count(2)
-            claude = page.locator('#harness-table tr[data-harness^="Anthropic/Python"]')
-            expect(claude.locator("td.compat-honoured")).to_contain_text("thinking (1)")
-            expect(claude.locator("td.compat-left_out")).to_contain_text("web_search_20250305 (1)")
-            expect(claude.locator("td.compat-unknown")).to_contain_text("speculative_new_field (1)")
-            codex = page.locator('#harness-table tr[data-harness^="OpenAI/Python"]')
-            expect(codex.locator("td.compat-flattened")).to_contain_text("multi_agent_v1 (1)")
-            page.screenshot(path=str(ARTIFACTS / "dashboard-harnesses.png"), full_page=True)
-        finally:
-            browser.close()
+    with logged_in(proxy, 1400, 800) as page:
+        page.click("button.tab[data-view=harnesses]")
+        rows = page.locator("#harness-table tbody tr")
+        expect(rows).to_have_count(2)
+        claude = page.locator('#harness-table tr[data-harness^="Anthropic/Python"]')
+        expect(claude.locator("td.compat-honoured")).to_contain_text("thinking (1)")
+        expect(claude.locator("td.compat-left_out")).to_contain_text("web_search_20250305 (1)")
+        expect(claude.locator("td.compat-unknown")).to_contain_text("speculative_new_field (1)")
+        codex = page.locator('#harness-table tr[data-harness^="OpenAI/Python"]')
+        expect(codex.locator("td.compat-flattened")).to_contain_text("multi_agent_v1 (1)")
+        page.screenshot(path=str(ARTIFACTS / "dashboard-harnesses.png"), full_page=True)
 
 
 def test_dashboard_shows_the_curriculum_stage_over_time(
@@ -321,7 +345,7 @@ def test_dashboard_shows_the_curriculum_stage_over_time(
     """A curriculum's state as the runner records it (store/curricula.py):
     the Curricula tab shows its stages (passed, current, pending), a chart of its evals and
     the promotion with its version and the metric that passed."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     from learner.demo.vllm_server import free_port
     from learner.rollout.curriculum import load_curriculum
@@ -358,34 +382,24 @@ def test_dashboard_shows_the_curriculum_stage_over_time(
         [f"http://127.0.0.1:{free_port()}"], db_url, env={"ONTHEJOB_ADMIN_TOKEN": TOKEN}
     )
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
-        )
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 900})
-            page.goto(proxy.url + "/admin")
-            page.fill("#token", TOKEN)
-            page.click("#login")
-            page.click("button.tab[data-view=curricula]")
-            card = page.locator('section.curriculum[data-curriculum="arith"]')
-            expect(card).to_be_visible()
-            expect(card.locator(".stage-passed")).to_have_text("1. qa · passed")
-            expect(card.locator(".stage-current")).to_have_text("2. tools · current")
-            expect(card.locator(".stage-pending")).to_have_text("3. long · pending")
-            expect(card.locator(".curriculum-where")).to_contain_text("at tools since")
-            expect(card.locator("svg.curriculum-chart")).to_have_attribute("data-points", "4")
-            expect(card.locator("svg.curriculum-chart circle.dot")).to_have_count(4)
-            # where the evals move on to the next stage: the promotion
-            marks = card.locator("svg.curriculum-chart text.mark-label")
-            expect(marks).to_have_text(["qa", "tools"])
-            row = card.locator('.promotion-table tr[data-from="qa"]')
-            expect(row).to_contain_text("tools")
-            expect(row).to_contain_text("v3")
-            expect(row).to_contain_text("0.625 (pass@1 ≥ 0.6 over the last 2 evals)")
-            page.screenshot(path=str(ARTIFACTS / "dashboard-curricula.png"), full_page=True)
-        finally:
-            browser.close()
+    with logged_in(proxy, 1200, 900) as page:
+        page.click("button.tab[data-view=curricula]")
+        card = page.locator('section.curriculum[data-curriculum="arith"]')
+        expect(card).to_be_visible()
+        expect(card.locator(".stage-passed")).to_have_text("1. qa · passed")
+        expect(card.locator(".stage-current")).to_have_text("2. tools · current")
+        expect(card.locator(".stage-pending")).to_have_text("3. long · pending")
+        expect(card.locator(".curriculum-where")).to_contain_text("at tools since")
+        expect(card.locator("svg.curriculum-chart")).to_have_attribute("data-points", "4")
+        expect(card.locator("svg.curriculum-chart circle.dot")).to_have_count(4)
+        # where the evals move on to the next stage: the promotion
+        marks = card.locator("svg.curriculum-chart text.mark-label")
+        expect(marks).to_have_text(["qa", "tools"])
+        row = card.locator('.promotion-table tr[data-from="qa"]')
+        expect(row).to_contain_text("tools")
+        expect(row).to_contain_text("v3")
+        expect(row).to_contain_text("0.625 (pass@1 ≥ 0.6 over the last 2 evals)")
+        page.screenshot(path=str(ARTIFACTS / "dashboard-curricula.png"), full_page=True)
 
 
 def test_dashboard_shows_types_and_filters_trajectories_by_type(
@@ -394,7 +408,7 @@ def test_dashboard_shows_types_and_filters_trajectories_by_type(
     """The Types tab: per interaction type and version, trajectories, mean reward and
     success as GET /admin/api/types has them; a type's row opens its trajectories, each
     showing its type."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     from learner.demo.vllm_server import free_port
     from tests.support.admin import N, kind_of, seed
@@ -410,30 +424,20 @@ def test_dashboard_shows_types_and_filters_trajectories_by_type(
     graded = [i / N for i in range(0, N - 1, 2) if kind_of(i) == "kind-a"]
     mean = sum(graded) / len(graded)
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
-        )
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 800})
-            page.goto(proxy.url + "/admin")
-            page.fill("#token", TOKEN)
-            page.click("#login")
-            page.click("button.tab[data-view=types]")
-            overall = page.locator('#type-table tr[data-type="kind-a"][data-version=""]')
-            expect(overall.locator("td.mean-reward")).to_have_text(str(round(mean * 1000) / 1000))
-            expect(overall.locator("td.success")).to_have_text("0 %")  # success: reward >= 1
-            # one row per version under it, v1's trajectories all ungraded
-            v1 = page.locator('#type-table tr[data-type="kind-a"][data-version="v1"]')
-            expect(v1.locator("td.mean-reward")).to_have_text("\u2013")  # no reward: a dash
-            expect(page.locator('#type-table tr[data-type^="auto:agent:"]')).to_have_count(3)
-            page.screenshot(path=str(ARTIFACTS / "dashboard-types.png"), full_page=True)
-            overall.click()
-            rows = page.locator("#trajectory-table tbody tr")
-            expect(rows).to_have_count(sum(kind_of(i) == "kind-a" for i in range(N)))
-            expect(rows.locator("td.type")).to_have_text(["kind-a"] * rows.count())
-        finally:
-            browser.close()
+    with logged_in(proxy, 1200, 800) as page:
+        page.click("button.tab[data-view=types]")
+        overall = page.locator('#type-table tr[data-type="kind-a"][data-version=""]')
+        expect(overall.locator("td.mean-reward")).to_have_text(str(round(mean * 1000) / 1000))
+        expect(overall.locator("td.success")).to_have_text("0 %")  # success: reward >= 1
+        # one row per version under it, v1's trajectories all ungraded
+        v1 = page.locator('#type-table tr[data-type="kind-a"][data-version="v1"]')
+        expect(v1.locator("td.mean-reward")).to_have_text("\u2013")  # no reward: a dash
+        expect(page.locator('#type-table tr[data-type^="auto:agent:"]')).to_have_count(3)
+        page.screenshot(path=str(ARTIFACTS / "dashboard-types.png"), full_page=True)
+        overall.click()
+        rows = page.locator("#trajectory-table tbody tr")
+        expect(rows).to_have_count(sum(kind_of(i) == "kind-a" for i in range(N)))
+        expect(rows.locator("td.type")).to_have_text(["kind-a"] * rows.count())
 
 
 def test_dashboard_shows_the_self_judges_agreement_per_type(
@@ -441,7 +445,7 @@ def test_dashboard_shows_the_self_judges_agreement_per_type(
 ) -> None:
     """The Self-judge tab: per interaction type, what the model graded itself and how often
     its verdicts agreed with the references, as the learner stored them."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     from learner.demo.vllm_server import free_port
     from tests.support.admin import seed
@@ -468,22 +472,100 @@ def test_dashboard_shows_the_self_judges_agreement_per_type(
         [f"http://127.0.0.1:{free_port()}"], db_url, env={"ONTHEJOB_ADMIN_TOKEN": TOKEN}
     )
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+    with logged_in(proxy, 1200, 600) as page:
+        page.click("button.tab[data-view=selfjudge]")
+        qa = page.locator('#selfjudge-table tr[data-type="qa"]')
+        # 2 of 3 agree: 0.8 vs 1 pass, 0.7 vs 0 no, 0.2 vs 0 yes
+        expect(qa.locator("td.agreement")).to_have_text("67 %")
+        expect(qa).to_contain_text("reference: 67 % of 3")
+        tools = page.locator('#selfjudge-table tr[data-type="tools"]')
+        expect(tools.locator("td.agreement")).to_have_text("0 %")
+        page.screenshot(path=str(ARTIFACTS / "dashboard-selfjudge.png"), full_page=True)
+
+
+def test_dashboard_shows_learning_at_a_glance(
+    start_proxy: Callable[..., ProxyServer], tmp_path: Path
+) -> None:
+    """Learning curves per type in buckets that fit the run, with a band; per-step charts of
+    the learner's metrics; versions in the order they served; rounded percentages; a
+    trajectory list whose rows stay one line; the token view's heat strip."""
+    from playwright.sync_api import expect
+
+    from learner.demo.vllm_server import free_port
+    from tests.support.admin import N, seed
+
+    db_url = f"sqlite:///{tmp_path / 'glance.db'}"
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    seed(engine)  # 23 trajectories 10 minutes apart, versions v0 and v1, reward i/N (even i)
+    # v1 served before v0 (against the order of their names); then steps whose names sort
+    # wrongly as strings (step-10 before step-2), each with the metrics a learner records
+    steps = ["step-2-aa", "step-3-bb", "step-10-cc"]
+    with engine.begin() as conn:
+        for ordinal, version in enumerate(["v1", "v0"]):
+            policy_versions.add_version(
+                conn, version=version, ordinal=ordinal, parent=None,
+                checkpoint_path=None, status="superseded",
+            )  # fmt: skip
+        for k, version in enumerate(steps):
+            metrics = {
+                "mismatch_kl": 0.01 * (k + 1), "clip_fraction": 0.1 * k,
+                "behaviour_clip_fraction": 0.2, "ratio_mean": 1.0,
+                "ratio_min": 0.5 - 0.1 * k, "ratio_max": 1.5 + 0.1 * k,
+            }  # fmt: skip
+            policy_versions.add_version(
+                conn, version=version, ordinal=2 + k, parent=None, checkpoint_path=None,
+                status="serving" if k == 2 else "superseded", swap_seconds=0.5 + k,
+                metrics=metrics,
+            )  # fmt: skip
+    engine.dispose()
+    proxy = start_proxy(
+        [f"http://127.0.0.1:{free_port()}"], db_url, env={"ONTHEJOB_ADMIN_TOKEN": TOKEN}
+    )
+    graded = list(range(0, N - 1, 2))
+    ARTIFACTS.mkdir(exist_ok=True)
+    with logged_in(proxy, 1400, 1000) as page:
+        # 200 minutes of graded trajectories: 10-minute buckets, one line per type
+        curve = page.locator("#chart-learning")
+        expect(curve).to_have_attribute("data-series", "2")
+        expect(curve.locator("circle.dot")).to_have_count(len(graded))
+        expect(page.locator("#curve-bucket")).to_have_text("10 min bucket")
+        # most graded first: kind-a has 6 of them, the other type 5
+        expect(page.locator("#curve-legend .key")).to_have_text(
+            ["kind-a", "auto:agent:0123456789ab"]
         )
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 600})
-            page.goto(proxy.url + "/admin")
-            page.fill("#token", TOKEN)
-            page.click("#login")
-            page.click("button.tab[data-view=selfjudge]")
-            qa = page.locator('#selfjudge-table tr[data-type="qa"]')
-            # 2 of 3 agree: 0.8 vs 1 pass, 0.7 vs 0 no, 0.2 vs 0 yes
-            expect(qa.locator("td.agreement")).to_have_text("66.667 %")
-            expect(qa).to_contain_text("reference: 66.667 % of 3")
-            tools = page.locator('#selfjudge-table tr[data-type="tools"]')
-            expect(tools.locator("td.agreement")).to_have_text("0 %")
-            page.screenshot(path=str(ARTIFACTS / "dashboard-selfjudge.png"), full_page=True)
-        finally:
-            browser.close()
+        bars = page.locator("#chart-reward-version")
+        expect(bars.locator("text.x-title")).to_contain_text("policy version")
+        expect(bars.locator("text.y-title")).to_have_text("mean reward")
+        page.screenshot(path=str(ARTIFACTS / "dashboard-glance-overview.png"), full_page=True)
+
+        page.click("button.tab[data-view=types]")
+        rows = page.locator('#type-table tr[data-type="kind-a"]')
+        expect(rows).to_have_count(3)  # all, then its versions in the order they served
+        assert rows.evaluate_all("rs => rs.map(r => r.dataset.version)") == ["", "v1", "v0"]
+        page.click("button.tab[data-view=versions]")
+        expect(page.locator("#chart-step-kl")).to_have_attribute("data-points", "3")
+        expect(page.locator("#chart-step-clip")).to_have_attribute("data-series", "2")
+        expect(page.locator("#chart-step-ratio polygon.band")).to_have_count(1)
+        expect(page.locator("#chart-step-swap circle.dot")).to_have_count(3)
+        titles = page.locator("#chart-step-kl circle.dot title")
+        expect(titles).to_have_text(["step-2-aa: 0.01", "step-3-bb: 0.02", "step-10-cc: 0.03"])
+        page.screenshot(path=str(ARTIFACTS / "dashboard-glance-steps.png"), full_page=True)
+
+        page.click("button.tab[data-view=trajectories]")
+        rows = page.locator("#trajectory-table tbody tr")
+        expect(rows).to_have_count(N)
+        line = page.evaluate(
+            "() => parseFloat(getComputedStyle(document.querySelector("
+            "'#trajectory-table td')).lineHeight)"
+        )
+        heights = rows.evaluate_all("rs => rs.map(r => r.getBoundingClientRect().height)")
+        assert max(heights) < 2 * line, (heights, line)  # one line each, not three
+        page.locator('#trajectory-table tr[data-id="traj002"]').click()
+        expect(page.locator("#viewer")).to_be_visible()
+        heights = rows.evaluate_all("rs => rs.map(r => r.getBoundingClientRect().height)")
+        assert max(heights) < 2 * line, (heights, line)  # also beside an open trajectory
+        trained = page.locator("#tokens .tok.trained")
+        expect(trained).not_to_have_count(0)
+        assert set(trained.evaluate_all(LOGPROBS_OF)) == {"-0.5"}
+        page.screenshot(path=str(ARTIFACTS / "dashboard-glance-trajectory.png"), full_page=True)

@@ -8,7 +8,9 @@ uses) and the store's query modules; the API is read through the app's own HTTP 
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -85,6 +87,7 @@ def test_every_route_needs_the_token(api: httpx.Client) -> None:
         "/compat",
         "/curricula",
         "/types",
+        "/learning-curves",
         "/self-judge",
         "/guard",
     ):
@@ -222,6 +225,29 @@ def test_one_trajectory_with_conversation_and_tokens(api: httpx.Client, engine: 
     assert with_text["tokens"][0]["token_text"] is None
     assert "no trajectory" in error_of(api.get("/trajectories/nope"), 404)
     assert api.get("/trajectories/" + "x" * 65).status_code == 400
+
+
+def test_token_texts_from_a_local_tokenizer_while_vllm_is_down(
+    db_url: str, engine: Engine, tmp_path: Path, nobody: str
+) -> None:
+    """`serve --tokenizer DIR`: the token view reads the model's tokenizer.json, so a store
+    can be looked at with no vLLM running (after a demo); a wrong path stops the start."""
+    from pydantic import ValidationError
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    seed(engine)
+    words = {f"w{i}": i for i in range(64)}
+    (tmp_path / "model").mkdir()
+    Tokenizer(WordLevel(words, unk_token="w0")).save(str(tmp_path / "model" / "tokenizer.json"))
+    settings = app_settings(db_url, tmp_path, nobody, admin_token=TOKEN)
+    with in_process_client(
+        "/admin/api", headers=AUTH, tokenizer=tmp_path / "model", **settings
+    ) as client:
+        [sequence] = client.get("/trajectories/traj002").json()["tokens"]
+    assert sequence["token_text"] == [f"w{i}" for i in sequence["token_ids"]]
+    with pytest.raises(ValidationError, match=r"no tokenizer\.json at"):
+        Settings(tokenizer=tmp_path / "nothing", **settings)
 
 
 def test_feedback_posts_and_corrects_rewards(api: httpx.Client, engine: Engine) -> None:
@@ -589,6 +615,45 @@ def test_types_per_version(api: httpx.Client, engine: Engine) -> None:
     assert error_of(api.get("/types", params={"nope": 1}), 400)
     backwards = {"since": datetime.now(UTC).isoformat(), "until": "2020-01-01T00:00:00Z"}
     assert "since" in error_of(api.get("/types", params=backwards), 400)
+
+
+def test_learning_curves_fit_the_run_with_a_band(api: httpx.Client, engine: Engine) -> None:
+    assert api.get("/learning-curves").json()["types"] == []  # nothing graded yet
+    seed(engine)  # graded: even i but the last, 10 minutes apart, reward i/N
+    rewards = {i: i / N for i in range(0, N - 1, 2)}
+    body = api.get("/learning-curves", params={"success_at": 0.5}).json()
+    # the graded ones span 200 minutes: 10-minute buckets are the smallest round ones that
+    # make at most 30 of them
+    assert body["bucket_seconds"] == 600
+    curves = {c["interaction_type"]: c for c in body["types"]}
+    assert set(curves) == {"kind-a", "auto:agent:0123456789ab"}
+    for kind, curve in curves.items():
+        mine = [i for i in sorted(rewards) if kind_of(i) == kind]
+        assert curve["trajectories"] == len(mine)
+        assert [p["mean_reward"] for p in curve["points"]] == pytest.approx(
+            [rewards[i] for i in mine]
+        )
+        assert all(p["low"] is None and p["trajectories"] == 1 for p in curve["points"])
+        assert [p["success_rate"] for p in curve["points"]] == [
+            float(rewards[i] >= 0.5) for i in mine
+        ]
+    # two buckets (2 hours each): kind-a's i = 0, 4, 8 in the first, 12, 16, 20 in the second
+    wide = api.get("/learning-curves", params={"buckets": 2}).json()
+    assert wide["bucket_seconds"] == 7200
+    kind_a = next(c for c in wide["types"] if c["interaction_type"] == "kind-a")["points"]
+    assert [p["trajectories"] for p in kind_a] == [3, 3]
+    for point, members in zip(kind_a, ([0, 4, 8], [12, 16, 20]), strict=True):
+        values = [rewards[i] for i in members]
+        mean = statistics.fmean(values)
+        half = 1.959964 * statistics.stdev(values) / math.sqrt(3)
+        assert point["mean_reward"] == pytest.approx(mean)
+        assert (point["low"], point["high"]) == pytest.approx((mean - half, mean + half))
+    assert datetime.fromisoformat(kind_a[1]["t"]) - datetime.fromisoformat(
+        kind_a[0]["t"]
+    ) == timedelta(hours=2)
+    assert "buckets" in error_of(api.get("/learning-curves", params={"buckets": 1}), 400)
+    backwards = {"since": datetime.now(UTC).isoformat(), "until": "2020-01-01T00:00:00Z"}
+    assert "since" in error_of(api.get("/learning-curves", params=backwards), 400)
 
 
 def test_export_streams_the_export_format(api: httpx.Client, engine: Engine) -> None:

@@ -1,4 +1,5 @@
-"""Statistics: traffic (calls/min, tokens, latency percentiles, errors) and rewards."""
+"""Statistics: traffic (calls/min, tokens, latency percentiles, errors), rewards and the
+learning curves per interaction type."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from proxy.admin import stats
+from proxy.admin import learning_curves, stats
 from proxy.admin.deps import EngineDep
-from proxy.admin.schemas import StatsQuery
+from proxy.admin.schemas import CurvesQuery, StatsQuery
 from proxy.admin.trajectories import iso
 
 router = APIRouter(tags=["stats"])
@@ -27,3 +28,23 @@ def get_stats(engine: EngineDep, query: Annotated[StatsQuery, Query()]) -> dict[
             "traffic": stats.traffic(conn, since=since, until=until, bucket=query.bucket),
             "rewards": stats.rewards(conn, since=since, until=until, bucket=query.bucket),
         }
+
+
+@router.get("/learning-curves", summary="Mean reward per interaction type over time, with a band")
+def get_learning_curves(
+    engine: EngineDep, query: Annotated[CurvesQuery, Query()]
+) -> dict[str, Any]:
+    """Per interaction type (the 8 with the most graded trajectories), graded trajectories in
+    time buckets by when they ended: their count, mean reward with a 95% confidence band
+    (mean ± 1.96 standard errors; null for a single one) and success rate (reward >=
+    `success_at`). The bucket size (`bucket_seconds`) is the smallest round duration that
+    cuts the window (default: from the first graded trajectory to the last) into at most
+    `buckets` pieces."""
+    with engine.connect() as conn:
+        return learning_curves.curves(
+            conn,
+            buckets=query.buckets,
+            success_at=query.success_at,
+            since=query.since,
+            until=query.until,
+        )

@@ -43,6 +43,20 @@ function say(text, isError) {
 
 const fmt = window.charts.formatNumber;
 const shortTime = (iso) => (iso ? iso.replace("T", " ").slice(0, 19) : "–");
+// a share as a whole percentage ("38 %"); under 1 % with one decimal, so a rare event shows
+const percent = (v) => (v === null || v === undefined ? "–" : `${Math.abs(v) < 0.01 && v !== 0 ? (100 * v).toFixed(1) : Math.round(100 * v)} %`);
+
+function duration(seconds) {
+  if (seconds < 60) return `${seconds} s`;
+  if (seconds < 3600) return `${seconds / 60} min`;
+  if (seconds < 86400) return `${seconds / 3600} h`;
+  return `${seconds / 86400} days`;
+}
+
+function clockOf(ms, withDate) {
+  const iso = new Date(ms).toISOString();
+  return withDate ? iso.slice(5, 16).replace("T", " ") : iso.slice(11, 19);
+}
 
 // -- login ---------------------------------------------------------------------------
 async function login(event) {
@@ -111,10 +125,10 @@ function refresh(first) {
 
 // -- overview ------------------------------------------------------------------------
 async function loadOverview() {
-  const [stats, learner] = await Promise.all([api("/stats"), api("/learner")]);
+  const [stats, learner, curves] = await Promise.all([api("/stats"), api("/learner"), api("/learning-curves")]);
   const t = stats.traffic;
   $("card-calls").textContent = fmt(t.calls_per_minute);
-  $("card-errors").textContent = `${fmt(100 * t.error_rate)} %`;
+  $("card-errors").textContent = percent(t.error_rate);
   const ms = (v) => (v === null ? "–" : String(Math.round(v)));
   $("card-latency").textContent = `${ms(t.latency_ms.p50)} / ${ms(t.latency_ms.p99)} ms`;
   $("card-tokens").textContent = `${t.tokens_in} / ${t.tokens_out}`;
@@ -123,17 +137,39 @@ async function loadOverview() {
   window.charts.barChart(
     $("chart-reward-version"),
     stats.rewards.by_version.map((r) => ({ label: r.version || "(none)", value: r.mean_reward, title: `${r.version} (${r.trajectories} graded)` })),
+    { xLabel: "policy version (that served the trajectory's first call)", yLabel: "mean reward" },
   );
-  window.charts.lineChart(
-    $("chart-reward-time"),
-    stats.rewards.series.map((p) => ({ label: p.t.slice(5, 16).replace("T", " "), value: p.mean_reward })),
-  );
+  showCurves(curves);
   const traffic = [];
   for (const b of t.series) {
     traffic.push({ label: b.t.slice(11, 16), value: b.calls - b.errors, title: `${b.t} ok` });
     if (b.errors) traffic.push({ label: "", value: b.errors, cls: "error", title: `${b.t} errors` });
   }
-  window.charts.barChart($("chart-traffic"), traffic);
+  window.charts.barChart($("chart-traffic"), traffic, { xLabel: "hour (UTC)", yLabel: "calls" });
+}
+
+// the learning curve: one line per interaction type, in buckets that fit the run
+function showCurves(curves) {
+  const size = curves.bucket_seconds;
+  $("curve-bucket").textContent = size ? `${duration(size)} bucket` : "time bucket";
+  const span = curves.since && curves.until ? Date.parse(curves.until) - Date.parse(curves.since) : 0;
+  const series = curves.types.map((c) => ({
+    name: c.interaction_type === null ? "(untyped)" : c.interaction_type,
+    points: c.points.map((p) => ({
+      x: Date.parse(p.t) + (500 * size),
+      y: p.mean_reward,
+      low: p.low,
+      high: p.high,
+      title: `${c.interaction_type || "(untyped)"} · ${clockOf(Date.parse(p.t), true)} UTC: mean reward ${fmt(p.mean_reward)} over ${p.trajectories}` + (p.low === null ? "" : ` (95% band ${fmt(p.low)} to ${fmt(p.high)})`) + ` · success ${percent(p.success_rate)}`,
+    })),
+  }));
+  const legend = window.charts.seriesChart($("chart-learning"), series, {
+    xLabel: `when the trajectories ended (UTC, ${size ? duration(size) : "–"} buckets)`,
+    yLabel: "mean reward",
+    xTick: (ms) => clockOf(ms, span > 86400000),
+  }) || [];
+  const more = curves.types_total > curves.types.length ? [el("span", { class: "muted" }, `and ${curves.types_total - curves.types.length} more types (Types tab)`)] : [];
+  $("curve-legend").replaceChildren(...legend.map((l) => el("span", { class: "key" }, el("i", { style: `background: ${l.color}` }), l.name)), ...more);
 }
 
 function showLearner(learner) {
@@ -192,9 +228,9 @@ async function loadTrajectories(reset) {
     const row = el(
       "tr",
       { "data-id": t.id },
-      el("td", {}, shortTime(t.started_at)),
-      el("td", { title: t.task_key || "" }, (t.task_key || "–").slice(0, 48)),
-      el("td", { class: "type", title: t.interaction_type || "" }, (t.interaction_type || "–").slice(0, 40)),
+      el("td", { title: shortTime(t.started_at) }, t.started_at ? shortTime(t.started_at).slice(5) : "–"),
+      el("td", { title: t.task_key || "" }, t.task_key || "–"),
+      el("td", { class: "type", title: t.interaction_type || "" }, t.interaction_type || "–"),
       el("td", {}, t.policy_versions.join(", ") || "–"),
       el("td", {}, `${t.calls}${t.errors ? ` (${t.errors} err)` : ""}`),
       rewardCell(t),
@@ -220,6 +256,7 @@ async function openTrajectory(id) {
   const t = await api(`/trajectories/${encodeURIComponent(id)}`);
   state.open = t;
   $("viewer").hidden = false;
+  $("split").classList.add("open");
   $("viewer-title").textContent = t.id;
   $("viewer-meta").textContent = `session ${t.session || "–"} · task ${t.task_key || "–"} · type ${t.interaction_type || "–"} · ${t.status} · ${t.calls.length} calls · started ${shortTime(t.started_at)}`;
   showReward(t);
@@ -255,8 +292,15 @@ function renderTokens(sequences) {
     seq.token_ids.forEach((id, i) => {
       const text = seq.token_text ? seq.token_text[i] : null;
       const trained = seq.loss_mask[i];
-      const title = `id ${id}` + (trained ? ` · logprob ${seq.logprobs[i].toFixed(4)}` : " · context (not trained)");
-      box.appendChild(el("span", { class: trained ? "tok trained" : "tok", title }, text === null ? `[${id}]` : text));
+      const logprob = seq.logprobs[i];
+      const title = `id ${id}` + (trained ? ` · logprob ${logprob.toFixed(4)} (p ${Math.exp(logprob).toFixed(3)})` : " · context (not trained)");
+      const token = el("span", { class: trained ? "tok trained" : "tok", title }, text === null ? `[${id}]` : text);
+      if (trained) {
+        // the heat strip: red where the sampling policy found the token unlikely, green where sure
+        token.dataset.logprob = String(logprob);
+        token.style.background = `hsl(${Math.round(120 * Math.exp(logprob))}, 70%, 84%)`;
+      }
+      box.appendChild(token);
     });
   });
 }
@@ -273,6 +317,7 @@ async function feedback(reward) {
 // -- versions ------------------------------------------------------------------------
 async function loadVersions() {
   const data = await api("/versions");
+  showStepCharts(data.items);
   const body = $("version-table").tBodies[0];
   body.replaceChildren();
   for (const v of data.items) {
@@ -303,6 +348,25 @@ async function loadVersions() {
       ),
     );
   }
+}
+
+// the learner's metrics per step, oldest first: versions a step made carry them
+function showStepCharts(items) {
+  const steps = items.filter((v) => v.ordinal !== null && v.metrics && v.metrics.mismatch_kl !== undefined).sort((a, b) => a.ordinal - b.ordinal);
+  const point = (v, y, extra) => ({ x: v.ordinal, y, title: `${v.version}: ${fmt(y)}`, ...extra });
+  const finite = (y) => y !== null && y !== undefined && Number.isFinite(y);
+  const of = (key) => steps.filter((v) => finite(v.metrics[key])).map((v) => point(v, v.metrics[key]));
+  const byStep = { xLabel: "policy version (in the order they served)", xTick: (n) => steps.find((v) => v.ordinal === n)?.version || String(n) };
+  window.charts.seriesChart($("chart-step-kl"), [{ name: "mismatch KL", points: of("mismatch_kl") }], { ...byStep, yLabel: "KL", min: 0 });
+  const clip = window.charts.seriesChart($("chart-step-clip"), [
+    { name: "PPO clip", points: of("clip_fraction") },
+    { name: "behaviour clip", points: of("behaviour_clip_fraction") },
+  ], { ...byStep, yLabel: "fraction of tokens", min: 0 }) || [];
+  $("clip-legend").replaceChildren(...clip.map((l) => el("span", { class: "key" }, el("i", { style: `background: ${l.color}` }), l.name)));
+  const ratio = steps.filter((v) => finite(v.metrics.ratio_mean)).map((v) => point(v, v.metrics.ratio_mean, { low: v.metrics.ratio_min, high: v.metrics.ratio_max, title: `${v.version}: mean ${fmt(v.metrics.ratio_mean)}, ${fmt(v.metrics.ratio_min)} to ${fmt(v.metrics.ratio_max)}` }));
+  window.charts.seriesChart($("chart-step-ratio"), [{ name: "ratio", points: ratio }], { ...byStep, yLabel: "π_new / π_old" });
+  const swaps = items.filter((v) => v.ordinal !== null && finite(v.swap_seconds)).sort((a, b) => a.ordinal - b.ordinal);
+  window.charts.seriesChart($("chart-step-swap"), [{ name: "swap", points: swaps.map((v) => point(v, v.swap_seconds)) }], { ...byStep, xTick: (n) => swaps.find((v) => v.ordinal === n)?.version || String(n), yLabel: "seconds", min: 0 });
 }
 
 // the regression guard's numbers for a version it rolled back (or that was accepted)
@@ -356,7 +420,7 @@ async function loadTasks() {
 }
 
 // -- types: per interaction type and policy version -----------------------------------------
-const rate = (v) => (v === null ? "–" : `${fmt(100 * v)} %`);
+const rate = percent;
 
 function typeRow(kind, version, figures) {
   const name = kind === null ? "(none)" : kind;
@@ -477,7 +541,7 @@ async function loadCurricula() {
 }
 
 // -- self-judge: its agreement with the ground truth, per interaction type --------------
-const share = (v) => (v === null || v === undefined ? "–" : `${fmt(100 * v)} %`);
+const share = percent;
 
 async function loadSelfJudge() {
   const data = await api("/self-judge");

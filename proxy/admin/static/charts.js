@@ -15,7 +15,18 @@ function chartFrame(svg) {
   const width = svg.clientWidth || 420;
   const height = svg.clientHeight || 220;
   svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
-  return { width, height, left: 40, right: 10, top: 18, bottom: 34 };
+  return { width, height, left: 52, right: 10, top: 18, bottom: 40 };
+}
+
+// axis titles: what the x and y of a chart are (options.xLabel, options.yLabel)
+function axisTitles(svg, f, options) {
+  if (options.xLabel) {
+    svg.appendChild(svgEl("text", { class: "axis-title x-title", x: f.left + (f.width - f.left - f.right) / 2, y: f.height - 4, "text-anchor": "middle" }, options.xLabel));
+  }
+  if (options.yLabel) {
+    const cy = f.top + (f.height - f.top - f.bottom) / 2;
+    svg.appendChild(svgEl("text", { class: "axis-title y-title", x: 10, y: cy, "text-anchor": "middle", transform: `rotate(-90 10 ${cy})` }, options.yLabel));
+  }
 }
 
 function noData(svg, f) {
@@ -39,9 +50,10 @@ function formatNumber(v) {
   return String(Math.round(v * 1000) / 1000);
 }
 
-// items: [{label, value, cls?, title?}]
-function barChart(svg, items) {
+// items: [{label, value, cls?, title?}]; options: {xLabel, yLabel}
+function barChart(svg, items, options = {}) {
   const f = chartFrame(svg);
+  axisTitles(svg, f, options);
   if (!items.length) return noData(svg, f);
   const values = items.map((i) => i.value);
   const min = Math.min(0, ...values);
@@ -73,6 +85,7 @@ function barChart(svg, items) {
 // [{index, label}] draw a dashed line just before points[index] (e.g. a stage change)
 function lineChart(svg, points, options = {}) {
   const f = chartFrame(svg);
+  axisTitles(svg, f, options);
   if (!points.length) return noData(svg, f);
   const values = points.map((p) => p.value);
   let min = options.min ?? Math.min(...values);
@@ -100,4 +113,60 @@ function lineChart(svg, points, options = {}) {
   svg.dataset.points = String(points.length);
 }
 
-window.charts = { barChart, lineChart, formatNumber };
+const PALETTE = ["#2f6fde", "#d9730d", "#2e9d5b", "#9a6bd8", "#c93c3c", "#0f9aa8", "#b58900", "#6b7385"];
+
+// Several series on a numeric x axis (a time in ms, or a step), each a line with dots and,
+// where its points have low/high, a shaded band. series: [{name, points: [{x, y, low?,
+// high?, title}]}]; options: {xLabel, yLabel, xTick(x) -> text, min, max}
+function seriesChart(svg, series, options = {}) {
+  const f = chartFrame(svg);
+  axisTitles(svg, f, options);
+  const shown = series.filter((s) => s.points.length);
+  if (!shown.length) return noData(svg, f);
+  const all = shown.flatMap((s) => s.points);
+  const ys = all.flatMap((p) => [p.y, p.low, p.high]).filter((v) => v !== null && v !== undefined && Number.isFinite(v));
+  let min = options.min ?? Math.min(...ys);
+  let max = options.max ?? Math.max(...ys);
+  if (min === max) { min -= 0.5; max += 0.5; }
+  const y = yAxis(svg, f, min, max);
+  const xs = all.map((p) => p.x);
+  let x0 = Math.min(...xs);
+  let x1 = Math.max(...xs);
+  if (x0 === x1) { x0 -= 1; x1 += 1; }
+  const x = (v) => f.left + 6 + (f.width - f.left - f.right - 12) * (v - x0) / (x1 - x0);
+  const clamp = (v) => Math.min(max, Math.max(min, v));
+  const tick = options.xTick || ((v) => formatNumber(v));
+  for (const [v, anchor] of [[x0, "start"], [x1, "end"]]) {
+    svg.appendChild(svgEl("text", { x: x(v), y: f.height - f.bottom + 12, "text-anchor": anchor }, tick(v)));
+  }
+  shown.forEach((s, k) => {
+    const color = PALETTE[k % PALETTE.length];
+    const group = svgEl("g", { class: "series", "data-series": s.name });
+    const banded = s.points.filter((p) => p.low !== null && p.low !== undefined && p.high !== null && p.high !== undefined);
+    if (banded.length) {
+      const upper = banded.map((p) => `${x(p.x)},${y(clamp(p.high))}`);
+      const lower = banded.slice().reverse().map((p) => `${x(p.x)},${y(clamp(p.low))}`);
+      // a single banded point still shows its interval, as a narrow box
+      const points = banded.length > 1 ? [...upper, ...lower] : [`${x(banded[0].x) - 3},${y(clamp(banded[0].high))}`, `${x(banded[0].x) + 3},${y(clamp(banded[0].high))}`, `${x(banded[0].x) + 3},${y(clamp(banded[0].low))}`, `${x(banded[0].x) - 3},${y(clamp(banded[0].low))}`];
+      const shade = svgEl("polygon", { class: "band", points: points.join(" ") });
+      shade.style.fill = color; // through the CSSOM: the page's CSP refuses style attributes
+      group.appendChild(shade);
+    }
+    const path = s.points.map((p, i) => `${i ? "L" : "M"}${x(p.x)},${y(p.y)}`).join(" ");
+    const line = svgEl("path", { class: "line", d: path });
+    line.style.stroke = color;
+    group.appendChild(line);
+    for (const p of s.points) {
+      const dot = svgEl("circle", { class: "dot", cx: x(p.x), cy: y(p.y), r: 3 });
+      dot.style.fill = color;
+      dot.appendChild(svgEl("title", {}, p.title || `${s.name}: ${formatNumber(p.y)}`));
+      group.appendChild(dot);
+    }
+    svg.appendChild(group);
+  });
+  svg.dataset.points = String(all.length);
+  svg.dataset.series = String(shown.length);
+  return shown.map((s, k) => ({ name: s.name, color: PALETTE[k % PALETTE.length] }));
+}
+
+window.charts = { barChart, lineChart, seriesChart, formatNumber };
