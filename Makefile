@@ -33,8 +33,9 @@ browser:
 # globally; node and npm come from Debian (apt-get, as root) where they are missing.
 CLAUDE_CODE_VERSION := 2.1.332
 CODEX_VERSION := 0.171.0
+GEMINI_CLI_VERSION := 0.61.0
 CLIS := .tools/clis
-CLIS_STAMP := $(CLIS)/.installed-$(CLAUDE_CODE_VERSION)-$(CODEX_VERSION)
+CLIS_STAMP := $(CLIS)/.installed-$(CLAUDE_CODE_VERSION)-$(CODEX_VERSION)-$(GEMINI_CLI_VERSION)
 
 clis: $(CLIS_STAMP)
 
@@ -47,7 +48,8 @@ $(CLIS_STAMP):
 	  fi; }
 	rm -rf $(CLIS)
 	npm install --prefix $(CLIS) --no-audit --no-fund --save-exact \
-	  @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION) @openai/codex@$(CODEX_VERSION)
+	  @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION) @openai/codex@$(CODEX_VERSION) \
+	  @google/gemini-cli@$(GEMINI_CLI_VERSION)
 	touch $(CLIS_STAMP)
 
 # e.g. make demo DEMO_ARGS="--seed 1"; DEMO_ARGS=--tiny runs the tiny calculator-tool demo

@@ -18,6 +18,11 @@ TOKEN_IDS = [101, 102, 103, 104, 105, 106]
 LOGPROBS = [-0.5, -0.25, -0.125, -1.0, -0.75, -0.0625]
 PROMPT_IDS = list(range(1, 21))
 # what vLLM's render answers under --generation-config vllm: its neutral sampling
+# what vLLM's /v1/models says of the one model it serves
+MODELS = (
+    b'{"object":"list","data":[{"id":"fake","object":"model","owned_by":"vllm",'
+    b'"root":"fake","parent":null,"max_model_len":2048}]}'
+)
 RENDERED = orjson.dumps(
     {"sampling_params": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}}
 )
@@ -146,7 +151,9 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
                 writer.write(respond("200 OK", RENDERED))
             elif path == b"/weight_info":
                 writer.write(respond("200 OK", b'{"weight_version":"fake-v1"}'))
-            elif path in (b"/health", b"/v1/models"):
+            elif path == b"/v1/models":
+                writer.write(respond("200 OK", MODELS))
+            elif path == b"/health":
                 writer.write(respond("200 OK", b'{"object":"list","data":[]}'))
             else:
                 writer.write(respond("404 Not Found", b'{"error":{"message":"not found"}}'))

@@ -29,6 +29,7 @@ _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
 )
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+TRACKERS = ("tensorboard", "wandb", "mlflow")  # --report-to; learner/trackers.py
 
 
 class LearnerConfig(BaseSettings):
@@ -309,11 +310,37 @@ class LearnerConfig(BaseSettings):
         ge=0.0,
     )
 
-    @field_validator("upstreams", "graders", "keys", "lora_targets", mode="before")
+    # -- reporting ------------------------------------------------------------------------
+    report_to: Annotated[list[str], NoDecode] = setting(
+        default_factory=list,
+        help="also report each step's metrics to these trackers (comma-separated: "
+        "tensorboard, wandb, mlflow; none by default). Their packages come with "
+        "`pip install 'onthejob[trackers]'`; W&B runs offline unless WANDB_MODE says otherwise",
+        metavar="NAME,NAME",
+    )
+    report_dir: Path = setting(
+        Path("onthejob-runs"),
+        "where the trackers write: TensorBoard's event files, W&B's runs, MLflow's file store",
+        metavar="DIR",
+    )
+    run_name: str | None = setting(
+        None, "the run's name in the trackers (default: learn-YYYYMMDD-HHMMSS)", metavar="NAME"
+    )
+
+    @field_validator("upstreams", "graders", "keys", "lora_targets", "report_to", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         # the environment gives a comma-separated list; a TOML file and flags give a list
         return comma_list(value) if isinstance(value, str) else value
+
+    @field_validator("report_to")
+    @classmethod
+    def _known_trackers(cls, value: list[str]) -> list[str]:
+        names = [v.strip().lower() for v in value if v.strip() and v.strip().lower() != "none"]
+        unknown = sorted(set(names) - set(TRACKERS))
+        if unknown:
+            raise ValueError(f"unknown tracker {', '.join(unknown)} (known: {', '.join(TRACKERS)})")
+        return list(dict.fromkeys(names))
 
     @classmethod
     def settings_customise_sources(

@@ -23,6 +23,7 @@ from proxy.api.keys import KeyRing
 from proxy.api.response_store import ResponseStore
 from proxy.api.routes import anthropic as anthropic_routes
 from proxy.api.routes import feedback as feedback_routes
+from proxy.api.routes import gemini as gemini_routes
 from proxy.api.routes import openai as openai_routes
 from proxy.api.routes import responses as responses_routes
 from proxy.recording.recorder import Recorder
@@ -132,6 +133,7 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
         routes=[
             *openai_routes.generation_routes(),
             *anthropic_routes.routes(),
+            *gemini_routes.routes(),
             *responses_routes.routes(),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics.endpoint, methods=["GET"]),

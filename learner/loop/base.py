@@ -19,6 +19,7 @@ from learner.lora import LoraSettings
 from learner.stopping import GracefulStop
 from learner.swap.fence import Fence
 from learner.swap.publisher import FullReloadPublisher, Probe
+from learner.trackers import Reporter
 from learner.traffic import TrafficYield
 from learner.trainer import Trainer, TrainerConfig
 from store import learner_state
@@ -63,6 +64,7 @@ class LearnerBase:
     stopping: GracefulStop
     traffic: TrafficYield
     fresh: FreshWait
+    reporter: Reporter
     last_batch: dict[str, Any] | None
     probe: Probe
     tolerance: float

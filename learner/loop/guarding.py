@@ -52,6 +52,10 @@ class Guarding(LearnerBase):
         if kept is None:
             return
         decision = self.guard.check(candidate, kept, step=step)
+        self.reporter.guard(
+            self.step if step is None else step,
+            {"outcome": decision.outcome, "types": [v.state() for v in decision.verdicts]},
+        )
         if decision.outcome != "rolled_back":
             return
         with self.engine.connect() as conn:

@@ -45,6 +45,7 @@ from learner.swap import lease
 from learner.swap.fence import Fence
 from learner.swap.publisher import FullReloadPublisher
 from learner.swap.requests import SwapRequestWorker
+from learner.trackers import Reporter
 from learner.traffic import yielding_to
 from learner.trainer import Trainer, TrainerConfig
 from store import db, schema
@@ -134,6 +135,13 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights):
         self.traffic = yielding_to(config.upstreams, config.yield_to_traffic)
         # and, first, for samples of the serving version itself (--fresh-wait)
         self.fresh = FreshWait(config.fresh_wait)
+        # each step's metrics to TensorBoard, W&B, MLflow (--report-to; none by default)
+        self.reporter = Reporter(
+            config.report_to,
+            config.report_dir,
+            config.run_name or time.strftime("learn-%Y%m%d-%H%M%S"),
+            config.model_dump(),
+        )
         # the trainer holds exactly the serving checkpoint's weights and optimizer state (not
         # a step nobody recorded, nor a model half loaded): only then may a stop save it
         self._trainer_is_serving = False
@@ -167,6 +175,7 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights):
             requests.stop()
             self.heartbeat.stop()
             self._save_optimizer_at_stop()
+            self.reporter.close()
 
     def iterate(self) -> None:
         """One look at the world: restore what serves if it needs it, follow the operator,

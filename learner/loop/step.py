@@ -277,5 +277,6 @@ class Stepping(LearnerBase):
             result.max_logprob_diff if result.max_logprob_diff is not None else float("nan"),
             result.version if result.ok else f"NOT PUBLISHED ({result.error})",
         )
+        self.reporter.step(step, {**metrics, "published": result.ok})
         if result.ok and self.guard is not None:
             self._guard_step(step)

@@ -8,12 +8,13 @@ from the store at start and every `key_poll_interval` seconds (keys made or revo
 another proxy), so a check is one hash, one dict lookup by id and a constant-time compare,
 and clients are still let in while the database is away.
 
-Clients send a key as `Authorization: Bearer <key>` (OpenAI SDKs) or `x-api-key: <key>`
-(Anthropic SDKs); both are read on every API. Bound off loopback (or with `require_keys`)
-a call without a valid key is refused with a 401 in its API's error shape, before anything
-is recorded or sent upstream. On loopback keys are optional: a valid key names the call's
-traffic, a key of ours that is wrong or revoked is refused, and any other value passes as
-before (it may be vLLM's own `--api-key`, so it goes on upstream).
+Clients send a key as `Authorization: Bearer <key>` (OpenAI SDKs), `x-api-key: <key>`
+(Anthropic SDKs) or `x-goog-api-key: <key>` (Gemini clients); all are read on every API.
+Bound off loopback (or with `require_keys`) a call without a valid key is refused with a
+401 in its API's error shape, before anything is recorded or sent upstream. On loopback
+keys are optional: a valid key names the call's traffic, a key of ours that is wrong or
+revoked is refused, and any other value passes as before (it may be vLLM's own
+`--api-key`, so it goes on upstream).
 
 Invariant: a key of ours is never stored, logged, recorded or sent upstream; calls record
 its name.
@@ -40,7 +41,8 @@ log = logging.getLogger("onthejob.keys")
 PREFIX = "otj"
 _ID_HEX = 16
 _NO_HEADERS: Mapping[str, str] = {}
-_AUTH_NAMES = (b"authorization", b"x-api-key")  # ASGI header names are lower-case
+# ASGI header names are lower-case; x-goog-api-key: Gemini clients
+_AUTH_NAMES = (b"authorization", b"x-api-key", b"x-goog-api-key")
 
 
 def new_key() -> tuple[str, str, str]:
@@ -68,7 +70,8 @@ def presented(headers: Mapping[str, str]) -> list[str]:
     if raw is not None:
         pairs = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in raw if n in _AUTH_NAMES]
     else:
-        pairs = [(n, headers[n]) for n in ("authorization", "x-api-key") if n in headers]
+        names = ("authorization", "x-api-key", "x-goog-api-key")
+        pairs = [(n, headers[n]) for n in names if n in headers]
     out = []
     for name, value in pairs:
         if name == "authorization":
@@ -130,7 +133,8 @@ class KeyRing:
         if offered:
             raise Unauthorized("invalid client key", code="invalid_api_key")
         raise Unauthorized(
-            "missing client key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+            "missing client key: send it as 'Authorization: Bearer <key>', 'x-api-key: <key>' "
+            "or 'x-goog-api-key: <key>'",
             code="missing_api_key",
         )
 

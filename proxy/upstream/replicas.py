@@ -213,6 +213,8 @@ class UpstreamPool:
             headers["Authorization"] = client_headers["authorization"]
         elif "x-api-key" in client_headers:  # Anthropic clients; vLLM's --api-key is bearer
             headers["Authorization"] = f"Bearer {client_headers['x-api-key']}"
+        elif "x-goog-api-key" in client_headers:  # Gemini clients
+            headers["Authorization"] = f"Bearer {client_headers['x-goog-api-key']}"
         return headers
 
     async def open(

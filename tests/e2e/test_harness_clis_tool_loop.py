@@ -1,12 +1,12 @@
-"""Claude Code and Codex CLI, unchanged, in a real tool loop through the proxy.
+"""Claude Code, Codex CLI and Gemini CLI, unchanged, in a real tool loop through the proxy.
 
 The upstream is scripted (tests/support/tool_loop_upstream.py): it answers the first call with a
 call of the harness's own file-writing tool (Claude Code's `Write`, Codex's `exec_command`
-shell), the harness runs it for real in its temporary working directory and sends the
-result back, and the second call gets a final answer. What is checked: the file is there,
-the harness exited 0, its calls are one trajectory (stitched from the messages alone, no
-session key), and the learner's `build_samples` makes one training sequence of it from the
-recorded token ids, never re-tokenising text.
+shell, Gemini CLI's `write_file`), the harness runs it for real in its temporary working
+directory and sends the result back, and the second call gets a final answer. What is
+checked: the file is there, the harness exited 0, its calls are one trajectory (stitched
+from the messages alone, no session key), and the learner's `build_samples` makes one
+training sequence of it from the recorded token ids, never re-tokenising text.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from store.samples import build_samples
-from tests.support.harness_clis import Run, claude_code, codex
+from tests.support.harness_clis import Run, claude_code, codex, gemini
 from tests.support.records import export, wait_for_calls
 from tests.support.tool_loop_upstream import (
     LOGPROB,
@@ -86,3 +86,27 @@ def test_codex_tool_loop(tokenizer, db_url, engine, start_proxy, tmp_path: Path)
     second = upstream.requests[1]["messages"]
     assert second[0]["role"] == "system" and "Codex" in second[0]["content"]
     assert "exited with code 0" in next(m for m in second if m["role"] == "tool")["content"]
+
+
+def test_gemini_cli_tool_loop(tokenizer, db_url, engine, start_proxy, tmp_path: Path):
+    target = tmp_path / "gemini" / "work" / "hello.txt"
+
+    def script(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        if has_tool_result(messages):
+            return text(FINAL)
+        return tool_call(
+            "call_write_1", "write_file", {"file_path": str(target), "content": CONTENT}
+        )
+
+    with ToolLoopUpstream(tokenizer, script) as upstream:
+        proxy = start_proxy([upstream.url], db_url)
+        run = gemini(proxy.url, "tiny", "Write hello.txt.", tmp_path / "gemini", yolo=True)
+    assert run.returncode == 0, run.explain()
+    assert target.read_text() == CONTENT
+    assert FINAL in run.stdout
+    _one_training_sequence(engine, run, "gemini")
+    # Gemini CLI's instructions reached the model as a system message, the tool's result too
+    second = upstream.requests[1]["messages"]
+    assert second[0]["role"] == "system" and "Gemini CLI" in second[0]["content"]
+    result = next(m for m in second if m["role"] == "tool")
+    assert result["tool_call_id"] == "call_write_1" and "hello.txt" in result["content"]

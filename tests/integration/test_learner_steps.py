@@ -1,7 +1,8 @@
 """The learner's step on a real database, with a stand-in trainer and publisher (no model
 needed): the batch bound (max_batch_trajectories), the wait for the serving version's own
-samples (fresh_wait) and the step's accounting of what it dropped, by reason, in its log
-line, its metrics and the heartbeat."""
+samples (fresh_wait), the step's accounting of what it dropped, by reason, in its log
+line, its metrics and the heartbeat, and the step reported to real TensorBoard event files,
+a W&B offline run and an MLflow store in a local file (--report-to)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ from learner.config import LearnerConfig
 from learner.control import heartbeat
 from learner.loop import Learner
 from learner.loop import step as loop_step
+from learner.trackers import Reporter
 from learner.trainer import Trainer, TrainerConfig
 from store import grade_queue, policy_versions, recording
 from store.models import Grade
 from store.samples import Sample
 from tests.support.records import served_calls
+from tests.support.wandb_runs import offline_run
 
 # trajectory -> (group, policy version of its calls, reward)
 Batch = dict[str, tuple[str | None, str, float]]
@@ -223,7 +226,12 @@ def _call(prompt: list[int], completion: list[int], **extra: Any) -> dict[str, A
 
 
 def _stepping(
-    db_url: str, engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, finish: str
+    db_url: str,
+    engine: Engine,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    finish: str,
+    **extra: Any,
 ) -> tuple[Learner, _Trainer, list[dict[str, Any]]]:
     """A learner about to step on a group of 4 with a signal (g3 has two samples; g2's
     call has no recorded sampling), a flat group of 2 and one unknown version; the group's
@@ -252,7 +260,7 @@ def _stepping(
         "iter_trajectories",
         lambda engine, ids: [{"id": tid, "calls": calls[tid]} for tid in ids],
     )
-    learner = _learner(db_url, tmp_path, batch_trajectories=4)
+    learner = _learner(db_url, tmp_path, batch_trajectories=4, **extra)
     trainer = _Trainer()
     learner.trainer = trainer  # type: ignore[assignment]
     learner.publisher = object()  # type: ignore[assignment]
@@ -335,3 +343,80 @@ def test_a_batch_with_nothing_to_train_on_says_why_by_reason(
     last = beat["last_batch"]
     assert last["trained"] is False and last["trained_samples"] == 0
     assert last["dropped"][0]["reason"] == "truncated" and last["dropped"][0]["count"] == 4
+
+
+TRACKED = {"report_to": ["tensorboard", "wandb", "mlflow"], "run_name": "run-1"}
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the trackers' import-time ones
+def test_a_step_reaches_tensorboard_wandb_and_mlflow(
+    db_url: str, engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = tmp_path / "runs"
+    learner, _, _ = _stepping(
+        db_url, engine, tmp_path, monkeypatch, "stop", report_dir=runs, **TRACKED
+    )
+    try:
+        assert [t.name for t in learner.reporter.trackers] == ["tensorboard", "wandb", "mlflow"]
+        assert learner.maybe_train()
+        verdict = {"type": "qa", "before": {"value": 0.5}, "after": {"value": 0.75}}
+        learner.reporter.guard(1, {"outcome": "kept", "types": [verdict]})
+    finally:
+        learner.reporter.close()
+        learner.engine.dispose()
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(runs / "tensorboard" / "run-1"))
+    events.Reload()
+    scalars = {
+        tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+    }
+    assert scalars["trained_samples"] == [(1, 2.0)] and scalars["loss"] == [(1, 0.5)]
+    assert scalars["dropped/flat_group"] == [(1, 2.0)]
+    assert scalars["published"] == [(1, 1.0)]
+    assert scalars["guard/qa/after"] == [(1, 0.75)] and scalars["guard/kept"] == [(1, 1.0)]
+
+    config, history = offline_run(runs / "wandb")
+    assert history[1]["trained_samples"] == 2 and history[1]["guard/qa/before"] == 0.5
+    assert config["batch_trajectories"] == 4
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'mlflow.db'}")
+    [run] = client.search_runs([client.get_experiment_by_name("onthejob").experiment_id])
+    assert run.info.run_name == "run-1" and run.info.status == "FINISHED"
+    history = client.get_metric_history(run.info.run_id, "trained_samples")
+    assert [(m.step, m.value) for m in history] == [(1, 2.0)]
+    assert run.data.params["batch_trajectories"] == "4"
+    assert run.data.params["report_to"] == "tensorboard,wandb,mlflow"
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_failing_tracker_is_switched_off_once_and_the_learner_goes_on(
+    db_url: str,
+    engine: Engine,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="onthejob.learner")
+    learner, _, published = _stepping(
+        db_url, engine, tmp_path, monkeypatch, "stop", report_dir=tmp_path / "runs", **TRACKED
+    )
+    try:
+        wandb = next(t for t in learner.reporter.trackers if t.name == "wandb")
+        wandb.run.finish()  # W&B refuses to log to a finished run: a real failure
+        assert learner.maybe_train() and len(published) == 1  # the step is done all the same
+        learner.reporter.step(2, {"mean_reward": 1.0})
+    finally:
+        learner.reporter.close()
+        learner.engine.dispose()
+    said = [r.getMessage() for r in caplog.records if "--report-to wandb" in r.getMessage()]
+    assert len(said) == 1 and "is off for this run" in said[0], said
+    # trackers that cannot start say why, and nothing else happens
+    (tmp_path / "blocked").write_text("a file where the directory should be")
+    other = Reporter(["mlflow", "tensorboard"], tmp_path / "blocked", "run-2", {})
+    assert other.trackers == []
+    assert len([r for r in caplog.records if "could not start" in r.getMessage()]) == 2
+    other.close()

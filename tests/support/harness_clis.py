@@ -1,4 +1,4 @@
-"""Running the real Claude Code and Codex CLIs, unchanged, against a proxy, for tests.
+"""Running the real Claude Code, Codex and Gemini CLIs, unchanged, against a proxy, for tests.
 
 `make clis` installs them at the versions pinned in the Makefile into .tools/clis. Each run
 gets its own HOME, config directory and working directory under a temporary directory, so
@@ -14,6 +14,7 @@ A missing or wrong-version CLI fails the test, never skips it (CI installs them 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -31,7 +32,7 @@ TIMEOUT_S = 240
 
 
 def pinned(name: str) -> str:
-    """A version the Makefile pins (CLAUDE_CODE_VERSION, CODEX_VERSION)."""
+    """A version the Makefile pins (CLAUDE_CODE_VERSION, CODEX_VERSION, GEMINI_CLI_VERSION)."""
     found = re.search(rf"^{name} := (\S+)$", (ROOT / "Makefile").read_text(), re.M)
     assert found is not None, f"{name} is not pinned in the Makefile"
     return found[1]
@@ -206,3 +207,29 @@ def codex(base_url: str, model: str, prompt: str, base: Path) -> Run:
         prompt,
     ]
     return _run(command, {"CODEX_HOME": str(codex_home)}, home, workdir)
+
+
+GEMINI_SETTINGS = {
+    # the API key route (GEMINI_API_KEY), not a Google login
+    "security": {"auth": {"selectedType": "gemini-api-key"}},
+    "privacy": {"usageStatisticsEnabled": False},
+    "telemetry": {"enabled": False},
+    "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+}
+
+
+def gemini(base_url: str, model: str, prompt: str, base: Path, *, yolo: bool = False) -> Run:
+    """`gemini -p PROMPT -m MODEL` with GOOGLE_GEMINI_BASE_URL at the proxy. `yolo`: its
+    tools run without asking (else, headless, it offers no tool that writes)."""
+    home, workdir = _dirs(base)
+    (home / ".gemini").mkdir()
+    (home / ".gemini" / "settings.json").write_text(json.dumps(GEMINI_SETTINGS))
+    env = {
+        "GOOGLE_GEMINI_BASE_URL": base_url,
+        "GEMINI_API_KEY": "unused",
+        "GEMINI_CLI_TRUST_WORKSPACE": "true",  # headless: no "trust this folder?" prompt
+    }
+    command = [str(cli("gemini", "GEMINI_CLI_VERSION")), "-p", prompt, "-m", model]
+    if yolo:
+        command.append("--yolo")
+    return _run(command, env, home, workdir)

@@ -40,6 +40,16 @@ class InProcessProxy:
         )
         return anthropic.AsyncAnthropic(base_url=BASE, api_key="x", http_client=http, max_retries=0)
 
+    def gemini(self, session: str | None = None) -> Any:
+        """The google-genai SDK's client (its async side: `.aio`), as Gemini CLI's base URL
+        (GOOGLE_GEMINI_BASE_URL) would point it at the proxy."""
+        from google import genai
+        from google.genai import types
+
+        base = f"{BASE}/s/{session}" if session else BASE
+        options = types.HttpOptions(base_url=base, httpx_async_client=self.http)
+        return genai.Client(api_key="x", http_options=options)
+
 
 def _app(settings: dict[str, Any]) -> Starlette:
     config = Settings(**settings)
