@@ -1,4 +1,5 @@
-"""`onthejob export`: trajectories as JSON Lines (the public export format)."""
+"""`onthejob export`: trajectories as JSON Lines (the public export format), or as Parquet
+training sequences or TRL conversational rows (store/export_formats.py)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ from pathlib import Path
 from typing import Any
 
 from proxy.commands import add_db, proxy_settings
+from store.export_formats import FORMATS
 
 
 def register(commands: Any) -> None:
     export = commands.add_parser(
         "export",
-        help="write trajectories as JSON Lines",
-        description="Write trajectories, one JSON object per line, oldest first "
-        "(format: docs/reference/export-format.md).",
+        help="write trajectories as JSON Lines, Parquet or TRL rows",
+        description="Write trajectories, oldest first (formats: docs/reference/export-format.md): "
+        "one JSON object per line (jsonl), one training sequence per Parquet row with token "
+        "ids, loss mask, logprobs, reward, type and versions (parquet; datasets.load_dataset "
+        "reads it), or TRL's conversational prompt-completion rows (trl).",
     )
     add_db(export)
     export.add_argument("--session", metavar="KEY", help="only this session key")
@@ -28,6 +32,13 @@ def register(commands: Any) -> None:
         metavar="TYPE",
         dest="interaction_type",
         help="only trajectories of this interaction type (X-Onthejob-Type or auto:...)",
+    )
+    export.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="jsonl",
+        help="jsonl (the export format, default), parquet (needs --output and "
+        "`pip install 'onthejob[export]'`) or trl",
     )
     export.add_argument(
         "--output", "-o", type=Path, metavar="FILE", help="write here instead of stdout"
@@ -46,7 +57,10 @@ def _parse_since(text: str) -> datetime:
 def cmd_export(args: argparse.Namespace) -> int:
     from store import db
     from store.export import iter_trajectories, write_jsonl
+    from store.export_formats import sample_rows, trl_rows, write_lines, write_parquet
 
+    if args.format == "parquet" and args.output is None:
+        raise SystemExit("onthejob export: --format parquet writes a file: give --output FILE")
     settings = proxy_settings(args)
     since = _parse_since(args.since) if args.since else None
     engine = db.make_engine(settings.database_url)
@@ -57,12 +71,20 @@ def cmd_export(args: argparse.Namespace) -> int:
             since=since,
             interaction_type=args.interaction_type,
         )
-        if args.output:
-            with open(args.output, "wb") as out:
-                count = write_jsonl(rows, out)
+        if args.format == "parquet":
+            count = write_parquet(sample_rows(rows), args.output)
+            what = "training sequences"
         else:
-            count = write_jsonl(rows, sys.stdout.buffer)
+            write, what = (write_jsonl, "trajectories")
+            if args.format == "trl":
+                rows = trl_rows(rows)
+                write, what = write_lines, "TRL rows"
+            if args.output:
+                with open(args.output, "wb") as out:
+                    count = write(rows, out)
+            else:
+                count = write(rows, sys.stdout.buffer)
     finally:
         engine.dispose()
-    print(f"exported {count} trajectories", file=sys.stderr)
+    print(f"exported {count} {what}", file=sys.stderr)
     return 0

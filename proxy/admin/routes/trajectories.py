@@ -11,11 +11,11 @@ from fastapi import APIRouter, Path, Query
 from fastapi.responses import StreamingResponse
 
 from proxy.admin import trajectories as store
-from proxy.admin.conversation import conversation
 from proxy.admin.deps import DetokenizerDep, EngineDep
 from proxy.admin.errors import not_found
 from proxy.admin.schemas import TrajectoryFilter, TrajectoryPage
 from proxy.admin.tokens import token_sequences
+from store.conversation import conversation
 from store.export import iter_trajectories
 
 router = APIRouter(tags=["trajectories"])

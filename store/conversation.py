@@ -146,6 +146,43 @@ def _responses_items(items: Any, call_id: str | None) -> list[Message]:
     return out
 
 
+def _gemini_contents(contents: Any, call_id: str | None) -> list[Message]:
+    """Gemini `contents`: text and function calls of a turn in one message (role `model` as
+    `assistant`), each function response its own `tool` message."""
+    out: list[Message] = []
+    for content in contents if isinstance(contents, list) else []:
+        if not isinstance(content, dict):
+            continue
+        role = "assistant" if content.get("role") == "model" else "user"
+        text: list[str] = []
+        tools: list[dict[str, Any]] = []
+        for part in content.get("parts") or []:
+            if not isinstance(part, dict):
+                continue
+            call = part.get("functionCall") or part.get("function_call")
+            answer = part.get("functionResponse") or part.get("function_response")
+            if isinstance(part.get("text"), str) and not part.get("thought"):
+                text.append(part["text"])
+            elif isinstance(call, dict):
+                arguments = _arguments(call.get("args", {}))
+                tools.append(
+                    {"id": call.get("id"), "name": call.get("name"), "arguments": arguments}
+                )
+            elif isinstance(answer, dict):
+                tool_id = answer.get("id")
+                out.append(
+                    _message(
+                        "tool",
+                        _arguments(answer.get("response", {})),
+                        tool_call_id=tool_id if isinstance(tool_id, str) else None,
+                        call_id=call_id,
+                    )
+                )
+        if text or tools:
+            out.append(_message(role, "".join(text), tool_calls=tools, call_id=call_id))
+    return out
+
+
 def request_messages(api: str, request: Any) -> list[Message]:
     """What the client sent, as messages."""
     if not isinstance(request, dict):
@@ -169,6 +206,10 @@ def request_messages(api: str, request: Any) -> list[Message]:
         if isinstance(request.get("instructions"), str):
             out.append(_message("system", request["instructions"]))
         return out + _responses_items(request.get("input"), None)
+    if api == "gemini":
+        system = request.get("systemInstruction") or request.get("system_instruction")
+        out = [_message("system", _text(system.get("parts")))] if isinstance(system, dict) else []
+        return out + _gemini_contents(request.get("contents"), None)
     return []
 
 
@@ -190,6 +231,11 @@ def reply_messages(api: str, response: Any, call_id: str) -> list[Message]:
         return _anthropic_blocks("assistant", response.get("content"), call_id)
     if api == "responses":
         return _responses_items(response.get("output"), call_id)
+    if api == "gemini":
+        candidates = response.get("candidates")
+        first = candidates[0] if isinstance(candidates, list) and candidates else None
+        content = first.get("content") if isinstance(first, dict) else None
+        return _gemini_contents([content], call_id) if isinstance(content, dict) else []
     return []
 
 
