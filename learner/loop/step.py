@@ -134,6 +134,10 @@ class Stepping(LearnerBase):
         group_metrics["yield_seconds"] = round(waited, 2)
         group_metrics["fresh_wait_seconds"] = round(fresh_waited, 2)
         group_metrics["dropped_unknown_version"] = float(len(unknown))
+        # how many versions behind the serving one the trained samples were sampled
+        ages = [current - version_of[a.trajectory_id] for a in advantaged]
+        group_metrics["staleness_mean"] = sum(ages) / len(ages) if ages else 0.0
+        group_metrics["staleness_max"] = float(max(ages, default=0))
         considered = [s.trajectory_id for s in scored] + unknown + stale
         self._train(advantaged, considered, group_metrics, baselines, waiting=len(waiting))
         return True

@@ -175,6 +175,7 @@ def test_with_fresh_wait_a_ready_step_waits_for_the_serving_version_s_samples(
         _graded(engine, {"new0": ("new", "v1", 0.0), "new1": ("new", "v1", 1.0)})
         assert learner.maybe_train()
         assert steps[0]["trained"] == ["new0", "new1"]  # on-policy; v0's wait for later
+        assert steps[0]["staleness_mean"] == steps[0]["staleness_max"] == 0.0
         assert 0.0 <= steps[0]["fresh_wait_seconds"] < 60.0
         assert _trained_in(engine)["old0"] is None
 
@@ -186,6 +187,7 @@ def test_with_fresh_wait_a_ready_step_waits_for_the_serving_version_s_samples(
         learner.fresh.ready_since -= 60.0  # the limit has passed (no sleeping in tests)
         assert learner.maybe_train()
         assert steps[1]["trained"] == ["old0", "old1"]
+        assert steps[1]["staleness_mean"] == steps[1]["staleness_max"] == 2.0  # v0 under v2
         assert steps[1]["fresh_wait_seconds"] >= 60.0
         assert learner.fresh.ready_since is None  # the next step waits anew
     finally:
