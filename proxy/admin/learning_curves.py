@@ -49,9 +49,11 @@ def band(n: int, mean: float, mean_of_squares: float) -> tuple[float | None, flo
 def _seconds_since(conn: Connection, column: Any, start: datetime) -> ColumnElement[Any]:
     if conn.dialect.name == "postgresql":
         return func.extract("epoch", column - start)
-    # SQLite keeps UTC text; julianday reads it, in days
+    # SQLite keeps UTC text; julianday reads it, in days. A day as a double is exact to
+    # about 10 us, so the seconds are rounded to the millisecond: a trajectory exactly on a
+    # bucket's edge falls in the later bucket on both databases
     naive = start.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ")
-    return (func.julianday(column) - func.julianday(naive)) * 86400.0
+    return func.round((func.julianday(column) - func.julianday(naive)) * 86400.0, 3)
 
 
 def _window(
