@@ -47,6 +47,7 @@ OPERATIONS = [
     "GET /curricula",
     "GET /curricula/{name}",
     "GET /types",
+    "GET /learning-curves",
     "GET /self-judge",
     "GET /guard",
     "PUT /guard/waiver",
