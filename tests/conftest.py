@@ -17,6 +17,7 @@ from bench.proxy_server import ProxyServer
 from learner.demo.tiny_model import build_tiny_model
 from learner.demo.vllm_server import VLLMServer
 from store import db
+from tests.support.fake_replica import FakeReplica
 from tests.support.paths import ARTIFACTS, REUSE_MODEL_DIR, REUSE_VLLM_URL
 
 PG_ADMIN_URL = os.environ.get("ONTHEJOB_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -133,3 +134,10 @@ def start_proxy(tmp_path: Path) -> Iterator[Callable[..., ProxyServer]]:
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def fake_vllm() -> Iterator[FakeReplica]:
+    """bench/fake_upstream's constant-answer server: the integration tier's one fake vLLM."""
+    with FakeReplica() as replica:
+        yield replica

@@ -5,7 +5,6 @@ each API's own error shape, and the admin API wants its token."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
@@ -19,12 +18,6 @@ from tests.support.inprocess import in_process_proxy
 from tests.support.records import export
 
 ANSWER = "".join(WORDS)
-
-
-@pytest.fixture
-def fake_vllm() -> Iterator[FakeReplica]:
-    with FakeReplica() as replica:
-        yield replica
 
 
 def settings(fake_vllm: FakeReplica, db_url: str, tmp_path: Path, **extra: object) -> dict:

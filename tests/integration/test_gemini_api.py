@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,6 @@ from tests.support.inprocess import in_process_proxy
 from tests.support.records import export
 
 ANSWER = "".join(WORDS)
-
-
-@pytest.fixture
-def fake_vllm() -> Iterator[FakeReplica]:
-    with FakeReplica() as replica:
-        yield replica
 
 
 def settings(fake_vllm: FakeReplica, db_url: str, tmp_path: Path) -> dict[str, Any]:

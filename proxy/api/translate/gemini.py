@@ -17,7 +17,7 @@ from typing import Any
 
 from proxy.api.translate.extras import vllm_extras
 from proxy.api.translate.messages import TranslationError
-from proxy.api.translate.policy import Compat
+from proxy.api.translate.policy import Compat, unmapped_fields
 from proxy.generation.capture import REASONING_KEYS
 
 # request fields, as lowerCamelCase
@@ -99,21 +99,6 @@ def _object(value: Any, where: str) -> dict[str, Any]:
     return _fields(value)
 
 
-def _note_unmapped(
-    obj: dict[str, Any],
-    *,
-    handled: frozenset[str],
-    vendor_only: frozenset[str],
-    compat: Compat,
-    where: str = "",
-) -> None:
-    for key, value in obj.items():
-        if value is None or key in handled:
-            continue
-        path = f"{where}.{key}" if where else key
-        compat.note("ignored" if key in vendor_only else "unknown", path)
-
-
 # --- request ------------------------------------------------------------------------------
 
 
@@ -124,7 +109,7 @@ def gemini_to_chat(
     if not isinstance(body, dict):
         raise TranslationError("the request body must be a JSON object")
     body = _fields(body)
-    _note_unmapped(body, handled=_MAPPED_FIELDS, vendor_only=_VENDOR_FIELDS, compat=compat)
+    unmapped_fields(body, handled=_MAPPED_FIELDS, vendor_only=_VENDOR_FIELDS, compat=compat)
     messages = _system(body.get("systemInstruction")) + _contents(body.get("contents"), compat)
     chat: dict[str, Any] = {"model": model, "messages": messages}
     tools = _tools(body.get("tools"), compat, hosted_tools)
@@ -356,7 +341,7 @@ def _tools(tools: Any, compat: Compat, hosted_tools: str) -> list[dict[str, Any]
 
 
 def _function(declaration: dict[str, Any], where: str, compat: Compat) -> dict[str, Any]:
-    _note_unmapped(
+    unmapped_fields(
         declaration,
         handled=frozenset({"name", "description", "parameters", "parametersJsonSchema"}),
         vendor_only=frozenset({"behavior"}),
@@ -442,7 +427,7 @@ def _tool_config(config: Any, chat: dict[str, Any], compat: Compat) -> None:
 
 
 def _generation(config: dict[str, Any], chat: dict[str, Any], compat: Compat) -> None:
-    _note_unmapped(
+    unmapped_fields(
         config,
         handled=_GENERATION_MAPPED,
         vendor_only=_GENERATION_VENDOR,
