@@ -1,7 +1,8 @@
 """One conversation view of a trajectory, whatever API its calls spoke (pure functions).
 
-Each message is `{role, text, tool_calls, tool_call_id, call_id}`; `call_id` names the call
-whose reply it is (None for what the client sent). A call whose request repeats the
+Each message is `{role, text, tool_calls, tool_call_id, call_id, is_error}`; `call_id` names
+the call whose reply it is (None for what the client sent); `is_error` marks a tool result
+the harness flagged as an error (Messages' `is_error`). A call whose request repeats the
 conversation so far adds only its new messages; one that does not starts over, marked by a
 `context` message. Recorded requests may be malformed (refused calls are recorded too), so
 nothing here assumes a shape: what cannot be read is skipped.
@@ -23,6 +24,7 @@ def _message(
     tool_calls: list[dict[str, Any]] | None = None,
     tool_call_id: str | None = None,
     call_id: str | None = None,
+    is_error: bool = False,
 ) -> Message:
     return {
         "role": role,
@@ -30,6 +32,7 @@ def _message(
         "tool_calls": tool_calls or [],
         "tool_call_id": tool_call_id,
         "call_id": call_id,
+        "is_error": is_error,  # a tool result the harness marked as an error
     }
 
 
@@ -109,6 +112,7 @@ def _anthropic_blocks(role: str, content: Any, call_id: str | None) -> list[Mess
                     _text(block.get("content")),
                     tool_call_id=tool_use_id if isinstance(tool_use_id, str) else None,
                     call_id=call_id,
+                    is_error=block.get("is_error") is True,
                 )
             )
     if text or tools:

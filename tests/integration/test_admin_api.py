@@ -250,6 +250,38 @@ def test_token_texts_from_a_local_tokenizer_while_vllm_is_down(
         Settings(tokenizer=tmp_path / "nothing", **settings)
 
 
+def test_next_turn_signals_judge_the_turn_before(api: httpx.Client, engine: Engine) -> None:
+    """The user asks again, word for word: the reply before is judged by it."""
+    asked = [{"role": "user", "content": "What is 6 x 7?"}]
+    again = [
+        *asked,
+        {"role": "assistant", "content": "43"},
+        {"role": "user", "content": "what is 6 x 7?"},
+    ]
+    now = time.time()
+    calls = [
+        chat_call("r1", "retry", started=now, prompt=[1, 2], completion=[3],
+                  messages=asked, reply="43", version="v0"),
+        chat_call("r2", "retry", started=now + 1, prompt=[1, 2, 3, 4], completion=[5],
+                  messages=again, reply="42", version="v0", parent="r1", prefix_len=3),
+    ]  # fmt: skip
+    trajectory = {"id": "retry", "session_key": None, "task_key": "t", "group_key": None,
+                  "interaction_type": None, "status": "finished", "started_at": now,
+                  "last_call_at": now + 1, "ended_at": None}  # fmt: skip
+    with engine.begin() as conn:
+        recording.write_batch(conn, trajectories=[trajectory], calls=calls)
+    detail = api.get("/trajectories/retry", params={"token_text": "false"}).json()
+    [signal] = detail["signals"]
+    assert signal == {
+        "call_id": "r1",
+        "turn": 1,
+        "value": -1.0,
+        "rule": "retried",
+        "evidence": "what is 6 x 7?",
+    }
+    assert (detail["messages"][1]["call_id"], detail["messages"][1]["text"]) == ("r1", "43")
+
+
 def test_feedback_posts_and_corrects_rewards(api: httpx.Client, engine: Engine) -> None:
     seed(engine)
     response = api.post(

@@ -16,6 +16,7 @@ from proxy.admin.errors import not_found
 from proxy.admin.schemas import TrajectoryFilter, TrajectoryPage
 from proxy.admin.tokens import token_sequences
 from store.conversation import conversation
+from store.next_turn import next_turn_signals
 from store.export import iter_trajectories
 
 router = APIRouter(tags=["trajectories"])
@@ -43,11 +44,14 @@ def _detail(engine: Any, trajectory_id: str) -> dict[str, Any]:
         feedback = store.feedback_for(
             conn, trajectory_id=trajectory_id, session_key=trajectory["session"]
         )
+    messages = conversation(trajectory["calls"])
     return {
         **trajectory,
         "grade": grade,
         "feedback": feedback,
-        "messages": conversation(trajectory["calls"]),
+        "messages": messages,
+        # how each assistant turn did, by what came right after it (store/next_turn.py)
+        "signals": [s.as_dict() for s in next_turn_signals(messages)],
         "tokens": token_sequences(trajectory),
     }
 
@@ -60,7 +64,9 @@ async def get_trajectory(
     token_text: Annotated[bool, Query(description="add each token's text (asks vLLM)")] = True,
 ) -> dict[str, Any]:
     """The trajectory in the export format plus its grade, feedback, conversation
-    (`messages`) and token sequences (`tokens`: token_ids, loss_mask, logprobs; the loss
+    (`messages`), next-turn `signals` (per assistant turn, by what came right after it: a
+    tool error, an interruption, a word-for-word retry; `turn` indexes `messages`) and
+    token sequences (`tokens`: token_ids, loss_mask, logprobs; the loss
     mask is true on the tokens the learner trains on)."""
     detail = await asyncio.to_thread(_detail, engine, trajectory_id)
     if token_text and detail["tokens"]:

@@ -260,7 +260,7 @@ async function openTrajectory(id) {
   $("viewer-title").textContent = t.id;
   $("viewer-meta").textContent = `session ${t.session || "–"} · task ${t.task_key || "–"} · type ${t.interaction_type || "–"} · ${t.status} · ${t.calls.length} calls · started ${shortTime(t.started_at)}`;
   showReward(t);
-  renderConversation(t.messages);
+  renderConversation(t.messages, t.signals || []);
   renderTokens(t.tokens);
 }
 
@@ -273,14 +273,19 @@ function showReward(t) {
   list.replaceChildren(...t.feedback.map((f) => el("li", {}, `${shortTime(f.created_at)}: ${fmt(f.reward)}${f.comment ? ` — ${f.comment}` : ""}`)));
 }
 
-function renderConversation(messages) {
+const SIGNALS = { tool_error: "its tool call failed", interrupted: "the user interrupted it", retried: "the user asked again, word for word" };
+
+function renderConversation(messages, signals) {
   const box = $("conversation");
   box.replaceChildren();
-  for (const m of messages) {
-    const node = el("div", { class: `msg ${m.role}` }, el("span", { class: "role" }, m.role + (m.tool_call_id ? ` · ${m.tool_call_id}` : "")), m.text);
+  const judged = new Map(signals.map((s) => [s.turn, s]));
+  messages.forEach((m, i) => {
+    const node = el("div", { class: `msg ${m.role}${m.is_error ? " failed" : ""}` }, el("span", { class: "role" }, m.role + (m.tool_call_id ? ` · ${m.tool_call_id}` : "")), m.text);
     for (const call of m.tool_calls) node.appendChild(el("div", { class: "toolcall" }, `${call.name}(${call.arguments})`));
+    const signal = judged.get(i);
+    if (signal) node.appendChild(el("div", { class: "signal", "data-rule": signal.rule, title: signal.evidence }, `next turn: ${SIGNALS[signal.rule] || signal.rule} (${fmt(signal.value)})`));
     box.appendChild(node);
-  }
+  });
 }
 
 function renderTokens(sequences) {

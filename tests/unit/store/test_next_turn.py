@@ -1,0 +1,85 @@
+"""Next-turn signals: the certain rules, each on the turn it judges, and nothing else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from store.conversation import conversation
+from store.next_turn import next_turn_signals, tool_failed
+
+
+def chat_call(cid: str, messages: list[dict[str, Any]], reply: dict[str, Any]) -> dict[str, Any]:
+    return {"id": cid, "api": "chat.completions", "request": {"messages": messages},
+            "response": {"choices": [{"message": reply}]}, "error": None}  # fmt: skip
+
+
+def calls_tool(call_id: str) -> dict[str, Any]:
+    call = {"id": call_id, "type": "function", "function": {"name": "sh", "arguments": "{}"}}
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+def say(text: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": text}
+
+
+def test_a_failed_tool_call_is_a_signal_on_the_turn_that_made_it() -> None:
+    asked = [{"role": "user", "content": "run the tests"}]
+    trace = "Traceback (most recent call last):\n  File x\nValueError: boom"
+    failed = {"role": "tool", "tool_call_id": "t1", "content": trace}
+    calls = [
+        chat_call("a", asked, calls_tool("t1")),
+        chat_call("b", [*asked, calls_tool("t1"), failed], calls_tool("t2")),
+        chat_call("c", [*asked, calls_tool("t1"), failed, calls_tool("t2"),
+                        {"role": "tool", "tool_call_id": "t2", "content": "3 passed"}],
+                  say("All green.")),
+    ]  # fmt: skip
+    messages = conversation(calls)
+    [signal] = next_turn_signals(messages)
+    assert (signal.call_id, signal.rule, signal.value) == ("a", "tool_error", -1.0)
+    assert messages[signal.turn]["call_id"] == "a"
+    assert signal.evidence.startswith("Traceback (most recent call last): File x")
+
+
+def test_an_interruption_and_a_word_for_word_retry_are_signals() -> None:
+    first = [{"role": "user", "content": "What is 6 x 7?"}]
+    calls = [
+        chat_call("a", first, say("43")),
+        chat_call("b", [*first, say("43"), {"role": "user", "content": "what is 6 x 7? "}],
+                  say("42")),
+        chat_call("c", [*first, say("43"), {"role": "user", "content": "what is 6 x 7? "},
+                        say("42"), {"role": "user", "content": "thanks"}], say("You're welcome")),
+    ]  # fmt: skip
+    [retried] = next_turn_signals(conversation(calls))
+    assert (retried.call_id, retried.rule) == ("a", "retried")
+    interrupted = [
+        chat_call("a", first, calls_tool("t1")),
+        chat_call("b", [*first, calls_tool("t1"),
+                        {"role": "tool", "tool_call_id": "t1",
+                         "content": "[Request interrupted by user for tool use]"},
+                        {"role": "user", "content": "[Request interrupted by user]"}],
+                  say("Stopped.")),
+    ]  # fmt: skip
+    [signal] = next_turn_signals(conversation(interrupted))
+    assert (signal.call_id, signal.rule) == ("a", "interrupted")  # not a tool error
+
+
+def test_anthropic_is_error_results_count_and_ordinary_ones_do_not() -> None:
+    tool_use = {"type": "tool_use", "id": "tu1", "name": "sh", "input": {}}
+    request = {"messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [tool_use]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "tu1", "content": "nope", "is_error": True}]},
+    ]}  # fmt: skip
+    calls = [
+        {"id": "a", "api": "messages", "request": {"messages": request["messages"][:1]},
+         "response": {"content": [tool_use]}, "error": None},
+        {"id": "b", "api": "messages", "request": request,
+         "response": {"content": [{"type": "text", "text": "ok"}]}, "error": None},
+    ]  # fmt: skip
+    [signal] = next_turn_signals(conversation(calls))
+    assert (signal.call_id, signal.rule, signal.evidence) == ("a", "tool_error", "nope")
+    ok = {"role": "tool", "text": "exit code 0, 12 files", "is_error": False}
+    assert not tool_failed({**ok, "tool_calls": [], "tool_call_id": None, "call_id": None})
+    for text in ("bash: foo: command not found", "Process exited with code 2", "Error: no"):
+        assert tool_failed({**ok, "text": text})
