@@ -10,8 +10,11 @@ import re
 
 # Cheap and possibly-pending graders run first: a trajectory that is already pending or
 # failed is not sent to the slow ones (commands, the judge) at all.
-ORDER = {"feedback": 0, "reference": 1, "python": 2, "command": 3, "judge": 4}
-FORMS = "reference, python:MODULE:FUNCTION, command:SHELL_COMMAND, judge[:BASE_URL], feedback"
+ORDER = {"feedback": 0, "reference": 1, "next_turn": 2, "python": 3, "command": 4, "judge": 5}
+FORMS = (
+    "reference, next_turn, python:MODULE:FUNCTION, command:SHELL_COMMAND, judge[:BASE_URL], "
+    "feedback"
+)
 # Only a trailing @<number> is a weight: commands and URLs may contain '@' and ':' themselves.
 _WEIGHT = re.compile(r"@([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
 
@@ -24,7 +27,7 @@ def parse_spec(spec: str) -> tuple[str, str | None, float]:
     if kind not in ORDER:
         hint = " (a weight is @ followed by a number)" if "@" in kind else ""
         raise ValueError(f"grader spec {spec!r}: unknown kind {kind!r}{hint}; expected {FORMS}")
-    if kind in ("reference", "feedback") and colon:
+    if kind in ("reference", "feedback", "next_turn") and colon:
         raise ValueError(f"grader spec {spec!r}: {kind} takes no argument")
     if kind == "python" and not re.fullmatch(r"[\w.]+:[\w.]+", arg.strip()):
         raise ValueError(f"grader spec {spec!r}: expected python:MODULE:FUNCTION")

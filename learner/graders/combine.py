@@ -1,9 +1,9 @@
 """Grader specs (`--grader SPEC[@WEIGHT]`) and their weighted combination.
 
-SPEC is `reference`, `python:MODULE:FUNCTION`, `command:SHELL_COMMAND`, `judge[:BASE_URL]` or
-`feedback`. Invariant: a trajectory gets a reward only when every component graded it; any
-component error makes it an error (skipped; transient only if every error is), else any
-pending component makes it pending.
+SPEC is `reference`, `next_turn`, `python:MODULE:FUNCTION`, `command:SHELL_COMMAND`,
+`judge[:BASE_URL]` or `feedback`. Invariant: a trajectory gets a reward only when every
+component graded it; any component error makes it an error (skipped; transient only if every
+error is), else any pending component makes it pending.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from learner.graders.command import CommandGrader
 from learner.graders.feedback import FeedbackGrader, FeedbackSource
 from learner.graders.judge import JudgeGrader
 from learner.graders.judge_prompt import DEFAULT_RUBRIC
+from learner.graders.next_turn import NextTurnGrader
 from learner.graders.python import PythonGrader
 from learner.graders.reference import ReferenceGrader
 from store.grader_specs import FORMS, ORDER, parse_spec
@@ -70,6 +71,8 @@ def _build_one(
 ) -> Grader:
     if kind == "reference":
         return ReferenceGrader()
+    if kind == "next_turn":
+        return NextTurnGrader()
     if kind == "python":
         return PythonGrader(arg or "")
     if kind == "command":

@@ -16,8 +16,8 @@ from proxy.admin.errors import not_found
 from proxy.admin.schemas import TrajectoryFilter, TrajectoryPage
 from proxy.admin.tokens import token_sequences
 from store.conversation import conversation
-from store.next_turn import next_turn_signals
 from store.export import iter_trajectories
+from store.next_turn import next_turn_signals
 
 router = APIRouter(tags=["trajectories"])
 EXPORT_CHUNK = 200
