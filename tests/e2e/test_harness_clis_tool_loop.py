@@ -14,6 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from store.conversation import conversation
+from store.next_turn import next_turn_signals
 from store.samples import build_samples
 from tests.support.harness_clis import Run, claude_code, codex, gemini
 from tests.support.records import export, wait_for_calls
@@ -110,3 +112,27 @@ def test_gemini_cli_tool_loop(tokenizer, db_url, engine, start_proxy, tmp_path: 
     assert second[0]["role"] == "system" and "Gemini CLI" in second[0]["content"]
     result = next(m for m in second if m["role"] == "tool")
     assert result["tool_call_id"] == "call_write_1" and "hello.txt" in result["content"]
+
+
+def test_a_failed_command_in_codex_is_a_next_turn_signal_on_the_call_that_ran_it(
+    tokenizer, db_url, engine, start_proxy, tmp_path: Path
+):
+    """The harness runs the model's command for real and it fails: the reply that asked for
+    it is judged by that result, read off the next call's request (store/next_turn.py)."""
+
+    def script(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        if has_tool_result(messages):
+            return text(FINAL)
+        return tool_call("call_shell_1", "exec_command", {"cmd": "ls /no/such/dir"})
+
+    with ToolLoopUpstream(tokenizer, script) as upstream:
+        proxy = start_proxy([upstream.url], db_url)
+        run = codex(proxy.url + "/v1", "tiny", "List /no/such/dir.", tmp_path / "codex")
+    assert run.returncode == 0, run.explain()
+    wait_for_calls(engine, 2)
+    (trajectory,) = export(engine)
+    first, _ = trajectory["calls"]
+    [signal] = next_turn_signals(conversation(trajectory["calls"]))
+    print(f"codex's failed command judged {signal.call_id}: {signal.rule} ({signal.evidence!r})")
+    assert (signal.call_id, signal.rule, signal.value) == (first["id"], "tool_error", -1.0)
+    assert "No such file or directory" in signal.evidence or "code 2" in signal.evidence
