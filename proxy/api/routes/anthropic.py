@@ -20,7 +20,7 @@ from proxy.api.keys import upstream_view
 from proxy.api.requests import parse_object, read_body
 from proxy.api.translate import context_edits
 from proxy.api.translate import messages as translate
-from proxy.api.translate.policy import Compat
+from proxy.api.translate.policy import Compat, note_refusal
 from proxy.generation.call import Generation
 from proxy.generation.capture import CHAT, ClientAsked
 from proxy.generation.prompt_tokens import count_prompt
@@ -67,8 +67,7 @@ class MessagesDialect:
             )
             clearing = translate.tool_use_clearing(body)
         except translate.TranslationError as exc:
-            compat.note("refused", exc.param or "body")
-            compat.detail["refused"] = {"param": exc.param, "message": exc.message}
+            note_refusal(compat, exc.param, exc.message)
             raise BadRequest(str(exc), param=exc.param) from exc
         # the conversation as the client holds it: what its next call continues
         record.chat_messages = chat["messages"]

@@ -22,7 +22,7 @@ from proxy.api.keys import upstream_view
 from proxy.api.requests import parse_object, read_body
 from proxy.api.translate import gemini as translate
 from proxy.api.translate.messages import TranslationError
-from proxy.api.translate.policy import Compat
+from proxy.api.translate.policy import Compat, note_refusal
 from proxy.generation.call import Generation
 from proxy.generation.capture import CHAT, ClientAsked
 from proxy.generation.prompt_tokens import count_prompt
@@ -99,8 +99,7 @@ class GeminiDialect:
                 body, model=self.model, compat=compat, hosted_tools=state.settings.hosted_tools
             )
         except TranslationError as exc:
-            compat.note("refused", exc.param or "body")
-            compat.detail["refused"] = {"param": exc.param, "message": exc.message}
+            note_refusal(compat, exc.param, exc.message)
             raise BadRequest(str(exc), param=exc.param) from exc
         self.thoughts = translate.includes_thoughts(body)
         record.chat_messages = chat["messages"]

@@ -25,7 +25,7 @@ from proxy.api.errors import (
     error_response,
 )
 from proxy.api.translate import responses as translate
-from proxy.api.translate.policy import Compat
+from proxy.api.translate.policy import Compat, note_refusal
 from proxy.generation.call import Generation
 from proxy.generation.capture import CHAT, ClientAsked
 from proxy.recording.recorder import CallRecord
@@ -58,8 +58,7 @@ class ResponsesDialect:
                 body, history=history, compat=compat, hosted_tools=state.settings.hosted_tools
             )
         except translate.TranslationError as exc:
-            compat.note("refused", exc.param or "body")
-            compat.detail["refused"] = {"param": exc.param, "message": exc.message}
+            note_refusal(compat, exc.param, exc.message)
             raise BadRequest(str(exc), param=exc.param) from exc
         record.chat_messages = chat["messages"]
         record.context.update(

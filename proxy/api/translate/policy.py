@@ -94,3 +94,9 @@ def fitting_output_limit(asked: int, *, prompt_tokens: int, context: int) -> int
     if room < 1 or asked <= room:
         return None
     return room
+
+
+def note_refusal(compat: Compat, param: str | None, message: str) -> None:
+    """Record a translation's 400 on the call: the feature refused and why."""
+    compat.note("refused", param or "body")
+    compat.detail["refused"] = {"param": param, "message": message}
