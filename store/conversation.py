@@ -36,6 +36,14 @@ def _message(
     }
 
 
+def _tool_result(
+    text: str, tool_call_id: Any, call_id: str | None, *, is_error: bool = False
+) -> Message:
+    """A tool's result, answering the call `tool_call_id` (kept only when it is a string)."""
+    answers = tool_call_id if isinstance(tool_call_id, str) else None
+    return _message("tool", text, tool_call_id=answers, call_id=call_id, is_error=is_error)
+
+
 def _text(content: Any) -> str:
     """Text of a content value: a string, or a list of parts/blocks with text in them."""
     if isinstance(content, str):
@@ -105,13 +113,11 @@ def _anthropic_blocks(role: str, content: Any, call_id: str | None) -> list[Mess
                 }
             )
         elif kind == "tool_result":
-            tool_use_id = block.get("tool_use_id")
             out.append(
-                _message(
-                    "tool",
+                _tool_result(
                     _text(block.get("content")),
-                    tool_call_id=tool_use_id if isinstance(tool_use_id, str) else None,
-                    call_id=call_id,
+                    block.get("tool_use_id"),
+                    call_id,
                     is_error=block.get("is_error") is True,
                 )
             )
@@ -138,15 +144,7 @@ def _responses_items(items: Any, call_id: str | None) -> list[Message]:
             }
             out.append(_message("assistant", tool_calls=[tool], call_id=call_id))
         elif kind == "function_call_output":
-            tool_id = item.get("call_id")
-            out.append(
-                _message(
-                    "tool",
-                    _text(item.get("output")),
-                    tool_call_id=tool_id if isinstance(tool_id, str) else None,
-                    call_id=call_id,
-                )
-            )
+            out.append(_tool_result(_text(item.get("output")), item.get("call_id"), call_id))
     return out
 
 
@@ -173,15 +171,8 @@ def _gemini_contents(contents: Any, call_id: str | None) -> list[Message]:
                     {"id": call.get("id"), "name": call.get("name"), "arguments": arguments}
                 )
             elif isinstance(answer, dict):
-                tool_id = answer.get("id")
-                out.append(
-                    _message(
-                        "tool",
-                        _arguments(answer.get("response", {})),
-                        tool_call_id=tool_id if isinstance(tool_id, str) else None,
-                        call_id=call_id,
-                    )
-                )
+                result = _arguments(answer.get("response", {}))
+                out.append(_tool_result(result, answer.get("id"), call_id))
         if text or tools:
             out.append(_message(role, "".join(text), tool_calls=tools, call_id=call_id))
     return out
