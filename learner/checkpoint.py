@@ -89,30 +89,35 @@ def checkpoint_tensors(
     *,
     state: dict[str, torch.Tensor] | None = None,
     dtype: torch.dtype | None = None,
+    copy: bool = True,
 ) -> dict[str, torch.Tensor]:
     """The tensors to save, by checkpoint name, with the LM head always present.
 
     vLLM's ``reload_weights`` leaves a tied LM head stale unless the file names it
     (``transformers.save_pretrained`` drops it when tied); see shared/VLLM_CPU.md.
-    ``state`` and ``dtype`` as for ``save_checkpoint``.
+    ``state`` and ``dtype`` as for ``save_checkpoint``. ``copy=False``: the model's own
+    tensors where no cast is needed (a transfer reads them once; nothing may change them
+    meanwhile).
     """
     state = model.state_dict() if state is None else state
     # Clone: safetensors refuses tensors that share memory, as tied weights do.
-    tensors = {name: _to_save(t, dtype) for name, t in state.items()}
+    tensors = {name: _to_save(t, dtype, copy) for name, t in state.items()}
     head = model.get_output_embeddings()
     if head is not None:
         name = _module_name(model, head) + ".weight"
         if name not in tensors:  # tied, and the state names the weight once
             embeddings = model.get_input_embeddings()
-            tensors[name] = tensors[_module_name(model, embeddings) + ".weight"].clone()
+            tied = tensors[_module_name(model, embeddings) + ".weight"]
+            tensors[name] = tied.clone() if copy else tied
     return tensors
 
 
-def _to_save(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+def _to_save(tensor: torch.Tensor, dtype: torch.dtype | None, copy: bool = True) -> torch.Tensor:
     tensor = tensor.detach().to("cpu")
     if dtype is not None and tensor.is_floating_point():
         tensor = tensor.to(dtype)
-    return tensor.contiguous().clone()
+    tensor = tensor.contiguous()
+    return tensor.clone() if copy else tensor
 
 
 def validate_checkpoint(checkpoint_dir: Path, *, like: Path | None = None) -> None:

@@ -306,6 +306,7 @@ def start_demo_vllm(model_dir: Path, log_path: Path, dtype: str) -> VLLMServer:
         # vLLM's neutral sampling defaults: the harness sets its own temperature, and a
         # --model run samples as the tiny one does (the learner would model either mode)
         extra_args=["--generation-config", "vllm", "--served-model-name", "demo"],
+        weight_transfer=True,  # the learner swaps without the disk (learn --transport auto)
     ).start()
     say(f"  vLLM ready in {time.monotonic() - t0:.0f}s at {vllm.url}")
     return vllm

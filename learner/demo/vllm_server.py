@@ -9,6 +9,7 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -70,9 +71,12 @@ class VLLMServer:
         startup_timeout_s: float = 300.0,
         max_lora_rank: int | None = None,
         dtype: str = "float32",
+        weight_transfer: bool = False,
     ) -> None:
         """``max_lora_rank``: serve LoRA adapters up to this rank, loadable at runtime;
-        ``dtype``: what vLLM computes in (``--dtype``)."""
+        ``dtype``: what vLLM computes in (``--dtype``); ``weight_transfer``: take weights
+        through our weight-transfer engine too (learner/swap/vllm_transfer.py), so the
+        learner swaps without the disk."""
         self.model_dir = Path(model_dir)
         self.dtype = dtype
         self.port = port or free_port()
@@ -83,6 +87,10 @@ class VLLMServer:
         self.log_path = Path(log_path)
         self.extra_args = list(extra_args)
         self.extra_env = dict(extra_env or {})
+        if weight_transfer:
+            from learner.swap.vllm_plugin import BACKEND
+
+            self.extra_args += ["--weight-transfer-config", json.dumps({"backend": BACKEND})]
         if max_lora_rank is not None:
             self.extra_args += ["--enable-lora", "--max-lora-rank", str(max_lora_rank)]
             self.extra_env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"

@@ -69,6 +69,7 @@ class LearnerBase:
     probe: Probe
     tolerance: float
     weights_checked: bool
+    transport: str  # how full weights reach the replicas: disk or transfer
     _needs_restore: bool
     _grading: tqdm | None
     _rollouts_shadowed_at: float

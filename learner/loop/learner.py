@@ -45,6 +45,7 @@ from learner.swap import lease
 from learner.swap.fence import Fence
 from learner.swap.publisher import FullReloadPublisher
 from learner.swap.requests import SwapRequestWorker
+from learner.swap.transfer import TransferPublisher
 from learner.trackers import Reporter
 from learner.traffic import yielding_to
 from learner.trainer import Trainer, TrainerConfig
@@ -176,6 +177,8 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights):
             self.heartbeat.stop()
             self._save_optimizer_at_stop()
             self.reporter.close()
+            if isinstance(self.publisher, TransferPublisher):
+                self.publisher.close()  # the replicas' weight files: a model's size in memory
 
     def iterate(self) -> None:
         """One look at the world: restore what serves if it needs it, follow the operator,

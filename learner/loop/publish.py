@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from learner import retention
-from learner.checkpoint import save_checkpoint
+from learner.checkpoint import checkpoint_tensors, save_checkpoint
 from learner.grouping import Baselines
 from learner.layout import served_base
 from learner.loop.base import LEASE_WAIT, LearnerBase, save_baselines
@@ -24,6 +24,7 @@ from learner.swap.publisher import (
     FullReloadPublisher,
     PublishResult,
 )
+from learner.swap.transfer import TransferPublisher
 from store import grade_queue, policy_versions, training_steps
 
 log = logging.getLogger("onthejob.learner")
@@ -59,16 +60,13 @@ class Publishing(LearnerBase):
                 # left by a run that died before recording this step: the database, not the
                 # directory, says what was published, so the half-done attempt is redone
                 shutil.rmtree(target)
-            saving = time.monotonic()
-            checkpoint = self._save(target)
-            saved = time.monotonic()
-            every = self.config.optimizer_state_every
-            if every > 0 and step % every == 0:
-                self._save_optimizer(checkpoint)
-            metrics.update(
-                save_seconds=round(saved - saving, 3),
-                optimizer_state_seconds=round(time.monotonic() - saved, 3),
-            )
+            # transfer: the replicas load the trainer's tensors from memory, and the
+            # checkpoint is written once the version serves (rollbacks and resumes read it)
+            transfer = isinstance(self.publisher, TransferPublisher)
+            tensors = self._served_tensors() if transfer else None
+            checkpoint = target
+            if tensors is None:
+                self._save_checkpoint_files(step, target, metrics)
             parent = self.serving["version"]
 
             def record(result: PublishResult) -> None:
@@ -77,6 +75,7 @@ class Publishing(LearnerBase):
                     swap_seconds=result.swap_seconds,
                     max_logprob_diff=result.max_logprob_diff,
                     weight_sums_compared=result.weight_sums_compared,
+                    **self._transfer_metrics(),
                 )
                 with self.engine.begin() as conn:
                     policy_versions.add_version(
@@ -98,12 +97,14 @@ class Publishing(LearnerBase):
             # a stop asked for from here on comes once the outcome is recorded (stopping.py)
             with self.stopping.swap():
                 try:
-                    result = self.publisher.publish(
-                        checkpoint, version, expected=self.trainer.logprobs_of, commit=record
-                    )
+                    result = self._publish(checkpoint, version, record, tensors)
                 except BaseException:
                     self._needs_restore = True  # the replicas may still be fenced off
                     raise
+                finally:
+                    if tensors is not None:
+                        # whatever happened: the version's record names this directory
+                        self._save_checkpoint_files(step, target, metrics)
                 if result.ok:
                     self._needs_restore = not result.opened
                     self._prune()
@@ -133,6 +134,57 @@ class Publishing(LearnerBase):
                 self._needs_restore = not result.restored
                 self._prune()
                 return result
+
+    def _publish(
+        self,
+        checkpoint: Path,
+        version: str,
+        record: Any,
+        tensors: dict[str, Any] | None,
+    ) -> PublishResult:
+        assert self.trainer is not None and self.publisher is not None
+        if tensors is None:
+            return self.publisher.publish(
+                checkpoint, version, expected=self.trainer.logprobs_of, commit=record
+            )
+        assert isinstance(self.publisher, TransferPublisher)
+        return self.publisher.publish(
+            checkpoint, version, expected=self.trainer.logprobs_of, commit=record, tensors=tensors
+        )
+
+    def _served_tensors(self) -> dict[str, Any]:
+        """The weights the replicas are to serve, by checkpoint name: the trainer's own
+        tensors, uncopied where no cast is needed (nothing trains while they publish)."""
+        assert self.trainer is not None
+        return checkpoint_tensors(
+            self.trainer.model, state=self.trainer.checkpoint_state(), copy=False
+        )
+
+    def _transfer_metrics(self) -> dict[str, Any]:
+        if not isinstance(self.publisher, TransferPublisher) or not self.publisher.last_phases:
+            return {}
+        writes = [p.write for p in self.publisher.last_phases.values()]
+        return {
+            "transfer_bytes": sum(w.bytes_sent for w in writes),
+            "transfer_full_syncs": sum(w.full for w in writes),
+            "transfer_write_seconds": round(sum(w.seconds for w in writes), 3),
+            "transfer_changed_share": round(
+                sum(w.changed for w in writes) / max(sum(w.elements for w in writes), 1), 6
+            ),
+        }
+
+    def _save_checkpoint_files(self, step: int, target: Path, metrics: dict[str, Any]) -> None:
+        """The checkpoint, and every --optimizer-state-every steps the optimizer state."""
+        saving = time.monotonic()
+        checkpoint = self._save(target)
+        saved = time.monotonic()
+        every = self.config.optimizer_state_every
+        if every > 0 and step % every == 0:
+            self._save_optimizer(checkpoint)
+        metrics.update(
+            save_seconds=round(saved - saving, 3),
+            optimizer_state_seconds=round(time.monotonic() - saved, 3),
+        )
 
     def _prune(self) -> None:
         """Checkpoint retention, under the publish lease the caller holds."""
@@ -178,6 +230,10 @@ class Publishing(LearnerBase):
             else HALF_PRECISION_CHECKED_TOLERANCE,
         }
         if not self.config.lora:
+            if self.transport == "transfer":
+                return TransferPublisher(
+                    self.config.upstreams, delta=self.config.transfer_delta, **settings
+                )
             return FullReloadPublisher(self.config.upstreams, **settings)
         return LoraPublisher(self.config.upstreams, max_rank=self.config.lora_rank, **settings)
 

@@ -24,6 +24,7 @@ from learner.swap.publisher import (
     served_dtype,
     tolerance_for,
 )
+from learner.swap.transfer import transfer_support
 from store import gates, grade_queue, learner_state, policy_versions, training_steps
 from store.control import read_heartbeat
 from store.tasks import TaskTable, upsert_tasks
@@ -50,6 +51,7 @@ class StartUp(LearnerBase):
         self.trainer_config = dataclasses.replace(
             self.trainer_config, precision=self._precision(dtypes)
         )
+        self.transport = self._transport()
         # a learner killed mid-publish left its lease behind: take it over at once
         with lease.held(self.engine, self.holder, wait=LEASE_WAIT, steal_prefix=LEARNER):
             with self.engine.begin() as conn:
@@ -103,6 +105,23 @@ class StartUp(LearnerBase):
         else:
             log.info("swaps verify the probe within %g", tolerance)
         return tolerance
+
+    def _transport(self) -> str:
+        """disk or transfer: what was asked for, or (auto) the fastest the replicas support;
+        asking for transfer where a replica lacks it stops the start with why."""
+        if self.config.lora:
+            return "disk"  # adapters are loaded by name (learner/swap/lora_publisher.py)
+        wanted = self.config.transport
+        why_not = None if wanted == "disk" else transfer_support(self.config.upstreams)
+        if wanted == "transfer" and why_not is not None:
+            raise ValueError(f"--transport transfer: {why_not}")
+        transport = "transfer" if wanted != "disk" and why_not is None else "disk"
+        log.info(
+            "full weights reach the replicas by %s%s",
+            transport,
+            f" ({why_not})" if wanted == "auto" and why_not else "",
+        )
+        return transport
 
     def _precision(self, dtypes: set[str | None]) -> str:
         """What the trainer computes in: the configured precision, else bf16 (with float32

@@ -331,10 +331,7 @@ class FullReloadPublisher:
     ) -> PublishResult:
         with self._client() as client:
             try:
-                if self.check_files:
-                    from learner.checkpoint import validate_checkpoint  # torch: only here
-
-                    validate_checkpoint(directory, like=self.last_good)
+                self._preflight(directory)
                 self._fence_close(client)
             except Exception as exc:  # nothing was touched
                 result.error = failure_reason(exc)
@@ -358,6 +355,13 @@ class FullReloadPublisher:
             self.last_good, self.last_good_fingerprint = directory, result.fingerprint
             self._label_and_open(client, version, result)
         return result
+
+    def _preflight(self, directory: Path) -> None:
+        """Refuse weights vLLM could not load whole, before any replica is touched."""
+        if self.check_files:
+            from learner.checkpoint import validate_checkpoint  # torch: only here
+
+            validate_checkpoint(directory, like=self.last_good)
 
     def _client(self) -> httpx.Client:
         # A fresh connection per call: vLLM (uvicorn) closes the connection after a 500, and
@@ -444,13 +448,19 @@ class FullReloadPublisher:
         """Load; on failure put the last good weights back before the resume, so a failed
         reload never leaves the replica half-loaded."""
         try:
-            self._reload(client, upstream, directory, retries)
-            self._reset_prefix_cache(client, upstream)
+            self._load(client, upstream, directory, retries)
         except (httpx.HTTPError, PublishError):
             if self.last_good is not None and directory != self.last_good:
                 self._reload(client, upstream, self.last_good, _MUST_SUCCEED_RETRIES)
                 self._reset_prefix_cache(client, upstream)
             raise
+
+    def _load(
+        self, client: httpx.Client, upstream: str, directory: Path, retries: int | None
+    ) -> None:
+        """Put ``directory``'s weights into one paused replica (the transport)."""
+        self._reload(client, upstream, directory, retries)
+        self._reset_prefix_cache(client, upstream)
 
     def _reload(
         self, client: httpx.Client, upstream: str, directory: Path, retries: int | None = None
@@ -516,7 +526,8 @@ class FullReloadPublisher:
             from learner.swap import weight_check
 
             try:
-                report = weights.verify(client, upstream)
+                with weight_check.one_thread():
+                    report = weights.verify(client, upstream)
             except weight_check.WeightCheckUnavailable as exc:
                 if require:
                     raise PublishError(f"its weights cannot be checked: {exc}") from None

@@ -200,8 +200,21 @@ def graded_batch(traffic: Traffic, learner: Learner, engine: Engine, name: str) 
 
 
 def wrong_weights_once(learner: Learner) -> None:
-    """The learner's next checkpoint holds wrong weights that pass the file checks (its tied
-    embeddings scaled): vLLM loads them, and only the probe can tell."""
+    """The learner's next version holds wrong weights that pass the file checks (its tied
+    embeddings scaled): vLLM loads them, and only the probe can tell. By transfer, the
+    tensors handed to the replicas are the wrong ones; by disk, the checkpoint's files."""
+    if learner.transport == "transfer":
+        served = learner._served_tensors
+
+        def served_wrong() -> dict[str, Any]:
+            learner._served_tensors = served  # type: ignore[method-assign]
+            return {
+                name: tensor * 3.0 if "embed" in name or "lm_head" in name else tensor
+                for name, tensor in served().items()
+            }
+
+        learner._served_tensors = served_wrong  # type: ignore[method-assign]
+        return
     save = learner._save
 
     def save_wrong(target: Path) -> Path:

