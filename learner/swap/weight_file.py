@@ -134,7 +134,7 @@ class WeightFile:
         return WriteStats(
             full=full,
             bytes_sent=sent,
-            bytes_full=self.size,
+            bytes_full=sum(slot.nbytes for slot in self.layout.values()),
             changed=changed,
             elements=elements,
             seconds=time.perf_counter() - start,
