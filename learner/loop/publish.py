@@ -235,7 +235,14 @@ class Publishing(LearnerBase):
                     self.config.upstreams, delta=self.config.transfer_delta, **settings
                 )
             return FullReloadPublisher(self.config.upstreams, **settings)
-        return LoraPublisher(self.config.upstreams, max_rank=self.config.lora_rank, **settings)
+        return LoraPublisher(
+            self.config.upstreams,
+            max_rank=self.config.lora_rank,
+            # every version a sample may still be trained from stays loaded, so a request
+            # in flight finishes on the adapter it started with
+            keep=self.config.max_staleness + 1,
+            **settings,
+        )
 
     def _save(self, target: Path) -> Path:
         assert self.trainer is not None and self.serving is not None

@@ -25,6 +25,7 @@ from learner.swap.publisher import (
     tolerance_for,
 )
 from learner.swap.transfer import transfer_support
+from learner.swap.versions import serve_version_held
 from store import gates, grade_queue, learner_state, policy_versions, training_steps
 from store.control import read_heartbeat
 from store.tasks import TaskTable, upsert_tasks
@@ -54,6 +55,7 @@ class StartUp(LearnerBase):
         self.transport = self._transport()
         # a learner killed mid-publish left its lease behind: take it over at once
         with lease.held(self.engine, self.holder, wait=LEASE_WAIT, steal_prefix=LEARNER):
+            self._serve_parent_if_unsaved()
             with self.engine.begin() as conn:
                 self.serving = policy_versions.serving_version(conn)
                 self.step = training_steps.last_step(conn)
@@ -81,6 +83,35 @@ class StartUp(LearnerBase):
         )
         if self.config.guard:
             self._start_guard(Path(self.config.guard))
+
+    def _serve_parent_if_unsaved(self) -> None:
+        """A transfer serves a version before its checkpoint is written (learner/loop/
+        publish.py); a learner killed in between leaves a serving version without files,
+        which nobody can train on, restore or roll back to. Its parent serves again, as an
+        operator's rollback would make it (``PARENT+rollback-N``), and training goes on from
+        there: one step is lost, no weights that are not on disk keep serving."""
+        with self.engine.connect() as conn:
+            serving = policy_versions.serving_version(conn)
+        if serving is None or Path(serving["checkpoint_path"]).exists():
+            return
+        if not serving["parent"]:
+            raise RestoreFailed(
+                f"the serving version {serving['version']} has no checkpoint at "
+                f"{serving['checkpoint_path']} and no parent to serve instead"
+            )
+        log.error(
+            "the serving version %s has no checkpoint (the learner stopped before writing "
+            "it): serving its parent %s again",
+            serving["version"],
+            serving["parent"],
+        )
+        serve_version_held(
+            self.engine,
+            self.config.upstreams,
+            serving["parent"],
+            self.holder,
+            drain_timeout=self.config.swap_drain_timeout,
+        )
 
     def _verify_tolerance(self, dtypes: set[str | None], unchecked: str | None) -> float:
         """The probe tolerance: the configured one, else the one for the dtype the replicas

@@ -448,14 +448,14 @@ class FullReloadPublisher:
         """Load; on failure put the last good weights back before the resume, so a failed
         reload never leaves the replica half-loaded."""
         try:
-            self._load(client, upstream, directory, retries)
+            self._load_weights(client, upstream, directory, retries)
         except (httpx.HTTPError, PublishError):
             if self.last_good is not None and directory != self.last_good:
                 self._reload(client, upstream, self.last_good, _MUST_SUCCEED_RETRIES)
                 self._reset_prefix_cache(client, upstream)
             raise
 
-    def _load(
+    def _load_weights(
         self, client: httpx.Client, upstream: str, directory: Path, retries: int | None
     ) -> None:
         """Put ``directory``'s weights into one paused replica (the transport)."""

@@ -134,14 +134,14 @@ class TransferPublisher(FullReloadPublisher):
             self.last_phases[upstream] = TransferPhases(write)
         super()._swap(client, upstream, directory, retries)
 
-    def _load(
+    def _load_weights(
         self, client: httpx.Client, upstream: str, directory: Path, retries: int | None
     ) -> None:
         tensors = self._pending_for(directory)
         weight_file = self.files[upstream]
         if tensors is None:
             weight_file.forget()  # the replica reloads from the disk: the next write is whole
-            super()._load(client, upstream, directory, retries)
+            super()._load_weights(client, upstream, directory, retries)
             return
         assert self._pending is not None
         try:

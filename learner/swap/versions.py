@@ -36,7 +36,13 @@ from learner.swap.publisher import (
 from store import policy_versions
 from store.policy_versions import UnknownVersion, VersionError
 
-__all__ = ["PublishFailed", "UnknownVersion", "VersionError", "serve_version"]
+__all__ = [
+    "PublishFailed",
+    "UnknownVersion",
+    "VersionError",
+    "serve_version",
+    "serve_version_held",
+]
 
 log = logging.getLogger("onthejob.learner")
 
@@ -79,6 +85,19 @@ def serve_version(
             )
     except lease.LeaseBusy as exc:
         raise VersionError(str(exc)) from None
+
+
+def serve_version_held(
+    engine: Engine,
+    upstreams: Sequence[str],
+    version: str,
+    holder: str,
+    *,
+    drain_timeout: float = 60.0,
+) -> str:
+    """``serve_version`` for a caller that holds the publish lease as ``holder`` already (the
+    learner at start-up), as a rollback."""
+    return _serve(engine, list(upstreams), version, "rollback", holder, None, None, drain_timeout)
 
 
 def _serve(

@@ -20,8 +20,12 @@ import torch
 
 from learner.checkpoint import checkpoint_tensors, load_model, save_checkpoint
 from learner.demo.vllm_server import VLLMServer
+from learner.loop.learner import Learner
+from learner.swap import weight_check
 from learner.swap.publisher import FullReloadPublisher, Probe, current_version
 from learner.swap.transfer import TransferPhases, TransferPublisher, transfer_support
+from store import db, policy_versions
+from tests.support.drills import learner_config
 from tests.support.weights import trainer_logprobs
 
 pytestmark = [pytest.mark.vllm]
@@ -290,3 +294,56 @@ def test_two_replicas_get_every_update_and_one_killed_mid_transfer_rejoins_with_
         publisher.close()
     finally:
         second.stop()
+
+
+def test_a_learner_killed_before_writing_a_transferred_version_serves_its_parent_again(
+    vllm: VLLMServer, tiny_model: Path, tmp_path: Path, original: str
+) -> None:
+    db_url = f"sqlite:///{tmp_path / 'learner.db'}"
+    db.upgrade(db_url)
+    config = learner_config(db_url, vllm, tiny_model, tmp_path)
+    first = Learner(config)
+    first.start()
+    assert first.transport == "transfer"
+    assert first.serving is not None and isinstance(first.publisher, TransferPublisher)
+    base = first.serving
+    # a step's publish as far as a kill lets it go: verified, recorded, serving, no files
+    model = load_model(tiny_model)
+    nudged(model, 0.5)
+    version = "step-1-killed"
+    target = first.checkpoints / version
+
+    def record(result: Any) -> None:
+        with first.engine.begin() as conn:
+            policy_versions.add_version(
+                conn,
+                version=version,
+                ordinal=policy_versions.next_ordinal(conn),
+                parent=base["version"],
+                checkpoint_path=str(target),
+                status="serving",
+                probe=result.fingerprint.state(),
+            )
+
+    result = first.publisher.publish(
+        target,
+        version,
+        expected=expected_of(model),
+        commit=record,
+        tensors=checkpoint_tensors(model),
+    )
+    assert result.ok, result.error
+    assert current_version(vllm.url) == version and not target.exists()
+
+    second = Learner(config)
+    second.start()
+
+    assert second.serving is not None
+    assert second.serving["version"].startswith(f"{base['version']}+rollback-")
+    assert second.serving["checkpoint_path"] == base["checkpoint_path"]
+    assert current_version(vllm.url) == second.serving["version"]
+    with httpx.Client(timeout=60) as client:
+        report = weight_check.verify(client, vllm.url, Path(base["checkpoint_path"]))
+    assert report.ok, report.summary()
+    assert isinstance(second.publisher, TransferPublisher)
+    second.publisher.close()
