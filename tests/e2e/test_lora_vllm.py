@@ -163,6 +163,8 @@ def lora_learner_command(
         *("--batch-trajectories", "32", "--learning-rate", "2e-2"),
         *("--lora", "--lora-rank", str(RANK), "--max-steps", str(steps)),
         *("--no-mask-truncated", "--poll-interval", "0.2", "--self-judge-shadow", "0"),
+        # max_staleness + 1 = 3 adapters stay loaded: fewer than the steps, so some unload
+        *("--max-staleness", "2"),
     ]
 
 
@@ -209,7 +211,8 @@ def test_the_learner_trains_and_hot_swaps_lora_adapters(
             files = {p.name for p in Path(row.checkpoint_path).iterdir()}
             assert files == {"adapter_config.json", "adapter_model.safetensors"}
         assert weight_version(lora_vllm) == latest
-        # the newest three stay loaded (requests on them may still run), older ones not
+        # the newest max_staleness + 1 = 3 stay loaded (requests on them may still run, and
+        # samples from them still train), older ones not
         published = [row.version for row in versions[1:]]
         loaded = loaded_adapters(lora_vllm)
         assert set(published[-3:]) <= loaded and not set(published[:-3]) & loaded
