@@ -335,6 +335,8 @@ def test_a_learner_killed_before_writing_a_transferred_version_serves_its_parent
     assert result.ok, result.error
     assert current_version(vllm.url) == version and not target.exists()
 
+    assert isinstance(first.publisher, TransferPublisher)
+    first.publisher.close()  # its weight file in /dev/shm, as a learner's clean stop does
     second = Learner(config)
     second.start()
 
