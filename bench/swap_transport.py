@@ -14,8 +14,10 @@ recipe's) on a fixed text. Arms, each ``--swaps`` verified swaps of one step eac
             check against the tensors in memory and the probe, label -> the first request;
             the checkpoint is written after that, off the path (reported apart)
 
-Then deltas: after ``--steps`` more steps, the bytes a transfer writes when the replica's
-version is 1, 10 and 100 steps old, and those swaps' seconds.
+First, before vLLM starts, the two CPU channels the issue names, on the checkpoint's size: a
+gloo broadcast over loopback and a write into shared memory. Last, deltas: after ``--steps``
+more steps, the bytes a transfer writes when the replica's version is 1, 10 and 100 steps
+old, and those swaps' seconds.
 
 Without vLLM (a GPU machine with torch only): the same comparison with a receiver process that
 holds the model on the device instead of vLLM: `disk` saves a bf16 safetensors file that the
@@ -94,6 +96,52 @@ def median_table(title: str, runs: list[Phases], end: str = "step end -> first a
     return total
 
 
+# -- the CPU channel: gloo over loopback against shared memory ----------------------------
+def _gloo_peer(rank: int, port: int, elements: int, seconds: Any) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    buffer = torch.ones(elements, dtype=torch.bfloat16)
+    for _ in range(3):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.broadcast(buffer, src=0)
+        if rank == 1:
+            seconds.put(time.perf_counter() - start)
+    dist.destroy_process_group()
+
+
+def channel_comparison(nbytes: int) -> None:
+    """What moving ``nbytes`` of bf16 costs on each CPU channel the issue names (best of 3):
+    a gloo broadcast between two processes over loopback, and a write into a file in shared
+    memory (what the `onthejob_shm` engine's learner side does)."""
+    import torch.multiprocessing as mp
+
+    from learner.demo.vllm_server import free_port
+    from learner.swap.weight_file import WeightFile, default_directory
+
+    elements = nbytes // 2
+    ctx = mp.get_context("spawn")
+    seconds = ctx.Queue()
+    port = free_port()
+    peers = [ctx.Process(target=_gloo_peer, args=(r, port, elements, seconds)) for r in (0, 1)]
+    for peer in peers:
+        peer.start()
+    gloo = min(seconds.get(timeout=300) for _ in range(3))
+    for peer in peers:
+        peer.join(timeout=60)
+    weight_file = WeightFile(default_directory() / "onthejob-bench-channel.weights")
+    tensors = {"w": torch.ones(elements, dtype=torch.bfloat16)}
+    shm = min(weight_file.write(tensors, f"v{i}", delta=False).seconds for i in range(3))
+    weight_file.remove()
+    print(
+        f"channel, {nbytes / 1e6:.0f} MB: gloo over loopback {gloo:.3f}s, shared memory {shm:.3f}s"
+    )
+
+
 # -- with vLLM ----------------------------------------------------------------------------
 def run_vllm(args: argparse.Namespace) -> float:
     from transformers import AutoTokenizer
@@ -133,6 +181,7 @@ def run_vllm(args: argparse.Namespace) -> float:
         return checkpoint_tensors(model, dtype=served, copy=False)
 
     base = save_checkpoint(model, work / "base", source_dir=source, dtype=served)
+    channel_comparison(sum(t.numel() * t.element_size() for t in tensors().values()))
     print(f"model {source.name}, served in {args.dtype}, lr {args.lr}, {ids.shape[1]} tokens/step")
     server = VLLMServer(
         source, dtype=args.dtype, log_path=work / "vllm.log", weight_transfer=True
