@@ -31,7 +31,7 @@ from learner.swap.publisher import (
     PublishResult,
     current_version,
 )
-from tests.support.weights import modified_checkpoint, trainer_logprobs
+from tests.support.weights import modified_checkpoint, serve_again, trainer_logprobs
 
 pytestmark = [pytest.mark.vllm]
 
@@ -85,10 +85,7 @@ def original(vllm: VLLMServer, tiny_model: Path, probe: Probe) -> Iterator[str]:
     """The version served before the test; the original weights are back after it."""
     version = current_version(vllm.url)
     yield version
-    restore = FullReloadPublisher([vllm.url], probe=probe, last_good=tiny_model)
-    result = restore.rollback(tiny_model, version, expected=trainer_logprobs(tiny_model))
-    assert result.ok, result.error
-    assert current_version(vllm.url) == version
+    serve_again(vllm.url, tiny_model, probe, version)
 
 
 @pytest.fixture

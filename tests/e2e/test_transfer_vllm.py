@@ -22,25 +22,15 @@ from learner.checkpoint import checkpoint_tensors, load_model, save_checkpoint
 from learner.demo.vllm_server import VLLMServer
 from learner.loop.learner import Learner
 from learner.swap import weight_check
-from learner.swap.publisher import FullReloadPublisher, Probe, current_version
+from learner.swap.publisher import Probe, current_version
 from learner.swap.transfer import TransferPhases, TransferPublisher, transfer_support
 from store import db, policy_versions
 from tests.support.drills import learner_config
-from tests.support.weights import trainer_logprobs
+from tests.support.weights import logprobs_of, serve_again, trainer_logprobs
 
 pytestmark = [pytest.mark.vllm]
 
 PROMPT = "<|im_start|>user\nhello, what is the weather today?<|im_end|>\n<|im_start|>assistant\n"
-
-
-def expected_of(model: Any) -> Any:
-    def expected(prompt: list[int], completion: list[int]) -> list[float]:
-        with torch.no_grad():
-            logits = model(torch.tensor([prompt + completion])).logits[0]
-        logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
-        return logprobs.gather(1, torch.tensor(completion)[:, None]).squeeze(1).tolist()
-
-    return expected
 
 
 def sample(server: VLLMServer) -> list[float]:
@@ -74,9 +64,17 @@ def probe(tokenizer: Any) -> Probe:
 def original(vllm: VLLMServer, tiny_model: Path, probe: Probe) -> Iterator[str]:
     version = current_version(vllm.url)
     yield version
-    restore = FullReloadPublisher([vllm.url], probe=probe, last_good=tiny_model)
-    result = restore.rollback(tiny_model, version, expected=trainer_logprobs(tiny_model))
-    assert result.ok, result.error
+    serve_again(vllm.url, tiny_model, probe, version)
+
+
+def delta_publisher(
+    kind: type[TransferPublisher], server: VLLMServer, model: Path, probe: Probe, tmp: Path
+) -> Any:
+    """A publisher to one replica that writes deltas and checks weights exactly; its
+    weight files in ``tmp``, and the base model as the last good weights."""
+    return kind(
+        [server.url], probe=probe, last_good=model, check_weights=True, weight_dir=tmp, delta=True
+    )
 
 
 def nudged(model: Any, scale: float, *, share: float = 1.0, seed: int = 0) -> None:
@@ -101,21 +99,14 @@ def test_a_transfer_swap_and_a_delta_swap_are_each_verified_exactly(
     vllm: VLLMServer, tiny_model: Path, tmp_path: Path, probe: Probe, original: str
 ) -> None:
     assert transfer_support([vllm.url], weight_dir=tmp_path) is None
-    publisher = TransferPublisher(
-        [vllm.url],
-        probe=probe,
-        last_good=tiny_model,
-        check_weights=True,
-        weight_dir=tmp_path,
-        delta=True,
-    )
+    publisher = delta_publisher(TransferPublisher, vllm, tiny_model, probe, tmp_path)
     model = load_model(tiny_model)
     before = sample(vllm)
     nudged(model, 0.5)
     first = checkpoint_tensors(model)
 
     result = publisher.publish(
-        tmp_path / "v1", "transfer-v1", expected=expected_of(model), tensors=first
+        tmp_path / "v1", "transfer-v1", expected=logprobs_of(model), tensors=first
     )
 
     assert result.ok, result.error
@@ -132,7 +123,7 @@ def test_a_transfer_swap_and_a_delta_swap_are_each_verified_exactly(
     nudged(model, 0.05, share=0.1, seed=1)
     second = checkpoint_tensors(model)
     result = publisher.publish(
-        tmp_path / "v2", "transfer-v2", expected=expected_of(model), tensors=second
+        tmp_path / "v2", "transfer-v2", expected=logprobs_of(model), tensors=second
     )
 
     assert result.ok, result.error
@@ -164,25 +155,18 @@ class CorruptingOnce(TransferPublisher):
 def test_weights_that_reach_the_replica_wrong_fail_the_check_and_the_next_swap_is_whole(
     vllm: VLLMServer, tiny_model: Path, tmp_path: Path, probe: Probe, original: str
 ) -> None:
-    publisher = CorruptingOnce(
-        [vllm.url],
-        probe=probe,
-        last_good=tiny_model,
-        check_weights=True,
-        weight_dir=tmp_path,
-        delta=True,
-    )
+    publisher = delta_publisher(CorruptingOnce, vllm, tiny_model, probe, tmp_path)
     model = load_model(tiny_model)
     nudged(model, 0.5)
     assert publisher.publish(
-        tmp_path / "v1", "v1", expected=expected_of(model), tensors=checkpoint_tensors(model)
+        tmp_path / "v1", "v1", expected=logprobs_of(model), tensors=checkpoint_tensors(model)
     ).ok
     save_checkpoint(model, tmp_path / "v1", source_dir=tiny_model)  # as the learner does
     publisher.corrupt = "model.layers.0.mlp.down_proj.weight"
     nudged(model, 0.05, share=0.1, seed=2)
 
     failed = publisher.publish(
-        tmp_path / "v2", "v2", expected=expected_of(model), tensors=checkpoint_tensors(model)
+        tmp_path / "v2", "v2", expected=logprobs_of(model), tensors=checkpoint_tensors(model)
     )
 
     assert not failed.ok
@@ -192,7 +176,7 @@ def test_weights_that_reach_the_replica_wrong_fail_the_check_and_the_next_swap_i
     assert publisher.files[vllm.url].version is None  # what the file holds is unknown now
 
     again = publisher.publish(
-        tmp_path / "v3", "v3", expected=expected_of(model), tensors=checkpoint_tensors(model)
+        tmp_path / "v3", "v3", expected=logprobs_of(model), tensors=checkpoint_tensors(model)
     )
 
     assert again.ok, again.error
@@ -243,7 +227,7 @@ def test_two_replicas_get_every_update_and_one_killed_mid_transfer_rejoins_with_
             result = publisher.publish(
                 tmp_path / f"v{step}",
                 f"v{step}",
-                expected=expected_of(model),
+                expected=logprobs_of(model),
                 tensors=checkpoint_tensors(model),
             )
             assert result.ok, result.error
@@ -260,7 +244,7 @@ def test_two_replicas_get_every_update_and_one_killed_mid_transfer_rejoins_with_
         killed = publisher.publish(
             tmp_path / "v3",
             "v3",
-            expected=expected_of(model),
+            expected=logprobs_of(model),
             tensors=checkpoint_tensors(model),
         )
 
@@ -282,7 +266,7 @@ def test_two_replicas_get_every_update_and_one_killed_mid_transfer_rejoins_with_
         rejoined = publisher.publish(
             tmp_path / "v4",
             "v4",
-            expected=expected_of(model),
+            expected=logprobs_of(model),
             tensors=checkpoint_tensors(model),
         )
 
@@ -328,7 +312,7 @@ def test_a_learner_killed_before_writing_a_transferred_version_serves_its_parent
     result = first.publisher.publish(
         target,
         version,
-        expected=expected_of(model),
+        expected=logprobs_of(model),
         commit=record,
         tensors=checkpoint_tensors(model),
     )

@@ -13,12 +13,19 @@ from learner.checkpoint import (
 )
 from learner.swap.publisher import (
     ExpectedLogprobs,
+    FullReloadPublisher,
+    Probe,
+    current_version,
 )
 
 
 def trainer_logprobs(model_dir: Path) -> ExpectedLogprobs:
     """What the trainer computes for ``model_dir``: float32 log-softmax at temperature 1."""
-    model = load_model(model_dir)
+    return logprobs_of(load_model(model_dir))
+
+
+def logprobs_of(model: Any) -> ExpectedLogprobs:
+    """What ``model`` computes, as it is when called: float32 log-softmax at temperature 1."""
 
     def expected(prompt: list[int], completion: list[int]) -> list[float]:
         with torch.no_grad():
@@ -35,3 +42,12 @@ def modified_checkpoint(source: Path, out_dir: Path) -> tuple[Path, Any]:
     with torch.no_grad():
         model.get_input_embeddings().weight.mul_(3.0)
     return save_checkpoint(model, out_dir, source_dir=source), model
+
+
+def serve_again(upstream: str, model_dir: Path, probe: Probe, version: str) -> None:
+    """Put ``model_dir``'s weights back into ``upstream`` under ``version``, verified (what
+    tests that change a shared replica's weights do when they end)."""
+    restore = FullReloadPublisher([upstream], probe=probe, last_good=model_dir)
+    result = restore.rollback(model_dir, version, expected=trainer_logprobs(model_dir))
+    assert result.ok, result.error
+    assert current_version(upstream) == version
