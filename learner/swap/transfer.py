@@ -211,8 +211,9 @@ def transfer_support(
                 else f"{upstream} runs the {backend} weight-transfer engine, not {BACKEND}"
             )
         weight_file = WeightFile(file_for(directory, upstream))
+        made = not weight_file.path.exists()
         try:
-            if not weight_file.path.exists():
+            if made:
                 weight_file.write({}, "empty", delta=False)
             answer = httpx.post(
                 upstream + "/init_weight_transfer_engine",
@@ -221,6 +222,9 @@ def transfer_support(
             )
         except (OSError, httpx.HTTPError) as exc:
             return f"{upstream}: weight-transfer handshake failed ({failure_reason(exc)})"
+        finally:
+            if made:  # the publisher writes the real one, and inits again, at each swap
+                weight_file.remove()
         if not answer.is_success:
             return (
                 f"{upstream} cannot read {weight_file.path} (HTTP {answer.status_code}: "
