@@ -64,7 +64,6 @@ class Publishing(LearnerBase):
             # checkpoint is written once the version serves (rollbacks and resumes read it)
             transfer = isinstance(self.publisher, TransferPublisher)
             tensors = self._served_tensors() if transfer else None
-            checkpoint = target
             if tensors is None:
                 self._save_checkpoint_files(step, target, metrics)
             parent = self.serving["version"]
@@ -83,7 +82,7 @@ class Publishing(LearnerBase):
                         version=version,
                         ordinal=policy_versions.next_ordinal(conn),
                         parent=parent,
-                        checkpoint_path=str(checkpoint),
+                        checkpoint_path=str(target),
                         status="serving",
                         swap_seconds=result.swap_seconds,
                         metrics=metrics,
@@ -97,7 +96,7 @@ class Publishing(LearnerBase):
             # a stop asked for from here on comes once the outcome is recorded (stopping.py)
             with self.stopping.swap():
                 try:
-                    result = self._publish(checkpoint, version, record, tensors)
+                    result = self._publish(target, version, record, tensors)
                 except BaseException:
                     self._needs_restore = True  # the replicas may still be fenced off
                     raise
@@ -121,7 +120,7 @@ class Publishing(LearnerBase):
                         version=version,
                         ordinal=None,
                         parent=parent,
-                        checkpoint_path=str(checkpoint),
+                        checkpoint_path=str(target),
                         status="rolled_back",
                         swap_seconds=result.swap_seconds,
                         error=result.error,

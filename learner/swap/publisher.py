@@ -622,19 +622,31 @@ def tolerance_for(dtype: str | None) -> float:
     return DEFAULT_TOLERANCE
 
 
-def served_dtype(upstream: str, *, timeout: float = 120) -> str | None:
-    """The dtype a vLLM replica computes in ("bfloat16", "float32", ...), from its
-    dev-mode ``GET /server_info``; None when it does not say. A generous timeout: vLLM
-    collects its environment (pip, subprocesses) at the first call, which took over 10 s
-    on a loaded 2-core machine, and a wrong answer here makes every bf16 swap fail."""
+def server_config(upstream: str, *, timeout: float = 120) -> dict[str, Any]:
+    """A vLLM replica's configuration, from its dev-mode ``GET /server_info``;
+    ``PublishError`` saying why when it gives none. A generous timeout: vLLM collects its
+    environment (pip, subprocesses) at the first call, which took over 10 s on a loaded
+    2-core machine."""
     try:
         response = httpx.get(
             upstream.rstrip("/") + "/server_info",
             params={"config_format": "json"},
             timeout=timeout,
         )
-        model = response.json()["vllm_config"]["model_config"]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        config = response.json()["vllm_config"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        raise PublishError(failure_reason(exc)) from exc
+    if not isinstance(config, dict):
+        raise PublishError(f"vllm_config is not an object: {str(config)[:200]}")
+    return config
+
+
+def served_dtype(upstream: str, *, timeout: float = 120) -> str | None:
+    """The dtype a vLLM replica computes in ("bfloat16", "float32", ...); None when it does
+    not say (a wrong answer here makes every bf16 swap fail)."""
+    try:
+        model = server_config(upstream, timeout=timeout).get("model_config")
+    except PublishError:
         return None
     dtype = model.get("dtype") if isinstance(model, dict) else None
     return str(dtype).removeprefix("torch.") if dtype else None

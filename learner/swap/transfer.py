@@ -17,7 +17,6 @@ replica's next transfer is a full sync.
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -34,13 +33,10 @@ from learner.swap.publisher import (
     PublishError,
     PublishResult,
     failure_reason,
+    server_config,
 )
 from learner.swap.vllm_plugin import BACKEND
 from learner.swap.weight_file import WeightFile, WriteStats, default_directory, file_for
-
-log = logging.getLogger("onthejob.learner")
-
-TRANSPORTS = ("auto", "disk", "transfer")  # --transport; LoRA runs load adapters (`lora`)
 
 
 @dataclass
@@ -161,15 +157,15 @@ class TransferPublisher(FullReloadPublisher):
             upstream + "/init_weight_transfer_engine",
             json={"init_info": weight_file.init_info()},
         )
-        started = _clock()
+        started = time.perf_counter()
         self._call(client, "POST", upstream + "/start_weight_update", json={})
-        updating = _clock()
+        updating = time.perf_counter()
         body = {"update_info": weight_file.update_info()}
         self._call(client, "POST", upstream + "/update_weights", json=body)
-        finishing = _clock()
+        finishing = time.perf_counter()
         self._call(client, "POST", upstream + "/finish_weight_update", json={})
         phases.start, phases.update = updating - started, finishing - updating
-        phases.finish = _clock() - finishing
+        phases.finish = time.perf_counter() - finishing
 
     def _weights(self, directory: Path | None) -> contextlib.AbstractContextManager[Any]:
         tensors = self._pending_for(directory)
@@ -196,12 +192,9 @@ def transfer_support(
     for upstream in upstreams:
         upstream = upstream.rstrip("/")
         try:
-            response = httpx.get(
-                upstream + "/server_info", params={"config_format": "json"}, timeout=timeout
-            )
-            config = response.json()["vllm_config"].get("weight_transfer_config")
-        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            return f"{upstream}: no server info ({failure_reason(exc)})"
+            config = server_config(upstream, timeout=timeout).get("weight_transfer_config")
+        except PublishError as exc:
+            return f"{upstream}: no server info ({exc})"
         backend = config.get("backend") if isinstance(config, dict) else None
         if backend != BACKEND:
             return (
@@ -231,7 +224,3 @@ def transfer_support(
                 f"{answer.text[:200]}): it runs on another machine or in another container"
             )
     return None
-
-
-def _clock() -> float:
-    return time.perf_counter()

@@ -8,7 +8,7 @@ it load nothing of ours.
 
 from __future__ import annotations
 
-BACKEND = "onthejob_shm"  # learner.swap.vllm_transfer.BACKEND, without importing vLLM here
+BACKEND = "onthejob_shm"  # the backend name replicas ask for; this module imports no vLLM
 
 
 def register() -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,7 +27,6 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-BACKEND = "onthejob_shm"
 PROTOCOL = 1  # bumped when the update's fields change; both sides must agree
 
 
@@ -48,7 +47,6 @@ class SharedMemoryUpdateInfo(WeightTransferUpdateInfo):
     shapes: list[list[int]]
     offsets: list[int]
     size: int = 0  # the file's size in bytes, as the learner wrote it
-    extra: dict[str, Any] = field(default_factory=dict)  # what a later learner adds
 
     def __post_init__(self) -> None:
         count = len(self.names)

@@ -6,7 +6,6 @@ weights gets the ``publisher`` fixture, which puts the original model and versio
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +30,9 @@ from learner.swap.publisher import (
     PublishResult,
     current_version,
 )
-from tests.support.weights import modified_checkpoint, serve_again, trainer_logprobs
+from tests.support.weights import PROMPT, modified_checkpoint, trainer_logprobs
 
 pytestmark = [pytest.mark.vllm]
-
-PROMPT = "<|im_start|>user\nhello, what is the weather today?<|im_end|>\n<|im_start|>assistant\n"
 
 
 def without_lm_head(checkpoint: Path, model: Any) -> Path:
@@ -73,19 +70,6 @@ def assert_not_paused(server: VLLMServer) -> None:
     assert httpx.get(server.url + "/is_paused", timeout=10).json() == {"is_paused": False}
     tokens, _ = sample(server, max_tokens=4)
     assert len(tokens) == 4
-
-
-@pytest.fixture
-def probe(tokenizer: Any) -> Probe:
-    return Probe(prompt_token_ids=tokenizer.encode(PROMPT))
-
-
-@pytest.fixture
-def original(vllm: VLLMServer, tiny_model: Path, probe: Probe) -> Iterator[str]:
-    """The version served before the test; the original weights are back after it."""
-    version = current_version(vllm.url)
-    yield version
-    serve_again(vllm.url, tiny_model, probe, version)
 
 
 @pytest.fixture

@@ -26,11 +26,9 @@ from learner.swap.publisher import Probe, current_version
 from learner.swap.transfer import TransferPhases, TransferPublisher, transfer_support
 from store import db, policy_versions
 from tests.support.drills import learner_config
-from tests.support.weights import logprobs_of, serve_again, trainer_logprobs
+from tests.support.weights import PROMPT, logprobs_of, trainer_logprobs
 
 pytestmark = [pytest.mark.vllm]
-
-PROMPT = "<|im_start|>user\nhello, what is the weather today?<|im_end|>\n<|im_start|>assistant\n"
 
 
 def sample(server: VLLMServer) -> list[float]:
@@ -53,18 +51,6 @@ def vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     log = tmp_path_factory.mktemp("transfer") / "vllm.log"
     with VLLMServer(tiny_model, log_path=log, weight_transfer=True) as server:
         yield server
-
-
-@pytest.fixture
-def probe(tokenizer: Any) -> Probe:
-    return Probe(prompt_token_ids=tokenizer.encode(PROMPT))
-
-
-@pytest.fixture
-def original(vllm: VLLMServer, tiny_model: Path, probe: Probe) -> Iterator[str]:
-    version = current_version(vllm.url)
-    yield version
-    serve_again(vllm.url, tiny_model, probe, version)
 
 
 def delta_publisher(

@@ -208,10 +208,7 @@ def wrong_weights_once(learner: Learner) -> None:
 
         def served_wrong() -> dict[str, Any]:
             learner._served_tensors = served  # type: ignore[method-assign]
-            return {
-                name: tensor * 3.0 if "embed" in name or "lm_head" in name else tensor
-                for name, tensor in served().items()
-            }
+            return _embeddings_scaled(served())
 
         learner._served_tensors = served_wrong  # type: ignore[method-assign]
         return
@@ -221,14 +218,19 @@ def wrong_weights_once(learner: Learner) -> None:
         learner._save = save  # type: ignore[method-assign]
         checkpoint = save(target)
         path = checkpoint / WEIGHTS_FILE
-        tensors = {
-            name: tensor * 3.0 if "embed" in name or "lm_head" in name else tensor
-            for name, tensor in load_file(str(path)).items()
-        }
+        tensors = _embeddings_scaled(load_file(str(path)))
         save_file(tensors, str(path), metadata={"format": "pt"})
         return checkpoint
 
     learner._save = save_wrong  # type: ignore[method-assign]
+
+
+def _embeddings_scaled(tensors: dict[str, Any]) -> dict[str, Any]:
+    """The tied embeddings and LM head times 3: wrong weights that load like right ones."""
+    return {
+        name: tensor * 3.0 if "embed" in name or "lm_head" in name else tensor
+        for name, tensor in tensors.items()
+    }
 
 
 def recorded(engine: Engine) -> Counter[str]:

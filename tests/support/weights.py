@@ -18,6 +18,9 @@ from learner.swap.publisher import (
     current_version,
 )
 
+# what the swap tests sample and probe with
+PROMPT = "<|im_start|>user\nhello, what is the weather today?<|im_end|>\n<|im_start|>assistant\n"
+
 
 def trainer_logprobs(model_dir: Path) -> ExpectedLogprobs:
     """What the trainer computes for ``model_dir``: float32 log-softmax at temperature 1."""
