@@ -9,10 +9,17 @@ are here (pure functions over a conversation, store/conversation.py):
   or a result that starts with `Error:`;
 - **interrupted**: the user stopped the turn (Claude Code records "[Request interrupted by
   user]");
-- **retried**: the user's next message repeats the one the turn answered, word for word.
+- **retried**: the user's next message repeats the one the turn answered, word for word;
+- **corrected**: the user's next message opens by saying the turn was wrong ("No, that's
+  wrong", "Incorrect.", "That's not right, it's 42");
+- **approved**: the user's next message opens by saying it was right ("Thanks!", "That's
+  correct", "Perfect") and says nothing of it being wrong.
 
-Each signal is -1 (the turn did badly), names its rule and quotes its evidence. A turn the
-rules say nothing about is left to the self-judge, with what came next in view.
+Each signal is -1 (the turn did badly) or +1 (approved), names its rule and quotes its
+evidence. The word rules read only how the next message opens: "No problem", "Thanks, but
+that's wrong" or "Are you sure? I get 42" are not certain, and are left to the judge with
+what came next in view (learner/graders/next_turn.py), as is every turn the rules are
+silent on.
 """
 
 from __future__ import annotations
@@ -32,14 +39,31 @@ _TOOL_ERRORS = (
     re.compile(r"\A\s*Error:"),
 )
 _INTERRUPTED = re.compile(r"\[Request interrupted by user")
+# how a message opens when the user says the answer was wrong ("no" only with a break after
+# it or "that/it" next: "no problem" and "no thanks" are not corrections)
+_CORRECTED = re.compile(
+    r"\A\W*(?:no\s*[,.!;:\u2014-]|no,?\s+(?:that|this|it)\b|nope\b|wrong\b|incorrect\b"
+    r"|not (?:quite|right|correct)\b"
+    r"|(?:that|this|it)(?:'s|\u2019s| is| was) (?:wrong|incorrect|not (?:right|correct|it))\b"
+    r"|you(?:'re|\u2019re| are) wrong\b)",
+    re.IGNORECASE,
+)
+# ... and when they say it was right
+_APPROVED = re.compile(
+    r"\A\W*(?:thanks\b|thank you\b|thx\b|correct\b|exactly\b|perfect\b"
+    r"|(?:yes,?\s+)?(?:that's|that\u2019s|that is|it's|it is) (?:right|correct)\b)",
+    re.IGNORECASE,
+)
+# anywhere in an approving message, these make it uncertain ("thanks, but that's wrong")
+_DOUBT = re.compile(r"\b(?:wrong|incorrect|not (?:right|correct|quite)|but|however)\b", re.I)
 
 
 @dataclass(frozen=True)
 class TurnSignal:
     call_id: str  # the call whose reply the signal judges
     turn: int  # index of that reply in the conversation
-    value: float  # -1.0: the turn did badly
-    rule: str  # tool_error | interrupted | retried
+    value: float  # -1.0: the turn did badly; +1.0: the user said it did well
+    rule: str  # tool_error | interrupted | retried | corrected | approved
     evidence: str  # what came next that says so, shortened
 
     def as_dict(self) -> dict[str, Any]:
@@ -55,6 +79,16 @@ def tool_failed(message: Message) -> bool:
     if message.get("is_error"):
         return True
     return any(p.search(message["text"]) for p in _TOOL_ERRORS)
+
+
+def user_verdict(text: str) -> float | None:
+    """-1 when a user's message opens by saying the answer before it was wrong, +1 when it
+    opens by saying it was right (and doubts nothing), None when it is not that certain."""
+    if _CORRECTED.search(text):
+        return -1.0
+    if _APPROVED.search(text) and not _DOUBT.search(text):
+        return 1.0
+    return None
 
 
 def _same_request(a: str, b: str) -> bool:
@@ -92,8 +126,8 @@ def _judge(messages: list[Message], i: int, asked: str | None) -> TurnSignal | N
             break
         following.append(after)
 
-    def signal(rule: str, evidence: str) -> TurnSignal:
-        return TurnSignal(turn["call_id"], i, -1.0, rule, _quote(evidence))
+    def signal(rule: str, evidence: str, value: float = -1.0) -> TurnSignal:
+        return TurnSignal(turn["call_id"], i, value, rule, _quote(evidence))
 
     # an interruption first: Claude Code also sends it as a tool result flagged as an error
     for after in following:
@@ -106,4 +140,9 @@ def _judge(messages: list[Message], i: int, asked: str | None) -> TurnSignal | N
     users = [m for m in following if m["role"] == "user"]
     if users and asked is not None and asked.strip() and _same_request(users[0]["text"], asked):
         return signal("retried", users[0]["text"])
+    if users:
+        verdict = user_verdict(users[0]["text"])
+        if verdict is not None:
+            rule = "corrected" if verdict < 0 else "approved"
+            return signal(rule, users[0]["text"], verdict)
     return None

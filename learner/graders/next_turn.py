@@ -1,10 +1,12 @@
 """The `next_turn` grader: a reward from what the traffic itself said after each turn.
 
 store/next_turn.py reads the certain signals off the conversation (a failed tool call, an
-interruption, a word-for-word retry). The reward is the share of the trajectory's replies
-no such signal judged bad; the detail lists the signals with their evidence. A trajectory
-with no reply is an error (nothing to judge). Turns the rules say nothing about count as
-fine: combine it with the judge (`--grader next_turn --grader judge`) to have those judged.
+interruption, a word-for-word retry, a user saying the reply was wrong or right). Each reply
+scores 0.5 (nothing known), 0 with a bad signal, 1 with a good one; the reward is the mean
+over the trajectory's replies, and the detail lists the signals with their evidence (the
+learner's per-turn credit, `--credit turn`, trains each judged reply on its own signal
+instead). A trajectory with no reply is an error (nothing to judge). Combine it with the
+judge (`--grader next_turn --grader judge`) to have the whole trajectory judged as well.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ class NextTurnGrader:
         if not replies:
             return Grade.failed("next_turn: the trajectory has no reply to judge")
         signals = next_turn_signals(messages)
-        bad = {s.call_id for s in signals if s.value < 0}
+        value = {s.call_id: s.value for s in signals}
+        scores = [0.5 + 0.5 * value.get(reply, 0.0) for reply in replies]
         return Grade(
-            reward=1.0 - len(bad) / len(replies),
+            reward=sum(scores) / len(scores),
             detail={"replies": len(replies), "signals": [s.as_dict() for s in signals]},
         )

@@ -273,7 +273,7 @@ function showReward(t) {
   list.replaceChildren(...t.feedback.map((f) => el("li", {}, `${shortTime(f.created_at)}: ${fmt(f.reward)}${f.comment ? ` — ${f.comment}` : ""}`)));
 }
 
-const SIGNALS = { tool_error: "its tool call failed", interrupted: "the user interrupted it", retried: "the user asked again, word for word" };
+const SIGNALS = { tool_error: "its tool call failed", interrupted: "the user interrupted it", retried: "the user asked again, word for word", corrected: "the user said it was wrong", approved: "the user said it was right" };
 
 function renderConversation(messages, signals) {
   const box = $("conversation");
@@ -283,7 +283,7 @@ function renderConversation(messages, signals) {
     const node = el("div", { class: `msg ${m.role}${m.is_error ? " failed" : ""}` }, el("span", { class: "role" }, m.role + (m.tool_call_id ? ` · ${m.tool_call_id}` : "")), m.text);
     for (const call of m.tool_calls) node.appendChild(el("div", { class: "toolcall" }, `${call.name}(${call.arguments})`));
     const signal = judged.get(i);
-    if (signal) node.appendChild(el("div", { class: "signal", "data-rule": signal.rule, title: signal.evidence }, `next turn: ${SIGNALS[signal.rule] || signal.rule} (${fmt(signal.value)})`));
+    if (signal) node.appendChild(el("div", { class: `signal${signal.value > 0 ? " good" : ""}`, "data-rule": signal.rule, title: signal.evidence }, `next turn: ${SIGNALS[signal.rule] || signal.rule} (${fmt(signal.value)})`));
     box.appendChild(node);
   });
 }

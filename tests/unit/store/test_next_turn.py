@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from store.conversation import conversation
-from store.next_turn import next_turn_signals, tool_failed
+from store.next_turn import next_turn_signals, tool_failed, user_verdict
 
 
 def chat_call(cid: str, messages: list[dict[str, Any]], reply: dict[str, Any]) -> dict[str, Any]:
@@ -49,8 +49,9 @@ def test_an_interruption_and_a_word_for_word_retry_are_signals() -> None:
         chat_call("c", [*first, say("43"), {"role": "user", "content": "what is 6 x 7? "},
                         say("42"), {"role": "user", "content": "thanks"}], say("You're welcome")),
     ]  # fmt: skip
-    [retried] = next_turn_signals(conversation(calls))
-    assert (retried.call_id, retried.rule) == ("a", "retried")
+    retried, thanked = next_turn_signals(conversation(calls))
+    assert (retried.call_id, retried.rule, retried.value) == ("a", "retried", -1.0)
+    assert (thanked.call_id, thanked.rule, thanked.value) == ("b", "approved", 1.0)
     interrupted = [
         chat_call("a", first, calls_tool("t1")),
         chat_call("b", [*first, calls_tool("t1"),
@@ -83,3 +84,29 @@ def test_anthropic_is_error_results_count_and_ordinary_ones_do_not() -> None:
     assert not tool_failed({**ok, "tool_calls": [], "tool_call_id": None, "call_id": None})
     for text in ("bash: foo: command not found", "Process exited with code 2", "Error: no"):
         assert tool_failed({**ok, "text": text})
+
+
+def test_a_user_saying_the_answer_was_wrong_or_right_judges_the_reply_before() -> None:
+    asked = [{"role": "user", "content": "How many days are in 3 weeks?"}]
+    calls = [
+        chat_call("a", asked, calls_tool("t1")),
+        chat_call("b", [*asked, calls_tool("t1"), {"role": "tool", "tool_call_id": "t1",
+                                                   "content": "21"}], say("20")),
+        chat_call("c", [*asked, calls_tool("t1"), {"role": "tool", "tool_call_id": "t1",
+                                                   "content": "21"}, say("20"),
+                        {"role": "user", "content": "No, that's wrong. It's 21."}], say("21")),
+    ]  # fmt: skip
+    [signal] = next_turn_signals(conversation(calls))
+    assert (signal.call_id, signal.rule, signal.value) == ("b", "corrected", -1.0)
+    assert signal.evidence == "No, that's wrong. It's 21."
+
+
+def test_only_certain_words_are_verdicts() -> None:
+    wrong = ("No, that's wrong.", "no. try again", "Nope", "Wrong!", "Incorrect, it is 4",
+             "That's not right: 12", "It is wrong", "You're wrong about that", "Not quite.")
+    right = ("Thanks!", "thank you", "That's correct.", "Yes, that's right", "Perfect")
+    unsure = ("No problem", "no thanks", "Thanks, but that's wrong", "Are you sure? I get 42",
+              "Use the calculator", "Great, now do 5 x 6", "Correct me if I'm wrong", "")
+    assert [user_verdict(t) for t in wrong] == [-1.0] * len(wrong)
+    assert [user_verdict(t) for t in right] == [1.0] * len(right)
+    assert [user_verdict(t) for t in unsure] == [None] * len(unsure)

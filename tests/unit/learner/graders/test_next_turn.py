@@ -1,4 +1,4 @@
-"""The next_turn grader: the share of replies the traffic did not judge bad."""
+"""The next_turn grader: each reply 0.5, 0 when the traffic judged it bad, 1 when good."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def chat_call(cid: str, messages: list[dict[str, Any]], reply: str) -> dict[str,
             "response": response, "error": None}  # fmt: skip
 
 
-def test_a_retried_reply_halves_a_two_reply_trajectory() -> None:
+def test_each_reply_scores_by_its_signal_and_silence_is_half() -> None:
     asked = [{"role": "user", "content": "6 x 7?"}]
     again = [*asked, {"role": "assistant", "content": "43"}, {"role": "user", "content": "6 x 7?"}]
     retried = {"id": "t1", "calls": [chat_call("a", asked, "43"), chat_call("b", again, "42")]}
@@ -22,8 +22,12 @@ def test_a_retried_reply_halves_a_two_reply_trajectory() -> None:
     empty = {"id": "t3", "calls": []}
     grader = build_graders(["next_turn"])
     first, second, third = grader.grade([retried, fine, empty], tasks=TaskTable())
-    assert first.reward == 0.5
+    assert first.reward == 0.25  # (0 + 0.5) / 2: a bad reply and one nothing was said of
     [signal] = first.detail["next_turn"]["detail"]["signals"]
     assert (signal["call_id"], signal["rule"]) == ("a", "retried")
-    assert second.reward == 1.0 and second.error is None
+    assert second.reward == 0.5 and second.error is None
+    thanked = [*asked, {"role": "assistant", "content": "42"}, {"role": "user", "content": "Thanks!"}]
+    approved = {"id": "t4", "calls": [chat_call("d", asked, "42"), chat_call("e", thanked, "np")]}
+    [fourth] = grader.grade([approved], tasks=TaskTable())
+    assert fourth.reward == 0.75
     assert third.reward is None and "no reply" in (third.error or "")
