@@ -102,11 +102,28 @@ def test_a_user_saying_the_answer_was_wrong_or_right_judges_the_reply_before() -
 
 
 def test_only_certain_words_are_verdicts() -> None:
-    wrong = ("No, that's wrong.", "no. try again", "Nope", "Wrong!", "Incorrect, it is 4",
-             "That's not right: 12", "It is wrong", "You're wrong about that", "Not quite.")
+    wrong = (
+        "No, that's wrong.",
+        "no. try again",
+        "Nope",
+        "Wrong!",
+        "Incorrect, it is 4",
+        "That's not right: 12",
+        "It is wrong",
+        "You're wrong about that",
+        "Not quite.",
+    )
     right = ("Thanks!", "thank you", "That's correct.", "Yes, that's right", "Perfect")
-    unsure = ("No problem", "no thanks", "Thanks, but that's wrong", "Are you sure? I get 42",
-              "Use the calculator", "Great, now do 5 x 6", "Correct me if I'm wrong", "")
+    unsure = (
+        "No problem",
+        "no thanks",
+        "Thanks, but that's wrong",
+        "Are you sure? I get 42",
+        "Use the calculator",
+        "Great, now do 5 x 6",
+        "Correct me if I'm wrong",
+        "",
+    )
     assert [user_verdict(t) for t in wrong] == [-1.0] * len(wrong)
     assert [user_verdict(t) for t in right] == [1.0] * len(right)
     assert [user_verdict(t) for t in unsure] == [None] * len(unsure)

@@ -26,7 +26,8 @@ def test_each_reply_scores_by_its_signal_and_silence_is_half() -> None:
     [signal] = first.detail["next_turn"]["detail"]["signals"]
     assert (signal["call_id"], signal["rule"]) == ("a", "retried")
     assert second.reward == 0.5 and second.error is None
-    thanked = [*asked, {"role": "assistant", "content": "42"}, {"role": "user", "content": "Thanks!"}]
+    reply = {"role": "assistant", "content": "42"}
+    thanked = [*asked, reply, {"role": "user", "content": "Thanks!"}]
     approved = {"id": "t4", "calls": [chat_call("d", asked, "42"), chat_call("e", thanked, "np")]}
     [fourth] = grader.grade([approved], tasks=TaskTable())
     assert fourth.reward == 0.75
