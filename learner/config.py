@@ -185,6 +185,13 @@ class LearnerConfig(BaseSettings):
         "policy version (version), of its type and version in its batch (batch), its type's "
         "moving average (ema); off: it is not trained on",
     )
+    credit: Literal["trajectory", "turn"] = setting(
+        "trajectory",
+        "what a trajectory's replies are trained with: its reward's advantage, spread over "
+        "every reply (trajectory), or each reply a next-turn signal judged by that signal "
+        "against the mean signal of its interaction type's replies in the batch, and the "
+        "replies nothing judged left out (turn; needs the next_turn grader)",
+    )
     std_normalise: bool = setting(
         False, "divide every step's advantages by their standard deviation"
     )

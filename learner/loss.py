@@ -86,7 +86,8 @@ class LossBatch:
 
     logprobs: torch.Tensor  # [B, T] current policy logprob of each token (requires grad)
     behaviour_logprobs: torch.Tensor  # [B, T] logprobs vLLM recorded when it sampled the token
-    advantages: torch.Tensor  # [B] per sequence, broadcast over its tokens
+    # [B] per sequence, broadcast over its tokens, or [B, T] per token (per-turn credit)
+    advantages: torch.Tensor
     loss_mask: torch.Tensor  # [B, T] bool: True only on sampled tokens that are trained
     ref_logprobs: torch.Tensor | None = None  # [B, T] reference policy, for the KL term
 
@@ -101,7 +102,9 @@ def policy_loss(
         raise ValueError(f"total_tokens must be > 0, got {total_tokens}")
     mask = batch.loss_mask
     log_ratio = _masked(batch.logprobs - batch.behaviour_logprobs, mask)
-    advantages = batch.advantages.to(log_ratio.dtype).unsqueeze(-1).expand_as(log_ratio)
+    advantages = batch.advantages.to(log_ratio.dtype)
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1).expand_as(log_ratio)
     behaviour_clipped = _past_band(log_ratio, advantages, config)
     if config.clip_against == "behaviour":
         objective, clipped, weight = _clipped_objective(log_ratio, advantages, config)
@@ -141,9 +144,10 @@ def _check_batch(batch: LossBatch) -> None:
     for name, tensor in tensors.items():
         if tensor.shape != shape:
             raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {tuple(shape)}")
-    if batch.advantages.shape != shape[:1]:
+    if batch.advantages.shape not in (shape[:1], shape):
         raise ValueError(
-            f"advantages must be [B] = [{shape[0]}], got {tuple(batch.advantages.shape)}"
+            f"advantages must be [B] = [{shape[0]}] or [B, T] = {list(shape)}, "
+            f"got {tuple(batch.advantages.shape)}"
         )
     # A float mask would silently weight tokens instead of selecting them.
     if batch.loss_mask.dtype != torch.bool:

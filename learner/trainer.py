@@ -380,12 +380,19 @@ class Trainer:
         mask = torch.zeros((len(batch.samples), width), dtype=torch.bool)
         behaviour = torch.zeros((len(batch.samples), width), dtype=torch.float32)
         attention = torch.zeros((len(batch.samples), width), dtype=torch.long)
-        for row, sample in enumerate(batch.samples):
+        advantages = torch.zeros((len(batch.samples), width), dtype=torch.float32)
+        rows = zip(batch.samples, batch.advantages, strict=True)
+        for row, (sample, advantage) in enumerate(rows):
             n = len(sample.token_ids)
             ids[row, :n] = torch.tensor(sample.token_ids)
             mask[row, :n] = torch.tensor(sample.loss_mask)
             behaviour[row, :n] = torch.tensor(sample.logprobs)
             attention[row, :n] = 1
+            # per-turn credit gives each token its turn's advantage, else one for the sample
+            if sample.token_advantages is None:
+                advantages[row, :n] = advantage
+            else:
+                advantages[row, :n] = torch.tensor(sample.token_advantages)
         # position t predicts token t+1: shift targets, mask and behaviour logprobs
         return {
             "ids": ids.to(self.device),
@@ -393,7 +400,7 @@ class Trainer:
             "targets": ids[:, 1:].to(self.device),
             "mask": mask[:, 1:].to(self.device),
             "behaviour": behaviour[:, 1:].to(self.device),
-            "advantages": torch.tensor(batch.advantages, dtype=torch.float32).to(self.device),
+            "advantages": advantages[:, 1:].to(self.device),
         }
 
     def token_logprobs(

@@ -274,6 +274,14 @@ def trainable_grades(conn: Connection, *, keys: Sequence[str] = ()) -> list[dict
     return [dict(r._mapping) for r in rows]
 
 
+def grade_details(conn: Connection, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The detail of each of these trajectories' grades (what per-turn credit reads)."""
+    rows = conn.execute(
+        select(Grade.trajectory_id, Grade.detail).where(Grade.trajectory_id.in_(list(ids)))
+    )
+    return {r.trajectory_id: dict(r.detail or {}) for r in rows}
+
+
 def incomplete_groups(conn: Connection) -> set[str]:
     """Explicit groups (fan-out) some of whose trajectories are not graded yet.
 

@@ -79,20 +79,28 @@ class Sample:
     # [start, end) of each call's completion in token_ids: what vLLM's penalties count as
     # that call's output (its prompt is everything before start)
     completions: list[tuple[int, int]] = field(default_factory=list)
+    # the call each of `completions` came from
+    call_ids: list[str] = field(default_factory=list)
     policy_versions: set[str | None] = field(default_factory=set)
     truncated: bool = False  # some completion hit max_tokens: masked (overlong filtering)
+    # per-token advantages (per-turn credit, learner/turn_credit.py); None: the sample's
+    # one advantage applies to every token
+    token_advantages: list[float] | None = None
 
     @property
     def trained_tokens(self) -> int:
         return sum(self.loss_mask)
 
-    def extend(self, prompt: list[int], completion: list[int], logprobs: list[float]) -> None:
+    def extend(
+        self, prompt: list[int], completion: list[int], logprobs: list[float], call_id: str = ""
+    ) -> None:
         """Append a call whose prompt starts with this sample's tokens."""
         new_context = prompt[len(self.token_ids) :]
         self.token_ids += new_context
         start = len(self.token_ids)
         self.token_ids += completion
         self.completions.append((start, len(self.token_ids)))
+        self.call_ids.append(call_id)
         self.loss_mask += [False] * len(new_context) + [True] * len(completion)
         self.logprobs += [0.0] * len(new_context) + list(logprobs)
 
@@ -150,7 +158,7 @@ def build_samples(
             current = Sample(trajectory_id=trajectory["id"], sampling=sampling)
             samples.append(current)
         assert current is not None
-        current.extend(prompt, completion, call["completion_logprobs"])
+        current.extend(prompt, completion, call["completion_logprobs"], str(call.get("id", "")))
         current.policy_versions.add(call.get("policy_version"))
         current.truncated |= call.get("finish_reason") == "length"
     return samples

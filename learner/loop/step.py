@@ -13,6 +13,7 @@ from learner.grouping import Baselines, Scored, bound_batch, compute_advantages,
 from learner.layout import served_base
 from learner.loop.base import LearnerBase, save_baselines
 from learner.swap.publisher import Fingerprint
+from learner.turn_credit import credited, turn_advantages, turn_values
 from store import grade_queue, policy_versions
 from store.export import iter_trajectories
 from store.samples import Sample, build_samples
@@ -162,6 +163,24 @@ class Stepping(LearnerBase):
         )
         return baselines, advantaged, dict(group_metrics)
 
+    def _credit_turns(
+        self, trajectories: list[dict[str, Any]], samples: list[Sample]
+    ) -> list[Sample]:
+        """The samples with per-turn advantages (learner/turn_credit.py): a reply trains on
+        its own next-turn signal, a reply nothing judged not at all."""
+        ids = [t["id"] for t in trajectories]
+        with self.engine.connect() as conn:
+            details = grade_queue.grade_details(conn, ids)
+        per_turn = turn_advantages(
+            replies={
+                t["id"]: [c["id"] for c in t["calls"] if c.get("status") == "ok"]
+                for t in trajectories
+            },
+            values={i: turn_values(details.get(i)) for i in ids},
+            types={t["id"]: t.get("interaction_type") for t in trajectories},
+        )
+        return [credited(s, per_turn[s.trajectory_id]) for s in samples]
+
     def _batch_limit(self) -> int:
         """Trajectories with a signal a step trains on at most (0: no bound): never fewer
         than a step waits for (both are live knobs)."""
@@ -192,6 +211,8 @@ class Stepping(LearnerBase):
             for sample in build_samples(trajectory, skipped=skipped):
                 samples.append(sample)
                 advantages.append(advantage_of[trajectory["id"]])
+        if self.config.credit == "turn":
+            samples = self._credit_turns(trajectories, samples)
         pairs: list[tuple[Sample, float]] = []
         left_out: Counter[str] = Counter()  # samples the trainer is not given, by reason
         for sample, advantage in zip(samples, advantages, strict=True):
