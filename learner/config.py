@@ -85,6 +85,15 @@ class LearnerConfig(BaseSettings):
         metavar="SPEC",
         repeat=True,
     )
+    signal_weights: Annotated[list[str], NoDecode] = setting(
+        default_factory=list,
+        help="how much a client key's next-turn signals count: NAME=WEIGHT (0: off, its "
+        "trajectories get no next_turn grade), * for every key not named and for calls "
+        "without a key; comma-separated, or repeat the flag; default 1",
+        flag="--signal-weight",
+        metavar="NAME=WEIGHT",
+        repeat=True,
+    )
     tasks: str | None = setting(
         None, "task table (JSONL) for the reference grader, loaded at start", metavar="FILE"
     )
@@ -349,11 +358,21 @@ class LearnerConfig(BaseSettings):
         None, "the run's name in the trackers (default: learn-YYYYMMDD-HHMMSS)", metavar="NAME"
     )
 
-    @field_validator("upstreams", "graders", "keys", "lora_targets", "report_to", mode="before")
+    @field_validator(
+        "upstreams", "graders", "keys", "lora_targets", "report_to", "signal_weights", mode="before"
+    )
     @classmethod
     def _split(cls, value: object) -> object:
         # the environment gives a comma-separated list; a TOML file and flags give a list
         return comma_list(value) if isinstance(value, str) else value
+
+    @field_validator("signal_weights")
+    @classmethod
+    def _weights_parse(cls, value: list[str]) -> list[str]:
+        from learner.signals import SignalWeights
+
+        SignalWeights.parse(value)  # a ValueError names the bad entry
+        return value
 
     @field_validator("report_to")
     @classmethod

@@ -22,7 +22,8 @@ from learner.config import LearnerConfig
 from learner.graders.base import Grade, Grader
 from learner.graders.rubrics import Rubrics
 from learner.graders.selfjudge import DefaultGrader, ShadowPolicy, build_default_grader
-from store import grade_queue
+from learner.signals import SignalWeights, weighed_signals
+from store import grade_queue, turn_signals
 from store.feedback import latest_feedback
 from store.tasks import TaskTable
 
@@ -84,6 +85,7 @@ def learner_grader(config: LearnerConfig, engine: Engine) -> DefaultGrader:
         judge_reasoning_chars=config.judge_reasoning_chars,
         judge_temperature=config.judge_temperature,
         judge_seed=config.judge_seed,
+        signal_weights=SignalWeights.parse(config.signal_weights),
     )
 
 
@@ -94,10 +96,13 @@ def grade_and_save(
     *,
     tasks: TaskTable,
     policy: RetryPolicy,
+    signal_weights: SignalWeights | None = None,
 ) -> Outcome:
-    """Grade `trajectories` (export format) and store each result (see the module)."""
+    """Grade `trajectories` (export format) and store each result (see the module), and
+    with `signal_weights`, each one's next-turn signals (store/turn_signals.py)."""
     grades = grader.grade(list(trajectories), tasks=tasks)
     ids = [str(t["id"]) for t in trajectories]
+    by_id = {str(t["id"]): t for t in trajectories}
     outcome = Outcome()
     now = datetime.now(UTC)
     with engine.begin() as conn:
@@ -107,6 +112,13 @@ def grade_and_save(
                 outcome.pending.append(trajectory_id)
                 continue
             _save(conn, trajectory_id, grade, tries.get(trajectory_id, 0) + 1, policy, now)
+            if signal_weights is not None:
+                turn_signals.save_signals(
+                    conn,
+                    trajectory_id=trajectory_id,
+                    signals=weighed_signals(by_id[trajectory_id], signal_weights),
+                    now=now,
+                )
             if grade.error is None:
                 outcome.rewarded += 1
             elif grade.transient and tries.get(trajectory_id, 0) + 1 < policy.max_attempts:

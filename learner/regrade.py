@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 
 from learner import grading
 from learner.config import LearnerConfig
+from learner.signals import SignalWeights
 from store import db, grade_queue, schema
 from store.export import iter_trajectories
 from store.tasks import TaskTable, task_table
@@ -82,7 +83,14 @@ def regrade(config: LearnerConfig, selection: Selection) -> Report:
             # a regrade starts the count of tries afresh
             with engine.begin() as conn:
                 grade_queue.reset_attempts(conn, [t["id"] for t in batch])
-            outcome = grading.grade_and_save(engine, grader, batch, tasks=tasks, policy=policy)
+            outcome = grading.grade_and_save(
+                engine,
+                grader,
+                batch,
+                tasks=tasks,
+                policy=policy,
+                signal_weights=SignalWeights.parse(config.signal_weights),
+            )
             total.rewarded += outcome.rewarded
             total.retrying += outcome.retrying
             total.failed += outcome.failed

@@ -145,6 +145,13 @@ class DemoConfig:
     # CPU computes it natively, else float32. Swaps are verified exactly in either
     # (learner/swap/weight_check.py).
     dtype: str = "auto"
+    # what the training rounds run and how their runs are graded, when not the recipe's
+    # agent graded against the reference answers (bench/traffic_signals.py: a simulated
+    # user graded by what it said); held-out evals always run the recipe's agent, graded
+    # against the reference
+    train_harness: list[str] | None = None
+    train_grader: str | None = None  # a grader SPEC (learner/graders/combine.py)
+    learner_args: tuple[str, ...] = ()  # more `onthejob learn` flags
 
 
 @dataclass
@@ -221,6 +228,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
             "--self-judge-shadow", "0",
             "--yield-to-traffic", str(config.yield_to_traffic),
             "--torch-threads", str(learner_threads(config)), *recipe.learner_args,
+            *config.learner_args,
         ]  # fmt: skip
         if config.control:
             say("control run: the learner shuffles each step's rewards across its batch")
@@ -421,12 +429,14 @@ class _Rollouts:
         from learner.rollout import RolloutConfig, run_rollout
         from learner.rollout.progress import ProgressBar
 
+        harness = self.harness if eval else self.config.train_harness or self.harness
         bar = ProgressBar(label)
         try:
             return run_rollout(
                 RolloutConfig(
                     proxy_url=self.proxy_url,
-                    command=[*self.harness, "--temperature", str(self.config.temperature)],
+                    command=[*harness, "--temperature", str(self.config.temperature)],
+                    grader=None if eval else self.config.train_grader,
                     tasks=tasks,
                     database_url=self.db_url,
                     group_size=group_size,

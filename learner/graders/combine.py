@@ -19,6 +19,7 @@ from learner.graders.judge_prompt import DEFAULT_RUBRIC
 from learner.graders.next_turn import NextTurnGrader
 from learner.graders.python import PythonGrader
 from learner.graders.reference import ReferenceGrader
+from learner.signals import SignalWeights
 from store.grader_specs import FORMS, ORDER, parse_spec
 from store.tasks import TaskTable
 
@@ -34,6 +35,7 @@ def build_graders(
     feedback_source: FeedbackSource | None = None,
     feedback_wait_seconds: float = 3600.0,
     command_timeout: float = 30.0,
+    signal_weights: SignalWeights | None = None,
 ) -> CombinedGrader:
     """The graders named by `specs`, combined; ValueError for a bad or duplicated spec."""
     if not specs:
@@ -50,6 +52,7 @@ def build_graders(
             feedback_source=feedback_source,
             feedback_wait_seconds=feedback_wait_seconds,
             command_timeout=command_timeout,
+            signal_weights=signal_weights,
         )
         if any(grader.name == other.name for _, other, _ in components):
             raise ValueError(f"grader spec {spec!r}: {grader.name!r} is given twice")
@@ -68,11 +71,12 @@ def _build_one(
     feedback_source: FeedbackSource | None,
     feedback_wait_seconds: float,
     command_timeout: float,
+    signal_weights: SignalWeights | None,
 ) -> Grader:
     if kind == "reference":
         return ReferenceGrader()
     if kind == "next_turn":
-        return NextTurnGrader()
+        return NextTurnGrader(signal_weights)
     if kind == "python":
         return PythonGrader(arg or "")
     if kind == "command":

@@ -30,6 +30,7 @@ from learner.graders.combine import CombinedGrader
 from learner.graders.feedback import FeedbackGrader
 from learner.graders.judge import JUDGE_TYPE
 from learner.graders.rubrics import Rubric, Rubrics
+from learner.signals import SignalWeights
 from store.tasks import TaskTable
 
 SELF_JUDGE = "self_judge"  # its key in a grade's detail
@@ -342,6 +343,7 @@ def build_default_grader(
     judge_reasoning_chars: int = 1500,
     judge_temperature: float = 0.0,
     judge_seed: int | None = None,
+    signal_weights: SignalWeights | None = None,
 ) -> DefaultGrader:
     """The learner's grader from its settings (`onthejob learn` and `onthejob regrade`)."""
     from learner.graders.combine import build_graders, parse_spec
@@ -354,6 +356,7 @@ def build_default_grader(
         feedback_source=feedback_source,
         feedback_wait_seconds=feedback_wait_seconds,
         command_timeout=command_timeout,
+        signal_weights=signal_weights,
     )
     kinds = frozenset(parse_spec(spec)[0] for spec in specs)
 

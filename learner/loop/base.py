@@ -16,6 +16,7 @@ from learner.fresh_wait import FreshWait
 from learner.grouping import Baselines, GroupingConfig
 from learner.guard_run import Guard
 from learner.lora import LoraSettings
+from learner.signals import SignalWeights
 from learner.stopping import GracefulStop
 from learner.swap.fence import Fence
 from learner.swap.publisher import FullReloadPublisher, Probe
@@ -48,6 +49,7 @@ class LearnerBase:
     lora_settings: LoraSettings
     trainer_config: TrainerConfig
     retry_policy: grading.RetryPolicy
+    signal_weights: SignalWeights
     tasks: TaskTable
     trainer: Trainer | None
     publisher: FullReloadPublisher | None

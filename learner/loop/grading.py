@@ -47,7 +47,12 @@ class Grading(LearnerBase):
             return skipped
         trajectories = list(iter_trajectories(self.engine, ids=ids))
         outcome = grading.grade_and_save(
-            self.engine, self.grader, trajectories, tasks=self.tasks, policy=self.retry_policy
+            self.engine,
+            self.grader,
+            trajectories,
+            tasks=self.tasks,
+            policy=self.retry_policy,
+            signal_weights=self.signal_weights,
         )
         self._pending.update(outcome.pending)  # not before the next recheck
         if self._grading is not None:

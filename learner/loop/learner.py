@@ -40,6 +40,7 @@ from learner.loop.step import Stepping
 from learner.loop.weights import Weights
 from learner.lora import LoraSettings
 from learner.loss import LossConfig
+from learner.signals import SignalWeights
 from learner.stopping import GracefulStop
 from learner.swap import lease
 from learner.swap.fence import Fence
@@ -107,6 +108,7 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights):
             cap=config.grade_retry_cap,
             max_attempts=config.grade_max_attempts,
         )
+        self.signal_weights = SignalWeights.parse(config.signal_weights)
         self.tasks = TaskTable()
         self.trainer: Trainer | None = None
         self.publisher: FullReloadPublisher | None = None

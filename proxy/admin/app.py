@@ -21,6 +21,7 @@ from proxy.admin.routes import (
     keys,
     learner,
     selfjudge,
+    signals,
     stats,
     tasks,
     trajectories,
@@ -68,6 +69,7 @@ def create_admin_app() -> FastAPI:
         interaction_types,
         selfjudge,
         guard,
+        signals,
     )
     for module in modules:
         api.include_router(module.router)

@@ -9,7 +9,14 @@ all on `Base.metadata`.
 """
 
 from store.models.base import Base
-from store.models.learning import Feedback, Grade, LearnerState, Task, TrainingStep
+from store.models.learning import (
+    Feedback,
+    Grade,
+    LearnerState,
+    Task,
+    TrainingStep,
+    TurnSignal,
+)
 from store.models.recording import Call, ClientKey, ProxyInstance, StoredResponse, Trajectory
 from store.models.rollouts import (
     Curriculum,
@@ -41,4 +48,5 @@ __all__ = [
     "Task",
     "TrainingStep",
     "Trajectory",
+    "TurnSignal",
 ]

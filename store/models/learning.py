@@ -77,6 +77,26 @@ class Feedback(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
+class TurnSignal(Base):
+    """A next-turn signal on one assistant turn (store/next_turn.py), as the learner graded
+    it: its value, the weight its client key's signals have (`learn --signal-weight`), the
+    rule or judge that gave it and what it quoted."""
+
+    __tablename__ = "turn_signals"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    trajectory_id: Mapped[str] = mapped_column(String(32), index=True)
+    call_id: Mapped[str] = mapped_column(String(32))
+    turn: Mapped[int] = mapped_column(Integer)
+    value: Mapped[float] = mapped_column(Float)
+    weight: Mapped[float] = mapped_column(Float)
+    rule: Mapped[str] = mapped_column(String(32))
+    source: Mapped[str] = mapped_column(String(16))  # rule | judge
+    evidence: Mapped[str] = mapped_column(Text)
+    key_name: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
 class TrainingStep(Base):
     """One optimizer step of the learner and what it measured."""
 

@@ -929,3 +929,71 @@ def test_the_regression_guard_decisions_waiver_and_pins(api: httpx.Client, engin
     assert "not rolled back by the guard" in error_of(api.post("/guard/accept/v0"), 409)
     assert "no policy version" in error_of(api.post("/guard/accept/nope"), 404)
     assert "no checkpoint" in error_of(api.post("/guard/accept/v1"), 409)
+
+
+def _answered_then_told(
+    engine: Engine, trajectory_id: str, *, key: str, told: str, at: float
+) -> None:
+    """A two-call trajectory of client key `key`: an answer, then the user's `told`."""
+    asked = [{"role": "user", "content": "What is 6 x 7?"}]
+    after = [*asked, {"role": "assistant", "content": "42"}, {"role": "user", "content": told}]
+    calls = [
+        chat_call(f"{trajectory_id}a", trajectory_id, started=at, prompt=[1, 2], completion=[3],
+                  messages=asked, reply="42", version="v0"),
+        chat_call(f"{trajectory_id}b", trajectory_id, started=at + 1, prompt=[1, 2, 3, 4],
+                  completion=[5], messages=after, reply="ok", version="v0",
+                  parent=f"{trajectory_id}a", prefix_len=3),
+    ]  # fmt: skip
+    for call in calls:
+        call["key_name"] = key
+    trajectory = {"id": trajectory_id, "session_key": None, "task_key": "t", "group_key": None,
+                  "interaction_type": None, "status": "finished", "started_at": at,
+                  "last_call_at": at + 1, "ended_at": None}  # fmt: skip
+    with engine.begin() as conn:
+        recording.write_batch(conn, trajectories=[trajectory], calls=calls)
+
+
+def test_stored_signals_by_key_flag_a_one_sided_burst_and_an_off_key_counts_nothing(
+    api: httpx.Client, engine: Engine
+) -> None:
+    """The learner's grading stores each trajectory's signals with its key's weight; a key
+    that only ever approves is flagged against the others' mixed verdicts; a key whose
+    signals are off gets no next_turn grade, so nothing it says trains."""
+    from learner import grading
+    from learner.graders import build_graders
+    from learner.signals import SignalWeights
+    from store.tasks import TaskTable
+
+    now = time.time()
+    told = {"mallory": ["Thanks!"] * 24, "alice": ["No, that's wrong."] * 12 + ["Perfect."] * 12,
+            "eve": ["Wrong!"] * 3}  # fmt: skip
+    ids = []
+    for key, replies in told.items():
+        for i, text in enumerate(replies):
+            ids.append(f"{key}{i}")
+            _answered_then_told(engine, ids[-1], key=key, told=text, at=now + len(ids))
+    weights = SignalWeights.parse(["eve=0", "alice=0.5"])
+    outcome = grading.grade_and_save(
+        engine,
+        build_graders(["next_turn"], signal_weights=weights),
+        list(iter_trajectories(engine, ids=ids)),
+        tasks=TaskTable(),
+        policy=grading.RetryPolicy(),
+        signal_weights=weights,
+    )
+    assert (outcome.rewarded, outcome.failed) == (48, 3)
+    with engine.connect() as conn:
+        query = select(Grade.trajectory_id, Grade.reward, Grade.error)
+        grades = {g.trajectory_id: g for g in conn.execute(query)}
+    assert grades["mallory0"].reward == 0.75  # approved (1) and a reply nothing judged (0.5)
+    assert grades["alice0"].reward == 0.375  # corrected at weight 0.5: 0.25, and 0.5
+    assert grades["eve0"].reward is None and "key eve are off" in grades["eve0"].error
+    by_key = {k["key_name"]: k for k in api.get("/signals", params={"hours": 1}).json()["keys"]}
+    assert by_key["mallory"]["flagged"] and by_key["mallory"]["words"]["good"] == 24
+    assert "24 word signals, 100% good" in by_key["mallory"]["reason"]
+    assert "the other keys' are 44% good" in by_key["mallory"]["reason"]  # 12 of 27
+    assert not by_key["alice"]["flagged"] and by_key["alice"]["bad"] == 12
+    assert not by_key["eve"]["flagged"] and by_key["eve"]["signals"] == 3  # shown, not counted
+    [stored] = api.get("/trajectories/eve0", params={"token_text": "false"}).json()["signals"]
+    assert (stored["rule"], stored["value"], stored["weight"]) == ("corrected", -1.0, 0.0)
+    assert "hours" in error_of(api.get("/signals", params={"hours": 0}), 400)

@@ -15,6 +15,7 @@ from proxy.admin.deps import DetokenizerDep, EngineDep
 from proxy.admin.errors import not_found
 from proxy.admin.schemas import TrajectoryFilter, TrajectoryPage
 from proxy.admin.tokens import token_sequences
+from store import turn_signals
 from store.conversation import conversation
 from store.export import iter_trajectories
 from store.next_turn import next_turn_signals
@@ -44,14 +45,17 @@ def _detail(engine: Any, trajectory_id: str) -> dict[str, Any]:
         feedback = store.feedback_for(
             conn, trajectory_id=trajectory_id, session_key=trajectory["session"]
         )
+        stored = turn_signals.signals_of(conn, trajectory_id)
     messages = conversation(trajectory["calls"])
     return {
         **trajectory,
         "grade": grade,
         "feedback": feedback,
         "messages": messages,
-        # how each assistant turn did, by what came right after it (store/next_turn.py)
-        "signals": [s.as_dict() for s in next_turn_signals(messages)],
+        # how each assistant turn did, by what came right after it (store/next_turn.py):
+        # as the learner stored them when it graded (with their keys' weights), else read
+        # off the conversation now
+        "signals": stored or [s.as_dict() for s in next_turn_signals(messages)],
         "tokens": token_sequences(trajectory),
     }
 
@@ -65,7 +69,8 @@ async def get_trajectory(
 ) -> dict[str, Any]:
     """The trajectory in the export format plus its grade, feedback, conversation
     (`messages`), next-turn `signals` (per assistant turn, by what came right after it: a
-    tool error, an interruption, a word-for-word retry; `turn` indexes `messages`) and
+    tool error, an interruption, a word-for-word retry, a correction or an approval; `turn`
+    indexes `messages`; once the learner graded it, with the `weight` of its key) and
     token sequences (`tokens`: token_ids, loss_mask, logprobs; the loss
     mask is true on the tokens the learner trains on)."""
     detail = await asyncio.to_thread(_detail, engine, trajectory_id)

@@ -1,0 +1,112 @@
+"""Stored next-turn signals: written when the learner grades a trajectory, read by the
+admin API per trajectory and per client key, with the one-sided-burst flag. Callers own the
+transaction.
+
+The flag: a person can steer what the model learns by what they say after its answers. A key
+whose word signals (a correction, an approval, a retry, an interruption: what a person
+types, not what a tool returns) in the window are at least `BURST_MIN` and at least
+`BURST_SHARE` of one sign is flagged, unless the rest of the traffic is as one-sided (its
+share of that sign within `BURST_GAP` of the key's). The numbers behind the flag go with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, delete, insert, select
+
+from store.models import TurnSignal
+
+WORD_RULES = frozenset({"corrected", "approved", "retried", "interrupted"})
+BURST_MIN = 20
+BURST_SHARE = 0.9
+BURST_GAP = 0.3
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One signal as the learner stores it."""
+
+    call_id: str
+    turn: int
+    value: float
+    rule: str
+    evidence: str
+    key_name: str | None
+    weight: float = 1.0
+    source: str = "rule"
+
+
+def save_signals(
+    conn: Connection, *, trajectory_id: str, signals: Sequence[Stored], now: datetime
+) -> None:
+    """The trajectory's signals, replacing those a previous grading stored."""
+    conn.execute(delete(TurnSignal).where(TurnSignal.trajectory_id == trajectory_id))
+    if signals:
+        conn.execute(
+            insert(TurnSignal),
+            [{"trajectory_id": trajectory_id, "created_at": now, **s.__dict__} for s in signals],
+        )
+
+
+def signals_of(conn: Connection, trajectory_id: str) -> list[dict[str, Any]]:
+    t = TurnSignal
+    query = select(t.call_id, t.turn, t.value, t.weight, t.rule, t.source, t.evidence, t.key_name)
+    rows = conn.execute(query.where(t.trajectory_id == trajectory_id).order_by(t.turn))
+    return [dict(r._mapping) for r in rows]
+
+
+def _counts(values: list[float]) -> dict[str, Any]:
+    good = sum(v > 0 for v in values)
+    bad = sum(v < 0 for v in values)
+    return {
+        "signals": len(values),
+        "good": good,
+        "bad": bad,
+        "good_share": good / len(values) if values else None,
+    }
+
+
+def by_key(conn: Connection, *, since: datetime) -> list[dict[str, Any]]:
+    """Per client key (None: calls without one), the signals stored since `since`: all of
+    them and the word signals, with the burst flag and its reason."""
+    rows = conn.execute(
+        select(TurnSignal.key_name, TurnSignal.rule, TurnSignal.value).where(
+            TurnSignal.created_at >= since
+        )
+    ).all()
+    keys = sorted({r.key_name for r in rows}, key=lambda k: (k is None, k or ""))
+    result = []
+    for key in keys:
+        mine = [r for r in rows if r.key_name == key]
+        words = [r.value for r in mine if r.rule in WORD_RULES]
+        rest = [r.value for r in rows if r.key_name != key and r.rule in WORD_RULES]
+        entry = {
+            "key_name": key,
+            **_counts([r.value for r in mine]),
+            "words": _counts(words),
+            "rest_words": _counts(rest),
+        }
+        entry["flagged"], entry["reason"] = _burst(entry["words"], entry["rest_words"])
+        result.append(entry)
+    return result
+
+
+def _burst(words: dict[str, Any], rest: dict[str, Any]) -> tuple[bool, str | None]:
+    if words["signals"] < BURST_MIN:
+        return False, None
+    share = words["good_share"]
+    side, one_sided = ("good", share) if share >= 0.5 else ("bad", 1 - share)
+    if one_sided < BURST_SHARE:
+        return False, None
+    if rest["signals"] >= BURST_MIN:
+        rest_share = rest["good_share"] if side == "good" else 1 - rest["good_share"]
+        if one_sided - rest_share < BURST_GAP:
+            return False, None
+        compared = f"; the other keys' are {100 * rest_share:.0f}% {side}"
+    else:
+        compared = "; too few other word signals to compare with"
+    return True, (f"{words['signals']} word signals, {100 * one_sided:.0f}% {side}{compared}")
