@@ -46,6 +46,8 @@ REASONS: dict[str, Reason] = {
         "truncated", SAMPLES, "--no-mask-truncated, or a larger max_tokens in the harness"
     ),
     "no_tokens": Reason("no tokens", SAMPLES, "no setting: nothing sampled"),
+    # per-turn credit: no reply of the sample was judged by a next-turn signal
+    "not_credited": Reason("no judged turn", SAMPLES, "--credit trajectory"),
     # recorded and recomputed logprobs disagree: not the weights we think sampled them
     "mismatch": Reason("sequence mismatch", SAMPLES, "max_sequence_mismatch"),
 }

@@ -79,7 +79,7 @@ class LearnerConfig(BaseSettings):
     # -- grading ---------------------------------------------------------------------------
     graders: Annotated[list[str], NoDecode] = setting(
         default_factory=lambda: ["reference"],
-        help="reference | next_turn | python:MODULE:FUNCTION | command:SHELL_COMMAND | "
+        help="reference | next_turn[:judge] | python:MODULE:FUNCTION | command:SHELL_COMMAND | "
         "judge[:BASE_URL] | feedback, optionally SPEC@WEIGHT; repeat to combine",
         flag="--grader",
         metavar="SPEC",

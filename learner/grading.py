@@ -22,7 +22,7 @@ from learner.config import LearnerConfig
 from learner.graders.base import Grade, Grader
 from learner.graders.rubrics import Rubrics
 from learner.graders.selfjudge import DefaultGrader, ShadowPolicy, build_default_grader
-from learner.signals import SignalWeights, weighed_signals
+from learner.signals import SignalWeights, signals_in, weighed_signals
 from store import grade_queue, turn_signals
 from store.feedback import latest_feedback
 from store.tasks import TaskTable
@@ -113,12 +113,11 @@ def grade_and_save(
                 continue
             _save(conn, trajectory_id, grade, tries.get(trajectory_id, 0) + 1, policy, now)
             if signal_weights is not None:
-                turn_signals.save_signals(
-                    conn,
-                    trajectory_id=trajectory_id,
-                    signals=weighed_signals(by_id[trajectory_id], signal_weights),
-                    now=now,
-                )
+                # as the next_turn grader found them (its judge's included), else by the rules
+                found = signals_in(grade.detail)
+                if found is None:
+                    found = weighed_signals(by_id[trajectory_id], signal_weights)
+                turn_signals.save_signals(conn, trajectory_id=trajectory_id, signals=found, now=now)
             if grade.error is None:
                 outcome.rewarded += 1
             elif grade.transient and tries.get(trajectory_id, 0) + 1 < policy.max_attempts:

@@ -366,7 +366,8 @@ class Trainer:
     def untrainable(self, sample: Sample) -> str | None:
         """Why the trainer leaves a sample out (a reason of learner/accounting.py), or None."""
         if sample.trained_tokens == 0:
-            return "no_tokens"
+            # per-turn credit masked every reply of it: none was judged
+            return "not_credited" if sample.token_advantages is not None else "no_tokens"
         if self.config.mask_truncated and sample.truncated:
             return "truncated"  # overlong filtering: a reply cut at max_tokens
         return None

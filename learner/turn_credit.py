@@ -18,27 +18,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from learner.signals import signals_in
 from store.samples import Sample
-
-SIGNALS_KEY = "signals"  # where the next_turn grader lists them in its grade's detail
 
 
 def turn_values(detail: Mapping[str, Any] | None) -> dict[str, float]:
-    """The next-turn signal of each judged reply (call id -> value) in a grade's detail:
-    the next_turn grader's own, or its entry in a combination (learner/graders/combine.py)."""
-    if not detail:
-        return {}
-    signals = detail.get(SIGNALS_KEY)
-    if signals is None:
-        for entry in detail.values():
-            inner = entry.get("detail") if isinstance(entry, Mapping) else None
-            if isinstance(inner, Mapping) and SIGNALS_KEY in inner:
-                signals = inner[SIGNALS_KEY]
-                break
-    values: dict[str, float] = {}
-    for signal in signals or []:
-        values[str(signal["call_id"])] = float(signal["value"])
-    return values
+    """The weighed next-turn signal of each judged reply (call id -> value x weight) in a
+    grade's detail; a signal of weight 0 (its key's signals are off) credits nothing."""
+    return {s.call_id: s.value * s.weight for s in signals_in(detail) or [] if s.weight > 0}
 
 
 def turn_advantages(

@@ -12,7 +12,8 @@ import re
 # failed is not sent to the slow ones (commands, the judge) at all.
 ORDER = {"feedback": 0, "reference": 1, "next_turn": 2, "python": 3, "command": 4, "judge": 5}
 FORMS = (
-    "reference, next_turn, python:MODULE:FUNCTION, command:SHELL_COMMAND, judge[:BASE_URL], "
+    "reference, next_turn[:judge], python:MODULE:FUNCTION, command:SHELL_COMMAND, "
+    "judge[:BASE_URL], "
     "feedback"
 )
 # Only a trailing @<number> is a weight: commands and URLs may contain '@' and ':' themselves.
@@ -27,8 +28,10 @@ def parse_spec(spec: str) -> tuple[str, str | None, float]:
     if kind not in ORDER:
         hint = " (a weight is @ followed by a number)" if "@" in kind else ""
         raise ValueError(f"grader spec {spec!r}: unknown kind {kind!r}{hint}; expected {FORMS}")
-    if kind in ("reference", "feedback", "next_turn") and colon:
+    if kind in ("reference", "feedback") and colon:
         raise ValueError(f"grader spec {spec!r}: {kind} takes no argument")
+    if kind == "next_turn" and colon and arg.strip() != "judge":
+        raise ValueError(f"grader spec {spec!r}: expected next_turn or next_turn:judge")
     if kind == "python" and not re.fullmatch(r"[\w.]+:[\w.]+", arg.strip()):
         raise ValueError(f"grader spec {spec!r}: expected python:MODULE:FUNCTION")
     if kind == "command" and not arg.strip():

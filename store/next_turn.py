@@ -70,7 +70,8 @@ class TurnSignal:
         return asdict(self)
 
 
-def _quote(text: str) -> str:
+def quote(text: str) -> str:
+    """Evidence as stored: whitespace folded, at most EVIDENCE_CHARS."""
     text = " ".join(text.split())
     return text if len(text) <= EVIDENCE_CHARS else text[: EVIDENCE_CHARS - 1] + "…"
 
@@ -127,7 +128,7 @@ def _judge(messages: list[Message], i: int, asked: str | None) -> TurnSignal | N
         following.append(after)
 
     def signal(rule: str, evidence: str, value: float = -1.0) -> TurnSignal:
-        return TurnSignal(turn["call_id"], i, value, rule, _quote(evidence))
+        return TurnSignal(turn["call_id"], i, value, rule, quote(evidence))
 
     # an interruption first: Claude Code also sends it as a tool result flagged as an error
     for after in following:
@@ -146,3 +147,34 @@ def _judge(messages: list[Message], i: int, asked: str | None) -> TurnSignal | N
             rule = "corrected" if verdict < 0 else "approved"
             return signal(rule, users[0]["text"], verdict)
     return None
+
+
+@dataclass(frozen=True)
+class OpenTurn:
+    """A reply the rules are silent on that the user answered: the judge's question."""
+
+    call_id: str
+    turn: int
+    reply: str  # the reply's text and tool calls, as the user saw them
+    next_message: str  # what the user said next
+
+
+def open_turns(messages: list[Message], signals: list[TurnSignal]) -> list[OpenTurn]:
+    """The replies no certain signal judged that a user message follows (before the next
+    reply): what a judge, with that message in view, may still judge."""
+    judged = {s.turn for s in signals}
+    found: list[OpenTurn] = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant" or message.get("call_id") is None or i in judged:
+            continue
+        for after in messages[i + 1 :]:
+            if after["role"] in ("assistant", "context"):
+                break
+            if after["role"] == "user" and after["text"].strip():
+                calls = " ".join(
+                    f"[calls {c.get('name')}({c.get('arguments')})]" for c in message["tool_calls"]
+                )
+                reply = " ".join(p for p in (message["text"], calls) if p)
+                found.append(OpenTurn(message["call_id"], i, reply, after["text"]))
+                break
+    return found

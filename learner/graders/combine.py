@@ -1,6 +1,6 @@
 """Grader specs (`--grader SPEC[@WEIGHT]`) and their weighted combination.
 
-SPEC is `reference`, `next_turn`, `python:MODULE:FUNCTION`, `command:SHELL_COMMAND`,
+SPEC is `reference`, `next_turn[:judge]`, `python:MODULE:FUNCTION`, `command:SHELL_COMMAND`,
 `judge[:BASE_URL]` or `feedback`. Invariant: a trajectory gets a reward only when every
 component graded it; any component error makes it an error (skipped; transient only if every
 error is), else any pending component makes it pending.
@@ -19,6 +19,7 @@ from learner.graders.judge_prompt import DEFAULT_RUBRIC
 from learner.graders.next_turn import NextTurnGrader
 from learner.graders.python import PythonGrader
 from learner.graders.reference import ReferenceGrader
+from learner.graders.turn_judge import TurnJudge
 from learner.signals import SignalWeights
 from store.grader_specs import FORMS, ORDER, parse_spec
 from store.tasks import TaskTable
@@ -76,7 +77,11 @@ def _build_one(
     if kind == "reference":
         return ReferenceGrader()
     if kind == "next_turn":
-        return NextTurnGrader(signal_weights)
+        if arg is None:
+            return NextTurnGrader(signal_weights)
+        if judge_base_url is None:
+            raise ValueError("grader spec 'next_turn:judge': no judge base URL is configured")
+        return NextTurnGrader(signal_weights, TurnJudge(judge_base_url, model=judge_model))
     if kind == "python":
         return PythonGrader(arg or "")
     if kind == "command":

@@ -483,6 +483,49 @@ def test_dashboard_shows_the_self_judges_agreement_per_type(
         page.screenshot(path=str(ARTIFACTS / "dashboard-selfjudge.png"), full_page=True)
 
 
+def test_dashboard_flags_a_key_whose_signals_are_one_sided(
+    start_proxy: Callable[..., ProxyServer], tmp_path: Path
+) -> None:
+    """The Signals tab: per client key, the next-turn signals the learner stored; a key that
+    only ever approves, against others' mixed verdicts, is flagged with the numbers."""
+    from datetime import UTC, datetime
+
+    from playwright.sync_api import expect
+
+    from learner.demo.vllm_server import free_port
+    from store import turn_signals
+
+    db_url = f"sqlite:///{tmp_path / 'signals.db'}"
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    mixed = [("corrected", -1.0)] * 10 + [("approved", 1.0)] * 10 + [("tool_error", -1.0)] * 3
+    verdicts = {"mallory": [("approved", 1.0)] * 25, "alice": mixed}
+    with engine.begin() as conn:
+        for key, signals in verdicts.items():
+            for i, (rule, value) in enumerate(signals):
+                stored = turn_signals.Stored(f"{key}{i}c", 1, value, rule, "…", key)
+                turn_signals.save_signals(
+                    conn, trajectory_id=f"{key}{i}", signals=[stored], now=datetime.now(UTC)
+                )
+    engine.dispose()
+    proxy = start_proxy(
+        [f"http://127.0.0.1:{free_port()}"], db_url, env={"ONTHEJOB_ADMIN_TOKEN": TOKEN}
+    )
+    ARTIFACTS.mkdir(exist_ok=True)
+    with logged_in(proxy, 1200, 600) as page:
+        page.click("button.tab[data-view=signals]")
+        mallory = page.locator('#signals-table tr[data-key="mallory"]')
+        expect(mallory).to_have_class("flagged")
+        expect(mallory).to_contain_text(
+            "flagged: 25 word signals, 100% good; the other keys' are 50% good"
+        )
+        alice = page.locator('#signals-table tr[data-key="alice"]')
+        expect(alice).not_to_have_class("flagged")
+        expect(alice.locator("td").nth(1)).to_have_text("23")  # tool errors too, not words
+        expect(alice.locator("td").nth(4)).to_have_text("20")
+        page.screenshot(path=str(ARTIFACTS / "dashboard-signals.png"), full_page=True)
+
+
 def test_dashboard_shows_learning_at_a_glance(
     start_proxy: Callable[..., ProxyServer], tmp_path: Path
 ) -> None:

@@ -101,7 +101,7 @@ async function guarded(fn) {
 function show(view) {
   state.view = view;
   for (const tab of document.querySelectorAll(".tab")) tab.classList.toggle("active", tab.dataset.view === view);
-  for (const name of ["overview", "trajectories", "versions", "tasks", "types", "harnesses", "curricula", "selfjudge"]) $(`view-${name}`).hidden = name !== view;
+  for (const name of ["overview", "trajectories", "versions", "tasks", "types", "harnesses", "curricula", "selfjudge", "signals"]) $(`view-${name}`).hidden = name !== view;
   refresh(true);
 }
 
@@ -116,6 +116,7 @@ function refresh(first) {
     harnesses: loadHarnesses,
     curricula: loadCurricula,
     selfjudge: loadSelfJudge,
+    signals: loadSignals,
   }[state.view];
   return guarded(async () => {
     await work();
@@ -572,6 +573,30 @@ async function loadSelfJudge() {
     );
   }
   if (!data.types.length) body.appendChild(el("tr", {}, el("td", { colSpan: 10, class: "muted" }, "no self-judge verdicts yet")));
+}
+
+// -- next-turn signals per client key, one-sided bursts flagged --------------------------
+async function loadSignals() {
+  const data = await api("/signals");
+  const body = $("signals-table").tBodies[0];
+  body.replaceChildren();
+  for (const k of data.keys) {
+    body.appendChild(
+      el(
+        "tr",
+        { "data-key": k.key_name === null ? "" : k.key_name, class: k.flagged ? "flagged" : "" },
+        el("td", {}, k.key_name === null ? "(no key)" : k.key_name),
+        el("td", {}, String(k.signals)),
+        el("td", {}, String(k.good)),
+        el("td", {}, String(k.bad)),
+        el("td", {}, String(k.words.signals)),
+        el("td", {}, share(k.words.good_share)),
+        el("td", {}, share(k.rest_words.good_share)),
+        el("td", { class: k.flagged ? "error" : "muted" }, k.flagged ? `flagged: ${k.reason}` : "–"),
+      ),
+    );
+  }
+  if (!data.keys.length) body.appendChild(el("tr", {}, el("td", { colSpan: 8, class: "muted" }, "no next-turn signals stored in the last 24 hours")));
 }
 
 // -- wiring --------------------------------------------------------------------------

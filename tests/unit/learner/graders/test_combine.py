@@ -45,7 +45,8 @@ def test_parse_spec(spec: str, parsed: tuple[str, str | None, float]) -> None:
     ("spec", "message"),
     [
         ("", "unknown kind ''"),
-        ("rubric", "unknown kind 'rubric'; expected reference, next_turn, python:MODULE:FUNCTION"),
+        ("rubric", "unknown kind 'rubric'; expected reference, next_turn[:judge], python:MODULE"),
+        ("next_turn:x", "expected next_turn or next_turn:judge"),
         ("reference@heavy", "unknown kind 'reference@heavy' (a weight is @ followed by a number)"),
         ("reference@0", "the weight must be a positive number"),
         ("reference@-1", "the weight must be a positive number"),
