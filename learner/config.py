@@ -11,7 +11,7 @@ import contextvars
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, ValidationError, field_validator
+from pydantic import AliasChoices, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -202,7 +202,9 @@ class LearnerConfig(BaseSettings):
         "replies nothing judged left out (turn; needs the next_turn grader)",
     )
     std_normalise: bool = setting(
-        False, "divide every step's advantages by their standard deviation"
+        False,
+        "divide every step's trajectory advantages by their standard deviation (per-turn "
+        "credit's are not)",
     )
     shuffle_rewards: bool = setting(
         False,
@@ -365,6 +367,15 @@ class LearnerConfig(BaseSettings):
     def _split(cls, value: object) -> object:
         # the environment gives a comma-separated list; a TOML file and flags give a list
         return comma_list(value) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _a_control_run_shuffles_what_trains(self) -> LearnerConfig:
+        if self.credit == "turn" and self.shuffle_rewards:
+            raise ValueError(
+                "--shuffle-rewards permutes trajectory rewards, but with --credit turn each "
+                "reply trains on its own signal: no control; use --credit trajectory"
+            )
+        return self
 
     @field_validator("signal_weights")
     @classmethod

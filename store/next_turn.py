@@ -42,8 +42,9 @@ _INTERRUPTED = re.compile(r"\[Request interrupted by user")
 # how a message opens when the user says the answer was wrong ("no" only with a break after
 # it or "that/it" next: "no problem" and "no thanks" are not corrections)
 _CORRECTED = re.compile(
-    r"\A\W*(?:no\s*[,.!;:\u2014-]|no,?\s+(?:that|this|it)\b|nope\b|wrong\b|incorrect\b"
-    r"|not (?:quite|right|correct)\b"
+    r"\A\W*(?:no\s*[,.!;:\u2014]\s*(?!\s|thanks?\b|thank you|problem|worries|need|just|please"
+    r"|rush|hurry|later|not now)|no,?\s+(?:that|this|it)\b|nope\b|wrong\b|incorrect\b"
+    r"|not (?:quite|right|correct)\b(?!\s+now)"
     r"|(?:that|this|it)(?:'s|\u2019s| is| was) (?:wrong|incorrect|not (?:right|correct|it))\b"
     r"|you(?:'re|\u2019re| are) wrong\b)",
     re.IGNORECASE,
@@ -55,7 +56,9 @@ _APPROVED = re.compile(
     re.IGNORECASE,
 )
 # anywhere in an approving message, these make it uncertain ("thanks, but that's wrong")
-_DOUBT = re.compile(r"\b(?:wrong|incorrect|not (?:right|correct|quite)|but|however)\b", re.I)
+_DOUBT = re.compile(
+    r"\b(?:wrong|incorrect|not|but|however|error|fail\w*|broke\w*)\b|n't\b|n\u2019t\b", re.I
+)
 
 
 @dataclass(frozen=True)

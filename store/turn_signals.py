@@ -5,8 +5,10 @@ transaction.
 The flag: a person can steer what the model learns by what they say after its answers. A key
 whose word signals (a correction, an approval, a retry, an interruption: what a person
 types, not what a tool returns) in the window are at least `BURST_MIN` and at least
-`BURST_SHARE` of one sign is flagged, unless the rest of the traffic is as one-sided (its
-share of that sign within `BURST_GAP` of the key's). The numbers behind the flag go with it.
+`BURST_SHARE` of one sign is flagged when the rest of the traffic has at least `BURST_MIN`
+word signals too and is at least `BURST_GAP` less one-sided (with nothing to compare with,
+a model its only user corrects most of the time is not a burst). The numbers behind the
+flag go with it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from sqlalchemy import Connection, delete, insert, select
 
 from store.models import TurnSignal
 
-WORD_RULES = frozenset({"corrected", "approved", "retried", "interrupted"})
+# what a person types: the rules on their words, and the judge's reading of them
+WORD_RULES = frozenset({"corrected", "approved", "retried", "interrupted", "judged"})
 BURST_MIN = 20
 BURST_SHARE = 0.9
 BURST_GAP = 0.3
@@ -102,11 +105,14 @@ def _burst(words: dict[str, Any], rest: dict[str, Any]) -> tuple[bool, str | Non
     side, one_sided = ("good", share) if share >= 0.5 else ("bad", 1 - share)
     if one_sided < BURST_SHARE:
         return False, None
-    if rest["signals"] >= BURST_MIN:
-        rest_share = rest["good_share"] if side == "good" else 1 - rest["good_share"]
-        if one_sided - rest_share < BURST_GAP:
-            return False, None
-        compared = f"; the other keys' are {100 * rest_share:.0f}% {side}"
-    else:
-        compared = "; too few other word signals to compare with"
-    return True, (f"{words['signals']} word signals, {100 * one_sided:.0f}% {side}{compared}")
+    if rest["signals"] < BURST_MIN:
+        # nothing to compare with: a model corrected most of the time by its only user is
+        # not a burst
+        return False, None
+    rest_share = rest["good_share"] if side == "good" else 1 - rest["good_share"]
+    if one_sided - rest_share < BURST_GAP:
+        return False, None
+    return True, (
+        f"{words['signals']} word signals, {100 * one_sided:.0f}% {side}; "
+        f"the other keys' are {100 * rest_share:.0f}% {side}"
+    )

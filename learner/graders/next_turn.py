@@ -5,7 +5,7 @@ interruption, a word-for-word retry, a user saying the reply was wrong or right)
 counts by its client key's weight (learner/signals.py, `learn --signal-weight`). Each reply
 scores 0.5 (nothing known), moved towards 0 by a bad signal and towards 1 by a good one as
 far as its weight says; the reward is the mean over the trajectory's replies, and the detail
-lists the signals that count, with their evidence (the learner's per-turn credit,
+lists the signals (weight 0 included), with their evidence (the learner's per-turn credit,
 `--credit turn`, trains each judged reply on its own signal instead). With `next_turn:judge`, a
 judge (learner/graders/turn_judge.py) also judges the replies the rules are silent on that
 the user answered, with that answer in view. A trajectory with no reply, or all of whose
@@ -47,7 +47,12 @@ class NextTurnGrader:
 
     def _grade_one(self, trajectory: dict[str, Any]) -> Grade:
         messages = conversation(trajectory.get("calls") or [])
-        replies = [m["call_id"] for m in messages if m["role"] == "assistant" and m["call_id"]]
+        # one reply per call (a Responses call may give several assistant messages)
+        replies = list(
+            dict.fromkeys(
+                m["call_id"] for m in messages if m["role"] == "assistant" and m["call_id"]
+            )
+        )
         if not replies:
             return Grade.failed("the trajectory has no reply to judge")
         off = signals_off(trajectory, self.weights)

@@ -274,7 +274,7 @@ function showReward(t) {
   list.replaceChildren(...t.feedback.map((f) => el("li", {}, `${shortTime(f.created_at)}: ${fmt(f.reward)}${f.comment ? ` — ${f.comment}` : ""}`)));
 }
 
-const SIGNALS = { tool_error: "its tool call failed", interrupted: "the user interrupted it", retried: "the user asked again, word for word", corrected: "the user said it was wrong", approved: "the user said it was right" };
+const SIGNALS = { tool_error: "its tool call failed", interrupted: "the user interrupted it", retried: "the user asked again, word for word", corrected: "the user said it was wrong", approved: "the user said it was right", judged: "the judge read the user's reply" };
 
 function renderConversation(messages, signals) {
   const box = $("conversation");

@@ -117,6 +117,12 @@ def test_only_certain_words_are_verdicts() -> None:
     unsure = (
         "No problem",
         "no thanks",
+        "No, thanks",
+        "No, just the code please.",
+        "No-code",
+        "Not right now, later",
+        "Perfect, now it fails with an error",
+        "Exactly what I did not want",
         "Thanks, but that's wrong",
         "Are you sure? I get 42",
         "Use the calculator",

