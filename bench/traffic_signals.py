@@ -14,14 +14,17 @@ training rounds make and what grades it:
               the user's correction or thanks, read off the next call's request); no task's
               answer is used;
   turn_credit as next_turn, trained with per-turn credit (`learn --credit turn`): only the
-              replies a signal judged train, each on its own signal.
+              replies a signal judged train, each on its own signal;
+  judged_turns as turn_credit, graded by `next_turn:judge`: the served model also judges the
+              replies the rules are silent on, with the user's next message in view (not
+              in the default arms: on the tiny model the judge is noise).
 
 The simulated user answers in words only, and only some of its phrasings open with words
 the rules are certain of: the rest stay unjudged (no judge is configured here).
 
 Prints a line per arm (before, after, gain, steps, minutes), each signal arm's share of the
 reference arm's gain, and last ``next-turn signals: NN% of the reference-graded gain``
-(the better of next_turn and turn_credit).
+(the best of the next-turn arms run).
 
 Run: .venv/bin/python -m bench.traffic_signals [--steps 10] [--model smollm2-135m]
      [--arms reference,self_judge,next_turn,turn_credit] [--json out.json]
@@ -38,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ARMS = ("reference", "self_judge", "next_turn", "turn_credit")
+ARMS = ("reference", "self_judge", "next_turn", "turn_credit", "judged_turns")
 # by path: the rollout runner starts harnesses in a directory of their own, where the
 # bench package is not importable (the learner package is installed)
 USER = [sys.executable, str(Path(__file__).with_name("simulated_user.py")), "{prompt}"]
@@ -57,7 +60,7 @@ class ArmResult:
         return self.after - self.before
 
 
-def arm_config(arm: str, args: argparse.Namespace, workdir: Path, judge_url: str) -> Any:
+def arm_config(arm: str, args: argparse.Namespace, workdir: Path) -> Any:
     """The demo's settings for one arm: its train harness, grader and learner flags."""
     from learner.demo.cli import DEFAULT_MODEL
     from learner.demo.run import DemoConfig
@@ -82,8 +85,11 @@ def arm_config(arm: str, args: argparse.Namespace, workdir: Path, judge_url: str
         else ["--agent", "qa", "--no-tools", "--max-tokens", "32"]
     )
     config.train_harness = [*USER, *agent]
-    config.train_grader = {"self_judge": f"judge:{judge_url}"}.get(arm, "next_turn")
-    if arm == "turn_credit":
+    # the judges are the served model, asked through the proxy (the rollout runner's default)
+    config.train_grader = {"self_judge": "judge", "judged_turns": "next_turn:judge"}.get(
+        arm, "next_turn"
+    )
+    if arm in ("turn_credit", "judged_turns"):
         config.learner_args = ("--credit", "turn")
     return config
 
@@ -92,10 +98,7 @@ def run_arm(arm: str, args: argparse.Namespace, root: Path) -> ArmResult:
     from learner.demo.run import run_demo
 
     started = time.monotonic()
-    # the self-judge is the served model, asked through the proxy (its calls are recorded
-    # as judge traffic, never trained on)
-    judge_url = f"http://127.0.0.1:{args.port}/v1"
-    result = run_demo(arm_config(arm, args, root / arm, judge_url))
+    result = run_demo(arm_config(arm, args, root / arm))
     return ArmResult(
         arm,
         before=result.before.success_rate,
@@ -121,7 +124,9 @@ def report(results: list[ArmResult]) -> dict[str, Any]:
     shares = {r.arm: r.gain / reference.gain for r in results if r.arm not in ("reference",)}
     for arm, share in shares.items():
         print(f"{arm}: {100 * share:.0f}% of the reference-graded gain")
-    signal_arms = {a: s for a, s in shares.items() if a in ("next_turn", "turn_credit")}
+    signal_arms = {
+        a: s for a, s in shares.items() if a in ("next_turn", "turn_credit", "judged_turns")
+    }
     if signal_arms:
         best = max(signal_arms, key=lambda a: signal_arms[a])
         out["next_turn_share"] = signal_arms[best]
@@ -132,7 +137,7 @@ def report(results: list[ArmResult]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated, in order")
+    parser.add_argument("--arms", default=",".join(ARMS[:4]), help=f"of {', '.join(ARMS)}")
     parser.add_argument("--steps", type=int, default=10, help="learner steps per arm")
     parser.add_argument(
         "--model", default="tiny", help="tiny (the calculator demo) or a demo --model"

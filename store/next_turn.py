@@ -16,16 +16,18 @@ are here (pure functions over a conversation, store/conversation.py):
   correct", "Perfect") and says nothing of it being wrong.
 
 Each signal is -1 (the turn did badly) or +1 (approved), names its rule and quotes its
-evidence. The word rules read only how the next message opens: "No problem", "Thanks, but
-that's wrong" or "Are you sure? I get 42" are not certain, and are left to the judge with
-what came next in view (learner/graders/next_turn.py), as is every turn the rules are
-silent on.
+evidence. A retry, a correction or an approval judges the agent's whole turn: every reply
+since the user's previous message (its tool calls led to the answer), each one not judged
+by a signal of its own. The word rules read only how the next message opens: "No problem",
+"Thanks, but that's wrong" or "Are you sure? I get 42" are not certain, and are left to the
+judge with what came next in view (learner/graders/next_turn.py), as is every turn the
+rules are silent on.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from store.conversation import Message
@@ -38,6 +40,8 @@ _TOOL_ERRORS = (
     re.compile(r"command not found"),
     re.compile(r"\A\s*Error:"),
 )
+# the user's verdict on the agent's turn: it judges every reply of that turn
+USER_VERDICTS = frozenset({"retried", "corrected", "approved"})
 _INTERRUPTED = re.compile(r"\[Request interrupted by user")
 # how a message opens when the user says the answer was wrong ("no" only with a break after
 # it or "that/it" next: "no problem" and "no thanks" are not corrections)
@@ -100,23 +104,36 @@ def _same_request(a: str, b: str) -> bool:
 
 
 def next_turn_signals(messages: list[Message]) -> list[TurnSignal]:
-    """The certain signals for each assistant turn of a conversation, in order."""
-    signals: list[TurnSignal] = []
+    """The certain signals for each assistant turn of a conversation, in order.
+
+    What the user says judges the agent's whole turn, not only its last reply: every reply
+    since the user's previous message (the tool calls that led to the answer, and the
+    answer) gets the user's verdict, unless a signal of its own (a failed tool call)
+    already judged it.
+    """
+    by_turn: dict[int, TurnSignal] = {}
     asked: str | None = None  # the user message the current turn answers
+    since_asked: list[int] = []  # the replies of the agent's turn so far
     for i, message in enumerate(messages):
         role = message["role"]
-        if role == "context":
-            asked = None
-            continue
-        if role == "user":
-            asked = message["text"]
+        if role in ("context", "user"):
+            asked = message["text"] if role == "user" else None
+            since_asked = []
             continue
         if role != "assistant" or message.get("call_id") is None:
             continue
+        since_asked.append(i)
         signal = _judge(messages, i, asked)
-        if signal is not None:
-            signals.append(signal)
-    return signals
+        if signal is None:
+            continue
+        by_turn[i] = signal
+        if signal.rule in USER_VERDICTS:
+            for earlier in since_asked[:-1]:
+                if earlier not in by_turn:
+                    call_id = messages[earlier]["call_id"]
+                    assert call_id is not None
+                    by_turn[earlier] = replace(signal, call_id=call_id, turn=earlier)
+    return [by_turn[i] for i in sorted(by_turn)]
 
 
 def _judge(messages: list[Message], i: int, asked: str | None) -> TurnSignal | None:

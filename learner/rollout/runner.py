@@ -27,6 +27,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from learner.graders.base import Grade
+from learner.graders.combine import build_graders
 from learner.rollout import proxy_store
 from learner.rollout.grading import SpecGraders, grade_run, run_check
 from learner.rollout.harness import (
@@ -170,7 +171,10 @@ class _Rollout:
         self.stop = stop
         self.rollout_id = os.urandom(8).hex()
         self.running = Running()
-        self.specs = SpecGraders()
+        # a judge without a URL of its own is the served model, asked through the proxy
+        # (recorded as judge traffic, never trained on)
+        judge_url = config.proxy_url.rstrip("/") + "/v1"
+        self.specs = SpecGraders(lambda spec: build_graders([spec], judge_base_url=judge_url))
         self.events: queue.Queue[RunResult | None] = queue.Queue()
         self.results: list[RunResult] = []
         self.in_progress = 0

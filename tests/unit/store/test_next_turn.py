@@ -86,7 +86,7 @@ def test_anthropic_is_error_results_count_and_ordinary_ones_do_not() -> None:
         assert tool_failed({**ok, "text": text})
 
 
-def test_a_user_saying_the_answer_was_wrong_or_right_judges_the_reply_before() -> None:
+def test_a_user_saying_the_answer_was_wrong_or_right_judges_the_agent_s_turn() -> None:
     asked = [{"role": "user", "content": "How many days are in 3 weeks?"}]
     calls = [
         chat_call("a", asked, calls_tool("t1")),
@@ -96,9 +96,18 @@ def test_a_user_saying_the_answer_was_wrong_or_right_judges_the_reply_before() -
                                                    "content": "21"}, say("20"),
                         {"role": "user", "content": "No, that's wrong. It's 21."}], say("21")),
     ]  # fmt: skip
-    [signal] = next_turn_signals(conversation(calls))
-    assert (signal.call_id, signal.rule, signal.value) == ("b", "corrected", -1.0)
-    assert signal.evidence == "No, that's wrong. It's 21."
+    # the user's verdict judges the agent's whole turn: the tool call that led to the answer
+    # too, each on its own turn
+    called, answered = next_turn_signals(conversation(calls))
+    assert (answered.call_id, answered.rule, answered.value) == ("b", "corrected", -1.0)
+    assert (called.call_id, called.rule, called.value, called.turn) == ("a", "corrected", -1.0, 1)
+    assert answered.evidence == called.evidence == "No, that's wrong. It's 21."
+    # a reply judged by a signal of its own keeps it
+    failed = {"role": "tool", "tool_call_id": "t1", "content": "Error: division by zero"}
+    calls[1]["request"]["messages"][2] = failed
+    calls[2]["request"]["messages"][2] = failed
+    own, answered = next_turn_signals(conversation(calls))
+    assert (own.call_id, own.rule) == ("a", "tool_error") and answered.rule == "corrected"
 
 
 def test_only_certain_words_are_verdicts() -> None:
