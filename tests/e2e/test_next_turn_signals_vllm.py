@@ -22,6 +22,7 @@ import pytest
 from sqlalchemy import select
 
 from store import db
+from store.export import iter_trajectories
 from store.models import Call, Grade, TrainingStep, TurnSignal
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -77,12 +78,17 @@ def test_signals_land_on_their_turns_turn_credit_trains_them_only_and_an_off_key
     try:
         with engine.connect() as conn:
             calls = conn.execute(
-                select(Call.id, Call.trajectory_id, Call.key_name, Call.completion_token_ids)
-                .order_by(Call.started_at)
-            ).all()  # fmt: skip
+                select(Call.id, Call.trajectory_id, Call.key_name).order_by(Call.started_at)
+            ).all()
             signals = conn.execute(select(TurnSignal)).all()
             grades = {g.trajectory_id: g for g in conn.execute(select(Grade))}
             [step] = conn.execute(select(TrainingStep.metrics)).scalars().all()
+        # each call's sampled tokens, as the learner built its samples from them
+        sampled = {
+            c["id"]: len(c["completion_token_ids"])
+            for t in iter_trajectories(engine)
+            for c in t["calls"]
+        }
     finally:
         engine.dispose()
     by_trajectory: dict[str, list[Any]] = {}
@@ -105,7 +111,7 @@ def test_signals_land_on_their_turns_turn_credit_trains_them_only_and_an_off_key
             assert grades[trajectory].trained_in_step is None
         else:
             assert grades[trajectory].trained_in_step == 1
-            credited_tokens += len(answer.completion_token_ids)
+            credited_tokens += sampled[answer.id]
     # the replies to the user's words were judged by nothing: not a token of them trained
     assert step["trained_tokens"] == credited_tokens, step
     shown = httpx.get(f"{proxy.url}/admin/api/signals", headers=ADMIN).json()["keys"]
