@@ -194,12 +194,13 @@ class LearnerConfig(BaseSettings):
         "policy version (version), of its type and version in its batch (batch), its type's "
         "moving average (ema); off: it is not trained on",
     )
-    credit: Literal["trajectory", "turn"] = setting(
-        "trajectory",
+    credit: Literal["auto", "trajectory", "turn"] = setting(
+        "auto",
         "what a trajectory's replies are trained with: its reward's advantage, spread over "
         "every reply (trajectory), or each reply a next-turn signal judged by that signal "
         "against the mean signal of its interaction type's replies in the batch, and the "
-        "replies nothing judged left out (turn; needs the next_turn grader)",
+        "replies nothing judged left out (turn; needs next_turn grades); auto: turn when "
+        "next_turn is the only grader, else trajectory",
     )
     std_normalise: bool = setting(
         False,
@@ -368,9 +369,17 @@ class LearnerConfig(BaseSettings):
         # the environment gives a comma-separated list; a TOML file and flags give a list
         return comma_list(value) if isinstance(value, str) else value
 
+    @property
+    def turn_credit(self) -> bool:
+        """Whether steps train each reply on its own next-turn signal (`credit`)."""
+        if self.credit == "auto":
+            kinds = {spec.split(":")[0].split("@")[0].strip() for spec in self.graders}
+            return kinds == {"next_turn"}
+        return self.credit == "turn"
+
     @model_validator(mode="after")
     def _a_control_run_shuffles_what_trains(self) -> LearnerConfig:
-        if self.credit == "turn" and self.shuffle_rewards:
+        if self.turn_credit and self.shuffle_rewards:
             raise ValueError(
                 "--shuffle-rewards permutes trajectory rewards, but with --credit turn each "
                 "reply trains on its own signal: no control; use --credit trajectory"

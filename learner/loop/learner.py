@@ -109,12 +109,14 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights):
             max_attempts=config.grade_max_attempts,
         )
         self.signal_weights = SignalWeights.parse(config.signal_weights)
-        if config.credit == "turn" and not any(g.startswith("next_turn") for g in config.graders):
-            log.warning(
-                "--credit turn trains replies on the next-turn signals in their grades: only "
-                "trajectories graded by next_turn (here: rollout runs whose runner used it) "
-                "have them; the others train nothing"
-            )
+        if config.turn_credit:
+            log.info("per-turn credit: each reply trains on its own next-turn signal")
+            if not any(g.startswith("next_turn") for g in config.graders):
+                log.warning(
+                    "--credit turn trains replies on the next-turn signals in their grades: "
+                    "only trajectories graded by next_turn (here: rollout runs whose runner "
+                    "used it) have them; the others train nothing"
+                )
         self.tasks = TaskTable()
         self.trainer: Trainer | None = None
         self.publisher: FullReloadPublisher | None = None

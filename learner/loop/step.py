@@ -211,7 +211,7 @@ class Stepping(LearnerBase):
             for sample in build_samples(trajectory, skipped=skipped):
                 samples.append(sample)
                 advantages.append(advantage_of[trajectory["id"]])
-        if self.config.credit == "turn":
+        if self.config.turn_credit:
             samples = self._credit_turns(trajectories, samples)
         pairs: list[tuple[Sample, float]] = []
         left_out: Counter[str] = Counter()  # samples the trainer is not given, by reason

@@ -61,3 +61,25 @@ def test_the_demo_gives_its_learner_half_the_cores(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr("os.cpu_count", lambda: 16)
     assert learner_threads(DemoConfig()) == 8
     assert learner_threads(DemoConfig(learner_threads=3)) == 3
+
+
+def test_per_turn_credit_is_the_default_for_next_turn_grades_only() -> None:
+    def load(**overrides: object) -> LearnerConfig:
+        return LearnerConfig.load(config_file=None, overrides={"model": "m", **overrides})
+
+    assert load(graders=["next_turn"]).turn_credit
+    assert load(graders=["next_turn:judge@2"]).turn_credit
+    assert not load(graders=["next_turn", "judge"]).turn_credit  # the judge's reward counts
+    assert not load().turn_credit  # reference
+    assert (
+        load(credit="turn").turn_credit
+        and not load(graders=["next_turn"], credit="trajectory").turn_credit
+    )
+    with pytest.raises(ValueError, match="no control"):
+        load(graders=["next_turn"], shuffle_rewards=True)
+    with pytest.raises(ValueError, match="NAME=WEIGHT"):
+        load(signal_weights=["alice"])
+    args = build_parser().parse_args(
+        ["learn", "--signal-weight", "eve=0", "--signal-weight", "*=0.5"]
+    )
+    assert args.signal_weights == ["eve=0", "*=0.5"]
