@@ -198,9 +198,9 @@ class LearnerConfig(BaseSettings):
         "auto",
         "what a trajectory's replies are trained with: its reward's advantage, spread over "
         "every reply (trajectory), or each reply a next-turn signal judged by that signal "
-        "against the mean signal of its interaction type's replies in the batch, and the "
-        "replies nothing judged left out (turn; needs next_turn grades); auto: turn when "
-        "next_turn is the only grader, else trajectory",
+        "against its GRPO group's judged replies (alone in its group: its interaction "
+        "type's replies in the batch), and the replies nothing judged left out (turn; needs "
+        "next_turn grades); auto: turn when next_turn is the only grader, else trajectory",
     )
     std_normalise: bool = setting(
         False,

@@ -32,6 +32,26 @@ JUDGE_TYPE = "onthejob-judge"
 TYPE_HEADER = "X-Onthejob-Type"
 
 
+def judge_client(
+    base_url: str,
+    *,
+    api_key: str | None,
+    timeout: float,
+    max_retries: int,
+    http_client: httpx.Client | None,
+) -> openai.OpenAI:
+    """An OpenAI client whose calls say they are the judge's (never traffic to learn from)."""
+    return openai.OpenAI(
+        base_url=base_url,
+        # vLLM without --api-key accepts anything; the SDK insists on some key.
+        api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
+        timeout=timeout,
+        max_retries=max_retries,
+        http_client=http_client,
+        default_headers={TYPE_HEADER: JUDGE_TYPE},
+    )
+
+
 class JudgeError(Exception):
     """The judge could not give a verdict for a group."""
 
@@ -64,14 +84,12 @@ class JudgeGrader:
         self.max_answer_chars = max_answer_chars
         self.max_reasoning_chars = max_reasoning_chars
         self.structured = structured
-        self.client = openai.OpenAI(
-            base_url=base_url,
-            # vLLM without --api-key accepts anything; the SDK insists on some key.
-            api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
+        self.client = judge_client(
+            base_url,
+            api_key=api_key,
             timeout=timeout,
             max_retries=max_retries,
             http_client=http_client,
-            default_headers={TYPE_HEADER: JUDGE_TYPE},
         )
 
     def close(self) -> None:

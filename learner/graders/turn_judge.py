@@ -12,13 +12,11 @@ is no signal. A transport failure raises (the grade is tried again later).
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import httpx
-import openai
 
-from learner.graders.judge import JUDGE_TYPE, TYPE_HEADER
+from learner.graders.judge import judge_client
 from store.next_turn import OpenTurn, TurnSignal, quote
 
 VERDICTS = {"wrong": -1.0, "right": 1.0, "unclear": None}
@@ -62,13 +60,12 @@ class TurnJudge:
     ) -> None:
         self.model = model
         self.max_tokens = max_tokens
-        self.client = openai.OpenAI(
-            base_url=base_url,
-            api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
+        self.client = judge_client(
+            base_url,
+            api_key=api_key,
             timeout=timeout,
             max_retries=max_retries,
             http_client=http_client,
-            default_headers={TYPE_HEADER: JUDGE_TYPE},  # never recorded as traffic to learn
         )
 
     def close(self) -> None:

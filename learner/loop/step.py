@@ -164,7 +164,7 @@ class Stepping(LearnerBase):
         return baselines, advantaged, dict(group_metrics)
 
     def _credit_turns(
-        self, trajectories: list[dict[str, Any]], samples: list[Sample]
+        self, trajectories: list[dict[str, Any]], samples: list[Sample], groups: dict[str, str]
     ) -> list[Sample]:
         """The samples with per-turn advantages (learner/turn_credit.py): a reply trains on
         its own next-turn signal, a reply nothing judged not at all."""
@@ -178,6 +178,7 @@ class Stepping(LearnerBase):
             },
             values={i: turn_values(details.get(i)) for i in ids},
             types={t["id"]: t.get("interaction_type") for t in trajectories},
+            groups=groups,
         )
         return [credited(s, per_turn[s.trajectory_id]) for s in samples]
 
@@ -212,7 +213,8 @@ class Stepping(LearnerBase):
                 samples.append(sample)
                 advantages.append(advantage_of[trajectory["id"]])
         if self.config.turn_credit:
-            samples = self._credit_turns(trajectories, samples)
+            groups = {a.trajectory_id: a.group for a in advantaged}
+            samples = self._credit_turns(trajectories, samples, groups)
         pairs: list[tuple[Sample, float]] = []
         left_out: Counter[str] = Counter()  # samples the trainer is not given, by reason
         for sample, advantage in zip(samples, advantages, strict=True):

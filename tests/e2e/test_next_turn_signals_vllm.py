@@ -13,22 +13,35 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from sqlalchemy import select
+from sqlalchemy import Engine, func, select
 
 from store import db
 from store.export import iter_trajectories
-from store.models import Call, Grade, TrainingStep, TurnSignal
+from store.models import Call, Grade, TrainingStep, Trajectory, TurnSignal
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 TOKEN = "signals-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def finished(engine: Engine, n: int, timeout: float = 30.0) -> None:
+    """Poll (bounded) until n trajectories are recorded and finished."""
+    deadline = time.monotonic() + timeout
+    query = select(func.count()).select_from(Trajectory).where(Trajectory.status == "finished")
+    while True:
+        with engine.connect() as conn:
+            if conn.execute(query).scalar_one() >= n:
+                return
+        assert time.monotonic() < deadline, f"fewer than {n} trajectories finished"
+        time.sleep(0.05)
 
 
 def conversation(client: openai.OpenAI, model: str, said: str) -> None:
@@ -62,6 +75,7 @@ def test_signals_land_on_their_turns_turn_credit_trains_them_only_and_an_off_key
         for text in replies:
             conversation(client, vllm.model_name, text)
     engine = db.make_engine(db_url)
+    finished(engine, 6)  # every conversation is in before the learner grades and steps
     log_path = tmp_path / "learner.log"
     command = [
         *(sys.executable, "-m", "proxy.cli", "learn", "--db", db_url, "--upstream", vllm.url),
@@ -116,3 +130,49 @@ def test_signals_land_on_their_turns_turn_credit_trains_them_only_and_an_off_key
     assert step["trained_tokens"] == credited_tokens, step
     shown = httpx.get(f"{proxy.url}/admin/api/signals", headers=ADMIN).json()["keys"]
     assert {k["key_name"]: (k["good"], k["bad"]) for k in shown} == {"alice": (2, 2), "eve": (0, 2)}
+
+
+def test_the_turn_judge_is_asked_once_per_turn_the_rules_are_silent_on(
+    vllm, db_url: str, start_proxy
+) -> None:
+    """`next_turn:judge`: the served model judges the answers the user replied to in words
+    the rules are not certain of, and only those; its verdict is a signal of source "judge"
+    (or none, when it says "unclear"). The tiny model's verdicts themselves are noise."""
+    from learner import grading
+    from learner.graders.next_turn import NextTurnGrader
+    from learner.graders.turn_judge import TurnJudge
+    from learner.signals import SignalWeights
+    from store.tasks import TaskTable
+
+    db.upgrade(db_url)
+    proxy = start_proxy([vllm.url], db_url, args=["--idle-timeout", "0.5"])
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="x", max_retries=0)
+    uncertain = ["Hmm, I get 42 when I work it out.", "OK, got it."]
+    for text in [*uncertain, "No, that's wrong."]:
+        conversation(client, vllm.model_name, text)
+    engine = db.make_engine(db_url)
+    asked: list[httpx.Request] = []
+    judge = TurnJudge(
+        vllm.url + "/v1", http_client=httpx.Client(event_hooks={"request": [asked.append]})
+    )
+    try:
+        finished(engine, 3)
+        weights = SignalWeights()
+        outcome = grading.grade_and_save(
+            engine,
+            NextTurnGrader(weights, judge),
+            list(iter_trajectories(engine)),
+            tasks=TaskTable(),
+            policy=grading.RetryPolicy(),
+            signal_weights=weights,
+        )
+        assert outcome.rewarded == 3
+        with engine.connect() as conn:
+            signals = conn.execute(select(TurnSignal)).all()
+    finally:
+        judge.close()
+        engine.dispose()
+    assert len(asked) == len(uncertain)  # one question per turn the rules left open
+    assert {s.source for s in signals} <= {"rule", "judge"}
+    assert [(s.rule, s.value) for s in signals if s.source == "rule"] == [("corrected", -1.0)]
+    assert all((s.rule, abs(s.value)) == ("judged", 1.0) for s in signals if s.source == "judge")

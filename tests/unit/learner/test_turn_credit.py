@@ -32,6 +32,22 @@ def test_a_judged_reply_is_compared_with_its_type_s_mean_reply() -> None:
     assert advantages == {"t1": {"b": -1.0}, "t2": {"d": 1.0}, "t3": {"f": 0.0}}
 
 
+def test_answers_to_one_prompt_are_compared_with_each_other_first() -> None:
+    """A GRPO group's judged replies are their own baseline (a hard prompt all got wrong
+    teaches nothing, as in GRPO); a trajectory alone in its group falls back to its type."""
+    replies = {"g1": ["a", "b"], "g2": ["c", "d"], "g3": ["e"], "h1": ["f"], "h2": ["g"]}
+    values = {"g1": {"a": 1.0}, "g2": {"c": -1.0}, "g3": {"e": -1.0},
+              "h1": {"f": -1.0}, "h2": {"g": -1.0}}  # fmt: skip
+    groups = {"g1": "group:g", "g2": "group:g", "g3": "group:g", "h1": "group:h", "h2": "group:h"}
+    types = dict.fromkeys(replies, "chat")
+    advantages = turn_advantages(replies, values, types, groups)
+    assert advantages["g1"] == {"a": pytest.approx(1 + 1 / 3)}
+    assert advantages["g2"] == {"c": pytest.approx(-1 + 1 / 3)}
+    assert advantages["h1"] == {"f": 0.0} and advantages["h2"] == {"g": 0.0}
+    alone = turn_advantages({"s": ["x", "y"]}, {"s": {"x": -1.0}}, {"s": "chat"}, {"s": "task:s"})
+    assert alone == {"s": {"x": -0.5}}  # its type's mean reply: (-1 + 0) / 2
+
+
 def _trajectory() -> dict[str, object]:
     """Two calls stitched into one sample: a (prompt 1 2, reply 3 4) then b (5, reply 6 7)."""
 
