@@ -49,6 +49,7 @@ OPERATIONS = [
     "GET /types",
     "GET /learning-curves",
     "GET /self-judge",
+    "GET /signals",
     "GET /guard",
     "PUT /guard/waiver",
     "DELETE /guard/waiver",
