@@ -136,16 +136,22 @@ def next_turn_signals(messages: list[Message]) -> list[TurnSignal]:
     return [by_turn[i] for i in sorted(by_turn)]
 
 
-def _judge(messages: list[Message], i: int, asked: str | None) -> TurnSignal | None:
-    """What follows turn i up to the next assistant turn (tool results and the user's
-    words, in whatever order the API put them) judges it."""
-    turn = messages[i]
-    ids = {call.get("id") for call in turn["tool_calls"]}
+def _following(messages: list[Message], i: int) -> list[Message]:
+    """What came after reply i, up to the next reply: tool results and the user's words."""
     following: list[Message] = []
     for after in messages[i + 1 :]:
         if after["role"] in ("assistant", "context"):
             break
         following.append(after)
+    return following
+
+
+def _judge(messages: list[Message], i: int, asked: str | None) -> TurnSignal | None:
+    """What follows turn i up to the next assistant turn (tool results and the user's
+    words, in whatever order the API put them) judges it."""
+    turn = messages[i]
+    ids = {call.get("id") for call in turn["tool_calls"]}
+    following = _following(messages, i)
 
     def signal(rule: str, evidence: str, value: float = -1.0) -> TurnSignal:
         return TurnSignal(turn["call_id"], i, value, rule, quote(evidence))
@@ -187,9 +193,7 @@ def open_turns(messages: list[Message], signals: list[TurnSignal]) -> list[OpenT
     for i, message in enumerate(messages):
         if message["role"] != "assistant" or message.get("call_id") is None or i in judged:
             continue
-        for after in messages[i + 1 :]:
-            if after["role"] in ("assistant", "context"):
-                break
+        for after in _following(messages, i):
             if after["role"] == "user" and after["text"].strip():
                 calls = " ".join(
                     f"[calls {c.get('name')}({c.get('arguments')})]" for c in message["tool_calls"]
