@@ -18,6 +18,9 @@ training rounds make and what grades it:
   judged_turns as turn_credit, graded by `next_turn:judge`: the served model also judges the
               replies the rules are silent on, with the user's next message in view (not
               in the default arms: on the tiny model the judge is noise).
+  hindsight   as turn_credit, with hindsight distillation (`learn --hindsight 1`): a
+              corrected reply's tokens also train towards what the model, with the
+              correction in its context, would have said (learner/hindsight.py).
 
 The simulated user answers in words only, and only some of its phrasings open with words
 the rules are certain of: the rest stay unjudged (no judge is configured here).
@@ -27,7 +30,7 @@ reference arm's gain, and last ``next-turn signals: NN% of the reference-graded 
 (the best of the next-turn arms run).
 
 Run: .venv/bin/python -m bench.traffic_signals [--steps 10] [--model smollm2-135m]
-     [--arms reference,self_judge,next_turn,turn_credit] [--json out.json]
+     [--arms reference,self_judge,next_turn,turn_credit] [--hindsight 1] [--json out.json]
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ARMS = ("reference", "self_judge", "next_turn", "turn_credit", "judged_turns")
+ARMS = ("reference", "self_judge", "next_turn", "turn_credit", "judged_turns", "hindsight")
+SIGNAL_ARMS = ("next_turn", "turn_credit", "judged_turns", "hindsight")
 # by path: the rollout runner starts harnesses in a directory of their own, where the
 # bench package is not importable (the learner package is installed)
 USER = [sys.executable, str(Path(__file__).with_name("simulated_user.py")), "{prompt}"]
@@ -89,8 +93,10 @@ def arm_config(arm: str, args: argparse.Namespace, workdir: Path) -> Any:
     config.train_grader = {"self_judge": "judge", "judged_turns": "next_turn:judge"}.get(
         arm, "next_turn"
     )
-    if arm in ("turn_credit", "judged_turns"):
+    if arm in ("turn_credit", "judged_turns", "hindsight"):
         config.learner_args = ("--credit", "turn")
+    if arm == "hindsight":
+        config.learner_args += ("--hindsight", str(args.hindsight))
     return config
 
 
@@ -124,9 +130,7 @@ def report(results: list[ArmResult]) -> dict[str, Any]:
     shares = {r.arm: r.gain / reference.gain for r in results if r.arm not in ("reference",)}
     for arm, share in shares.items():
         print(f"{arm}: {100 * share:.0f}% of the reference-graded gain")
-    signal_arms = {
-        a: s for a, s in shares.items() if a in ("next_turn", "turn_credit", "judged_turns")
-    }
+    signal_arms = {a: s for a, s in shares.items() if a in SIGNAL_ARMS}
     if signal_arms:
         best = max(signal_arms, key=lambda a: signal_arms[a])
         out["next_turn_share"] = signal_arms[best]
@@ -143,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         "--model", default="tiny", help="tiny (the calculator demo) or a demo --model"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--hindsight", type=float, default=1.0, help="the hindsight arm's --hindsight COEF"
+    )
     parser.add_argument("--minutes", type=float, default=30.0, help="at most, per arm")
     parser.add_argument("--port", type=int, default=8093)
     parser.add_argument("--workdir", type=Path, help="kept; default: a temporary directory")

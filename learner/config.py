@@ -202,6 +202,15 @@ class LearnerConfig(BaseSettings):
         "type's replies in the batch), and the replies nothing judged left out (turn; needs "
         "next_turn grades); auto: turn when next_turn is the only grader, else trajectory",
     )
+    hindsight: float = setting(
+        0.0,
+        "hindsight distillation (learner/hindsight.py): each token of a reply a person "
+        "corrected also trains on COEF x how much likelier the model finds it with the "
+        "correction in its context (a user message before the reply), clipped to +-3 nats; "
+        "such replies train even in a group whose rewards are all alike; 0: off",
+        metavar="COEF",
+        ge=0.0,
+    )
     std_normalise: bool = setting(
         False,
         "divide every step's trajectory advantages by their standard deviation (per-turn "

@@ -15,6 +15,7 @@ from learner.distributed import Ranks
 from learner.fresh_wait import FreshWait
 from learner.grouping import Baselines, GroupingConfig
 from learner.guard_run import Guard
+from learner.hindsight import HintFrame
 from learner.lora import LoraSettings
 from learner.signals import SignalWeights
 from learner.stopping import GracefulStop
@@ -69,6 +70,7 @@ class LearnerBase:
     reporter: Reporter
     last_batch: dict[str, Any] | None
     probe: Probe
+    hint_frame: HintFrame | str | None  # hindsight's (learner/hindsight.py); str: why none
     tolerance: float
     weights_checked: bool
     transport: str  # how full weights reach the replicas: disk or transfer

@@ -31,6 +31,7 @@ from learner.distributed import Ranks
 from learner.fresh_wait import FreshWait
 from learner.grouping import Baselines, GroupingConfig
 from learner.guard_run import Guard
+from learner.hindsight import HintFrame
 from learner.loop.base import LEARNER, RestoreFailed
 from learner.loop.grading import Grading
 from learner.loop.guarding import Guarding
@@ -118,6 +119,7 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights):
                     "used it) have them; the others train nothing"
                 )
         self.tasks = TaskTable()
+        self.hint_frame: HintFrame | str | None = None  # set at start (learner/hindsight.py)
         self.trainer: Trainer | None = None
         self.publisher: FullReloadPublisher | None = None
         self.guard: Guard | None = None

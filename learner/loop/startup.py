@@ -11,6 +11,7 @@ from pathlib import Path
 from learner import control
 from learner.checkpoint import load_model, save_checkpoint
 from learner.grouping import Baselines
+from learner.hindsight import HintFrame
 from learner.loop.base import LEARNER, LEASE_WAIT, PROBE_TEXT, LearnerBase, RestoreFailed
 from learner.swap import lease
 from learner.swap.publisher import (
@@ -44,6 +45,9 @@ class StartUp(LearnerBase):
 
         tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         self.probe = Probe(prompt_token_ids=list(tokenizer(PROBE_TEXT)["input_ids"]))
+        self.hint_frame = HintFrame.of(tokenizer) if self.config.hindsight > 0 else None
+        if isinstance(self.hint_frame, str):
+            log.warning("--hindsight has no effect on this model: %s", self.hint_frame)
         dtypes = {served_dtype(upstream) for upstream in self.config.upstreams}
         checker = FullReloadPublisher(self.config.upstreams, probe=self.probe)
         why_not = checker.weights_checkable(self.model_dir)

@@ -9,12 +9,22 @@ from pathlib import Path
 from typing import Any
 
 from learner.accounting import StepAccount
-from learner.grouping import Baselines, Scored, bound_batch, compute_advantages, shuffle_rewards
+from learner.grouping import (
+    Advantaged,
+    Baselines,
+    Scored,
+    bound_batch,
+    compute_advantages,
+    group_name,
+    shuffle_rewards,
+)
+from learner.hindsight import Distilled, HintFrame, corrections, distilled
 from learner.layout import served_base
 from learner.loop.base import LearnerBase, save_baselines
+from learner.signals import signals_in
 from learner.swap.publisher import Fingerprint
 from learner.turn_credit import credited, turn_advantages, turn_values
-from store import grade_queue, policy_versions
+from store import grade_queue, policy_versions, turn_signals
 from store.export import iter_trajectories
 from store.samples import Sample, build_samples
 
@@ -140,6 +150,9 @@ class Stepping(LearnerBase):
         group_metrics["staleness_mean"] = sum(ages) / len(ages) if ages else 0.0
         group_metrics["staleness_max"] = float(max(ages, default=0))
         considered = [s.trajectory_id for s in scored] + unknown + stale
+        if self.config.hindsight > 0:
+            # what a correction says trains a reply also where its group's rewards are flat
+            advantaged = advantaged + self._corrected_only(scored, advantaged, current)
         self._train(advantaged, considered, group_metrics, baselines, waiting=len(waiting))
         return True
 
@@ -182,6 +195,56 @@ class Stepping(LearnerBase):
         )
         return [credited(s, per_turn[s.trajectory_id]) for s in samples]
 
+    def _corrections(self, ids: list[str]) -> dict[str, dict[str, str]]:
+        """Per trajectory, the corrections people made of its replies: the signals in its
+        grade (a rollout run's, graded by its runner), else those the learner stored."""
+        with self.engine.connect() as conn:
+            details = grade_queue.grade_details(conn, ids)
+            found: dict[str, dict[str, str]] = {}
+            for trajectory in ids:
+                signals = signals_in(details.get(trajectory))
+                if signals is None:
+                    rows = turn_signals.signals_of(conn, trajectory)
+                    signals = [turn_signals.Stored(**row) for row in rows]
+                found[trajectory] = corrections(signals)
+        return found
+
+    def _corrected_only(
+        self, scored: list[Scored], advantaged: list[Advantaged], current: int
+    ) -> list[Advantaged]:
+        """The batch's fresh trajectories grouping gave no advantage (a flat group) that
+        hold a correction: advantage 0, so hindsight is what they train on."""
+        have = {a.trajectory_id for a in advantaged}
+        oldest = current - self.grouping.max_staleness
+        rest = [s for s in scored if s.trajectory_id not in have and s.version_index >= oldest]
+        found = self._corrections([s.trajectory_id for s in rest])
+        return [
+            Advantaged(s.trajectory_id, 0.0, group_name(s)) for s in rest if found[s.trajectory_id]
+        ]
+
+    def _distil(
+        self, pairs: list[tuple[Sample, float]], trajectories: list[dict[str, Any]]
+    ) -> tuple[list[tuple[Sample, float]], Distilled]:
+        """The pairs with hindsight targets on the corrected replies (learner/hindsight.py)."""
+        assert self.trainer is not None
+        stats = Distilled()
+        frame = self.hint_frame
+        if not isinstance(frame, HintFrame):
+            return pairs, stats
+        hints = self._corrections([t["id"] for t in trajectories])
+        coef = self.config.hindsight
+        out = [
+            (
+                distilled(
+                    sample, advantage, hints[sample.trajectory_id], frame,
+                    self.trainer.logprobs_of, coef, stats,
+                ),
+                advantage,
+            )
+            for sample, advantage in pairs
+        ]  # fmt: skip
+        return out, stats
+
     def _batch_limit(self) -> int:
         """Trajectories with a signal a step trains on at most (0: no bound): never fewer
         than a step waits for (both are live knobs)."""
@@ -223,6 +286,9 @@ class Stepping(LearnerBase):
                 pairs.append((sample, advantage))
             else:
                 left_out[why] += 1
+        hindsight = None
+        if self.config.hindsight > 0:
+            pairs, hindsight = self._distil(pairs, trajectories)
         account.built(
             calls_skipped=skipped,
             samples=len(samples),
@@ -239,6 +305,17 @@ class Stepping(LearnerBase):
             [s for s, _ in pairs], [a for _, a in pairs], fresh_version=self.serving["version"]
         )
         account.trained(metrics)
+        if hindsight is not None:
+            metrics.update(hindsight.metrics())
+            log.info(
+                "step %d hindsight: %d corrected replies, %d tokens, mean gap %+.3f nats "
+                "(%d without a place for the hint)",
+                step,
+                hindsight.replies,
+                hindsight.tokens,
+                metrics["hindsight_gap_mean"],
+                hindsight.unplaced,
+            )
         metrics.update(
             group_metrics,
             learning_rate=self.config.learning_rate,

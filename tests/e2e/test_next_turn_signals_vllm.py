@@ -4,7 +4,8 @@ PostgreSQL.
 
 Conversations made with the official openai SDK: the model answers, then the user says the
 answer was wrong, or thanks it, and the model replies to that. A key whose signals are off
-says the same things. (A failed tool call as a signal, through a real harness: Codex CLI in
+says the same things. The learner also distils hindsight from the corrections. (A failed
+tool call as a signal, through a real harness: Codex CLI in
 tests/e2e/test_harness_clis_tool_loop.py; the tiny model does not call tools itself, and a
 forced tool_choice makes the call untrainable.)
 """
@@ -54,7 +55,7 @@ def conversation(client: openai.OpenAI, model: str, said: str) -> None:
     client.chat.completions.create(messages=messages, **sampling)  # type: ignore[arg-type]
 
 
-def test_signals_land_on_their_turns_turn_credit_trains_them_only_and_an_off_key_nothing(
+def test_signals_land_on_their_turns_credit_and_hindsight_train_them_only_an_off_key_nothing(
     vllm, tiny_model: Path, db_url: str, start_proxy, restore_vllm: str, tmp_path: Path
 ) -> None:
     db.upgrade(db_url)
@@ -81,6 +82,7 @@ def test_signals_land_on_their_turns_turn_credit_trains_them_only_and_an_off_key
         *(sys.executable, "-m", "proxy.cli", "learn", "--db", db_url, "--upstream", vllm.url),
         *("--model", str(tiny_model), "--checkpoints", str(tmp_path / "checkpoints")),
         *("--grader", "next_turn", "--credit", "turn", "--signal-weight", "eve=0"),
+        *("--hindsight", "1"),
         *("--batch-trajectories", "4", "--max-steps", "1", "--learning-rate", "1e-3"),
         *("--no-mask-truncated", "--poll-interval", "0.2", "--no-self-judge"),
         # every credited token counted: no sequence left out for its recorded logprobs
@@ -111,7 +113,7 @@ def test_signals_land_on_their_turns_turn_credit_trains_them_only_and_an_off_key
     assert sorted(len(c) for c in by_trajectory.values()) == [2] * 6
     verdicts = {"No, that's wrong.": ("corrected", -1.0), "Thanks!": ("approved", 1.0),
                 "Wrong!": ("corrected", -1.0)}  # fmt: skip
-    credited_tokens = 0
+    credited_tokens = corrected_tokens = 0
     for trajectory, (answer, _reply) in by_trajectory.items():
         weight = 0.0 if answer.key_name == "eve" else 1.0
         # the user's words judge the answer they followed, and nothing else
@@ -126,8 +128,12 @@ def test_signals_land_on_their_turns_turn_credit_trains_them_only_and_an_off_key
         else:
             assert grades[trajectory].trained_in_step == 1
             credited_tokens += sampled[answer.id]
+            corrected_tokens += sampled[answer.id] if signal.rule == "corrected" else 0
     # the replies to the user's words were judged by nothing: not a token of them trained
     assert step["trained_tokens"] == credited_tokens, step
+    # hindsight: alice's two corrected answers, every token of theirs; eve's (off) none
+    assert (step["hindsight_replies"], step["hindsight_tokens"]) == (2, corrected_tokens), step
+    assert step["hindsight_unplaced"] == 0 and abs(step["hindsight_gap_mean"]) > 0, step
     shown = httpx.get(f"{proxy.url}/admin/api/signals", headers=ADMIN).json()["keys"]
     assert {k["key_name"]: (k["good"], k["bad"]) for k in shown} == {"alice": (2, 2), "eve": (0, 2)}
 
