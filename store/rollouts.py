@@ -10,13 +10,15 @@ used, `trained_in_step = -1`, so nothing trains on them). Callers own the transa
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection, func, insert, select, update
 
-from store import grade_queue
+from store import grade_queue, turn_signals
 from store.models import Call, EvalResult, RolloutRun, Trajectory
+from store.turn_signals import Stored
 
 
 def now() -> datetime:
@@ -86,10 +88,17 @@ def save_grades(
     detail: dict[str, Any],
     error: str | None,
     trainable: bool,
+    signals: Sequence[Stored] | None = None,
 ) -> None:
+    """The run's grade on each of its trajectories, and the next-turn signals it found
+    (a next_turn grader's), each on the trajectory of the call it judged."""
     for trajectory_id in ids:
         grade_queue.save_grade(
             conn, trajectory_id=trajectory_id, reward=reward, detail=detail, error=error
+        )
+    if signals is not None:
+        turn_signals.save_run_signals(
+            conn, trajectory_ids=ids, signals=signals, now=datetime.now(UTC)
         )
     if not trainable:  # eval runs: graded, already "used", never a training signal
         grade_queue.mark_trained(conn, trajectory_ids=ids, step=-1)

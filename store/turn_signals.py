@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, insert, select
 
-from store.models import TurnSignal
+from store.models import Call, TurnSignal
 
 # what a person types: the rules on their words, and the judge's reading of them
 WORD_RULES = frozenset({"corrected", "approved", "retried", "interrupted", "judged"})
@@ -53,6 +53,21 @@ def save_signals(
             insert(TurnSignal),
             [{"trajectory_id": trajectory_id, "created_at": now, **s.__dict__} for s in signals],
         )
+
+
+def save_run_signals(
+    conn: Connection, *, trajectory_ids: Sequence[str], signals: Sequence[Stored], now: datetime
+) -> None:
+    """A rollout run's signals (one grade for all its trajectories), each stored with the
+    trajectory its call belongs to."""
+    owner = dict(
+        conn.execute(
+            select(Call.id, Call.trajectory_id).where(Call.trajectory_id.in_(list(trajectory_ids)))
+        ).all()
+    )
+    for trajectory_id in trajectory_ids:
+        mine = [s for s in signals if owner.get(s.call_id) == trajectory_id]
+        save_signals(conn, trajectory_id=trajectory_id, signals=mine, now=now)
 
 
 def signals_of(conn: Connection, trajectory_id: str) -> list[dict[str, Any]]:

@@ -41,6 +41,7 @@ from learner.rollout.harness import (
 )
 from learner.rollout.report import summarise
 from learner.rollout.taskset import TaskSet, store_tasks
+from learner.signals import signals_in
 from store import db, rollouts, schema
 from store.export import iter_trajectories
 from store.tasks import Task
@@ -370,6 +371,7 @@ class _Rollout:
                 detail={"rollout_run": run_id, **grade.detail},
                 error=grade.error,
                 trainable=not self.config.eval,
+                signals=signals_in(grade.detail),
             )
             rollouts.finish_run(
                 conn,
@@ -513,6 +515,7 @@ class _Rollout:
                     detail={"rollout_run": run["id"], **grade.detail},
                     error=grade.error,
                     trainable=not self.config.eval,
+                    signals=signals_in(grade.detail),
                 )
                 rollouts.update_run(
                     conn,

@@ -10,7 +10,8 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from learner.rollout.taskset import list_tasks, load_task_set, store_tasks
-from store import grade_queue, recording, rollouts
+from store import grade_queue, recording, rollouts, turn_signals
+from store.turn_signals import Stored
 
 
 def _trajectory(tid: str, session: str | None, now: float) -> dict:
@@ -80,6 +81,33 @@ def test_learner_leaves_rollout_runs_to_the_runner_and_waits_for_whole_groups(
         recording.write_batch(conn, trajectories=[late], calls=[])
         (row,) = [r for r in grade_queue.trainable_grades(conn) if r["trajectory_id"] == "ta"]
         assert (row["task_key"], row["group_key"]) == ("t1", group)
+
+
+def test_a_runs_signals_are_stored_each_with_the_trajectory_of_its_call(engine: Engine) -> None:
+    now = time.time()
+    calls = [
+        {"id": f"{t}-call", "trajectory_id": t, "session_key": None, "api": "chat.completions",
+         "status": "ok", "http_status": 200, "stream": False, "prompt_prefix_len": 0,
+         "capture_complete": True, "started_at": now, "key_name": "alice"}
+        for t in ("ta", "tb")
+    ]  # fmt: skip
+    signals = [
+        Stored("ta-call", 1, -1.0, "corrected", "No, it's 21.", "alice"),
+        Stored("tb-call", 1, 1.0, "approved", "Thanks!", "alice"),
+        Stored("elsewhere", 1, -1.0, "corrected", "No.", "alice"),  # not the run's: dropped
+    ]
+    with engine.begin() as conn:
+        _start(conn, "a")
+        session = rollouts.session_key_for("a")
+        rows = [_trajectory(t, session, now) for t in ("ta", "tb")]
+        recording.write_batch(conn, trajectories=rows, calls=calls)
+        rollouts.save_grades(
+            conn, ids=["ta", "tb"], reward=0.5, detail={}, error=None, trainable=True,
+            signals=signals,
+        )  # fmt: skip
+        stored = {t: turn_signals.signals_of(conn, t) for t in ("ta", "tb")}
+    assert [(s["call_id"], s["rule"]) for s in stored["ta"]] == [("ta-call", "corrected")]
+    assert [(s["call_id"], s["rule"]) for s in stored["tb"]] == [("tb-call", "approved")]
 
 
 def test_eval_grades_are_never_trained_on_and_unfinished_runs_are_cancelled(
