@@ -206,7 +206,8 @@ class LearnerConfig(BaseSettings):
         0.0,
         "hindsight distillation (learner/hindsight.py): each token of a reply a person "
         "corrected also trains on COEF x how much likelier the model finds it with the "
-        "correction in its context (a user message before the reply), clipped to +-3 nats; "
+        "correction in its context (a user message before the reply) than with a message "
+        "saying nothing, clipped to +-3 nats; "
         "such replies train even in a group whose rewards are all alike; 0: off",
         metavar="COEF",
         ge=0.0,

@@ -6,14 +6,18 @@ policy) puts other odds on the reply's tokens: lower on what the correction says
 higher on what it confirms. Each token of a corrected reply gets, beside its GRPO (or
 per-turn) advantage, the extra advantage
 
-    COEF x clamp(log p(token | context + correction) - log p(token | context), +-GAP_CLIP)
+    COEF x clamp(log p(token | context + correction) - log p(token | context + "OK."), +-3)
 
 which is on-policy distillation from the hindsight-conditioned policy, on the tokens the
 model sampled (OpenClaw-RL, arXiv 2603.10165, distils hints from the next message the same
 way). The teacher is the policy itself, so nothing else needs serving: the correction enters
-the recorded prompt as one more user message just before the reply, in the chat template's
-own rendering of one. A template that cannot render that (one requiring user and assistant
-to alternate) gives no hindsight: such replies train as they would without it.
+the recorded prompt as one more user message, the correction's own words, just before the
+reply, in the chat template's own rendering of one. The comparison is with the same message saying nothing ("OK."), not
+with the context alone: a message the model never saw there makes every token of its usual
+replies less likely (on the demo's tiny model by about 4 nats a token), which says nothing
+about the reply, and distilled as it is, it unlearnt everything (held-out 20% to 0% in 13
+steps). A template that cannot render the message (one requiring user and assistant to
+alternate) gives no hindsight: such replies train as they would without it.
 """
 
 from __future__ import annotations
@@ -29,7 +33,11 @@ from store.turn_signals import Stored
 # signals whose evidence is what a person said was wrong (store/next_turn.py)
 HINT_RULES = frozenset({"corrected", "judged"})
 GAP_CLIP = 3.0  # nats: a token the correction makes e^3 (20x) likelier or less counts no more
-HINT = 'Hindsight: the user\'s reply to your answer will be "{correction}"'
+# the correction as the user said it: on SmolLM2-135M, framing it ("Hindsight: the user's
+# reply will be ...") lowered right and wrong answers alike, while the bare words lowered
+# the wrong answer (-1.1 nats against "OK.") and left the right one (+0.1)
+HINT = "{correction}"
+CONTROL = "OK."  # the same message saying nothing: what the correction is compared with
 _MARK = "\x00hint\x00"  # a string no template writes itself
 
 Logprobs = Callable[[list[int], list[int]], list[float]]
@@ -142,8 +150,10 @@ def distilled(
         if teacher_context is None:
             stats.unplaced += 1
             continue
+        control = frame.hinted(context, CONTROL)
+        assert control is not None  # the same prompt: placed as the hint was
         teacher = logprobs_of(teacher_context, reply)
-        student = logprobs_of(context, reply)
+        student = logprobs_of(control, reply)
         stats.replies += 1
         for offset, (t, s) in enumerate(zip(teacher, student, strict=True)):
             if not sample.loss_mask[start + offset]:

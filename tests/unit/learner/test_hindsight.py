@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from learner.hindsight import GAP_CLIP, HINT, Distilled, HintFrame, corrections, distilled
+from learner.hindsight import CONTROL, GAP_CLIP, HINT, Distilled, HintFrame, corrections, distilled
 from store.samples import Sample
 from store.turn_signals import Stored
 
@@ -85,19 +85,25 @@ def sample_of_two_replies() -> Sample:
     return sample
 
 
+def hint_or_control(text: str) -> list[int]:
+    """Token 6: the control message ("OK."); token 7: a correction."""
+    return [6] if f'"{CONTROL}"' in text else [7]
+
+
 def test_the_term_lands_on_the_corrected_reply_only_clipped() -> None:
-    frame = HintFrame(generation_prompt=[9], turn_before="", turn_after="", encode=lambda _: [7])
+    frame = HintFrame(generation_prompt=[9], turn_before="", turn_after="", encode=hint_or_control)
     asked: list[tuple[list[int], list[int]]] = []
 
     def logprobs_of(context: list[int], reply: list[int]) -> list[float]:
         asked.append((context, reply))
         if 7 in context:  # the hinted context: token 10 far likelier, 11 less, 12 alike
             return [-0.1, -5.0, -1.0]
+        assert 6 in context  # compared with the control message, not the bare context
         return [-9.0, -1.0, -1.0]
 
     stats = Distilled()
     out = distilled(sample_of_two_replies(), 0.5, {"answer": "No."}, frame, logprobs_of, 2.0, stats)
-    assert asked == [([1, 2, 7, 9], [10, 11, 12]), ([1, 2, 9], [10, 11, 12])]
+    assert asked == [([1, 2, 7, 9], [10, 11, 12]), ([1, 2, 6, 9], [10, 11, 12])]
     assert out.token_advantages is not None
     answer = out.token_advantages[3:6]
     assert answer == pytest.approx([0.5 + 2 * GAP_CLIP, 0.5 - 2 * GAP_CLIP, 0.5])
