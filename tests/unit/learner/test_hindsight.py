@@ -87,7 +87,7 @@ def sample_of_two_replies() -> Sample:
 
 def hint_or_control(text: str) -> list[int]:
     """Token 6: the control message ("OK."); token 7: a correction."""
-    return [6] if f'"{CONTROL}"' in text else [7]
+    return [6] if CONTROL in text else [7]
 
 
 def test_the_term_lands_on_the_corrected_reply_only_clipped() -> None:
