@@ -10,14 +10,15 @@ per-turn) advantage, the extra advantage
 
 which is on-policy distillation from the hindsight-conditioned policy, on the tokens the
 model sampled (OpenClaw-RL, arXiv 2603.10165, distils hints from the next message the same
-way). The teacher is the policy itself, so nothing else needs serving: the correction enters
-the recorded prompt as one more user message, the correction's own words, just before the
-reply, in the chat template's own rendering of one. The comparison is with the same message saying nothing ("OK."), not
-with the context alone: a message the model never saw there makes every token of its usual
-replies less likely (on the demo's tiny model by about 4 nats a token), which says nothing
-about the reply, and distilled as it is, it unlearnt everything (held-out 20% to 0% in 13
-steps). A template that cannot render the message (one requiring user and assistant to
-alternate) gives no hindsight: such replies train as they would without it.
+way). The teacher is the policy itself, so nothing else needs serving: the correction, in
+its own words, enters the recorded prompt as one more user message just before the reply,
+in the chat template's own rendering of one. It is compared with the same message saying
+nothing ("OK."), not with the context alone: a message the model never saw there makes
+every token of its usual replies less likely (on the demo's tiny model by about 4 nats a
+token), which says nothing about the reply, and distilled as it is, it unlearnt everything
+(held-out 20% to 0% in 13 steps). A template that cannot render the message (one requiring
+user and assistant to alternate) gives no hindsight: such replies train as they would
+without it.
 """
 
 from __future__ import annotations
