@@ -70,6 +70,24 @@ def save_run_signals(
         save_signals(conn, trajectory_id=trajectory_id, signals=mine, now=now)
 
 
+def signals_by_trajectory(conn: Connection, ids: Sequence[str]) -> dict[str, list[Stored]]:
+    """The stored signals of each of these trajectories that has any, in one read."""
+    found: dict[str, list[Stored]] = {}
+    if not ids:
+        return found
+    t = TurnSignal
+    rows = conn.execute(
+        select(t.trajectory_id, t.call_id, t.turn, t.value, t.rule, t.evidence, t.key_name,
+               t.weight, t.source)
+        .where(t.trajectory_id.in_(list(ids)))
+        .order_by(t.trajectory_id, t.turn)
+    )  # fmt: skip
+    for row in rows:
+        trajectory_id, *fields = row
+        found.setdefault(trajectory_id, []).append(Stored(*fields))
+    return found
+
+
 def signals_of(conn: Connection, trajectory_id: str) -> list[dict[str, Any]]:
     t = TurnSignal
     query = select(t.call_id, t.turn, t.value, t.weight, t.rule, t.source, t.evidence, t.key_name)

@@ -177,13 +177,15 @@ class Stepping(LearnerBase):
         return baselines, advantaged, dict(group_metrics)
 
     def _credit_turns(
-        self, trajectories: list[dict[str, Any]], samples: list[Sample], groups: dict[str, str]
+        self,
+        trajectories: list[dict[str, Any]],
+        samples: list[Sample],
+        groups: dict[str, str],
+        details: dict[str, dict[str, Any]],
     ) -> list[Sample]:
         """The samples with per-turn advantages (learner/turn_credit.py): a reply trains on
         its own next-turn signal, a reply nothing judged not at all."""
         ids = [t["id"] for t in trajectories]
-        with self.engine.connect() as conn:
-            details = grade_queue.grade_details(conn, ids)
         per_turn = turn_advantages(
             replies={
                 t["id"]: [c["id"] for c in t["calls"] if c.get("status") == "ok"]
@@ -195,19 +197,22 @@ class Stepping(LearnerBase):
         )
         return [credited(s, per_turn[s.trajectory_id]) for s in samples]
 
-    def _corrections(self, ids: list[str]) -> dict[str, dict[str, str]]:
+    def _corrections(
+        self, ids: list[str], details: dict[str, dict[str, Any]] | None = None
+    ) -> dict[str, dict[str, str]]:
         """Per trajectory, the corrections people made of its replies: the signals in its
-        grade (a rollout run's, graded by its runner), else those the learner stored."""
+        grade (`details`, read here when not given), else those stored for it."""
         with self.engine.connect() as conn:
-            details = grade_queue.grade_details(conn, ids)
-            found: dict[str, dict[str, str]] = {}
-            for trajectory in ids:
-                signals = signals_in(details.get(trajectory))
-                if signals is None:
-                    rows = turn_signals.signals_of(conn, trajectory)
-                    signals = [turn_signals.Stored(**row) for row in rows]
-                found[trajectory] = corrections(signals)
-        return found
+            if details is None:
+                details = grade_queue.grade_details(conn, ids)
+            graded = {t: signals_in(details.get(t)) for t in ids}
+            stored = turn_signals.signals_by_trajectory(
+                conn, [t for t, found in graded.items() if found is None]
+            )
+        return {
+            t: corrections(found if found is not None else stored.get(t, []))
+            for t, found in graded.items()
+        }
 
     def _corrected_only(
         self, scored: list[Scored], advantaged: list[Advantaged], current: int
@@ -223,7 +228,7 @@ class Stepping(LearnerBase):
         ]
 
     def _distil(
-        self, pairs: list[tuple[Sample, float]], trajectories: list[dict[str, Any]]
+        self, pairs: list[tuple[Sample, float]], details: dict[str, dict[str, Any]]
     ) -> tuple[list[tuple[Sample, float]], Distilled]:
         """The pairs with hindsight targets on the corrected replies (learner/hindsight.py)."""
         assert self.trainer is not None
@@ -231,7 +236,7 @@ class Stepping(LearnerBase):
         frame = self.hint_frame
         if not isinstance(frame, HintFrame):
             return pairs, stats
-        hints = self._corrections([t["id"] for t in trajectories])
+        hints = self._corrections(list(details), details)
         coef = self.config.hindsight
         out = [
             (
@@ -275,9 +280,14 @@ class Stepping(LearnerBase):
             for sample in build_samples(trajectory, skipped=skipped):
                 samples.append(sample)
                 advantages.append(advantage_of[trajectory["id"]])
+        details: dict[str, dict[str, Any]] = {}
+        if self.config.turn_credit or self.config.hindsight > 0:
+            # what per-turn credit and hindsight read: the batch's grades, read once
+            with self.engine.connect() as conn:
+                details = grade_queue.grade_details(conn, [t["id"] for t in trajectories])
         if self.config.turn_credit:
             groups = {a.trajectory_id: a.group for a in advantaged}
-            samples = self._credit_turns(trajectories, samples, groups)
+            samples = self._credit_turns(trajectories, samples, groups, details)
         pairs: list[tuple[Sample, float]] = []
         left_out: Counter[str] = Counter()  # samples the trainer is not given, by reason
         for sample, advantage in zip(samples, advantages, strict=True):
@@ -288,7 +298,7 @@ class Stepping(LearnerBase):
                 left_out[why] += 1
         hindsight = None
         if self.config.hindsight > 0:
-            pairs, hindsight = self._distil(pairs, trajectories)
+            pairs, hindsight = self._distil(pairs, details)
         account.built(
             calls_skipped=skipped,
             samples=len(samples),

@@ -106,8 +106,10 @@ def test_a_runs_signals_are_stored_each_with_the_trajectory_of_its_call(engine: 
             signals=signals,
         )  # fmt: skip
         stored = {t: turn_signals.signals_of(conn, t) for t in ("ta", "tb")}
+        in_one_read = turn_signals.signals_by_trajectory(conn, ["ta", "tb", "none"])
     assert [(s["call_id"], s["rule"]) for s in stored["ta"]] == [("ta-call", "corrected")]
     assert [(s["call_id"], s["rule"]) for s in stored["tb"]] == [("tb-call", "approved")]
+    assert in_one_read == {"ta": [signals[0]], "tb": [signals[1]]}
 
 
 def test_eval_grades_are_never_trained_on_and_unfinished_runs_are_cancelled(
