@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Callable
 
 import orjson
 
@@ -129,7 +130,23 @@ def respond(status: str, body: bytes, content_type: bytes = b"application/json")
     )
 
 
-async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+def models_with(adapters: list[str]) -> bytes:
+    """/v1/models of a server with these LoRA adapters loaded on its one model."""
+    data = orjson.loads(MODELS)["data"]
+    for name in adapters:
+        data.append({**data[0], "id": name, "root": f"/adapters/{name}", "parent": "fake"})
+    return orjson.dumps({"object": "list", "data": data})
+
+
+async def handle(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    *,
+    models: Callable[[], bytes] | None = None,
+    asked: list[dict] | None = None,
+) -> None:
+    """One connection's requests. `models`: what /v1/models answers (default MODELS);
+    `asked`: every chat completion request is appended to it."""
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -142,6 +159,8 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
             raw = await reader.readexactly(length) if length else b""
             if path == b"/v1/chat/completions" and method == b"POST":
                 request = orjson.loads(raw)
+                if asked is not None:
+                    asked.append(request)
                 if request.get("stream"):
                     writer.write(respond("200 OK", chat_stream(request), b"text/event-stream"))
                 else:
@@ -152,7 +171,7 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
             elif path == b"/weight_info":
                 writer.write(respond("200 OK", b'{"weight_version":"fake-v1"}'))
             elif path == b"/v1/models":
-                writer.write(respond("200 OK", MODELS))
+                writer.write(respond("200 OK", MODELS if models is None else models()))
             elif path == b"/health":
                 writer.write(respond("200 OK", b'{"object":"list","data":[]}'))
             else:

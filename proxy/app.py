@@ -31,6 +31,7 @@ from proxy.settings import Settings
 from proxy.state import ProxyState
 from proxy.upstream.gates import GateKeeper
 from proxy.upstream.replicas import UpstreamPool
+from proxy.upstream.tenants import TenantTable
 from store import db, schema
 from store.identity import ensure_store_id, public_url
 
@@ -82,6 +83,7 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
         keys = KeyRing(
             engine, required=settings.keys_required, poll_interval=settings.key_poll_interval
         )
+        tenants = TenantTable(engine, pool, poll_interval=settings.key_poll_interval)
         recorder = Recorder(
             engine,
             settings.spool_path,
@@ -99,15 +101,18 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
         await recorder.start()
         await gatekeeper.start()
         await keys.start()
+        await tenants.start()
         watcher = asyncio.create_task(pool.watch(settings.policy_poll_interval))
         gate_follower = asyncio.create_task(gatekeeper.run())
         key_follower = asyncio.create_task(keys.run())
+        tenant_follower = asyncio.create_task(tenants.run())
         app.state.proxy = ProxyState(
             settings=settings,
             pool=pool,
             recorder=recorder,
             responses=ResponseStore(engine),
             keys=keys,
+            tenants=tenants,
             store={"id": None, "url": public_url(settings.database_url)},
         )
         await _learn_store_id(app.state.proxy, engine)
@@ -116,7 +121,7 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
         try:
             yield
         finally:
-            for task in (watcher, gate_follower, key_follower):
+            for task in (watcher, gate_follower, key_follower, tenant_follower):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -200,6 +205,8 @@ async def healthz(request: Request) -> Response:
                     "url": r.url,
                     "healthy": r.healthy,
                     "policy_version": r.policy_version,
+                    # the LoRA adapters it has loaded, as last read (tenants' calls go to theirs)
+                    "adapters": sorted(r.adapters),
                     "gated": r.gate_epoch is not None,
                     # what it samples with where a request sets nothing (null: unknown)
                     "sampling_defaults": r.sampling_defaults,

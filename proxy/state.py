@@ -1,4 +1,4 @@
-"""What the running proxy holds: settings, the upstream pool and the recorder."""
+"""What the running proxy holds: settings, the upstream pool, the recorder, keys and tenants."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from proxy.api.response_store import ResponseStore
 from proxy.recording.recorder import Recorder
 from proxy.settings import Settings
 from proxy.upstream.replicas import UpstreamPool
+from proxy.upstream.tenants import TenantTable
 
 
 @dataclass
@@ -19,5 +20,6 @@ class ProxyState:
     recorder: Recorder
     responses: ResponseStore
     keys: KeyRing
+    tenants: TenantTable
     # the store it records to: {"id", "url"} (store/identity.py); id None until read
     store: dict[str, Any] = field(default_factory=lambda: {"id": None, "url": None})

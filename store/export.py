@@ -51,6 +51,7 @@ def export_call(call: dict[str, Any], prompt: list[int] | None) -> dict[str, Any
         "user_agent": call.get("user_agent"),
         "compat": call.get("compat"),
         "key_name": call.get("key_name"),
+        "tenant": call.get("tenant"),
         "sampling": call.get("sampling"),
     }
     if len(choices) > 1:

@@ -24,6 +24,7 @@ from proxy.admin.routes import (
     signals,
     stats,
     tasks,
+    tenants,
     trajectories,
     versions,
 )
@@ -49,7 +50,8 @@ def create_admin_app() -> FastAPI:
         title="onthejob admin API",
         summary="See and steer what the system learns: trajectories, rewards, tasks, "
         "policy versions, the learner, statistics, export, curricula, the self-judge's "
-        "agreement, the regression guard, and the client keys that may use the model.",
+        "agreement, the regression guard, the client keys that may use the model, and the "
+        "tenants whose calls LoRA adapters of their own answer.",
         version="1",
         openapi_url="/api/openapi.json",
         docs_url="/api/docs",
@@ -70,6 +72,7 @@ def create_admin_app() -> FastAPI:
         selfjudge,
         guard,
         signals,
+        tenants,
     )
     for module in modules:
         api.include_router(module.router)

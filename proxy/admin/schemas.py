@@ -203,3 +203,47 @@ class ClientKeyIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: KeyName
+
+
+TypeName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9._:/@+=-]+$",
+        description="an interaction type: an X-Onthejob-Type value, or a fingerprint "
+        "(`auto:...`) as GET /admin/api/types lists them",
+    ),
+]
+
+
+def _unique(values: list[str]) -> list[str]:
+    return list(dict.fromkeys(values))
+
+
+class TenantIn(BaseModel):
+    """What makes a call the tenant's: its client key, else its interaction type."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    client_keys: Annotated[list[KeyName], AfterValidator(_unique)] = Field(
+        default_factory=list, max_length=1000, description="names of client keys"
+    )
+    interaction_types: Annotated[list[TypeName], AfterValidator(_unique)] = Field(
+        default_factory=list, max_length=1000
+    )
+
+    @model_validator(mode="after")
+    def _lists_something(self) -> TenantIn:
+        if not self.client_keys and not self.interaction_types:
+            raise ValueError("a tenant lists at least one client key or interaction type")
+        return self
+
+
+class TenantServingIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: Key | None = Field(
+        description="the LoRA adapter (a policy version's name) the tenant's calls go to; "
+        "null: the shared policy"
+    )

@@ -74,6 +74,8 @@ class Generation:
         self.renamed: tuple[str, Any] | None = None
         # what the upstream's auth comes from (never a client key of ours)
         self.client_headers: Mapping[str, str] = request.headers
+        # the adapter the call's tenant is served by (None: no tenant, or none set)
+        self.tenant_adapter: str | None = None
 
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1000.0
@@ -119,6 +121,11 @@ class Generation:
             record.model = model if isinstance(model, str) else None
             record.stream = body.get("stream") is True
             record.context["client_headers"] = self.client_headers  # for upstream auth
+            tenant = self.state.tenants.tenant_of(
+                record.key_name, record.interaction_type, body, record.user_agent
+            )
+            if tenant is not None:
+                record.tenant, self.tenant_adapter = tenant.name, tenant.serving_version
             upstream_body = await self.dialect.to_upstream(body, self.state, record)
         except ProxyError as exc:
             return self.fail(exc)
@@ -200,12 +207,15 @@ class Generation:
     ) -> tuple[Replica, http1.Response]:
         plain = orjson.dumps(upstream_body)
         requested = upstream_body.get("model")
+        wanted = self.tenant_adapter
 
         def body_for(replica: Replica) -> bytes:
-            # the version and the adapter read together, as the request leaves
-            self.record.policy_version = replica.policy_version
+            # the version and the adapter read together, as the request leaves: the
+            # tenant's adapter where this replica has it loaded, else the shared policy
+            adapter = replica.serve_as(requested, wanted)
+            tenants = adapter is not None and adapter == wanted
+            self.record.policy_version = wanted if tenants else replica.policy_version
             self.record.sampling = effective_sampling(upstream_body, replica.sampling_defaults)
-            adapter = replica.serve_as(requested)
             self.renamed = None if adapter is None else (adapter, requested)
             return plain if adapter is None else orjson.dumps({**upstream_body, "model": adapter})
 
@@ -448,6 +458,7 @@ class Generation:
                 fanout_parent=record.id,
                 user_agent=record.user_agent,
                 key_name=record.key_name,
+                tenant=record.tenant,
             )
             sibling.response = respond(_choice_response(data, index, part), sibling)
             self.siblings.append(sibling)

@@ -74,6 +74,8 @@ class CallRecord:
     compat: Compat | None = None
     # the name of the client key that let the call in (proxy/api/keys.py; never the key)
     key_name: str | None = None
+    # the tenant the call belongs to (proxy/upstream/tenants.py), whatever answered it
+    tenant: str | None = None
 
 
 class Recorder:

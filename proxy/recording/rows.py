@@ -64,6 +64,7 @@ def entry_of(record: CallRecord) -> dict[str, Any]:
         "user_agent": record.user_agent,
         "compat": record.compat.as_record() if record.compat is not None else None,
         "key_name": record.key_name,
+        "tenant": record.tenant,
     }
     if capture is not None:
         choices = capture.choices
@@ -261,6 +262,7 @@ def bare_row(entry: dict[str, Any]) -> dict[str, Any]:
         "user_agent": text(entry.get("user_agent"), 500),
         "compat": entry.get("compat"),
         "key_name": entry.get("key_name"),
+        "tenant": entry.get("tenant"),
         "sampling": entry.get("sampling"),
     }
 
@@ -318,6 +320,7 @@ def call_columns(
         "user_agent": text(entry.get("user_agent"), 500),
         "compat": entry.get("compat"),
         "key_name": entry.get("key_name"),
+        "tenant": entry.get("tenant"),
         "sampling": entry.get("sampling"),
     }
 

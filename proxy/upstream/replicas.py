@@ -49,6 +49,8 @@ class Replica:
     # names it stands in for: clients keep asking for the base, the adapter answers
     adapter: str | None = None
     base_models: frozenset[str] = frozenset()
+    # every LoRA adapter it has loaded, as last read (tenants' calls go to theirs)
+    adapters: frozenset[str] = frozenset()
     # learned: this replica's streamed tool calls come without their token ids
     drops_stream_tool_tokens: bool = False
     # the epoch of its closed swap gate (None: open), and requests sent, not yet released
@@ -63,11 +65,14 @@ class Replica:
     def eligible(self, now: float) -> bool:
         return self.healthy or now >= self.retry_at
 
-    def serve_as(self, requested: object) -> str | None:
-        """The adapter to send a request for ``requested`` to, if it is not the model itself."""
-        if self.adapter is not None and requested in self.base_models:
-            return self.adapter
-        return None
+    def serve_as(self, requested: object, tenant_adapter: str | None = None) -> str | None:
+        """The adapter to send a request for ``requested`` to, if it is not the model itself:
+        the tenant's, where this replica has it loaded, else the policy version's."""
+        if requested not in self.base_models:
+            return None
+        if tenant_adapter is not None and tenant_adapter in self.adapters:
+            return tenant_adapter
+        return self.adapter
 
 
 def _score(key: str, url: str) -> bytes:
@@ -99,6 +104,9 @@ class UpstreamPool:
         self.drained = asyncio.Event()  # set when a gated replica's last request ends
         # one question for sampling defaults at a time per replica (`_know_defaults`)
         self._defaults_asked: dict[str, asyncio.Lock] = {}
+        # the adapters tenants' calls go to (proxy/upstream/tenants.py): while any is wanted,
+        # each poll reads which adapters every replica has loaded
+        self.wanted_adapters: frozenset[str] = frozenset()
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
@@ -333,6 +341,8 @@ class UpstreamPool:
                 await self._learn_sampling(replica, timeout)
             if changed:
                 await self._follow_version(replica, str(version), timeout)
+            elif self.wanted_adapters:
+                await self._read_models(replica, timeout)
             if not replica.healthy and replica.eligible(time.monotonic()):
                 async with self.session.get(replica.url + "/health", timeout=timeout) as resp:
                     if resp.status == 200:
@@ -390,18 +400,26 @@ class UpstreamPool:
         Version and adapter change together or not at all: a record must never carry a
         version that did not answer it.
         """
-        async with self.session.get(replica.url + "/v1/models", timeout=limit) as resp:
-            models = orjson.loads(await resp.read()) if resp.status == 200 else None
-        if not isinstance(models, dict) or not isinstance(models.get("data"), list):
+        if not await self._read_models(replica, limit):
             return  # asked again at the next poll
-        entries = [m for m in models["data"] if isinstance(m, dict)]
-        bases = frozenset(str(m.get("id")) for m in entries if m.get("parent") is None)
-        is_adapter = any(m.get("id") == version and m.get("parent") for m in entries)
+        is_adapter = version in replica.adapters
         replica.adapter = version if is_adapter else None
-        replica.base_models = bases
         replica.policy_version = version
         kind = "LoRA adapter" if is_adapter else "policy version"
         log.info("upstream %s serves %s %s", replica.url, kind, version)
+
+    async def _read_models(self, replica: Replica, limit: aiohttp.ClientTimeout) -> bool:
+        """Read the replica's base models and loaded adapters; False: its answer was no list."""
+        async with self.session.get(replica.url + "/v1/models", timeout=limit) as resp:
+            models = orjson.loads(await resp.read()) if resp.status == 200 else None
+        if not isinstance(models, dict) or not isinstance(models.get("data"), list):
+            return False
+        entries = [m for m in models["data"] if isinstance(m, dict)]
+        replica.base_models = frozenset(
+            str(m.get("id")) for m in entries if m.get("parent") is None
+        )
+        replica.adapters = frozenset(str(m.get("id")) for m in entries if m.get("parent"))
+        return True
 
 
 # the replica is not there (as opposed to a connection it dropped): taken out at once

@@ -25,7 +25,7 @@ from store.models.rollouts import (
     EvalResult,
     RolloutRun,
 )
-from store.models.swaps import PolicyVersion, PublishLease, SwapGate, SwapRequest
+from store.models.swaps import PolicyVersion, PublishLease, SwapGate, SwapRequest, Tenant
 
 __all__ = [
     "Base",
@@ -46,6 +46,7 @@ __all__ = [
     "SwapGate",
     "SwapRequest",
     "Task",
+    "Tenant",
     "TrainingStep",
     "Trajectory",
     "TurnSignal",

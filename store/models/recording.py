@@ -104,6 +104,8 @@ class Call(Base):
     compat: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # the name of the client key the call came with (never the key): whose traffic it is
     key_name: Mapped[str | None] = mapped_column(String(100))
+    # the tenant the call was routed for (store/tenants.py); null: none
+    tenant: Mapped[str | None] = mapped_column(String(100))
     # the sampling parameters vLLM applied: the request's, else the replica's defaults
     # (proxy/generation/sampling.py), with "constraints" naming other logits processing; null when
     # the replica's defaults were unknown

@@ -1,5 +1,5 @@
-"""The control plane of serving: policy versions, the publish lease and the replicas' swap
-gates."""
+"""The control plane of serving: policy versions, the publish lease, the replicas' swap
+gates, and the tenants whose calls are served by adapters of their own."""
 
 from __future__ import annotations
 
@@ -48,6 +48,8 @@ class PolicyVersion(Base):
     # (learner/retention.py); when retention deleted it (the version can serve no more)
     pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     checkpoint_deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # the tenant whose adapter lineage the version belongs to; null: the shared policy
+    tenant: Mapped[str | None] = mapped_column(String(100), index=True)
 
 
 class PublishLease(Base):
@@ -108,3 +110,22 @@ class SwapRequest(Base):
     serving: Mapped[str | None] = mapped_column(String(200))
     error: Mapped[str | None] = mapped_column(Text)
     error_status: Mapped[int | None] = mapped_column(Integer)
+
+
+class Tenant(Base):
+    """A team whose calls are answered by a LoRA adapter of its own, trained on its traffic.
+
+    A call belongs to the tenant that lists its client key, else to the one that lists its
+    interaction type; a key or a type belongs to one tenant at most. `serving_version` is the
+    adapter its calls are sent to (null: the shared policy answers them, as it does a call of
+    no tenant, and as it does while no replica has that adapter loaded).
+    """
+
+    __tablename__ = "tenants"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    client_keys: Mapped[list[str]] = mapped_column(JSON)
+    interaction_types: Mapped[list[str]] = mapped_column(JSON)
+    serving_version: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

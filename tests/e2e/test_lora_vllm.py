@@ -152,6 +152,83 @@ def test_adapters_are_verified_before_they_serve_and_the_proxy_routes_to_them(
         engine.dispose()
 
 
+def test_each_tenants_calls_are_answered_by_its_own_adapter(
+    lora_vllm: VLLMServer, tiny_model: Path, tmp_path: Path, start_proxy
+):
+    """Two tenants, one by client key and one by interaction type, each with an adapter of
+    its own loaded side by side on one vLLM: each tenant's calls get its adapter's
+    logprobs, under the base model's name, and record the tenant and the adapter."""
+    db_url = f"sqlite:///{tmp_path / 'tenants.db'}"
+    token = "tenant-admin"
+    proxy = start_proxy([lora_vllm.url], db_url, env={"ONTHEJOB_ADMIN_TOKEN": token})
+    admin = httpx.Client(
+        base_url=proxy.url + "/admin/api", headers={"Authorization": f"Bearer {token}"}
+    )
+    trainers = {}
+    for name in ("team-a-1", "team-b-1"):
+        trainers[name] = trained_adapter(tiny_model, tmp_path / name)
+        loaded = httpx.post(
+            lora_vllm.url + "/v1/load_lora_adapter",
+            json={"lora_name": name, "lora_path": str(tmp_path / name)},
+            timeout=60,
+        )
+        assert loaded.status_code == 200, loaded.text
+    key = admin.post("/keys", json={"name": "alice"}).json()["key"]
+    assert admin.put("/tenants/team-a", json={"client_keys": ["alice"]}).status_code == 201
+    assert admin.put("/tenants/team-b", json={"interaction_types": ["b"]}).status_code == 201
+    for tenant, version in (("team-a", "team-a-1"), ("team-b", "team-b-1")):
+        assert admin.put(f"/tenants/{tenant}/serving", json={"version": version}).is_success
+    deadline = time.monotonic() + 30
+    while not all(t["loaded_on"] for t in admin.get("/tenants").json()["items"]):
+        assert time.monotonic() < deadline, admin.get("/tenants").text
+        time.sleep(0.1)
+
+    def through(api_key: str, **headers: str) -> tuple[str, list, list]:
+        api = openai.OpenAI(
+            base_url=proxy.url + "/v1", api_key=api_key, max_retries=0, default_headers=headers
+        )
+        body = {"return_token_ids": True, "ignore_eos": True}
+        answer = api.completions.create(
+            model=lora_vllm.model_name,
+            prompt=PROMPT_IDS,
+            max_tokens=6,
+            temperature=1.0,
+            logprobs=0,
+            seed=1,
+            extra_body=body,
+        )
+        choice = answer.choices[0].model_dump()
+        return answer.model, choice["token_ids"], choice["logprobs"]["token_logprobs"]
+
+    try:
+        for (api_key, headers), version in (
+            ((key, {}), "team-a-1"),
+            (("x", {"X-Onthejob-Type": "b"}), "team-b-1"),
+        ):
+            model, ids, logprobs = through(api_key, **headers)
+            assert model == lora_vllm.model_name
+            assert logprobs == pytest.approx(
+                trainers[version].logprobs_of(PROMPT_IDS, ids), abs=1e-3
+            )
+            other = trainers[({"team-a-1", "team-b-1"} - {version}).pop()]
+            theirs = other.logprobs_of(PROMPT_IDS, ids)
+            assert max(abs(a - b) for a, b in zip(logprobs, theirs, strict=True)) > 1e-2
+        engine = db.make_engine(db_url)
+        try:
+            wait_for_calls(engine, 2)
+            with engine.connect() as conn:
+                rows = conn.execute(
+                    select(Call.tenant, Call.policy_version).order_by(Call.started_at)
+                )
+                assert [tuple(r) for r in rows] == [("team-a", "team-a-1"), ("team-b", "team-b-1")]
+        finally:
+            engine.dispose()
+    finally:
+        admin.close()
+        for name in trainers:
+            httpx.post(lora_vllm.url + "/v1/unload_lora_adapter", json={"lora_name": name})
+
+
 def lora_learner_command(
     server: VLLMServer, tiny_model: Path, db_url: str, checkpoints: Path, steps: int
 ) -> list[str]:

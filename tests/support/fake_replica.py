@@ -10,12 +10,16 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from bench.fake_upstream import handle
+from bench.fake_upstream import handle, models_with
 from learner.demo.vllm_server import free_port
 
 
 class FakeReplica:
     def __init__(self) -> None:
+        # the LoRA adapters its /v1/models lists (a test loads and unloads them), and every
+        # chat completion request it was sent
+        self.adapters: list[str] = []
+        self.asked: list[dict] = []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._loop = asyncio.new_event_loop()
@@ -26,7 +30,9 @@ class FakeReplica:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._open.add(writer)
         try:
-            await handle(reader, writer)
+            await handle(
+                reader, writer, models=lambda: models_with(self.adapters), asked=self.asked
+            )
         finally:
             self._open.discard(writer)
 

@@ -1,0 +1,105 @@
+"""Tenants: teams whose calls are answered by LoRA adapters of their own (store/tenants.py).
+
+A call is the tenant's that lists its client key, else the one that lists its interaction
+type. Its calls go to the tenant's serving adapter on every replica that has it loaded, and
+record the tenant and the version that answered. A change takes effect at once in this proxy
+and within `key_poll_interval` seconds in every other proxy on the same store.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Response
+
+from proxy.admin.deps import EngineDep, StateDep
+from proxy.admin.errors import AdminError, not_found
+from proxy.admin.schemas import KeyName, TenantIn, TenantServingIn
+from proxy.admin.trajectories import iso
+from store import tenants as store
+
+router = APIRouter(tags=["tenants"])
+TenantName = Annotated[KeyName, Path()]
+
+
+def _row(row: dict[str, Any], state: Any) -> dict[str, Any]:
+    version = row["serving_version"]
+    return {
+        "name": row["name"],
+        "client_keys": row["client_keys"],
+        "interaction_types": row["interaction_types"],
+        "serving_version": version,
+        # the replicas its calls reach the adapter on (as this proxy last read them)
+        "loaded_on": [r.url for r in state.pool.replicas if version in r.adapters],
+        "created_at": iso(row["created_at"]),
+        "updated_at": iso(row["updated_at"]),
+    }
+
+
+def _found(engine: Any, state: Any, name: str) -> dict[str, Any]:
+    with engine.connect() as conn:
+        row = store.get_tenant(conn, name)
+    if row is None:
+        raise not_found("tenant", name)
+    return _row(row, state)
+
+
+@router.get("/tenants", summary="List tenants, with where their adapters are loaded")
+def list_tenants(engine: EngineDep, state: StateDep) -> dict[str, Any]:
+    with engine.connect() as conn:
+        rows = store.list_tenants(conn)
+    return {"items": [_row(r, state) for r in rows]}
+
+
+@router.get("/tenants/{name}", summary="One tenant")
+def get_tenant(engine: EngineDep, state: StateDep, name: TenantName) -> dict[str, Any]:
+    return _found(engine, state, name)
+
+
+@router.put("/tenants/{name}", summary="Create a tenant, or change which calls are its")
+def put_tenant(
+    engine: EngineDep, state: StateDep, name: TenantName, body: TenantIn, response: Response
+) -> dict[str, Any]:
+    """201 when created, 200 when changed (its serving adapter stays). 409 when another
+    tenant lists one of its client keys or interaction types: a call has one tenant."""
+    try:
+        with engine.begin() as conn:
+            created = store.put_tenant(
+                conn,
+                name=name,
+                client_keys=body.client_keys,
+                interaction_types=body.interaction_types,
+                now=datetime.now(UTC),
+            )
+    except store.TenantConflict as exc:
+        field = "client_keys" if exc.field == "client key" else "interaction_types"
+        raise AdminError(409, str(exc), param=field) from None
+    state.tenants.reload()
+    response.status_code = 201 if created else 200
+    return _found(engine, state, name)
+
+
+@router.put("/tenants/{name}/serving", summary="Point a tenant's calls at an adapter")
+def set_serving(
+    engine: EngineDep, state: StateDep, name: TenantName, body: TenantServingIn
+) -> dict[str, Any]:
+    """The adapter must be loaded on a replica for calls to reach it (`loaded_on`); until
+    then, and where it is not, the shared policy answers them."""
+    with engine.begin() as conn:
+        found = store.set_serving(conn, name=name, version=body.version, now=datetime.now(UTC))
+    if not found:
+        raise not_found("tenant", name)
+    state.tenants.reload()
+    return _found(engine, state, name)
+
+
+@router.delete("/tenants/{name}", status_code=204, summary="Delete a tenant")
+def delete_tenant(engine: EngineDep, state: StateDep, name: TenantName) -> Response:
+    """Its calls go to the shared policy from now on; the calls it made keep its name."""
+    with engine.begin() as conn:
+        found = store.delete_tenant(conn, name)
+    if not found:
+        raise not_found("tenant", name)
+    state.tenants.reload()
+    return Response(status_code=204)

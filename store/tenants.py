@@ -1,0 +1,110 @@
+"""Tenants in the store: defined and changed by an operator (the admin API), read by every
+proxy to route calls, and by the learner to train each tenant's adapter on its own traffic.
+
+A client key or an interaction type belongs to one tenant at most: `put_tenant` refuses one
+that another tenant lists (TenantConflict), so a call's tenant never depends on the order
+the tenants were read in. Callers own the transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, delete, select, update
+
+from store.models import Tenant
+
+
+@dataclass(frozen=True)
+class TenantRule:
+    """What the proxy needs of a tenant to route its calls."""
+
+    name: str
+    client_keys: tuple[str, ...]
+    interaction_types: tuple[str, ...]
+    serving_version: str | None
+
+
+class TenantConflict(ValueError):
+    """A key or type the new definition lists is another tenant's."""
+
+    def __init__(self, field: str, value: str, owner: str) -> None:
+        super().__init__(f"{field} {value!r} already belongs to tenant {owner!r}")
+        self.field, self.value, self.owner = field, value, owner
+
+
+def rules(conn: Connection) -> list[TenantRule]:
+    """Every tenant, by name."""
+    rows = conn.execute(
+        select(
+            Tenant.name, Tenant.client_keys, Tenant.interaction_types, Tenant.serving_version
+        ).order_by(Tenant.name)
+    )
+    return [
+        TenantRule(name, tuple(keys or ()), tuple(types or ()), serving)
+        for name, keys, types, serving in rows
+    ]
+
+
+def list_tenants(conn: Connection, name: str | None = None) -> list[dict[str, Any]]:
+    """Every tenant by name (or the one named), with when it was made and last changed."""
+    query = select(Tenant.__table__).order_by(Tenant.name)
+    if name is not None:
+        query = query.where(Tenant.name == name)
+    rows = [dict(row._mapping) for row in conn.execute(query)]
+    for row in rows:
+        row["client_keys"] = list(row["client_keys"] or ())
+        row["interaction_types"] = list(row["interaction_types"] or ())
+    return rows
+
+
+def get_tenant(conn: Connection, name: str) -> dict[str, Any] | None:
+    found = list_tenants(conn, name)
+    return found[0] if found else None
+
+
+def put_tenant(
+    conn: Connection,
+    *,
+    name: str,
+    client_keys: list[str],
+    interaction_types: list[str],
+    now: datetime,
+) -> bool:
+    """Create the tenant, or replace what it lists (its serving version stays); True when
+    created. Raises TenantConflict when another tenant lists one of its keys or types."""
+    others = [rule for rule in rules(conn) if rule.name != name]
+    for rule in others:
+        for key in client_keys:
+            if key in rule.client_keys:
+                raise TenantConflict("client key", key, rule.name)
+        for kind in interaction_types:
+            if kind in rule.interaction_types:
+                raise TenantConflict("interaction type", kind, rule.name)
+    listed = {"client_keys": client_keys, "interaction_types": interaction_types}
+    changed = conn.execute(
+        update(Tenant).where(Tenant.name == name).values(**listed, updated_at=now)
+    )
+    if changed.rowcount:
+        return False
+    conn.execute(
+        Tenant.__table__.insert().values(
+            name=name, **listed, serving_version=None, created_at=now, updated_at=now
+        )
+    )
+    return True
+
+
+def set_serving(conn: Connection, *, name: str, version: str | None, now: datetime) -> bool:
+    """Point the tenant's calls at `version` (None: the shared policy); False: no tenant."""
+    changed = conn.execute(
+        update(Tenant).where(Tenant.name == name).values(serving_version=version, updated_at=now)
+    )
+    return bool(changed.rowcount)
+
+
+def delete_tenant(conn: Connection, name: str) -> bool:
+    """Its calls go to the shared policy from now on; the calls it made keep its name."""
+    return bool(conn.execute(delete(Tenant).where(Tenant.name == name)).rowcount)

@@ -1,0 +1,218 @@
+"""Tenants through the admin API and the proxy in-process, on SQLite and PostgreSQL: a call
+goes to its tenant's adapter (by client key, by X-Onthejob-Type, by fingerprint) where the
+replica has it loaded, the shared policy answers it elsewhere, and the record names the
+tenant and the version that answered."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+from sqlalchemy import Engine, select
+
+from proxy.recording.interaction import fingerprint
+from store.models import Call
+from tests.support.fake_replica import FakeReplica
+from tests.support.inprocess import BASE, InProcessProxy, in_process_proxy
+from tests.support.records import wait_for_calls
+
+TOKEN = "admin-secret"
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+HELLO = [{"role": "user", "content": "hi"}]
+
+
+def settings(fake_vllm: FakeReplica, db_url: str, tmp_path: Path) -> dict[str, Any]:
+    return {
+        "upstreams": [fake_vllm.url],
+        "database_url": db_url,
+        "spool_path": tmp_path / "spool.jsonl",
+        "admin_token": TOKEN,
+        "policy_poll_interval": 0.05,
+    }
+
+
+async def admin(proxy: InProcessProxy, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    return await proxy.http.request(method, "/admin/api" + path, headers=ADMIN, **kwargs)
+
+
+async def adapters_read(proxy: InProcessProxy, wanted: set[str]) -> None:
+    """Bounded: until the proxy has read that its replica has exactly `wanted` loaded."""
+    deadline = time.monotonic() + 10
+    while True:
+        health = (await proxy.http.get("/healthz")).json()
+        if set(health["upstreams"][0]["adapters"]) == wanted:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"adapters {wanted} never read; last health {health}")
+        await asyncio.sleep(0.02)
+
+
+def chat(proxy: InProcessProxy, key: str = "none", **headers: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=BASE + "/v1",
+        api_key=key,
+        http_client=proxy.http,
+        max_retries=0,
+        default_headers=headers or None,
+    )
+
+
+def recorded(engine: Engine, n: int) -> list[tuple[str | None, str | None]]:
+    wait_for_calls(engine, n)
+    with engine.connect() as conn:
+        rows = conn.execute(select(Call.tenant, Call.policy_version).order_by(Call.started_at))
+        return [(tenant, version) for tenant, version in rows]
+
+
+def test_calls_go_to_their_tenants_adapter_where_it_is_loaded(
+    fake_vllm: FakeReplica, db_url: str, engine: Engine, tmp_path: Path
+) -> None:
+    system = [{"role": "system", "content": "You triage tickets."}, *HELLO]
+    triage = fingerprint({"messages": system}, "triage-bot/1.2")
+
+    async def scenario() -> list[str]:
+        async with in_process_proxy(**settings(fake_vllm, db_url, tmp_path)) as proxy:
+            made = await admin(proxy, "POST", "/keys", json={"name": "alice"})
+            alice = made.json()["key"]
+            puts = [
+                await admin(proxy, "PUT", "/tenants/team-a", json={"client_keys": ["alice"]}),
+                await admin(
+                    proxy, "PUT", "/tenants/team-b", json={"interaction_types": ["support"]}
+                ),
+                await admin(proxy, "PUT", "/tenants/team-c", json={"interaction_types": [triage]}),
+            ]
+            assert [p.status_code for p in puts] == [201, 201, 201]
+            for name, version in (("team-a", "a-1"), ("team-b", "b-1"), ("team-c", "c-1")):
+                served = await admin(
+                    proxy, "PUT", f"/tenants/{name}/serving", json={"version": version}
+                )
+                assert served.status_code == 200, served.text
+            fake_vllm.adapters[:] = ["a-1", "c-1"]  # b-1 is not loaded anywhere
+            await adapters_read(proxy, {"a-1", "c-1"})
+            listed = (await admin(proxy, "GET", "/tenants")).json()["items"]
+            assert {t["name"]: t["loaded_on"] for t in listed} == {
+                "team-a": [fake_vllm.url],
+                "team-b": [],
+                "team-c": [fake_vllm.url],
+            }
+
+            seen = []
+            for client in (
+                chat(proxy, alice),  # by key
+                chat(proxy, **{"X-Onthejob-Type": "support"}),  # by type; b-1 not loaded
+                chat(proxy),  # nobody's
+            ):
+                answer = await client.chat.completions.create(model="fake", messages=HELLO)
+                seen.append(answer.model)
+            # by the fingerprint of the call itself
+            triaged = await proxy.http.post(
+                "/v1/chat/completions",
+                json={"model": "fake", "messages": system},
+                headers={"User-Agent": "triage-bot/1.2"},
+            )
+            seen.append(triaged.json()["model"])
+            # a key's tenant wins over a type's
+            both = chat(proxy, alice, **{"X-Onthejob-Type": "support"})
+            await both.chat.completions.create(model="fake", messages=HELLO)
+            # deleted: its calls go to the shared policy, at once
+            gone = await admin(proxy, "DELETE", "/tenants/team-a")
+            assert gone.status_code == 204
+            await chat(proxy, alice).chat.completions.create(model="fake", messages=HELLO)
+            return seen
+
+    # the client always sees the model it asked for, whatever answered
+    assert asyncio.run(scenario()) == ["fake"] * 4
+    assert [r["model"] for r in fake_vllm.asked] == ["a-1", "fake", "fake", "c-1", "a-1", "fake"]
+    assert recorded(engine, 6) == [
+        ("team-a", "a-1"),
+        ("team-b", "fake-v1"),  # its adapter is not loaded: the shared policy answered
+        (None, "fake-v1"),
+        ("team-c", "c-1"),
+        ("team-a", "a-1"),
+        (None, "fake-v1"),
+    ]
+
+
+def test_an_unloaded_adapter_is_no_longer_sent_to(
+    fake_vllm: FakeReplica, db_url: str, engine: Engine, tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        async with in_process_proxy(**settings(fake_vllm, db_url, tmp_path)) as proxy:
+            await admin(proxy, "PUT", "/tenants/ops", json={"interaction_types": ["ops"]})
+            await admin(proxy, "PUT", "/tenants/ops/serving", json={"version": "ops-1"})
+            client = chat(proxy, **{"X-Onthejob-Type": "ops"})
+            fake_vllm.adapters[:] = ["ops-1"]
+            await adapters_read(proxy, {"ops-1"})
+            await client.chat.completions.create(model="fake", messages=HELLO)
+            fake_vllm.adapters[:] = []  # e.g. the replica restarted
+            await adapters_read(proxy, set())
+            await client.chat.completions.create(model="fake", messages=HELLO)
+            # pointed back at the shared policy
+            back = await admin(proxy, "PUT", "/tenants/ops/serving", json={"version": None})
+            assert back.json()["serving_version"] is None
+            await client.chat.completions.create(model="fake", messages=HELLO)
+
+    asyncio.run(scenario())
+    assert [r["model"] for r in fake_vllm.asked] == ["ops-1", "fake", "fake"]
+    assert recorded(engine, 3) == [("ops", "ops-1"), ("ops", "fake-v1"), ("ops", "fake-v1")]
+
+
+def test_tenant_definitions_are_checked(
+    fake_vllm: FakeReplica, db_url: str, engine: Engine, tmp_path: Path
+) -> None:
+    async def scenario() -> dict[str, Any]:
+        async with in_process_proxy(**settings(fake_vllm, db_url, tmp_path)) as proxy:
+            out: dict[str, Any] = {}
+            first = {"client_keys": ["alice", "alice"], "interaction_types": ["a"]}
+            out["created"] = await admin(proxy, "PUT", "/tenants/one", json=first)
+            out["changed"] = await admin(
+                proxy, "PUT", "/tenants/one", json={"client_keys": ["alice", "bob"]}
+            )
+            out["key taken"] = await admin(
+                proxy, "PUT", "/tenants/two", json={"client_keys": ["bob"]}
+            )
+            await admin(proxy, "PUT", "/tenants/two", json={"interaction_types": ["b"]})
+            out["type taken"] = await admin(
+                proxy, "PUT", "/tenants/one", json={"interaction_types": ["b"]}
+            )
+            out["empty"] = await admin(proxy, "PUT", "/tenants/three", json={})
+            out["bad key"] = await admin(
+                proxy, "PUT", "/tenants/three", json={"client_keys": ["no spaces"]}
+            )
+            out["extra"] = await admin(
+                proxy, "PUT", "/tenants/three", json={"interaction_types": ["x"], "weight": 2}
+            )
+            out["bad name"] = await admin(
+                proxy, "PUT", "/tenants/-x", json={"interaction_types": ["x"]}
+            )
+            out["no such"] = await admin(
+                proxy, "PUT", "/tenants/nobody/serving", json={"version": "v"}
+            )
+            out["no such get"] = await admin(proxy, "GET", "/tenants/nobody")
+            out["no such delete"] = await admin(proxy, "DELETE", "/tenants/nobody")
+            out["no token"] = await proxy.http.get("/admin/api/tenants")
+            out["list"] = await admin(proxy, "GET", "/tenants")
+            return out
+
+    out = asyncio.run(scenario())
+    assert out["created"].status_code == 201
+    assert out["created"].json()["client_keys"] == ["alice"]  # duplicates dropped
+    assert out["changed"].status_code == 200
+    assert out["changed"].json()["interaction_types"] == []  # replaced, not merged
+    for case, param in (("key taken", "client_keys"), ("type taken", "interaction_types")):
+        error = out[case].json()["error"]
+        assert out[case].status_code == 409, case
+        assert error["param"] == param and "already belongs to tenant" in error["message"]
+    for case in ("empty", "bad key", "extra", "bad name"):
+        assert out[case].status_code == 400, (case, out[case].text)
+        assert out[case].json()["error"]["message"], case
+    assert "at least one client key or interaction type" in out["empty"].text
+    for case in ("no such", "no such get", "no such delete"):
+        assert out[case].status_code == 404, case
+        assert "no tenant 'nobody'" in out[case].json()["error"]["message"]
+    assert out["no token"].status_code == 401
+    assert [t["name"] for t in out["list"].json()["items"]] == ["one", "two"]
