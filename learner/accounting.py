@@ -46,8 +46,11 @@ REASONS: dict[str, Reason] = {
         "truncated", SAMPLES, "--no-mask-truncated, or a larger max_tokens in the harness"
     ),
     "no_tokens": Reason("no tokens", SAMPLES, "no setting: nothing sampled"),
-    # per-turn credit: no reply of the sample was judged by a next-turn signal
-    "not_credited": Reason("no judged turn", SAMPLES, "--credit trajectory"),
+    # per-turn credit: no reply of the sample was judged by a next-turn signal (the rules
+    # were silent on all of them); a judge covers those, trajectory credit trains them all
+    "not_credited": Reason(
+        "no judged turn", SAMPLES, "a judge for the rest: --grader next_turn:judge"
+    ),
     # recorded and recomputed logprobs disagree: not the weights we think sampled them
     "mismatch": Reason("sequence mismatch", SAMPLES, "max_sequence_mismatch"),
 }
