@@ -142,10 +142,11 @@ async def handle(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
     *,
-    models: Callable[[], bytes] | None = None,
+    models: Callable[[], bytes | tuple[str, bytes]] | None = None,
     asked: list[dict] | None = None,
 ) -> None:
-    """One connection's requests. `models`: what /v1/models answers (default MODELS);
+    """One connection's requests. `models`: what /v1/models answers (default MODELS; with
+    a status line first: that status);
     `asked`: every chat completion request is appended to it."""
     try:
         while True:
@@ -171,7 +172,9 @@ async def handle(
             elif path == b"/weight_info":
                 writer.write(respond("200 OK", b'{"weight_version":"fake-v1"}'))
             elif path == b"/v1/models":
-                writer.write(respond("200 OK", MODELS if models is None else models()))
+                listed = MODELS if models is None else models()
+                status, listed = listed if isinstance(listed, tuple) else ("200 OK", listed)
+                writer.write(respond(status, listed))
             elif path == b"/health":
                 writer.write(respond("200 OK", b'{"object":"list","data":[]}'))
             else:

@@ -126,3 +126,40 @@ def test_bad_input_gets_google_s_error_shape(
     }
     assert garbage == 400
     assert [c for t in export(engine) for c in t["calls"] if c["status"] == "ok"] == []
+
+
+def test_a_key_in_the_query_string_is_read_as_the_header(
+    fake_vllm: FakeReplica, db_url: str, engine: Engine, tmp_path: Path
+) -> None:
+    """Google's REST API takes `?key=`: ours lets the call in under its name, a wrong one
+    of ours is refused, and an upstream that cannot list its models is a 502 (its reason)."""
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+    path = "/v1beta/models/fake:generateContent"
+
+    async def calls() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        extra = {"admin_token": "t", "require_keys": True}
+        async with in_process_proxy(**settings(fake_vllm, db_url, tmp_path), **extra) as proxy:
+            made = await proxy.http.post(
+                "/admin/api/keys", json={"name": "gem"}, headers={"Authorization": "Bearer t"}
+            )
+            key = made.json()["key"]
+            out["query"] = await proxy.http.post(f"{path}?key={key}", json=body)
+            out["wrong"] = await proxy.http.post(f"{path}?key={key[:-2]}xx", json=body)
+            out["none"] = await proxy.http.post(path, json=body)
+            out["models"] = await proxy.http.get(f"/v1beta/models?key={key}")
+            fake_vllm.models_error = ("500 Internal Server Error", b'{"error":{"message":"oom"}}')
+            out["models down"] = await proxy.http.get(f"/v1beta/models?key={key}")
+        return out
+
+    out = asyncio.run(calls())
+    assert out["query"].status_code == 200, out["query"].text
+    assert out["wrong"].status_code == 401
+    assert out["wrong"].json()["error"]["status"] == "UNAUTHENTICATED"
+    assert out["none"].status_code == 401
+    assert [m["baseModelId"] for m in out["models"].json()["models"]] == ["fake"]
+    down = out["models down"]
+    assert down.status_code == 502
+    assert "500" in down.json()["error"]["message"] and "oom" in down.json()["error"]["message"]
+    recorded = [c for t in export(engine) for c in t["calls"]]
+    assert [(c["status"], c["key_name"]) for c in recorded] == [("ok", "gem")]

@@ -20,6 +20,8 @@ class FakeReplica:
         # chat completion request it was sent
         self.adapters: list[str] = []
         self.asked: list[dict] = []
+        # set: /v1/models answers this error instead (status line, body)
+        self.models_error: tuple[str, bytes] | None = None
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._loop = asyncio.new_event_loop()
@@ -30,11 +32,12 @@ class FakeReplica:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._open.add(writer)
         try:
-            await handle(
-                reader, writer, models=lambda: models_with(self.adapters), asked=self.asked
-            )
+            await handle(reader, writer, models=self._models, asked=self.asked)
         finally:
             self._open.discard(writer)
+
+    def _models(self) -> bytes | tuple[str, bytes]:
+        return self.models_error or models_with(self.adapters)
 
     async def _up(self) -> None:
         self._server = await asyncio.start_server(

@@ -4,7 +4,8 @@ at the proxy (`GOOGLE_GEMINI_BASE_URL`).
 
 `:streamGenerateContent` streams Server-Sent Events with `?alt=sse` (what the SDKs ask for),
 else a JSON array as it grows, as Google's servers do. The translation lives in
-proxy/api/translate/gemini.py; the key comes as `x-goog-api-key` (proxy/api/keys.py).
+proxy/api/translate/gemini.py; the key comes as `x-goog-api-key` (proxy/api/keys.py), or as
+Google's REST API also takes it, in the query string (`?key=`), read as if it were that header.
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from proxy.api.dialect import StreamWriter, TranslatedWriter
-from proxy.api.errors import BadRequest, ProxyError, upstream_error_message
+from proxy.api.errors import (
+    BadRequest,
+    ProxyError,
+    UpstreamUnavailable,
+    upstream_error_message,
+)
 from proxy.api.keys import upstream_view
 from proxy.api.requests import parse_object, read_body
 from proxy.api.translate import gemini as translate
@@ -32,6 +38,15 @@ from proxy.upstream.replicas import UPSTREAM_READ_ERRORS
 
 VERSIONS = ("v1beta", "v1")
 ACTIONS = ("generateContent", "streamGenerateContent", "countTokens")
+
+
+def key_from_query(request: Request) -> None:
+    """`?key=K` counts as `x-goog-api-key: K` (the header wins where both come), before
+    anything reads the request's headers."""
+    key = request.query_params.get("key")
+    if key and b"x-goog-api-key" not in dict(request.scope["headers"]):
+        request.scope["headers"] = [*request.scope["headers"], (b"x-goog-api-key", key.encode())]
+        request.__dict__.pop("_headers", None)
 
 
 def gemini_error(status: int, message: str) -> Response:
@@ -134,6 +149,7 @@ def _model_action(request: Request) -> tuple[str, str] | None:
 
 
 async def model_action(request: Request) -> Response:
+    key_from_query(request)
     found = _model_action(request)
     if found is None:
         return gemini_error(
@@ -165,7 +181,9 @@ async def count_tokens(request: Request, model: str) -> Response:
 
 
 async def _served(request: Request) -> list[dict[str, Any]]:
-    """The upstream's models (vLLM's /v1/models) in Gemini's shape."""
+    """The upstream's models (vLLM's /v1/models) in Gemini's shape; an upstream that fails
+    to list them is a 502 with its reason."""
+    key_from_query(request)
     state: ProxyState = request.app.state.proxy
     client = upstream_view(request.headers, state.keys.identify(request.headers))
     _, response = await state.pool.open(
@@ -174,11 +192,14 @@ async def _served(request: Request) -> list[dict[str, Any]]:
     try:
         raw = await response.read()
     except UPSTREAM_READ_ERRORS as exc:
-        raise BadRequest(f"the upstream's model list broke off: {exc}") from exc
+        raise UpstreamUnavailable(f"the upstream's model list broke off: {exc}") from exc
     finally:
         await state.pool.release(response)
     if response.status != 200:
-        raise ProxyError(upstream_error_message(raw))
+        raise UpstreamUnavailable(
+            f"the upstream answered {response.status} for its model list: "
+            f"{upstream_error_message(raw)}"
+        )
     return [_model(m) for m in orjson.loads(raw).get("data") or [] if isinstance(m, dict)]
 
 
