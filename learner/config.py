@@ -316,6 +316,11 @@ class LearnerConfig(BaseSettings):
         "train a LoRA adapter instead of all weights; vLLM must run with --enable-lora "
         "--max-lora-rank R and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1",
     )
+    tenants: bool = setting(
+        False,
+        "train each tenant's own adapter on its own traffic alone (tenants: the admin API, "
+        "docs/tenants.md), the tenants in turn; needs --lora; the shared policy is not trained",
+    )
     lora_rank: int = setting(16, "adapter rank, at most vLLM's --max-lora-rank", ge=1)
     lora_alpha: float = setting(32.0, "adapter scaling alpha", gt=0.0)
     lora_targets: Annotated[list[str], NoDecode] = setting(
@@ -386,6 +391,14 @@ class LearnerConfig(BaseSettings):
             kinds = {spec.split(":")[0].split("@")[0].strip() for spec in self.graders}
             return kinds == {"next_turn"}
         return self.credit == "turn"
+
+    @model_validator(mode="after")
+    def _tenants_train_adapters(self) -> LearnerConfig:
+        if self.tenants and not self.lora:
+            raise ValueError("--tenants trains each tenant's LoRA adapter: it needs --lora")
+        if self.tenants and self.guard:
+            raise ValueError("--tenants: the regression guard per tenant is not built yet")
+        return self
 
     @model_validator(mode="after")
     def _a_control_run_shuffles_what_trains(self) -> LearnerConfig:

@@ -40,6 +40,13 @@ def only_keys(keys: Sequence[str]) -> Any:
     return ~exists().where(Call.trajectory_id == Trajectory.id, other)
 
 
+def only_tenant(tenant: str) -> Any:
+    """Trajectories every call of which was the tenant's (store/tenants.py): the traffic its
+    adapter trains on (`onthejob learn --tenants`)."""
+    other = or_(Call.tenant.is_(None), Call.tenant != tenant)
+    return ~exists().where(Call.trajectory_id == Trajectory.id, other)
+
+
 def ungraded_finished(
     conn: Connection, *, limit: int, skip: Sequence[str] = (), keys: Sequence[str] = ()
 ) -> list[str]:
@@ -242,10 +249,12 @@ def save_grade(
     )
 
 
-def trainable_grades(conn: Connection, *, keys: Sequence[str] = ()) -> list[dict[str, Any]]:
+def trainable_grades(
+    conn: Connection, *, keys: Sequence[str] = (), tenant: str | None = None
+) -> list[dict[str, Any]]:
     """Graded trajectories not yet trained on: id, task_key, group_key, interaction_type,
     reward, policy version; with `keys`, only the traffic of those client keys (rollout runs,
-    graded by their runner, included).
+    graded by their runner, included); with `tenant`, only that tenant's.
 
     group_key: the explicit GRPO group (fan-out siblings share one), None for organic ones.
     """
@@ -268,6 +277,7 @@ def trainable_grades(conn: Connection, *, keys: Sequence[str] = ()) -> list[dict
         .join(Trajectory, Trajectory.id == Grade.trajectory_id)
         .where(Grade.trained_in_step.is_(None), Grade.reward.is_not(None))
         .where(only_keys(keys) if keys else true())
+        .where(only_tenant(tenant) if tenant is not None else true())
         # a fixed order: the running baselines fold rewards in it, on every run alike
         .order_by(Grade.graded_at, Grade.trajectory_id)
     )

@@ -25,10 +25,36 @@ def version_ordinals(conn: Connection) -> dict[str, int]:
     return {version: ordinal for version, ordinal in rows}
 
 
-def serving_version(conn: Connection) -> dict[str, Any] | None:
+def lineage_ordinals(conn: Connection, tenant: str) -> dict[str, int]:
+    """A tenant's staleness order: its verified versions 1, 2, ... in the order they served,
+    and every verified version of the shared policy 0 (what served its calls before its
+    first adapter). Global ordinals would count the other tenants' steps as its own."""
+    rows = conn.execute(
+        select(PolicyVersion.version, PolicyVersion.tenant)
+        .where(
+            PolicyVersion.ordinal.is_not(None),
+            PolicyVersion.tenant.is_(None) | (PolicyVersion.tenant == tenant),
+        )
+        .order_by(PolicyVersion.ordinal)
+    )
+    out: dict[str, int] = {}
+    own = 0
+    for version, owner in rows:
+        own += owner is not None
+        out[version] = 0 if owner is None else own
+    return out
+
+
+def _lineage(tenant: str | None) -> Any:
+    """The versions of one lineage: a tenant's adapters, or (None) the shared policy's."""
+    return PolicyVersion.tenant.is_(None) if tenant is None else PolicyVersion.tenant == tenant
+
+
+def serving_version(conn: Connection, tenant: str | None = None) -> dict[str, Any] | None:
+    """What serves the shared policy, or (`tenant`) that tenant's calls; one per lineage."""
     row = conn.execute(
         select(PolicyVersion.__table__)
-        .where(PolicyVersion.status == "serving")
+        .where(PolicyVersion.status == "serving", _lineage(tenant))
         .order_by(PolicyVersion.ordinal.desc())
         .limit(1)
     ).first()
@@ -52,11 +78,13 @@ def add_version(
     error: str | None = None,
     metrics: dict[str, Any] | None = None,
     probe: dict[str, Any] | None = None,
+    tenant: str | None = None,
 ) -> None:
     """`ordinal`: None for a version that failed verification (it never served anyone).
-    Callers hold the publish lease (learner/swap/lease.py), so the ordinal they read is theirs."""
+    Callers hold the publish lease (learner/swap/lease.py), so the ordinal they read is theirs.
+    `tenant`: the lineage it belongs to (None: the shared policy's)."""
     if status == "serving":
-        _supersede_serving(conn)
+        _supersede_serving(conn, tenant)
     conn.execute(
         insert_for(conn, PolicyVersion.__table__).values(
             version=version,
@@ -69,6 +97,7 @@ def add_version(
             error=error,
             metrics=metrics,
             probe=probe,
+            tenant=tenant,
         )
     )
 
@@ -77,16 +106,21 @@ def set_version_probe(conn: Connection, *, version: str, probe: dict[str, Any]) 
     conn.execute(update(PolicyVersion).where(PolicyVersion.version == version).values(probe=probe))
 
 
-def _supersede_serving(conn: Connection) -> None:
-    """Only one version serves at a time."""
+def _supersede_serving(conn: Connection, tenant: str | None) -> None:
+    """Only one version of a lineage serves at a time."""
     conn.execute(
-        update(PolicyVersion).where(PolicyVersion.status == "serving").values(status="superseded")
+        update(PolicyVersion)
+        .where(PolicyVersion.status == "serving", _lineage(tenant))
+        .values(status="superseded")
     )
 
 
 def set_version_status(conn: Connection, *, version: str, status: str) -> None:
     if status == "serving":
-        _supersede_serving(conn)
+        lineage = conn.execute(
+            select(PolicyVersion.tenant).where(PolicyVersion.version == version)
+        ).scalar()
+        _supersede_serving(conn, lineage)
     conn.execute(
         update(PolicyVersion).where(PolicyVersion.version == version).values(status=status)
     )
@@ -185,6 +219,11 @@ def check_servable(
     `name`'s row, `current` the serving one's."""
     if target is None:
         raise UnknownVersion(f"no policy version {name!r}")
+    if target.get("tenant") is not None:
+        raise VersionError(
+            f"version {name!r} is an adapter of tenant {target['tenant']!r}: a tenant's "
+            "rollbacks are not built yet (docs/tenants.md)"
+        )
     if not target["checkpoint_path"]:
         raise VersionError(f"version {name!r} has no checkpoint to serve")
     if target.get("checkpoint_deleted_at") is not None:

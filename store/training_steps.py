@@ -18,9 +18,17 @@ def last_step(conn: Connection) -> int:
     return 0 if value is None else int(value)
 
 
-def add_step(conn: Connection, *, step: int, version: str | None, metrics: dict[str, Any]) -> None:
+def add_step(
+    conn: Connection,
+    *,
+    step: int,
+    version: str | None,
+    metrics: dict[str, Any],
+    tenant: str | None = None,
+) -> None:
+    """`tenant`: whose adapter the step trained (None: the shared policy)."""
     conn.execute(
         insert_for(conn, TrainingStep.__table__).values(
-            step=step, version=version, created_at=now(), metrics=metrics
+            step=step, version=version, created_at=now(), metrics=metrics, tenant=tenant
         )
     )

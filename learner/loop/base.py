@@ -56,6 +56,9 @@ class LearnerBase:
     publisher: FullReloadPublisher | None
     guard: Guard | None
     serving: dict[str, Any] | None
+    # whose lineage the fields above hold now: a tenant's (learn --tenants), or None: the
+    # shared policy's (learner/loop/tenants.py)
+    lineage: str | None
     baselines: Baselines
     step: int
     holder: str
@@ -82,6 +85,11 @@ class LearnerBase:
     _trainer_is_serving: bool
 
 
-def save_baselines(conn: Any, baselines: Baselines) -> None:
+def baseline_key(key: str, tenant: str | None) -> str:
+    """Where a lineage's running baselines are kept (learner_state)."""
+    return key if tenant is None else f"{key}@tenant:{tenant}"
+
+
+def save_baselines(conn: Any, baselines: Baselines, tenant: str | None = None) -> None:
     for key, state in baselines.states().items():
-        learner_state.set_state(conn, key, state)
+        learner_state.set_state(conn, baseline_key(key, tenant), state)

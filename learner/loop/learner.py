@@ -38,6 +38,7 @@ from learner.loop.guarding import Guarding
 from learner.loop.publish import Publishing
 from learner.loop.startup import StartUp
 from learner.loop.step import Stepping
+from learner.loop.tenants import Tenants
 from learner.loop.weights import Weights
 from learner.lora import LoraSettings
 from learner.loss import LossConfig
@@ -61,9 +62,9 @@ SHADOW_ROLLOUTS_EVERY = 30.0  # seconds between looks at what rollout runners gr
 RETRY_CAP = 10.0  # seconds between tries at most, while the database or vLLM is away
 
 
-class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights):
+class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants):
     """The orchestrator: set up, then look at the world until stopped (`iterate`). Its parts
-    live beside it: startup, guarding, grading, step, publish, weights."""
+    live beside it: startup, guarding, grading, step, publish, weights, tenants."""
 
     def __init__(self, config: LearnerConfig, ranks: Ranks | None = None) -> None:
         """`ranks`: this is rank 0 of several (torchrun), which train the model sharded
@@ -124,6 +125,8 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights):
         self.publisher: FullReloadPublisher | None = None
         self.guard: Guard | None = None
         self.serving: dict[str, Any] | None = None
+        self.lineage: str | None = None
+        self._lineages = {}
         self.baselines = Baselines.fresh(config.type_baseline)
         self.step = 0
         self.holder = lease.holder_name(LEARNER.rstrip("@"))
@@ -209,7 +212,7 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights):
             # the runners' grades (checks): the self-judge's agreement with them
             self._rollouts_shadowed_at = time.monotonic()
             selfjudge_rollouts.shadow_rollout_grades(self.engine, self.grader, self.tasks)
-        trained = self.maybe_train()
+        trained = self.train_tenants() if self.config.tenants else self.maybe_train()
         if not graded and not trained:
             self.activity = "waiting for trajectories"
             self.stopping.wait(self.config.poll_interval)

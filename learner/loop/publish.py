@@ -48,13 +48,15 @@ class Publishing(LearnerBase):
         self.activity = f"publishing step {step}"
         with lease.held(self.engine, self.holder, wait=LEASE_WAIT):
             with self.engine.connect() as conn:
-                serving = policy_versions.serving_version(conn)
+                serving = policy_versions.serving_version(conn, self.lineage)
             if serving is not None and serving["version"] != self.serving["version"]:
                 log.info("step %d trained on weights an operator replaced: dropped", step)
                 self._follow(serving)
                 return None
             # unique: a step redone after a crash must not reuse a name vLLM may have served
             version = f"step-{step}-{os.urandom(3).hex()}"
+            if self.lineage is not None:
+                version = f"{self.lineage}-{version}"  # vLLM serves every tenant's side by side
             target = self.checkpoints / version
             if target.exists():
                 # left by a run that died before recording this step: the database, not the
@@ -87,6 +89,7 @@ class Publishing(LearnerBase):
                         swap_seconds=result.swap_seconds,
                         metrics=metrics,
                         probe=None if result.fingerprint is None else result.fingerprint.state(),
+                        tenant=self.lineage,
                     )
                     self._record_step(conn, step, version, metrics, considered, baselines)
                     recorded = policy_versions.version(conn, version=version)
@@ -125,6 +128,7 @@ class Publishing(LearnerBase):
                         swap_seconds=result.swap_seconds,
                         error=result.error,
                         metrics=metrics,
+                        tenant=self.lineage,
                     )
                     self._record_step(conn, step, None, metrics, considered, baselines)
                 self.step, self.baselines = step, baselines
@@ -206,9 +210,11 @@ class Publishing(LearnerBase):
         considered: list[str],
         baselines: Baselines,
     ) -> None:
-        training_steps.add_step(conn, step=step, version=version, metrics=metrics)
+        training_steps.add_step(
+            conn, step=step, version=version, metrics=metrics, tenant=self.lineage
+        )
         grade_queue.mark_trained(conn, trajectory_ids=considered, step=step)
-        save_baselines(conn, baselines)
+        save_baselines(conn, baselines, self.lineage)
 
     def _publisher(self, source: Path) -> FullReloadPublisher:
         assert self.serving is not None
@@ -240,6 +246,9 @@ class Publishing(LearnerBase):
             # every version a sample may still be trained from stays loaded, so a request
             # in flight finishes on the adapter it started with
             keep=self.config.max_staleness + 1,
+            # a tenant's version serves its calls by the tenant's pointer, not as the
+            # replicas' weight version (learner/loop/tenants.py)
+            label=None if self.lineage is None else self.tenant_label(self.lineage),
             **settings,
         )
 

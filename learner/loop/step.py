@@ -38,7 +38,7 @@ class Stepping(LearnerBase):
         """`onthejob rollback` may have changed what serves: train on from there."""
         assert self.serving is not None
         with self.engine.connect() as conn:
-            serving = policy_versions.serving_version(conn)
+            serving = policy_versions.serving_version(conn, self.lineage)
         if serving is not None and serving["version"] != self.serving["version"]:
             self._follow(serving)
 
@@ -71,14 +71,20 @@ class Stepping(LearnerBase):
         self._follow_operator()
         with self.engine.connect() as conn:
             waiting = grade_queue.incomplete_groups(conn)
-            trainable = grade_queue.trainable_grades(conn, keys=self.config.keys)
+            trainable = grade_queue.trainable_grades(
+                conn, keys=self.config.keys, tenant=self.lineage
+            )
             rows = [r for r in trainable if r["group_key"] not in waiting]
-            ordinals = policy_versions.version_ordinals(conn)
+            ordinals = (
+                policy_versions.version_ordinals(conn)
+                if self.lineage is None
+                else policy_versions.lineage_ordinals(conn, self.lineage)
+            )
         if not rows:
             self._not_ready()
             return False
         assert self.serving is not None
-        current = int(self.serving["ordinal"])
+        current = ordinals.get(self.serving["version"], int(self.serving["ordinal"]))
         # traffic of a version that is not a verified one (an unknown label, a call recorded
         # before the proxy knew the version) is not trainable: nothing says which weights
         # produced it

@@ -19,9 +19,11 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+from sqlalchemy.exc import SQLAlchemyError
 
 from learner.layout import CheckpointError, is_adapter
 from learner.swap.publisher import (
@@ -44,9 +46,16 @@ NO_RUNTIME_LORA = (
 )
 
 
+# where a tenant's version serves instead of the replicas' weight version (learn --tenants):
+# (version, whether it is an adapter; else the base, which the shared policy's name serves)
+Label = Callable[[str, bool], None]
+
+
 class LoraPublisher(FullReloadPublisher):
     """``keep``: adapters kept loaded (newest first); older ones are unloaded, so a long
-    run does not pile them up, while requests that started on the last few finish."""
+    run does not pile them up, while requests that started on the last few finish.
+    ``label``: a verified version serves by this instead of by the replicas' weight version
+    (a tenant's adapter: the proxies route the tenant's calls to it)."""
 
     def __init__(
         self,
@@ -64,6 +73,7 @@ class LoraPublisher(FullReloadPublisher):
         checked_probe_tolerance: float | None = HALF_PRECISION_CHECKED_TOLERANCE,
         max_rank: int | None = None,
         keep: int = 3,
+        label: Label | None = None,
     ) -> None:
         super().__init__(
             upstreams,
@@ -80,6 +90,7 @@ class LoraPublisher(FullReloadPublisher):
         )
         self.max_rank = max_rank
         self.keep = max(keep, 1)
+        self.label = label
         self._loaded: deque[str] = deque()
 
     def publish(
@@ -124,6 +135,10 @@ class LoraPublisher(FullReloadPublisher):
             if relabelled.ok:
                 return relabelled
             # the base is not what it should be (a full swap that failed its probe): reload
+        if self.label is not None:
+            # a tenant's lineage never reloads the replicas' weights: they serve everyone
+            result.error = f"{previous_version}: a tenant serves adapters or the base only"
+            return result
         return super().rollback(
             previous_dir, previous_version, fingerprint=reference, commit=commit
         )
@@ -156,13 +171,7 @@ class LoraPublisher(FullReloadPublisher):
                 return result
             result.ok = True
             start = time.perf_counter()
-            try:
-                for upstream in self.upstreams:
-                    self._label(client, upstream, version)
-                    result.replicas.append(upstream)
-            except httpx.HTTPError as exc:
-                result.opened = False
-                result.error = f"verified and recorded, but not yet serving: {failure_reason(exc)}"
+            self._label_all(client, result, adapter=True)
             result.swap_seconds = loaded + time.perf_counter() - start
             self._remember(client, version)
         return result
@@ -181,15 +190,24 @@ class LoraPublisher(FullReloadPublisher):
                 commit(result)  # raising: nothing was changed, nothing to undo
             result.ok = True
             start = time.perf_counter()
-            try:
-                for upstream in self.upstreams:
-                    self._label(client, upstream, result.version)
-                    result.replicas.append(upstream)
-            except httpx.HTTPError as exc:
-                result.opened = False
-                result.error = f"verified and recorded, but not yet serving: {failure_reason(exc)}"
+            self._label_all(client, result, adapter=False)
             result.swap_seconds = time.perf_counter() - start
         return result
+
+    def _label_all(self, client: httpx.Client, result: PublishResult, *, adapter: bool) -> None:
+        """Make the verified, recorded version serve: by ``label`` where one is set, else as
+        every replica's weight version."""
+        try:
+            if self.label is not None:
+                self.label(result.version, adapter)
+                result.replicas.extend(self.upstreams)
+                return
+            for upstream in self.upstreams:
+                self._label(client, upstream, result.version)
+                result.replicas.append(upstream)
+        except (httpx.HTTPError, SQLAlchemyError) as exc:
+            result.opened = False
+            result.error = f"verified and recorded, but not yet serving: {failure_reason(exc)}"
 
     def _load(self, client: httpx.Client, upstream: str, name: str, directory: Path) -> None:
         # in place: a name loaded before (a resumed learner, a rollback) gets these weights

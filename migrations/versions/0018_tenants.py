@@ -1,8 +1,8 @@
 """tenants: teams whose calls are answered by LoRA adapters of their own
 
 A tenant lists client keys and interaction types; the proxy sends its calls to its serving
-adapter and records the tenant on each call; a policy version may belong to a tenant's
-adapter lineage (store/tenants.py).
+adapter and records the tenant on each call; a policy version, and the step that made it, may
+belong to a tenant's adapter lineage (store/tenants.py).
 
 Revision ID: 0018
 Revises: 0017
@@ -35,9 +35,13 @@ def upgrade() -> None:
     with op.batch_alter_table("policy_versions") as batch:
         batch.add_column(sa.Column("tenant", sa.String(100), nullable=True))
         batch.create_index("ix_policy_versions_tenant", ["tenant"])
+    with op.batch_alter_table("training_steps") as batch:
+        batch.add_column(sa.Column("tenant", sa.String(100), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("training_steps") as batch:
+        batch.drop_column("tenant")
     with op.batch_alter_table("policy_versions") as batch:
         batch.drop_index("ix_policy_versions_tenant")
         batch.drop_column("tenant")

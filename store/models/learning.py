@@ -106,6 +106,8 @@ class TrainingStep(Base):
     version: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # the tenant whose adapter it trained (learn --tenants); null: the shared policy
+    tenant: Mapped[str | None] = mapped_column(String(100))
 
 
 class LearnerState(Base):

@@ -28,7 +28,7 @@ from learner.lora import load_trainable
 from learner.swap.lora_publisher import LoraPublisher
 from learner.swap.publisher import Probe, served_dtype, tolerance_for
 from learner.trainer import Trainer, TrainerConfig
-from store import db
+from store import db, policy_versions
 from store.models import Call, PolicyVersion, TrainingStep
 from tests.support.adapters import PROMPT_IDS, RANK, trained_adapter
 from tests.support.live_learner import check_step_figures, run_live
@@ -321,6 +321,110 @@ def test_the_learner_trains_and_hot_swaps_lora_adapters(
             learner.kill()
             learner.wait()
         engine.dispose()
+
+
+def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turns(
+    lora_vllm: VLLMServer, tiny_model: Path, tmp_path: Path, start_proxy
+):
+    """`learn --tenants`: two tenants whose rewards conflict (more or fewer 'a'), one with
+    more traffic ready than the other. Steps alternate between them; each step trains that
+    tenant's adapter on its traffic only, is verified, and serves that tenant's calls alone
+    (its pointer); the replicas' own version, what everyone else gets, is untouched."""
+    from bench.tenant_toy import FEWER_A, MORE_A
+
+    db_url = f"sqlite:///{tmp_path / 'tenants.db'}"
+    db.upgrade(db_url)
+    token = "tenant-admin"
+    proxy = start_proxy(
+        [lora_vllm.url],
+        db_url,
+        args=["--idle-timeout", "0.5"],
+        env={"ONTHEJOB_ADMIN_TOKEN": token},
+    )
+    keys = {}
+    with httpx.Client(
+        base_url=proxy.url + "/admin/api", headers={"Authorization": f"Bearer {token}"}
+    ) as admin:
+        for tenant in (MORE_A, FEWER_A):
+            keys[tenant] = admin.post("/keys", json={"name": tenant}).json()["key"]
+            made = admin.put(f"/tenants/{tenant}", json={"client_keys": [tenant]})
+            assert made.status_code == 201, made.text
+    engine = db.make_engine(db_url)
+    base = proxy.url + "/v1"
+    # ready before the learner looks: three batches of one tenant, two of the other
+    for tenant, rounds in ((MORE_A, 3), (FEWER_A, 2)):
+        asyncio.run(traffic(base, lora_vllm.model_name, rounds=rounds, api_key=keys[tenant]))
+    wait_for_calls(engine, 64 * 5)
+    command = lora_learner_command(lora_vllm, tiny_model, db_url, tmp_path / "checkpoints", 4)
+    command[command.index("--grader") + 1] = "python:bench.tenant_toy:tenant_reward"
+    command += ["--tenants", "--max-batch-trajectories", "64"]
+    log_path = tmp_path / "learner.log"
+    with open(log_path, "wb") as log:
+        learner = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        learner.wait(timeout=300)
+        assert learner.returncode == 0, log_path.read_text()[-3000:]
+        with engine.connect() as conn:
+            steps = conn.execute(
+                select(TrainingStep.tenant, TrainingStep.version).order_by(TrainingStep.step)
+            ).all()
+            versions = conn.execute(
+                select(PolicyVersion.version, PolicyVersion.tenant, PolicyVersion.status)
+                .where(PolicyVersion.tenant.is_not(None))
+                .order_by(PolicyVersion.ordinal)
+            ).all()
+        # fair turns: the tenant with more traffic does not take the steps of the other
+        assert [tenant for tenant, _ in steps] == [FEWER_A, MORE_A, FEWER_A, MORE_A]
+        assert all(v is not None and v.startswith(f"{t}-step-") for t, v in steps)
+        serving = {t: v for v, t, status in versions if status == "serving"}
+        assert serving == {FEWER_A: steps[2].version, MORE_A: steps[3].version}
+        listed = httpx.get(
+            proxy.url + "/admin/api/tenants", headers={"Authorization": f"Bearer {token}"}
+        ).json()["items"]
+        assert {t["name"]: t["serving_version"] for t in listed} == serving
+        assert set(serving.values()) <= loaded_adapters(lora_vllm)
+        with engine.connect() as conn:
+            shared = policy_versions.serving_version(conn)
+        assert shared is not None and shared["tenant"] is None
+        assert weight_version(lora_vllm) == shared["version"]  # everyone else's policy
+
+        # each tenant's calls are answered by its own adapter, and recorded so
+        deadline = time.monotonic() + 30
+        while not all(t["loaded_on"] for t in listed):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+            listed = httpx.get(
+                proxy.url + "/admin/api/tenants", headers={"Authorization": f"Bearer {token}"}
+            ).json()["items"]
+        checkpoints = {v: tmp_path / "checkpoints" / v for v in serving.values()}
+        for tenant, version in serving.items():
+            tuned = Trainer(load_trainable(checkpoints[version]), TrainerConfig(), "cpu")
+            api = openai.OpenAI(base_url=base, api_key=keys[tenant], max_retries=0)
+            answer = api.completions.create(
+                model=lora_vllm.model_name,
+                prompt=PROMPT_IDS,
+                max_tokens=6,
+                temperature=1.0,
+                logprobs=0,
+                extra_body={"return_token_ids": True},
+            )
+            choice = answer.choices[0].model_dump()
+            assert choice["logprobs"]["token_logprobs"] == pytest.approx(
+                tuned.logprobs_of(PROMPT_IDS, choice["token_ids"]), abs=1e-3
+            )
+        wait_for_calls(engine, 64 * 5 + 2)
+        with engine.connect() as conn:
+            last = conn.execute(
+                select(Call.tenant, Call.policy_version).order_by(Call.started_at.desc()).limit(2)
+            ).all()
+        assert sorted(tuple(r) for r in last) == sorted(serving.items())
+    finally:
+        if learner.poll() is None:
+            learner.kill()
+            learner.wait()
+        engine.dispose()
+        for version in loaded_adapters(lora_vllm):
+            httpx.post(lora_vllm.url + "/v1/unload_lora_adapter", json={"lora_name": version})
 
 
 def test_bf16_adapters_verify_against_bf16_vllm_and_wrong_ones_fail(

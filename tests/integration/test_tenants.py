@@ -15,7 +15,7 @@ import openai
 from sqlalchemy import Engine, select
 
 from proxy.recording.interaction import fingerprint
-from store.models import Call
+from store.models import Call, PolicyVersion
 from tests.support.fake_replica import FakeReplica
 from tests.support.inprocess import BASE, InProcessProxy, in_process_proxy
 from tests.support.records import wait_for_calls
@@ -216,3 +216,53 @@ def test_tenant_definitions_are_checked(
         assert "no tenant 'nobody'" in out[case].json()["error"]["message"]
     assert out["no token"].status_code == 401
     assert [t["name"] for t in out["list"].json()["items"]] == ["one", "two"]
+
+
+def test_each_lineage_has_its_own_serving_version_and_staleness_order(engine: Engine) -> None:
+    from store import policy_versions
+
+    def add(conn: Any, version: str, tenant: str | None, status: str = "serving") -> None:
+        policy_versions.add_version(
+            conn,
+            version=version,
+            ordinal=policy_versions.next_ordinal(conn) if status != "rolled_back" else None,
+            parent=None,
+            checkpoint_path=f"/ckpt/{version}",
+            status=status,
+            tenant=tenant,
+        )
+
+    with engine.begin() as conn:
+        add(conn, "base", None)
+        add(conn, "a-1", "a")
+        add(conn, "b-1", "b")
+        add(conn, "a-2", "a")  # supersedes a-1 only
+        add(conn, "b-2", "b", status="rolled_back")  # failed: no ordinal, never served
+        add(conn, "a-3", "a")
+        serving = {
+            t: policy_versions.serving_version(conn, t)["version"]  # type: ignore[index]
+            for t in (None, "a", "b")
+        }
+        ordinals = {t: policy_versions.lineage_ordinals(conn, t) for t in ("a", "b")}
+        statuses = dict(
+            [tuple(r) for r in conn.execute(select(PolicyVersion.version, PolicyVersion.status))]
+        )
+        policy_versions.set_version_status(conn, version="a-1", status="serving")
+        after = {
+            t: policy_versions.serving_version(conn, t)["version"]  # type: ignore[index]
+            for t in (None, "a", "b")
+        }
+        target = policy_versions.version(conn, version="a-2")
+        try:
+            policy_versions.check_servable(target, None, "a-2", "promote")
+        except policy_versions.VersionError as exc:
+            refused = str(exc)
+    assert serving == {None: "base", "a": "a-3", "b": "b-1"}
+    assert statuses["a-1"] == statuses["a-2"] == "superseded" and statuses["b-1"] == "serving"
+    # a tenant's own steps count 1, 2, 3; the other tenant's do not; the shared policy is 0
+    assert ordinals == {
+        "a": {"base": 0, "a-1": 1, "a-2": 2, "a-3": 3},
+        "b": {"base": 0, "b-1": 1},
+    }
+    assert after == {None: "base", "a": "a-1", "b": "b-1"}
+    assert "adapter of tenant 'a'" in refused

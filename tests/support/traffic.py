@@ -16,10 +16,13 @@ from store.models import TrainingStep
 PROMPTS = [f"Write something, take {i}." for i in range(4)]
 
 
-async def traffic(base_url: str, model: str, rounds: int, group: int = 8) -> list[float]:
-    """`rounds` x len(PROMPTS) x `group` single-call episodes; their rewards."""
+async def traffic(
+    base_url: str, model: str, rounds: int, group: int = 8, api_key: str = "x"
+) -> list[float]:
+    """`rounds` x len(PROMPTS) x `group` single-call episodes (with `api_key`); their
+    rewards by the share of 'a'."""
     limit = asyncio.Semaphore(16)
-    async with openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0) as api:
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as api:
 
         async def one(prompt: str) -> float:
             async with limit:
