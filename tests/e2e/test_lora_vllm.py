@@ -19,7 +19,7 @@ import openai
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from learner.checkpoint import load_model
 from learner.demo.vllm_server import VLLMServer
@@ -29,7 +29,7 @@ from learner.swap.lora_publisher import LoraPublisher
 from learner.swap.publisher import Probe, served_dtype, tolerance_for
 from learner.trainer import Trainer, TrainerConfig
 from store import db, policy_versions
-from store.models import Call, PolicyVersion, TrainingStep
+from store.models import Call, PolicyVersion, TrainingStep, Trajectory
 from tests.support.adapters import PROMPT_IDS, RANK, trained_adapter
 from tests.support.live_learner import check_step_figures, run_live
 from tests.support.paths import ARTIFACTS
@@ -351,17 +351,41 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
             assert made.status_code == 201, made.text
     engine = db.make_engine(db_url)
     base = proxy.url + "/v1"
-    # ready before the learner looks: three batches of one tenant, two of the other
-    for tenant, rounds in ((MORE_A, 3), (FEWER_A, 2)):
-        asyncio.run(traffic(base, lora_vllm.model_name, rounds=rounds, api_key=keys[tenant]))
-    wait_for_calls(engine, 64 * 5)
     command = lora_learner_command(lora_vllm, tiny_model, db_url, tmp_path / "checkpoints", 4)
     command[command.index("--grader") + 1] = "python:bench.tenant_toy:tenant_reward"
-    command += ["--tenants", "--max-batch-trajectories", "64"]
+    command += ["--tenants", "--max-batch-trajectories", "32"]
     log_path = tmp_path / "learner.log"
     with open(log_path, "wb") as log:
         learner = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    admin = httpx.Client(
+        base_url=proxy.url + "/admin/api", headers={"Authorization": f"Bearer {token}"}
+    )
     try:
+        # the learner first (it adopts what the replica serves), paused while the traffic
+        # comes: then both tenants' batches are ready when it looks, three batches (of 32)
+        # of one tenant, two of the other
+        assert admin.post("/learner/pause").is_success
+        deadline = time.monotonic() + 120
+        while admin.get("/learner").json()["state"] != "paused":
+            assert learner.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, admin.get("/learner").text
+            time.sleep(0.2)
+        # the proxy records the version the learner adopted: no call of an unknown one
+        wait_until_proxy_serves(proxy.url, weight_version(lora_vllm))
+        for tenant, rounds in ((MORE_A, 3), (FEWER_A, 2)):
+            asyncio.run(traffic(base, lora_vllm.model_name, rounds=rounds, api_key=keys[tenant]))
+        wait_for_calls(engine, 32 * 5)
+        deadline = time.monotonic() + 60
+        while True:  # every trajectory finished (idle timeout), so gradable at once
+            with engine.connect() as conn:
+                finished = conn.execute(
+                    select(func.count()).where(Trajectory.status == "finished")
+                ).scalar()
+            if finished == 32 * 5:
+                break
+            assert time.monotonic() < deadline, f"{finished} trajectories finished"
+            time.sleep(0.2)
+        assert admin.post("/learner/resume").is_success
         learner.wait(timeout=300)
         assert learner.returncode == 0, log_path.read_text()[-3000:]
         with engine.connect() as conn:
@@ -378,9 +402,7 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
         assert all(v is not None and v.startswith(f"{t}-step-") for t, v in steps)
         serving = {t: v for v, t, status in versions if status == "serving"}
         assert serving == {FEWER_A: steps[2].version, MORE_A: steps[3].version}
-        listed = httpx.get(
-            proxy.url + "/admin/api/tenants", headers={"Authorization": f"Bearer {token}"}
-        ).json()["items"]
+        listed = admin.get("/tenants").json()["items"]
         assert {t["name"]: t["serving_version"] for t in listed} == serving
         assert set(serving.values()) <= loaded_adapters(lora_vllm)
         with engine.connect() as conn:
@@ -393,9 +415,7 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
         while not all(t["loaded_on"] for t in listed):
             assert time.monotonic() < deadline
             time.sleep(0.2)
-            listed = httpx.get(
-                proxy.url + "/admin/api/tenants", headers={"Authorization": f"Bearer {token}"}
-            ).json()["items"]
+            listed = admin.get("/tenants").json()["items"]
         checkpoints = {v: tmp_path / "checkpoints" / v for v in serving.values()}
         for tenant, version in serving.items():
             tuned = Trainer(load_trainable(checkpoints[version]), TrainerConfig(), "cpu")
@@ -412,7 +432,7 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
             assert choice["logprobs"]["token_logprobs"] == pytest.approx(
                 tuned.logprobs_of(PROMPT_IDS, choice["token_ids"]), abs=1e-3
             )
-        wait_for_calls(engine, 64 * 5 + 2)
+        wait_for_calls(engine, 32 * 5 + 2)
         with engine.connect() as conn:
             last = conn.execute(
                 select(Call.tenant, Call.policy_version).order_by(Call.started_at.desc()).limit(2)
@@ -422,6 +442,7 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
         if learner.poll() is None:
             learner.kill()
             learner.wait()
+        admin.close()
         engine.dispose()
         for version in loaded_adapters(lora_vllm):
             httpx.post(lora_vllm.url + "/v1/unload_lora_adapter", json={"lora_name": version})
