@@ -17,7 +17,8 @@ training rounds make and what grades it:
               replies a signal judged train, each on its own signal;
   judged_turns as turn_credit, graded by `next_turn:judge`: the served model also judges the
               replies the rules are silent on, with the user's next message in view (not
-              in the default arms: on the tiny model the judge is noise).
+              in the default arms: on the tiny model the judge is noise; on SmolLM2 it
+              learned as fast as the reference, docs/measurements/traffic-signals.md).
   hindsight   as turn_credit, with hindsight distillation (`learn --hindsight 1`): a
               corrected reply's tokens also train towards what the model, with the
               correction in its context, would have said (learner/hindsight.py).
