@@ -57,7 +57,9 @@ def plan(
     `base_of`, which reads an adapter's config for the weights it needs under it)."""
     rows = [v for v in versions if v["checkpoint_path"] and not v.get("checkpoint_deleted_at")]
     verified = sorted((v for v in rows if v["ordinal"] is not None), key=lambda v: v["ordinal"])
-    serving = [v for v in verified if v["status"] == "serving"][-1:]
+    # the newest serving version of each lineage: the shared policy's, each tenant's
+    newest = {v.get("tenant"): v for v in verified if v["status"] == "serving"}
+    serving = list(newest.values())
     parents = {v["parent"] for v in serving}
     kept = {v["version"] for v in verified[-keep_last:] if keep_last > 0}
     kept |= {v["version"] for v in rows if v["version"] in parents or v.get("pinned")}

@@ -157,6 +157,7 @@ def versions_with_checkpoints(conn: Connection) -> list[dict[str, Any]]:
             PolicyVersion.checkpoint_path,
             PolicyVersion.pinned,
             PolicyVersion.checkpoint_deleted_at,
+            PolicyVersion.tenant,
         ).where(PolicyVersion.checkpoint_path.is_not(None))
     )
     return [dict(r._mapping) for r in rows]

@@ -35,6 +35,7 @@ from learner.loop.base import LEASE_WAIT, LearnerBase, RestoreFailed, baseline_k
 from learner.swap import lease
 from learner.swap.lora_publisher import Label
 from learner.swap.publisher import Fingerprint
+from learner.traffic import yielding_to
 from store import learner_state, policy_versions, tenants
 
 log = logging.getLogger("onthejob.learner")
@@ -46,6 +47,7 @@ LINEAGE_FIELDS = (
     "trainer",
     "publisher",
     "fresh",
+    "traffic",
     "_trainer_is_serving",
     "_needs_restore",
 )
@@ -69,6 +71,12 @@ class Tenants(LearnerBase):
         """At most one step, for the first tenant in fair order whose batch is ready."""
         with self.engine.connect() as conn:
             names = [rule.name for rule in tenants.rules(conn)]
+        if not names and not self._lineages and not getattr(self, "_said_no_tenants", False):
+            log.warning(
+                "--tenants: no tenant is defined yet, nothing trains until one is "
+                "(PUT /admin/api/tenants/NAME, docs/tenants.md)"
+            )
+            self._said_no_tenants = True
         for gone in set(self._lineages) - set(names):
             log.info("tenant %s deleted: its adapter is no longer trained", gone)
             del self._lineages[gone]
@@ -126,6 +134,7 @@ class Tenants(LearnerBase):
                 "trainer": None,
                 "publisher": None,
                 "fresh": FreshWait(self.config.fresh_wait),
+                "traffic": yielding_to(self.config.upstreams, self.config.yield_to_traffic),
                 "_trainer_is_serving": False,
                 "_needs_restore": own is not None,
             },

@@ -179,6 +179,34 @@ def test_the_plan_keeps_what_can_serve_or_be_rolled_back_to(tmp_path: Path) -> N
     assert {root / n for n in ("a", "b", "e", "base")} <= decided.keep
 
 
+def test_every_tenant_keeps_the_adapter_that_serves_it(tmp_path: Path) -> None:
+    """Each lineage has a serving version (learn --tenants): retention keeps all of them,
+    and their parents, however far back the other tenants' steps pushed them."""
+    root = tmp_path / "checkpoints"
+
+    def row(version: str, ordinal: int, status: str, tenant: str | None, **extra: object):
+        return {
+            "version": version,
+            "ordinal": ordinal,
+            "status": status,
+            "parent": extra.get("parent"),
+            "checkpoint_path": str(root / version),
+            "tenant": tenant,
+        }
+
+    rows = [
+        row("base", 0, "serving", None),
+        row("a-1", 1, "superseded", "a"),
+        row("a-2", 2, "serving", "a", parent="a-1"),
+        row("b-3", 3, "superseded", "b"),
+        row("b-4", 4, "superseded", "b"),
+        row("b-5", 5, "serving", "b"),
+    ]
+    decided = plan(rows, checkpoints=root, keep_last=1, base_of=lambda p: p)
+    assert sorted(p.name for p in decided.delete) == ["b-3", "b-4"]
+    assert {root / n for n in ("base", "a-1", "a-2", "b-5")} <= decided.keep
+
+
 def test_a_pin_that_lands_while_retention_decides_keeps_its_checkpoint(
     engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
