@@ -22,18 +22,16 @@ its name.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import logging
 import secrets
-import threading
 from collections.abc import Mapping
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
 
 from proxy.api.errors import ServiceUnavailable, Unauthorized
+from proxy.followed import Followed
 from store import keys as store
 
 log = logging.getLogger("onthejob.keys")
@@ -89,18 +87,15 @@ def upstream_view(headers: Mapping[str, str], key_name: str | None) -> Mapping[s
     return headers if key_name is None else _NO_HEADERS
 
 
-class KeyRing:
+class KeyRing(Followed[dict[str, tuple[str, str]]]):
     """The active client keys, in memory; `identify` is called on every call."""
 
+    what = "client keys"
+
     def __init__(self, engine: Engine, *, required: bool, poll_interval: float) -> None:
-        self.engine = engine
+        super().__init__(engine, poll_interval=poll_interval)
         self.required = required
-        self.poll_interval = poll_interval
-        self.loaded = False
         self._keys: dict[str, tuple[str, str]] = {}  # id -> (name, digest)
-        # changes made through this process's admin API while a read was in flight win
-        self._lock = threading.Lock()
-        self._changes = 0
 
     def identify(self, headers: Mapping[str, str]) -> str | None:
         """The name of the valid client key the request carries, or None (no key of ours,
@@ -138,50 +133,31 @@ class KeyRing:
             code="missing_api_key",
         )
 
-    # -- following the store ---------------------------------------------------------------
+    # -- following the store (proxy/followed.py) ---------------------------------------------
     async def start(self) -> None:
-        """One read before the first request; a store that is away does not stop start-up."""
-        try:
-            await self.refresh()
-        except SQLAlchemyError as exc:
-            log.warning("client keys unreadable at start (%s); read once the store answers", exc)
-            return
-        if self.required and not self._keys:
+        await super().start()
+        if self.loaded and self.required and not self._keys:
             log.warning(
                 "client keys are required (bound off loopback) and none exists: every call "
                 "is refused with 401 until one is created (POST /admin/api/keys)"
             )
 
-    async def run(self) -> None:
-        """Forever: read the active keys every poll interval (keep what we have meanwhile)."""
-        while True:
-            await asyncio.sleep(self.poll_interval)
-            try:
-                await self.refresh()
-            except SQLAlchemyError:
-                log.debug("client keys not re-read", exc_info=True)
-
-    async def refresh(self) -> None:
-        while True:
-            seen = self._changes
-            keys = await asyncio.to_thread(self._read)
-            with self._lock:
-                if seen == self._changes:
-                    self._keys = keys
-                    self.loaded = True
-                    return
-
     def _read(self) -> dict[str, tuple[str, str]]:
         with self.engine.connect() as conn:
             return store.active_keys(conn)
 
+    def _install(self, value: dict[str, tuple[str, str]]) -> None:
+        self._keys = value
+
     # -- this process's admin API: effective at once ------------------------------------
     def added(self, key_id: str, name: str, key_digest: str) -> None:
-        with self._lock:
-            self._changes += 1
+        def add() -> None:
             self._keys = {**self._keys, key_id: (name, key_digest)}
 
+        self.changed_here(add)
+
     def revoked(self, key_id: str) -> None:
-        with self._lock:
-            self._changes += 1
+        def revoke() -> None:
             self._keys = {k: v for k, v in self._keys.items() if k != key_id}
+
+        self.changed_here(revoke)
