@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, delete, select, update
+from sqlalchemy import Connection, delete, func, select, update
 
-from store.models import Tenant
+from store.models import Call, Grade, PolicyVersion, Tenant, Trajectory
 
 
 @dataclass(frozen=True)
@@ -108,3 +108,52 @@ def set_serving(conn: Connection, *, name: str, version: str | None, now: dateti
 def delete_tenant(conn: Connection, name: str) -> bool:
     """Its calls go to the shared policy from now on; the calls it made keep its name."""
     return bool(conn.execute(delete(Tenant).where(Tenant.name == name)).rowcount)
+
+
+def tenant_stats(conn: Connection) -> dict[str, dict[str, Any]]:
+    """Per tenant (by the tenant of a trajectory's first call): its graded trajectories, how
+    many a step trained on, and per version that served them (the version of the first
+    call, in the order versions served; never-verified labels first) their count and mean
+    reward: the tenant's reward over its own versions."""
+    first = (
+        select(Call.tenant, Call.policy_version)
+        .where(Call.trajectory_id == Trajectory.id)
+        .order_by(Call.started_at)
+        .limit(1)
+        .correlate(Trajectory)
+    )
+    tenant = first.with_only_columns(Call.tenant).scalar_subquery()
+    version = first.with_only_columns(Call.policy_version).scalar_subquery()
+    rows = conn.execute(
+        select(
+            tenant.label("tenant"),
+            version.label("version"),
+            func.count().label("graded"),
+            func.count(Grade.trained_in_step).label("trained"),
+            func.avg(Grade.reward).label("mean_reward"),
+        )
+        .select_from(Grade)
+        .join(Trajectory, Trajectory.id == Grade.trajectory_id)
+        .where(Grade.reward.is_not(None))
+        .group_by(tenant, version)
+    ).all()
+    ordinals = {v: o for v, o in conn.execute(select(PolicyVersion.version, PolicyVersion.ordinal))}
+    out: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row.tenant is None:
+            continue
+        stats = out.setdefault(row.tenant, {"graded": 0, "trained": 0, "by_version": []})
+        stats["graded"] += row.graded
+        stats["trained"] += row.trained
+        stats["by_version"].append(
+            {
+                "version": row.version,
+                "trajectories": row.graded,
+                "mean_reward": None if row.mean_reward is None else float(row.mean_reward),
+            }
+        )
+    for stats in out.values():
+        stats["by_version"].sort(
+            key=lambda v: (ordinals.get(v["version"]) is not None, ordinals.get(v["version"]) or 0)
+        )
+    return out

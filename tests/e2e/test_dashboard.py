@@ -526,6 +526,64 @@ def test_dashboard_flags_a_key_whose_signals_are_one_sided(
         page.screenshot(path=str(ARTIFACTS / "dashboard-signals.png"), full_page=True)
 
 
+def test_the_tenants_tab_shows_each_tenants_adapter_and_traffic(
+    start_proxy: Callable[..., ProxyServer], tmp_path: Path
+) -> None:
+    """The Tenants tab: per tenant its keys and types, its serving adapter and whether a
+    replica has it loaded, the trajectories graded and trained on, and its mean reward per
+    version that served them."""
+    from datetime import UTC, datetime
+
+    from playwright.sync_api import expect
+    from sqlalchemy import update
+
+    from learner.demo.vllm_server import free_port
+    from store import tenants
+    from store.models import Call
+    from tests.support.admin import N, kind_of, seed
+
+    db_url = f"sqlite:///{tmp_path / 'tenants.db'}"
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    seed(engine)  # trajectory i: version v{i % 2}, graded i/N when i is even
+    ours = [f"traj{i:03d}" for i in range(N) if kind_of(i) == "kind-a"]
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        conn.execute(update(Call).where(Call.trajectory_id.in_(ours)).values(tenant="team-a"))
+        tenants.put_tenant(
+            conn, name="team-a", client_keys=[], interaction_types=["kind-a"], now=now
+        )
+        tenants.put_tenant(conn, name="team-b", client_keys=["bob"], interaction_types=[], now=now)
+        tenants.set_serving(conn, name="team-a", version="team-a-step-3-abc", now=now)
+        grade_queue.mark_trained(conn, trajectory_ids=["traj000", "traj004"], step=1)
+    engine.dispose()
+    graded = [i for i in range(N) if kind_of(i) == "kind-a" and i % 2 == 0]
+    proxy = start_proxy(
+        [f"http://127.0.0.1:{free_port()}"], db_url, env={"ONTHEJOB_ADMIN_TOKEN": TOKEN}
+    )
+    ARTIFACTS.mkdir(exist_ok=True)
+    with logged_in(proxy, 1200, 900) as page:
+        page.click("button.tab[data-view=tenants]")
+        team_a = page.locator('#tenants-table tr[data-tenant="team-a"] td')
+        expect(team_a.nth(2)).to_have_text("kind-a")
+        expect(team_a.nth(3)).to_have_text("team-a-step-3-abc")
+        expect(team_a.nth(4)).to_have_text("not loaded: the shared policy answers")
+        expect(team_a.nth(5)).to_have_text(str(len(graded)))
+        expect(team_a.nth(6)).to_have_text("2")
+        team_b = page.locator('#tenants-table tr[data-tenant="team-b"] td')
+        expect(team_b.nth(1)).to_have_text("bob")
+        expect(team_b.nth(3)).to_have_text("(shared policy)")
+        expect(team_b.nth(5)).to_have_text("0")
+        # team-a's graded trajectories were all served by v0 (even i)
+        expect(page.locator('#tenant-charts svg[data-tenant="team-a"]')).to_have_attribute(
+            "data-points", "1"
+        )
+        mean = sum(i / N for i in graded) / len(graded)
+        value = page.locator('#tenant-charts svg[data-tenant="team-a"] text.value')
+        expect(value).to_have_text(str(round(mean * 1000) / 1000))  # as charts.js rounds
+        page.screenshot(path=str(ARTIFACTS / "dashboard-tenants.png"), full_page=True)
+
+
 def test_dashboard_shows_learning_at_a_glance(
     start_proxy: Callable[..., ProxyServer], tmp_path: Path
 ) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 from sqlalchemy import Engine, select
 
 from proxy.recording.interaction import fingerprint
@@ -159,6 +160,33 @@ def test_an_unloaded_adapter_is_no_longer_sent_to(
     asyncio.run(scenario())
     assert [r["model"] for r in fake_vllm.asked] == ["ops-1", "fake", "fake"]
     assert recorded(engine, 3) == [("ops", "ops-1"), ("ops", "fake-v1"), ("ops", "fake-v1")]
+
+    # the tenant's traffic, graded (rewards 0.2, 0.4, 0.6 in call order), one trained on
+    from store import grade_queue, policy_versions, tenants
+
+    with engine.begin() as conn:
+        policy_versions.add_version(
+            conn, version="fake-v1", ordinal=0, parent=None, checkpoint_path=None,
+            status="serving",
+        )  # fmt: skip
+        policy_versions.add_version(
+            conn, version="ops-1", ordinal=1, parent="fake-v1", checkpoint_path=None,
+            status="serving", tenant="ops",
+        )  # fmt: skip
+        trajectories = conn.execute(
+            select(Call.trajectory_id).order_by(Call.started_at)
+        ).scalars().all()  # fmt: skip
+        for k, trajectory in enumerate(trajectories):
+            grade_queue.save_grade(
+                conn, trajectory_id=trajectory, reward=0.2 * (k + 1), detail={}, error=None
+            )
+        grade_queue.mark_trained(conn, trajectory_ids=trajectories[:1], step=1)
+        stats = tenants.tenant_stats(conn)
+    assert stats["ops"]["graded"] == 3 and stats["ops"]["trained"] == 1
+    by_version = [(v["version"], v["trajectories"]) for v in stats["ops"]["by_version"]]
+    assert by_version == [("fake-v1", 2), ("ops-1", 1)]  # in the order they served
+    rewards = {v["version"]: v["mean_reward"] for v in stats["ops"]["by_version"]}
+    assert rewards == {"fake-v1": pytest.approx(0.5), "ops-1": pytest.approx(0.2)}
 
 
 def test_tenant_definitions_are_checked(

@@ -23,7 +23,10 @@ router = APIRouter(tags=["tenants"])
 TenantName = Annotated[KeyName, Path()]
 
 
-def _row(row: dict[str, Any], state: Any) -> dict[str, Any]:
+NO_TRAFFIC = {"graded": 0, "trained": 0, "by_version": []}
+
+
+def _row(row: dict[str, Any], state: Any, stats: dict[str, Any] | None) -> dict[str, Any]:
     version = row["serving_version"]
     return {
         "name": row["name"],
@@ -34,22 +37,27 @@ def _row(row: dict[str, Any], state: Any) -> dict[str, Any]:
         "loaded_on": [r.url for r in state.pool.replicas if version in r.adapters],
         "created_at": iso(row["created_at"]),
         "updated_at": iso(row["updated_at"]),
+        # its graded trajectories, how many a step trained on, and their mean reward per
+        # version that served them, in the order the versions served
+        "traffic": stats or NO_TRAFFIC,
     }
 
 
 def _found(engine: Any, state: Any, name: str) -> dict[str, Any]:
     with engine.connect() as conn:
         row = store.get_tenant(conn, name)
+        stats = store.tenant_stats(conn).get(name) if row is not None else None
     if row is None:
         raise not_found("tenant", name)
-    return _row(row, state)
+    return _row(row, state, stats)
 
 
-@router.get("/tenants", summary="List tenants, with where their adapters are loaded")
+@router.get("/tenants", summary="List tenants: their adapters, where loaded, their traffic")
 def list_tenants(engine: EngineDep, state: StateDep) -> dict[str, Any]:
     with engine.connect() as conn:
         rows = store.list_tenants(conn)
-    return {"items": [_row(r, state) for r in rows]}
+        stats = store.tenant_stats(conn)
+    return {"items": [_row(r, state, stats.get(r["name"])) for r in rows]}
 
 
 @router.get("/tenants/{name}", summary="One tenant")

@@ -101,7 +101,7 @@ async function guarded(fn) {
 function show(view) {
   state.view = view;
   for (const tab of document.querySelectorAll(".tab")) tab.classList.toggle("active", tab.dataset.view === view);
-  for (const name of ["overview", "trajectories", "versions", "tasks", "types", "harnesses", "curricula", "selfjudge", "signals"]) $(`view-${name}`).hidden = name !== view;
+  for (const name of ["overview", "trajectories", "versions", "tasks", "types", "harnesses", "curricula", "selfjudge", "signals", "tenants"]) $(`view-${name}`).hidden = name !== view;
   refresh(true);
 }
 
@@ -117,6 +117,7 @@ function refresh(first) {
     curricula: loadCurricula,
     selfjudge: loadSelfJudge,
     signals: loadSignals,
+    tenants: loadTenants,
   }[state.view];
   return guarded(async () => {
     await work();
@@ -597,6 +598,42 @@ async function loadSignals() {
     );
   }
   if (!data.keys.length) body.appendChild(el("tr", {}, el("td", { colSpan: 8, class: "muted" }, "no next-turn signals stored in the last 24 hours")));
+}
+
+// -- tenants: their adapters, where loaded, their traffic and reward per version ----------
+async function loadTenants() {
+  const data = await api("/tenants");
+  const body = $("tenants-table").tBodies[0];
+  const charts = $("tenant-charts");
+  body.replaceChildren();
+  charts.replaceChildren();
+  for (const t of data.items) {
+    const loaded = t.loaded_on.length ? `${t.loaded_on.length} replica(s)` : (t.serving_version ? "not loaded: the shared policy answers" : "–");
+    body.appendChild(
+      el(
+        "tr",
+        { "data-tenant": t.name },
+        el("td", {}, t.name),
+        el("td", {}, t.client_keys.join(", ") || "–"),
+        el("td", {}, t.interaction_types.join(", ") || "–"),
+        el("td", {}, t.serving_version || "(shared policy)"),
+        el("td", { class: t.loaded_on.length ? "" : "muted" }, loaded),
+        el("td", {}, String(t.traffic.graded)),
+        el("td", {}, String(t.traffic.trained)),
+      ),
+    );
+    const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+    svg.setAttribute("class", "chart");
+    svg.setAttribute("data-tenant", t.name);
+    charts.appendChild(el("h3", {}, `${t.name}: mean reward by version`));
+    charts.appendChild(svg);
+    window.charts.barChart(
+      svg,
+      t.traffic.by_version.map((v) => ({ label: v.version || "(none)", value: v.mean_reward, title: `${v.version} (${v.trajectories} graded)` })),
+      { xLabel: "policy version (that served the trajectory's first call)", yLabel: "mean reward" },
+    );
+  }
+  if (!data.items.length) body.appendChild(el("tr", {}, el("td", { colSpan: 7, class: "muted" }, "no tenants: PUT /admin/api/tenants/NAME defines one")));
 }
 
 // -- wiring --------------------------------------------------------------------------
