@@ -217,14 +217,10 @@ def check_servable(
     target: dict[str, Any] | None, current: dict[str, Any] | None, name: str, action: str
 ) -> None:
     """Refuse what `action` (rollback or promote) cannot serve: `target` is the version
-    `name`'s row, `current` the serving one's."""
+    `name`'s row, `current` the serving one's of the same lineage (a tenant's, or the shared
+    policy's)."""
     if target is None:
         raise UnknownVersion(f"no policy version {name!r}")
-    if target.get("tenant") is not None:
-        raise VersionError(
-            f"version {name!r} is an adapter of tenant {target['tenant']!r}: a tenant's "
-            "rollbacks are not built yet (docs/tenants.md)"
-        )
     if not target["checkpoint_path"]:
         raise VersionError(f"version {name!r} has no checkpoint to serve")
     if target.get("checkpoint_deleted_at") is not None:

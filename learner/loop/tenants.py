@@ -25,7 +25,6 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from learner.fresh_wait import FreshWait
 from learner.grouping import Baselines
 from learner.loop.base import LEASE_WAIT, LearnerBase, RestoreFailed, baseline_key
 from learner.swap import lease
-from learner.swap.lora_publisher import Label
+from learner.swap.lora_publisher import Label, tenant_pointer
 from learner.swap.publisher import Fingerprint
 from learner.traffic import yielding_to
 from store import learner_state, policy_versions, tenants
@@ -171,13 +170,5 @@ class Tenants(LearnerBase):
         self._needs_restore = False
 
     def tenant_label(self, tenant: str) -> Label:
-        """How a tenant's verified version serves: the proxies route the tenant's calls to
-        the adapter the tenant's pointer names (the base: no pointer)."""
-
-        def label(version: str, adapter: bool) -> None:
-            with self.engine.begin() as conn:
-                tenants.set_serving(
-                    conn, name=tenant, version=version if adapter else None, now=datetime.now(UTC)
-                )
-
-        return label
+        """How a tenant's verified version serves: by the tenant's pointer."""
+        return tenant_pointer(self.engine, tenant)

@@ -20,9 +20,11 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from learner.layout import CheckpointError, is_adapter
@@ -39,6 +41,7 @@ from learner.swap.publisher import (
     PublishResult,
     failure_reason,
 )
+from store import tenants
 
 NO_RUNTIME_LORA = (
     "vLLM does not load adapters at runtime: start it with --enable-lora --max-lora-rank R "
@@ -49,6 +52,19 @@ NO_RUNTIME_LORA = (
 # where a tenant's version serves instead of the replicas' weight version (learn --tenants):
 # (version, whether it is an adapter; else the base, which the shared policy's name serves)
 Label = Callable[[str, bool], None]
+
+
+def tenant_pointer(engine: Engine, tenant: str) -> Label:
+    """A tenant's version serves by the tenant's pointer: the proxies route the tenant's
+    calls to the adapter it names (the base: no pointer, the shared policy answers)."""
+
+    def label(version: str, adapter: bool) -> None:
+        with engine.begin() as conn:
+            tenants.set_serving(
+                conn, name=tenant, version=version if adapter else None, now=datetime.now(UTC)
+            )
+
+    return label
 
 
 class LoraPublisher(FullReloadPublisher):

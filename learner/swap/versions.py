@@ -3,7 +3,9 @@ and promote, which a running learner carries out (learner/swap/requests.py).
 
 The version's checkpoint goes back into every replica as a new version
 `VERSION+rollback-N` (N its ordinal), so staleness keeps counting forwards and what the
-rolled-away versions produced counts as old. A running learner trains on from it.
+rolled-away versions produced counts as old. A running learner trains on from it. A
+tenant's version (learn --tenants) is an adapter that serves that tenant again, by its
+pointer: the other tenants and the shared policy are left as they are.
 
 Invariant: under the publish lease (learner/swap/lease.py), fenced like any full reload, and
 verified against the probe recorded when the version was first verified, within the
@@ -23,7 +25,7 @@ from sqlalchemy import Engine
 from learner.layout import served_base
 from learner.swap import lease
 from learner.swap.fence import Fence
-from learner.swap.lora_publisher import LoraPublisher
+from learner.swap.lora_publisher import LoraPublisher, tenant_pointer
 from learner.swap.publisher import (
     DEFAULT_TOLERANCE,
     ExpectedLogprobs,
@@ -112,7 +114,9 @@ def _serve(
 ) -> str:
     with engine.connect() as conn:
         target = policy_versions.version(conn, version=version)
-        current = policy_versions.serving_version(conn)
+        # a tenant's version serves that tenant again, by its pointer (learn --tenants)
+        lineage = None if target is None else target.get("tenant")
+        current = policy_versions.serving_version(conn, lineage)
         ordinal = policy_versions.next_ordinal(conn)  # ours: nobody else publishes under the lease
     policy_versions.check_servable(target, current, version, action)
     assert target is not None
@@ -144,6 +148,7 @@ def _serve(
         fence=Fence(engine, holder, drain_timeout=drain_timeout),
         # a recorded version's files were checked when it was first published
         check_files=fingerprint is None,
+        label=None if lineage is None else tenant_pointer(engine, lineage),
     )
 
     def record(result: PublishResult) -> None:
@@ -157,6 +162,7 @@ def _serve(
                 status="serving",
                 swap_seconds=result.swap_seconds,
                 probe=None if result.fingerprint is None else result.fingerprint.state(),
+                tenant=lineage,
             )
             if fingerprint is None and result.fingerprint is not None:
                 policy_versions.set_version_probe(

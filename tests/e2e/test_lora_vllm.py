@@ -329,7 +329,8 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
     """`learn --tenants`: two tenants whose rewards conflict (more or fewer 'a'), one with
     more traffic ready than the other. Steps alternate between them; each step trains that
     tenant's adapter on its traffic only, is verified, and serves that tenant's calls alone
-    (its pointer); the replicas' own version, what everyone else gets, is untouched."""
+    (its pointer); the replicas' own version, what everyone else gets, is untouched. One
+    tenant's rollback leaves the other's serving adapter untouched."""
     from bench.tenant_toy import FEWER_A, MORE_A
 
     db_url = f"sqlite:///{tmp_path / 'tenants.db'}"
@@ -438,6 +439,34 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
                 select(Call.tenant, Call.policy_version).order_by(Call.started_at.desc()).limit(2)
             ).all()
         assert sorted(tuple(r) for r in last) == sorted(serving.items())
+
+        # one tenant rolled back to its first adapter: loaded again, verified, its pointer
+        # moved; the other tenant's adapter and the shared policy are left as they are
+        first = steps[0].version
+        rolled = subprocess.run(
+            [
+                *(sys.executable, "-m", "proxy.cli", "rollback", first),
+                *("--db", db_url, "--upstream", lora_vllm.url),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert rolled.returncode == 0, rolled.stderr[-2000:]
+        listed = {t["name"]: t for t in admin.get("/tenants").json()["items"]}
+        assert listed[FEWER_A]["serving_version"].startswith(f"{first}+rollback-")
+        assert listed[MORE_A]["serving_version"] == serving[MORE_A]
+        assert weight_version(lora_vllm) == shared["version"]
+        with engine.connect() as conn:
+            lineages = {
+                t: policy_versions.serving_version(conn, t)["version"]  # type: ignore[index]
+                for t in (None, FEWER_A, MORE_A)
+            }
+        assert lineages == {
+            None: shared["version"],
+            FEWER_A: listed[FEWER_A]["serving_version"],
+            MORE_A: serving[MORE_A],
+        }
     finally:
         if learner.poll() is None:
             learner.kill()

@@ -280,9 +280,15 @@ def test_each_lineage_has_its_own_serving_version_and_staleness_order(engine: En
             t: policy_versions.serving_version(conn, t)["version"]  # type: ignore[index]
             for t in (None, "a", "b")
         }
-        target = policy_versions.version(conn, version="a-2")
+        # a rollback is checked against what serves the version's own lineage
+        own = policy_versions.serving_version(conn, "a")
+        policy_versions.check_servable(
+            policy_versions.version(conn, version="a-2"), own, "a-2", "promote"
+        )
         try:
-            policy_versions.check_servable(target, None, "a-2", "promote")
+            policy_versions.check_servable(
+                policy_versions.version(conn, version="a-1"), own, "a-1", "rollback"
+            )
         except policy_versions.VersionError as exc:
             refused = str(exc)
     assert serving == {None: "base", "a": "a-3", "b": "b-1"}
@@ -293,4 +299,4 @@ def test_each_lineage_has_its_own_serving_version_and_staleness_order(engine: En
         "b": {"base": 0, "b-1": 1},
     }
     assert after == {None: "base", "a": "a-1", "b": "b-1"}
-    assert "adapter of tenant 'a'" in refused
+    assert refused == "version 'a-1' is already serving"
