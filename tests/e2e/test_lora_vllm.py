@@ -34,7 +34,7 @@ from tests.support.adapters import PROMPT_IDS, RANK, trained_adapter
 from tests.support.live_learner import check_step_figures, run_live
 from tests.support.paths import ARTIFACTS
 from tests.support.records import wait_for_calls
-from tests.support.traffic import traffic, wait_for_step
+from tests.support.traffic import traffic, traffic_until_step
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -264,8 +264,7 @@ def test_the_learner_trains_and_hot_swaps_lora_adapters(
     try:
         base = proxy.url + "/v1"
         for step in range(1, steps + 1):
-            asyncio.run(traffic(base, lora_vllm.model_name, rounds=1))
-            wait_for_step(engine, step, learner, log_path)
+            traffic_until_step(base, lora_vllm.model_name, engine, step, learner, log_path)
         learner.wait(timeout=60)
         assert learner.returncode == 0, log_path.read_text()[-3000:]
         with engine.connect() as conn:
@@ -307,8 +306,10 @@ def test_the_learner_trains_and_hot_swaps_lora_adapters(
         assert logprobs == pytest.approx(tuned.logprobs_of(PROMPT_IDS, ids), abs=1e-3)
         base_logprobs = plain.logprobs_of(PROMPT_IDS, ids)
         assert max(abs(a - b) for a, b in zip(logprobs, base_logprobs, strict=True)) > 1e-3
+        with engine.connect() as conn:
+            before = conn.execute(select(func.count()).select_from(Call)).scalar() or 0
         asyncio.run(traffic(base, lora_vllm.model_name, rounds=1))
-        wait_for_calls(engine, 32 * (steps + 1) + 1)
+        wait_for_calls(engine, before + 32)
         with engine.connect() as conn:
             latest_calls = (
                 conn.execute(select(Call.policy_version).order_by(Call.started_at.desc()).limit(32))
@@ -354,6 +355,9 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
     base = proxy.url + "/v1"
     command = lora_learner_command(lora_vllm, tiny_model, db_url, tmp_path / "checkpoints", 4)
     command[command.index("--grader") + 1] = "python:bench.tenant_toy:tenant_reward"
+    # ready from 24 trajectories with a signal (a reply whose reward is its group's mean
+    # carries none), at most 32 a step: each round of 32 is one step of its tenant
+    command[command.index("--batch-trajectories") + 1] = "24"
     command += ["--tenants", "--max-batch-trajectories", "32"]
     log_path = tmp_path / "learner.log"
     with open(log_path, "wb") as log:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 import subprocess
 from pathlib import Path
@@ -14,7 +13,7 @@ from sqlalchemy import Engine, select
 from bench.proxy_server import ProxyServer
 from learner.demo.vllm_server import VLLMServer
 from store.models import TrainingStep
-from tests.support.traffic import traffic, wait_for_step
+from tests.support.traffic import traffic_until_step
 from tests.support.waits import wait_for_line
 
 
@@ -45,8 +44,7 @@ def run_live(
             # first) is from no verified version: not trainable
             wait_for_line(log, "learner ready", learner)
             for step in range(1, steps + 1):
-                asyncio.run(traffic(proxy.url + "/v1", vllm.model_name, rounds=1))
-                wait_for_step(engine, step, learner, log)
+                traffic_until_step(proxy.url + "/v1", vllm.model_name, engine, step, learner, log)
                 wait_until_served(engine, step, proxy)
             learner.wait(timeout=120)
         finally:

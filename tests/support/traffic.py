@@ -52,3 +52,31 @@ def wait_for_step(
         assert learner.poll() is None, log.read_text()[-3000:]
         assert time.monotonic() < deadline, f"step {step} never came: {log.read_text()[-2000:]}"
         time.sleep(0.2)
+
+
+def traffic_until_step(
+    base_url: str,
+    model: str,
+    engine,
+    step: int,
+    learner: subprocess.Popen,
+    log: Path,
+    *,
+    settle: float = 30.0,
+    most_rounds: int = 4,
+) -> list[float]:
+    """A round of traffic, then another while the learner has not recorded `step` within
+    `settle` seconds (at most `most_rounds`): a round is exactly one batch, and a reply whose
+    reward equals its group's mean carries no signal, so one round is sometimes a few
+    trajectories short. The rewards of every round sent."""
+    rewards: list[float] = []
+    for _ in range(most_rounds):
+        rewards += asyncio.run(traffic(base_url, model, rounds=1))
+        deadline = time.monotonic() + settle
+        while time.monotonic() < deadline:
+            with engine.connect() as conn:
+                if (conn.execute(select(func.max(TrainingStep.step))).scalar() or 0) >= step:
+                    return rewards
+            assert learner.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+    raise AssertionError(f"step {step} never came: {log.read_text()[-2000:]}")
