@@ -8,7 +8,8 @@ publishes a tenant's version: loaded into the replica, its probe verified under 
 name against the trainer's logprobs (learner/swap/lora_publisher.py), no weight version
 changed. Then, for N in ``--tenants`` (e.g. 1,2,4,8), ``--requests`` chat completions of
 ``--max-tokens`` tokens from ``--clients`` concurrent clients, spread round-robin over the
-first N adapters; the base model alone is measured too.
+first N adapters; the base model alone is measured too. After a warm-up over every adapter,
+the arms run ``--repeats`` times in turn and each keeps its median.
 
 Prints a line per N: requests/s and tokens/s, and their ratio to one adapter; the publish
 seconds (median, max). Last line: `8 adapters vs one: N.NNx throughput`.
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each arm, in turn")
     parser.add_argument("--model", type=Path, help="model directory (default: the tiny model)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -133,8 +135,16 @@ def run(
         f"publish, verified, per adapter: median {statistics.median(seconds):.3f}s, "
         f"max {max(seconds):.3f}s ({len(seconds)} adapters)"
     )
-    base_rate = asyncio.run(load(server.url, server.model_name, [], args))
-    rates = {n: asyncio.run(load(server.url, server.model_name, names[:n], args)) for n in counts}
+    # a warm-up over every adapter (first use compiles and caches), then each arm
+    # ``--repeats`` times in turn, the median kept: the order of the arms weighs nothing
+    asyncio.run(load(server.url, server.model_name, names, args))
+    arms: dict[int, list[float]] = {0: [], **{n: [] for n in counts}}
+    for _ in range(args.repeats):
+        for n in arms:
+            arms[n].append(asyncio.run(load(server.url, server.model_name, names[:n], args)))
+    runs = {str(n): rates for n, rates in arms.items()}  # every run, for the spread
+    base_rate = statistics.median(arms.pop(0))
+    rates = {n: statistics.median(measured) for n, measured in arms.items()}
     tokens = args.max_tokens
     print(f"base model alone: {base_rate:6.1f} requests/s, {base_rate * tokens:7.0f} tokens/s")
     one = rates[counts[0]]
@@ -149,6 +159,7 @@ def run(
         "publish_seconds": seconds,
         "base_requests_per_s": base_rate,
         "requests_per_s": rates,
+        "runs": runs,
         "settings": {k: str(v) for k, v in vars(args).items() if k != "json"},
     }
 
