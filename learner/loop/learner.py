@@ -127,6 +127,7 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
         self.serving: dict[str, Any] | None = None
         self.lineage: str | None = None
         self._lineages = {}
+        self._said_no_tenants = False
         self.baselines = Baselines.fresh(config.type_baseline)
         self.step = 0
         self.holder = lease.holder_name(LEARNER.rstrip("@"))

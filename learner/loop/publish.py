@@ -17,7 +17,7 @@ from learner.layout import served_base
 from learner.loop.base import LEASE_WAIT, LearnerBase, save_baselines
 from learner.lora import save_adapter
 from learner.swap import lease
-from learner.swap.lora_publisher import LoraPublisher
+from learner.swap.lora_publisher import LoraPublisher, tenant_pointer
 from learner.swap.publisher import (
     HALF_PRECISION_CHECKED_TOLERANCE,
     Fingerprint,
@@ -248,7 +248,7 @@ class Publishing(LearnerBase):
             keep=self.config.max_staleness + 1,
             # a tenant's version serves its calls by the tenant's pointer, not as the
             # replicas' weight version (learner/loop/tenants.py)
-            label=None if self.lineage is None else self.tenant_label(self.lineage),
+            label=None if self.lineage is None else tenant_pointer(self.engine, self.lineage),
             **settings,
         )
 

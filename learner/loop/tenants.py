@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,6 @@ from learner.fresh_wait import FreshWait
 from learner.grouping import Baselines
 from learner.loop.base import LEASE_WAIT, LearnerBase, RestoreFailed, baseline_key
 from learner.swap import lease
-from learner.swap.lora_publisher import Label, tenant_pointer
 from learner.swap.publisher import Fingerprint
 from learner.traffic import yielding_to
 from store import learner_state, policy_versions, tenants
@@ -58,19 +57,19 @@ class Lineage:
     state: dict[str, Any]
     trained_at: float = -math.inf  # time.monotonic() of its last step
     steps: int = 0
-    failures: list[str] = field(default_factory=list)
 
 
 class Tenants(LearnerBase):
     """Train the tenants' adapters in turn (the learner's `--tenants` mode)."""
 
     _lineages: dict[str, Lineage]
+    _said_no_tenants: bool
 
     def train_tenants(self) -> bool:
         """At most one step, for the first tenant in fair order whose batch is ready."""
         with self.engine.connect() as conn:
             names = [rule.name for rule in tenants.rules(conn)]
-        if not names and not self._lineages and not getattr(self, "_said_no_tenants", False):
+        if not names and not self._lineages and not self._said_no_tenants:
             log.warning(
                 "--tenants: no tenant is defined yet, nothing trains until one is "
                 "(PUT /admin/api/tenants/NAME, docs/tenants.md)"
@@ -79,8 +78,9 @@ class Tenants(LearnerBase):
         for gone in set(self._lineages) - set(names):
             log.info("tenant %s deleted: its adapter is no longer trained", gone)
             del self._lineages[gone]
+        # least recently trained first; a tenant not started yet before any
         order = sorted(
-            names, key=lambda n: self._lineages[n].trained_at if n in self._lineages else -1e18
+            names, key=lambda n: self._lineages[n].trained_at if n in self._lineages else -math.inf
         )
         for name in order:
             try:
@@ -168,7 +168,3 @@ class Tenants(LearnerBase):
         if not result.ok:
             raise RestoreFailed(f"could not restore {self.serving['version']}: {result.error}")
         self._needs_restore = False
-
-    def tenant_label(self, tenant: str) -> Label:
-        """How a tenant's verified version serves: by the tenant's pointer."""
-        return tenant_pointer(self.engine, tenant)

@@ -83,9 +83,19 @@ def wait_until_proxy_serves(proxy_url: str, version: str) -> None:
         time.sleep(0.1)
 
 
-def completion_through(proxy_url: str, model: str, *, stream: bool) -> tuple[str, list, list]:
-    """(model the client saw, sampled token ids, their logprobs) for the probe prompt."""
-    api = openai.OpenAI(base_url=proxy_url + "/v1", api_key="x", max_retries=0)
+def completion_through(
+    proxy_url: str,
+    model: str,
+    *,
+    stream: bool,
+    api_key: str = "x",
+    headers: dict[str, str] | None = None,
+) -> tuple[str, list, list]:
+    """(model the client saw, sampled token ids, their logprobs) for the probe prompt, sent
+    with `api_key` and `headers` (a tenant's key or type)."""
+    api = openai.OpenAI(
+        base_url=proxy_url + "/v1", api_key=api_key, max_retries=0, default_headers=headers
+    )
     body = {"return_token_ids": True, "ignore_eos": True}
     kwargs = {"model": model, "prompt": PROMPT_IDS, "max_tokens": 6, "temperature": 1.0}
     if not stream:
@@ -183,29 +193,14 @@ def test_each_tenants_calls_are_answered_by_its_own_adapter(
         assert time.monotonic() < deadline, admin.get("/tenants").text
         time.sleep(0.1)
 
-    def through(api_key: str, **headers: str) -> tuple[str, list, list]:
-        api = openai.OpenAI(
-            base_url=proxy.url + "/v1", api_key=api_key, max_retries=0, default_headers=headers
-        )
-        body = {"return_token_ids": True, "ignore_eos": True}
-        answer = api.completions.create(
-            model=lora_vllm.model_name,
-            prompt=PROMPT_IDS,
-            max_tokens=6,
-            temperature=1.0,
-            logprobs=0,
-            seed=1,
-            extra_body=body,
-        )
-        choice = answer.choices[0].model_dump()
-        return answer.model, choice["token_ids"], choice["logprobs"]["token_logprobs"]
-
     try:
         for (api_key, headers), version in (
             ((key, {}), "team-a-1"),
             (("x", {"X-Onthejob-Type": "b"}), "team-b-1"),
         ):
-            model, ids, logprobs = through(api_key, **headers)
+            model, ids, logprobs = completion_through(
+                proxy.url, lora_vllm.model_name, stream=False, api_key=api_key, headers=headers
+            )
             assert model == lora_vllm.model_name
             assert logprobs == pytest.approx(
                 trainers[version].logprobs_of(PROMPT_IDS, ids), abs=1e-3
@@ -424,19 +419,10 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
         checkpoints = {v: tmp_path / "checkpoints" / v for v in serving.values()}
         for tenant, version in serving.items():
             tuned = Trainer(load_trainable(checkpoints[version]), TrainerConfig(), "cpu")
-            api = openai.OpenAI(base_url=base, api_key=keys[tenant], max_retries=0)
-            answer = api.completions.create(
-                model=lora_vllm.model_name,
-                prompt=PROMPT_IDS,
-                max_tokens=6,
-                temperature=1.0,
-                logprobs=0,
-                extra_body={"return_token_ids": True},
+            _, ids, logprobs = completion_through(
+                proxy.url, lora_vllm.model_name, stream=False, api_key=keys[tenant]
             )
-            choice = answer.choices[0].model_dump()
-            assert choice["logprobs"]["token_logprobs"] == pytest.approx(
-                tuned.logprobs_of(PROMPT_IDS, choice["token_ids"]), abs=1e-3
-            )
+            assert logprobs == pytest.approx(tuned.logprobs_of(PROMPT_IDS, ids), abs=1e-3)
         wait_for_calls(engine, 32 * 5 + 2)
         with engine.connect() as conn:
             last = conn.execute(
