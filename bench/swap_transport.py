@@ -6,7 +6,7 @@ from `onthejob models prepare smollm2-135m`) in ``--dtype`` with the weight chec
 weight-transfer engine. A float32 trainer takes real AdamW steps (``--lr``, the demo's reading
 recipe's) on a fixed text. Arms, each ``--swaps`` verified swaps of one step each:
 
-  disk      save_checkpoint (cast, write, fsync) -> FullReloadPublisher.publish: file check,
+  disk      save_checkpoint (write, fsync) -> FullReloadPublisher.publish: file check,
             pause, reload_weights, reset prefix cache, resume, exact weight check against the
             files and the probe, label -> the first request answered
   transfer  the trainer's tensors -> TransferPublisher.publish: finite check, delta into the
@@ -162,13 +162,18 @@ def run_vllm(args: argparse.Namespace) -> float:
     ids = torch.tensor([tokenizer(TEXT)["input_ids"][: args.seq]])
     probe = Probe(list(tokenizer("The quick brown fox jumps over the lazy dog.")["input_ids"]))
     steps_taken = 0
+    served_copy: dict[str, torch.Tensor] = {}
 
     def step() -> None:
-        nonlocal steps_taken
+        """An optimizer step on the float32 masters, and the copy in the served dtype that
+        the learner's trainer refreshes in its step and computes with (both arms publish
+        it: the learner casts nothing when it publishes)."""
+        nonlocal steps_taken, served_copy
         loss = model(ids, labels=ids).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        served_copy = {name: t.detach().to(served) for name, t in model.state_dict().items()}
         steps_taken += 1
 
     def expected(prompt: list[int], completion: list[int]) -> list[float]:
@@ -178,7 +183,9 @@ def run_vllm(args: argparse.Namespace) -> float:
         return logprobs.gather(1, torch.tensor(completion)[:, None]).squeeze(1).tolist()
 
     def tensors() -> dict[str, torch.Tensor]:
-        return checkpoint_tensors(model, dtype=served, copy=False)
+        if not served_copy:
+            return checkpoint_tensors(model, dtype=served, copy=False)
+        return checkpoint_tensors(model, state=served_copy, copy=False)
 
     base = save_checkpoint(model, work / "base", source_dir=source, dtype=served)
     channel_comparison(sum(t.numel() * t.element_size() for t in tensors().values()))
@@ -237,11 +244,11 @@ def run_vllm(args: argparse.Namespace) -> float:
                 target = work / version
                 if arm == "disk":
                     with current.timed("save checkpoint"):
-                        save_checkpoint(model, target, source_dir=source, dtype=served)
+                        save_checkpoint(model, target, source_dir=source, state=served_copy)
                     check(disk.publish(target, version, expected=expected))
                     first_answer()
                 else:
-                    with current.timed("cast to the served dtype"):
+                    with current.timed("the trainer's tensors by checkpoint name"):
                         weights = tensors()
                     check(transfer.publish(target, version, expected=expected, tensors=weights))
                     first_answer()
@@ -253,7 +260,7 @@ def run_vllm(args: argparse.Namespace) -> float:
                     )
                     writes.append(phase.write.summary())
                     saving = time.perf_counter()
-                    save_checkpoint(model, target, source_dir=source, dtype=served)
+                    save_checkpoint(model, target, source_dir=source, state=served_copy)
                     after_serving.append(time.perf_counter() - saving)
                 runs[arm].append(current)
                 if previous is not None:  # the last one serves: a restore would read it
@@ -284,7 +291,7 @@ def run_vllm(args: argparse.Namespace) -> float:
         for lag in sorted(lags):
             transfer.files[server.url] = files[lag]
             current = Phases()
-            with current.timed("cast"):
+            with current.timed("tensors"):
                 weights = tensors()
             check(
                 transfer.publish(

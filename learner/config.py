@@ -160,7 +160,8 @@ class LearnerConfig(BaseSettings):
     guard: str | None = setting(
         None,
         "regression guard (TOML): evaluate each new version on every guarded interaction "
-        "type's eval task set and roll back one that regresses any (docs/rollouts.md)",
+        "type's eval task set and roll back one that regresses any (docs/rollouts.md); with "
+        "--tenants, each tenant's versions on its own (docs/tenants.md)",
         metavar="FILE",
     )
     keys: Annotated[list[str], NoDecode] = setting(
@@ -396,8 +397,6 @@ class LearnerConfig(BaseSettings):
     def _tenants_train_adapters(self) -> LearnerConfig:
         if self.tenants and not self.lora:
             raise ValueError("--tenants trains each tenant's LoRA adapter: it needs --lora")
-        if self.tenants and self.guard:
-            raise ValueError("--tenants: the regression guard per tenant is not built yet")
         return self
 
     @model_validator(mode="after")

@@ -57,6 +57,7 @@ log = logging.getLogger("onthejob.learner")
 # wait at once: the connection closes); rank 0 sends a no-op at least every KEEPALIVE
 # seconds of its loop, however long it waits for traffic.
 COMMAND_TIMEOUT = timedelta(days=1)
+CLOSE_TIMEOUT = timedelta(seconds=60)
 KEEPALIVE = 600.0
 # The calls rank 0 makes that every rank must make with it (they hold collectives).
 COLLECTIVE = frozenset(
@@ -133,6 +134,7 @@ class Ranks:
         while True:
             name, args, kwargs = self.share()
             if name == "stop":
+                self._close()
                 return 0
             if name == "noop":
                 continue
@@ -152,6 +154,15 @@ class Ranks:
         """Rank 0, at the end: the other ranks return from `serve`."""
         try:
             self.command("stop")
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        """Every rank, together: no rank tears its groups down while another still talks
+        on them (rank 0 alone destroying them right after `stop` aborted it now and then:
+        `terminate called without an active exception`)."""
+        try:  # bounded: a rank that hangs must not hold the others' exit for a day
+            dist.monitored_barrier(group=self.control, timeout=CLOSE_TIMEOUT)
         finally:
             dist.destroy_process_group()
 

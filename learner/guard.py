@@ -20,6 +20,7 @@ or, naming none, for every unprotected type (a protected type must be named).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tomllib
 from dataclasses import dataclass, field
@@ -56,11 +57,34 @@ class GuardedType:
 
 
 @dataclass(frozen=True)
+class TenantGuard:
+    """A tenant's own eval sets, the shared types its versions must pass too, and the
+    environment its evals run with (its client key or type, so its adapter answers them)."""
+
+    types: list[GuardedType]
+    shared: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class GuardConfig:
     proxy_url: str  # evals run through the proxy, so their calls are recorded like any
-    types: list[GuardedType]
+    types: list[GuardedType]  # the shared policy's; a tenant's `shared` names some of them
     z: float = DEFAULT_Z
     concurrency: int = 4
+    tenants: dict[str, TenantGuard] = field(default_factory=dict)
+
+    def for_tenant(self, tenant: str) -> GuardConfig | None:
+        """What judges a tenant's versions (learn --tenants): its own types and the shared
+        ones it names, each run with the tenant's environment; None: it has no entry."""
+        entry = self.tenants.get(tenant)
+        if entry is None:
+            return None
+        shared = [t for t in self.types if t.name in entry.shared]
+        types = [
+            dataclasses.replace(t, env={**t.env, **entry.env}) for t in [*entry.types, *shared]
+        ]
+        return dataclasses.replace(self, types=types, tenants={})
 
     @classmethod
     def load(cls, path: Path) -> GuardConfig:
@@ -72,14 +96,17 @@ class GuardConfig:
 
     @classmethod
     def parse(cls, data: dict[str, Any], *, base: Path, where: str = "guard") -> GuardConfig:
-        unknown = sorted(set(data) - {"proxy", "z", "concurrency", "command", "types"})
+        unknown = sorted(set(data) - {"proxy", "z", "concurrency", "command", "types", "tenants"})
         if unknown:
             raise GuardFileError(f"{where}: unknown settings {', '.join(unknown)}")
         if not isinstance(data.get("proxy"), str):
             raise GuardFileError(f"{where}: proxy (the onthejob proxy's URL) is required")
-        types = data.get("types")
-        if not isinstance(types, dict) or not types:
-            raise GuardFileError(f"{where}: no [types.NAME] tables")
+        types = data.get("types", {})
+        tenants = data.get("tenants", {})
+        if not isinstance(types, dict) or not isinstance(tenants, dict):
+            raise GuardFileError(f"{where}: types and tenants must be tables")
+        if not types and not tenants:
+            raise GuardFileError(f"{where}: no [types.NAME] nor [tenants.NAME] tables")
         z = float(data.get("z", DEFAULT_Z))
         if z < 0:
             raise GuardFileError(f"{where}: z must not be negative")
@@ -93,7 +120,48 @@ class GuardConfig:
             types=parsed,
             z=z,
             concurrency=int(data.get("concurrency", 4)),
+            tenants={
+                name: _parse_tenant(
+                    spec, set(types), base, default_command, f"{where}: tenants.{name}"
+                )
+                for name, spec in tenants.items()
+            },
         )
+
+
+def _parse_tenant(
+    spec: Any, shared_names: set[str], base: Path, default_command: Any, where: str
+) -> TenantGuard:
+    if not isinstance(spec, dict):
+        raise GuardFileError(f"{where}: must be a table")
+    unknown = sorted(set(spec) - {"types", "shared", "env"})
+    if unknown:
+        raise GuardFileError(f"{where}: unknown settings {', '.join(unknown)}")
+    own = spec.get("types", {})
+    shared = spec.get("shared", [])
+    if not isinstance(own, dict) or not (
+        isinstance(shared, list) and all(isinstance(n, str) for n in shared)
+    ):
+        raise GuardFileError(f"{where}: types must be tables, shared a list of type names")
+    if not own and not shared:
+        raise GuardFileError(f"{where}: no [{where.split(': ')[-1]}.types.NAME] and no shared")
+    missing = sorted(set(shared) - shared_names)
+    if missing:
+        raise GuardFileError(f"{where}: shared names {', '.join(missing)}, not in [types]")
+    clash = sorted(set(own) & set(shared))
+    if clash:
+        raise GuardFileError(f"{where}: {', '.join(clash)} is both its own and shared")
+    env = spec.get("env", {})
+    if not isinstance(env, dict):
+        raise GuardFileError(f"{where}: env must be a table")
+    return TenantGuard(
+        types=[
+            _parse_type(name, t, base, default_command, f"{where}.types.{name}")
+            for name, t in own.items()
+        ],
+        shared=list(shared),
+        env={str(k): str(v) for k, v in env.items()},
+    )
 
 
 _TYPE_KEYS = {
@@ -291,12 +359,19 @@ def _verdict(
 
 
 def config_state(config: GuardConfig) -> dict[str, Any]:
+    def types(guarded: list[GuardedType]) -> list[dict[str, Any]]:
+        return [
+            {"type": t.name, "tasks": len(t.tasks.tasks), "samples": t.samples, "runs": t.runs,
+             "margin": t.margin, "protected": t.protected, "metric": t.metric}
+            for t in guarded
+        ]  # fmt: skip
+
     return {
         "proxy": config.proxy_url,
         "z": config.z,
-        "types": [
-            {"type": t.name, "tasks": len(t.tasks.tasks), "samples": t.samples, "runs": t.runs,
-             "margin": t.margin, "protected": t.protected, "metric": t.metric}
-            for t in config.types
-        ],
-    }  # fmt: skip
+        "types": types(config.types),
+        "tenants": {
+            name: {"types": types(entry.types), "shared": entry.shared}
+            for name, entry in config.tenants.items()
+        },
+    }

@@ -44,23 +44,27 @@ class Guard:
         database_url: str,
         *,
         activity: Callable[[str], None] = lambda _: None,
+        tenant: str | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
         self.database_url = database_url
         self.activity = activity
+        # a tenant's guard (learn --tenants) judges that tenant's versions on its own evals,
+        # run as the tenant (GuardConfig.for_tenant); its scores are kept apart from others'
+        self.tenant = tenant
         # per guarded type: the interaction types its last eval's trajectories were recorded
         # as (the harness's header or fingerprint), to tell an operator whose guard entry is
         # not named after the type it is meant to guard
         self.recorded_as: dict[str, list[str]] = {}
-        with engine.begin() as conn:
-            learner_state.set_state(conn, CONFIG, config_state(config))
+        if tenant is None:
+            publish_config(engine, config)
 
     # -- evals ----------------------------------------------------------------------------
     def score(self, guarded: GuardedType, version: str) -> Score | None:
         """One eval of `guarded` by `version` (the serving one): its runs that version
         served (an operator may have swapped meanwhile), None if there were none."""
-        self.activity(f"guard: evaluating {version} on {guarded.name}")
+        self.activity(f"guard: evaluating {version} on {guarded.name}{self._for()}")
         rollout = RolloutConfig(
             proxy_url=self.config.proxy_url,
             command=guarded.command,
@@ -75,6 +79,18 @@ class Guard:
         )
         summary = run_rollout(rollout)
         served = [t for r in summary.runs if r.policy_version == version for t in r.trajectory_ids]
+        others = sorted({str(r.policy_version) for r in summary.runs} - {version})
+        if others and self.tenant is not None:
+            log.warning(
+                "guard: eval runs of %r for tenant %s were answered by %s, not by %s: they do "
+                "not count; run them as the tenant (its client key or type in "
+                "[tenants.%s] env)",
+                guarded.name,
+                self.tenant,
+                ", ".join(others),
+                version,
+                self.tenant,
+            )
         self._note_recorded_types(guarded.name, served)
         rows = [r for r in summary.eval_rows if r["policy_version"] == version]
         metrics = eval_metrics(rows, k=guarded.samples)
@@ -108,24 +124,33 @@ class Guard:
                      "at": now_iso()} for n, s in scores.items()}  # fmt: skip
         with self.engine.begin() as conn:
             evals = dict(learner_state.get_state(conn, EVALS) or {})
-            evals[str(version["checkpoint_path"])] = state
+            evals[self._evals_key(version)] = state
             learner_state.set_state(conn, EVALS, evals)
         return scores
 
     def known(self, version: dict[str, Any]) -> dict[str, Score] | None:
         with self.engine.connect() as conn:
             evals = learner_state.get_state(conn, EVALS) or {}
-        state = evals.get(str(version["checkpoint_path"]))
+        state = evals.get(self._evals_key(version))
         if state is None:
             return None
         return {n: Score(float(s["value"]), int(s["runs"])) for n, s in state.items()}
+
+    def _evals_key(self, version: dict[str, Any]) -> str:
+        """Scores are the weights' (a rollback serves the same ones under a new name), for
+        the evals of the shared policy or of one tenant."""
+        path = str(version["checkpoint_path"])
+        return path if self.tenant is None else f"tenant:{self.tenant}:{path}"
+
+    def _for(self) -> str:
+        return "" if self.tenant is None else f" for tenant {self.tenant}"
 
     def baseline(self, version: dict[str, Any]) -> dict[str, Score]:
         """The kept version's scores: remembered for its weights, else evaluated now."""
         known = self.known(version)
         if known is not None and set(known) >= {t.name for t in self.config.types}:
             return known
-        log.info("guard: evaluating %s as the baseline", version["version"])
+        log.info("guard: evaluating %s as the baseline%s", version["version"], self._for())
         return self.evaluate(version)
 
     # -- the decision -----------------------------------------------------------------------
@@ -146,6 +171,7 @@ class Guard:
                 conn,
                 {
                     "version": candidate["version"],
+                    "tenant": self.tenant,
                     "kept": kept["version"],
                     "step": step,
                     "outcome": decision.outcome,
@@ -177,6 +203,12 @@ class Guard:
             for t in self.config.types
         ]
         return dataclasses.replace(self.config, types=types)
+
+
+def publish_config(engine: Engine, config: GuardConfig) -> None:
+    """What the guard checks, for the admin API and the dashboard."""
+    with engine.begin() as conn:
+        learner_state.set_state(conn, CONFIG, config_state(config))
 
 
 def _fmt(score: Score | None) -> str:

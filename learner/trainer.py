@@ -501,8 +501,9 @@ class Trainer:
                 self._fold_grads()
             if counts and fresh_version is not None:
                 _fresh_figures(totals, extremes, batch, logprobs, tensors, mask, fresh_version)
-            if counts and tokens:
+            if counts:  # also where the whole micro-batch was dropped
                 totals["dropped"] += int(off.sum())
+            if counts and tokens:
                 totals["kept"] += tokens
                 totals["loss"] += float(loss.detach())
                 _accumulate(sums, extremes, metrics, tokens)

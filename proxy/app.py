@@ -79,11 +79,13 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
             api_key=settings.upstream_api_key,
             gate_wait=settings.gate_wait,
         )
-        gatekeeper = GateKeeper(engine, pool, poll_interval=settings.gate_poll_interval)
         keys = KeyRing(
             engine, required=settings.keys_required, poll_interval=settings.key_poll_interval
         )
         tenants = TenantTable(engine, pool, poll_interval=settings.key_poll_interval)
+        gatekeeper = GateKeeper(
+            engine, pool, poll_interval=settings.gate_poll_interval, routes=tenants.routes
+        )
         recorder = Recorder(
             engine,
             settings.spool_path,

@@ -32,8 +32,10 @@ def register(
     upstreams: Sequence[str],
     acks: dict[str, int],
     now: datetime,
+    routes: dict[str, str] | None = None,
 ) -> None:
-    """This proxy is alive, routes to `upstreams` and has acknowledged these gate epochs."""
+    """This proxy is alive, routes to `upstreams`, has acknowledged these gate epochs and
+    sends these tenants' calls to these adapters."""
     table = ProxyInstance.__table__
     values = {
         "id": instance_id,
@@ -42,9 +44,15 @@ def register(
         "seen_at": now,
         "upstreams": list(upstreams),
         "acks": dict(acks),
+        "routes": dict(routes or {}),
     }
     stmt = insert_for(conn, table).values(values)
-    changed = {"seen_at": now, "upstreams": list(upstreams), "acks": dict(acks)}
+    changed = {
+        "seen_at": now,
+        "upstreams": list(upstreams),
+        "acks": dict(acks),
+        "routes": dict(routes or {}),
+    }
     conn.execute(stmt.on_conflict_do_update(index_elements=["id"], set_=changed))
 
 
@@ -58,6 +66,13 @@ def live_instances(conn: Connection, *, now: datetime) -> list[dict[str, Any]]:
         select(ProxyInstance.__table__).where(ProxyInstance.seen_at >= now - PROXY_TTL)
     )
     return [dict(r._mapping) for r in rows]
+
+
+def routed_everywhere(conn: Connection, *, tenant: str, version: str, now: datetime) -> bool:
+    """Every live proxy sends `tenant`'s calls to `version` (True with no proxy running)."""
+    return all(
+        (proxy["routes"] or {}).get(tenant) == version for proxy in live_instances(conn, now=now)
+    )
 
 
 def read_gates(conn: Connection) -> dict[str, dict[str, Any]]:

@@ -14,6 +14,7 @@ from learner.config import LearnerConfig
 from learner.distributed import Ranks
 from learner.fresh_wait import FreshWait
 from learner.grouping import Baselines, GroupingConfig
+from learner.guard import GuardConfig
 from learner.guard_run import Guard
 from learner.hindsight import HintFrame
 from learner.lora import LoraSettings
@@ -55,6 +56,7 @@ class LearnerBase:
     trainer: Trainer | None
     publisher: FullReloadPublisher | None
     guard: Guard | None
+    guard_config: GuardConfig | None  # --tenants: each tenant's guard is made from it
     serving: dict[str, Any] | None
     # whose lineage the fields above hold now: a tenant's (learn --tenants), or None: the
     # shared policy's (learner/loop/tenants.py)

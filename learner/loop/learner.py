@@ -30,6 +30,7 @@ from learner.config import LearnerConfig
 from learner.distributed import Ranks
 from learner.fresh_wait import FreshWait
 from learner.grouping import Baselines, GroupingConfig
+from learner.guard import GuardConfig
 from learner.guard_run import Guard
 from learner.hindsight import HintFrame
 from learner.loop.base import LEARNER, RestoreFailed
@@ -124,6 +125,7 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
         self.trainer: Trainer | None = None
         self.publisher: FullReloadPublisher | None = None
         self.guard: Guard | None = None
+        self.guard_config: GuardConfig | None = None
         self.serving: dict[str, Any] | None = None
         self.lineage: str | None = None
         self._lineages = {}

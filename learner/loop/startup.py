@@ -207,10 +207,14 @@ class StartUp(LearnerBase):
         return serves_base
 
     def _restore(self) -> None:
-        """Make every replica serve what the database says serves, verified."""
+        """Make every replica serve what the database says serves, verified; unless it was
+        only closed gates that called for it and, now that we hold the lease, none is: they
+        were another publisher's, which finished meanwhile (an admin rollback's swap between
+        `_gates_left_closed`'s two reads), and restoring would swap the same weights again."""
         self.activity = "restoring the serving version"
         with lease.held(self.engine, self.holder, wait=LEASE_WAIT):
-            self._restore_locked()
+            if self._needs_restore or self._closed_gates():
+                self._restore_locked()
 
     def _restore_locked(self) -> None:
         with self.stopping.swap():
@@ -244,12 +248,16 @@ class StartUp(LearnerBase):
         self._needs_restore = False
 
     def _gates_left_closed(self) -> bool:
-        """A publisher that died mid-swap (nobody holds the lease) left replicas fenced off."""
+        """A publisher that died mid-swap (nobody holds the lease) may have left replicas
+        fenced off. A hint only: the gates and the lease are read apart, so a swap that ended
+        in between looks the same; `_restore` decides under the lease."""
+        return bool(self._closed_gates()) and lease.who(self.engine) is None
+
+    def _closed_gates(self) -> set[str]:
+        """Our replicas whose gates are closed."""
         with self.engine.connect() as conn:
             closed = {g["upstream"] for g in gates.closed_gates(conn)}
-        return bool(closed & set(self.publisher.upstreams if self.publisher else [])) and (
-            lease.who(self.engine) is None
-        )
+        return closed & set(self.publisher.upstreams if self.publisher else [])
 
     def _load_tasks(self, path: Path) -> None:
         table = TaskTable.from_jsonl(path)

@@ -48,6 +48,7 @@ LINEAGE_FIELDS = (
     "traffic",
     "_trainer_is_serving",
     "_needs_restore",
+    "guard",
 )
 
 
@@ -136,6 +137,7 @@ class Tenants(LearnerBase):
                 "traffic": yielding_to(self.config.upstreams, self.config.yield_to_traffic),
                 "_trainer_is_serving": False,
                 "_needs_restore": own is not None,
+                "guard": None,
             },
         )
         with self.as_lineage(lineage):
@@ -145,6 +147,9 @@ class Tenants(LearnerBase):
             self._load_optimizer(source)
             self._trainer_is_serving = True
             self.publisher = self._publisher(source)
+            if self._needs_restore:
+                self._restore_lineage()  # its evals must be answered by what serves it
+            self._start_tenant_guard()
         self._lineages[tenant] = lineage
         log.info(
             "tenant %s: trains from %s%s",

@@ -664,9 +664,18 @@ def current_version(upstream: str, *, timeout: float = 10) -> str:
 def served_adapters(upstream: str, *, timeout: float = 10) -> set[str]:
     """Names of the LoRA adapters a vLLM replica has loaded (``GET /v1/models``)."""
     response = _checked(httpx.get(upstream.rstrip("/") + "/v1/models", timeout=timeout))
-    data = _json(response).get("data")
+    return set(adapter_paths(response))
+
+
+def adapter_paths(models: httpx.Response) -> dict[str, str]:
+    """The adapters in a replica's ``/v1/models`` answer, by name: their directories."""
+    data = _json(models).get("data")
     entries = data if isinstance(data, list) else []
-    return {str(m["id"]) for m in entries if isinstance(m, dict) and m.get("parent")}
+    return {
+        str(m["id"]): str(m.get("root"))
+        for m in entries
+        if isinstance(m, dict) and m.get("parent") and "id" in m
+    }
 
 
 def _checked(response: httpx.Response) -> httpx.Response:

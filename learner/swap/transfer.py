@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import torch
 
+from learner.layout import CheckpointError
 from learner.swap.publisher import (
     Commit,
     ExpectedLogprobs,
@@ -107,12 +108,15 @@ class TransferPublisher(FullReloadPublisher):
             super()._preflight(directory)
             return
         # what validate_checkpoint checks of files: no NaN or infinity (either makes the
-        # tensor's sum non-finite; one pass, a quarter of the time of isfinite().all())
+        # tensor's sum non-finite). Summed in the tensor's own dtype: for bf16 a fifth of
+        # the time of a float32 accumulation (0.021 s against 0.096 s for 145M elements) and
+        # a tenth of isfinite().all(); a finite sum that overflows is looked at again below
         floating = [(n, t) for n, t in tensors.items() if t.is_floating_point()]
-        sums = torch.stack([t.sum(dtype=torch.float32) for _, t in floating])
+        sums = torch.stack([t.sum().float() for _, t in floating])
         if not bool(torch.isfinite(sums).all()):
             bad = [n for (n, t) in floating if not bool(torch.isfinite(t).all())]
-            raise PublishError(f"NaN or infinite values in {', '.join(bad[:4])}: not published")
+            if bad:  # nothing was touched yet: the replicas serve on
+                raise CheckpointError(f"NaN or infinite values in {', '.join(bad[:4])}")
 
     def _swap(
         self, client: httpx.Client, upstream: str, directory: Path, retries: int | None = None

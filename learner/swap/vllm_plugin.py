@@ -1,9 +1,12 @@
 """The vLLM general plugin of onthejob (entry point ``vllm.general_plugins``).
 
-vLLM calls ``register`` in each of its processes. It only names our weight-transfer engine;
-the engine's module is imported when a replica is started with
-``--weight-transfer-config '{"backend": "onthejob_shm"}'``, so vLLM servers that do not ask for
-it load nothing of ours.
+vLLM calls ``register`` in each of its processes. It names our weight-transfer engine, whose
+module is imported only when a replica is started with
+``--weight-transfer-config '{"backend": "onthejob_shm"}'``; and on CPUs it fixes three bugs
+of vLLM-CPU: two that crash its engine, prompt logprobs under LoRA in a batch
+(learner/swap/vllm_lora_logits.py) and a seeded request prefilled in chunks
+(learner/swap/vllm_seeded_sampling.py), and one that answers a base request batched with an
+adapter's as that adapter (learner/swap/vllm_lora_base_rows.py).
 """
 
 from __future__ import annotations
@@ -20,3 +23,8 @@ def register() -> None:
         )
     except ValueError:  # registered already: vLLM may load plugins twice in one process
         pass
+    from learner.swap import vllm_lora_base_rows, vllm_lora_logits, vllm_seeded_sampling
+
+    vllm_lora_base_rows.install()
+    vllm_lora_logits.install()
+    vllm_seeded_sampling.install()

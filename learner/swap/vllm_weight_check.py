@@ -4,7 +4,9 @@ Loaded into vLLM with ``--worker-extension-cls learner.swap.vllm_weight_check.We
 called through the dev-mode ``POST /collective_rpc`` (method ``onthejob_weight_sums``); the
 learner compares the answer with the same sums over the checkpoint's tensors
 (learner/swap/weight_check.py). Only torch is imported here: this file runs inside vLLM, also in
-vLLM's own image, where onthejob is not installed (compose mounts this directory).
+vLLM's own image, where onthejob is not installed (compose mounts this directory). Inside a vLLM
+worker it also registers what our vLLM plugin does (the transfer engine, the vLLM-CPU fixes):
+there, loading this extension is the only way in.
 
 Why not compare the weights themselves: vLLM-CPU repacks every linear layer for its GEMM
 kernels and empties ``layer.weight``, so only the kernel can say what it multiplies with.
@@ -29,6 +31,7 @@ from typing import Any
 import torch
 
 METHOD = "onthejob_weight_sums"
+ADAPTER_METHOD = "onthejob_adapter_sums"
 # Bumped when the sums change: vLLM may run another copy of this file than the learner
 # (compose mounts the host's), and sums computed two ways never match.
 PROTOCOL = 1
@@ -141,6 +144,53 @@ def weight_sums(model: torch.nn.Module, seed: int, columns: int) -> dict[str, An
     }
 
 
+# LoRA adapters as this worker loaded them, by name: (vLLM's int id, directory). The worker
+# itself knows adapters by id only; the name comes with each load (``_record_adapter_loads``).
+_ADAPTERS: dict[str, tuple[int, str]] = {}
+
+
+def adapter_sums(manager: Any, name: str, seed: int) -> dict[str, Any]:
+    """Checksums of adapter ``name`` as vLLM's LoRA kernels apply it: each wrapped layer's
+    slot tensors (``lora_a_stacked``, ``lora_b_stacked``), every element, by the checkpoint
+    module each slice belongs to. A rows ([rank, in]) and B columns ([out, rank], scaling
+    folded in) are summed per rank index, up to the replica's maximum rank: ranks beyond the
+    adapter's are zero padding, as are the slices of modules it does not train."""
+    found = _ADAPTERS.get(name)
+    if found is None:
+        return {"protocol": PROTOCOL, "error": f"adapter {name!r} was not loaded by this worker"}
+    lora_id, path = found
+    if manager.get_adapter(lora_id) is None:
+        return {"protocol": PROTOCOL, "error": f"adapter {name!r} is no longer registered"}
+    if lora_id not in manager.lora_index_to_id:
+        manager.activate_adapter(lora_id)  # into a slot, as a request for it would
+    slot = manager.lora_index_to_id.index(lora_id)
+    modules: dict[str, Any] = {}
+    with torch.inference_mode():
+        for module_name, module in manager.modules.items():
+            parts = manager.packed_modules.get(module_name, [module_name])
+            a_slices, b_slices = module.lora_a_stacked, module.lora_b_stacked
+            stacked = [*a_slices, *b_slices] if isinstance(a_slices, tuple | list) else []
+            if not stacked or any(t.dim() != 4 for t in stacked):
+                # an embedding, the LM head, experts: laid out otherwise; only whether the
+                # slot holds anything is said
+                tensors = [t for t in (a_slices, b_slices) if isinstance(t, torch.Tensor)]
+                tensors += [t for t in stacked if isinstance(t, torch.Tensor)]
+                modules[module_name] = {
+                    "other": type(module).__name__,
+                    "abs": sum(float(t[slot].abs().sum()) for t in tensors),
+                }
+                continue
+            for i, (a, b) in enumerate(zip(a_slices, b_slices, strict=True)):
+                part = parts[i] if i < len(parts) else f"{module_name}[{i}]"
+                a_slot, b_slot = a[slot, 0], b[slot, 0]  # [rank, in], [out, rank]
+                modules[part] = {
+                    "a": weighted_sums(a_slot, seed),
+                    "b": weighted_sums(b_slot.T, seed),
+                    "dtype": _dtype_name(a_slot.dtype),
+                }
+    return {"protocol": PROTOCOL, "path": path, "slot": slot, "modules": modules}
+
+
 class WeightCheck:
     """Mixed into vLLM's worker (``--worker-extension-cls``); ``self`` is the worker."""
 
@@ -154,3 +204,47 @@ class WeightCheck:
         answer["tensor_parallel"] = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
         answer["pipeline_parallel"] = int(getattr(parallel, "pipeline_parallel_size", 1) or 1)
         return answer
+
+    def onthejob_adapter_sums(self, name: str, seed: int) -> dict[str, Any]:
+        lora_manager = getattr(self.model_runner, "lora_manager", None)
+        if lora_manager is None:
+            return {"protocol": PROTOCOL, "error": "this replica runs without --enable-lora"}
+        return adapter_sums(lora_manager._adapter_manager, str(name), int(seed))
+
+
+def _record_adapter_loads() -> None:
+    """Note the name and id of every adapter this worker loads (see ``_ADAPTERS``)."""
+    from vllm.lora.worker_manager import WorkerLoRAManager
+
+    load = WorkerLoRAManager._load_adapter
+    if getattr(load, "onthejob_records", False):
+        return
+
+    def recording(manager: Any, lora_request: Any) -> Any:
+        model = load(manager, lora_request)
+        _ADAPTERS[str(lora_request.lora_name)] = (
+            int(lora_request.lora_int_id),
+            str(lora_request.lora_path),
+        )
+        return model
+
+    recording.onthejob_records = True  # type: ignore[attr-defined]
+    WorkerLoRAManager._load_adapter = recording  # type: ignore[method-assign]
+
+
+def _register_in_vllm_worker() -> None:
+    """Inside vLLM's worker, register what our vLLM plugin registers (the `onthejob_shm`
+    transfer engine, the vLLM-CPU fixes). Installed, the package's entry point does it
+    already (idempotent); in vLLM's own image, which only mounts this directory (compose),
+    loading this worker extension is the only way in. Elsewhere (the learner) nothing."""
+    import sys
+
+    if "vllm.v1.worker.worker_base" not in sys.modules:  # not a vLLM worker
+        return
+    from learner.swap.vllm_plugin import register
+
+    register()
+    _record_adapter_loads()
+
+
+_register_in_vllm_worker()

@@ -140,7 +140,23 @@ class WeightReport:
 
 def ask(client: httpx.Client, upstream: str, seed: int, columns: int = COLUMNS) -> dict[str, Any]:
     """The replica's checksums; ``WeightCheckUnavailable`` when it cannot give them."""
-    rpc = {"method": METHOD, "kwargs": {"seed": seed, "columns": columns}}
+    answer = ask_rpc(client, upstream, METHOD, {"seed": seed, "columns": columns})
+    if answer.get("protocol") != PROTOCOL:
+        raise WeightCheckUnavailable(
+            f"{upstream}: weight check protocol {answer.get('protocol')!r}, the learner's is "
+            f"{PROTOCOL} (vLLM loads another copy of learner/swap/vllm_weight_check.py)"
+        )
+    if answer.get("tensor_parallel", 1) != 1 or answer.get("pipeline_parallel", 1) != 1:
+        raise WeightCheckUnavailable(f"{upstream}: sharded replicas are not checked yet")
+    return answer
+
+
+def ask_rpc(
+    client: httpx.Client, upstream: str, method: str, kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """The answer of our worker extension's ``method`` on the replica's one worker;
+    ``WeightCheckUnavailable`` when there is none to read."""
+    rpc = {"method": method, "kwargs": kwargs}
     response = client.post(upstream.rstrip("/") + "/collective_rpc", json=rpc)
     if response.status_code >= 400:
         raise WeightCheckUnavailable(
@@ -155,15 +171,7 @@ def ask(client: httpx.Client, upstream: str, seed: int, columns: int = COLUMNS) 
         ) from None
     if not isinstance(results, list) or len(results) != 1 or not isinstance(results[0], dict):
         raise WeightCheckUnavailable(f"{upstream}: the weight check needs one worker per replica")
-    answer = results[0]
-    if answer.get("protocol") != PROTOCOL:
-        raise WeightCheckUnavailable(
-            f"{upstream}: weight check protocol {answer.get('protocol')!r}, the learner's is "
-            f"{PROTOCOL} (vLLM loads another copy of learner/swap/vllm_weight_check.py)"
-        )
-    if answer.get("tensor_parallel", 1) != 1 or answer.get("pipeline_parallel", 1) != 1:
-        raise WeightCheckUnavailable(f"{upstream}: sharded replicas are not checked yet")
-    return answer
+    return results[0]
 
 
 class Reference:

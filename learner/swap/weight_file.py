@@ -84,6 +84,9 @@ class WeightFile:
         self.layout: dict[str, Slot] = {}
         self.version: str | None = None  # None: unknown, the next write is whole
         self.size = 0
+        # the file's mapping, kept between writes: mapping it afresh faults every page in
+        # again at the next write (0.055 s against 0.03 s for SmolLM2's 326 MB)
+        self._mapped: tuple[int, int, torch.Tensor] | None = None  # inode, size, bytes
 
     def forget(self) -> None:
         """What the file holds is no longer known (a failed swap, a replica restored)."""
@@ -91,6 +94,7 @@ class WeightFile:
 
     def remove(self) -> None:
         self.forget()
+        self._mapped = None
         self.path.unlink(missing_ok=True)
 
     def write(
@@ -106,7 +110,7 @@ class WeightFile:
         if full:
             self.layout, self.size = layout, _size(layout)
             _allocate(self.path, self.size)  # the pages of a file of that size are reused
-        buffer = torch.from_file(str(self.path), shared=True, size=self.size, dtype=torch.uint8)
+        buffer = self._buffer()
         sent = changed = elements = 0
         for name, tensor in tensors.items():
             slot = self.layout[name]
@@ -139,6 +143,15 @@ class WeightFile:
             elements=elements,
             seconds=time.perf_counter() - start,
         )
+
+    def _buffer(self) -> torch.Tensor:
+        """The file's bytes, mapped shared; the mapping of the last write while the file is
+        the same one (a replaced file, of another size, is mapped anew)."""
+        inode = os.stat(self.path).st_ino
+        if self._mapped is None or self._mapped[:2] != (inode, self.size):
+            buffer = torch.from_file(str(self.path), shared=True, size=self.size, dtype=torch.uint8)
+            self._mapped = (inode, self.size, buffer)
+        return self._mapped[2]
 
     def init_info(self) -> dict[str, Any]:
         return {"path": str(self.path)}

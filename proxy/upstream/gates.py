@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from sqlalchemy import Engine
@@ -33,10 +34,21 @@ REPORT_EVERY = 2.0
 
 
 class GateKeeper:
-    def __init__(self, engine: Engine, pool: UpstreamPool, *, poll_interval: float) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        pool: UpstreamPool,
+        *,
+        poll_interval: float,
+        routes: Callable[[], dict[str, str]] = dict,
+    ) -> None:
         self.engine = engine
         self.pool = pool
         self.poll_interval = poll_interval
+        # the tenants sent to their adapters (proxy/upstream/tenants.py): reported at once
+        # when they change, so a learner knows when a tenant's new adapter answers it
+        self.routes = routes
+        self._routed: dict[str, str] = {}
         self.instance_id = os.urandom(16).hex()
         self.host = f"{socket.gethostname()}:{os.getpid()}"
         self._acked: dict[str, int] = {}
@@ -80,8 +92,12 @@ class GateKeeper:
             else:
                 self.pool.open_gate(replica, None if gate is None else gate["version"])
         drained = self.pool.drained_epochs()
-        if any(self._acked.get(url) != epoch for url, epoch in drained.items()):
+        routed = self.routes()
+        if routed != self._routed or any(
+            self._acked.get(url) != epoch for url, epoch in drained.items()
+        ):
             self._acked.update(drained)
+            self._routed = routed
             await asyncio.to_thread(self._register)
 
     def _register(self) -> None:
@@ -94,6 +110,7 @@ class GateKeeper:
                 upstreams=[r.url for r in self.pool.replicas],
                 acks=self._acked,
                 now=datetime.now(UTC),
+                routes=self._routed,
             )
 
     def _read(self) -> dict[str, dict]:

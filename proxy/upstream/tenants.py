@@ -45,6 +45,18 @@ class TenantTable(Followed[list[TenantRule]]):
             return None
         return self._by_type.get(explicit_type or fingerprint(body, user_agent))
 
+    def routes(self) -> dict[str, str]:
+        """The tenants whose calls go to their serving adapter, as every healthy replica has
+        it loaded (reported with the proxy's heartbeat: store/gates.py)."""
+        replicas = [r for r in self.pool.replicas if r.healthy]
+        return {
+            rule.name: rule.serving_version
+            for rule in self.rules
+            if rule.serving_version is not None
+            and replicas
+            and all(rule.serving_version in r.adapters for r in replicas)
+        }
+
     # -- following the store (proxy/followed.py) ---------------------------------------------
     def _read(self) -> list[TenantRule]:
         with self.engine.connect() as conn:

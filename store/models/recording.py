@@ -166,3 +166,4 @@ class ProxyInstance(Base):
     seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     upstreams: Mapped[list[Any]] = mapped_column(JSON)
     acks: Mapped[dict[str, Any]] = mapped_column(JSON)
+    routes: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

@@ -25,9 +25,9 @@ from tests.support.waits import wait_for_line
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-STEPS = int(os.environ.get("ONTHEJOB_TEST_LEARN_STEPS", "25"))
+STEPS = int(os.environ.get("ONTHEJOB_TEST_LEARN_STEPS", "12"))
 TOKEN = "learning-admin-token"
-LEARNING_RATE = os.environ.get("ONTHEJOB_TEST_LEARN_LR", "3e-3")
+LEARNING_RATE = os.environ.get("ONTHEJOB_TEST_LEARN_LR", "6e-3")
 
 
 def pin(engine, pg_url: str) -> None:

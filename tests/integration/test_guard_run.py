@@ -13,16 +13,19 @@ from learner.guard import GuardConfig, GuardedType, Score
 from learner.guard_run import Guard
 from learner.rollout.taskset import TaskSet
 from store import learner_state
-from store.guard_records import PROTECTED, WAIVER, decisions
+from store.guard_records import CONFIG, PROTECTED, WAIVER, decisions
 from store.tasks import TaskTable
 
 
 class FixedScores(Guard):
     """A guard whose evals answer from a table: {version: {type: Score}}."""
 
-    def __init__(self, engine: Engine, table: dict[str, dict[str, Score]]) -> None:
+    def __init__(
+        self, engine: Engine, table: dict[str, dict[str, Score]], tenant: str | None = None
+    ) -> None:
         types = [GuardedType(n, TaskSet(f"guard:{n}", TaskTable({})), ["true"]) for n in "ab"]
-        super().__init__(GuardConfig("http://127.0.0.1:1", types), engine, "unused")
+        config = GuardConfig("http://127.0.0.1:1", types)
+        super().__init__(config, engine, "unused", tenant=tenant)
         self.table = table
         self.evaluated: list[str] = []
 
@@ -77,3 +80,31 @@ def test_decisions_baselines_waiver_and_pins(engine: Engine) -> None:
     assert recorded[1]["waiver"] == {"types": None, "reason": "wanted"}
     assert {t["type"]: t["protected"] for t in recorded[2]["types"]} == {"a": True, "b": False}
     assert recorded[0]["trained_types"] == []  # no step of that number trained anything
+
+
+def test_a_tenants_guard_keeps_its_scores_and_decisions_apart(engine: Engine) -> None:
+    """learn --tenants: a tenant's evals of the same weights (its first version's parent is
+    the shared policy's) are its own, run as the tenant; its decisions name it, and it leaves
+    the guard's configuration, which the shared one publishes, as it is."""
+    good, bad = Score(0.8, 400), Score(0.4, 400)
+    shared = FixedScores(engine, {"v0": {"a": good, "b": good}})
+    shared.baseline(version("v0", "/ck/v0"))
+    with engine.connect() as conn:
+        published = learner_state.get_state(conn, CONFIG)
+    upper = FixedScores(
+        engine,
+        {"v0": {"a": bad, "b": good}, "upper-1": {"a": bad, "b": bad}},
+        tenant="upper",
+    )
+    assert upper.known(version("v0", "/ck/v0")) is None  # the shared guard's are not its own
+    decision = upper.check(version("upper-1", "/ck/upper-1"), version("v0", "/ck/v0"), step=1)
+    assert decision.outcome == "rolled_back"
+    assert upper.evaluated == ["v0/a", "v0/b", "upper-1/a", "upper-1/b"]
+    assert shared.known(version("v0", "/ck/v0")) == {"a": good, "b": good}
+    assert upper.known(version("v0", "/ck/v0")) == {"a": bad, "b": good}
+    with engine.connect() as conn:
+        (recorded,) = decisions(conn)
+        assert learner_state.get_state(conn, CONFIG) == published
+    assert (recorded["tenant"], recorded["version"], recorded["kept"]) == ("upper", "upper-1", "v0")
+    by_type = {t["type"]: t for t in recorded["types"]}
+    assert by_type["b"]["regressed"] and not by_type["a"]["regressed"]

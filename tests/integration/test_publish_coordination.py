@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import Engine, update
 
+from learner.config import LearnerConfig
+from learner.loop import Learner
 from learner.swap import lease
 from learner.swap.fence import Fence, FenceError
 from store import gates
@@ -96,3 +100,43 @@ def test_the_fence_refuses_a_proxy_routing_to_a_replica_it_does_not_know(
     proxy(engine, "p1", [A, "http://localhost:8000"], {})
     with pytest.raises(FenceError, match="same --upstream list"):
         Fence(engine, "learner@t", poll=0.01).close([A])
+
+
+def test_a_learner_restores_gates_a_dead_publisher_left_closed_not_a_finished_swap_s(
+    db_url: str, engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen in CI: an admin rollback's swap ended between the learner's read of the gates
+    (closed) and of the lease (free), the learner swapped the same weights in again, and
+    holding the lease for it blocked the operator's next rollback."""
+    config = LearnerConfig(
+        database_url=db_url, model=str(tmp_path), graders=["feedback"],
+        checkpoints=str(tmp_path / "ckpt"),
+    )  # fmt: skip
+    learner = Learner(config)
+    learner.publisher = SimpleNamespace(upstreams=[A])  # type: ignore[assignment]
+    restored: list[str | None] = []
+    # the verified swap itself needs vLLM (tests/e2e/test_learning_vllm.py): record who asked
+    monkeypatch.setattr(
+        learner, "_restore_locked", lambda: restored.append((lease.who(engine) or {})["holder"])
+    )
+    now = datetime.now(UTC)
+    with engine.begin() as conn:  # another publisher swaps: its lease, its gate closed
+        gates.close_gate(conn, upstream=A, holder="swap-requests@x:1:a", now=now)
+    assert lease.try_acquire(engine, "swap-requests@x:1:a")
+    assert not learner._gates_left_closed()  # its swap is running: not ours to restore
+
+    # it ends after the learner read the gates and before it read the lease
+    with engine.begin() as conn:
+        gates.open_gate(conn, upstream=A, version="v1", now=now)
+    lease.release(engine, "swap-requests@x:1:a")
+    learner._restore()
+    assert restored == []
+    assert lease.who(engine) is None  # and the lease is free for the operator's next one
+
+    # a publisher that died mid-swap: its gate stays closed, its lease expired
+    with engine.begin() as conn:
+        gates.close_gate(conn, upstream=A, holder="learner@x:2:b", now=now)
+    assert learner._gates_left_closed()
+    learner._restore()
+    assert restored == [learner.holder]  # restored under the lease
+    assert lease.who(engine) is None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from sqlalchemy import Engine, select
 
 from proxy.recording.interaction import fingerprint
+from store import gates
 from store.models import Call, PolicyVersion
 from tests.support.fake_replica import FakeReplica
 from tests.support.inprocess import BASE, InProcessProxy, in_process_proxy
@@ -49,6 +51,21 @@ async def adapters_read(proxy: InProcessProxy, wanted: set[str]) -> None:
             return
         if time.monotonic() > deadline:
             raise TimeoutError(f"adapters {wanted} never read; last health {health}")
+        await asyncio.sleep(0.02)
+
+
+async def routed(engine: Engine, tenant: str, version: str, wanted: bool) -> None:
+    """Bounded: until whether every live proxy routes `tenant` to `version` is `wanted`."""
+    deadline = time.monotonic() + 10
+    while True:
+        with engine.connect() as conn:
+            now = gates.routed_everywhere(
+                conn, tenant=tenant, version=version, now=datetime.now(UTC)
+            )
+        if now == wanted:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"routed {tenant} -> {version} never became {wanted}")
         await asyncio.sleep(0.02)
 
 
@@ -146,11 +163,16 @@ def test_an_unloaded_adapter_is_no_longer_sent_to(
             await admin(proxy, "PUT", "/tenants/ops", json={"interaction_types": ["ops"]})
             await admin(proxy, "PUT", "/tenants/ops/serving", json={"version": "ops-1"})
             client = chat(proxy, **{"X-Onthejob-Type": "ops"})
+            await routed(engine, "ops", "ops-1", False)  # a live proxy, nothing loaded yet
             fake_vllm.adapters[:] = ["ops-1"]
             await adapters_read(proxy, {"ops-1"})
+            # the proxy reports the route with its heartbeat: the learner (the guard) knows
+            # the tenant's calls now go to ops-1
+            await routed(engine, "ops", "ops-1", True)
             await client.chat.completions.create(model="fake", messages=HELLO)
             fake_vllm.adapters[:] = []  # e.g. the replica restarted
             await adapters_read(proxy, set())
+            await routed(engine, "ops", "ops-1", False)
             await client.chat.completions.create(model="fake", messages=HELLO)
             # pointed back at the shared policy
             back = await admin(proxy, "PUT", "/tenants/ops/serving", json={"version": None})

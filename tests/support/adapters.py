@@ -17,12 +17,14 @@ RANK = 8
 PROMPT_IDS = [1, 20, 30, 40, 50]
 
 
-def trained_adapter(base: Path, out: Path, precision: str = "float32") -> Trainer:
+def trained_adapter(
+    base: Path, out: Path, precision: str = "float32", learning_rate: float = 5e-2
+) -> Trainer:
     """An adapter a few steps away from the base, saved to ``out`` (as the learner saves it:
     under "bfloat16", the bf16 copy the trainer computes with, on the bf16 base)."""
     dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
     model = wrap(load_model(base, dtype), LoraSettings(rank=RANK, alpha=2 * RANK))
-    config = TrainerConfig(learning_rate=5e-2, precision=precision)
+    config = TrainerConfig(learning_rate=learning_rate, precision=precision)
     trainer = Trainer(model, config, device="cpu")
     completion = [60, 70, 80, 90]
     for _ in range(3):

@@ -16,6 +16,7 @@ from learner.guard import (
     GuardFileError,
     Score,
     Waiver,
+    config_state,
     decide,
     noise,
     worst_case_noise,
@@ -142,6 +143,53 @@ metric = "mean_reward"
                                                                "mean_reward")  # fmt: skip
 
 
+def test_a_tenants_guard_is_its_own_types_and_the_shared_ones_it_names(tmp_path: Path) -> None:
+    """learn --tenants: a tenant's versions are judged on its own eval sets and on the shared
+    types its entry names, every one of them run with the tenant's environment (its client
+    key), so that its adapter answers them; a tenant without an entry is not guarded."""
+    (tmp_path / "qa.jsonl").write_text(json.dumps({"id": "e", "prompt": "p", "answer": "a"}))
+    file = write(
+        tmp_path / "guard.toml",
+        """
+proxy = "http://127.0.0.1:8080"
+command = ["python", "agent.py"]
+[types.safety]
+tasks = "qa.jsonl"
+protected = true
+env = { SAFE = "1" }
+[types.other]
+tasks = "qa.jsonl"
+[tenants.upper]
+shared = ["safety"]
+env = { OPENAI_API_KEY = "sk-upper" }
+[tenants.upper.types.caps]
+tasks = "qa.jsonl"
+samples = 2
+""",
+    )
+    loaded = GuardConfig.load(file)
+    assert [t.name for t in loaded.types] == ["safety", "other"]
+    upper = loaded.for_tenant("upper")
+    assert upper is not None and upper.tenants == {}
+    assert [(t.name, t.protected, t.samples) for t in upper.types] == [
+        ("caps", False, 2),
+        ("safety", True, 4),
+    ]
+    assert upper.types[0].env == {"OPENAI_API_KEY": "sk-upper"}
+    assert upper.types[1].env == {"SAFE": "1", "OPENAI_API_KEY": "sk-upper"}
+    assert loaded.types[0].env == {"SAFE": "1"}  # the shared policy's evals are its own
+    assert loaded.for_tenant("lower") is None
+    state = config_state(loaded)
+    assert state["tenants"]["upper"]["shared"] == ["safety"]
+    assert [t["type"] for t in state["tenants"]["upper"]["types"]] == ["caps"]
+    # a file of tenants' entries alone is valid
+    only = write(
+        tmp_path / "only.toml",
+        'proxy = "http://x"\ncommand = ["x"]\n[tenants.t.types.a]\ntasks = "qa.jsonl"\n',
+    )
+    assert GuardConfig.load(only).types == []
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -153,6 +201,16 @@ metric = "mean_reward"
         ('proxy = "http://x"\n[types.a]\ntasks = "qa.jsonl"\ncommand = ["x"]\nmetric = "f1"',
          "metric must be"),
         ('proxy = "http://x"\n[types.a]\ntasks = "none.jsonl"\ncommand = ["x"]', "none.jsonl"),
+        ('proxy = "http://x"\ncommand = ["x"]\n[tenants.t]\nenv = {K = "v"}',
+         "tenants.t: no [tenants.t.types.NAME] and no shared"),
+        ('proxy = "http://x"\ncommand = ["x"]\n[tenants.t]\nshared = ["safety"]',
+         "tenants.t: shared names safety, not in [types]"),
+        ('proxy = "http://x"\ncommand = ["x"]\n[types.a]\ntasks = "qa.jsonl"\n'
+         '[tenants.t]\nshared = ["a"]\n[tenants.t.types.a]\ntasks = "qa.jsonl"',
+         "tenants.t: a is both its own and shared"),
+        ('proxy = "http://x"\ncommand = ["x"]\n[tenants.t]\nkey = "k"', "unknown settings key"),
+        ('proxy = "http://x"\n[tenants.t.types.a]\ntasks = "qa.jsonl"',
+         "tenants.t.types.a: command must be"),
     ],
 )  # fmt: skip
 def test_a_bad_guard_file_names_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:

@@ -249,6 +249,32 @@ def test_a_step_raises_the_logprob_of_rewarded_tokens(tmp_path: Path) -> None:
     assert metrics["trained_tokens"] == 3 and metrics["grad_norm"] > 0
 
 
+def test_a_step_whose_every_sequence_mismatches_reports_them_dropped(tmp_path: Path) -> None:
+    """Sequences whose recorded logprobs are far from the trainer's are left out; where that
+    is every one, the step reports how many, so the step line names why nothing trained
+    (it said "dropped: nothing" when a micro-batch was dropped whole)."""
+    from learner.checkpoint import load_model
+    from learner.demo.tiny_model import build_tiny_model
+
+    model = load_model(build_tiny_model(tmp_path / "m", seed=0))
+    trainer = Trainer(model, TrainerConfig(max_sequence_mismatch=0.5), device="cpu")
+    prompt, completion = [1, 10, 20, 30], [40, 50, 60]
+    current = trainer.logprobs_of(prompt, completion)
+    samples = [
+        Sample(
+            trajectory_id=f"t{i}",
+            token_ids=prompt + completion,
+            loss_mask=[False] * 4 + [True] * 3,
+            logprobs=[0.0] * 4 + [x + 3.0 for x in current],  # another policy's, far off
+        )
+        for i in range(3)
+    ]
+    metrics = trainer.step(samples, [1.0, -1.0, 0.5])
+    assert metrics["skipped"] == "all sequences dropped"
+    assert metrics["dropped_mismatch"] == 3
+    assert trainer.logprobs_of(prompt, completion) == current  # no update
+
+
 def test_the_kl_term_changes_the_update_and_is_reported(tmp_path: Path) -> None:
     import copy
 

@@ -166,3 +166,15 @@ def test_a_quantized_kernel_makes_the_check_unavailable_not_a_mismatch() -> None
     assert not report.mappable and not report.ok
     assert report.unsupported == ["model.layers.0.self_attn.qkv_proj"]
     assert report.mismatched == []
+
+
+def test_the_replica_side_imports_only_torch_outside_a_vllm_worker() -> None:
+    """It runs in vLLM's own image too; in the learner it must not pull vLLM in (it registers
+    our plugin only inside a vLLM worker)."""
+    import subprocess
+    import sys
+
+    code = "import sys, learner.swap.vllm_weight_check; print('vllm' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
