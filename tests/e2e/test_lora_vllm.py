@@ -629,16 +629,19 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
 
 GUARD_HARNESS = [sys.executable, str(ROOT / "tests/support/harnesses/urllib_answerer.py")]
 GREEDY = {"ONTHEJOB_HARNESS_MAX_TOKENS": "8", "ONTHEJOB_HARNESS_TEMPERATURE": "0"}
+# the tiny model's greedy answers to these prompts are newlines only. A step at a learning
+# rate far too high on more-a's reward (the share of 'a') pushes away from them: its
+# version regresses "answer as before". fewer-a's reward (no 'a') is content with newlines:
+# its adapter kept them once (CI, 2026-12-05), so it is the tenant whose version passes.
+PASSES, REGRESSES = "fewer-a", "more-a"
 
 
 def tenants_guard_file(
     tmp_path: Path, proxy_url: str, keys: dict[str, str], unchanged: dict[str, str]
 ) -> Path:
-    """more-a's versions must answer its evals (a protected type every answer passes, so
-    only runs its own adapter did not answer could fail it); fewer-a's must answer its
-    prompts exactly as before, greedily (protected): a step at a learning rate far too high
-    changes most of those answers."""
-    from bench.tenant_toy import FEWER_A, MORE_A
+    """The passing tenant's versions must answer its evals (a protected type every answer
+    passes, so only runs its own adapter did not answer could fail it); the regressing
+    tenant's must answer its prompts exactly as before, greedily (protected)."""
 
     answered = [{"id": f"any-{i}", "prompt": f"Say anything, take {i}.",
                  "check": "python3 -c 'print(1)'"} for i in range(4)]  # fmt: skip
@@ -659,16 +662,16 @@ proxy = "{proxy_url}"
 command = {json.dumps(GUARD_HARNESS)}
 concurrency = 8
 
-[tenants.{MORE_A}]
-env = {{ {env[MORE_A]} }}
-[tenants.{MORE_A}.types.answered]
+[tenants.{PASSES}]
+env = {{ {env[PASSES]} }}
+[tenants.{PASSES}.types.answered]
 tasks = "answered.jsonl"
 samples = 2
 protected = true
 
-[tenants.{FEWER_A}]
-env = {{ {env[FEWER_A]} }}
-[tenants.{FEWER_A}.types.same]
+[tenants.{REGRESSES}]
+env = {{ {env[REGRESSES]} }}
+[tenants.{REGRESSES}.types.same]
 tasks = "same.jsonl"
 samples = 2
 protected = true
@@ -711,10 +714,12 @@ def test_each_tenants_versions_are_judged_by_its_own_guard_and_rolled_back_alone
 ):
     """`learn --tenants --guard`: each tenant's new adapter is evaluated on that tenant's
     eval sets alone, run as the tenant (its client key), so its adapter answers them once
-    every proxy routes it there. fewer-a's version regresses its protected type and is rolled
-    back: its calls go to the shared policy again; more-a's version passes and keeps
+    every proxy routes it there. more-a's version regresses its protected type and is rolled
+    back: its calls go to the shared policy again; fewer-a's version passes and keeps
     serving; the shared policy is untouched."""
     from bench.tenant_toy import FEWER_A, MORE_A
+
+    assert (PASSES, REGRESSES) == (FEWER_A, MORE_A)
 
     db_url = f"sqlite:///{tmp_path / 'guarded.db'}"
     db.upgrade(db_url)
@@ -727,7 +732,7 @@ def test_each_tenants_versions_are_judged_by_its_own_guard_and_rolled_back_alone
         base_url=proxy.url + "/admin/api", headers={"Authorization": f"Bearer {token}"}
     )
     keys = {}
-    for tenant in (MORE_A, FEWER_A):
+    for tenant in (REGRESSES, PASSES):
         keys[tenant] = admin.post("/keys", json={"name": tenant}).json()["key"]
         assert admin.put(f"/tenants/{tenant}", json={"client_keys": [tenant]}).status_code == 201
     unchanged = greedy_answers(lora_vllm, [f"Tell me something, take {i}." for i in range(8)])
@@ -735,7 +740,7 @@ def test_each_tenants_versions_are_judged_by_its_own_guard_and_rolled_back_alone
     engine = db.make_engine(db_url)
     base = proxy.url + "/v1"
     # each tenant's batch ready before the learner looks: one step of each, in turn
-    for tenant in (MORE_A, FEWER_A):
+    for tenant in (REGRESSES, PASSES):
         asyncio.run(traffic(base, lora_vllm.model_name, rounds=2, api_key=keys[tenant]))
     wait_for_calls(engine, 64 * 2)
     command = lora_learner_command(lora_vllm, tiny_model, db_url, tmp_path / "checkpoints", 2)
@@ -756,36 +761,36 @@ def test_each_tenants_versions_are_judged_by_its_own_guard_and_rolled_back_alone
                 r.version: dict(r._mapping) for r in conn.execute(select(PolicyVersion.__table__))
             }
             shared = policy_versions.serving_version(conn)
-            lineages = {t: policy_versions.serving_version(conn, t) for t in (MORE_A, FEWER_A)}
+            lineages = {t: policy_versions.serving_version(conn, t) for t in (PASSES, REGRESSES)}
         print("tenants' guard:", {t: (d["outcome"], d["types"]) for t, d in recorded.items()})
-        assert set(recorded) == {MORE_A, FEWER_A}, recorded
+        assert set(recorded) == {PASSES, REGRESSES}, recorded
         assert shared is not None and shared["tenant"] is None
-        # more-a: judged on its own type only, every run answered by its new adapter
-        kept = recorded[MORE_A]
+        # fewer-a: judged on its own type only, every run answered by its new adapter
+        kept = recorded[PASSES]
         (answered,) = kept["types"]
         assert kept["outcome"] == "kept" and answered["type"] == "answered", kept
         assert answered["before"]["runs"] == answered["after"]["runs"] == 8, answered
         assert kept["kept"] == shared["version"]  # its first version's parent: the shared one
-        # fewer-a: its greedy answers changed beyond the noise: rolled back to the shared policy
-        back = recorded[FEWER_A]
+        # more-a: its greedy answers changed beyond the noise: rolled back to the shared policy
+        back = recorded[REGRESSES]
         (same,) = back["types"]
         assert back["outcome"] == "rolled_back" and same["regressed"], (
             back, guard_diagnosis(lora_vllm, text, back["version"], unchanged)
         )  # fmt: skip
         assert same["before"]["value"] >= 0.9 and same["after"]["runs"] == 16, same
         rejected = versions[back["version"]]
-        assert rejected["tenant"] == FEWER_A and rejected["status"] == "rolled_back"
+        assert rejected["tenant"] == REGRESSES and rejected["status"] == "rolled_back"
         assert rejected["error"].startswith("regression guard: same (protected)")
         assert rejected["metrics"]["guard"]["serving_after"] == shared["version"]
         listed = {t["name"]: t for t in admin.get("/tenants").json()["items"]}
-        assert listed[FEWER_A]["serving_version"] is None
-        assert lineages[FEWER_A] is None  # nothing of its own serves: the shared policy does
-        assert lineages[MORE_A] is not None and lineages[MORE_A]["version"] == kept["version"]
-        assert listed[MORE_A]["serving_version"] == kept["version"]
+        assert listed[REGRESSES]["serving_version"] is None
+        assert lineages[REGRESSES] is None  # nothing of its own serves: the shared policy does
+        assert lineages[PASSES] is not None and lineages[PASSES]["version"] == kept["version"]
+        assert listed[PASSES]["serving_version"] == kept["version"]
         assert weight_version(lora_vllm) == shared["version"]
-        # calls afterwards: fewer-a answered by the shared policy, more-a by its adapter
+        # calls afterwards: more-a answered by the shared policy, fewer-a by its adapter
         before = count_calls(engine)
-        for tenant in (MORE_A, FEWER_A):
+        for tenant in (PASSES, REGRESSES):
             completion_through(proxy.url, lora_vllm.model_name, stream=False, api_key=keys[tenant])
         wait_for_calls(engine, before + 2)
         with engine.connect() as conn:
@@ -793,7 +798,7 @@ def test_each_tenants_versions_are_judged_by_its_own_guard_and_rolled_back_alone
                 select(Call.tenant, Call.policy_version).order_by(Call.started_at.desc()).limit(2)
             ).all()
         assert sorted(tuple(r) for r in last) == sorted(
-            [(MORE_A, kept["version"]), (FEWER_A, shared["version"])]
+            [(PASSES, kept["version"]), (REGRESSES, shared["version"])]
         )
     finally:
         admin.close()
