@@ -130,6 +130,7 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
         self.lineage: str | None = None
         self._lineages = {}
         self._said_no_tenants = False
+        self._steered = {}
         self.baselines = Baselines.fresh(config.type_baseline)
         self.step = 0
         self.holder = lease.holder_name(LEARNER.rstrip("@"))
@@ -194,6 +195,7 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
             requests.stop()
             self.heartbeat.stop()
             self._save_optimizer_at_stop()
+            self._save_lineages_at_stop()
             self.reporter.close()
             if isinstance(self.publisher, TransferPublisher):
                 self.publisher.close()  # the replicas' weight files: a model's size in memory

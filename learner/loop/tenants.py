@@ -60,16 +60,34 @@ class Lineage:
     steps: int = 0
 
 
+def steered_by_hand(pointer: str | None, own: dict[str, Any] | None) -> bool:
+    """Whether a tenant's pointer (what the proxies send its calls to) is not what its
+    lineage serves: its recorded serving version, or the shared policy (None) before it has
+    one. Only an operator moves it so (`PUT /admin/api/tenants/NAME/serving`); the learner's
+    publishes, the guard and `onthejob rollback` move both together."""
+    return pointer != (None if own is None else own["version"])
+
+
 class Tenants(LearnerBase):
     """Train the tenants' adapters in turn (the learner's `--tenants` mode)."""
 
     _lineages: dict[str, Lineage]
     _said_no_tenants: bool
+    _steered: dict[str, str | None]  # the tenants an operator steers, by the pointer said
 
     def train_tenants(self) -> bool:
-        """At most one step, for the first tenant in fair order whose batch is ready."""
+        """At most one step, for the first tenant in fair order whose batch is ready; a
+        tenant an operator steers by hand (`steered_by_hand`) is left alone."""
         with self.engine.connect() as conn:
-            names = [rule.name for rule in tenants.rules(conn)]
+            rules = tenants.rules(conn)
+            own = {rule.name: policy_versions.serving_version(conn, rule.name) for rule in rules}
+        names = [rule.name for rule in rules]
+        steered = {
+            rule.name: rule.serving_version
+            for rule in rules
+            if steered_by_hand(rule.serving_version, own[rule.name])
+        }
+        self._say_steered(steered)
         if not names and not self._lineages and not self._said_no_tenants:
             log.warning(
                 "--tenants: no tenant is defined yet, nothing trains until one is "
@@ -84,6 +102,8 @@ class Tenants(LearnerBase):
             names, key=lambda n: self._lineages[n].trained_at if n in self._lineages else -math.inf
         )
         for name in order:
+            if name in steered:
+                continue
             try:
                 lineage = self._lineages.get(name) or self._start_lineage(name)
                 with self.as_lineage(lineage):
@@ -99,6 +119,31 @@ class Tenants(LearnerBase):
                 log.info("tenant %s: step %d (its step %d)", name, self.step, lineage.steps)
                 return True
         return False
+
+    def _save_lineages_at_stop(self) -> None:
+        """Each tenant's optimizer state beside its serving adapter, as the shared policy's
+        is at a clean stop (`_save_optimizer_at_stop`): a restart continues its AdamW
+        moments. Not for a tenant still on the shared policy's version: those are not its."""
+        for lineage in list(self._lineages.values()):
+            serving = lineage.state.get("serving") or {}
+            if serving.get("tenant") != lineage.tenant:
+                continue
+            with self.as_lineage(lineage):
+                self._save_optimizer_at_stop()
+
+    def _say_steered(self, steered: dict[str, str | None]) -> None:
+        """Once per pointer an operator set: why the tenant does not train."""
+        for name, pointer in steered.items():
+            if self._steered.get(name, "") != pointer:
+                log.warning(
+                    "tenant %s: its calls go to %s, which an operator set and its lineage does "
+                    "not serve: it is not trained, and nothing of the learner's is put back "
+                    "under it, while the operator steers it (onthejob rollback VERSION makes "
+                    "a version of its lineage serve again, and it trains on from there)",
+                    name,
+                    pointer or "the shared policy",
+                )
+        self._steered = dict(steered)
 
     @contextlib.contextmanager
     def as_lineage(self, lineage: Lineage) -> Iterator[None]:

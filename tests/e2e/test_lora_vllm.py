@@ -562,6 +562,8 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
         assert all(v is not None and v.startswith(f"{t}-step-") for t, v in steps)
         serving = {t: v for v, t, status in versions if status == "serving"}
         assert serving == {FEWER_A: steps[2].version, MORE_A: steps[3].version}
+        for version in serving.values():  # a clean stop keeps each tenant's AdamW moments
+            assert (tmp_path / "checkpoints" / f"{version}.optimizer.pt").is_file()
         listed = admin.get("/tenants").json()["items"]
         assert {t["name"]: t["serving_version"] for t in listed} == serving
         assert set(serving.values()) <= loaded_adapters(lora_vllm)
@@ -617,6 +619,37 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
             FEWER_A: listed[FEWER_A]["serving_version"],
             MORE_A: serving[MORE_A],
         }
+
+        # an operator points more-a at the shared policy by hand: a learner started again
+        # leaves it there (nothing of its lineage put back under it, nor trained) and
+        # trains fewer-a on from its rolled-back version
+        steered = admin.put(f"/tenants/{MORE_A}/serving", json={"version": None})
+        assert steered.status_code == 200, steered.text
+        command[command.index("--max-steps") + 1] = "5"
+        again = tmp_path / "learner-again.log"
+        with open(again, "wb") as log:
+            learner = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        said = f"tenant {MORE_A}: its calls go to the shared policy, which an operator set"
+        deadline = time.monotonic() + 120
+        # fewer-a's lineage started, in the loop's first turn; more-a's came next in it
+        while said not in again.read_text() or f"tenant {FEWER_A}: trains from" not in (
+            again.read_text()
+        ):
+            assert learner.poll() is None, again.read_text()[-3000:]
+            assert time.monotonic() < deadline, again.read_text()[-3000:]
+            time.sleep(0.2)
+        traffic_until_step(
+            base, lora_vllm.model_name, engine, 5, learner, again, api_key=keys[FEWER_A]
+        )
+        learner.wait(timeout=120)
+        assert learner.returncode == 0, again.read_text()[-3000:]
+        listed = {t["name"]: t for t in admin.get("/tenants").json()["items"]}
+        assert listed[MORE_A]["serving_version"] is None  # as the operator left it
+        with engine.connect() as conn:
+            (fifth,) = conn.execute(
+                select(TrainingStep.tenant, TrainingStep.version).where(TrainingStep.step == 5)
+            ).all()
+        assert fifth.tenant == FEWER_A and listed[FEWER_A]["serving_version"] == fifth.version
     finally:
         if learner.poll() is None:
             learner.kill()

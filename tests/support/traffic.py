@@ -64,6 +64,7 @@ def traffic_until_step(
     *,
     settle: float = 30.0,
     most_rounds: int = 4,
+    api_key: str = "x",
 ) -> list[float]:
     """A round of traffic, then another while the learner has not recorded `step` within
     `settle` seconds (at most `most_rounds`): a round is exactly one batch, and a reply whose
@@ -71,7 +72,7 @@ def traffic_until_step(
     trajectories short. The rewards of every round sent."""
     rewards: list[float] = []
     for _ in range(most_rounds):
-        rewards += asyncio.run(traffic(base_url, model, rounds=1))
+        rewards += asyncio.run(traffic(base_url, model, rounds=1, api_key=api_key))
         deadline = time.monotonic() + settle
         while time.monotonic() < deadline:
             with engine.connect() as conn:
