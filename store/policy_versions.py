@@ -45,6 +45,17 @@ def lineage_ordinals(conn: Connection, tenant: str) -> dict[str, int]:
     return out
 
 
+def lineage_newest_first(conn: Connection, tenant: str | None = None) -> list[str]:
+    """The verified versions of one lineage (a tenant's, or None: the shared policy's),
+    the newest first."""
+    rows = conn.execute(
+        select(PolicyVersion.version)
+        .where(PolicyVersion.ordinal.is_not(None), _lineage(tenant))
+        .order_by(PolicyVersion.ordinal.desc())
+    )
+    return [version for (version,) in rows]
+
+
 def _lineage(tenant: str | None) -> Any:
     """The versions of one lineage: a tenant's adapters, or (None) the shared policy's."""
     return PolicyVersion.tenant.is_(None) if tenant is None else PolicyVersion.tenant == tenant

@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -249,8 +250,17 @@ class Publishing(LearnerBase):
             # a tenant's version serves its calls by the tenant's pointer, not as the
             # replicas' weight version (learner/loop/tenants.py)
             label=None if self.lineage is None else tenant_pointer(self.engine, self.lineage),
+            # the window covers the lineage's adapters an earlier learner or a rollback loaded
+            lineage=self._lineage_newest_first(self.lineage),
             **settings,
         )
+
+    def _lineage_newest_first(self, lineage: str | None) -> Callable[[], list[str]]:
+        def newest_first() -> list[str]:
+            with self.engine.connect() as conn:
+                return policy_versions.lineage_newest_first(conn, lineage)
+
+        return newest_first
 
     def _save(self, target: Path) -> Path:
         assert self.trainer is not None and self.serving is not None

@@ -17,6 +17,7 @@ when the probe shows the weights are not that base after all.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -43,6 +44,8 @@ from learner.swap.publisher import (
     failure_reason,
 )
 from store import tenants
+
+log = logging.getLogger("onthejob.learner")
 
 NO_RUNTIME_LORA = (
     "vLLM does not load adapters at runtime: start it with --enable-lora --max-lora-rank R "
@@ -72,7 +75,10 @@ class LoraPublisher(FullReloadPublisher):
     """``keep``: adapters kept loaded (newest first); older ones are unloaded, so a long
     run does not pile them up, while requests that started on the last few finish.
     ``label``: a verified version serves by this instead of by the replicas' weight version
-    (a tenant's adapter: the proxies route the tenant's calls to it)."""
+    (a tenant's adapter: the proxies route the tenant's calls to it). ``lineage``: the
+    versions of the lineage this publisher serves, newest first (the store's); with it, the
+    window covers every adapter of that lineage the replicas list, also those an earlier
+    learner or a rollback loaded, which this publisher's own memory never saw."""
 
     def __init__(
         self,
@@ -91,6 +97,7 @@ class LoraPublisher(FullReloadPublisher):
         max_rank: int | None = None,
         keep: int = 3,
         label: Label | None = None,
+        lineage: Callable[[], list[str]] | None = None,
     ) -> None:
         super().__init__(
             upstreams,
@@ -108,6 +115,7 @@ class LoraPublisher(FullReloadPublisher):
         self.max_rank = max_rank
         self.keep = max(keep, 1)
         self.label = label
+        self.lineage = lineage
         self._loaded: deque[str] = deque()
 
     def publish(
@@ -278,5 +286,26 @@ class LoraPublisher(FullReloadPublisher):
         if version in self._loaded:
             self._loaded.remove(version)
         self._loaded.appendleft(version)
+        if self.lineage is not None and self._trim_lineage(client, version):
+            return
         while len(self._loaded) > self.keep:
             self._unload(client, self._loaded.pop())
+
+    def _trim_lineage(self, client: httpx.Client, version: str) -> bool:
+        """Unload the lineage's adapters the replicas list beyond the newest ``keep``
+        (``version``, just verified, first); False where the replicas or the store could
+        not be read (this publisher's own memory trims instead)."""
+        assert self.lineage is not None
+        try:
+            listed: set[str] = set()
+            for upstream in self.upstreams:
+                listed |= set(adapter_paths(self._call(client, "GET", upstream + "/v1/models")))
+            newest = [version, *(v for v in self.lineage() if v != version)]
+        except (httpx.HTTPError, PublishError, SQLAlchemyError) as exc:
+            log.warning("adapters kept loaded: the replicas' list unread (%s)", exc)
+            return False
+        loaded = [name for name in newest if name in listed]
+        for name in loaded[self.keep :]:
+            self._unload(client, name)
+        self._loaded = deque(loaded[: self.keep])
+        return True

@@ -472,6 +472,21 @@ def test_the_learner_trains_and_hot_swaps_lora_adapters(
                 .all()
             )
         assert set(latest_calls) == {latest}
+
+        # a learner started again keeps fewer loaded (--max-staleness 0): the adapters the
+        # first one left loaded are its lineage's too, unloaded though it never loaded them
+        command[command.index("--max-staleness") + 1] = "0"
+        command[command.index("--max-steps") + 1] = str(steps + 1)
+        again = tmp_path / "learner-again.log"
+        with open(again, "wb") as log:
+            learner = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        traffic_until_step(base, lora_vllm.model_name, engine, steps + 1, learner, again)
+        learner.wait(timeout=60)
+        assert learner.returncode == 0, again.read_text()[-3000:]
+        with engine.connect() as conn:
+            newest = policy_versions.serving_version(conn)
+        assert newest is not None and newest["version"] not in published
+        assert loaded_adapters(lora_vllm) & {*published, newest["version"]} == {newest["version"]}
     finally:
         if learner.poll() is None:
             learner.kill()

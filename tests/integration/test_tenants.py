@@ -294,6 +294,7 @@ def test_each_lineage_has_its_own_serving_version_and_staleness_order(engine: En
             for t in (None, "a", "b")
         }
         ordinals = {t: policy_versions.lineage_ordinals(conn, t) for t in ("a", "b")}
+        newest = {t: policy_versions.lineage_newest_first(conn, t) for t in (None, "a", "b")}
         statuses = dict(
             [tuple(r) for r in conn.execute(select(PolicyVersion.version, PolicyVersion.status))]
         )
@@ -320,5 +321,7 @@ def test_each_lineage_has_its_own_serving_version_and_staleness_order(engine: En
         "a": {"base": 0, "a-1": 1, "a-2": 2, "a-3": 3},
         "b": {"base": 0, "b-1": 1},
     }
+    # the adapters a publisher keeps loaded are counted in this order (never a failed one)
+    assert newest == {None: ["base"], "a": ["a-3", "a-2", "a-1"], "b": ["b-1"]}
     assert after == {None: "base", "a": "a-1", "b": "b-1"}
     assert refused == "version 'a-1' is already serving"
