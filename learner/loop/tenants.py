@@ -87,7 +87,10 @@ class Tenants(LearnerBase):
             for rule in rules
             if steered_by_hand(rule.serving_version, own[rule.name])
         }
-        self._say_steered(steered)
+        if not steered or lease.who(self.engine) is None:
+            self._say_steered(steered)
+        # else a publish is under way, which records a version and then moves its pointer:
+        # those tenants wait a turn, unsaid, till it is done and the two agree or not
         if not names and not self._lineages and not self._said_no_tenants:
             log.warning(
                 "--tenants: no tenant is defined yet, nothing trains until one is "
