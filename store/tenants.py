@@ -105,6 +105,15 @@ def set_serving(conn: Connection, *, name: str, version: str | None, now: dateti
     return bool(changed.rowcount)
 
 
+def steered_by_hand(pointer: str | None, lineage_serving: str | None) -> bool:
+    """Whether a tenant's pointer (what the proxies send its calls to) is not what its
+    lineage serves: its recorded serving version, or the shared policy (None) before it has
+    one. Only an operator moves it so (`PUT /admin/api/tenants/NAME/serving`); the learner's
+    publishes, the guard and `onthejob rollback` move both together. The learner leaves
+    such a tenant alone (learner/loop/tenants.py)."""
+    return pointer != lineage_serving
+
+
 def delete_tenant(conn: Connection, name: str) -> bool:
     """Its calls go to the shared policy from now on; the calls it made keep its name."""
     return bool(conn.execute(delete(Tenant).where(Tenant.name == name)).rowcount)

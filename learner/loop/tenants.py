@@ -60,14 +60,6 @@ class Lineage:
     steps: int = 0
 
 
-def steered_by_hand(pointer: str | None, own: dict[str, Any] | None) -> bool:
-    """Whether a tenant's pointer (what the proxies send its calls to) is not what its
-    lineage serves: its recorded serving version, or the shared policy (None) before it has
-    one. Only an operator moves it so (`PUT /admin/api/tenants/NAME/serving`); the learner's
-    publishes, the guard and `onthejob rollback` move both together."""
-    return pointer != (None if own is None else own["version"])
-
-
 class Tenants(LearnerBase):
     """Train the tenants' adapters in turn (the learner's `--tenants` mode)."""
 
@@ -77,7 +69,7 @@ class Tenants(LearnerBase):
 
     def train_tenants(self) -> bool:
         """At most one step, for the first tenant in fair order whose batch is ready; a
-        tenant an operator steers by hand (`steered_by_hand`) is left alone."""
+        tenant an operator steers by hand (`tenants.steered_by_hand`) is left alone."""
         with self.engine.connect() as conn:
             rules = tenants.rules(conn)
             own = {rule.name: policy_versions.serving_version(conn, rule.name) for rule in rules}
@@ -85,7 +77,7 @@ class Tenants(LearnerBase):
         steered = {
             rule.name: rule.serving_version
             for rule in rules
-            if steered_by_hand(rule.serving_version, own[rule.name])
+            if tenants.steered_by_hand(rule.serving_version, _version(own[rule.name]))
         }
         if not steered or lease.who(self.engine) is None:
             self._say_steered(steered)
@@ -221,3 +213,7 @@ class Tenants(LearnerBase):
         if not result.ok:
             raise RestoreFailed(f"could not restore {self.serving['version']}: {result.error}")
         self._needs_restore = False
+
+
+def _version(row: dict[str, Any] | None) -> str | None:
+    return None if row is None else str(row["version"])

@@ -161,7 +161,10 @@ def test_an_unloaded_adapter_is_no_longer_sent_to(
     async def scenario() -> None:
         async with in_process_proxy(**settings(fake_vllm, db_url, tmp_path)) as proxy:
             await admin(proxy, "PUT", "/tenants/ops", json={"interaction_types": ["ops"]})
-            await admin(proxy, "PUT", "/tenants/ops/serving", json={"version": "ops-1"})
+            pointed = await admin(proxy, "PUT", "/tenants/ops/serving", json={"version": "ops-1"})
+            # no version of its lineage serves (none recorded): an operator steers it
+            assert pointed.json()["lineage_version"] is None
+            assert pointed.json()["steered_by_hand"] is True
             client = chat(proxy, **{"X-Onthejob-Type": "ops"})
             await routed(engine, "ops", "ops-1", False)  # a live proxy, nothing loaded yet
             fake_vllm.adapters[:] = ["ops-1"]
@@ -177,6 +180,7 @@ def test_an_unloaded_adapter_is_no_longer_sent_to(
             # pointed back at the shared policy
             back = await admin(proxy, "PUT", "/tenants/ops/serving", json={"version": None})
             assert back.json()["serving_version"] is None
+            assert back.json()["steered_by_hand"] is False  # as its lineage: nothing yet
             await client.chat.completions.create(model="fake", messages=HELLO)
 
     asyncio.run(scenario())
@@ -209,6 +213,15 @@ def test_an_unloaded_adapter_is_no_longer_sent_to(
     assert by_version == [("fake-v1", 2), ("ops-1", 1)]  # in the order they served
     rewards = {v["version"]: v["mean_reward"] for v in stats["ops"]["by_version"]}
     assert rewards == {"fake-v1": pytest.approx(0.5), "ops-1": pytest.approx(0.2)}
+
+    # ops-1 now serves its lineage, while its pointer still says the shared policy
+    async def listed() -> dict[str, Any]:
+        async with in_process_proxy(**settings(fake_vllm, db_url, tmp_path)) as proxy:
+            (item,) = (await admin(proxy, "GET", "/tenants")).json()["items"]
+            return item
+
+    item = asyncio.run(listed())
+    assert item["lineage_version"] == "ops-1" and item["steered_by_hand"] is True
 
 
 def test_tenant_definitions_are_checked(

@@ -17,6 +17,7 @@ from proxy.admin.deps import EngineDep, StateDep
 from proxy.admin.errors import AdminError, not_found
 from proxy.admin.schemas import KeyName, TenantIn, TenantServingIn
 from proxy.admin.trajectories import iso
+from store import policy_versions
 from store import tenants as store
 
 router = APIRouter(tags=["tenants"])
@@ -26,13 +27,19 @@ TenantName = Annotated[KeyName, Path()]
 NO_TRAFFIC = {"graded": 0, "trained": 0, "by_version": []}
 
 
-def _row(row: dict[str, Any], state: Any, stats: dict[str, Any] | None) -> dict[str, Any]:
+def _row(
+    row: dict[str, Any], state: Any, stats: dict[str, Any] | None, lineage: str | None
+) -> dict[str, Any]:
     version = row["serving_version"]
     return {
         "name": row["name"],
         "client_keys": row["client_keys"],
         "interaction_types": row["interaction_types"],
         "serving_version": version,
+        # what its lineage serves (None: the shared policy, before its first version); a
+        # pointer set elsewhere by hand is the operator's: the learner leaves the tenant be
+        "lineage_version": lineage,
+        "steered_by_hand": store.steered_by_hand(version, lineage),
         # the replicas its calls reach the adapter on (as this proxy last read them)
         "loaded_on": [r.url for r in state.pool.replicas if version in r.adapters],
         "created_at": iso(row["created_at"]),
@@ -43,13 +50,19 @@ def _row(row: dict[str, Any], state: Any, stats: dict[str, Any] | None) -> dict[
     }
 
 
+def _lineage_version(conn: Any, name: str) -> str | None:
+    serving = policy_versions.serving_version(conn, name)
+    return None if serving is None else str(serving["version"])
+
+
 def _found(engine: Any, state: Any, name: str) -> dict[str, Any]:
     with engine.connect() as conn:
         row = store.get_tenant(conn, name)
-        stats = store.tenant_stats(conn).get(name) if row is not None else None
-    if row is None:
-        raise not_found("tenant", name)
-    return _row(row, state, stats)
+        if row is None:
+            raise not_found("tenant", name)
+        stats = store.tenant_stats(conn).get(name)
+        lineage = _lineage_version(conn, name)
+    return _row(row, state, stats, lineage)
 
 
 @router.get("/tenants", summary="List tenants: their adapters, where loaded, their traffic")
@@ -57,7 +70,8 @@ def list_tenants(engine: EngineDep, state: StateDep) -> dict[str, Any]:
     with engine.connect() as conn:
         rows = store.list_tenants(conn)
         stats = store.tenant_stats(conn)
-    return {"items": [_row(r, state, stats.get(r["name"])) for r in rows]}
+        lineages = {r["name"]: _lineage_version(conn, r["name"]) for r in rows}
+    return {"items": [_row(r, state, stats.get(r["name"]), lineages[r["name"]]) for r in rows]}
 
 
 @router.get("/tenants/{name}", summary="One tenant")
