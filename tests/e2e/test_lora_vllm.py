@@ -307,8 +307,8 @@ def test_each_tenants_calls_are_answered_by_its_own_adapter(
         base_url=proxy.url + "/admin/api", headers={"Authorization": f"Bearer {token}"}
     )
     trainers = {}
-    for name in ("team-a-1", "team-b-1"):
-        trainers[name] = trained_adapter(tiny_model, tmp_path / name)
+    for seed, name in enumerate(("team-a-1", "team-b-1")):
+        trainers[name] = trained_adapter(tiny_model, tmp_path / name, seed=seed)
         loaded = httpx.post(
             lora_vllm.url + "/v1/load_lora_adapter",
             json={"lora_name": name, "lora_path": str(tmp_path / name)},

@@ -18,12 +18,22 @@ PROMPT_IDS = [1, 20, 30, 40, 50]
 
 
 def trained_adapter(
-    base: Path, out: Path, precision: str = "float32", learning_rate: float = 5e-2
+    base: Path,
+    out: Path,
+    precision: str = "float32",
+    learning_rate: float = 5e-2,
+    seed: int = 0,
 ) -> Trainer:
     """An adapter a few steps away from the base, saved to ``out`` (as the learner saves it:
-    under "bfloat16", the bf16 copy the trainer computes with, on the bf16 base)."""
+    under "bfloat16", the bf16 copy the trainer computes with, on the bf16 base). ``seed``:
+    where its A matrices start; two adapters meant to differ take two seeds, or two rates."""
     dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
-    model = wrap(load_model(base, dtype), LoraSettings(rank=RANK, alpha=2 * RANK))
+    with torch.random.fork_rng():
+        # the same adapter whatever ran before: its A matrices start random, and how much
+        # each layer moves the probe depends on them (one order of tests made a layer's
+        # part too small for the bf16 probe to notice it left out)
+        torch.manual_seed(seed)
+        model = wrap(load_model(base, dtype), LoraSettings(rank=RANK, alpha=2 * RANK))
     config = TrainerConfig(learning_rate=learning_rate, precision=precision)
     trainer = Trainer(model, config, device="cpu")
     completion = [60, 70, 80, 90]
