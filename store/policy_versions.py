@@ -72,6 +72,12 @@ def serving_version(conn: Connection, tenant: str | None = None) -> dict[str, An
     return None if row is None else dict(row._mapping)
 
 
+def serving_name(conn: Connection, tenant: str | None = None) -> str | None:
+    """The name of what serves the lineage (`serving_version`), None if nothing does."""
+    serving = serving_version(conn, tenant)
+    return None if serving is None else str(serving["version"])
+
+
 def next_ordinal(conn: Connection) -> int:
     current = conn.execute(select(func.max(PolicyVersion.ordinal))).scalar()
     return 0 if current is None else int(current) + 1

@@ -72,12 +72,12 @@ class Tenants(LearnerBase):
         tenant an operator steers by hand (`tenants.steered_by_hand`) is left alone."""
         with self.engine.connect() as conn:
             rules = tenants.rules(conn)
-            own = {rule.name: policy_versions.serving_version(conn, rule.name) for rule in rules}
+            own = {rule.name: policy_versions.serving_name(conn, rule.name) for rule in rules}
         names = [rule.name for rule in rules]
         steered = {
             rule.name: rule.serving_version
             for rule in rules
-            if tenants.steered_by_hand(rule.serving_version, _version(own[rule.name]))
+            if tenants.steered_by_hand(rule.serving_version, own[rule.name])
         }
         if not steered or lease.who(self.engine) is None:
             self._say_steered(steered)
@@ -213,7 +213,3 @@ class Tenants(LearnerBase):
         if not result.ok:
             raise RestoreFailed(f"could not restore {self.serving['version']}: {result.error}")
         self._needs_restore = False
-
-
-def _version(row: dict[str, Any] | None) -> str | None:
-    return None if row is None else str(row["version"])

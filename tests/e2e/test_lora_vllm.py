@@ -727,12 +727,15 @@ protected = true
     return path
 
 
-def greedy_answers(server: VLLMServer, prompts: list[str]) -> dict[str, str]:
-    """What the base model answers each prompt, as the eval harness asks it."""
+def greedy_answers(
+    server: VLLMServer, prompts: list[str], model: str | None = None
+) -> dict[str, str]:
+    """What the base model (or adapter `model`) answers each prompt, as the eval harness
+    asks it."""
     api = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
     return {
         p: api.chat.completions.create(
-            model=server.model_name, messages=[{"role": "user", "content": p}],
+            model=model or server.model_name, messages=[{"role": "user", "content": p}],
             max_tokens=int(GREEDY["ONTHEJOB_HARNESS_MAX_TOKENS"]), temperature=0,
         ).choices[0].message.content or ""
         for p in prompts
@@ -747,13 +750,8 @@ def guard_diagnosis(
     steps = [line for line in learner_log.splitlines() if f"-> {version}" in line]
     direct = {}
     if version in loaded_adapters(server):
-        api = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-        for prompt in list(unchanged)[:3]:
-            reply = api.chat.completions.create(
-                model=version, messages=[{"role": "user", "content": prompt}],
-                max_tokens=int(GREEDY["ONTHEJOB_HARNESS_MAX_TOKENS"]), temperature=0,
-            )  # fmt: skip
-            direct[prompt] = (reply.choices[0].message.content, unchanged[prompt])
+        answers = greedy_answers(server, list(unchanged)[:3], model=version)
+        direct = {prompt: (answer, unchanged[prompt]) for prompt, answer in answers.items()}
     return {"step": steps, "asked directly (adapter, base)": direct}
 
 

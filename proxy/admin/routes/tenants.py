@@ -50,18 +50,13 @@ def _row(
     }
 
 
-def _lineage_version(conn: Any, name: str) -> str | None:
-    serving = policy_versions.serving_version(conn, name)
-    return None if serving is None else str(serving["version"])
-
-
 def _found(engine: Any, state: Any, name: str) -> dict[str, Any]:
     with engine.connect() as conn:
         row = store.get_tenant(conn, name)
         if row is None:
             raise not_found("tenant", name)
         stats = store.tenant_stats(conn).get(name)
-        lineage = _lineage_version(conn, name)
+        lineage = policy_versions.serving_name(conn, name)
     return _row(row, state, stats, lineage)
 
 
@@ -70,7 +65,7 @@ def list_tenants(engine: EngineDep, state: StateDep) -> dict[str, Any]:
     with engine.connect() as conn:
         rows = store.list_tenants(conn)
         stats = store.tenant_stats(conn)
-        lineages = {r["name"]: _lineage_version(conn, r["name"]) for r in rows}
+        lineages = {r["name"]: policy_versions.serving_name(conn, r["name"]) for r in rows}
     return {"items": [_row(r, state, stats.get(r["name"]), lineages[r["name"]]) for r in rows]}
 
 
