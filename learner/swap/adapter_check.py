@@ -25,12 +25,13 @@ import torch
 from safetensors.torch import load_file
 
 from learner.layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS
-from learner.swap.vllm_weight_check import ADAPTER_METHOD, PROTOCOL, index_weights
+from learner.swap.vllm_weight_check import ADAPTER_METHOD, PROTOCOL
 from learner.swap.weight_check import (
     SUM_TOLERANCE,
     WeightCheckUnavailable,
     WeightReport,
     ask_rpc,
+    relative_offsets,
 )
 
 PREFIX = "base_model.model."
@@ -123,14 +124,9 @@ class AdapterReference:
 
 
 def _offset(values: torch.Tensor, served: torch.Tensor, seed: int) -> float:
-    """The largest |served - expected| over the rank rows, relative to each sum's scale;
-    the served rows beyond ``values``'s (rank padding) must be zero."""
-    values = values.detach().to("cpu", torch.float64)
-    rows = values.shape[0]
-    weights = index_weights(values.shape[1], seed)
-    expected = (values * weights).sum(dim=-1)
-    scale = (values.abs() * weights.abs()).sum(dim=-1).clamp_min(1e-30)
-    offsets = ((served[:rows] - expected).abs() / scale).tolist()
-    padding = served[rows:].abs().tolist()
+    """The largest relative offset over the rank rows (learner/swap/weight_check.py); the
+    served rows beyond ``values``'s (rank padding) must be zero."""
+    offsets = relative_offsets(values, served, seed).tolist()
+    padding = served[values.shape[0] :].abs().tolist()
     worst = max([*offsets, *(math.inf if p else 0.0 for p in padding)], default=0.0)
     return math.inf if worst != worst else worst

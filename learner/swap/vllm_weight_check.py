@@ -24,6 +24,7 @@ rounded up) adds only zeros.
 
 from __future__ import annotations
 
+import functools
 import random
 import zlib
 from typing import Any
@@ -46,9 +47,10 @@ def picks(seed: int, name: str, count: int, size: int) -> list[int]:
     return list(range(start, start + count))
 
 
+@functools.lru_cache(maxsize=64)  # a check reads ~180 tensors of a few sizes, one seed
 def index_weights(size: int, seed: int) -> torch.Tensor:
     """float64 weights in [-1, 1) for elements 0..size-1; element i's weight depends on
-    (i, seed) only, not on ``size``."""
+    (i, seed) only, not on ``size``. Shared between calls: never modify it."""
     i = torch.arange(size, dtype=torch.int64)
     mixed = (i * 2654435761 + seed * 40503 + 12345) % 2147483647
     return mixed.to(torch.float64) / 1073741823.5 - 1.0

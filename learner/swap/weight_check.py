@@ -274,10 +274,11 @@ class Reference:
             return
         held = _dtype(entry.get("dtype", model_dtype))
         # as loaded (rounded to the model's dtype), or kept wider on purpose
-        worst = min(
-            _offset(reference.to(model_dtype).to(held), served, self.seed),
-            _offset(reference.to(held), served, self.seed),
-        )
+        worst = _offset(reference.to(held), served, self.seed)
+        if reference.dtype != model_dtype != held:
+            # rounded to the model's dtype when loaded, then kept wider
+            rounded = _offset(reference.to(model_dtype).to(held), served, self.seed)
+            worst = min(worst, rounded)
         report.compared += len(served)
         report.tensors += 1
         report.max_relative = max(report.max_relative, worst)
@@ -318,13 +319,19 @@ def compare(answer: dict[str, Any], tensors: Tensors, seed: int) -> WeightReport
     return Reference(tensors, seed).compare(answer)
 
 
-def _offset(values: torch.Tensor, served: torch.Tensor, seed: int) -> float:
-    """The largest |served - expected| of the rows, relative to each sum's scale."""
-    values = values.to(torch.float64)
+def relative_offsets(values: torch.Tensor, served: torch.Tensor, seed: int) -> torch.Tensor:
+    """Per row of ``values`` [rows, n]: |served - expected| of its weighted sum, relative to
+    the sum's scale (a NaN on either side stays NaN)."""
+    values = values.detach().to("cpu", torch.float64)
     weights = index_weights(values.shape[1], seed)
     expected = (values * weights).sum(dim=-1)
     scale = (values.abs() * weights.abs()).sum(dim=-1).clamp_min(1e-30)
-    offsets = (served - expected).abs() / scale
+    return (served[: values.shape[0]] - expected).abs() / scale
+
+
+def _offset(values: torch.Tensor, served: torch.Tensor, seed: int) -> float:
+    """The largest relative offset of the rows (inf where one is NaN)."""
+    offsets = relative_offsets(values, served, seed)
     worst = float(offsets.max()) if offsets.numel() else 0.0
     return float("inf") if worst != worst else worst  # NaN on either side fails
 

@@ -178,3 +178,19 @@ def test_the_replica_side_imports_only_torch_outside_a_vllm_worker() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("rounded_first", [True, False])
+def test_a_parameter_kept_wider_than_the_model_matches_rounded_or_not(rounded_first: bool) -> None:
+    """vLLM may keep a parameter in float32 in a bf16 model (a GEMM's bias): loaded either
+    from the bf16-rounded value or from the checkpoint's own; both are the checkpoint's."""
+    tensors = checkpoint()
+    model = served(tensors)
+    norm = tensors["model.norm.weight"]
+    kept = norm.to(DTYPE).float() if rounded_first else norm.clone()
+    model.model.norm.weight = torch.nn.Parameter(kept, requires_grad=False)
+    report = compare(answer(model, 5), DictTensors(tensors), 5)
+    assert report.ok, report.summary()
+    model.model.norm.weight.data[0] += 1e-3  # off by less than a bf16 unit: still found
+    report = compare(answer(model, 5), DictTensors(tensors), 5)
+    assert [m.split(" ")[0] for m in report.mismatched] == ["model.norm.weight"]
