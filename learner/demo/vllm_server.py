@@ -163,8 +163,10 @@ class VLLMServer:
         }
         t0 = time.monotonic()
         with open(self.log_path, "wb") as log:
+            # through parent_watch: vLLM stops with this process even when it is killed
+            watched = [sys.executable, "-m", "learner.demo.parent_watch", str(os.getpid()), "--"]
             self.proc = subprocess.Popen(
-                self.command(),
+                watched + self.command(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
