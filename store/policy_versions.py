@@ -101,7 +101,7 @@ def add_version(
     Callers hold the publish lease (learner/swap/lease.py), so the ordinal they read is theirs.
     `tenant`: the lineage it belongs to (None: the shared policy's)."""
     if status == "serving":
-        _supersede_serving(conn, tenant)
+        supersede_serving(conn, tenant)
     conn.execute(
         insert_for(conn, PolicyVersion.__table__).values(
             version=version,
@@ -123,8 +123,8 @@ def set_version_probe(conn: Connection, *, version: str, probe: dict[str, Any]) 
     conn.execute(update(PolicyVersion).where(PolicyVersion.version == version).values(probe=probe))
 
 
-def _supersede_serving(conn: Connection, tenant: str | None) -> None:
-    """Only one version of a lineage serves at a time."""
+def supersede_serving(conn: Connection, tenant: str | None) -> None:
+    """Take the lineage's serving version out of service (only one serves at a time)."""
     conn.execute(
         update(PolicyVersion)
         .where(PolicyVersion.status == "serving", _lineage(tenant))
@@ -137,7 +137,7 @@ def set_version_status(conn: Connection, *, version: str, status: str) -> None:
         lineage = conn.execute(
             select(PolicyVersion.tenant).where(PolicyVersion.version == version)
         ).scalar()
-        _supersede_serving(conn, lineage)
+        supersede_serving(conn, lineage)
     conn.execute(
         update(PolicyVersion).where(PolicyVersion.version == version).values(status=status)
     )

@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, func, select, update
 
+from store import policy_versions
 from store.models import Call, Grade, PolicyVersion, Tenant, Trajectory
 
 
@@ -115,8 +116,14 @@ def steered_by_hand(pointer: str | None, lineage_serving: str | None) -> bool:
 
 
 def delete_tenant(conn: Connection, name: str) -> bool:
-    """Its calls go to the shared policy from now on; the calls it made keep its name."""
-    return bool(conn.execute(delete(Tenant).where(Tenant.name == name)).rowcount)
+    """Its calls go to the shared policy from now on; the calls it made keep its name. Its
+    lineage serves nothing any more: a tenant defined again under the name starts afresh,
+    instead of finding an old version serving that its new pointer does not name (which
+    reads as an operator's hand, and the learner would leave it alone)."""
+    found = bool(conn.execute(delete(Tenant).where(Tenant.name == name)).rowcount)
+    if found:
+        policy_versions.supersede_serving(conn, name)
+    return found
 
 
 def tenant_stats(conn: Connection) -> dict[str, dict[str, Any]]:

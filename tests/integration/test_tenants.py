@@ -338,3 +338,37 @@ def test_each_lineage_has_its_own_serving_version_and_staleness_order(engine: En
     assert newest == {None: ["base"], "a": ["a-3", "a-2", "a-1"], "b": ["b-1"]}
     assert after == {None: "base", "a": "a-1", "b": "b-1"}
     assert refused == "version 'a-1' is already serving"
+
+
+def test_a_tenant_deleted_and_defined_again_starts_afresh(engine: Engine) -> None:
+    """Deleting a tenant takes its lineage out of service, so the same name defined again
+    is not read as steered by hand (its new pointer, the shared policy, names nothing its
+    old lineage serves) and the learner trains it from the shared policy."""
+    from store import policy_versions
+    from store import tenants as store_tenants
+
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        store_tenants.put_tenant(conn, name="a", client_keys=["k"], interaction_types=[], now=now)
+        for version in ("base", "a-1"):
+            policy_versions.add_version(
+                conn,
+                version=version,
+                ordinal=policy_versions.next_ordinal(conn),
+                parent=None,
+                checkpoint_path=f"/ckpt/{version}",
+                status="serving",
+                tenant=None if version == "base" else "a",
+            )
+        store_tenants.set_serving(conn, name="a", version="a-1", now=now)
+        assert not store_tenants.steered_by_hand("a-1", policy_versions.serving_name(conn, "a"))
+        assert store_tenants.delete_tenant(conn, "a")
+        store_tenants.put_tenant(conn, name="a", client_keys=["k"], interaction_types=[], now=now)
+        pointer = store_tenants.get_tenant(conn, "a")["serving_version"]  # type: ignore[index]
+        lineage = policy_versions.serving_name(conn, "a")
+        status = policy_versions.version(conn, version="a-1")["status"]  # type: ignore[index]
+        shared = policy_versions.serving_name(conn, None)
+    assert (pointer, lineage) == (None, None)
+    assert not store_tenants.steered_by_hand(pointer, lineage)
+    assert status == "superseded"
+    assert shared == "base"  # the shared policy's own version is not touched
