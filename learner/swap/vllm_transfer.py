@@ -7,16 +7,21 @@ vLLM runs this, not the learner: `learner.swap.vllm_plugin` registers it as the 
 are vLLM's own (init, start, update, finish), as for its NCCL engine on GPUs; only the data
 plane differs: each replica has a file in memory (``/dev/shm``) that holds the checkpoint's
 tensors, which the learner fills (whole, or only the elements that changed) before it asks
-for the update, and the update loads them through vLLM's layerwise reload, so the kernels'
-repacked weights are rebuilt exactly as a reload from disk rebuilds them.
+for the update. The update loads them into staging tensors kept between updates and repacks
+each layer's kernel as vLLM's processing does (learner/swap/vllm_direct_load.py); where a
+model's layers are not all understood there, through vLLM's layerwise reload, which rebuilds
+the kernels as a reload from disk does.
 
 Imports only torch and vLLM: it runs inside vLLM's worker.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +32,11 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+log = logging.getLogger("onthejob.vllm_plugin")
+LAYERWISE_FALLBACK = (
+    "onthejob_shm: this model's layers are not all ones a direct load knows; weight updates "
+    "go through vLLM's layerwise reload (slower)"
+)
 PROTOCOL = 1  # bumped when the update's fields change; both sides must agree
 
 
@@ -64,6 +74,8 @@ class SharedMemoryTransferEngine(
     supports_draft_weight_update = False
 
     path: str | None = None
+    # how updates load: a DirectLoad, False for vLLM's layerwise reload, None: not decided
+    direct: Any = None
 
     def init_transfer_engine(self, init_info: SharedMemoryInitInfo) -> None:
         if init_info.protocol != PROTOCOL:
@@ -77,6 +89,14 @@ class SharedMemoryTransferEngine(
         self.path = init_info.path
 
     def start_weight_update(self) -> None:
+        if self.direct is None:
+            from learner.swap.vllm_direct_load import DirectLoad
+
+            self.direct = DirectLoad.plan(self.model) or False
+            if not self.direct:
+                log.warning(LAYERWISE_FALLBACK)
+        if self.direct:
+            return
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
         initialize_layerwise_reload(self.model)
@@ -103,12 +123,31 @@ class SharedMemoryTransferEngine(
             if offset < 0 or offset + nbytes > size:
                 raise ValueError(f"{name} lies outside the weight file ({offset}+{nbytes}>{size})")
             weights.append((name, buffer[offset : offset + nbytes].view(dtype).view(shape)))
+        if self.direct:
+            with self._layerwise_after_a_failure():
+                self.direct.load(self.model, weights)
+            return
         self.model.load_weights(weights)
 
     def finish_weight_update(self) -> None:
+        if self.direct:
+            with self._layerwise_after_a_failure():
+                self.direct.finish()
+            return
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         finalize_layerwise_reload(self.model, self.model_config)
+
+    @contextlib.contextmanager
+    def _layerwise_after_a_failure(self) -> Iterator[None]:
+        """A direct load that fails leaves the model half loaded: the learner restores it
+        from disk, and the next updates go through vLLM's layerwise reload."""
+        try:
+            yield
+        except BaseException:
+            log.exception("onthejob_shm: direct load failed; using the layerwise reload")
+            self.direct = False
+            raise
 
     def shutdown(self) -> None:
         self.path = None

@@ -24,6 +24,7 @@ from learner.loop.learner import Learner
 from learner.swap import weight_check
 from learner.swap.publisher import Probe, current_version
 from learner.swap.transfer import TransferPhases, TransferPublisher, transfer_support
+from learner.swap.vllm_transfer import LAYERWISE_FALLBACK
 from store import db, policy_versions
 from tests.support.drills import learner_config
 from tests.support.weights import PROMPT, logprobs_of, trainer_logprobs
@@ -132,6 +133,8 @@ def test_a_transfer_swap_and_a_delta_swap_are_each_verified_exactly(
     assert result.restored and result.replicas == []
     assert current_version(vllm.url) == "transfer-v2"
     assert publisher.files[vllm.url].version == "transfer-v2"  # its next write is a delta
+    # the updates loaded directly (learner/swap/vllm_direct_load.py), not layerwise
+    assert LAYERWISE_FALLBACK not in vllm.log_path.read_text(errors="replace")
     publisher.close()
     assert not publisher.files[vllm.url].path.exists()
 
