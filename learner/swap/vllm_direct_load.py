@@ -37,8 +37,10 @@ class DirectLoad:
 
     @classmethod
     def plan(cls, model: torch.nn.Module) -> DirectLoad | None:
-        """None where vLLM recorded no loading layout for a layer that holds weights, or a
-        layer's quantization method is not one whose processing only repacks."""
+        """None where loading could need more than repacking: a layer whose quantization
+        method is not one that only repacks, an attention layer or a model with processing
+        of its own after loading, a dropped weight of a layer without a method."""
+        from vllm.model_executor.layers.attention import is_deferred_attention_layer
         from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
         from vllm.model_executor.model_loader.reload.layerwise import (
             LAYERWISE_INFO,
@@ -50,6 +52,8 @@ class DirectLoad:
         )
         from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
 
+        if hasattr(model, "process_weights_after_loading"):
+            return None
         layers: list[torch.nn.Module] = []
         staging: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = []
         for layer in model.modules():
@@ -58,6 +62,8 @@ class DirectLoad:
             method = getattr(layer, "quant_method", None)
             if not params:
                 continue
+            if is_deferred_attention_layer(layer):
+                return None
             if not isinstance(method, QuantizeMethodBase):
                 if method is not None:
                     return None
