@@ -34,12 +34,17 @@ class DirectLoad:
     ) -> None:
         self.layers = layers
         self.staging = staging
+        # each staged layer's own parameter, while its staging tensor stands in
+        self._replaced: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = []
 
     @classmethod
     def plan(cls, model: torch.nn.Module) -> DirectLoad | None:
         """None where loading could need more than repacking: a layer whose quantization
         method is not one that only repacks, an attention layer or a model with processing
-        of its own after loading, a dropped weight of a layer without a method."""
+        of its own after loading, a dropped weight of a layer without a method; and a model
+        served with LoRA (``--enable-lora``), whose wrapped layers vLLM's loader ties and
+        names in ways only its layerwise reload handles."""
+        from vllm.lora.layers import BaseLayerWithLoRA
         from vllm.model_executor.layers.attention import is_deferred_attention_layer
         from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
         from vllm.model_executor.model_loader.reload.layerwise import (
@@ -53,6 +58,8 @@ class DirectLoad:
         from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
 
         if hasattr(model, "process_weights_after_loading"):
+            return None
+        if any(isinstance(module, BaseLayerWithLoRA) for module in model.modules()):
             return None
         layers: list[torch.nn.Module] = []
         staging: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = []
@@ -87,18 +94,40 @@ class DirectLoad:
         return cls(layers, staging) if layers else None
 
     def load(self, model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load into the staging tensors (registered on their layers meanwhile) and into the
+        live parameters. On failure the layers get their own parameters back, so that
+        vLLM's reload from disk, which the learner then runs, finds them as it left them."""
+        self._replaced = [(layer, name, layer._parameters[name]) for layer, name, _ in self.staging]
         for layer, name, shadow in self.staging:
             layer._parameters[name] = shadow
-        model.load_weights(weights)
+        try:
+            model.load_weights(weights)
+        except BaseException:
+            self._unstage()
+            raise
 
     def finish(self) -> None:
-        """Process each layer as vLLM does after loading: the CPU kernels repack."""
-        for layer in self.layers:
-            if hasattr(layer, "_already_called_process_weights_after_loading"):
-                delattr(layer, "_already_called_process_weights_after_loading")
-            layer.quant_method.process_weights_after_loading(layer)
-            if hasattr(layer, "update_param_tp_status"):
-                layer.update_param_tp_status()
+        """Process each layer as vLLM does after loading: the CPU kernels repack (and drop
+        the staging tensor from the layer). On failure, as for ``load``."""
+        try:
+            for layer in self.layers:
+                if hasattr(layer, "_already_called_process_weights_after_loading"):
+                    delattr(layer, "_already_called_process_weights_after_loading")
+                layer.quant_method.process_weights_after_loading(layer)
+                if hasattr(layer, "update_param_tp_status"):
+                    layer.update_param_tp_status()
+        except BaseException:
+            self._unstage()
+            raise
+        self._replaced = []
+
+    def _unstage(self) -> None:
+        """Put back each layer's own parameter where a staging tensor still stands in."""
+        shadows = {id(shadow) for _, _, shadow in self.staging}
+        for layer, name, own in self._replaced:
+            if id(layer._parameters.get(name)) in shadows:
+                layer._parameters[name] = own
+        self._replaced = []
 
 
 # the unquantized methods: on CPU their processing repacks the weight for the GEMM kernel

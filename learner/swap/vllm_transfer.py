@@ -92,7 +92,11 @@ class SharedMemoryTransferEngine(
         if self.direct is None:
             from learner.swap.vllm_direct_load import DirectLoad
 
-            self.direct = DirectLoad.plan(self.model) or False
+            try:
+                self.direct = DirectLoad.plan(self.model) or False
+            except Exception:  # another vLLM's internals: its own reload still works
+                log.exception("onthejob_shm: no plan for a direct load")
+                self.direct = False
             if not self.direct:
                 log.warning(LAYERWISE_FALLBACK)
         if self.direct:

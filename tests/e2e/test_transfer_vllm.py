@@ -336,3 +336,40 @@ def test_a_learner_killed_before_writing_a_transferred_version_serves_its_parent
     assert report.ok, report.summary()
     assert isinstance(second.publisher, TransferPublisher)
     second.publisher.close()
+
+
+def test_a_direct_load_that_fails_is_repaired_from_disk_and_the_next_goes_layerwise(
+    vllm: VLLMServer, tiny_model: Path, tmp_path: Path, probe: Probe, original: str
+) -> None:
+    """Our engine's direct load (learner/swap/vllm_direct_load.py) failing half way leaves
+    the model as vLLM's own reload expects it: the publisher's repair from disk works, the
+    last good version serves, and the next update goes through vLLM's layerwise reload."""
+    publisher = delta_publisher(TransferPublisher, vllm, tiny_model, probe, tmp_path)
+    model = load_model(tiny_model)
+    nudged(model, 0.5, seed=3)
+    assert publisher.publish(
+        tmp_path / "v1", "d1", expected=logprobs_of(model), tensors=checkpoint_tensors(model)
+    ).ok
+    save_checkpoint(model, tmp_path / "v1", source_dir=tiny_model)  # as the learner does
+    nudged(model, 0.05, seed=4)
+    # a tensor the model has no parameter for: vLLM's loader refuses it after the others
+    bogus = {**checkpoint_tensors(model), "model.layers.0.mlp.bogus_proj.weight": torch.ones(4)}
+
+    failed = publisher.publish(tmp_path / "v2", "d2", expected=logprobs_of(model), tensors=bogus)
+
+    assert not failed.ok
+    assert "/update_weights" in (failed.error or "")  # its retry says only that it failed
+    assert "bogus_proj" in vllm.log_path.read_text(errors="replace")
+    assert failed.restored  # d1 serves again, from its checkpoint, its weights checked
+    assert current_version(vllm.url) == "d1"
+
+    again = publisher.publish(
+        tmp_path / "v3", "d3", expected=logprobs_of(model), tensors=checkpoint_tensors(model)
+    )
+
+    assert again.ok, again.error
+    assert again.weight_sums_compared > 0
+    assert "direct load failed; using the layerwise reload" in vllm.log_path.read_text(
+        errors="replace"
+    )
+    publisher.close()
