@@ -126,6 +126,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
             expected_for=_expected_for,
             tolerance=config.verify_tolerance,
             drain_timeout=config.swap_drain_timeout,
+            on_lease_wait=_say_lease_wait,
         )
     except VersionError as exc:
         raise SystemExit(f"onthejob rollback: {exc}") from exc
@@ -133,6 +134,15 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         engine.dispose()
     print(f"serving the weights of {args.version} as {label}")
     return 0
+
+
+def _say_lease_wait(current: dict[str, Any]) -> None:
+    until = current["expires_at"].astimezone().strftime("%H:%M:%S")
+    print(
+        f"onthejob rollback: waiting for the publish lease, held by {current['holder']} "
+        f"(a holder that died gives it up at {until} at the latest)",
+        file=sys.stderr,
+    )
 
 
 def cmd_pin(args: argparse.Namespace) -> int:

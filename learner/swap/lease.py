@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,6 +25,8 @@ from store.models import PublishLease
 
 NAME = "publish"
 TTL = timedelta(seconds=60)
+# a wait this long outlasts the lease of a holder that was killed holding it
+OUTLASTS_TTL = TTL.total_seconds() + 5.0
 
 
 class LeaseBusy(Exception):
@@ -53,9 +55,24 @@ def try_acquire(engine: Engine, holder: str, *, steal_prefix: str | None = None)
         return taken.rowcount == 1
 
 
-def acquire(engine: Engine, holder: str, *, wait: float, steal_prefix: str | None = None) -> None:
+def acquire(
+    engine: Engine,
+    holder: str,
+    *,
+    wait: float,
+    steal_prefix: str | None = None,
+    on_wait: Callable[[dict[str, Any]], None] | None = None,
+) -> None:
+    """Take the lease, waiting up to `wait` seconds for it; `on_wait` hears once who holds
+    it when we have to wait (someone waiting a minute should know why)."""
     deadline = time.monotonic() + wait
+    told = on_wait is None
     while not try_acquire(engine, holder, steal_prefix=steal_prefix):
+        if not told:
+            current = who(engine)
+            if current is not None:
+                on_wait(current)
+                told = True
         if time.monotonic() >= deadline:
             current = who(engine)
             raise LeaseBusy(
@@ -99,10 +116,15 @@ def who(engine: Engine) -> dict[str, Any] | None:
 
 @contextlib.contextmanager
 def held(
-    engine: Engine, holder: str, *, wait: float, steal_prefix: str | None = None
+    engine: Engine,
+    holder: str,
+    *,
+    wait: float,
+    steal_prefix: str | None = None,
+    on_wait: Callable[[dict[str, Any]], None] | None = None,
 ) -> Iterator[None]:
     """Hold the lease for the block, renewed in the background (a swap may outlast TTL)."""
-    acquire(engine, holder, wait=wait, steal_prefix=steal_prefix)
+    acquire(engine, holder, wait=wait, steal_prefix=steal_prefix, on_wait=on_wait)
     stop = threading.Event()
 
     def keep() -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine
 
@@ -64,17 +65,20 @@ def serve_version(
     version: str,
     *,
     action: str = "rollback",
-    lease_wait: float = 30.0,
+    lease_wait: float = lease.OUTLASTS_TTL,
     expected_for: ExpectedFor | None = None,
     tolerance: float | None = None,
     drain_timeout: float = 60.0,
+    on_lease_wait: Callable[[dict[str, Any]], None] | None = None,
 ) -> str:
     """Serve `version` again; the new version's name. `action` "rollback" refuses a version
     newer than the serving one (that is "promote"). `tolerance` only applies to a version
-    without a recorded probe (one that has one is verified as it was at first)."""
+    without a recorded probe (one that has one is verified as it was at first). By default
+    it waits out the lease of a publisher killed holding it; `on_lease_wait` hears who holds
+    the lease when it has to wait."""
     holder = lease.holder_name(action)
     try:
-        with lease.held(engine, holder, wait=lease_wait):
+        with lease.held(engine, holder, wait=lease_wait, on_wait=on_lease_wait):
             return _serve(
                 engine,
                 list(upstreams),

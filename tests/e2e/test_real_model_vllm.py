@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -306,15 +307,34 @@ def test_the_learner_sees_when_vllm_is_generating(real_vllm: VLLMServer) -> None
     body = {
         "model": real_vllm.model_name,
         "prompt": "Once upon a time",
-        "max_tokens": 64,  # over a second at SmolLM2's 57 tokens/s here
+        "max_tokens": 128,  # seconds at SmolLM2's 57 tokens/s here
         "ignore_eos": True,
         "stream": True,
     }
+    first_token, finished = threading.Event(), threading.Event()
+
+    def generate() -> None:
+        try:
+            url = real_vllm.url + "/v1/completions"
+            with httpx.stream("POST", url, json=body, timeout=300) as out:
+                for line in out.iter_lines():
+                    if line.startswith("data:"):
+                        first_token.set()
+        finally:
+            finished.set()
+
+    generating = threading.Thread(target=generate, daemon=True)
+    generating.start()
+    assert first_token.wait(120)
+    # look while the engine holds the request (a single look can land after a fast host
+    # finished it: the CI run at 2ac3455 read 0 two tokens in, behind a slow client)
     during: float | None = None
-    with httpx.stream("POST", real_vllm.url + "/v1/completions", json=body, timeout=300) as out:
-        for index, _ in enumerate(out.iter_lines()):
-            if index == 4:  # two tokens in: the engine holds the request
-                during = replicas_busy([real_vllm.url])
+    while not finished.is_set():
+        during = replicas_busy([real_vllm.url])
+        if during is not None and during >= 1:
+            break
+        time.sleep(0.05)
+    generating.join()
     assert during is not None and during >= 1, during
     # the gauge follows the engine's next stats update after the request finished
     deadline = time.monotonic() + 30

@@ -49,6 +49,26 @@ def test_one_publisher_at_a_time_and_a_dead_one_expires(engine: Engine) -> None:
     assert lease.who(engine) is None  # released
 
 
+def test_a_waiting_publisher_hears_who_holds_the_lease_and_outwaits_a_dead_holder(
+    engine: Engine,
+) -> None:
+    """`onthejob rollback` right after a learner was killed holding the lease (the CI run at
+    2ac3455 gave up at 30 s of a 60 s lease): it waits the lease out, saying whose it is."""
+    assert lease.OUTLASTS_TTL > lease.TTL.total_seconds()
+    assert lease.try_acquire(engine, "learner@x:1:a")
+    with engine.begin() as conn:  # the killed learner's lease, close to its end
+        soon = datetime.now(UTC) + timedelta(seconds=0.5)
+        conn.execute(update(PublishLease).values(expires_at=soon))
+    heard: list[dict] = []
+    lease.acquire(engine, "rollback@y:2:b", wait=lease.OUTLASTS_TTL, on_wait=heard.append)
+    assert [h["holder"] for h in heard] == ["learner@x:1:a"]  # told once, not at every look
+    assert lease.who(engine)["holder"] == "rollback@y:2:b"
+    # free at once: nobody to hear about
+    lease.release(engine, "rollback@y:2:b")
+    lease.acquire(engine, "rollback@y:3:c", wait=1, on_wait=heard.append)
+    assert len(heard) == 1
+
+
 def test_the_fence_waits_for_every_live_proxy_to_drain(engine: Engine) -> None:
     proxy(engine, "p1", [A, B], {})
     proxy(engine, "p2", [A], {})
