@@ -8,6 +8,7 @@ the tenants were read in. Callers own the transaction.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -124,6 +125,22 @@ def delete_tenant(conn: Connection, name: str) -> bool:
     if found:
         policy_versions.supersede_serving(conn, name)
     return found
+
+
+def orphaned_versions(conn: Connection, versions: Iterable[str]) -> set[str]:
+    """Those of `versions` that belong to a tenant no longer defined: a deleted tenant's
+    adapters, which nothing routes to any more (the shared policy's are never among them)."""
+    names = set(versions)
+    if not names:
+        return set()
+    rows = conn.execute(
+        select(PolicyVersion.version).where(
+            PolicyVersion.version.in_(names),
+            PolicyVersion.tenant.is_not(None),
+            PolicyVersion.tenant.not_in(select(Tenant.name)),
+        )
+    )
+    return {version for (version,) in rows}
 
 
 def tenant_stats(conn: Connection) -> dict[str, dict[str, Any]]:

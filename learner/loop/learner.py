@@ -131,6 +131,7 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
         self._lineages = {}
         self._said_no_tenants = False
         self._steered = {}
+        self._swept_for = None
         self.baselines = Baselines.fresh(config.type_baseline)
         self.step = 0
         self.holder = lease.holder_name(LEARNER.rstrip("@"))

@@ -28,10 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from learner.fresh_wait import FreshWait
 from learner.grouping import Baselines
 from learner.loop.base import LEASE_WAIT, LearnerBase, RestoreFailed, baseline_key
 from learner.swap import lease
+from learner.swap.orphan_adapters import unload_orphaned_adapters
 from learner.swap.publisher import Fingerprint
 from learner.traffic import yielding_to
 from store import learner_state, policy_versions, tenants
@@ -66,6 +69,7 @@ class Tenants(LearnerBase):
     _lineages: dict[str, Lineage]
     _said_no_tenants: bool
     _steered: dict[str, str | None]  # the tenants an operator steers, by the pointer said
+    _swept_for: set[str] | None  # the tenants at the last unload of deleted ones' adapters
 
     def train_tenants(self) -> bool:
         """At most one step, for the first tenant in fair order whose batch is ready; a
@@ -92,6 +96,8 @@ class Tenants(LearnerBase):
         for gone in set(self._lineages) - set(names):
             log.info("tenant %s deleted: its adapter is no longer trained", gone)
             del self._lineages[gone]
+        if self._swept_for is None or self._swept_for - set(names):
+            self._unload_deleted_tenants(set(names))
         # least recently trained first; a tenant not started yet before any
         order = sorted(
             names, key=lambda n: self._lineages[n].trained_at if n in self._lineages else -math.inf
@@ -114,6 +120,20 @@ class Tenants(LearnerBase):
                 log.info("tenant %s: step %d (its step %d)", name, self.step, lineage.steps)
                 return True
         return False
+
+    def _unload_deleted_tenants(self, names: set[str]) -> None:
+        """The adapters of tenants deleted since the last look (at start: ever) out of the
+        replicas, under the publish lease (a rollback may be loading one); a store or a
+        replica that is away: tried again at the next look."""
+        try:
+            with lease.held(self.engine, self.holder, wait=LEASE_WAIT):
+                unloaded = unload_orphaned_adapters(self.engine, self.config.upstreams)
+        except (SQLAlchemyError, lease.LeaseBusy) as exc:
+            log.warning("deleted tenants' adapters not unloaded yet: %s", exc)
+            return
+        if unloaded:
+            log.info("deleted tenants' adapters unloaded: %s", ", ".join(sorted(unloaded)))
+        self._swept_for = names
 
     def _save_lineages_at_stop(self) -> None:
         """Each tenant's optimizer state beside its serving adapter, as the shared policy's

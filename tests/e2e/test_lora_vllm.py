@@ -653,13 +653,28 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
             assert learner.poll() is None, again.read_text()[-3000:]
             assert time.monotonic() < deadline, again.read_text()[-3000:]
             time.sleep(0.2)
+
+        # more-a deleted while the learner runs: its adapters leave the replica (each held
+        # a LoRA slot the live tenants need); fewer-a's and the shared policy's stay
+        more_a = {v for v, t, _ in versions if t == MORE_A}
+        assert more_a & loaded_adapters(lora_vllm)
+        assert admin.delete(f"/tenants/{MORE_A}").status_code == 204
+        deadline = time.monotonic() + 60
+        while more_a & loaded_adapters(lora_vllm):
+            assert learner.poll() is None, again.read_text()[-3000:]
+            assert time.monotonic() < deadline, again.read_text()[-3000:]
+            time.sleep(0.2)
+        assert "deleted tenants' adapters unloaded: " in again.read_text()
+        assert listed[FEWER_A]["serving_version"] in loaded_adapters(lora_vllm)
+        assert weight_version(lora_vllm) == shared["version"]
+
         traffic_until_step(
             base, lora_vllm.model_name, engine, 5, learner, again, api_key=keys[FEWER_A]
         )
         learner.wait(timeout=120)
         assert learner.returncode == 0, again.read_text()[-3000:]
         listed = {t["name"]: t for t in admin.get("/tenants").json()["items"]}
-        assert listed[MORE_A]["serving_version"] is None  # as the operator left it
+        assert MORE_A not in listed
         with engine.connect() as conn:
             (fifth,) = conn.execute(
                 select(TrainingStep.tenant, TrainingStep.version).where(TrainingStep.step == 5)

@@ -372,3 +372,32 @@ def test_a_tenant_deleted_and_defined_again_starts_afresh(engine: Engine) -> Non
     assert not store_tenants.steered_by_hand(pointer, lineage)
     assert status == "superseded"
     assert shared == "base"  # the shared policy's own version is not touched
+
+
+def test_a_deleted_tenants_versions_are_orphaned_and_no_others(engine: Engine) -> None:
+    """What the learner unloads from the replicas when a tenant goes: its adapters only,
+    never the shared policy's or a live tenant's."""
+    from store import policy_versions
+    from store import tenants as store_tenants
+
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        for name in ("live", "gone"):
+            store_tenants.put_tenant(
+                conn, name=name, client_keys=[name], interaction_types=[], now=now
+            )
+        for version, tenant in (("shared-1", None), ("live-1", "live"), ("gone-1", "gone")):
+            policy_versions.add_version(
+                conn,
+                version=version,
+                ordinal=policy_versions.next_ordinal(conn),
+                parent=None,
+                checkpoint_path=f"/ckpt/{version}",
+                status="serving",
+                tenant=tenant,
+            )
+        listed = {"shared-1", "live-1", "gone-1", "not-ours"}
+        assert store_tenants.orphaned_versions(conn, listed) == set()
+        assert store_tenants.delete_tenant(conn, "gone")
+        assert store_tenants.orphaned_versions(conn, listed) == {"gone-1"}
+        assert store_tenants.orphaned_versions(conn, []) == set()
