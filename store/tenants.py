@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, select, update
+from sqlalchemy import Connection, delete, func, select, true, update
 
 from store import policy_versions
 from store.models import Call, Grade, PolicyVersion, Tenant, Trajectory
@@ -143,11 +143,11 @@ def orphaned_versions(conn: Connection, versions: Iterable[str]) -> set[str]:
     return {version for (version,) in rows}
 
 
-def tenant_stats(conn: Connection) -> dict[str, dict[str, Any]]:
+def tenant_stats(conn: Connection, name: str | None = None) -> dict[str, dict[str, Any]]:
     """Per tenant (by the tenant of a trajectory's first call): its graded trajectories, how
     many a step trained on, and per version that served them (the version of the first
     call, in the order versions served; never-verified labels first) their count and mean
-    reward: the tenant's reward over its own versions."""
+    reward: the tenant's reward over its own versions. `name`: that tenant's only."""
     first = (
         select(Call.tenant, Call.policy_version)
         .where(Call.trajectory_id == Trajectory.id)
@@ -167,7 +167,7 @@ def tenant_stats(conn: Connection) -> dict[str, dict[str, Any]]:
         )
         .select_from(Grade)
         .join(Trajectory, Trajectory.id == Grade.trajectory_id)
-        .where(Grade.reward.is_not(None))
+        .where(Grade.reward.is_not(None), true() if name is None else tenant == name)
         .group_by(tenant, version)
     ).all()
     ordinals = {v: o for v, o in conn.execute(select(PolicyVersion.version, PolicyVersion.ordinal))}

@@ -208,6 +208,8 @@ def test_an_unloaded_adapter_is_no_longer_sent_to(
             )
         grade_queue.mark_trained(conn, trajectory_ids=trajectories[:1], step=1)
         stats = tenants.tenant_stats(conn)
+        assert tenants.tenant_stats(conn, "ops") == stats  # one tenant's: the same numbers
+        assert tenants.tenant_stats(conn, "nobody") == {}
     assert stats["ops"]["graded"] == 3 and stats["ops"]["trained"] == 1
     by_version = [(v["version"], v["trajectories"]) for v in stats["ops"]["by_version"]]
     assert by_version == [("fake-v1", 2), ("ops-1", 1)]  # in the order they served

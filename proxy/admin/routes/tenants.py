@@ -55,7 +55,7 @@ def _found(engine: Any, state: Any, name: str) -> dict[str, Any]:
         row = store.get_tenant(conn, name)
         if row is None:
             raise not_found("tenant", name)
-        stats = store.tenant_stats(conn).get(name)
+        stats = store.tenant_stats(conn, name).get(name)
         lineage = policy_versions.serving_name(conn, name)
     return _row(row, state, stats, lineage)
 
