@@ -237,6 +237,11 @@ def micro_batches(
         yield MicroBatch([samples[i] for i in batch], [advantages[i] for i in batch])
 
 
+def trainer_device(device: str | None) -> str:
+    """The device a trainer asked for `device` runs on: the GPU when there is one."""
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 class Trainer:
     def __init__(
         self,
@@ -250,7 +255,7 @@ class Trainer:
         ones, a LoRA adapter's base, bfloat16). `reference`: a frozen policy for the KL term
         (needed when loss.kl_coef > 0), except for a LoRA model, whose reference is its
         base: the adapter switched off."""
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = trainer_device(device)
         self.config = config
         self.model = model.to(self.device)
         if config.precision == "bfloat16":

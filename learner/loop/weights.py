@@ -10,11 +10,12 @@ from pathlib import Path
 import torch
 
 from learner.checkpoint import load_model
-from learner.layout import is_adapter, served_base
+from learner.layout import adapter_base, is_adapter, served_base
 from learner.loop.base import PROBE_TEXT, LearnerBase
 from learner.lora import load_trainable, merge, wrap
+from learner.shared_base import share_frozen
 from learner.swap.publisher import ExpectedLogprobs, Probe
-from learner.trainer import Trainer, TrainerConfig
+from learner.trainer import Trainer, TrainerConfig, trainer_device
 
 log = logging.getLogger("onthejob.learner")
 
@@ -38,6 +39,12 @@ class Weights(LearnerBase):
                 if is_adapter(source)
                 else wrap(load_model(source, base_dtype), self.lora_settings)
             )
+            # the tenants' trainers (and a trainer built while the last one lives) hold
+            # one copy of the base between them
+            model = model.to(trainer_device(self.config.device))
+            shared = share_frozen(model, adapter_base(source) if is_adapter(source) else source)
+            if shared:
+                log.info("trainer: its frozen base is shared, %.0f MB not held twice", shared / 1e6)
         elif is_adapter(source):
             model = merge(load_trainable(source))  # LoRA switched off: train its merged weights
         else:

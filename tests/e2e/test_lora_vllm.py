@@ -572,6 +572,8 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
                 .where(PolicyVersion.tenant.is_not(None))
                 .order_by(PolicyVersion.ordinal)
             ).all()
+        # the tenants' trainers hold one copy of the base between them
+        assert "its frozen base is shared" in log_path.read_text()
         # fair turns: the tenant with more traffic does not take the steps of the other
         assert [tenant for tenant, _ in steps] == [FEWER_A, MORE_A, FEWER_A, MORE_A]
         assert all(v is not None and v.startswith(f"{t}-step-") for t, v in steps)
