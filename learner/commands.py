@@ -13,8 +13,17 @@ from store.settings_cli import add_flags, given
 
 def register(commands: Any) -> None:
     _add_learn(commands)
-    rollback = commands.add_parser("rollback", help="serve an earlier policy version again")
-    rollback.add_argument("version", metavar="VERSION")
+    rollback = commands.add_parser(
+        "rollback",
+        help="serve an earlier policy version again",
+        description="Serve VERSION's weights again, as a new version VERSION+rollback-N: "
+        "hot-swapped into every upstream behind the swap fence and verified against the "
+        "probe VERSION passed when it was published. Waits for a publish in progress (up to "
+        "65 s: the lease of a learner killed mid-publish runs out in 60), saying whose.",
+    )
+    rollback.add_argument(
+        "version", metavar="VERSION", help="a verified version (the admin API's /versions)"
+    )
     _add_settings(rollback, only=("database_url", "upstreams"))
     rollback.set_defaults(func=cmd_rollback)
     for name, verb in (("pin", "keep"), ("unpin", "no longer keep")):
