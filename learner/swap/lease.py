@@ -4,7 +4,10 @@ The learner's publishes, `onthejob rollback` and the admin API's rollback and pr
 hold it while they reserve a version ordinal, swap, verify and record, so none of them can
 take an ordinal another is about to use, or swap weights under another's feet. It is a
 lease in the store, renewed while held: a holder killed mid-publish blocks the others for at
-most TTL (and a restarted learner takes over its predecessor's lease at once).
+most TTL (and a restarted learner takes over its predecessor's lease at once). A holder
+that is plainly dead, a process of this machine's process namespace that exists no more, is
+taken over at once by anyone: its name says where it ran (`holder_name`). Where that cannot
+be told (another host, another container, a process we may not signal), it is waited out.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, or_, select, update
@@ -34,17 +38,56 @@ class LeaseBusy(Exception):
 
 
 def holder_name(kind: str) -> str:
-    """A holder id naming the process: `learner@host:pid:random`."""
-    return f"{kind}@{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+    """A holder id naming the process: `learner@host:pid:random:pidns`, where pidns is the
+    process namespace the pid is counted in (containers on the host's network share its
+    host name, not its pids)."""
+    return f"{kind}@{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}:{_pid_namespace()}"
+
+
+def _pid_namespace() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""  # not Linux, or no /proc: no holder of ours is ever judged dead
+
+
+def is_dead_here(holder: str) -> bool:
+    """Whether `holder` names a process of this host and process namespace that is gone
+    (or a zombie, killed and not yet reaped). False whenever that cannot be told."""
+    parts = holder.partition("@")[2].split(":")
+    if len(parts) != 4:
+        return False  # not a name of ours, or one from before names said their namespace
+    host, pid, _random, namespace = parts
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    if not namespace or namespace != _pid_namespace():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, someone else's
+    try:
+        # the state follows the command name in parentheses, which may hold spaces
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state == "Z"
 
 
 def try_acquire(engine: Engine, holder: str, *, steal_prefix: str | None = None) -> bool:
-    """Take the lease if it is free, expired, ours, or (steal_prefix) held by a predecessor."""
+    """Take the lease if it is free, expired, ours, held by a process that is plainly dead,
+    or (steal_prefix) held by a predecessor."""
     now = datetime.now(UTC)
     table = PublishLease.__table__
     with engine.begin() as conn:
         conn.execute(insert_for(conn, table).values(name=NAME).on_conflict_do_nothing())
         free = or_(table.c.holder.is_(None), table.c.expires_at < now, table.c.holder == holder)
+        current = conn.execute(select(table.c.holder).where(table.c.name == NAME)).scalar()
+        if current is not None and current != holder and is_dead_here(current):
+            # taken only if it is still that holder's when we write
+            free = or_(free, table.c.holder == current)
         if steal_prefix is not None:
             free = or_(free, table.c.holder.startswith(steal_prefix, autoescape=True))
         taken = conn.execute(

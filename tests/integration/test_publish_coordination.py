@@ -3,7 +3,10 @@ their rows in the store, as a real proxy's GateKeeper writes them)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -67,6 +70,41 @@ def test_a_waiting_publisher_hears_who_holds_the_lease_and_outwaits_a_dead_holde
     lease.release(engine, "rollback@y:2:b")
     lease.acquire(engine, "rollback@y:3:c", wait=1, on_wait=heard.append)
     assert len(heard) == 1
+
+
+def test_a_holder_plainly_dead_is_taken_over_at_once_and_no_other(engine: Engine) -> None:
+    """A learner killed holding the lease, on this host: `onthejob rollback` need not wait
+    out its 60 s. Whatever cannot be judged dead here is waited out as before."""
+    named = [sys.executable, "-c", "from learner.swap import lease; print(lease.holder_name('x'))"]
+    with subprocess.Popen(
+        [sys.executable, "-c", "import sys; from learner.swap import lease; "
+         "print(lease.holder_name('learner'), flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    ) as live:  # fmt: skip
+        assert live.stdout is not None
+        holder = live.stdout.readline().strip()
+        assert lease.try_acquire(engine, holder)
+        assert not lease.try_acquire(engine, "rollback@y:2:b")  # alive: it is its lease
+        host, pid, random, namespace = holder.partition("@")[2].split(":")
+        for elsewhere in (
+            f"learner@other-host:{pid}:{random}:{namespace}",  # another machine
+            f"learner@{host}:{pid}:{random}:1",  # another container on the host's network
+            f"learner@{host}:{pid}:{random}",  # a name from before names said their namespace
+        ):
+            assert not lease.is_dead_here(elsewhere)
+        live.kill()  # SIGKILL, not reaped yet: a zombie is dead too
+        deadline = time.monotonic() + 10
+        while not lease.is_dead_here(holder):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert lease.try_acquire(engine, "rollback@y:2:b")
+    assert lease.who(engine)["holder"] == "rollback@y:2:b"
+    lease.release(engine, "rollback@y:2:b")
+    # a process that ended and was reaped
+    gone = subprocess.run(named, capture_output=True, text=True, check=True).stdout.strip()
+    assert lease.is_dead_here(gone) and not lease.is_dead_here(lease.holder_name("me"))
+    assert lease.try_acquire(engine, gone)
+    assert lease.try_acquire(engine, "rollback@y:3:c")
 
 
 def test_the_fence_waits_for_every_live_proxy_to_drain(engine: Engine) -> None:
