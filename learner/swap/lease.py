@@ -5,7 +5,7 @@ hold it while they reserve a version ordinal, swap, verify and record, so none o
 take an ordinal another is about to use, or swap weights under another's feet. It is a
 lease in the store, renewed while held: a holder killed mid-publish blocks the others for at
 most TTL (and a restarted learner takes over its predecessor's lease at once). A holder
-that is plainly dead, a process of this machine's process namespace that exists no more, is
+that is plainly dead, a process of this boot's process namespace that exists no more, is
 taken over at once by anyone: its name says where it ran (`holder_name`). Where that cannot
 be told (another host, another container, a process we may not signal), it is waited out.
 """
@@ -38,17 +38,20 @@ class LeaseBusy(Exception):
 
 
 def holder_name(kind: str) -> str:
-    """A holder id naming the process: `learner@host:pid:random:pidns`, where pidns is the
-    process namespace the pid is counted in (containers on the host's network share its
-    host name, not its pids)."""
-    return f"{kind}@{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}:{_pid_namespace()}"
+    """A holder id naming the process: `learner@host:pid:random:pidspace`, where pidspace
+    says which kernel boot and process namespace the pid is counted in: containers on the
+    host's network share its host name but not its pids, and two machines may share a host
+    name (and the first namespace's number, which is the same on every Linux)."""
+    return f"{kind}@{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}:{_pid_space()}"
 
 
-def _pid_namespace() -> str:
+def _pid_space() -> str:
     try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")
+        namespace = os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         return ""  # not Linux, or no /proc: no holder of ours is ever judged dead
+    return f"{boot[:16]}-{namespace}" if boot else ""
 
 
 def is_dead_here(holder: str) -> bool:
@@ -57,10 +60,10 @@ def is_dead_here(holder: str) -> bool:
     parts = holder.partition("@")[2].split(":")
     if len(parts) != 4:
         return False  # not a name of ours, or one from before names said their namespace
-    host, pid, _random, namespace = parts
+    host, pid, _random, space = parts
     if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
         return False
-    if not namespace or namespace != _pid_namespace():
+    if not space or space != _pid_space():
         return False
     try:
         os.kill(int(pid), 0)

@@ -85,10 +85,12 @@ def test_a_holder_plainly_dead_is_taken_over_at_once_and_no_other(engine: Engine
         holder = live.stdout.readline().strip()
         assert lease.try_acquire(engine, holder)
         assert not lease.try_acquire(engine, "rollback@y:2:b")  # alive: it is its lease
-        host, pid, random, namespace = holder.partition("@")[2].split(":")
+        host, pid, random, space = holder.partition("@")[2].split(":")
+        boot, namespace = space.split("-")
         for elsewhere in (
-            f"learner@other-host:{pid}:{random}:{namespace}",  # another machine
-            f"learner@{host}:{pid}:{random}:1",  # another container on the host's network
+            f"learner@other-host:{pid}:{random}:{space}",  # another machine
+            f"learner@{host}:{pid}:{random}:{boot}-1",  # another container, the host's network
+            f"learner@{host}:{pid}:{random}:{'0' * 16}-{namespace}",  # a machine of that name
             f"learner@{host}:{pid}:{random}",  # a name from before names said their namespace
         ):
             assert not lease.is_dead_here(elsewhere)
