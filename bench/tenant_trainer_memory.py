@@ -24,17 +24,12 @@ import torch
 
 from learner.checkpoint import load_model
 from learner.lora import LoraSettings, wrap
+from learner.real_models import prepared_or_path
 from learner.shared_base import share_frozen
 from learner.trainer import Trainer, TrainerConfig
 from store.samples import Sample
 
 PROMPT, COMPLETION = [1, 10, 20, 30], [40, 50, 60]
-
-
-def model_dir(name: str) -> Path:
-    from learner.real_models import MODELS, prepare
-
-    return prepare(name) if name in MODELS else Path(name)
 
 
 def resident_mb() -> float:
@@ -74,7 +69,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--arm", choices=["apart", "shared"], help=argparse.SUPPRESS)
     args = parser.parse_args()
-    base = model_dir(args.model)
+    base = prepared_or_path(args.model)
     if args.arm:
         dtype = getattr(torch, args.dtype)
         print(json.dumps(one_arm(base, args.tenants, dtype, args.arm == "shared")))

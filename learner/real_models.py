@@ -168,6 +168,12 @@ def model_dir(name: str, cache_dir: Path | None = None) -> Path:
     return Path(cache_dir or default_cache_dir()) / lookup(name).name
 
 
+def prepared_or_path(name_or_dir: str) -> Path:
+    """A model of the list (`onthejob models list`), prepared if need be; anything else is
+    taken as the model's directory."""
+    return prepare(name_or_dir) if name_or_dir in MODELS else Path(name_or_dir)
+
+
 def is_prepared(directory: Path, model: RealModel) -> bool:
     """True when ``directory`` holds a finished conversion of ``model``'s pinned sources."""
     try:
