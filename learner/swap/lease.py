@@ -13,6 +13,7 @@ be told (another host, another container, a process we may not signal), it is wa
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import threading
@@ -45,6 +46,7 @@ def holder_name(kind: str) -> str:
     return f"{kind}@{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}:{_pid_space()}"
 
 
+@functools.cache  # the same for the whole process: read once, not at every look
 def _pid_space() -> str:
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")
@@ -112,13 +114,11 @@ def acquire(
     """Take the lease, waiting up to `wait` seconds for it; `on_wait` hears once who holds
     it when we have to wait (someone waiting a minute should know why)."""
     deadline = time.monotonic() + wait
-    told = on_wait is None
+    to_tell = on_wait  # None once told
     while not try_acquire(engine, holder, steal_prefix=steal_prefix):
-        if not told:
-            current = who(engine)
-            if current is not None:
-                on_wait(current)
-                told = True
+        if to_tell is not None and (current := who(engine)) is not None:
+            to_tell(current)
+            to_tell = None
         if time.monotonic() >= deadline:
             current = who(engine)
             raise LeaseBusy(
