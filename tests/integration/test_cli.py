@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from learner.demo.vllm_server import free_port
+from learner.swap.lease import OUTLASTS_TTL, TTL
 from store import db, recording
 from tests.support.cli import onthejob
 
@@ -28,6 +29,7 @@ from tests.support.cli import onthejob
         ["spool", "replay"],
         ["learn"],
         ["rollout"],
+        ["rollback"],
     ],
 )
 def test_help_lists_every_option(command: list[str]) -> None:
@@ -64,6 +66,12 @@ def test_help_lists_every_option(command: list[str]) -> None:
     if command == ["spool", "replay"]:
         for option in ("--db", "--spool"):
             assert option in result.stdout
+    if command == ["rollback"]:
+        # the help states the lease's times as literals (importing the lease would load the
+        # store for every --help): they must be the lease's own
+        help_text = " ".join(result.stdout.split())
+        assert f"up to {OUTLASTS_TTL:.0f} s" in help_text, help_text
+        assert f"runs out in {TTL.total_seconds():.0f})" in help_text, help_text
     if command == ["export"]:
         for option in ("--db", "--session", "--since", "--type", "--output"):
             assert option in result.stdout
