@@ -69,6 +69,15 @@ def traffic(proxy: ProxyServer, model: str, tag: str) -> None:
         )
 
 
+@pytest.fixture(autouse=True)
+def patient_assertions() -> None:
+    """Playwright's assertions wait 5 s by default: short for headless Chromium and the admin
+    API on a loaded 2-core host. They pass as soon as the page shows what they expect."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=30_000)
+
+
 def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -127,7 +127,9 @@ def test_a_learner_stopped_mid_publish_finishes_the_swap_first_and_leaves_nothin
         said = log_path.read_text()
         assert "stopping once the swap under way is verified" in said, said[-3000:]
         assert "onthejob learn: stopped" in said
-        assert not gated(proxy)  # nobody is left to reopen it: the learner did, on its way out
+        # nobody is left to reopen it: the learner did, on its way out, in the store, and the
+        # proxy sees that at its next look
+        wait_until(lambda: not gated(proxy), "the proxy sees the gate the learner reopened", 15)
         after = traffic.batch("after", 2)
         assert traffic.failures == []
         assert_invariants(engine, traffic.answered)

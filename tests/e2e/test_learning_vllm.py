@@ -20,6 +20,7 @@ from sqlalchemy import select
 from learner.swap.publisher import FullReloadPublisher, Probe
 from store import db
 from store.models import Call, PolicyVersion, TrainingStep
+from tests.support.records import count_calls, wait_for_calls
 from tests.support.traffic import traffic, wait_for_step
 from tests.support.waits import wait_for_line
 
@@ -116,7 +117,11 @@ def test_traffic_through_the_proxy_makes_the_model_better(
         learner.wait(timeout=60)
         assert learner.returncode == 0, (tmp_path / "learner.log").read_text()[-3000:]
         before = curve[0]
-        after = mean(asyncio.run(traffic(base, vllm.model_name, rounds=2)))
+        recorded = count_calls(engine)
+        rewards = asyncio.run(traffic(base, vllm.model_name, rounds=2))
+        after = mean(rewards)
+        # the proxy writes its records shortly after each call: all of these are read below
+        wait_for_calls(engine, recorded + len(rewards))
         print(f"mean share of 'a' per round: {[round(r, 3) for r in curve]}; after: {after:.3f}")
         assert after > before + 0.15, (before, after, curve)
 

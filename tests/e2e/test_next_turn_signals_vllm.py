@@ -153,7 +153,8 @@ def test_the_turn_judge_is_asked_once_per_turn_the_rules_are_silent_on(
     from store.tasks import TaskTable
 
     db.upgrade(db_url)
-    proxy = start_proxy([vllm.url], db_url, args=["--idle-timeout", "0.5"])
+    # two calls a conversation: 2 s for the second, as in the test above
+    proxy = start_proxy([vllm.url], db_url, args=["--idle-timeout", "2"])
     client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="x", max_retries=0)
     uncertain = ["Hmm, I get 42 when I work it out.", "OK, got it."]
     for text in [*uncertain, "No, that's wrong."]:

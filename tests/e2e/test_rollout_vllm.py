@@ -212,7 +212,8 @@ def test_hanging_harness_is_killed_at_timeout(vllm, start_proxy, tmp_path):
     assert [r.status for r in by_task["hangs"]] == ["timeout", "timeout"]
     assert all(r.reward == 0.0 and r.exit_code == -signal.SIGTERM for r in by_task["hangs"])
     assert [r.status for r in by_task["answers"]] == ["ok", "ok"]  # never blocked
-    assert elapsed < 20 + 2 + 15  # the timeout, the kill grace, settling and start-up
+    # the timeout, the kill grace, then settling and start-up on a loaded host (23.6 s in CI)
+    assert elapsed < 20 + 2 + 30, elapsed
     # the hung harnesses had made their call: their trajectories are graded with reward 0
     engine = db.make_engine(db_url)
     try:

@@ -63,7 +63,7 @@ def config(db_url: str, tmp_path: Path, proxy: ProxyServer, **overrides) -> Roll
         "concurrency": 3,
         "timeout": 30,
         "settle": 0.2,
-        "record_wait": 0.5,
+        "record_wait": 10,  # a loaded host may write a call late; runs with calls settle at once
     }
     return RolloutConfig(**(values | overrides))
 
