@@ -7,7 +7,7 @@ its type in X-Onthejob-Type, as the training runs do for "lower"):
 - "lower": success when the reply begins low (a space or a lowercase ASCII letter);
 - "plain" (protected): success when it does not.
 All prompts are of one family, and about half the replies begin low. The learner trains
-one step at a learning rate far too high (0.2) on rollouts rewarded for beginning in lower
+one step at a learning rate far too high (2.0) on rollouts rewarded for beginning in lower
 case, a reward that punishes every "plain" success. Replies are one token long, so the step
 moves only the first token's distribution, and it overshoots: the new version begins (almost)
 every reply the same way. Which way is the tiny model's business, but the
@@ -62,6 +62,13 @@ PLAIN = [{"id": f"plain-{i}", "prompt": f"Write something, take {i}.", "check": 
 # runs, a floor of 0.25) one run's step took "lower" from 0.375 to 0.167 only, not beyond
 # that floor: the collapse is not always whole
 SAMPLES = 12
+# One AdamW step moves every weight by about the rate, so the tiny model's first-token
+# distribution lands where it lands. Measured offline (the same prompts, 8 samples a task,
+# one step by learner.trainer, the exact share of low first tokens after): at 0.2, 58 of 60
+# steps collapsed it, and the CI run at 9560795 met a step that did not (lower 0.354 -> 0.479,
+# plain 0.562 -> 0.688: the version was rightly kept); at 2.0, 499 of 500 collapsed it, and
+# the other still moved a type by 0.26
+RATE = "2.0"
 
 
 def write_tasks(path: Path, tasks: list[dict[str, Any]]) -> Path:
@@ -115,7 +122,7 @@ def test_a_version_that_degrades_a_type_is_rolled_back(
         learner = subprocess.run(
             [sys.executable, "-m", "proxy.cli", "learn", "--db", pg_url, "--upstream", vllm.url,
              "--model", str(tiny_model), "--checkpoints", str(tmp_path / "checkpoints"),
-             "--grader", "reference", "--batch-trajectories", "16", "--learning-rate", "2e-1",
+             "--grader", "reference", "--batch-trajectories", "16", "--learning-rate", RATE,
              "--max-steps", "1", "--no-mask-truncated", "--poll-interval", "0.2",
              "--self-judge-shadow", "0",
              "--guard", str(guard_file(tmp_path, proxy.url))],
