@@ -43,7 +43,9 @@ REASONS: dict[str, Reason] = {
     "no_baseline": Reason("no baseline", TRAJECTORIES, "--type-baseline, or groups: --fanout"),
     # samples, built from the trajectories with a signal
     "truncated": Reason(
-        "truncated", SAMPLES, "--no-mask-truncated, or a larger max_tokens in the harness"
+        "truncated",
+        SAMPLES,
+        "--truncated train, or a larger max_tokens in the harness",
     ),
     "no_tokens": Reason("no tokens", SAMPLES, "no setting: nothing sampled"),
     # per-turn credit: no reply of the sample was judged by a next-turn signal (the rules
@@ -179,7 +181,7 @@ class StepAccount:
 
     def summary(self) -> str:
         """E.g. "6 samples trained, from 4 of 268 trajectories considered; dropped: truncated
-        241 samples (--no-mask-truncated, ...), flat group 9 trajectories (...)"."""
+        241 samples (--truncated train, ...), flat group 9 trajectories (...)"."""
         text = (
             f"{_count(self.trained_samples, SAMPLES)} trained, from "
             f"{self.trained_trajectories} of {_count(self.considered, TRAJECTORIES)} considered"

@@ -223,9 +223,13 @@ class LearnerConfig(BaseSettings):
         "a control run: permute each step's rewards across its batch, so that a gain it "
         "shows cannot come from the reward",
     )
-    mask_truncated: bool = setting(
-        True,
-        "leave completions cut by max_tokens out of training (--no-mask-truncated: train on them)",
+    truncated: Literal["penalise", "train", "mask"] = setting(
+        "penalise",
+        "replies cut at max_tokens: penalise trains those its grader scored below their "
+        "group (the harness asked for a reply within max_tokens, and rambling past it cost "
+        "the answer) and leaves out those above it (a reward for a reply the client never got "
+        "whole may credit what it did not finish); train: all of them; mask: none (overlong "
+        "filtering)",
     )
     yield_to_traffic: float = setting(
         0.0,
@@ -288,9 +292,10 @@ class LearnerConfig(BaseSettings):
     )
     torch_threads: int = setting(
         0,
-        "torch's threads for training; where vLLM-CPU serves on the same cores, the cores it "
-        "leaves free (0: torch's default, one per core). A GRPO step of SmolLM2 beside one "
-        "busy core took 15.0 s on 1 thread and 25.8 s on 2",
+        "torch's threads for training; 0: half the cores where a vLLM replica serves from "
+        "this host and the trainer computes on the CPU (learner/threads.py), else torch's "
+        "default, one per core. A GRPO step of SmolLM2 beside one busy core took 15.0 s on 1 "
+        "thread and 25.8 s on 2",
         metavar="N",
         ge=0,
     )

@@ -253,7 +253,8 @@ def trainable_grades(
     conn: Connection, *, keys: Sequence[str] = (), tenant: str | None = None
 ) -> list[dict[str, Any]]:
     """Graded trajectories not yet trained on: id, task_key, group_key, interaction_type,
-    reward, policy version; with `keys`, only the traffic of those client keys (rollout runs,
+    reward, policy version, when it started and last called (started_at, last_call_at) and
+    was graded (graded_at); with `keys`, only the traffic of those client keys (rollout runs,
     graded by their runner, included); with `tenant`, only that tenant's.
 
     group_key: the explicit GRPO group (fan-out siblings share one), None for organic ones.
@@ -273,6 +274,9 @@ def trainable_grades(
             Trajectory.interaction_type,
             Grade.reward,
             first_version.label("policy_version"),
+            Trajectory.started_at,
+            Trajectory.last_call_at,
+            Grade.graded_at,
         )
         .join(Trajectory, Trajectory.id == Grade.trajectory_id)
         .where(Grade.trained_in_step.is_(None), Grade.reward.is_not(None))

@@ -83,7 +83,7 @@ RECIPES = {
     "calculator": Recipe("calculator", HARNESS, _calculator_tasks, learning_rate=1e-4),
     # a real pretrained instruct model: one-reply reading questions with a distractor. Its
     # rambling replies are cut at 32 tokens and graded as they are: masked, the learner would
-    # never see that rambling costs the answer (--no-mask-truncated)
+    # never see that rambling costs the answer (--truncated train)
     "reading": Recipe(
         "reading",
         [*QA_ONLY, "--no-tools", "--max-tokens", "32"],
@@ -92,7 +92,7 @@ RECIPES = {
         # verified swaps in 10-14 minutes, float32 on 2 AVX2 cores); 3e-5 gained 15-25
         # points in 12-14 steps (bf16, 2 AVX-512 cores)
         learning_rate=5e-5,
-        learner_args=("--no-mask-truncated",),
+        learner_args=("--truncated", "train"),
     ),
 }
 

@@ -22,6 +22,7 @@ from learner.signals import SignalWeights
 from learner.stopping import GracefulStop
 from learner.swap.fence import Fence
 from learner.swap.publisher import FullReloadPublisher, Probe
+from learner.threads import ThreadChoice
 from learner.trackers import Reporter
 from learner.traffic import TrafficYield
 from learner.trainer import Trainer, TrainerConfig
@@ -85,6 +86,9 @@ class LearnerBase:
     _pending: set[str]
     _pending_since: float
     _trainer_is_serving: bool
+    _last_step_end: float  # monotonic: when the last step (or the learner's start) ended
+    _said_no_signal: bool  # the learner said why no step is ready (learner/cannot_learn.py)
+    threads: ThreadChoice
 
 
 def baseline_key(key: str, tenant: str | None) -> str:

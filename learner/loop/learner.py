@@ -17,6 +17,7 @@ and the checkpoints.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ from learner.swap.fence import Fence
 from learner.swap.publisher import FullReloadPublisher
 from learner.swap.requests import SwapRequestWorker
 from learner.swap.transfer import TransferPublisher
+from learner.threads import choose_threads
 from learner.trackers import Reporter
 from learner.traffic import yielding_to
 from learner.trainer import Trainer, TrainerConfig
@@ -74,8 +76,16 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
             raise ValueError("--lora trains on one device: launch it without torchrun")
         self.config = config
         self.ranks = ranks
-        if config.torch_threads:
-            torch.set_num_threads(config.torch_threads)
+        self.threads = choose_threads(
+            config.torch_threads,
+            config.upstreams,
+            cores=os.cpu_count() or 1,
+            on_gpu=_trains_on_gpu(config.device),
+            sharded=ranks is not None,
+        )
+        if self.threads.threads:
+            torch.set_num_threads(self.threads.threads)
+        log.info("trainer threads: %s", self.threads.why)
         if ranks is not None:
             log.info("training sharded over %d ranks (FSDP2) on %s", ranks.world, ranks.device)
         schema.require(config.database_url, migrate=config.migrate, who="learner")
@@ -96,7 +106,7 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
             micro_batch_tokens=config.micro_batch_tokens,
             logprob_chunk_tokens=config.logprob_chunk_tokens,
             activation_checkpointing=config.activation_checkpointing,
-            mask_truncated=config.mask_truncated,
+            truncated=config.truncated,
             max_sequence_mismatch=config.max_sequence_mismatch,
             loss=LossConfig(
                 clip_low=config.clip_low,
@@ -166,6 +176,8 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
         # the trainer holds exactly the serving checkpoint's weights and optimizer state (not
         # a step nobody recorded, nor a model half loaded): only then may a stop save it
         self._trainer_is_serving = False
+        self._last_step_end = time.monotonic()  # the first step's time counts from here
+        self._said_no_signal = False
 
     # -- the loop ---------------------------------------------------------------------
     def run(self) -> None:
@@ -222,6 +234,13 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
         if not graded and not trained:
             self.activity = "waiting for trajectories"
             self.stopping.wait(self.config.poll_interval)
+
+
+def _trains_on_gpu(device: str | None) -> bool:
+    """Whether the trainer computes on a GPU (--device, else cuda when there is one)."""
+    if device is not None:
+        return not device.startswith("cpu")
+    return torch.cuda.is_available()
 
 
 def _unreachable(exc: DBAPIError) -> bool:

@@ -4,11 +4,16 @@ the step line; and following what an operator or the guard made serve."""
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from learner.accounting import StepAccount
+from learner.cannot_learn import mostly_truncated, no_signal
 from learner.grouping import (
     Advantaged,
     Baselines,
@@ -22,9 +27,10 @@ from learner.hindsight import Distilled, HintFrame, corrections, distilled
 from learner.layout import served_base
 from learner.loop.base import LearnerBase, save_baselines
 from learner.signals import signals_in
+from learner.step_time import StepTime, median_seconds
 from learner.swap.publisher import Fingerprint
 from learner.turn_credit import credited, turn_advantages, turn_values
-from store import grade_queue, policy_versions, turn_signals
+from store import clock, grade_queue, policy_versions, turn_signals
 from store.export import iter_trajectories
 from store.samples import Sample, build_samples
 
@@ -108,6 +114,7 @@ class Stepping(LearnerBase):
         # fault must not fold its rewards in twice)
         baselines, advantaged, group_metrics = self._advantages(scored, current)
         if len(advantaged) < self.config.batch_trajectories:
+            self._say_if_no_signal(scored, len(advantaged))
             self._not_ready()
             return False
         version_of = {s.trajectory_id: s.version_index for s in scored}
@@ -131,6 +138,7 @@ class Stepping(LearnerBase):
             return False
         fresh_waited = self.fresh.took()
         waited = self.traffic.took()
+        since_last = time.monotonic() - self._last_step_end
         # at most max_batch_trajectories with a signal: the newest whole groups; the others
         # stay untrained (not considered, not marked) for a later step, or to grow stale
         scored, waiting = bound_batch(
@@ -150,6 +158,19 @@ class Stepping(LearnerBase):
         group_metrics["stale_not_graded"] = float(len(stale))
         group_metrics["yield_seconds"] = round(waited, 2)
         group_metrics["fresh_wait_seconds"] = round(fresh_waited, 2)
+        group_metrics["gathering_seconds"] = round(max(0.0, since_last - fresh_waited - waited), 2)
+        times = {r["trajectory_id"]: r for r in rows}
+        trained_rows = [times[a.trajectory_id] for a in advantaged]
+        now = clock.now()
+        lags = {
+            "grading_lag_seconds": median_seconds(
+                [(r.get("last_call_at"), r.get("graded_at")) for r in trained_rows]
+            ),
+            "sample_age_seconds": median_seconds(
+                [(_aware(r.get("started_at")), now) for r in trained_rows]
+            ),
+        }
+        group_metrics.update({k: round(v, 2) for k, v in lags.items() if v is not None})
         group_metrics["dropped_unknown_version"] = float(len(unknown))
         # how many versions behind the serving one the trained samples were sampled
         ages = [current - version_of[a.trajectory_id] for a in advantaged]
@@ -161,6 +182,21 @@ class Stepping(LearnerBase):
             advantaged = advantaged + self._corrected_only(scored, advantaged, current)
         self._train(advantaged, considered, group_metrics, baselines, waiting=len(waiting))
         return True
+
+    def _say_if_no_signal(self, scored: list[Scored], with_signal: int) -> None:
+        """Before the first step: say once, with the fix, when the graded trajectories carry
+        no signal at all (no step would ever be ready, so no step line would say it)."""
+        if self.step > 0 or self._said_no_signal:
+            return
+        why = no_signal(
+            [s.reward for s in scored],
+            with_signal=with_signal,
+            batch=self.config.batch_trajectories,
+        )
+        if why is not None:
+            log.warning("%s", why)
+            self.activity = why
+            self._said_no_signal = True
 
     def _not_ready(self) -> None:
         """No step is ready: the waits of the next one that is start anew."""
@@ -297,7 +333,7 @@ class Stepping(LearnerBase):
         pairs: list[tuple[Sample, float]] = []
         left_out: Counter[str] = Counter()  # samples the trainer is not given, by reason
         for sample, advantage in zip(samples, advantages, strict=True):
-            why = self.trainer.untrainable(sample)
+            why = self.trainer.untrainable(sample, advantage)
             if why is None:
                 pairs.append((sample, advantage))
             else:
@@ -311,15 +347,18 @@ class Stepping(LearnerBase):
             dropped=left_out,
             trajectories=len({s.trajectory_id for s, _ in pairs}),
         )
+        truncation = mostly_truncated(sum(s.truncated for s in samples), len(samples))
         step = self.step + 1
         self.activity = f"training step {step}"
         # the knob as the operator or the command line last set it, whatever the optimizer
         # state loaded from a checkpoint says
         self.trainer.set_learning_rate(self.config.learning_rate)
         self._trainer_is_serving = False  # until a record says what it holds
+        cpu_before = time.process_time()
         metrics = self.trainer.step(
             [s for s, _ in pairs], [a for _, a in pairs], fresh_version=self.serving["version"]
         )
+        training_cpu = time.process_time() - cpu_before
         account.trained(metrics)
         if hindsight is not None:
             metrics.update(hindsight.metrics())
@@ -348,10 +387,12 @@ class Stepping(LearnerBase):
                 grade_queue.mark_trained(conn, trajectory_ids=considered, step=-1)
                 save_baselines(conn, baselines)
             self.baselines = baselines
+            self._last_step_end = time.monotonic()
             log.warning(
-                "batch of %d trajectories had nothing to train on: %s",
+                "batch of %d trajectories had nothing to train on: %s%s",
                 len(considered),
                 account.summary(),
+                f"; {truncation}" if truncation else "",
             )
             return
         if account.low:
@@ -364,15 +405,28 @@ class Stepping(LearnerBase):
                 # so the step is neither lost nor done twice (its batch is trained again)
                 self._reload_trainer()
             raise
+        finally:
+            self._last_step_end = time.monotonic()
         if result is None:
             return  # an operator changed what serves meanwhile: trained again from there
+        times = StepTime(
+            gathering=group_metrics.get("gathering_seconds", 0.0),
+            fresh_wait=group_metrics.get("fresh_wait_seconds", 0.0),
+            yield_wait=group_metrics.get("yield_seconds", 0.0),
+            training=float(metrics.get("step_seconds", 0.0)),
+            training_cpu=training_cpu,
+            threads=torch.get_num_threads(),
+            saving=float(metrics.get("save_seconds", 0.0)),
+            swap=result.swap_seconds,
+            grading_lag=group_metrics.get("grading_lag_seconds"),
+            sample_age=group_metrics.get("sample_age_seconds"),
+        )
+        metrics.update(times.metrics())
         log.info(
             "step %d: %s; %d tokens, reward %.3f, lr %.3g, loss %.4f, clip %.3f "
             "(behaviour %.3f), ratio %.4f [%.4f, %.4f], mismatch-kl %.2e (fresh %.2e over %d "
-            "tokens); waited %.1fs for the serving version's samples and %.1fs for idle "
-            "replicas, trained in %.1fs, saved in %.1fs "
-            "(optimizer state %.1fs), swap %.2fs (verified: %d weight sums exact, probe "
-            "within %.3g) -> %s",
+            "tokens); %s (optimizer state %.1fs); swap verified: %d weight sums exact, probe "
+            "within %.3g%s -> %s",
             step,
             account.summary(),
             int(metrics.get("trained_tokens", 0)),
@@ -387,16 +441,20 @@ class Stepping(LearnerBase):
             metrics.get("mismatch_kl", float("nan")),
             metrics.get("fresh_mismatch_kl", float("nan")),
             int(metrics.get("fresh_tokens", 0)),
-            metrics.get("fresh_wait_seconds", 0.0),
-            metrics.get("yield_seconds", 0.0),
-            metrics.get("step_seconds", float("nan")),
-            metrics.get("save_seconds", float("nan")),
+            times.summary(),
             metrics.get("optimizer_state_seconds", float("nan")),
-            result.swap_seconds,
             result.weight_sums_compared,
             result.max_logprob_diff if result.max_logprob_diff is not None else float("nan"),
+            f"; {truncation}" if truncation else "",
             result.version if result.ok else f"NOT PUBLISHED ({result.error})",
         )
         self.reporter.step(step, {**metrics, "published": result.ok})
         if result.ok and self.guard is not None:
             self._guard_step(step)
+
+
+def _aware(at: datetime | None) -> datetime | None:
+    """A stored timestamp as UTC-aware (SQLite gives them back naive)."""
+    if at is None or at.tzinfo is not None:
+        return at
+    return at.replace(tzinfo=UTC)

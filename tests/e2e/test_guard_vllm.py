@@ -123,7 +123,7 @@ def test_a_version_that_degrades_a_type_is_rolled_back(
             [sys.executable, "-m", "proxy.cli", "learn", "--db", pg_url, "--upstream", vllm.url,
              "--model", str(tiny_model), "--checkpoints", str(tmp_path / "checkpoints"),
              "--grader", "reference", "--batch-trajectories", "16", "--learning-rate", RATE,
-             "--max-steps", "1", "--no-mask-truncated", "--poll-interval", "0.2",
+             "--max-steps", "1", "--truncated", "train", "--poll-interval", "0.2",
              "--self-judge-shadow", "0",
              "--guard", str(guard_file(tmp_path, proxy.url))],
             stdout=log, stderr=subprocess.STDOUT, timeout=240,

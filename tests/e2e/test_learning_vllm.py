@@ -85,7 +85,8 @@ def test_traffic_through_the_proxy_makes_the_model_better(
         LEARNING_RATE,
         "--max-steps",
         str(STEPS),
-        "--no-mask-truncated",
+        "--truncated",
+        "train",
         "--poll-interval",
         "0.2",
         # the grader's reward alone: no judge calls to the one vLLM measuring agreement

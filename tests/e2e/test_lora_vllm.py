@@ -395,7 +395,7 @@ def lora_learner_command(
         *("--grader", "python:bench.letter_toy:share_of_a_reward"),
         *("--batch-trajectories", "32", "--learning-rate", "2e-2"),
         *("--lora", "--lora-rank", str(RANK), "--max-steps", str(steps)),
-        *("--no-mask-truncated", "--poll-interval", "0.2", "--self-judge-shadow", "0"),
+        *("--truncated", "train", "--poll-interval", "0.2", "--self-judge-shadow", "0"),
         # max_staleness + 1 = 3 adapters stay loaded: fewer than the steps, so some unload
         *("--max-staleness", "2"),
     ]

@@ -86,7 +86,7 @@ def test_signals_land_on_their_turns_credit_and_hindsight_train_them_only_an_off
         *("--grader", "next_turn", "--credit", "turn", "--signal-weight", "eve=0"),
         *("--hindsight", "1"),
         *("--batch-trajectories", "4", "--max-steps", "1", "--learning-rate", "1e-3"),
-        *("--no-mask-truncated", "--poll-interval", "0.2", "--no-self-judge"),
+        *("--truncated", "train", "--poll-interval", "0.2", "--no-self-judge"),
         # every credited token counted: no sequence left out for its recorded logprobs
         *("--self-judge-shadow", "0", "--max-sequence-mismatch", "1e9"),
     ]

@@ -63,7 +63,7 @@ def test_unique_prompt_traffic_trains_against_its_type_baseline(
         *("--model", str(tiny_model), "--checkpoints", str(tmp_path / "checkpoints")),
         *("--grader", "python:bench.letter_toy:share_of_a_reward"),
         *("--batch-trajectories", "16", "--learning-rate", "3e-3", "--max-steps", str(STEPS)),
-        *("--no-mask-truncated", "--poll-interval", "0.2"),
+        *("--truncated", "train", "--poll-interval", "0.2"),
         # the reward is the python grader's alone: no self-judge calls slowing grading
         *("--no-self-judge", "--self-judge-shadow", "0"),
     ]

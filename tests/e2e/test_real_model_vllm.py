@@ -269,7 +269,7 @@ def test_one_learner_step_is_published_and_verified_by_the_weight_check(
         *("--model", str(smollm2), "--checkpoints", str(tmp_path / "checkpoints")),
         *("--grader", "python:bench.letter_toy:share_of_a_reward"),
         *("--batch-trajectories", "32", "--learning-rate", "1e-5", "--max-steps", "1"),
-        *("--no-mask-truncated", "--poll-interval", "0.2", "--self-judge-shadow", "0"),
+        *("--truncated", "train", "--poll-interval", "0.2", "--self-judge-shadow", "0"),
     ]
     engine = db.make_engine(db_url)
     with open(log, "wb") as out:

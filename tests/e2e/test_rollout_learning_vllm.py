@@ -96,7 +96,7 @@ def test_rollout_rounds_and_training_raise_eval_success(
         [sys.executable, "-m", "proxy.cli", "learn", "--db", pg_url, "--upstream", vllm.url,
          "--model", str(tiny_model), "--checkpoints", str(tmp_path / "checkpoints"),
          "--grader", "reference", "--batch-trajectories", str(BATCH), "--learning-rate",
-         LEARNING_RATE, "--max-steps", str(STEPS), "--no-mask-truncated", "--poll-interval", "0.2",
+         LEARNING_RATE, "--max-steps", str(STEPS), "--truncated", "train", "--poll-interval", "0.2",
          "--self-judge-shadow", "0"],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip

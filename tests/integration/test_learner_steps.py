@@ -297,7 +297,7 @@ def test_the_step_line_and_metrics_say_what_was_dropped_and_why(
     assert line.startswith(
         "step 1: 2 samples trained, from 2 of 7 trajectories considered; dropped: "
         "flat group 2 trajectories (group size: --fanout, --group-size; or task difficulty), "
-        "truncated 2 samples (--no-mask-truncated, or a larger max_tokens in the harness), "
+        "truncated 2 samples (--truncated train, or a larger max_tokens in the harness), "
         "unknown version 1 trajectory (no setting: no verified version), "
         "sampling unknown 1 call (vLLM --enable-scale-out); 3 tokens, reward "
     )
@@ -326,6 +326,7 @@ def test_a_batch_with_nothing_to_train_on_says_why_by_reason(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     learner, trainer, published = _stepping(db_url, engine, tmp_path, monkeypatch, "length")
+    trainer.config = TrainerConfig(truncated="mask")  # overlong filtering: every cut reply out
     caplog.set_level(logging.INFO, logger="onthejob.learner")
     try:
         assert learner.maybe_train()
@@ -336,16 +337,75 @@ def test_a_batch_with_nothing_to_train_on_says_why_by_reason(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
         "batch of 7 trajectories had nothing to train on: 0 samples trained, from 0 of 7 "
-        "trajectories considered; dropped: truncated 4 samples (--no-mask-truncated, or a "
+        "trajectories considered; dropped: truncated 4 samples (--truncated train, or a "
         "larger max_tokens in the harness), flat group 2 trajectories (group size: --fanout, "
         "--group-size; or task difficulty), unknown version 1 trajectory (no setting: no "
-        "verified version), sampling unknown 1 call (vLLM --enable-scale-out)"
+        "verified version), sampling unknown 1 call (vLLM --enable-scale-out); 4 of 4 "
+        "replies were cut at max_tokens: the grader scored replies the client never got "
+        "whole, and only those scored below their group train (--truncated penalise); fix: a "
+        "larger max_tokens in the harness, so that replies can end"
     ]
     assert set(_trained_in(engine).values()) == {-1}  # consumed, in no step
     last = beat["last_batch"]
     assert last["trained"] is False and last["trained_samples"] == 0
     assert last["dropped"][0]["reason"] == "truncated" and last["dropped"][0]["count"] == 4
 
+
+
+def test_on_defaults_a_step_whose_every_reply_was_cut_says_so_with_the_fix(
+    db_url: str,
+    engine: Engine,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """--truncated penalise (the default) trains the cut reply its grader scored below its
+    group (g0) and leaves out those above it; the first step's line says that every reply
+    was cut, and what fixes it."""
+    learner, trainer, published = _stepping(db_url, engine, tmp_path, monkeypatch, "length")
+    caplog.set_level(logging.INFO, logger="onthejob.learner")
+    try:
+        assert learner.maybe_train()
+    finally:
+        learner.engine.dispose()
+    assert [s.trajectory_id for s in trainer.given] == ["g0"]
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step 1:")]
+    assert "4 of 4 replies were cut at max_tokens" in line
+    assert "fix: a larger max_tokens in the harness" in line
+    assert line.endswith("-> step-1-abc")
+    # the line says where the step's time went
+    assert "since the last step: " in line and "gathering the batch" in line
+    assert "s training, " in line and "s saving, 0.50s swap" in line
+    (metrics,) = published
+    assert metrics["trained_samples"] == 1
+    assert metrics["dropped"][0]["reason"] == "truncated" and metrics["dropped"][0]["count"] == 3
+
+
+def test_graded_traffic_without_any_signal_is_said_once_with_the_fix(
+    db_url: str,
+    engine: Engine,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No step is ever ready when every group's rewards are alike: the learner says so
+    (no step line would), once."""
+    _versions(engine, 2)
+    _graded(engine, {f"t{i}": (f"task{i % 4}", "v1", 0.0) for i in range(8)})
+    learner = _learner(db_url, tmp_path, batch_trajectories=4)
+    caplog.set_level(logging.INFO, logger="onthejob.learner")
+    try:
+        assert not learner.maybe_train()
+        assert not learner.maybe_train()
+    finally:
+        learner.engine.dispose()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "no step yet: 8 graded trajectories, none with a signal (every one was rewarded 0); "
+        "fix: the task is beyond the model as it answers now, or the grader never passes a "
+        "reply: read a few graded replies (onthejob export) and try a lenient or "
+        "partial-credit grader, or easier tasks first"
+    ]
+    assert learner.activity.startswith("no step yet")
 
 TRACKED = {"report_to": ["tensorboard", "wandb", "mlflow"], "run_name": "run-1"}
 

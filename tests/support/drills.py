@@ -50,7 +50,7 @@ def learner_config(db_url: str, vllm: VLLMServer, model: Path, tmp: Path, **extr
         "graders": [GRADER],
         "batch_trajectories": 8,
         "learning_rate": 1e-3,
-        "mask_truncated": False,
+        "truncated": "train",
         "poll_interval": 0.2,
         # the drills time the learner's publishes: no judge calls to the one vLLM measuring
         # the self-judge's agreement (tests/e2e/test_selfjudge_vllm.py does)
@@ -295,7 +295,8 @@ def learn_command(
         "8",
         "--learning-rate",
         "1e-3",
-        "--no-mask-truncated",
+        "--truncated",
+        "train",
         "--poll-interval",
         "0.2",
         "--self-judge-shadow",

@@ -27,7 +27,8 @@ def learner_command(
         *("--grader", "python:bench.letter_toy:share_of_a_reward"),
         *("--learning-rate", "3e-3", "--max-steps", str(steps), "--poll-interval", "0.2"),
         *("--self-judge-shadow", "0"),  # no judge calls beside the measured steps
-        "--no-mask-truncated",
+        "--truncated",
+        "train",
     ]
 
 

@@ -63,7 +63,7 @@ def test_samples_and_calls_are_counted_in_their_own_units_with_their_settings() 
     by_reason = {(d["reason"], d["unit"]): d for d in dropped}
     assert "failed" not in {d["reason"] for d in dropped}  # zero counts are left out
     assert by_reason["truncated", "samples"]["count"] == 6
-    assert "--no-mask-truncated" in by_reason["truncated", "samples"]["setting"]
+    assert "--truncated train" in by_reason["truncated", "samples"]["setting"]
     assert by_reason["stale", "trajectories"]["setting"] == "--max-staleness"
     assert "--type-baseline" in by_reason["no_baseline", "trajectories"]["setting"]
     assert by_reason["mismatch", "samples"]["setting"] == "max_sequence_mismatch"
@@ -97,7 +97,7 @@ def test_the_step_line_says_what_was_trained_and_dropped_and_why() -> None:
     account.trained({"samples": 6, "dropped_mismatch": 0})
     assert account.summary() == (
         "6 samples trained, from 4 of 268 trajectories considered; dropped: "
-        "truncated 241 samples (--no-mask-truncated, or a larger max_tokens in the harness), "
+        "truncated 241 samples (--truncated train, or a larger max_tokens in the harness), "
         "flat group 9 trajectories (group size: --fanout, --group-size; or task difficulty), "
         "sampling unknown 5 calls (vLLM --enable-scale-out), "
         "stale 3 trajectories (--max-staleness); "
@@ -106,7 +106,7 @@ def test_the_step_line_says_what_was_trained_and_dropped_and_why() -> None:
     assert account.low
     assert account.warning() == (
         "trained on 4 of the 268 trajectories it considered (1%), mostly dropped as "
-        "truncated 241 samples (--no-mask-truncated, or a larger max_tokens in the harness), "
+        "truncated 241 samples (--truncated train, or a larger max_tokens in the harness), "
         "flat group 9 trajectories (group size: --fanout, --group-size; or task difficulty)"
     )
 
@@ -135,7 +135,7 @@ def test_a_batch_with_nothing_to_train_on_says_why() -> None:
     truncated.trained({"tokens": 0, "skipped": "no trainable tokens"})
     assert truncated.trained_samples == 0 and truncated.low
     assert dict(truncated.samples) == {"truncated": 3}
-    assert "truncated 3 samples (--no-mask-truncated" in truncated.summary()
+    assert "truncated 3 samples (--truncated train" in truncated.summary()
 
     # every sequence the trainer got disagreed with what vLLM recorded
     mismatched = StepAccount.of_grouping({"kept": 2}, considered=2)
