@@ -49,6 +49,7 @@ import concurrent.futures
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -339,6 +340,21 @@ def sample_tasks(
         return [reply for f in futures for reply in f.result()]
 
 
+def _reward(data: dict[str, Any], chat: bool, answer: str) -> float:
+    """A client's reward for one reply: its task's reference regex, as the grader's."""
+    choice = data["choices"][0]
+    text = (choice["message"]["content"] if chat else choice["text"]) or ""
+    return 1.0 if match(text, answer=answer, kind="regex", tol=0.0)[0] else 0.0
+
+
+def first_and_last(rewards: Sequence[float], n: int = 64) -> tuple[float, float] | None:
+    """The mean reward of the first n and of the last n calls (the outside check's measure,
+    issue 42); None with fewer than 2n calls."""
+    if len(rewards) < 2 * n:
+        return None
+    return statistics.fmean(rewards[:n]), statistics.fmean(rewards[-n:])
+
+
 def heldout_success(endpoint: Endpoint, heldout: Sequence[dict[str, Any]], n: int) -> float:
     """The share of n replies to each held-out task that its reference regex accepts."""
     replies = sample_tasks(endpoint, list(enumerate(heldout)), n)
@@ -356,6 +372,7 @@ class Cell:
     endpoint: Endpoint
     train: list[dict[str, Any]]
     seed: int
+    label: str = ""  # model-family, for kept logs
 
 
 @dataclass
@@ -365,6 +382,7 @@ class ArmRun:
     latencies: list[float] = field(default_factory=list)
     calls: int = 0
     errors: int = 0
+    rewards: list[float] = field(default_factory=list)
 
 
 def run_bare(cell: Cell, args: argparse.Namespace) -> ArmRun:
@@ -396,6 +414,7 @@ class Traffic:
 
     def __init__(self) -> None:
         self.latencies: list[float] = []
+        self.rewards: list[float] = []  # the answered calls', in the order they came back
         self.errors: list[str] = []
         self.calls = Calls()
 
@@ -414,6 +433,7 @@ class Traffic:
             time.sleep(0.05)
             return
         self.latencies.append(time.monotonic() - t0)
+        self.rewards.append(_reward(response.json(), endpoint.chat, task["answer"]))
 
 
 @contextmanager
@@ -478,8 +498,19 @@ def run_live(cell: Cell, args: argparse.Namespace) -> ArmRun:
         proxy.stop()
     finally:
         proxy.kill()
+    if args.logs is not None:
+        args.logs.mkdir(parents=True, exist_ok=True)
+        for name in ("learner.log", "proxy.log"):
+            shutil.copy(work / name, args.logs / f"{cell.label}-seed{cell.seed}-{name}")
     run = ArmRun(minutes=minutes, steps=_steps(db_url), latencies=traffic.latencies)
-    run.calls, run.errors = traffic.calls.sent, len(traffic.errors)
+    run.calls, run.errors, run.rewards = traffic.calls.sent, len(traffic.errors), traffic.rewards
+    ends = first_and_last(traffic.rewards)
+    if ends is not None:
+        print(
+            f"  clients' reward, first 64 calls {ends[0]:.3f} -> last 64 {ends[1]:.3f} "
+            f"({len(traffic.rewards)} calls answered)",
+            flush=True,
+        )
     if traffic.errors:
         print(f"  {run.errors} client calls failed, e.g. {traffic.errors[0]}", flush=True)
     return run
@@ -543,8 +574,10 @@ def measure_cell(
     train, heldout = make_family_tasks(family, seed, args.train_tasks, args.heldout_tasks)
     before = heldout_success(endpoint, heldout, args.heldout_samples)
     print(f"{model} / {family} / seed {seed}: held-out before {before:.3f}", flush=True)
-    cell, rows = Cell(served, endpoint, train, seed), []
+    cell, rows = Cell(served, endpoint, train, seed, f"{model}-{family}"), []
     for arm in arm_order(seed_index):
+        if arm not in args.arms:
+            continue
         print(f" arm {arm}:", flush=True)
         run = (run_bare if arm == "bare" else run_live)(cell, args)
         after = heldout_success(endpoint, heldout, args.heldout_samples)
@@ -636,6 +669,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--upstream", help="a vLLM (dev mode) serving the one --models DIR")
     parser.add_argument("--tiny", action="store_true", help="the tiny random model (smoke run)")
     parser.add_argument("--json", type=Path, help="write every row here")
+    parser.add_argument(
+        "--arms", type=_words, default=list(ARMS), help="live, bare or both (a tuning run)"
+    )
+    parser.add_argument(
+        "--logs", type=Path, help="keep each live arm's learner and proxy logs here"
+    )
     args = parser.parse_args(argv)
     if unknown := set(args.families) - set(FAMILIES):
         parser.error(f"unknown families {sorted(unknown)} ({', '.join(FAMILIES)})")

@@ -149,3 +149,12 @@ def test_a_reply_is_rewarded_by_its_tasks_reference() -> None:
         return GradedReply(0, [1], [2], [-0.1], text, answer=sum_pattern(3, 4))
 
     assert reply(" 7").reward == 1.0 and reply("17").reward == 0.0
+
+
+def test_the_clients_first_and_last_64_rewards_need_128_calls() -> None:
+    from bench.defaults_learn import first_and_last
+
+    assert first_and_last([0.0] * 127) is None
+    rewards = [0.0] * 64 + [0.5] * 10 + [1.0] * 64
+    assert first_and_last(rewards) == (0.0, 1.0)
+    assert first_and_last([0.0, 1.0] * 4, n=2) == (0.5, 0.5)
