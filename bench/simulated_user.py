@@ -2,21 +2,29 @@
 answer was right, the way a person at a chat window would (bench/traffic_signals.py).
 
 It runs the demo's agent loop itself (the calculator agent, or the one-reply agent with
-``--agent qa``), reads the task's reference from ``--tasks`` (the user knows the answer),
-and sends one more user message in the same conversation:
-- when the answer was wrong, a correction ("No, that's wrong. It's 21."), and
-- when it was right, an acknowledgement ("Thanks!"),
-each drawn from a pool of phrasings of which only some open with words the next-turn rules
-are certain of (store/next_turn.py): "Hmm, I get 21 when I work it out" and "OK, got it"
-are left to a judge. The agent answers that message too (one call), so the proxy records
-it in the same trajectory. Nothing else tells the learner how the answer did: no reward,
-no feedback. It prints the agent's answer (before the user's reply) on stdout, for the
-rollout runner's record.
+``--agent qa``), knows the answer it expects (the task's reference, from ``--tasks``), and
+judges the agent's answer by its own rule, not the reference grader's: a hurried reader
+who accepts the answer when the expected number or word appears in it as a word of its own
+("21 or 22" passes; the reference grader's match may not). Like a person it errs: with
+``--noise`` (default 0.15) it judges the opposite of what it read, and with ``--silent``
+(default 0.1) it leaves without a word. Otherwise it sends one more user message in the
+same conversation:
+- when it judged the answer wrong, a correction ("No, that's wrong."), and
+- when it judged it right, an acknowledgement ("Thanks!"),
+neither of which gives the answer away. Each is drawn from a pool of phrasings of which
+only some open with words the next-turn rules are certain of (store/next_turn.py): "Hmm, I
+get something else when I work it out" and "OK, got it" are left to a judge. The agent
+answers that message too (one call), so the proxy records it in the same trajectory.
+Nothing else tells the learner how the answer did: no reward, no feedback. Every draw
+(silent, mistaken, phrasing) is seeded by ``--seed``, the task and the agent's answer, so a
+rerun judges alike. It prints the agent's answer (before the user's reply) on stdout, for
+the rollout runner's record.
 
 Standard library only, like the demo's agents (it is started hundreds of times).
 
 Run: OPENAI_BASE_URL=http://127.0.0.1:8080/v1 ONTHEJOB_TASK=<id> python -m
-     bench.simulated_user "<question>" --tasks train.jsonl [--agent calc|qa]
+     bench.simulated_user "<question>" --tasks train.jsonl [--agent calc|qa] [--seed 3]
+     [--noise 0.15] [--silent 0.1]
 """
 
 from __future__ import annotations
@@ -33,17 +41,29 @@ from typing import Any
 from learner.demo.harnesses.calc_agent import Complete, ModelError, http_chat, run_tool
 from learner.demo.tasks import CALCULATOR_TOOL
 
-# {answer}: the reference, as the user would say it; the first four of each pool open with
-# words the rules read as certain, the rest are left to a judge
+# the first four of each pool open with words the rules read as certain, the rest are left
+# to a judge (tests/unit/bench/test_simulated_user.py checks the split); none gives the
+# answer away: a real user need not know it, and the learner must not learn it from here
 CORRECTIONS = (
-    "No, that's wrong. It's {answer}.",
-    "Wrong, the answer is {answer}.",
-    "That's not right: I get {answer}.",
-    "Incorrect. It should be {answer}.",
-    "Hmm, I get {answer} when I work it out.",
-    "Are you sure? I think it's {answer}.",
+    "No, that's wrong.",
+    "Wrong, try again.",
+    "That's not right.",
+    "Incorrect.",
+    "Hmm, I get something else when I work it out.",
+    "Are you sure? I don't think so.",
+    "That doesn't match what I have.",
+    "Hm, my notes say otherwise.",
 )
-ACKNOWLEDGEMENTS = ("Thanks!", "That's right, thank you.", "Perfect.", "Thank you.", "OK, got it.")
+ACKNOWLEDGEMENTS = (
+    "Thanks!",
+    "That's right, thank you.",
+    "Perfect.",
+    "Thank you.",
+    "OK, got it.",
+    "Great, that's what I had.",
+    "Cool.",
+)
+CERTAIN = 4  # of each pool, the phrasings the rules are certain of
 
 
 def read_task(path: Path, key: str | None, prompt: str) -> dict[str, Any]:
@@ -57,23 +77,36 @@ def read_task(path: Path, key: str | None, prompt: str) -> dict[str, Any]:
     raise SystemExit(f"simulated_user: no task {key or prompt!r} in {path}")
 
 
-def is_right(reply: str, task: dict[str, Any]) -> bool:
-    """The user's own check, as the reference grader's match kinds read it."""
-    answer, kind = str(task["answer"]), task.get("match", "exact")
-    if kind == "regex":
-        return re.search(answer, reply) is not None
-    if kind == "contains":
-        return answer.casefold() in reply.casefold()
-    if kind == "numeric":
-        numbers = re.findall(r"-?\d+(?:\.\d+)?", reply)
-        tolerance = float(task.get("tolerance", 1e-6))
-        return bool(numbers) and abs(float(numbers[-1]) - float(answer)) <= tolerance
-    return reply.strip() == answer.strip()
-
-
-def spoken_answer(task: dict[str, Any]) -> str:
-    """The reference as a person would say it (a reading task's answer is a pattern)."""
+def expected_answer(task: dict[str, Any]) -> str:
+    """The answer the user expects, as a person would say it (a reading task's reference
+    is a pattern; its plain answer is in the metadata)."""
     return str((task.get("metadata") or {}).get("expected") or task["answer"])
+
+
+def looks_right(reply: str, expected: str) -> bool:
+    """The user's own reading, not the reference grader's match: the expected answer
+    appears in the reply as a word of its own, wherever and whatever else it says."""
+    pattern = rf"(?<![\w.]){re.escape(expected.strip())}(?![\w]|\.\d)"
+    return re.search(pattern, reply, re.IGNORECASE) is not None
+
+
+def user_reply(
+    reply: str, task: dict[str, Any], *, rng: random.Random, noise: float, silent: float
+) -> str | None:
+    """What the user says after the agent's answer: None when it leaves without a word,
+    else a correction or an acknowledgement, the verdict flipped with probability
+    `noise` (a mistaken user)."""
+    if rng.random() < silent:
+        return None
+    right = looks_right(reply, expected_answer(task))
+    if rng.random() < noise:
+        right = not right
+    return rng.choice(ACKNOWLEDGEMENTS if right else CORRECTIONS)
+
+
+def user_rng(seed: int, task: dict[str, Any], reply: str) -> random.Random:
+    """The draws for one answer to one task: the same answer is judged alike on a rerun."""
+    return random.Random(f"{seed}|{task.get('id')}|{task.get('prompt')}|{reply}")
 
 
 def agent_turns(
@@ -110,6 +143,13 @@ def main() -> int:
     parser.add_argument("--model", default=os.environ.get("ONTHEJOB_MODEL", "default"))
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0, help="of the user's draws")
+    parser.add_argument(
+        "--noise", type=float, default=0.15, help="share of verdicts the user gets wrong"
+    )
+    parser.add_argument(
+        "--silent", type=float, default=0.1, help="share of answers the user leaves unanswered"
+    )
     args = parser.parse_args()
     base_url = os.environ.get("OPENAI_BASE_URL")
     if not base_url:
@@ -127,10 +167,11 @@ def main() -> int:
     turns = 3 if args.agent == "calc" else 1
     try:
         answer = agent_turns(complete, messages, tools=args.tools, max_turns=turns, **sampling)
-        pool = ACKNOWLEDGEMENTS if is_right(answer, task) else CORRECTIONS
-        said = random.choice(pool).format(answer=spoken_answer(task))
-        messages.append({"role": "user", "content": said})
-        agent_turns(complete, messages, tools=args.tools, max_turns=1, **sampling)
+        rng = user_rng(args.seed, task, answer)
+        said = user_reply(answer, task, rng=rng, noise=args.noise, silent=args.silent)
+        if said is not None:
+            messages.append({"role": "user", "content": said})
+            agent_turns(complete, messages, tools=args.tools, max_turns=1, **sampling)
     except ModelError as exc:
         print(f"simulated_user: the model failed: {exc}", file=sys.stderr)
         return 1

@@ -9,7 +9,9 @@
 - `yesno`, for a real model: yes-or-no questions that have no one right answer; the tenant
   `yes` is rewarded for a reply that begins with yes, `no` for one that begins with no.
 
-One shared policy cannot please both tenants of a toy."""
+One shared policy cannot please both tenants of a toy. Each toy's prompts come in two
+lists (`SPLITS`): the traffic trains on the first, and the bench measures on the second
+alone, held out: no measured prompt is ever trained on."""
 
 from __future__ import annotations
 
@@ -23,9 +25,13 @@ LOWER, NOT_LOWER = "lower", "not-lower"
 YES, NO = "yes", "no"
 TOYS = {"letter": (MORE_A, FEWER_A), "case": (LOWER, NOT_LOWER), "yesno": (YES, NO)}
 TENANTS = TOYS["letter"]
+# the letter and case toys' prompts (the first: bench/learning_per_step.py's)
+WRITE_PROMPTS = [f"Write something, take {i}." for i in range(8)]
+WRITE_HELDOUT = [f"Write a few words, try {i}." for i in range(8)]
 # questions a model may answer either way: which one pleases depends on the tenant
+YESNO = "Answer with one word, yes or no. {}"
 YESNO_PROMPTS = [
-    f"Answer with one word, yes or no. {q}"
+    YESNO.format(q)
     for q in (
         "Is a hot dog a sandwich?",
         "Is cereal a soup?",
@@ -37,6 +43,25 @@ YESNO_PROMPTS = [
         "Should breakfast be the biggest meal?",
     )
 ]
+YESNO_HELDOUT = [
+    YESNO.format(q)
+    for q in (
+        "Is water wet?",
+        "Is a burrito a sandwich?",
+        "Should socks go with sandals?",
+        "Is a peanut a nut?",
+        "Is summer better than spring?",
+        "Is a pop-tart a ravioli?",
+        "Should you make your bed every day?",
+        "Is chess a sport?",
+    )
+]
+# per toy: (the prompts the traffic trains on, the held-out prompts it is measured on)
+SPLITS = {
+    "letter": (WRITE_PROMPTS, WRITE_HELDOUT),
+    "case": (WRITE_PROMPTS, WRITE_HELDOUT),
+    "yesno": (YESNO_PROMPTS, YESNO_HELDOUT),
+}
 
 
 def begins_with(word: str) -> Callable[[str], float]:

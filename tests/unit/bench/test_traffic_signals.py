@@ -1,0 +1,128 @@
+"""bench/traffic_signals.py's report: every arm over the seeds, and a named arm's headline."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from bench import traffic_signals as bench
+from bench.traffic_signals import (
+    DEFAULT_ARMS,
+    TUNED_ON,
+    ArmResult,
+    arm_config,
+    known_arm,
+    report,
+    share_summary,
+    user_args,
+)
+
+
+def rows(gains: dict[str, list[float]], seeds: tuple[int, ...] = (3, 4, 5)) -> list[ArmResult]:
+    """One row per seed and arm, from 0.10 before to 0.10 + gain after."""
+    return [
+        ArmResult(arm, seed, before=0.10, after=0.10 + gain, steps=10, minutes=3.0)
+        for seed_index, seed in enumerate(seeds)
+        for arm, by_seed in gains.items()
+        for gain in [by_seed[seed_index]]
+    ]
+
+
+RUN = rows(
+    {
+        "reference": [0.40, 0.20, 0.30],
+        "next_turn": [0.10, 0.10, 0.30],
+        "turn_credit": [0.20, 0.10, 0.15],
+        "turn_credit:clean": [0.40, 0.20, 0.30],
+    }
+)
+
+
+def test_the_headline_is_the_named_arm_beside_its_noiseless_arm_not_the_best() -> None:
+    lines, out = report(RUN, noise=0.15, silent=0.1)
+    # next_turn's mean share (58%) is the best of the noisy arms; the headline names
+    # turn_credit (50%)
+    assert lines[-1] == (
+        "next-turn signals, percent of the reference-graded gain: turn_credit (user noise "
+        "0.15, silent 0.1) 50 [50, 50] (seeds 3, 4, 5); noiseless (turn_credit:clean) "
+        "100 [100, 100] (seeds 3, 4, 5)"
+    )
+    assert out["shares"]["next_turn"]["mean"] == pytest.approx((25 + 50 + 100) / 3)
+
+
+def test_every_row_and_every_arm_is_printed() -> None:
+    lines, out = report(RUN, noise=0.15, silent=0.1)
+    assert sum(line.startswith(("reference ", "next_turn ", "turn_credit")) for line in lines) == 12
+    assert set(out["gains"]) == {"reference", "next_turn", "turn_credit", "turn_credit:clean"}
+    assert set(out["shares"]) == {"next_turn", "turn_credit", "turn_credit:clean"}
+    gain_line = next(line for line in lines if line.startswith("  reference "))
+    assert gain_line.split()[1:] == ["+30.0", "[+5.2,", "+54.8]", "(seeds", "3,", "4,", "5)"]
+
+
+def test_a_seed_without_reference_gain_is_left_out_of_the_shares_and_named() -> None:
+    run = rows({"reference": [0.40, 0.0, 0.20], "turn_credit": [0.20, 0.10, 0.10]})
+    share, left_out = share_summary(run, "turn_credit")
+    assert share is not None and share.seeds == (3, 5) and left_out == [4]
+    lines, _ = report(run, noise=0.15, silent=0.1)
+    assert any("left out: seeds 4" in line for line in lines)
+    assert "not a learning figure" in lines[-1]  # two seeds left
+
+
+def test_seeds_that_chose_settings_are_flagged_on_every_figure() -> None:
+    run = rows({"reference": [0.4, 0.2, 0.3], "turn_credit": [0.2, 0.1, 0.15]}, seeds=(0, 1, 3))
+    lines, _ = report(run, noise=0.15, silent=0.1)
+    flagged = [line for line in lines if "seeds 0, 1 chose settings: NOT a learning figure" in line]
+    assert len(flagged) == 4  # two gains, one share, the headline
+    assert set(TUNED_ON) == {0, 1, 2}
+
+
+def test_no_headline_without_the_named_arm() -> None:
+    lines, _ = report(rows({"reference": [0.4, 0.2, 0.3]}), noise=0.15, silent=0.1)
+    assert lines[-1].startswith("next-turn signals (turn_credit): not measured")
+
+
+def test_arms_and_their_noiseless_twins() -> None:
+    assert all(known_arm(a) for a in DEFAULT_ARMS)
+    assert not known_arm("reference:clean") and not known_arm("turn_credit:cleanx")
+    assert user_args("turn_credit:clean", 3, 0.15, 0.1) == [
+        *("--seed", "3", "--noise", "0.0", "--silent", "0.0")
+    ]
+    assert user_args("turn_credit", 3, 0.15, 0.1)[3:] == ["0.15", "--silent", "0.1"]
+
+
+def test_an_arms_config_carries_its_seed_to_the_demo_and_the_user(tmp_path: Path) -> None:
+    args = argparse.Namespace(
+        model="tiny", port=8093, minutes=30.0, steps=10, noise=0.15, silent=0.1, hindsight=1.0
+    )
+    config = arm_config("turn_credit:clean", 4, args, tmp_path)
+    assert config.seed == 4
+    assert config.train_grader == "next_turn"
+    assert config.learner_args == ("--credit", "turn")
+    assert config.train_harness[-6:] == ["--seed", "4", "--noise", "0.0", "--silent", "0.0"]
+    assert arm_config("reference", 4, args, tmp_path).train_harness is None
+
+
+def test_a_plain_run_measures_every_default_arm_on_every_fresh_seed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m bench.traffic_signals` on its defaults, each demo run stubbed."""
+    ran: list[tuple[str, int]] = []
+
+    def fake_run(arm: str, seed: int, args: argparse.Namespace, root: Path) -> ArmResult:
+        ran.append((arm, seed))
+        return ArmResult(arm, seed, before=0.1, after=0.4, steps=args.steps, minutes=0.1)
+
+    monkeypatch.setattr(bench, "run_arm", fake_run)
+    assert bench.main([]) == 0
+    assert ran == [(arm, seed) for seed in (3, 4, 5) for arm in DEFAULT_ARMS]
+    printed = capsys.readouterr().out
+    assert "NOT a learning figure" not in printed
+    assert (
+        printed.strip()
+        .splitlines()[-1]
+        .startswith(
+            "next-turn signals, percent of the reference-graded gain: turn_credit (user noise 0.15"
+        )
+    )
