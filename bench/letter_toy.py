@@ -1,9 +1,16 @@
 """The letter toy's reward (bench/learning_per_step.py, and the learning tests): the share of
-the letter 'a' in a reply, a property a tiny random model can learn quickly."""
+the letter 'a' in a reply, a property a tiny random model can learn quickly.
+
+Its prompts: ``PROMPTS`` are the ones the benches train on; ``HELDOUT_PROMPTS`` are never
+sent to a learner (disjoint from ``PROMPTS`` and from organic_traffic's "Write something,
+take <n>."), so a learning figure is measured on them (issue 42)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+PROMPTS = [f"Write something, take {i}." for i in range(8)]
+HELDOUT_PROMPTS = [f"Tell me anything at all, try {i}." for i in range(8)]
 
 
 def reply_text(trajectory: dict[str, Any]) -> str:

