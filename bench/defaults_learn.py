@@ -247,8 +247,12 @@ def report(rows: Sequence[ArmRow]) -> str:
     for model, family in cells:
         cell = [r for r in rows if (r.model, r.family) == (model, family)]
         lines += summary_lines(cell, f"{model} / {family}")
-    v = verdict(rows)
     lines += summary_lines(rows, "overall (a seed's value: its mean over models and families)")
+    missing = [arm for arm in ARMS if not any(r.arm == arm for r in rows)]
+    if missing:
+        lines.append(f"no verdict: no {' or '.join(missing)} arm ran (a tuning run)")
+        return "\n".join(lines)
+    v = verdict(rows)
     state = "PASS" if v.passed else "FAIL"
     lines.append(
         f"verdict: {state}: live reaches {v.ratio:.2f} x the bare loop's gain per minute "
@@ -385,14 +389,35 @@ class ArmRun:
     rewards: list[float] = field(default_factory=list)
 
 
+class MasterStep:
+    """What bare_step drives as its optimizer: its loss runs on the trainer's compute copy
+    (bf16 where vLLM serves bf16, as the learner computes), and each step lands on the
+    float32 masters (Trainer.apply_gradients), so the bare loop computes as fast as the
+    learner does and keeps its small steps."""
+
+    def __init__(self, trainer: Trainer, optimizer: torch.optim.Optimizer) -> None:
+        self.trainer, self.optimizer = trainer, optimizer
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+        self.trainer.compute.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        self.trainer.apply_gradients(self.optimizer)
+
+
 def run_bare(cell: Cell, args: argparse.Namespace) -> ArmRun:
     """The bare loop for ``--minutes``: sample, step, publish, until no time is left."""
     served, train = cell.served, cell.train
     torch.manual_seed(cell.seed)
-    trainer = Trainer(
-        load_model(served.model_dir), TrainerConfig(learning_rate=args.bare_lr), "cpu"
+    # the precision the learner's auto takes for what vLLM serves: bf16 weights are checked
+    # exactly against a bf16 checkpoint
+    precision = "bfloat16" if args.dtype == "bfloat16" else "float32"
+    config = TrainerConfig(learning_rate=args.bare_lr, precision=precision)
+    trainer = Trainer(load_model(served.model_dir), config, "cpu")
+    optimizer = MasterStep(
+        trainer, torch.optim.AdamW(trainer.parameters, lr=args.bare_lr, weight_decay=0.0)
     )
-    optimizer = torch.optim.AdamW(trainer.parameters, lr=args.bare_lr, weight_decay=0.0)
     publisher = served.publisher()
     started = time.monotonic()
     deadline, steps = started + 60 * args.minutes, 0
@@ -401,7 +426,7 @@ def run_bare(cell: Cell, args: argparse.Namespace) -> ArmRun:
         turns = [i % len(train) for i in range(first, first + args.bare_prompts)]
         picked = [(i, train[i]) for i in turns]
         replies = sample_tasks(cell.endpoint, picked, args.bare_group)
-        bare_step(trainer.model, optimizer, replies)
+        bare_step(trainer.compute, optimizer, replies)  # type: ignore[arg-type]
         served.publish(publisher, trainer, "bare")
         steps += 1
         reward = statistics.fmean(r.reward for r in replies)
@@ -478,6 +503,7 @@ def run_live(cell: Cell, args: argparse.Namespace) -> ArmRun:
         *("--upstream", served.url, "--model", str(served.model_dir)),
         *("--checkpoints", str(work / "checkpoints"), "--grader", "reference"),
         *("--tasks", str(write_jsonl(cell.train, work / "train.jsonl"))),
+        *args.learner_args,  # empty but in a tuning run (--learner-arg)
     ]
     # the defaults, and nothing else: no learner setting from this environment either
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONTHEJOB_LEARN_")}
@@ -630,7 +656,7 @@ def run(args: argparse.Namespace) -> list[ArmRow]:
     with tempfile.TemporaryDirectory(prefix="defaults-learn-") as tmp:
         work = Path(tmp)
         for label, model_dir in model_dirs(args, work):
-            with serving(args.upstream, model_dir, work) as url:
+            with serving(args.upstream, model_dir, work, dtype=args.dtype) as url:
                 served = Served(url, model_dir, work)
                 endpoint = Endpoint(url, served.name, has_chat_template(model_dir), args.max_tokens)
                 if not endpoint.chat:
@@ -675,7 +701,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--logs", type=Path, help="keep each live arm's learner and proxy logs here"
     )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="what vLLM serves in; auto: bfloat16 where the CPU computes it natively, as "
+        "the demo and the README's vLLM command",
+    )
+    parser.add_argument(
+        "--learner-arg",
+        dest="learner_args",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="a flag for the live arm's learner: a tuning run, not the defaults (repeat)",
+    )
     args = parser.parse_args(argv)
+    if args.dtype == "auto":
+        from learner.demo.run import serving_dtype
+
+        args.dtype = serving_dtype("auto")
     if unknown := set(args.families) - set(FAMILIES):
         parser.error(f"unknown families {sorted(unknown)} ({', '.join(FAMILIES)})")
     if args.upstream and (args.tiny or len(args.models) != 1):
@@ -688,6 +732,8 @@ def main(argv: list[str] | None = None) -> int:
     if not seeds_are_fresh(args.seeds, TUNED_ON):
         tuned = sorted(set(args.seeds) & set(TUNED_ON))
         print(f"warning: seeds {tuned} were used to tune the defaults", flush=True)
+    if args.learner_args:
+        print(f"warning: a tuning run, not the defaults: learn {' '.join(args.learner_args)}")
     rows = run(args)
     if args.json:
         settings = {k: v for k, v in vars(args).items() if k != "json"}

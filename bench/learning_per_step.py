@@ -226,14 +226,19 @@ class Served:
 
 
 @contextmanager
-def serving(upstream: str | None, model_dir: Path, work: Path) -> Iterator[str]:
+def serving(
+    upstream: str | None, model_dir: Path, work: Path, dtype: str = "float32"
+) -> Iterator[str]:
     """The URL of vLLM-CPU on the model: ``--upstream`` (dev mode, serving ``--model``, used
-    by nothing else meanwhile: every arm swaps weights into it), else one started here."""
+    by nothing else meanwhile: every arm swaps weights into it), else one started here in
+    ``dtype``."""
     if upstream:
         yield upstream
         return
-    print(f"starting vLLM-CPU on {model_dir} ...", flush=True)
-    with VLLMServer(model_dir, log_path=work / "vllm.log", startup_timeout_s=900) as server:
+    print(f"starting vLLM-CPU on {model_dir} ({dtype}) ...", flush=True)
+    with VLLMServer(
+        model_dir, log_path=work / "vllm.log", startup_timeout_s=900, dtype=dtype
+    ) as server:
         yield server.url
 
 

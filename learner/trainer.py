@@ -578,6 +578,15 @@ class Trainer:
             "step_seconds": time.monotonic() - started,
         }
 
+    def apply_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """One step of `optimizer` (over `parameters`) on the gradients a caller's own loss
+        left on the compute copy (a bench's bare loop): folded into the masters, stepped,
+        and the copy refreshed from them."""
+        self._fold_grads()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        self._refresh_compute()
+
     def _fold_grads(self) -> None:
         """Add the compute copy's gradients (bf16) into the masters' (float32): accumulated
         over micro-batches in float32, as a sharded trainer reduces them."""

@@ -430,3 +430,18 @@ def test_a_cut_reply_under_per_turn_credit_trains_only_when_all_its_trained_toke
     cut.token_advantages = [0.3 if m else -1.0 for m in cut.loss_mask]
     assert trainer.untrainable(cut, -1.0) == "truncated"
     assert len(cut.token_advantages) == n
+
+
+def test_a_callers_own_loss_steps_the_masters_and_refreshes_the_bf16_copy() -> None:
+    torch.manual_seed(0)
+    config = TrainerConfig(precision="bfloat16")
+    trainer = Trainer(torch.nn.Linear(4, 4), config, device="cpu")
+    before = trainer.model.weight.detach().clone()
+    optimizer = torch.optim.SGD(trainer.parameters, lr=0.1)
+    trainer.compute(torch.ones(1, 4, dtype=torch.bfloat16)).sum().backward()
+    trainer.apply_gradients(optimizer)
+    # d(sum)/dW = 1 everywhere: SGD moved every float32 master by -0.1
+    assert torch.allclose(trainer.model.weight, before - 0.1)
+    assert trainer.model.weight.dtype == torch.float32
+    assert torch.equal(trainer.compute.weight, trainer.model.weight.to(torch.bfloat16))
+    assert trainer.compute.weight.grad is None and trainer.model.weight.grad is None
