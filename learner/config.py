@@ -255,7 +255,12 @@ class LearnerConfig(BaseSettings):
     )
 
     # -- the optimizer and the loss -------------------------------------------------------
-    learning_rate: float = setting(1e-5, "AdamW learning rate", gt=0.0)
+    learning_rate: float = setting(
+        5e-5,
+        "AdamW learning rate (full weights and LoRA alike): measured under continuous "
+        "traffic on SmolLM2-135M and Gemma 3 270M in docs/measurements/defaults.md",
+        gt=0.0,
+    )
     max_grad_norm: float = setting(1.0, "gradients are clipped to this norm", gt=0.0)
     clip_low: float = setting(0.2, "the loss clips ratios below 1 - CLIP_LOW", ge=0.0)
     clip_high: float = setting(0.28, "the loss clips ratios above 1 + CLIP_HIGH", ge=0.0)

