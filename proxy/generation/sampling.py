@@ -7,7 +7,8 @@ under `--generation-config vllm`, each with `--override-generation-config` on to
 cannot know that from the request, and usually cannot read the model directory (another
 container). So it asks each replica: `POST /v1/chat/completions/render` (served with
 `--enable-scale-out`) answers with the SamplingParams vLLM builds for a request that sets
-nothing, which are exactly its defaults, whatever the mode. Without that endpoint,
+nothing, which are exactly its defaults, whatever the mode; for a model without a chat
+template, `POST /v1/completions/render` does. Without that endpoint,
 `GET /server_info` (dev mode, which hot-swapping needs anyway) names the mode; under
 `vllm` the defaults are the overrides alone, under any other mode they stay unknown.
 
@@ -95,6 +96,13 @@ async def learn_defaults(
     probe = {"messages": [{"role": "user", "content": "."}], "max_tokens": 1}
     async with session.post(url + "/v1/chat/completions/render", json=probe, timeout=limit) as r:
         rendered = orjson.loads(await r.read()) if r.status == 200 else None
+    if rendered is None:
+        # a model without a chat template (a base model) renders no chat: its completions'
+        # render carries the same defaults, one request per prompt
+        plain = {"prompt": ".", "max_tokens": 1}
+        async with session.post(url + "/v1/completions/render", json=plain, timeout=limit) as r:
+            listed = orjson.loads(await r.read()) if r.status == 200 else None
+        rendered = listed[0] if isinstance(listed, list) and listed else None
     params = rendered.get("sampling_params") if isinstance(rendered, dict) else None
     if isinstance(params, dict):
         return {name: params.get(name, neutral) for name, neutral in NEUTRAL.items()}, "render"

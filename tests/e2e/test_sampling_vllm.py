@@ -141,3 +141,47 @@ def test_recomputed_logprobs_match_vllm_under_each_generation_config_mode(
     assert metrics["dropped_mismatch"] == 0
     assert metrics["trained_tokens"] == sum(sum(s.loss_mask[1:]) for s in samples)
     assert metrics["mismatch_kl"] < 1e-8
+
+
+@pytest.fixture(scope="module")
+def templateless_model(qwen_like_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The qwen-like model as a base model ships: no chat template (Gemma 3 270M's case)."""
+    out = tmp_path_factory.mktemp("templateless") / "model"
+    out.mkdir()
+    for item in qwen_like_model.iterdir():
+        if item.is_file() and item.name != "chat_template.jinja":
+            shutil.copy2(item, out / item.name)
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("chat_template", None)
+    config_path.write_text(json.dumps(config, indent=2))
+    return out
+
+
+def test_a_model_without_a_chat_template_records_its_completions_sampling(
+    templateless_model: Path, start_proxy, tmp_path: Path
+) -> None:
+    """Its replica renders no chat, so the proxy learns the defaults from the completions
+    render; before, every call of such a model was recorded without sampling and never
+    trained (Gemma 3 270M under bench/defaults_learn.py)."""
+    with VLLMServer(templateless_model, log_path=ARTIFACTS / "vllm-templateless.log") as vllm:
+        db_url = f"sqlite:///{tmp_path / 'onthejob.db'}"
+        proxy = start_proxy([vllm.url], db_url)
+        health = proxy.wait_for(
+            lambda h: h["upstreams"][0]["sampling_defaults"] is not None, "sampling defaults known"
+        )
+        assert health["upstreams"][0]["sampling_defaults"] == EFFECTIVE["auto"]
+        with httpx.Client(base_url=proxy.url, timeout=120) as client:
+            chat = {"model": vllm.model_name, "messages": [{"role": "user", "content": "Hi"}]}
+            refused = client.post("/v1/chat/completions", json=chat)
+            assert refused.status_code == 400  # no template: chat is refused, as before
+            body = {"model": vllm.model_name, "prompt": "Q: Say things.\nA:", "max_tokens": 12}
+            client.post("/v1/completions", json=body).raise_for_status()
+        engine = db.make_engine(db_url)
+        wait_for_calls(engine, 1, status="ok")
+        recorded = [c for t in export(engine) for c in t["calls"] if c["status"] == "ok"]
+        (call,) = [c for c in recorded if c["request"].get("prompt")]
+        assert call["sampling"] == EFFECTIVE["auto"]
+        skipped: Counter[str] = Counter()
+        samples = [s for t in export(engine) for s in build_samples(t, skipped=skipped)]
+        assert len(samples) == 1 and skipped == {"failed": 1}  # the refused chat call
