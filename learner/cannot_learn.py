@@ -52,7 +52,6 @@ def mostly_truncated(cut: int, built: int) -> str | None:
         return None
     return (
         f"{cut} of {built} replies were cut at max_tokens: the grader scored replies the "
-        "client never got whole, and only those scored below their group train "
-        "(--truncated penalise); fix: a larger max_tokens in the harness, so that replies "
-        "can end"
+        "client never got whole, and the model learns little but to say less; fix: a larger "
+        "max_tokens in the harness, so that replies can end"
     )

@@ -223,13 +223,12 @@ class LearnerConfig(BaseSettings):
         "a control run: permute each step's rewards across its batch, so that a gain it "
         "shows cannot come from the reward",
     )
-    truncated: Literal["penalise", "train", "mask"] = setting(
-        "penalise",
-        "replies cut at max_tokens: penalise trains those its grader scored below their "
-        "group (the harness asked for a reply within max_tokens, and rambling past it cost "
-        "the answer) and leaves out those above it (a reward for a reply the client never got "
-        "whole may credit what it did not finish); train: all of them; mask: none (overlong "
-        "filtering)",
+    truncated: Literal["last", "train", "mask"] = setting(
+        "last",
+        "replies cut at max_tokens: last trains a cut reply that is its trajectory's last "
+        "reply (the one its grade was given on, scored as the client got it) and leaves out "
+        "one that came before the last (later turns earned that grade); train: all of them; "
+        "mask: none (overlong filtering)",
     )
     yield_to_traffic: float = setting(
         0.0,

@@ -64,9 +64,9 @@ class TrainerConfig:
     # sequences whose recorded-vs-recomputed mismatch (mean |delta logprob|) exceeds this
     # are not trained on: their tokens were not produced by the weights we think they were
     max_sequence_mismatch: float = 1.0
-    # replies cut at max_tokens (learner/config.py's --truncated): "penalise" trains those
-    # with a negative advantage only, "train" all, "mask" none
-    truncated: str = "penalise"
+    # replies cut at max_tokens (learner/config.py's --truncated): "last" trains those that
+    # are their trajectory's last reply, "train" all, "mask" none
+    truncated: str = "last"
     loss: LossConfig = field(default_factory=LossConfig)
     # "float32", "bfloat16" (bf16 compute, float32 master weights and AdamW state) or
     # "autocast" (float32 weights, bf16 matmuls); see the module docstring
@@ -77,19 +77,17 @@ class TrainerConfig:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
 
 
-def truncated_trains(rule: str, sample: Sample, advantage: float) -> bool:
+def truncated_trains(rule: str, sample: Sample) -> bool:
     """Whether a sample with a reply cut at max_tokens trains under `rule`: "train" always,
-    "mask" never (overlong filtering), "penalise" only where every trained token's advantage
-    is below zero: the cut reply did worse than its peers, so the step pushes it down, and no
-    reward for a reply the client never got whole pushes anything up."""
+    "mask" never (overlong filtering), "last" where every cut reply is its trajectory's last:
+    the reply the grade was given on, scored as the client got it. A cut reply before the
+    last (a tool call cut mid-way, then a retry) did not earn the grade the later turns
+    did, so it is left out."""
     if rule == "train":
         return True
     if rule == "mask":
         return False
-    if sample.token_advantages is not None:
-        trained = [a for a, m in zip(sample.token_advantages, sample.loss_mask, strict=True) if m]
-        return bool(trained) and max(trained) < 0
-    return advantage < 0
+    return not sample.cut_before_last
 
 
 @dataclass(frozen=True)
@@ -385,25 +383,17 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = value
 
-    def untrainable(self, sample: Sample, advantage: float = 0.0) -> str | None:
-        """Why the trainer leaves a sample out (a reason of learner/accounting.py), or None;
-        `advantage`: the sample's (its tokens' own, under per-turn credit)."""
+    def untrainable(self, sample: Sample) -> str | None:
+        """Why the trainer leaves a sample out (a reason of learner/accounting.py), or None."""
         if sample.trained_tokens == 0:
             # per-turn credit masked every reply of it: none was judged
             return "not_credited" if sample.token_advantages is not None else "no_tokens"
-        if sample.truncated and not truncated_trains(self.config.truncated, sample, advantage):
+        if sample.truncated and not truncated_trains(self.config.truncated, sample):
             return "truncated"
         return None
 
-    def trainable(
-        self, samples: list[Sample], advantages: list[float] | None = None
-    ) -> list[Sample]:
-        """The samples the trainer takes, each with its advantage (default 0)."""
-        if advantages is None:
-            advantages = [0.0] * len(samples)
-        return [
-            s for s, a in zip(samples, advantages, strict=True) if self.untrainable(s, a) is None
-        ]
+    def trainable(self, samples: list[Sample]) -> list[Sample]:
+        return [s for s in samples if self.untrainable(s) is None]
 
     def _tensors(self, batch: MicroBatch) -> dict[str, torch.Tensor]:
         width = max(len(s.token_ids) for s in batch.samples)

@@ -82,7 +82,10 @@ class Sample:
     # the call each of `completions` came from
     call_ids: list[str] = field(default_factory=list)
     policy_versions: set[str | None] = field(default_factory=set)
-    truncated: bool = False  # some completion hit max_tokens: masked (overlong filtering)
+    truncated: bool = False  # some completion hit max_tokens
+    # a completion that hit max_tokens is not its trajectory's last reply: later turns, not
+    # that cut reply, earned the trajectory's grade (learner/trainer.py truncated_trains)
+    cut_before_last: bool = False
     # per-token advantages (per-turn credit, learner/turn_credit.py); None: the sample's
     # one advantage applies to every token
     token_advantages: list[float] | None = None
@@ -139,7 +142,8 @@ def build_samples(
     cannot be trained on is counted in `skipped` by its reason."""
     samples: list[Sample] = []
     current: Sample | None = None
-    for call in trajectory["calls"]:
+    last = len(trajectory["calls"]) - 1
+    for index, call in enumerate(trajectory["calls"]):
         problem = _capture_problem(call)
         sampling = call_sampling(call) if problem is None else problem
         if isinstance(sampling, str):
@@ -160,5 +164,7 @@ def build_samples(
         assert current is not None
         current.extend(prompt, completion, call["completion_logprobs"], str(call.get("id", "")))
         current.policy_versions.add(call.get("policy_version"))
-        current.truncated |= call.get("finish_reason") == "length"
+        cut = call.get("finish_reason") == "length"
+        current.truncated |= cut
+        current.cut_before_last |= cut and index < last
     return samples

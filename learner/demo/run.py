@@ -84,7 +84,7 @@ RECIPES = {
     # a real pretrained instruct model: one-reply reading questions with a distractor, its
     # rambling replies cut at 32 tokens and graded as they are. The learner runs on its
     # defaults, as a user runs it (issue 42): its learning rate (5e-5) and its rule for cut
-    # replies (--truncated penalise) were measured on this model (docs/measurements/
+    # replies (--truncated last) were measured on this model (docs/measurements/
     # defaults.md)
     "reading": Recipe("reading", [*QA_ONLY, "--no-tools", "--max-tokens", "32"], _reading_tasks),
 }

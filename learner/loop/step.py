@@ -333,7 +333,7 @@ class Stepping(LearnerBase):
         pairs: list[tuple[Sample, float]] = []
         left_out: Counter[str] = Counter()  # samples the trainer is not given, by reason
         for sample, advantage in zip(samples, advantages, strict=True):
-            why = self.trainer.untrainable(sample, advantage)
+            why = self.trainer.untrainable(sample)
             if why is None:
                 pairs.append((sample, advantage))
             else:

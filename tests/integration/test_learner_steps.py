@@ -199,8 +199,8 @@ class _Trainer:
 
     untrainable = Trainer.untrainable
 
-    def __init__(self) -> None:
-        self.config = TrainerConfig()
+    def __init__(self, truncated: str) -> None:
+        self.config = TrainerConfig(truncated=truncated)
         self.given: list[Sample] = []
 
     def set_learning_rate(self, value: float) -> None:
@@ -233,6 +233,7 @@ def _stepping(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     finish: str,
+    truncated: str = "mask",
     **extra: Any,
 ) -> tuple[Learner, _Trainer, list[dict[str, Any]]]:
     """A learner about to step on a group of 4 with a signal (g3 has two samples; g2's
@@ -263,7 +264,7 @@ def _stepping(
         lambda engine, ids: [{"id": tid, "calls": calls[tid]} for tid in ids],
     )
     learner = _learner(db_url, tmp_path, batch_trajectories=4, **extra)
-    trainer = _Trainer()
+    trainer = _Trainer(truncated)  # overlong filtering unless told: every cut reply out
     learner.trainer = trainer  # type: ignore[assignment]
     learner.publisher = object()  # type: ignore[assignment]
     published: list[dict[str, Any]] = []
@@ -326,7 +327,6 @@ def test_a_batch_with_nothing_to_train_on_says_why_by_reason(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     learner, trainer, published = _stepping(db_url, engine, tmp_path, monkeypatch, "length")
-    trainer.config = TrainerConfig(truncated="mask")  # overlong filtering: every cut reply out
     caplog.set_level(logging.INFO, logger="onthejob.learner")
     try:
         assert learner.maybe_train()
@@ -342,8 +342,8 @@ def test_a_batch_with_nothing_to_train_on_says_why_by_reason(
         "--group-size; or task difficulty), unknown version 1 trajectory (no setting: no "
         "verified version), sampling unknown 1 call (vLLM --enable-scale-out); 4 of 4 "
         "replies were cut at max_tokens: the grader scored replies the client never got "
-        "whole, and only those scored below their group train (--truncated penalise); fix: a "
-        "larger max_tokens in the harness, so that replies can end"
+        "whole, and the model learns little but to say less; fix: a larger max_tokens in the "
+        "harness, so that replies can end"
     ]
     assert set(_trained_in(engine).values()) == {-1}  # consumed, in no step
     last = beat["last_batch"]
@@ -359,16 +359,18 @@ def test_on_defaults_a_step_whose_every_reply_was_cut_says_so_with_the_fix(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """--truncated penalise (the default) trains the cut reply its grader scored below its
-    group (g0) and leaves out those above it; the first step's line says that every reply
-    was cut, and what fixes it."""
-    learner, trainer, published = _stepping(db_url, engine, tmp_path, monkeypatch, "length")
+    """--truncated last (the default) trains the cut replies that were their trajectory's
+    last (g0, g1, and g3's second) and leaves out g3's first, cut before the reply its grade
+    was given on; the first step's line says that every reply was cut, and what fixes it."""
+    learner, trainer, published = _stepping(
+        db_url, engine, tmp_path, monkeypatch, "length", truncated="last"
+    )
     caplog.set_level(logging.INFO, logger="onthejob.learner")
     try:
         assert learner.maybe_train()
     finally:
         learner.engine.dispose()
-    assert [s.trajectory_id for s in trainer.given] == ["g0"]
+    assert sorted(s.trajectory_id for s in trainer.given) == ["g0", "g1", "g3"]
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step 1:")]
     assert "4 of 4 replies were cut at max_tokens" in line
     assert "fix: a larger max_tokens in the harness" in line
@@ -377,8 +379,9 @@ def test_on_defaults_a_step_whose_every_reply_was_cut_says_so_with_the_fix(
     assert "since the last step: " in line and "gathering the batch" in line
     assert "s training, " in line and "s saving, 0.50s swap" in line
     (metrics,) = published
-    assert metrics["trained_samples"] == 1
-    assert metrics["dropped"][0]["reason"] == "truncated" and metrics["dropped"][0]["count"] == 3
+    assert metrics["trained_samples"] == 3
+    truncated = [d for d in metrics["dropped"] if d["reason"] == "truncated"]
+    assert [d["count"] for d in truncated] == [1]
 
 
 def test_graded_traffic_without_any_signal_is_said_once_with_the_fix(

@@ -401,35 +401,20 @@ def test_autocast_and_bf16_score_alike_and_write_bf16(tmp_path: Path) -> None:
 
 
 def test_samples_are_left_out_by_reason_and_cut_replies_by_the_truncation_rule() -> None:
-    whole, cut = sample(4), sample(4)
-    cut.truncated = True  # a completion hit max_tokens
+    whole, cut_last, cut_before = sample(4), sample(4), sample(4)
+    cut_last.truncated = True  # its trajectory's last reply hit max_tokens
+    cut_before.truncated = cut_before.cut_before_last = True  # a reply before the last did
     empty = Sample(trajectory_id="t", token_ids=[1, 2], loss_mask=[False, False])
-    penalise = Trainer(torch.nn.Linear(2, 2), TrainerConfig(), device="cpu")
-    assert penalise.config.truncated == "penalise"  # the default
-    # a cut reply scored below its group trains (pushed down); one above it, or level, not
-    assert [penalise.untrainable(s, -0.5) for s in (whole, cut, empty)] == [
-        None, None, "no_tokens",
+    last = Trainer(torch.nn.Linear(2, 2), TrainerConfig(), device="cpu")
+    assert last.config.truncated == "last"  # the default
+    assert [last.untrainable(s) for s in (whole, cut_last, cut_before, empty)] == [
+        None, None, "truncated", "no_tokens",
     ]  # fmt: skip
-    assert penalise.untrainable(cut, 0.5) == "truncated"
-    assert penalise.untrainable(cut, 0.0) == "truncated"
-    assert penalise.trainable([whole, cut, empty], [0.5, -0.5, 1.0]) == [whole, cut]
-    assert penalise.trainable([whole, cut, empty], [0.5, 0.5, 1.0]) == [whole]
+    assert last.trainable([whole, cut_last, cut_before, empty]) == [whole, cut_last]
     masked = Trainer(torch.nn.Linear(2, 2), TrainerConfig(truncated="mask"), device="cpu")
-    assert masked.trainable([whole, cut, empty], [1.0, -1.0, 1.0]) == [whole]
-    unmasked = Trainer(torch.nn.Linear(2, 2), TrainerConfig(truncated="train"), device="cpu")
-    assert unmasked.trainable([whole, cut, empty], [1.0, 1.0, 1.0]) == [whole, cut]
-
-
-def test_a_cut_reply_under_per_turn_credit_trains_only_when_all_its_trained_tokens_lost() -> None:
-    cut = sample(4)
-    cut.truncated = True
-    n = len(cut.token_ids)
-    trainer = Trainer(torch.nn.Linear(2, 2), TrainerConfig(), device="cpu")
-    cut.token_advantages = [-1.0 if m else 5.0 for m in cut.loss_mask]  # untrained ones ignored
-    assert trainer.untrainable(cut, 0.0) is None
-    cut.token_advantages = [0.3 if m else -1.0 for m in cut.loss_mask]
-    assert trainer.untrainable(cut, -1.0) == "truncated"
-    assert len(cut.token_advantages) == n
+    assert masked.trainable([whole, cut_last, cut_before, empty]) == [whole]
+    train = Trainer(torch.nn.Linear(2, 2), TrainerConfig(truncated="train"), device="cpu")
+    assert train.trainable([whole, cut_last, cut_before, empty]) == [whole, cut_last, cut_before]
 
 
 def test_a_callers_own_loss_steps_the_masters_and_refreshes_the_bf16_copy() -> None:

@@ -78,9 +78,21 @@ def test_different_sampling_parameters_never_share_a_sample() -> None:
     assert second.sampling == Sampling(temperature=1.0)
 
 
-def test_truncation() -> None:
+def test_truncation_and_whether_a_cut_reply_came_before_the_last() -> None:
     (sample,) = build_samples({"id": "t", "calls": [call([1], [2], finish_reason="length")]})
-    assert sample.truncated
+    assert sample.truncated and not sample.cut_before_last  # the graded reply itself
+    cut_then_retried = {
+        "id": "t",
+        "calls": [call([1], [2], finish_reason="length"), call([1, 2, 5], [6])],
+    }
+    (merged,) = build_samples(cut_then_retried)
+    assert merged.truncated and merged.cut_before_last
+    whole_then_cut = {
+        "id": "t",
+        "calls": [call([1], [2]), call([1, 2, 5], [6], finish_reason="length")],
+    }
+    (last_cut,) = build_samples(whole_then_cut)
+    assert last_cut.truncated and not last_cut.cut_before_last
 
 
 def test_the_recorded_effective_sampling_is_what_is_reproduced() -> None:
