@@ -351,7 +351,6 @@ def test_a_batch_with_nothing_to_train_on_says_why_by_reason(
     assert last["dropped"][0]["reason"] == "truncated" and last["dropped"][0]["count"] == 4
 
 
-
 def test_on_defaults_a_step_whose_every_reply_was_cut_says_so_with_the_fix(
     db_url: str,
     engine: Engine,
@@ -409,6 +408,7 @@ def test_graded_traffic_without_any_signal_is_said_once_with_the_fix(
         "partial-credit grader, or easier tasks first"
     ]
     assert learner.activity.startswith("no step yet")
+
 
 TRACKED = {"report_to": ["tensorboard", "wandb", "mlflow"], "run_name": "run-1"}
 
