@@ -79,6 +79,7 @@ from bench.learning_per_step import (
 from bench.stats import MIN_SEEDS, Summary, seeds_are_fresh, summarise
 from learner.checkpoint import load_model
 from learner.graders.reference import match
+from learner.swap.publisher import served_dtype
 from learner.trainer import Trainer, TrainerConfig
 
 TUNED_ON = (0, 1, 2)  # the seeds the demo's recipe (and so the defaults) were chosen on
@@ -410,9 +411,9 @@ def run_bare(cell: Cell, args: argparse.Namespace) -> ArmRun:
     """The bare loop for ``--minutes``: sample, step, publish, until no time is left."""
     served, train = cell.served, cell.train
     torch.manual_seed(cell.seed)
-    # the precision the learner's auto takes for what vLLM serves: bf16 weights are checked
-    # exactly against a bf16 checkpoint
-    precision = "bfloat16" if args.dtype == "bfloat16" else "float32"
+    # the precision the learner's auto takes for what vLLM serves (an --upstream's own dtype
+    # included): bf16 weights are checked exactly against a bf16 checkpoint
+    precision = "bfloat16" if served_dtype(served.url) == "bfloat16" else "float32"
     config = TrainerConfig(learning_rate=args.bare_lr, precision=precision)
     trainer = Trainer(load_model(served.model_dir), config, "cpu")
     optimizer = MasterStep(
