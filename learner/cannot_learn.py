@@ -5,7 +5,10 @@ left to an operator to find in the counts:
 - the graded trajectories carry no signal: every group's rewards are alike, so no step is
   ever ready and no step line is ever printed (`no_signal`);
 - (nearly) every reply is cut at max_tokens: the harness's limit, not the model, decides
-  what the grader sees (`mostly_truncated`).
+  what the grader sees (`mostly_truncated`);
+- trajectories reach the grader long after their last call (`slow_to_finish`): the proxy
+  finishes one only after its --idle-timeout (300 s by default) passes without a call, so
+  single-call traffic trains on answers minutes old.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from collections.abc import Sequence
 NO_SIGNAL_AFTER_BATCHES = 2
 # the share of a step's replies cut at max_tokens from which the step line warns
 TRUNCATED_SHARE = 0.9
+# median seconds from a trained trajectory's last call to its grade from which the step
+# line warns: far longer than grading itself takes
+SLOW_GRADING_SECONDS = 60.0
 
 
 def no_signal(rewards: Sequence[float], *, with_signal: int, batch: int) -> str | None:
@@ -54,4 +60,17 @@ def mostly_truncated(cut: int, built: int) -> str | None:
         f"{cut} of {built} replies were cut at max_tokens: the grader scored replies the "
         "client never got whole, and the model learns little but to say less; fix: a larger "
         "max_tokens in the harness, so that replies can end"
+    )
+
+
+def slow_to_finish(grading_lag: float | None) -> str | None:
+    """A warning when the trained trajectories were graded, at the median, more than
+    SLOW_GRADING_SECONDS after their last call."""
+    if grading_lag is None or grading_lag < SLOW_GRADING_SECONDS:
+        return None
+    return (
+        f"trajectories reached the grader {grading_lag:.0f}s after their last call: the "
+        "proxy finishes one once its --idle-timeout (300 s by default) passes without a "
+        "call; fix: for single-call traffic, a shorter `onthejob serve --idle-timeout`, or a "
+        "session key per run (/s/<key>/v1) with its outcome posted"
     )

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from learner.accounting import StepAccount
-from learner.cannot_learn import mostly_truncated, no_signal
+from learner.cannot_learn import mostly_truncated, no_signal, slow_to_finish
 from learner.grouping import (
     Advantaged,
     Baselines,
@@ -422,6 +422,9 @@ class Stepping(LearnerBase):
             sample_age=group_metrics.get("sample_age_seconds"),
         )
         metrics.update(times.metrics())
+        warnings = "".join(
+            f"; {w}" for w in (truncation, slow_to_finish(times.grading_lag)) if w is not None
+        )
         log.info(
             "step %d: %s; %d tokens, reward %.3f, lr %.3g, loss %.4f, clip %.3f "
             "(behaviour %.3f), ratio %.4f [%.4f, %.4f], mismatch-kl %.2e (fresh %.2e over %d "
@@ -445,7 +448,7 @@ class Stepping(LearnerBase):
             metrics.get("optimizer_state_seconds", float("nan")),
             result.weight_sums_compared,
             result.max_logprob_diff if result.max_logprob_diff is not None else float("nan"),
-            f"; {truncation}" if truncation else "",
+            warnings,
             result.version if result.ok else f"NOT PUBLISHED ({result.error})",
         )
         self.reporter.step(step, {**metrics, "published": result.ok})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from learner.cannot_learn import mostly_truncated, no_signal
+from learner.cannot_learn import mostly_truncated, no_signal, slow_to_finish
 
 
 def test_too_few_graded_trajectories_or_any_signal_say_nothing() -> None:
@@ -25,3 +25,11 @@ def test_a_step_whose_replies_are_mostly_cut_is_warned_with_the_fix() -> None:
     assert warning is not None and warning.startswith("9 of 10 replies were cut at max_tokens")
     assert "a larger max_tokens in the harness" in warning
     assert mostly_truncated(0, 0) is None
+
+
+def test_trajectories_graded_long_after_their_last_call_point_at_the_idle_timeout() -> None:
+    assert slow_to_finish(None) is None
+    assert slow_to_finish(59.0) is None
+    warning = slow_to_finish(301.4)
+    assert warning is not None and warning.startswith("trajectories reached the grader 301s")
+    assert "--idle-timeout" in warning
