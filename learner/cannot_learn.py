@@ -8,7 +8,8 @@ left to an operator to find in the counts:
   what the grader sees (`mostly_truncated`);
 - trajectories reach the grader long after their last call (`slow_to_finish`): the proxy
   finishes one only after its --idle-timeout (300 s by default) passes without a call, so
-  single-call traffic trains on answers minutes old.
+  single-call traffic trains on answers minutes old; and grading waits while a step trains
+  or the self-judge's shadow judgements run on a busy vLLM.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ def slow_to_finish(grading_lag: float | None) -> str | None:
     return (
         f"trajectories reached the grader {grading_lag:.0f}s after their last call: the "
         "proxy finishes one once its --idle-timeout (300 s by default) passes without a "
-        "call; fix: for single-call traffic, a shorter `onthejob serve --idle-timeout`, or a "
-        "session key per run (/s/<key>/v1) with its outcome posted"
+        "call, and grading waits while a step trains or the self-judge judges; fix: for "
+        "single-call traffic, a shorter `onthejob serve --idle-timeout`, or a session key "
+        "per run (/s/<key>/v1) with its outcome posted; --self-judge-shadow 0 where vLLM is "
+        "busy"
     )
