@@ -84,7 +84,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +107,7 @@ from learner.swap.publisher import (
     tolerance_for,
 )
 from learner.trainer import Trainer, TrainerConfig
+from store import clock
 from store.samples import Sample
 
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
@@ -632,7 +632,7 @@ def live_traffic(
 
 def _seconds(at: Any) -> float:
     """A stored timestamp as epoch seconds (SQLite hands back naive UTC)."""
-    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
+    return clock.as_utc(at).timestamp()
 
 
 def backlog_now(conn: Any, elapsed: float) -> dict[str, Any]:

@@ -7,22 +7,19 @@ change one.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import IO, Any
 
 import orjson
 from sqlalchemy import Engine
 
-from store import recording
+from store import clock, recording
 from store.tokens import materialize_prompts
 
 
 def _iso(value: datetime | None) -> str | None:
-    if value is None:
-        return None
-    if value.tzinfo is None:  # SQLite returns naive datetimes; they are stored as UTC
-        value = value.replace(tzinfo=UTC)
-    return value.isoformat()
+    value = clock.as_utc(value)
+    return None if value is None else value.isoformat()
 
 
 def export_call(call: dict[str, Any], prompt: list[int] | None) -> dict[str, Any]:

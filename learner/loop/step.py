@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -159,15 +158,15 @@ class Stepping(LearnerBase):
         group_metrics["yield_seconds"] = round(waited, 2)
         group_metrics["fresh_wait_seconds"] = round(fresh_waited, 2)
         group_metrics["gathering_seconds"] = round(max(0.0, since_last - fresh_waited - waited), 2)
-        times = {r["trajectory_id"]: r for r in rows}
-        trained_rows = [times[a.trajectory_id] for a in advantaged]
+        row_of = {r["trajectory_id"]: r for r in rows}
+        trained_rows = [row_of[a.trajectory_id] for a in advantaged]
         now = clock.now()
         lags = {
             "grading_lag_seconds": median_seconds(
                 [(r.get("last_call_at"), r.get("graded_at")) for r in trained_rows]
             ),
             "sample_age_seconds": median_seconds(
-                [(_aware(r.get("started_at")), now) for r in trained_rows]
+                [(clock.as_utc(r.get("started_at")), now) for r in trained_rows]
             ),
         }
         group_metrics.update({k: round(v, 2) for k, v in lags.items() if v is not None})
@@ -454,10 +453,3 @@ class Stepping(LearnerBase):
         self.reporter.step(step, {**metrics, "published": result.ok})
         if result.ok and self.guard is not None:
             self._guard_step(step)
-
-
-def _aware(at: datetime | None) -> datetime | None:
-    """A stored timestamp as UTC-aware (SQLite gives them back naive)."""
-    if at is None or at.tzinfo is not None:
-        return at
-    return at.replace(tzinfo=UTC)

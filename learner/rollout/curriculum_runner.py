@@ -42,8 +42,8 @@ from learner.rollout.progress import ProgressBar
 from learner.rollout.report import pass_at_k
 from learner.rollout.runner import RolloutConfig, RolloutSummary, RunResult, run_rollout
 from learner.rollout.taskset import TaskSet
+from store import clock, db, policy_versions, schema
 from store import curricula as cstore
-from store import db, policy_versions, schema
 from store.control import read_heartbeat
 from store.models import TrainingStep
 from store.tasks import Task, TaskTable
@@ -437,10 +437,7 @@ def _eval_state(row: dict[str, Any]) -> dict[str, Any]:
     keep = ("rollout_id", "policy_version", "stage_round", "runs", "k")
     out = {key: row[key] for key in keep}
     out.update({m: row[m] for m in ("pass_at_1", "mean_reward", "pass_at_k")})
-    at = row["created_at"]
-    if at.tzinfo is None:  # SQLite gives naive datetimes; they are stored as UTC
-        at = at.replace(tzinfo=UTC)
-    out["at"] = at.astimezone(UTC).isoformat()
+    out["at"] = clock.as_utc(row["created_at"]).astimezone(UTC).isoformat()
     return out
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from sqlalchemy import Engine, or_, select, update
 
+from store import clock
 from store.db import insert_for
 from store.models import PublishLease
 
@@ -154,7 +155,7 @@ def who(engine: Engine) -> dict[str, Any] | None:
         row = conn.execute(select(PublishLease.__table__).where(PublishLease.name == NAME)).first()
     if row is None or row.holder is None:
         return None
-    expires = row.expires_at if row.expires_at.tzinfo else row.expires_at.replace(tzinfo=UTC)
+    expires = clock.as_utc(row.expires_at)
     if expires < datetime.now(UTC):
         return None
     return {"holder": row.holder, "acquired_at": row.acquired_at, "expires_at": expires}
