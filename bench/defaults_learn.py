@@ -275,7 +275,17 @@ class GradedReply(Reply):
 
     @property
     def reward(self) -> float:
-        return 1.0 if match(self.text, answer=self.answer, kind="regex", tol=0.0)[0] else 0.0
+        return reference_reward(self.text, self.answer)
+
+
+def reference_reward(text: str, answer: str) -> float:
+    """1/0: the task's reference regex, matched as the learner's `reference` grader does."""
+    return 1.0 if match(text, answer=answer, kind="regex", tol=0.0)[0] else 0.0
+
+
+def reply_text(choice: dict[str, Any], chat: bool) -> str:
+    """A choice's reply: a chat message's content, or a completion's text."""
+    return (choice["message"]["content"] if chat else choice["text"]) or ""
 
 
 @dataclass(frozen=True)
@@ -319,16 +329,14 @@ def _reply(
 ) -> GradedReply:
     if chat:
         logprobs = [float(t["logprob"]) for t in choice["logprobs"]["content"]]
-        text = choice["message"]["content"] or ""
     else:
         logprobs = [float(v) for v in choice["logprobs"]["token_logprobs"]]
-        text = choice["text"] or ""
     return GradedReply(
         prompt=index,
         prompt_ids=list(choice.get("prompt_token_ids") or data["prompt_token_ids"]),
         completion_ids=list(choice["token_ids"]),
         logprobs=logprobs,
-        text=text,
+        text=reply_text(choice, chat),
         answer=task["answer"],
     )
 
@@ -343,13 +351,6 @@ def sample_tasks(
     ):
         futures = [pool.submit(sample, client, endpoint, t, i, n) for i, t in tasks]
         return [reply for f in futures for reply in f.result()]
-
-
-def _reward(data: dict[str, Any], chat: bool, answer: str) -> float:
-    """A client's reward for one reply: its task's reference regex, as the grader's."""
-    choice = data["choices"][0]
-    text = (choice["message"]["content"] if chat else choice["text"]) or ""
-    return 1.0 if match(text, answer=answer, kind="regex", tol=0.0)[0] else 0.0
 
 
 def first_and_last(rewards: Sequence[float], n: int = 64) -> tuple[float, float] | None:
@@ -459,7 +460,8 @@ class Traffic:
             time.sleep(0.05)
             return
         self.latencies.append(time.monotonic() - t0)
-        self.rewards.append(_reward(response.json(), endpoint.chat, task["answer"]))
+        choice = response.json()["choices"][0]
+        self.rewards.append(reference_reward(reply_text(choice, endpoint.chat), task["answer"]))
 
 
 @contextmanager

@@ -22,7 +22,6 @@ from learner.signals import SignalWeights
 from learner.stopping import GracefulStop
 from learner.swap.fence import Fence
 from learner.swap.publisher import FullReloadPublisher, Probe
-from learner.threads import ThreadChoice
 from learner.trackers import Reporter
 from learner.traffic import TrafficYield
 from learner.trainer import Trainer, TrainerConfig
@@ -88,7 +87,6 @@ class LearnerBase:
     _trainer_is_serving: bool
     _last_step_end: float  # monotonic: when the last step (or the learner's start) ended
     _said_no_signal: bool  # the learner said why no step is ready (learner/cannot_learn.py)
-    threads: ThreadChoice
 
 
 def baseline_key(key: str, tenant: str | None) -> str:

@@ -76,16 +76,16 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
             raise ValueError("--lora trains on one device: launch it without torchrun")
         self.config = config
         self.ranks = ranks
-        self.threads = choose_threads(
+        threads = choose_threads(
             config.torch_threads,
             config.upstreams,
             cores=os.cpu_count() or 1,
             on_gpu=_trains_on_gpu(config.device),
             sharded=ranks is not None,
         )
-        if self.threads.threads:
-            torch.set_num_threads(self.threads.threads)
-        log.info("trainer threads: %s", self.threads.why)
+        if threads.threads:
+            torch.set_num_threads(threads.threads)
+        log.info("trainer threads: %s", threads.why)
         if ranks is not None:
             log.info("training sharded over %d ranks (FSDP2) on %s", ranks.world, ranks.device)
         schema.require(config.database_url, migrate=config.migrate, who="learner")
