@@ -40,22 +40,15 @@ class StepTime:
 
     @property
     def cpu_share(self) -> float | None:
-        """The share of its threads' time the trainer computed: 1.0 alone on free cores,
-        less where other processes (vLLM on the same cores) took the rest."""
-        if self.training <= 0 or self.threads <= 0:
-            return None
-        return min(1.0, self.training_cpu / (self.training * self.threads))
+        return cpu_share(self.training, self.training_cpu, self.threads)
 
     def metrics(self) -> dict[str, float]:
-        """For the step's metrics (the dashboard, trackers)."""
+        """For the trackers: the cycle, and each part known once the step has swapped."""
         out = {
             "cycle_seconds": round(self.total, 2),
             "gathering_seconds": round(self.gathering, 2),
-            "training_cpu_seconds": round(self.training_cpu, 2),
-            "trainer_threads": float(self.threads),
+            **training_metrics(self.training, self.training_cpu, self.threads),
         }
-        if self.cpu_share is not None:
-            out["trainer_cpu_share"] = round(self.cpu_share, 3)
         if self.grading_lag is not None:
             out["grading_lag_seconds"] = round(self.grading_lag, 2)
         if self.sample_age is not None:
@@ -88,6 +81,23 @@ class StepTime:
             f"{self.fresh_wait:.1f}s waiting for fresh samples, {self.yield_wait:.1f}s for "
             f"idle replicas, {training}, {self.saving:.1f}s saving, {self.swap:.2f}s swap"
         )
+
+
+def cpu_share(training: float, training_cpu: float, threads: int) -> float | None:
+    """The share of its threads' time the trainer computed over `training` wall seconds: 1.0
+    alone on free cores, less where other processes (vLLM on the same cores) took the rest."""
+    if training <= 0 or threads <= 0:
+        return None
+    return min(1.0, training_cpu / (training * threads))
+
+
+def training_metrics(training: float, training_cpu: float, threads: int) -> dict[str, float]:
+    """What training's contention is, for the step's record (known before it is saved)."""
+    out = {"training_cpu_seconds": round(training_cpu, 2), "trainer_threads": float(threads)}
+    share = cpu_share(training, training_cpu, threads)
+    if share is not None:
+        out["trainer_cpu_share"] = round(share, 3)
+    return out
 
 
 def median_seconds(

@@ -26,7 +26,7 @@ from learner.hindsight import Distilled, HintFrame, corrections, distilled
 from learner.layout import served_base
 from learner.loop.base import LearnerBase, save_baselines
 from learner.signals import signals_in
-from learner.step_time import StepTime, median_seconds
+from learner.step_time import StepTime, median_seconds, training_metrics
 from learner.swap.publisher import Fingerprint
 from learner.turn_credit import credited, turn_advantages, turn_values
 from store import clock, grade_queue, policy_versions, turn_signals
@@ -358,6 +358,10 @@ class Stepping(LearnerBase):
             [s for s, _ in pairs], [a for _, a in pairs], fresh_version=self.serving["version"]
         )
         training_cpu = time.process_time() - cpu_before
+        threads = torch.get_num_threads()
+        metrics.update(
+            training_metrics(float(metrics.get("step_seconds", 0.0)), training_cpu, threads)
+        )
         account.trained(metrics)
         if hindsight is not None:
             metrics.update(hindsight.metrics())
@@ -414,7 +418,7 @@ class Stepping(LearnerBase):
             yield_wait=group_metrics.get("yield_seconds", 0.0),
             training=float(metrics.get("step_seconds", 0.0)),
             training_cpu=training_cpu,
-            threads=torch.get_num_threads(),
+            threads=threads,
             saving=float(metrics.get("save_seconds", 0.0)),
             swap=result.swap_seconds,
             grading_lag=group_metrics.get("grading_lag_seconds"),

@@ -15,6 +15,7 @@ with a default system prompt. One server (bf16, LoRA enabled) serves the whole m
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import threading
@@ -295,6 +296,12 @@ def test_one_learner_step_is_published_and_verified_by_the_weight_check(
     assert "full weights reach the replicas by transfer" in text
     assert step.version is not None, "the step was verified and serves"
     assert step.metrics["weight_sums_compared"] > 0, step.metrics
+    # the line says where the step's time went, with the trainer's share of its threads' time
+    (line, *_) = [line for line in text.splitlines() if "onthejob.learner: step 1:" in line]
+    assert "since the last step: " in line and "gathering the batch" in line, line
+    assert re.search(r"s training \(\d+ threads? computed \d+% of the time", line), line
+    assert "trainer threads: " in text
+    assert 0 < step.metrics["trainer_cpu_share"] <= 1 and step.metrics["trainer_threads"] >= 1
     # the first transfer of a learner writes the whole weight file: 326 MB of bf16
     assert step.metrics["transfer_full_syncs"] == 1, step.metrics
     assert step.metrics["transfer_bytes"] > 300e6, step.metrics
