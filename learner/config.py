@@ -343,8 +343,8 @@ class LearnerConfig(BaseSettings):
     verify_tolerance: float | None = setting(
         None,
         "max |vLLM - trainer| probe logprob after a swap (default: by the dtype vLLM serves: "
-        "float32 1e-3, bfloat16 and float16 1e-2, 1.0 where the weights were compared exactly "
-        "and matched)",
+        "float32 1e-3, bfloat16 and float16 1e-2; where the weights were compared exactly "
+        "and matched, float32 1e-2 and half precision 1.0)",
         gt=0.0,
     )
     transport: Literal["auto", "disk", "transfer"] = setting(

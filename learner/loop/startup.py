@@ -15,11 +15,11 @@ from learner.hindsight import HintFrame
 from learner.loop.base import LEARNER, LEASE_WAIT, PROBE_TEXT, LearnerBase, RestoreFailed
 from learner.swap import lease
 from learner.swap.publisher import (
-    HALF_PRECISION,
     HALF_PRECISION_CHECKED_TOLERANCE,
     Fingerprint,
     FullReloadPublisher,
     Probe,
+    checked_tolerance,
     current_version,
     served_adapters,
     served_dtype,
@@ -131,11 +131,14 @@ class StartUp(LearnerBase):
         if self.config.verify_tolerance is not None:
             return self.config.verify_tolerance
         tolerance = max(tolerance_for(dtype) for dtype in dtypes)
-        if unchecked is None and dtypes & set(HALF_PRECISION):
+        if unchecked is None:
+            loosened = max(
+                checked_tolerance(dtype, HALF_PRECISION_CHECKED_TOLERANCE) for dtype in dtypes
+            )
             log.info(
                 "swaps verify the probe within %g, within %g once the weights matched",
                 tolerance,
-                HALF_PRECISION_CHECKED_TOLERANCE,
+                max(tolerance, loosened),
             )
         else:
             log.info("swaps verify the probe within %g", tolerance)

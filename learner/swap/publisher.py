@@ -71,6 +71,21 @@ HALF_PRECISION_TOLERANCE = 1e-2
 # layer after a training step, so no probe tolerance can tell weights apart there; a wrong
 # model config or a broken kernel is off by several nats.
 HALF_PRECISION_CHECKED_TOLERANCE = 1.0
+# The same for a float32 replica: its kernels round like the trainer's, but by an amount that
+# grows with the logits. After a step at lr 2.0 on the tiny model (tests/e2e/test_guard_vllm.py)
+# the right weights differed by 5.5e-4 locally and by more than 1e-3 in a CI run, which left
+# the step unpublished; 1e-2 keeps a wrong kernel or config, off by nats, failing.
+FLOAT32_CHECKED_TOLERANCE = 1e-2
+
+
+def checked_tolerance(dtype: str | None, half_precision: float) -> float:
+    """The probe's tolerance once a replica's weights matched the checkpoint's exactly:
+    `half_precision` for a half-precision replica, FLOAT32_CHECKED_TOLERANCE (at most that)
+    for a float32 one."""
+    if dtype in HALF_PRECISION:
+        return half_precision
+    return min(half_precision, FLOAT32_CHECKED_TOLERANCE)
+
 
 # What vLLM must load to have its weights checked exactly (learner/swap/vllm_weight_check.py).
 WEIGHT_CHECK_EXTENSION = "learner.swap.vllm_weight_check.WeightCheck"
@@ -539,10 +554,12 @@ class FullReloadPublisher:
                     raise PublishError(
                         f"{upstream} does not serve the checkpoint's weights: {report.summary()}"
                     )
-                if report.dtype in HALF_PRECISION and self.checked_probe_tolerance is not None:
+                if self.checked_probe_tolerance is not None:
                     # the weights are the checkpoint's: the probe only has to show that the
                     # engine computes like the trainer
-                    tolerance = max(tolerance, self.checked_probe_tolerance)
+                    tolerance = max(
+                        tolerance, checked_tolerance(report.dtype, self.checked_probe_tolerance)
+                    )
         diff = self._probe_diff(client, upstream, reference, model)
         if result is not None:
             result.max_logprob_diff = max(diff, result.max_logprob_diff or 0.0)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from learner.swap.publisher import (
     DEFAULT_TOLERANCE,
+    FLOAT32_CHECKED_TOLERANCE,
+    HALF_PRECISION_CHECKED_TOLERANCE,
     HALF_PRECISION_TOLERANCE,
     Fingerprint,
+    checked_tolerance,
     tolerance_for,
 )
 
@@ -37,3 +40,12 @@ def test_an_explicit_tolerance_replaces_the_stored_one_but_not_below_the_floor()
 def test_a_version_without_a_stored_probe_has_no_fingerprint() -> None:
     assert Fingerprint.from_state(None, at_least=HALF_PRECISION_TOLERANCE) is None
     assert Fingerprint.from_state({"token_ids": [1]}, at_least=1.0) is None
+
+
+def test_weights_checked_exactly_loosen_the_probe_by_dtype_never_past_the_callers_bound() -> None:
+    half = HALF_PRECISION_CHECKED_TOLERANCE
+    assert checked_tolerance("bfloat16", half) == half == 1.0
+    # float32 kernels round like the trainer's, by an amount that grows with the logits
+    assert checked_tolerance("float32", half) == FLOAT32_CHECKED_TOLERANCE == 1e-2
+    assert checked_tolerance("float32", 5e-3) == 5e-3
+    assert checked_tolerance(None, half) == FLOAT32_CHECKED_TOLERANCE
