@@ -176,12 +176,12 @@ class LearnerConfig(BaseSettings):
         16, "train once this many trajectories carry a signal", metavar="N", ge=1
     )
     max_batch_trajectories: int = setting(
-        64,
+        32,
         "a step trains on at most N trajectories with a signal, the newest whole groups "
         "first; the rest wait for later steps or grow stale (--max-staleness). Never fewer "
-        "than --batch-trajectories; 0: no bound. 64 holds several whole GRPO groups (fan-out "
-        "8), and a learner that fell behind (continuous traffic, vLLM on the same cores) "
-        "makes bounded steps instead of one on everything graded since its last",
+        "than --batch-trajectories; 0: no bound. 32 holds 4 whole GRPO groups (fan-out 8); "
+        "under continuous traffic beside vLLM on 2 cores it made 9 steps in 7 minutes where "
+        "64 made 5, on samples 7-22 s old instead of 20-64 s (docs/measurements/defaults.md)",
         metavar="N",
         ge=0,
     )

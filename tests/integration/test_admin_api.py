@@ -489,7 +489,7 @@ def test_the_batch_bound_is_a_live_knob_and_the_last_batch_is_reported(
         LearnerConfig(database_url=db_url, model=str(tmp_path), checkpoints=str(tmp_path / "c"))
     )
     try:
-        assert learner.config.max_batch_trajectories == 64
+        assert learner.config.max_batch_trajectories == 32
         learner.last_batch = {"trained": False, "considered_trajectories": 3, "dropped": []}
         follow(learner)
         assert learner.config.max_batch_trajectories == 8
@@ -499,7 +499,7 @@ def test_the_batch_bound_is_a_live_knob_and_the_last_batch_is_reported(
         assert status["heartbeat"]["last_batch"]["considered_trajectories"] == 3
         api.patch("/learner/knobs", json={"max_batch_trajectories": None})
         follow(learner)
-        assert learner.config.max_batch_trajectories == 64
+        assert learner.config.max_batch_trajectories == 32
         # the wait for the serving version's own samples, likewise
         assert error_of(api.patch("/learner/knobs", json={"fresh_wait": -1}), 400)
         api.patch("/learner/knobs", json={"fresh_wait": 90})

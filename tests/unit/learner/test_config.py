@@ -27,11 +27,11 @@ def test_a_step_s_batch_is_bounded_by_the_flag_or_the_environment(
 ) -> None:
     monkeypatch.delenv("ONTHEJOB_LEARN_MAX_BATCH_TRAJECTORIES", raising=False)
     assert (
-        LearnerConfig.load(config_file=None, overrides={"model": "m"}).max_batch_trajectories == 64
+        LearnerConfig.load(config_file=None, overrides={"model": "m"}).max_batch_trajectories == 32
     )
-    args = build_parser().parse_args(["learn", "--model", "m", "--max-batch-trajectories", "32"])
+    args = build_parser().parse_args(["learn", "--model", "m", "--max-batch-trajectories", "48"])
     config = learner_config(args, model="m", max_batch_trajectories=args.max_batch_trajectories)
-    assert config.max_batch_trajectories == 32
+    assert config.max_batch_trajectories == 48
     monkeypatch.setenv("ONTHEJOB_LEARN_MAX_BATCH_TRAJECTORIES", "0")  # 0: no bound
     assert (
         LearnerConfig.load(config_file=None, overrides={"model": "m"}).max_batch_trajectories == 0
