@@ -32,9 +32,10 @@ import orjson
 
 from bench.fake_upstream import chat_body
 from bench.proxy_overhead import MESSAGES, parse_cpus, plain_pg_url, scratch_database
-from proxy.generation.capture import CHAT, capture_response, prepare_upstream_body, strip_response
+from proxy.base.capture import CHAT, capture_response, prepare_upstream_body, strip_response
+from proxy.base.record import CallRecord
 from proxy.recording.calllog import CallLog
-from proxy.recording.recorder import CallRecord, Recorder, log_directory, rejected_path
+from proxy.recording.recorder import Recorder, log_directory, rejected_path
 from proxy.recording.rows import entry_of
 from proxy.recording.spool import Spool
 from proxy.recording.stitching import TrajectoryTracker, new_id

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Select, select
+from sqlalchemy import Engine
 
 from learner.guard import Decision, GuardConfig, GuardedType, Score, Waiver, config_state, decide
 from learner.rollout.curriculum_runner import eval_metrics
@@ -30,8 +30,9 @@ from store.guard_records import (
     append_decision,
     now_iso,
     protected_overrides,
+    recorded_types,
+    trained_types,
 )
-from store.models import Grade, Trajectory
 
 log = logging.getLogger("onthejob.guard")
 
@@ -213,30 +214,3 @@ def publish_config(engine: Engine, config: GuardConfig) -> None:
 
 def _fmt(score: Score | None) -> str:
     return "-" if score is None else f"{score.value:.3f} ({score.runs} runs)"
-
-
-def trained_types(conn: Connection, step: int | None) -> list[str]:
-    """The interaction types of the trajectories a step trained on."""
-    if step is None:
-        return []
-    return _types(
-        conn,
-        select(Trajectory.interaction_type)
-        .join(Grade, Grade.trajectory_id == Trajectory.id)
-        .where(Grade.trained_in_step == step),
-    )
-
-
-def recorded_types(conn: Connection, trajectory_ids: list[str]) -> list[str]:
-    """The interaction types these trajectories were recorded as."""
-    if not trajectory_ids:
-        return []
-    return _types(
-        conn, select(Trajectory.interaction_type).where(Trajectory.id.in_(trajectory_ids))
-    )
-
-
-def _types(conn: Connection, query: Select[Any]) -> list[str]:
-    """The distinct interaction types `query` selects, sorted (untyped ones left out)."""
-    rows = conn.execute(query.distinct())
-    return sorted(str(t) for (t,) in rows if t is not None)

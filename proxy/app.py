@@ -18,15 +18,15 @@ from starlette.routing import Mount, Route
 
 from proxy import metrics
 from proxy.admin.app import attach, create_admin_app
-from proxy.api.errors import error_body
-from proxy.api.keys import KeyRing
-from proxy.api.response_store import ResponseStore
 from proxy.api.routes import anthropic as anthropic_routes
 from proxy.api.routes import feedback as feedback_routes
 from proxy.api.routes import gemini as gemini_routes
 from proxy.api.routes import openai as openai_routes
 from proxy.api.routes import responses as responses_routes
+from proxy.base.errors import error_body
+from proxy.base.keys import KeyRing
 from proxy.recording.recorder import Recorder
+from proxy.recording.response_store import ResponseStore
 from proxy.settings import Settings
 from proxy.state import ProxyState
 from proxy.upstream.gates import GateKeeper

@@ -22,7 +22,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -30,8 +30,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.state import ProxyState
-from store import grade_queue, policy_versions
-from store.models import TrainingStep
+from store import grade_queue, policy_versions, training_steps
 
 log = logging.getLogger("onthejob.metrics")
 
@@ -156,16 +155,12 @@ def middleware(stats: RequestStats) -> Middleware:
 
 def _learner_snapshot(engine: Engine) -> dict[str, Any]:
     with engine.connect() as conn:
-        step = conn.execute(
-            select(TrainingStep.step, TrainingStep.metrics)
-            .order_by(TrainingStep.step.desc())
-            .limit(1)
-        ).first()
+        step = training_steps.latest_step(conn)
         serving = policy_versions.serving_version(conn)
         ungraded = grade_queue.count_ungraded_finished(conn)
-    metrics = (step.metrics if step is not None else None) or {}
+    metrics = (step["metrics"] if step is not None else None) or {}
     return {
-        "step": None if step is None else step.step,
+        "step": None if step is None else step["step"],
         "reward": metrics.get("mean_reward"),
         "step_swap_seconds": metrics.get("swap_seconds"),
         "serving_ordinal": None if serving is None else serving["ordinal"],

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.api.keys import KeyRing
-from proxy.api.response_store import ResponseStore
+from proxy.base.keys import KeyRing
 from proxy.recording.recorder import Recorder
+from proxy.recording.response_store import ResponseStore
 from proxy.settings import Settings
 from proxy.upstream.replicas import UpstreamPool
 from proxy.upstream.tenants import TenantTable

@@ -20,3 +20,10 @@ def as_utc(value: datetime | None) -> datetime | None:
     if value is None or value.tzinfo is not None:
         return value
     return value.replace(tzinfo=UTC)
+
+
+def iso(value: datetime | None) -> str | None:
+    """A stored timestamp as ISO 8601 in UTC with a Z, as the admin API gives them."""
+    if value is None:
+        return None
+    return as_utc(value).astimezone(UTC).isoformat().replace("+00:00", "Z")

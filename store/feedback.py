@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, select
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, select, update
 
 from store.clock import now
 from store.db import insert_for
 from store.models import (
     Feedback,
+    Grade,
+    Trajectory,
 )
+
+_CHUNK = 500  # ids per IN (...)
 
 
 def latest_feedback(
@@ -44,3 +51,51 @@ def add_feedback(
             created_at=now(),
         )
     )
+
+
+def feedback_targets(
+    conn: Connection, *, trajectory_id: str | None, session_key: str | None
+) -> list[str]:
+    """The trajectories a reward posted for `trajectory_id`, else for `session_key`, is for."""
+    if trajectory_id is not None:
+        condition = Trajectory.id == trajectory_id
+    else:
+        condition = Trajectory.session_key == session_key
+    return [r[0] for r in conn.execute(select(Trajectory.id).where(condition))]
+
+
+def correct_reward(
+    conn: Connection, *, trajectory_id: str, reward: float, comment: str | None
+) -> bool:
+    """An operator's reward replaces the trajectory's; its grade too (the old reward kept in
+    its detail) unless a step already trained on it. Whether the grade was corrected."""
+    grade = conn.execute(
+        select(Grade.reward, Grade.detail, Grade.trained_in_step).where(
+            Grade.trajectory_id == trajectory_id
+        )
+    ).first()
+    conn.execute(update(Trajectory).where(Trajectory.id == trajectory_id).values(reward=reward))
+    if grade is None or grade.trained_in_step is not None:
+        return False
+    detail: dict[str, Any] = dict(grade.detail or {})
+    detail["operator"] = {"reward": reward, "comment": comment, "was": grade.reward}
+    conn.execute(
+        update(Grade)
+        .where(Grade.trajectory_id == trajectory_id)
+        .values(reward=reward, detail=detail, error=None)
+    )
+    return True
+
+
+def latest_rewards(conn: Connection, trajectory_ids: Sequence[str]) -> dict[str, float]:
+    """Per trajectory among `trajectory_ids` with a reward posted for it, the newest one."""
+    latest: dict[str, float] = {}
+    ids = list(trajectory_ids)
+    for start in range(0, len(ids), _CHUNK):
+        found = conn.execute(
+            select(Feedback.trajectory_id, Feedback.reward)
+            .where(Feedback.trajectory_id.in_(ids[start : start + _CHUNK]))
+            .order_by(Feedback.created_at, Feedback.id)
+        )
+        latest.update({tid: float(reward) for tid, reward in found})  # the last one wins
+    return latest

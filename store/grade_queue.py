@@ -132,6 +132,42 @@ def count_ungraded_finished(conn: Connection, *, keys: Sequence[str] = ()) -> in
     return int(conn.execute(query).scalar_one())
 
 
+def count_graded_untrained(conn: Connection) -> int:
+    """Graded with a reward, not trained on yet."""
+    return int(
+        conn.execute(
+            select(func.count())
+            .select_from(Grade)
+            .where(Grade.trained_in_step.is_(None), Grade.reward.is_not(None))
+        ).scalar_one()
+    )
+
+
+def count_open(conn: Connection) -> int:
+    """Trajectories still open (a call may yet join them)."""
+    return int(
+        conn.execute(
+            select(func.count()).select_from(Trajectory).where(Trajectory.status == "open")
+        ).scalar_one()
+    )
+
+
+def grade_details_with(
+    conn: Connection, key: str, *, since: datetime | None, limit: int
+) -> list[tuple[str, dict[str, Any] | None]]:
+    """(trajectory id, grade detail) of the newest `limit` grades, graded at or after `since`,
+    whose detail holds `key`."""
+    query = (
+        select(Grade.trajectory_id, Grade.detail)
+        .where(Grade.detail[key].as_string().is_not(None))
+        .order_by(Grade.graded_at.desc())
+        .limit(limit)
+    )
+    if since is not None:
+        query = query.where(Grade.graded_at >= since)
+    return [(trajectory_id, detail) for trajectory_id, detail in conn.execute(query)]
+
+
 def grading_failures(conn: Connection) -> dict[str, int]:
     """Gradings that failed and are not trained on: to be tried again, or failed for good."""
     rows = conn.execute(

@@ -14,10 +14,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Select, select
 
 from store import policy_versions
 from store.learner_state import get_state, set_state
+from store.models import Grade, Trajectory
 
 EVALS, DECISIONS, WAIVER, PROTECTED, CONFIG = (
     "guard.evals", "guard.decisions", "guard.waiver", "guard.protected", "guard.config",
@@ -67,3 +68,30 @@ def mark_rolled_back(
         error=f"regression guard: {decision['reason']}",
         metrics=metrics,
     )
+
+
+def trained_types(conn: Connection, step: int | None) -> list[str]:
+    """The interaction types of the trajectories a step trained on."""
+    if step is None:
+        return []
+    return _types(
+        conn,
+        select(Trajectory.interaction_type)
+        .join(Grade, Grade.trajectory_id == Trajectory.id)
+        .where(Grade.trained_in_step == step),
+    )
+
+
+def recorded_types(conn: Connection, trajectory_ids: list[str]) -> list[str]:
+    """The interaction types these trajectories were recorded as."""
+    if not trajectory_ids:
+        return []
+    return _types(
+        conn, select(Trajectory.interaction_type).where(Trajectory.id.in_(trajectory_ids))
+    )
+
+
+def _types(conn: Connection, query: Select[Any]) -> list[str]:
+    """The distinct interaction types `query` selects, sorted (untyped ones left out)."""
+    rows = conn.execute(query.distinct())
+    return sorted(str(t) for (t,) in rows if t is not None)

@@ -12,11 +12,11 @@ from typing import Any
 
 from sqlalchemy import Connection, case, func, select
 
-from proxy.admin.stats import first_version
-from proxy.admin.trajectories import iso
-from proxy.admin.version_order import version_order
+from store.clock import iso
 from store.models import Trajectory
 from store.policy_versions import version_ordinals
+from store.traffic_stats import first_version
+from store.version_order import version_order
 
 SUCCESS_AT = 1.0
 MAX_TYPES = 200

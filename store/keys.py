@@ -1,6 +1,6 @@
 """Client keys in the store: created, listed, revoked; the proxy reads the active ones.
 
-Only a key's SHA-256 is stored (proxy/api/keys.py makes and checks keys). Callers own the
+Only a key's SHA-256 is stored (proxy/base/keys.py makes and checks keys). Callers own the
 transaction.
 """
 

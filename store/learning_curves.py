@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Integer, case, cast, func, select
 
-from proxy.admin.trajectories import iso
+from store.clock import iso
 from store.models import Trajectory
 
 ROUND_SECONDS = (

@@ -11,6 +11,7 @@ from sqlalchemy import Connection, func, select, update
 from store.clock import now
 from store.db import insert_for
 from store.models import (
+    Call,
     PolicyVersion,
 )
 
@@ -161,6 +162,28 @@ def version(conn: Connection, *, version: str) -> dict[str, Any] | None:
         select(PolicyVersion.__table__).where(PolicyVersion.version == version)
     ).first()
     return None if row is None else dict(row._mapping)
+
+
+def newest_versions(conn: Connection, *, limit: int) -> list[dict[str, Any]]:
+    """The `limit` versions of highest ordinal, newest first (then those without one)."""
+    rows = conn.execute(
+        select(PolicyVersion.__table__).order_by(PolicyVersion.ordinal.desc()).limit(limit)
+    )
+    return [dict(r._mapping) for r in rows]
+
+
+def calls_by_version(conn: Connection) -> dict[str | None, int]:
+    """How many recorded calls each version served (None: before any version was known)."""
+    rows = conn.execute(select(Call.policy_version, func.count()).group_by(Call.policy_version))
+    return {version: int(n) for version, n in rows}
+
+
+def versions_created_order(conn: Connection) -> list[dict[str, Any]]:
+    """Every version, in the order they were made (one that failed verification has no
+    ordinal, so the ordinal cannot order them all)."""
+    order = (PolicyVersion.created_at, PolicyVersion.version)
+    rows = conn.execute(select(PolicyVersion.__table__).order_by(*order))
+    return [dict(row._mapping) for row in rows]
 
 
 def versions_with_checkpoints(conn: Connection) -> list[dict[str, Any]]:

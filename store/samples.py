@@ -44,7 +44,7 @@ class Sampling:
 
     @classmethod
     def from_record(cls, recorded: dict[str, Any]) -> Sampling:
-        """From a call's recorded effective sampling (proxy/generation/sampling.py)."""
+        """From a call's recorded effective sampling (proxy/upstream/sampling.py)."""
 
         def value(name: str, default: float) -> float:
             found = recorded.get(name)

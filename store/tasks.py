@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, delete, func, select
 
 from store.db import insert_for
 from store.grader_specs import parse_spec
 from store.models import Task as TaskRow
+from store.models import Trajectory
 
 MATCH_KINDS = ("exact", "numeric", "regex", "contains")
 _FIELDS = {"id", "prompt", "answer", "match", "tolerance", "grader", "setup", "check", "metadata"}
@@ -198,6 +199,41 @@ def _check_answer_fits_match(task: Task, where: str) -> None:
             re.compile(task.answer)
         except re.error as exc:
             raise _fail(where, "answer", f"invalid regular expression: {exc}") from exc
+
+
+def list_tasks(
+    conn: Connection, *, after: str | None = None, limit: int | None = None
+) -> list[dict[str, Any]]:
+    """The task table's rows, by key: those after the key `after`, at most `limit`."""
+    query = select(TaskRow.__table__).order_by(TaskRow.key).limit(limit)
+    if after is not None:
+        query = query.where(TaskRow.key > after)
+    return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def task_row(conn: Connection, key: str) -> dict[str, Any] | None:
+    row = conn.execute(select(TaskRow.__table__).where(TaskRow.key == key)).first()
+    return None if row is None else dict(row._mapping)
+
+
+def delete_task(conn: Connection, key: str) -> bool:
+    """Whether there was such a task."""
+    return conn.execute(delete(TaskRow).where(TaskRow.key == key)).rowcount > 0
+
+
+def task_stats(conn: Connection, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per task key: its trajectories and their mean reward (None: none graded)."""
+    if not keys:
+        return {}
+    rows = conn.execute(
+        select(Trajectory.task_key, func.count(), func.avg(Trajectory.reward))
+        .where(Trajectory.task_key.in_(keys))
+        .group_by(Trajectory.task_key)
+    )
+    return {
+        key: {"trajectories": int(n), "mean_reward": None if mean is None else float(mean)}
+        for key, n, mean in rows
+    }
 
 
 def task_table(conn: Connection) -> TaskTable:

@@ -6,35 +6,18 @@ UTC text); percentiles are read with ORDER BY ... OFFSET, which both dialects ru
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, case, func, select
 
-from proxy.admin.errors import AdminError
-from proxy.admin.trajectories import iso
-from proxy.admin.version_order import version_order
+from store.clock import iso
 from store.models import Call, Trajectory
 from store.policy_versions import version_ordinals
+from store.version_order import version_order
 
 PERCENTILES = (0.5, 0.9, 0.99)
-MAX_BUCKETS = 2000
 TOP_TASKS = 50
-
-
-def window(
-    since: datetime | None, until: datetime | None, bucket: str
-) -> tuple[datetime, datetime]:
-    until = until or datetime.now(UTC)
-    since = since or until - (timedelta(hours=24) if bucket == "hour" else timedelta(days=30))
-    if since >= until:
-        raise AdminError(400, "since must be before until", param="since")
-    size = timedelta(hours=1) if bucket == "hour" else timedelta(days=1)
-    if (until - since) / size > MAX_BUCKETS:
-        raise AdminError(
-            400, f"window too long for {bucket} buckets (at most {MAX_BUCKETS})", param="since"
-        )
-    return since, until
 
 
 def _bucket(conn: Connection, column: Any, bucket: str) -> ColumnElement[Any]:

@@ -13,6 +13,25 @@ from store.models import (
 )
 
 
+def step_count(conn: Connection) -> int:
+    """How many steps are recorded (published or not)."""
+    return int(conn.execute(select(func.count()).select_from(TrainingStep)).scalar() or 0)
+
+
+def metrics_by_version(conn: Connection) -> dict[str | None, dict[str, Any] | None]:
+    """Each recorded step's metrics, by the version it published (None: not published)."""
+    rows = conn.execute(select(TrainingStep.version, TrainingStep.metrics))
+    return {row.version: row.metrics for row in rows}
+
+
+def latest_step(conn: Connection) -> dict[str, Any] | None:
+    """The newest recorded step's row, None before the first."""
+    row = conn.execute(
+        select(TrainingStep.__table__).order_by(TrainingStep.step.desc()).limit(1)
+    ).first()
+    return None if row is None else dict(row._mapping)
+
+
 def last_step(conn: Connection) -> int:
     value = conn.execute(select(func.max(TrainingStep.step))).scalar()
     return 0 if value is None else int(value)

@@ -12,10 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-
-from store import db
-from store.models import PolicyVersion, TrainingStep
+from store import db, policy_versions, training_steps
 
 
 @dataclass(frozen=True)
@@ -48,29 +45,24 @@ def version_rows(database_url: str, runs: Iterable[Any]) -> list[VersionRow]:
     engine = db.make_engine(database_url)
     try:
         with engine.connect() as conn:
-            # created order: a version that failed verification has no ordinal
-            order = (PolicyVersion.created_at, PolicyVersion.version)
-            versions = conn.execute(select(PolicyVersion).order_by(*order)).all()
-            steps = {
-                row.version: row.metrics
-                for row in conn.execute(select(TrainingStep.version, TrainingStep.metrics))
-            }
+            versions = policy_versions.versions_created_order(conn)
+            steps = training_steps.metrics_by_version(conn)
     finally:
         engine.dispose()
     rows = []
     for version in versions:
-        rewards = by_version.get(version.version, [])
-        tokens = (steps.get(version.version) or {}).get("trained_tokens")
+        rewards = by_version.get(version["version"], [])
+        tokens = (steps.get(version["version"]) or {}).get("trained_tokens")
         rows.append(
             VersionRow(
-                ordinal=version.ordinal,
-                version=version.version,
-                status=version.status,
+                ordinal=version["ordinal"],
+                version=version["version"],
+                status=version["status"],
                 trajectories=len(rewards),
                 success_rate=_rate(rewards),
                 mean_reward=sum(rewards) / len(rewards) if rewards else None,
                 tokens_trained=int(tokens) if tokens is not None else None,
-                swap_seconds=version.swap_seconds,
+                swap_seconds=version["swap_seconds"],
             )
         )
     return rows

@@ -522,30 +522,23 @@ class _Rollouts:
 
 
 def _steps(db_url: str) -> int:
-    from sqlalchemy import func, select
-
-    from store import db
-    from store.models import TrainingStep
+    from store import db, training_steps
 
     engine = db.make_engine(db_url)
     try:
         with engine.connect() as conn:
-            return int(conn.execute(select(func.count()).select_from(TrainingStep)).scalar() or 0)
+            return training_steps.step_count(conn)
     finally:
         engine.dispose()
 
 
 def _serving_version(db_url: str) -> str | None:
-    from sqlalchemy import select
-
-    from store import db
-    from store.models import PolicyVersion
+    from store import db, policy_versions
 
     engine = db.make_engine(db_url)
     try:
         with engine.connect() as conn:
-            query = select(PolicyVersion.version).where(PolicyVersion.status == "serving")
-            return conn.execute(query).scalar()
+            return policy_versions.serving_name(conn)
     finally:
         engine.dispose()
 

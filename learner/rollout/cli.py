@@ -340,7 +340,7 @@ def cmd_tasks_load(args: argparse.Namespace) -> int:
 
 
 def cmd_tasks_list(args: argparse.Namespace) -> int:
-    from learner.rollout.taskset import list_tasks
+    from store.tasks import list_tasks
 
     with _reading(args, "tasks list") as conn:
         rows = list_tasks(conn)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import UTC
 from typing import Any
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine
 
 from learner.rollout import proxy_store
 from learner.rollout.curriculum import Curriculum, EvalPoint, Stage, metric_label
@@ -42,10 +42,9 @@ from learner.rollout.progress import ProgressBar
 from learner.rollout.report import pass_at_k
 from learner.rollout.runner import RolloutConfig, RolloutSummary, RunResult, run_rollout
 from learner.rollout.taskset import TaskSet
-from store import clock, db, policy_versions, schema
+from store import clock, db, policy_versions, schema, training_steps
 from store import curricula as cstore
 from store.control import read_heartbeat
-from store.models import TrainingStep
 from store.tasks import Task, TaskTable
 
 log = logging.getLogger("onthejob.curriculum")
@@ -406,7 +405,7 @@ class _Run:
     # -- waiting for the learner ----------------------------------------------------------------
     def _steps(self) -> int:
         with self.engine.connect() as conn:
-            return int(conn.execute(select(func.count()).select_from(TrainingStep)).scalar_one())
+            return training_steps.step_count(conn)
 
     def _learner_batch(self) -> int | None:
         """The running learner's batch size (from its heartbeat); None: no learner seen."""

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection
 
-from store.models import Task as TaskRow
 from store.tasks import TaskTable, TaskTableError, upsert_tasks
 
 MAX_NAME = 200
@@ -45,9 +43,3 @@ def store_tasks(conn: Connection, task_set: TaskSet) -> int:
     rows = [task.row() for task in task_set.tasks.values()]
     upsert_tasks(conn, rows)
     return len(rows)
-
-
-def list_tasks(conn: Connection) -> list[dict[str, Any]]:
-    """The task table, by key."""
-    rows = conn.execute(select(TaskRow.__table__).order_by(TaskRow.key))
-    return [dict(r._mapping) for r in rows]

@@ -19,17 +19,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, or_, select, update
+from sqlalchemy import Engine
 
-from store import clock
-from store.db import insert_for
-from store.models import PublishLease
+from store import publish_lease
 
-NAME = "publish"
 TTL = timedelta(seconds=60)
 # a wait this long outlasts the lease of a holder that was killed holding it
 OUTLASTS_TTL = TTL.total_seconds() + 5.0
@@ -85,23 +82,9 @@ def is_dead_here(holder: str) -> bool:
 def try_acquire(engine: Engine, holder: str, *, steal_prefix: str | None = None) -> bool:
     """Take the lease if it is free, expired, ours, held by a process that is plainly dead,
     or (steal_prefix) held by a predecessor."""
-    now = datetime.now(UTC)
-    table = PublishLease.__table__
-    with engine.begin() as conn:
-        conn.execute(insert_for(conn, table).values(name=NAME).on_conflict_do_nothing())
-        free = or_(table.c.holder.is_(None), table.c.expires_at < now, table.c.holder == holder)
-        current = conn.execute(select(table.c.holder).where(table.c.name == NAME)).scalar()
-        if current is not None and current != holder and is_dead_here(current):
-            # taken only if it is still that holder's when we write
-            free = or_(free, table.c.holder == current)
-        if steal_prefix is not None:
-            free = or_(free, table.c.holder.startswith(steal_prefix, autoescape=True))
-        taken = conn.execute(
-            update(table)
-            .where(table.c.name == NAME, free)
-            .values(holder=holder, acquired_at=now, expires_at=now + TTL)
-        )
-        return taken.rowcount == 1
+    return publish_lease.claim(
+        engine, holder, ttl=TTL, steal_prefix=steal_prefix, is_dead=is_dead_here
+    )
 
 
 def acquire(
@@ -130,35 +113,16 @@ def acquire(
 
 
 def renew(engine: Engine, holder: str) -> bool:
-    now = datetime.now(UTC)
-    with engine.begin() as conn:
-        result = conn.execute(
-            update(PublishLease)
-            .where(PublishLease.name == NAME, PublishLease.holder == holder)
-            .values(expires_at=now + TTL)
-        )
-        return result.rowcount == 1
+    return publish_lease.renew(engine, holder, ttl=TTL)
 
 
 def release(engine: Engine, holder: str) -> None:
-    with engine.begin() as conn:
-        conn.execute(
-            update(PublishLease)
-            .where(PublishLease.name == NAME, PublishLease.holder == holder)
-            .values(holder=None, expires_at=None)
-        )
+    publish_lease.release(engine, holder)
 
 
 def who(engine: Engine) -> dict[str, Any] | None:
     """The current holder, unless the lease is free or expired."""
-    with engine.connect() as conn:
-        row = conn.execute(select(PublishLease.__table__).where(PublishLease.name == NAME)).first()
-    if row is None or row.holder is None:
-        return None
-    expires = clock.as_utc(row.expires_at)
-    if expires < datetime.now(UTC):
-        return None
-    return {"holder": row.holder, "acquired_at": row.acquired_at, "expires_at": expires}
+    return publish_lease.holder(engine)
 
 
 @contextlib.contextmanager

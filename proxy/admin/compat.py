@@ -12,10 +12,10 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection
 
-from proxy.api.translate.policy import CATEGORIES
-from store.models import Call
+from proxy.base.compat_policy import CATEGORIES
+from store import call_stats
 
 # the APIs the compatibility policy translates (the others pass through unchanged)
 TRANSLATED_APIS = ("messages", "responses")
@@ -24,23 +24,12 @@ TRANSLATED_APIS = ("messages", "responses")
 def by_harness(conn: Connection, *, since: datetime, until: datetime) -> list[dict[str, Any]]:
     """Per user agent, most calls first: calls by API, then per policy category the features
     and how many calls each was in; `refusals` lists the latest refusal messages."""
-    in_window = (Call.started_at >= since, Call.started_at < until)
     harnesses: dict[str | None, dict[str, Any]] = {}
-    totals = conn.execute(
-        select(Call.user_agent, Call.api, func.count())
-        .where(*in_window)
-        .group_by(Call.user_agent, Call.api)
-    )
-    for user_agent, api, calls in totals:
+    for user_agent, api, calls in call_stats.calls_by_agent_and_api(conn, since=since, until=until):
         harness = harnesses.setdefault(user_agent, _empty(user_agent))
-        harness["calls"] += int(calls)
-        harness["apis"][api] = int(calls)
-    records = conn.execute(
-        select(Call.user_agent, Call.compat)
-        .where(*in_window, Call.api.in_(TRANSLATED_APIS))
-        .order_by(Call.started_at.desc())
-        .execution_options(yield_per=1000)
-    )
+        harness["calls"] += calls
+        harness["apis"][api] = calls
+    records = call_stats.compat_records(conn, since=since, until=until, apis=TRANSLATED_APIS)
     counts: dict[str | None, dict[str, Counter[str]]] = {}
     for user_agent, compat in records:
         if not isinstance(compat, dict):

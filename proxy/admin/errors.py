@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from starlette.exceptions import HTTPException
 
-from proxy.api.errors import error_body
+from proxy.base.errors import error_body
 
 log = logging.getLogger("onthejob.admin")
 

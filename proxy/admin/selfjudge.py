@@ -18,28 +18,21 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection
 
-from store.models import Feedback, Grade
+from store import feedback, grade_queue
 
 PASS = 0.5
 SELF_JUDGE = "self_judge"
-_CHUNK = 500  # ids per IN (...) when looking up feedback
 
 
 def verdicts(conn: Connection, *, since: datetime | None, limit: int) -> list[dict[str, Any]]:
     """The newest `limit` self-judge entries graded at or after `since`: type, judge reward,
     truth (source, reward) or None, error; later feedback joined in as a truth."""
-    query = (
-        select(Grade.trajectory_id, Grade.detail)
-        .where(Grade.detail[SELF_JUDGE].as_string().is_not(None))
-        .order_by(Grade.graded_at.desc())
-        .limit(limit)
-    )
-    if since is not None:
-        query = query.where(Grade.graded_at >= since)
     rows = []
-    for trajectory_id, detail in conn.execute(query):
+    for trajectory_id, detail in grade_queue.grade_details_with(
+        conn, SELF_JUDGE, since=since, limit=limit
+    ):
         entry = (detail or {}).get(SELF_JUDGE)
         if isinstance(entry, dict):
             rows.append({"trajectory_id": trajectory_id, **_verdict(entry)})
@@ -60,15 +53,7 @@ def _verdict(entry: dict[str, Any]) -> dict[str, Any]:
 
 def _join_later_feedback(conn: Connection, rows: list[dict[str, Any]]) -> None:
     judged = [r for r in rows if r["truth_source"] is None and r["judge"] is not None]
-    latest: dict[str, float] = {}
-    ids = [r["trajectory_id"] for r in judged]
-    for start in range(0, len(ids), _CHUNK):
-        found = conn.execute(
-            select(Feedback.trajectory_id, Feedback.reward)
-            .where(Feedback.trajectory_id.in_(ids[start : start + _CHUNK]))
-            .order_by(Feedback.created_at, Feedback.id)
-        )
-        latest.update({tid: float(reward) for tid, reward in found})  # the last one wins
+    latest = feedback.latest_rewards(conn, [r["trajectory_id"] for r in judged])
     for row in judged:
         if row["trajectory_id"] in latest:
             row["truth_source"], row["truth"] = "feedback_later", latest[row["trajectory_id"]]

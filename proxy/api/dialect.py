@@ -1,9 +1,6 @@
-"""How one client API maps onto an upstream vLLM call: the seam between HTTP and capture.
-
-A Dialect turns the client's body into the upstream request, and the upstream's answer
-(whole or streamed) into what this API's clients expect, errors included. The OpenAI
-dialect passes bodies through; the Responses and Messages dialects translate to chat.
-"""
+"""The client APIs' dialects (proxy/generation/dialect.py says what one is): the OpenAI
+dialect passes bodies through; the Responses, Messages and Gemini ones translate to chat
+over `TranslatedWriter`."""
 
 from __future__ import annotations
 
@@ -13,54 +10,12 @@ from typing import Any, Protocol
 import orjson
 from starlette.responses import Response
 
-from proxy.api.errors import ProxyError, error_response, sse_error_event
-from proxy.api.requests import check_generation
-from proxy.generation.capture import CHAT, ChunkFilter, ClientAsked, strip_response
-from proxy.recording.recorder import CallRecord
+from proxy.base.capture import CHAT, ChunkFilter, ClientAsked, strip_response
+from proxy.base.errors import ProxyError, error_response, sse_error_event
+from proxy.base.record import CallRecord
+from proxy.base.requests import check_generation
+from proxy.generation.dialect import StreamWriter
 from proxy.state import ProxyState
-
-
-class StreamWriter(Protocol):
-    """Upstream chunks in, bytes for the client out."""
-
-    def feed(self, chunk: dict[str, Any]) -> bytes: ...
-    def end(self) -> bytes: ...
-    def broken(self, message: str) -> bytes:
-        """The stream broke off (our detection): a terminal error for the client."""
-        ...
-
-    def upstream_error(self, event: bytes, message: str) -> bytes:
-        """The upstream sent an error event mid-stream (`event` is its raw SSE event)."""
-        ...
-
-
-class Dialect(Protocol):
-    api: str  # recorded as the call's api
-    capture_api: str  # shape of the upstream call: CHAT or COMPLETIONS
-    upstream_path: str
-    # the client's name for the output limit the proxy lowers to fit the context
-    # (translated APIs), or None: the limit is passed on as it is
-    output_limit: str | None
-
-    async def to_upstream(
-        self, body: dict[str, Any], state: ProxyState, record: CallRecord
-    ) -> dict[str, Any]:
-        """The upstream request body (before capture flags); raises ProxyError."""
-        ...
-
-    def error(self, exc: ProxyError) -> Response: ...
-
-    def upstream_error(self, status: int, raw: bytes, content_type: str) -> Response: ...
-
-    def whole(self, data: dict[str, Any], asked: ClientAsked, record: CallRecord) -> Any:
-        """The client's body from a whole upstream response (already captured)."""
-        ...
-
-    def stream(self, asked: ClientAsked, record: CallRecord) -> StreamWriter: ...
-
-    def streamed(self, assembled: dict[str, Any], writer: StreamWriter, record: CallRecord) -> Any:
-        """What the client got from a stream, as one object (the upstream's assembled)."""
-        ...
 
 
 def encode_sse(chunks: list[dict[str, Any]]) -> bytes:

@@ -30,8 +30,8 @@ from collections.abc import Mapping
 
 from sqlalchemy import Engine
 
-from proxy.api.errors import ServiceUnavailable, Unauthorized
-from proxy.followed import Followed
+from proxy.base.errors import ServiceUnavailable, Unauthorized
+from proxy.base.followed import Followed
 from store import keys as store
 
 log = logging.getLogger("onthejob.keys")
@@ -133,7 +133,7 @@ class KeyRing(Followed[dict[str, tuple[str, str]]]):
             code="missing_api_key",
         )
 
-    # -- following the store (proxy/followed.py) ---------------------------------------------
+    # -- following the store (proxy/base/followed.py) ---------------------------------------------
     async def start(self) -> None:
         await super().start()
         if self.loaded and self.required and not self._keys:

@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
-from proxy.api.errors import BadRequest
-from proxy.generation.capture import CHAT, COMPLETIONS
+from proxy.base.capture import CHAT, COMPLETIONS
+from proxy.base.errors import BadRequest
 
 SESSION_HEADER = "x-onthejob-session"
 TASK_HEADER = "x-onthejob-task"

@@ -1,6 +1,6 @@
 """One recorded generation call, from the client's bytes to the record, for any dialect.
 
-Invariant: every call a client key lets in (proxy/api/keys.py) produces exactly one CallRecord,
+Invariant: every call a client key lets in (proxy/base/keys.py) produces exactly one CallRecord,
 whatever happens: refused, failed upstream, answered, broken off mid-stream or cancelled by
 the client. A call without a valid key is answered 401 and recorded nowhere: it is nobody's
 traffic.
@@ -18,19 +18,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from proxy.api.dialect import Dialect, StreamWriter
-from proxy.api.errors import (
-    BadRequest,
-    ProxyError,
-    UpstreamTimeout,
-    UpstreamUnavailable,
-    json_or_text,
-    upstream_error_message,
-)
-from proxy.api.keys import upstream_view
-from proxy.api.requests import parse_object, read_body, session_key, sticky_key, task_key
-from proxy.api.translate.policy import Compat, fitting_output_limit
-from proxy.generation.capture import (
+from proxy.base.capture import (
     CHAT,
     Capture,
     ClientAsked,
@@ -38,16 +26,28 @@ from proxy.generation.capture import (
     capture_response,
     prepare_upstream_body,
 )
+from proxy.base.compat_policy import Compat, fitting_output_limit
+from proxy.base.errors import (
+    BadRequest,
+    ProxyError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    json_or_text,
+    upstream_error_message,
+)
+from proxy.base.keys import upstream_view
+from proxy.base.record import CallRecord
+from proxy.base.requests import parse_object, read_body, session_key, sticky_key, task_key
+from proxy.generation.dialect import Dialect, StreamWriter
 from proxy.generation.fanout import FanoutStream, choice_response, fanout_eligible, split_capture
 from proxy.generation.prompt_tokens import count_prompt
-from proxy.generation.sampling import effective as effective_sampling
 from proxy.generation.streaming import response_to_chunks
 from proxy.recording.interaction import explicit_type
-from proxy.recording.recorder import CallRecord
 from proxy.recording.stitching import new_id
 from proxy.state import ProxyState
 from proxy.upstream import http1
 from proxy.upstream.replicas import UPSTREAM_READ_ERRORS, Replica
+from proxy.upstream.sampling import effective as effective_sampling
 
 log = logging.getLogger("onthejob.proxy")
 

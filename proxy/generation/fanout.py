@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from proxy.api.dialect import StreamWriter
-from proxy.generation.capture import Capture
+from proxy.base.capture import Capture
+from proxy.generation.dialect import StreamWriter
 
 # messages a single-turn request may carry besides its one user message
 _INSTRUCTION_ROLES = ("system", "developer")

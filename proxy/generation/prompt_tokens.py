@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from proxy.api.errors import ProxyError, UpstreamUnavailable, upstream_error_message
+from proxy.base.errors import ProxyError, UpstreamUnavailable, upstream_error_message
 from proxy.upstream.replicas import UPSTREAM_READ_ERRORS, UpstreamPool
 
 # the chat request fields that decide the rendered prompt

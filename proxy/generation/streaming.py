@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.generation.capture import REASONING_KEYS, ClientAsked
+from proxy.base.capture import REASONING_KEYS, ClientAsked
 
 
 def response_to_chunks(data: dict[str, Any], asked: ClientAsked) -> list[dict[str, Any]]:

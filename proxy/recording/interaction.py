@@ -42,7 +42,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from proxy.api.errors import BadRequest
+from proxy.base.errors import BadRequest
 
 TYPE_HEADER = "x-onthejob-type"
 MAX_TYPE = 200

@@ -21,8 +21,9 @@ from sqlalchemy import Engine
 
 from proxy.recording.rows import empty_rows
 from proxy.recording.spool import Spool
-from proxy.recording.writer import Unreachable, is_unreachable, short_reason
+from proxy.recording.writer import Unreachable, short_reason
 from store import recording
+from store.errors import is_unreachable
 
 log = logging.getLogger("onthejob.rejected")
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from proxy.base.record import CallRecord
 from proxy.recording.interaction import type_of
 from proxy.recording.stitching import (
     PrefixHasher,
@@ -20,9 +21,6 @@ from proxy.recording.stitching import (
     token_array,
 )
 from store.tokens import common_prefix_len
-
-if TYPE_CHECKING:
-    from proxy.recording.recorder import CallRecord
 
 Rows = dict[str, list[dict[str, Any]]]
 FindOpen = Callable[[str], tuple[str, float, float] | None]

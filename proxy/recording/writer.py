@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -23,15 +22,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-import psycopg
 from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from proxy.recording.calllog import CallLog, Position
 from proxy.recording.rows import RowBuilder, Rows, empty_rows, ended_at
 from proxy.recording.spool import Spool
 from proxy.recording.stitching import TrajectoryTracker
 from store import db, recording
+from store.errors import is_unreachable
 
 log = logging.getLogger("onthejob.recording")
 
@@ -345,26 +343,6 @@ class Writer:
             replayed += 1
         spool.clear()
         log.info("replayed %d batches from the spool %s", replayed, spool.path)
-
-
-# a table or column the rows need is missing: the schema is behind (or was taken back), the
-# rows are fine; they wait until it is upgraded instead of being refused one by one
-_SCHEMA_BEHIND = psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn
-
-
-def is_unreachable(exc: BaseException) -> bool:
-    """Connection-level failures and a schema that is behind; anything else is about the
-    data being written."""
-    if isinstance(exc, OperationalError | InterfaceError):
-        return True
-    if isinstance(exc, DBAPIError):
-        if exc.connection_invalidated:
-            return True
-        exc = exc.orig or exc
-    # raw driver errors come from the bulk paths (store/bulk.py); SQLite's operational
-    # errors are a missing table or column, or a lock held past the busy timeout
-    unreachable = psycopg.OperationalError | psycopg.InterfaceError | sqlite3.OperationalError
-    return isinstance(exc, unreachable | OSError | _SCHEMA_BEHIND)
 
 
 def _singles(rows: Rows) -> list[Rows]:

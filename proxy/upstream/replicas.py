@@ -27,9 +27,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy.api.errors import UpstreamBusy, UpstreamTimeout, UpstreamUnavailable
-from proxy.generation import sampling
-from proxy.upstream import http1
+from proxy.base.errors import UpstreamBusy, UpstreamTimeout, UpstreamUnavailable
+from proxy.upstream import http1, sampling
 
 log = logging.getLogger("onthejob.upstream")
 # how long a replica whose sampling defaults cannot be learned waits to be asked again
@@ -56,7 +55,7 @@ class Replica:
     # the epoch of its closed swap gate (None: open), and requests sent, not yet released
     gate_epoch: int | None = None
     in_flight: int = 0
-    # the sampling parameters it applies where a request sets none (proxy/generation/sampling.py);
+    # the sampling parameters it applies where a request sets none (proxy/upstream/sampling.py);
     # None: unknown (calls record no effective sampling), and where they came from or why
     sampling_defaults: dict[str, Any] | None = None
     sampling_source: str | None = None

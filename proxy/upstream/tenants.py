@@ -3,7 +3,7 @@
 A call is its client key's tenant, else its interaction type's: the X-Onthejob-Type header,
 or the fingerprint of the call itself (proxy/recording/interaction.py), computed only while
 some tenant lists types. The tenants are followed from the store like the client keys
-(proxy/followed.py): every `poll_interval` seconds, at once after a change through this
+(proxy/base/followed.py): every `poll_interval` seconds, at once after a change through this
 process's admin API, the last ones read while the store is away.
 
 The pool is told which adapters the tenants serve (`UpstreamPool.wanted_adapters`): it
@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from proxy.followed import Followed
+from proxy.base.followed import Followed
 from proxy.recording.interaction import fingerprint
 from proxy.upstream.replicas import UpstreamPool
 from store import tenants as store
@@ -57,7 +57,7 @@ class TenantTable(Followed[list[TenantRule]]):
             and all(rule.serving_version in r.adapters for r in replicas)
         }
 
-    # -- following the store (proxy/followed.py) ---------------------------------------------
+    # -- following the store (proxy/base/followed.py) ---------------------------------------------
     def _read(self) -> list[TenantRule]:
         with self.engine.connect() as conn:
             return store.rules(conn)

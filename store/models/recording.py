@@ -100,14 +100,14 @@ class Call(Base):
     # the client's User-Agent header: which harness (and release) made the call
     user_agent: Mapped[str | None] = mapped_column(String(500))
     # translated APIs: what the compatibility policy did, {category: [feature, ...],
-    # "detail": {...}} (proxy/api/translate/policy.py); null when it did nothing
+    # "detail": {...}} (proxy/base/compat_policy.py); null when it did nothing
     compat: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # the name of the client key the call came with (never the key): whose traffic it is
     key_name: Mapped[str | None] = mapped_column(String(100))
     # the tenant the call was routed for (store/tenants.py); null: none
     tenant: Mapped[str | None] = mapped_column(String(100))
     # the sampling parameters vLLM applied: the request's, else the replica's defaults
-    # (proxy/generation/sampling.py), with "constraints" naming other logits processing; null when
+    # (proxy/upstream/sampling.py), with "constraints" naming other logits processing; null when
     # the replica's defaults were unknown
     sampling: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
@@ -115,7 +115,7 @@ class Call(Base):
 
 
 class ClientKey(Base):
-    """A key clients present to use the model through the proxy (proxy/api/keys.py).
+    """A key clients present to use the model through the proxy (proxy/base/keys.py).
 
     The key is `otj_<id>_<secret>`; only its SHA-256 is stored, never the key. A revoked key
     stays (calls still name it), and its name can be given to a new key.

@@ -26,7 +26,7 @@ import torch
 from learner.checkpoint import load_model
 from learner.demo.vllm_server import VLLMServer
 from learner.trainer import Trainer, TrainerConfig, micro_batches
-from proxy.generation.sampling import NEUTRAL
+from proxy.upstream.sampling import NEUTRAL
 from store import db
 from store.samples import build_samples
 from tests.support.paths import ARTIFACTS

@@ -19,8 +19,9 @@ import pytest
 from alembic import command
 from sqlalchemy import Engine, func, select
 
-from proxy.generation.capture import Capture, ChoiceCapture
-from proxy.recording.recorder import CallRecord, Recorder, log_directory
+from proxy.base.capture import Capture, ChoiceCapture
+from proxy.base.record import CallRecord
+from proxy.recording.recorder import Recorder, log_directory
 from proxy.recording.spool import Spool
 from proxy.recording.stitching import new_id
 from store import db

@@ -10,7 +10,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from proxy.recording.recorder import CallRecord, Recorder
+from proxy.base.record import CallRecord
+from proxy.recording.recorder import Recorder
 from store import db
 from tests.support.records import count_calls
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from learner.rollout.taskset import list_tasks, load_task_set, store_tasks
+from learner.rollout.taskset import load_task_set, store_tasks
 from store import grade_queue, recording, rollouts, turn_signals
+from store.tasks import list_tasks
 from store.turn_signals import Stored
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.generation.sampling import NEUTRAL
+from proxy.upstream.sampling import NEUTRAL
 from tests.support.threaded_upstream import ThreadedUpstream
 
 # the reply for a call, given its chat messages: an assistant message

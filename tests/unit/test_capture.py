@@ -1,4 +1,4 @@
-"""proxy.generation.capture: what goes upstream, what is captured, and what the client gets back."""
+"""proxy.base.capture: what goes upstream, what is captured, and what the client gets back."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.generation.capture import (
+from proxy.base.capture import (
     CHAT,
     COMPLETIONS,
     Capture,

@@ -11,7 +11,8 @@ import orjson
 import pytest
 
 from proxy.api.dialect import OpenAIStream
-from proxy.generation.capture import CHAT, Capture, ChoiceCapture, ClientAsked, StreamAssembler
+from proxy.base.capture import CHAT, Capture, ChoiceCapture, ClientAsked, StreamAssembler
+from proxy.base.record import CallRecord
 from proxy.generation.fanout import (
     ChoiceZeroChunks,
     FanoutStream,
@@ -20,7 +21,6 @@ from proxy.generation.fanout import (
     single_usage,
     split_capture,
 )
-from proxy.recording.recorder import CallRecord
 from proxy.recording.rows import RowBuilder, Rows, entry_of
 from proxy.recording.stitching import TrajectoryTracker
 from store.tokens import materialize_prompts
@@ -122,7 +122,7 @@ def test_choice_response_is_that_choice_alone_at_index_0() -> None:
 
 
 def test_choice_response_can_be_stripped_without_touching_the_others() -> None:
-    from proxy.generation.capture import strip_response
+    from proxy.base.capture import strip_response
 
     data = _response()
     out = choice_response(data, 0, 2)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from starlette.requests import Request
 
-from proxy.api.errors import BadRequest
+from proxy.base.errors import BadRequest
 from proxy.recording.interaction import (
     MESSAGES_READ,
     PREFIX_CHARS,

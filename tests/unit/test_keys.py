@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine
 
-from proxy.api import keys
-from proxy.api.errors import ServiceUnavailable, Unauthorized
+from proxy.base import keys
+from proxy.base.errors import ServiceUnavailable, Unauthorized
 
 
 def test_a_key_is_an_id_and_256_random_bits_stored_as_its_sha256() -> None:

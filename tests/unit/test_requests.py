@@ -1,4 +1,4 @@
-"""proxy.api.requests: parsing and checking client bodies, and the replica sticky key."""
+"""proxy.base.requests: parsing and checking client bodies, and the replica sticky key."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from proxy.api.errors import BadRequest
-from proxy.api.requests import check_generation, parse_object, sticky_key
-from proxy.generation.capture import CHAT, COMPLETIONS
+from proxy.base.capture import CHAT, COMPLETIONS
+from proxy.base.errors import BadRequest
+from proxy.base.requests import check_generation, parse_object, sticky_key
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 USER = {"role": "user", "content": "What is 2+2?"}

@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
-from proxy.generation.capture import Capture, ChoiceCapture
-from proxy.recording.recorder import CallRecord
+from proxy.base.capture import Capture, ChoiceCapture
+from proxy.base.record import CallRecord
 from proxy.recording.rows import RowBuilder, entry_of
 from proxy.recording.stitching import TrajectoryTracker, new_id, token_array
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.generation.sampling import NEUTRAL, effective
+from proxy.upstream.sampling import NEUTRAL, effective
 
 QWEN = {**NEUTRAL, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
 

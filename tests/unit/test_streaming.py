@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.generation.capture import (
+from proxy.base.capture import (
     CHAT,
     ClientAsked,
     StreamAssembler,

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from proxy.api.errors import UpstreamBusy
+from proxy.base.errors import UpstreamBusy
 from proxy.upstream.replicas import UpstreamPool
 
 

@@ -11,7 +11,7 @@ from proxy.admin import compat
 from proxy.admin.deps import EngineDep
 from proxy.admin.errors import AdminError
 from proxy.admin.schemas import CompatQuery
-from proxy.admin.trajectories import iso
+from store.clock import iso
 
 router = APIRouter(tags=["compat"])
 

@@ -16,8 +16,8 @@ from sqlalchemy import Connection
 from proxy.admin.deps import EngineDep
 from proxy.admin.errors import not_found
 from proxy.admin.schemas import Key
-from proxy.admin.trajectories import iso
 from store import curricula
+from store.clock import iso
 
 router = APIRouter(tags=["curricula"])
 

@@ -11,52 +11,21 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from sqlalchemy import Connection, select, update
 
-from proxy.admin import trajectories as store
 from proxy.admin.deps import EngineDep
 from proxy.admin.errors import not_found
 from proxy.admin.schemas import FeedbackIn, Key
-from store.feedback import add_feedback
-from store.models import Grade, Trajectory
+from store import trajectory_views
+from store.feedback import add_feedback, correct_reward, feedback_targets
 
 router = APIRouter(tags=["rewards"])
-
-
-def _targets(conn: Connection, body: FeedbackIn) -> list[str]:
-    if body.trajectory_id is not None:
-        condition = Trajectory.id == body.trajectory_id
-    else:
-        condition = Trajectory.session_key == body.session
-    return [r[0] for r in conn.execute(select(Trajectory.id).where(condition))]
-
-
-def _correct(conn: Connection, trajectory_id: str, body: FeedbackIn) -> bool:
-    grade = conn.execute(
-        select(Grade.reward, Grade.detail, Grade.trained_in_step).where(
-            Grade.trajectory_id == trajectory_id
-        )
-    ).first()
-    conn.execute(
-        update(Trajectory).where(Trajectory.id == trajectory_id).values(reward=body.reward)
-    )
-    if grade is None or grade.trained_in_step is not None:
-        return False
-    detail = dict(grade.detail or {})
-    detail["operator"] = {"reward": body.reward, "comment": body.comment, "was": grade.reward}
-    conn.execute(
-        update(Grade)
-        .where(Grade.trajectory_id == trajectory_id)
-        .values(reward=body.reward, detail=detail, error=None)
-    )
-    return True
 
 
 @router.post("/feedback", status_code=201, summary="Post or correct a reward")
 def post_feedback(engine: EngineDep, body: FeedbackIn) -> dict[str, Any]:
     """Give exactly one of `trajectory_id` or `session` (all its trajectories)."""
     with engine.begin() as conn:
-        targets = _targets(conn, body)
+        targets = feedback_targets(conn, trajectory_id=body.trajectory_id, session_key=body.session)
         if not targets:
             what = "trajectory" if body.trajectory_id is not None else "session"
             raise not_found(what, body.trajectory_id or body.session or "")
@@ -67,7 +36,11 @@ def post_feedback(engine: EngineDep, body: FeedbackIn) -> dict[str, Any]:
             session_key=body.session,
             comment=body.comment,
         )
-        corrected = [t for t in targets if _correct(conn, t, body)]
+        corrected = [
+            t
+            for t in targets
+            if correct_reward(conn, trajectory_id=t, reward=body.reward, comment=body.comment)
+        ]
     return {
         "ok": True,
         "reward": body.reward,
@@ -87,7 +60,7 @@ def list_feedback(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     with engine.connect() as conn:
-        items = store.feedback_for(
+        items = trajectory_views.feedback_for(
             conn, trajectory_id=trajectory_id, session_key=session, limit=limit
         )
     return {"items": items}

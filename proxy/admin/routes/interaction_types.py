@@ -6,9 +6,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from proxy.admin import interaction_types
 from proxy.admin.deps import EngineDep
 from proxy.admin.schemas import TypesQuery
+from store import interaction_types
 
 router = APIRouter(tags=["types"])
 

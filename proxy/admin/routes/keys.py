@@ -1,4 +1,4 @@
-"""Client keys: create (the key is shown once), list, revoke (proxy/api/keys.py).
+"""Client keys: create (the key is shown once), list, revoke (proxy/base/keys.py).
 
 A change takes effect at once in this proxy and within `key_poll_interval` seconds in every
 other proxy on the same store. Only the key's SHA-256 is stored; no answer but the one that
@@ -16,9 +16,9 @@ from sqlalchemy.exc import IntegrityError
 from proxy.admin.deps import EngineDep, StateDep
 from proxy.admin.errors import AdminError, not_found
 from proxy.admin.schemas import ClientKeyIn, KeyName
-from proxy.admin.trajectories import iso
-from proxy.api import keys
+from proxy.base import keys
 from store import keys as store
+from store.clock import iso
 
 router = APIRouter(tags=["keys"])
 

@@ -9,14 +9,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection
 
 from proxy.admin.deps import EngineDep, StateDep
 from proxy.admin.schemas import KnobsIn
-from proxy.admin.trajectories import iso
-from store import gates, grade_queue, policy_versions
+from store import gates, grade_queue, policy_versions, training_steps
+from store.clock import iso
 from store.control import KNOBS, Control, read_control, read_heartbeat, write_control
-from store.models import Grade, TrainingStep, Trajectory
 
 router = APIRouter(tags=["learner"])
 ALIVE_POLLS = 5  # a heartbeat older than this many poll intervals (at least 15 s): stopped
@@ -33,19 +32,11 @@ def _age(heartbeat: dict[str, Any] | None) -> float | None:
 
 
 def _queue(conn: Connection) -> dict[str, int]:
-    graded_waiting = conn.execute(
-        select(func.count())
-        .select_from(Grade)
-        .where(Grade.trained_in_step.is_(None), Grade.reward.is_not(None))
-    ).scalar_one()
-    open_count = conn.execute(
-        select(func.count()).select_from(Trajectory).where(Trajectory.status == "open")
-    ).scalar_one()
     failures = grade_queue.grading_failures(conn)
     return {
-        "open": int(open_count),
+        "open": grade_queue.count_open(conn),
         "ungraded_finished": grade_queue.count_ungraded_finished(conn),
-        "graded_untrained": int(graded_waiting),
+        "graded_untrained": grade_queue.count_graded_untrained(conn),
         # gradings that failed: to be tried again, or for good (`onthejob regrade`)
         "grading_retrying": failures["retrying"],
         "grading_failed": failures["failed"],
@@ -53,13 +44,9 @@ def _queue(conn: Connection) -> dict[str, int]:
 
 
 def _last_step(conn: Connection) -> dict[str, Any] | None:
-    row = conn.execute(
-        select(TrainingStep.__table__).order_by(TrainingStep.step.desc()).limit(1)
-    ).first()
-    if row is None:
-        return None
-    step = dict(row._mapping)
-    step["created_at"] = iso(step["created_at"])
+    step = training_steps.latest_step(conn)
+    if step is not None:
+        step["created_at"] = iso(step["created_at"])
     return step
 
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from proxy.admin import selfjudge
 from proxy.admin.deps import EngineDep
 from proxy.admin.schemas import Time
-from proxy.admin.trajectories import iso
+from store.clock import iso
 
 router = APIRouter(tags=["self-judge"])
 

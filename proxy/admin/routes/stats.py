@@ -7,10 +7,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from proxy.admin import learning_curves, stats
 from proxy.admin.deps import EngineDep
 from proxy.admin.schemas import CurvesQuery, StatsQuery
-from proxy.admin.trajectories import iso
+from proxy.admin.stats import window
+from store import learning_curves, traffic_stats
+from store.clock import iso
 
 router = APIRouter(tags=["stats"])
 
@@ -19,14 +20,14 @@ router = APIRouter(tags=["stats"])
 def get_stats(engine: EngineDep, query: Annotated[StatsQuery, Query()]) -> dict[str, Any]:
     """Traffic within [since, until) in hour or day buckets (UTC); rewards by policy
     version and by task over all time, and over the window by when trajectories ended."""
-    since, until = stats.window(query.since, query.until, query.bucket)
+    since, until = window(query.since, query.until, query.bucket)
     with engine.connect() as conn:
         return {
             "since": iso(since),
             "until": iso(until),
             "bucket": query.bucket,
-            "traffic": stats.traffic(conn, since=since, until=until, bucket=query.bucket),
-            "rewards": stats.rewards(conn, since=since, until=until, bucket=query.bucket),
+            "traffic": traffic_stats.traffic(conn, since=since, until=until, bucket=query.bucket),
+            "rewards": traffic_stats.rewards(conn, since=since, until=until, bucket=query.bucket),
         }
 
 

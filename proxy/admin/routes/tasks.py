@@ -11,14 +11,14 @@ import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
-from sqlalchemy import Connection, delete, func, select
+from sqlalchemy import Connection
 
 from proxy.admin.deps import EngineDep
 from proxy.admin.errors import AdminError, not_found
 from proxy.admin.schemas import TaskKeyText, TasksIn
 from store import learner_state
+from store import tasks as task_store
 from store.control import TASKS_REVISION_KEY
-from store.models import Task, Trajectory
 from store.tasks import Task as TaskSpec
 from store.tasks import TaskTableError, parse_task, upsert_tasks
 
@@ -42,20 +42,6 @@ def _row(task: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _stats(conn: Connection, keys: list[str]) -> dict[str, dict[str, Any]]:
-    if not keys:
-        return {}
-    rows = conn.execute(
-        select(Trajectory.task_key, func.count(), func.avg(Trajectory.reward))
-        .where(Trajectory.task_key.in_(keys))
-        .group_by(Trajectory.task_key)
-    )
-    return {
-        key: {"trajectories": int(n), "mean_reward": None if mean is None else float(mean)}
-        for key, n, mean in rows
-    }
-
-
 def _bump(conn: Connection) -> None:
     # an object, not a bare number: SQLite's JSON column affinity turns "1" into 1 (not JSON)
     state = learner_state.get_state(conn, TASKS_REVISION_KEY)
@@ -69,14 +55,11 @@ def list_tasks(
     after: Annotated[TaskKeyText | None, Query(description="last key of the previous page")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
-    query = select(Task.__table__).order_by(Task.key).limit(limit + 1)
-    if after is not None:
-        query = query.where(Task.key > after)
     with engine.connect() as conn:
-        rows = [dict(r._mapping) for r in conn.execute(query)]
+        rows = task_store.list_tasks(conn, after=after, limit=limit + 1)
         more = len(rows) > limit
         rows = rows[:limit]
-        stats = _stats(conn, [r["key"] for r in rows])
+        stats = task_store.task_stats(conn, [r["key"] for r in rows])
     return {
         "items": [_row(r, stats.get(r["key"], {})) for r in rows],
         "next_after": rows[-1]["key"] if more else None,
@@ -122,16 +105,16 @@ def load_tasks(engine: EngineDep, body: TasksIn) -> dict[str, Any]:
 @router.get("/tasks/{key:path}", summary="One task")
 def get_task(engine: EngineDep, key: TaskKey) -> dict[str, Any]:
     with engine.connect() as conn:
-        row = conn.execute(select(Task.__table__).where(Task.key == key)).first()
+        row = task_store.task_row(conn, key)
         if row is None:
             raise not_found("task", key)
-        return _row(dict(row._mapping), _stats(conn, [key]).get(key, {}))
+        return _row(row, task_store.task_stats(conn, [key]).get(key, {}))
 
 
 @router.delete("/tasks/{key:path}", status_code=204, summary="Delete a task")
 def delete_task(engine: EngineDep, key: TaskKey) -> Response:
     with engine.begin() as conn:
-        if conn.execute(delete(Task).where(Task.key == key)).rowcount == 0:
+        if not task_store.delete_task(conn, key):
             raise not_found("task", key)
         _bump(conn)
     return Response(status_code=204)

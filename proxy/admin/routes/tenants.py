@@ -16,9 +16,9 @@ from fastapi import APIRouter, Path, Response
 from proxy.admin.deps import EngineDep, StateDep
 from proxy.admin.errors import AdminError, not_found
 from proxy.admin.schemas import KeyName, TenantIn, TenantServingIn
-from proxy.admin.trajectories import iso
 from store import policy_versions
 from store import tenants as store
+from store.clock import iso
 
 router = APIRouter(tags=["tenants"])
 TenantName = Annotated[KeyName, Path()]

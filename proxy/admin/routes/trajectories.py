@@ -10,12 +10,12 @@ import orjson
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import StreamingResponse
 
-from proxy.admin import trajectories as store
 from proxy.admin.deps import DetokenizerDep, EngineDep
 from proxy.admin.errors import not_found
+from proxy.admin.page_cursor import decode_cursor, encode_cursor
 from proxy.admin.schemas import TrajectoryFilter, TrajectoryPage
 from proxy.admin.tokens import token_sequences
-from store import turn_signals
+from store import trajectory_views, turn_signals
 from store.conversation import conversation
 from store.export import iter_trajectories
 from store.next_turn import next_turn_signals
@@ -31,8 +31,13 @@ def list_trajectories(
 ) -> dict[str, Any]:
     """A page of trajectories matching every filter given; pass `next_cursor` back as
     `cursor` for the next page (null on the last one)."""
+    after = None if page.cursor is None else decode_cursor(page.cursor)
     with engine.connect() as conn:
-        return store.list_page(conn, f=page, limit=page.limit, cursor=page.cursor)
+        items, next_after = trajectory_views.list_page(conn, f=page, limit=page.limit, after=after)
+    return {
+        "items": items,
+        "next_cursor": None if next_after is None else encode_cursor(*next_after),
+    }
 
 
 def _detail(engine: Any, trajectory_id: str) -> dict[str, Any]:
@@ -41,8 +46,8 @@ def _detail(engine: Any, trajectory_id: str) -> dict[str, Any]:
         raise not_found("trajectory", trajectory_id)
     trajectory = found[0]
     with engine.connect() as conn:
-        grade = store.grade_of(conn, trajectory_id=trajectory_id)
-        feedback = store.feedback_for(
+        grade = trajectory_views.grade_of(conn, trajectory_id=trajectory_id)
+        feedback = trajectory_views.feedback_for(
             conn, trajectory_id=trajectory_id, session_key=trajectory["session"]
         )
         stored = turn_signals.signals_of(conn, trajectory_id)
@@ -99,7 +104,7 @@ def _export_lines(engine: Any, ids: list[str]) -> Iterator[bytes]:
 def export(engine: EngineDep, f: Annotated[TrajectoryFilter, Query()]) -> StreamingResponse:
     """One trajectory per line, oldest first, in the format of `onthejob export`."""
     with engine.connect() as conn:
-        ids = store.matching_ids(conn, f=f)
+        ids = trajectory_views.matching_ids(conn, f=f)
     return StreamingResponse(
         _export_lines(engine, ids),
         media_type="application/x-ndjson",

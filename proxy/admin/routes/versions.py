@@ -14,16 +14,15 @@ import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine
 
 from proxy.admin.deps import EngineDep, StateDep
 from proxy.admin.errors import AdminError
 from proxy.admin.schemas import Key
-from proxy.admin.stats import reward_by_version
 from proxy.admin.swaps import serve_again
-from proxy.admin.trajectories import iso
 from store import policy_versions
-from store.models import Call, PolicyVersion
+from store.clock import iso
+from store.traffic_stats import reward_by_version
 
 router = APIRouter(tags=["versions"])
 VersionKey = Annotated[Key, Path()]
@@ -56,16 +55,9 @@ def list_versions(
 ) -> dict[str, Any]:
     """`mean_reward`: over graded trajectories whose first call that version served."""
     with engine.connect() as conn:
-        rows = conn.execute(
-            select(PolicyVersion.__table__).order_by(PolicyVersion.ordinal.desc()).limit(limit)
-        )
-        versions = [dict(r._mapping) for r in rows]
+        versions = policy_versions.newest_versions(conn, limit=limit)
         rewards = reward_by_version(conn)
-        calls = dict(
-            conn.execute(
-                select(Call.policy_version, func.count()).group_by(Call.policy_version)
-            ).all()
-        )
+        calls = policy_versions.calls_by_version(conn)
         serving = policy_versions.serving_version(conn)
     return {
         "serving": None if serving is None else serving["version"],

@@ -14,17 +14,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from proxy.api.dialect import StreamWriter, TranslatedWriter
-from proxy.api.errors import BadRequest, ProxyError, upstream_error_message
-from proxy.api.keys import upstream_view
-from proxy.api.requests import parse_object, read_body
+from proxy.api.dialect import TranslatedWriter
 from proxy.api.translate import context_edits
 from proxy.api.translate import messages as translate
-from proxy.api.translate.policy import Compat, note_refusal
+from proxy.base.capture import CHAT, ClientAsked
+from proxy.base.compat_policy import Compat, note_refusal
+from proxy.base.errors import BadRequest, ProxyError, upstream_error_message
+from proxy.base.keys import upstream_view
+from proxy.base.record import CallRecord
+from proxy.base.requests import parse_object, read_body
 from proxy.generation.call import Generation
-from proxy.generation.capture import CHAT, ClientAsked
+from proxy.generation.dialect import StreamWriter
 from proxy.generation.prompt_tokens import count_prompt
-from proxy.recording.recorder import CallRecord
 from proxy.state import ProxyState
 
 # HTTP status -> Anthropic error type

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from proxy.api.errors import (
+from proxy.base.errors import (
     BadRequest,
     Forbidden,
     ProxyError,
@@ -24,7 +24,7 @@ from proxy.api.errors import (
     Unauthorized,
     error_response,
 )
-from proxy.api.requests import parse_object, read_body
+from proxy.base.requests import parse_object, read_body
 from proxy.state import ProxyState
 from store.feedback import add_feedback
 

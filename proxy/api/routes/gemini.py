@@ -4,7 +4,7 @@ at the proxy (`GOOGLE_GEMINI_BASE_URL`).
 
 `:streamGenerateContent` streams Server-Sent Events with `?alt=sse` (what the SDKs ask for),
 else a JSON array as it grows, as Google's servers do. The translation lives in
-proxy/api/translate/gemini.py; the key comes as `x-goog-api-key` (proxy/api/keys.py), or as
+proxy/api/translate/gemini.py; the key comes as `x-goog-api-key` (proxy/base/keys.py), or as
 Google's REST API also takes it, in the query string (`?key=`), read as if it were that header.
 """
 
@@ -17,22 +17,23 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from proxy.api.dialect import StreamWriter, TranslatedWriter
-from proxy.api.errors import (
+from proxy.api.dialect import TranslatedWriter
+from proxy.api.translate import gemini as translate
+from proxy.api.translate.messages import TranslationError
+from proxy.base.capture import CHAT, ClientAsked
+from proxy.base.compat_policy import Compat, note_refusal
+from proxy.base.errors import (
     BadRequest,
     ProxyError,
     UpstreamUnavailable,
     upstream_error_message,
 )
-from proxy.api.keys import upstream_view
-from proxy.api.requests import parse_object, read_body
-from proxy.api.translate import gemini as translate
-from proxy.api.translate.messages import TranslationError
-from proxy.api.translate.policy import Compat, note_refusal
+from proxy.base.keys import upstream_view
+from proxy.base.record import CallRecord
+from proxy.base.requests import parse_object, read_body
 from proxy.generation.call import Generation
-from proxy.generation.capture import CHAT, ClientAsked
+from proxy.generation.dialect import StreamWriter
 from proxy.generation.prompt_tokens import count_prompt
-from proxy.recording.recorder import CallRecord
 from proxy.state import ProxyState
 from proxy.upstream.replicas import UPSTREAM_READ_ERRORS
 

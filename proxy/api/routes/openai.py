@@ -10,11 +10,11 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from proxy.api.dialect import OpenAIDialect
-from proxy.api.errors import Forbidden, ProxyError, error_response
-from proxy.api.keys import upstream_view
-from proxy.api.requests import read_body, session_key
+from proxy.base.capture import CHAT, COMPLETIONS
+from proxy.base.errors import Forbidden, ProxyError, error_response
+from proxy.base.keys import upstream_view
+from proxy.base.requests import read_body, session_key
 from proxy.generation.call import Generation
-from proxy.generation.capture import CHAT, COMPLETIONS
 from proxy.state import ProxyState
 from proxy.upstream.replicas import UPSTREAM_READ_ERRORS
 

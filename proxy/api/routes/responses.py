@@ -15,8 +15,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from proxy.api.dialect import StreamWriter, TranslatedWriter
-from proxy.api.errors import (
+from proxy.api.dialect import TranslatedWriter
+from proxy.api.translate import responses as translate
+from proxy.base.capture import CHAT, ClientAsked
+from proxy.base.compat_policy import Compat, note_refusal
+from proxy.base.errors import (
     BadRequest,
     NotFound,
     ProxyError,
@@ -24,11 +27,9 @@ from proxy.api.errors import (
     error_body,
     error_response,
 )
-from proxy.api.translate import responses as translate
-from proxy.api.translate.policy import Compat, note_refusal
+from proxy.base.record import CallRecord
 from proxy.generation.call import Generation
-from proxy.generation.capture import CHAT, ClientAsked
-from proxy.recording.recorder import CallRecord
+from proxy.generation.dialect import StreamWriter
 from proxy.state import ProxyState
 
 

@@ -3,7 +3,7 @@
 
 Pure functions over parsed JSON, no I/O. Invariant, as for Messages and Responses: every
 part of a request is mapped onto the chat request, handled by the compatibility policy
-(proxy/api/translate/policy.py, recorded in the `Compat` passed in) or refused with a
+(proxy/base/compat_policy.py, recorded in the `Compat` passed in) or refused with a
 `TranslationError` that names it. Google's JSON takes field names in lowerCamelCase or
 snake_case alike; both are read here.
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 from proxy.api.translate.extras import vllm_extras
 from proxy.api.translate.messages import TranslationError
-from proxy.api.translate.policy import Compat, unmapped_fields
-from proxy.generation.capture import REASONING_KEYS
+from proxy.base.capture import REASONING_KEYS
+from proxy.base.compat_policy import Compat, unmapped_fields
 
 # request fields, as lowerCamelCase
 _MAPPED_FIELDS = frozenset(

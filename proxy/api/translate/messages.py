@@ -1,7 +1,7 @@
 """Anthropic Messages API <-> chat completions, so `/v1/messages` rides vLLM's chat endpoint.
 
 Pure functions over parsed JSON, no I/O. Invariant: every part of a Messages request is
-mapped onto the chat request, handled by the compatibility policy (proxy/api/translate/policy.py:
+mapped onto the chat request, handled by the compatibility policy (proxy/base/compat_policy.py:
 honoured, ignored, left out, unknown; recorded in the `Compat` passed in) or refused with a
 `TranslationError` that names it.
 """
@@ -15,8 +15,8 @@ from typing import Any
 
 from proxy.api.translate import context_edits
 from proxy.api.translate.extras import VLLM_EXTRAS, vllm_extras
-from proxy.api.translate.policy import Compat, unmapped_fields
-from proxy.generation.capture import REASONING_KEYS
+from proxy.base.capture import REASONING_KEYS
+from proxy.base.compat_policy import Compat, unmapped_fields
 
 Event = tuple[str, dict[str, Any]]
 

@@ -18,7 +18,7 @@ Decisions:
   role and would drop them (the model would never see a harness's instructions).
 - A `namespace` tool's functions become plain functions named `<namespace>__<name>` (the
   flat name Codex itself uses); calls to them come back split into `namespace` and `name`.
-- Everything else follows the compatibility policy (proxy/api/translate/policy.py): soft hints
+- Everything else follows the compatibility policy (proxy/base/compat_policy.py): soft hints
   and vendor-side fields are accepted and recorded, tools the model cannot be given are
   left out (or refused with `hosted_tools="refuse"`), and what would change the answer
   and cannot be honoured is refused with a 400 naming it.
@@ -32,8 +32,8 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy.api.translate.extras import VLLM_EXTRAS
-from proxy.api.translate.policy import Compat, unmapped_fields
-from proxy.generation.capture import REASONING_KEYS
+from proxy.base.capture import REASONING_KEYS
+from proxy.base.compat_policy import Compat, unmapped_fields
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # Request fields we cannot reproduce with one chat completion, and the feature they name.

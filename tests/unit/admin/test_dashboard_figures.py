@@ -9,8 +9,8 @@ from datetime import timedelta
 
 import pytest
 
-from proxy.admin.learning_curves import ROUND_SECONDS, band, bucket_seconds
-from proxy.admin.version_order import version_order
+from store.learning_curves import ROUND_SECONDS, band, bucket_seconds
+from store.version_order import version_order
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from proxy.api.translate.gemini import (
     json_schema,
 )
 from proxy.api.translate.messages import TranslationError
-from proxy.api.translate.policy import Compat
+from proxy.base.compat_policy import Compat
 
 
 def translate(body: dict[str, Any], **options: Any) -> tuple[dict[str, Any], Compat]:

@@ -19,7 +19,7 @@ from pydantic import TypeAdapter
 from proxy.api.translate import context_edits
 from proxy.api.translate import messages as anthropic
 from proxy.api.translate import responses as openai_responses
-from proxy.api.translate.policy import Compat, feature_name, fitting_output_limit
+from proxy.base.compat_policy import Compat, feature_name, fitting_output_limit
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
 WRITE_TOOL = {

@@ -18,7 +18,7 @@ from proxy.api.translate.responses import (
     new_response_id,
     responses_to_chat,
 )
-from proxy.generation.capture import ClientAsked
+from proxy.base.capture import ClientAsked
 from proxy.generation.streaming import response_to_chunks
 
 RESPONSE_ID = "resp_abc"
