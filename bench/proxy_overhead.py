@@ -62,7 +62,7 @@ HOST = "127.0.0.1"
 CHAT_PATH = "/v1/chat/completions"
 AIM_ADDED_P50_MS = 0.5
 AIM_RPS_C32 = 5000.0  # issue 16: c=32, the proxy on one core, recording into PostgreSQL
-PERF_BARE_RPS_C32 = 9073.0  # the bare passthrough in ../shared/PERF.md, which the aim came from
+PERF_BARE_RPS_C32 = 9073.0  # the bare passthrough once measured on a 2-core host; the aim's base
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BUSY = "_machine busy"
 PROXY_TOTAL = "_proxy process"
@@ -1015,7 +1015,7 @@ def report(results: Results, args: argparse.Namespace) -> bool:
         print(
             "Against the bare Starlette + aiohttp passthrough on the same CPUs (no recording; "
             f"the aim's 5,000 req/s is {AIM_RPS_C32 / PERF_BARE_RPS_C32:.2f}x the "
-            f"{PERF_BARE_RPS_C32:,.0f} it reached in ../shared/PERF.md):"
+            f"{PERF_BARE_RPS_C32:,.0f} it reached on a 2-core host when the aim was set):"
         )
         print(
             f"  c=1  p50 {_ms(b1.p50_ms)} ms bare, {_ms(p1.p50_ms)} ms proxy; c={conns} "

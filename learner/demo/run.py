@@ -263,11 +263,16 @@ def run_demo(config: DemoConfig) -> DemoResult:
         say(f"chart: {chart}; numbers: {summary}")
         say(f"dashboard: {proxy_url}/admin (token {admin_token}) while the demo runs;")
         say(
-            f"  to look again later: onthejob serve --db {db_url} --tokenizer {model_dir}"
-            " (the dashboard, token texts included; vLLM need not run) or onthejob export"
+            f"  to look again later: ONTHEJOB_ADMIN_TOKEN={admin_token} onthejob serve --db "
+            f"{db_url} --tokenizer {model_dir}, then {LATER_DASHBOARD}/admin with that token"
+            " (the dashboard, token texts included; vLLM need not run), or onthejob export"
             " --db " + db_url
         )
         return DemoResult(before, after, steps, table, chart, summary)
+
+
+# where `onthejob serve` listens by default (proxy/settings.py: host and port)
+LATER_DASHBOARD = "http://127.0.0.1:8080"
 
 
 def _learning_rate(value: float | None) -> list[str]:
