@@ -502,7 +502,7 @@ def run_live(cell: Cell, args: argparse.Namespace) -> ArmRun:
     db.upgrade(db_url)
     proxy = _proxy(served.url, db_url, work, args.idle_timeout)
     command = [
-        *(sys.executable, "-m", "proxy.cli", "learn", "--db", db_url),
+        *(sys.executable, "-m", "cli", "learn", "--db", db_url),
         *("--upstream", served.url, "--model", str(served.model_dir)),
         *("--checkpoints", str(work / "checkpoints"), "--grader", "reference"),
         *("--tasks", str(write_jsonl(cell.train, work / "train.jsonl"))),

@@ -198,7 +198,7 @@ def main() -> int:
         result["before"] = before
 
         port = free_port()
-        cli = [sys.executable, "-m", "proxy.cli", "--log-level", "info"]
+        cli = [sys.executable, "-m", "cli", "--log-level", "info"]
         proxy = start_logged(
             [*cli, "serve", "--upstream", vllm.url, "--port", str(port), "--db", db_url,
              "--spool", str(workdir / "spool.jsonl"), "--idle-timeout", "3"],

@@ -101,7 +101,7 @@ def run_demo(seed: int, control: bool, args: argparse.Namespace, extra: list[str
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     command = [
-        sys.executable, "-m", "proxy.cli", "demo", *model_args(args.model), "--seed", str(seed),
+        sys.executable, "-m", "cli", "demo", *model_args(args.model), "--seed", str(seed),
         "--minutes", str(args.minutes), "--workdir", str(workdir), "--port", str(args.port),
         *(["--control"] if control else []), *extra,
     ]  # fmt: skip

@@ -472,7 +472,7 @@ def run_learner(
         args=["--idle-timeout", str(args.idle_timeout)],
     ).start()
     command = [
-        *(sys.executable, "-m", "proxy.cli", "learn", "--db", db_url),
+        *(sys.executable, "-m", "cli", "learn", "--db", db_url),
         *("--upstream", served.url, "--model", str(served.model_dir)),
         *("--checkpoints", str(work / "checkpoints"), "--grader", GRADER),
         *("--learning-rate", str(args.lr), "--max-steps", str(args.steps)),

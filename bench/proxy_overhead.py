@@ -613,7 +613,7 @@ def scratch_database(base_url: str, enabled: bool) -> Iterator[str]:
 
 def upgrade_schema(url: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "--log-level", "warning", "db", "upgrade", "--db", url],
+        [sys.executable, "-m", "cli", "--log-level", "warning", "db", "upgrade", "--db", url],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -679,7 +679,7 @@ class Bench:
                 *pinned(self.args.proxy_cpus),
                 sys.executable,
                 "-m",
-                "proxy.cli",
+                "cli",
                 "--log-level",
                 "warning",
                 "serve",

@@ -39,7 +39,7 @@ class ProxyServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "proxy.cli", "--log-level", "info", "serve"]
+        cmd = [sys.executable, "-m", "cli", "--log-level", "info", "serve"]
         for upstream in self.upstreams:
             cmd += ["--upstream", upstream]
         cmd += ["--port", str(self.port), "--db", self.db_url, "--spool", str(self.spool)]

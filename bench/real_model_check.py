@@ -47,7 +47,7 @@ QUESTION = "What is the capital of France?"
 def proxy(upstream: str, db_url: str, log: Path) -> Iterator[str]:
     port = free_port()
     command = [
-        *(sys.executable, "-m", "proxy.cli", "serve", "--upstream", upstream),
+        *(sys.executable, "-m", "cli", "serve", "--upstream", upstream),
         *("--port", str(port), "--db", db_url, "--migrate", "--idle-timeout", "0.5"),
     ]
     with open(log, "wb") as out:

@@ -201,7 +201,7 @@ def run_arm(served: Served, args: argparse.Namespace, arm: str, seed: int, root:
     try:
         result.before = stack.measure(tenants, direct=True)
         command = [
-            *(sys.executable, "-m", "proxy.cli", "learn", "--db", stack.db_url),
+            *(sys.executable, "-m", "cli", "learn", "--db", stack.db_url),
             *("--upstream", served.url, "--model", str(served.model_dir)),
             *("--checkpoints", str(work / "checkpoints"), "--grader", GRADER),
             *("--learning-rate", str(args.lr), "--max-steps", str(steps)),

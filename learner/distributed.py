@@ -1,6 +1,6 @@
 """`onthejob learn` on several devices: ranks launched by torchrun, FSDP2 sharding.
 
-Run as ``torchrun --nproc-per-node N -m proxy.cli learn ...`` (or ``torchrun
+Run as ``torchrun --nproc-per-node N -m cli learn ...`` (or ``torchrun
 --nproc-per-node N --no-python onthejob learn ...``). Rank 0 is the learner: it grades,
 groups, talks to the database, checkpoints and publishes, as a single-process learner does.
 Every rank holds a shard of the parameters, gradients and AdamW state
@@ -23,7 +23,6 @@ single-process learner writes them, in the layout vLLM loads.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -49,6 +48,7 @@ from learner.trainer import (
     checkpoint_layers,
     micro_batches,
 )
+from store.environment import environment
 from store.samples import Sample
 
 log = logging.getLogger("onthejob.learner")
@@ -74,7 +74,7 @@ COLLECTIVE = frozenset(
 
 def launched() -> bool:
     """Whether this process is one of several ranks torchrun started."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return environment().world_size > 1
 
 
 class Ranks:
@@ -83,7 +83,7 @@ class Ranks:
     def __init__(self) -> None:
         cuda = torch.cuda.is_available()
         if cuda:
-            local = int(os.environ.get("LOCAL_RANK", "0"))
+            local = environment().local_rank
             torch.cuda.set_device(local)
             self.device = f"cuda:{local}"
         else:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from learner.file_lock import locked
+from store.environment import environment
 
 MARKER = "prepared.json"
 MARKER_FORMAT = 1
@@ -151,7 +152,7 @@ MODELS: dict[str, RealModel] = {
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get(CACHE_ENV)
+    env = environment().model_cache
     return Path(env).expanduser() if env else Path.home() / ".cache" / "onthejob" / "models"
 
 

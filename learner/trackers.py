@@ -20,6 +20,8 @@ from typing import Any, Protocol
 
 from sqlalchemy.engine import make_url
 
+from store.environment import environment
+
 log = logging.getLogger("onthejob.learner")
 
 
@@ -88,17 +90,15 @@ class WandB:
     name = "wandb"
 
     def __init__(self, directory: Path, run: str, config: Mapping[str, Any]) -> None:
-        import os
-
         import wandb
 
         directory.mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT", "onthejob"),
+            project=environment().wandb_project,
             name=run,
             dir=str(directory),
             config=dict(config),
-            mode=os.environ.get("WANDB_MODE", "offline"),  # type: ignore[arg-type]
+            mode=environment().wandb_mode,  # type: ignore[arg-type]
             reinit="create_new",
             # the learner's own output stays the learner's: W&B does not wrap stdout/stderr
             settings=wandb.Settings(console="off"),
@@ -115,14 +115,12 @@ class MLflow:
     name = "mlflow"
 
     def __init__(self, directory: Path, run: str, config: Mapping[str, Any]) -> None:
-        import os
-
         from mlflow.tracking import MlflowClient
 
         # a local SQLite file: MLflow's plain-file store is frozen and refused by default
         directory.mkdir(parents=True, exist_ok=True)
         local = f"sqlite:///{(directory / 'mlflow.db').resolve()}"
-        self.client = MlflowClient(tracking_uri=os.environ.get("MLFLOW_TRACKING_URI", local))
+        self.client = MlflowClient(tracking_uri=environment().mlflow_tracking_uri or local)
         experiment = self.client.get_experiment_by_name("onthejob")
         experiment_id = (
             self.client.create_experiment("onthejob")

@@ -7,7 +7,8 @@ SQLite in the working directory, the embedded default.
 from __future__ import annotations
 
 import argparse
-import os
+
+from store.environment import environment
 
 DATABASE_URL_ENV = "ONTHEJOB_DATABASE_URL"
 DEFAULT_SQLITE_URL = "sqlite:///onthejob.db"
@@ -15,7 +16,7 @@ DEFAULT_SQLITE_URL = "sqlite:///onthejob.db"
 
 def given_database_url(explicit: str | None = None) -> str | None:
     """The URL given (the flag, else the environment), or None: the caller's own default."""
-    return explicit or os.environ.get(DATABASE_URL_ENV) or None
+    return explicit or environment().database_url or None
 
 
 def database_url(explicit: str | None = None) -> str:

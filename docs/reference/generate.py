@@ -108,7 +108,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Ar
 
 
 def cli_page() -> str:
-    from proxy.cli import build_parser
+    from cli.main import build_parser
 
     parser = build_parser()
     parts = [

@@ -551,7 +551,7 @@ def _serving_version(db_url: str) -> str | None:
 def _start(
     args: list[str], log_path: Path, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "proxy.cli", "--log-level", "info", *args]
+    command = [sys.executable, "-m", "cli", "--log-level", "info", *args]
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             command,

@@ -7,7 +7,6 @@ becomes error Grades for that group only, never an exception.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import httpx
@@ -23,6 +22,7 @@ from learner.graders.judge_prompt import (
     parse_verdict,
     response_format,
 )
+from store.environment import environment
 from store.tasks import TaskTable
 
 # The judge's own calls say what they are (X-Onthejob-Type). By default they go straight to
@@ -44,7 +44,7 @@ def judge_client(
     return openai.OpenAI(
         base_url=base_url,
         # vLLM without --api-key accepts anything; the SDK insists on some key.
-        api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
+        api_key=api_key or _environment_key() or "EMPTY",
         timeout=timeout,
         max_retries=max_retries,
         http_client=http_client,
@@ -191,3 +191,8 @@ def _prompt_of(trajectory: dict[str, Any], tasks: TaskTable) -> str | None:
 def _model_of(trajectory: dict[str, Any]) -> str | None:
     models = [c.get("model") for c in trajectory.get("calls") or [] if c.get("model")]
     return models[-1] if models else None
+
+
+def _environment_key() -> str | None:
+    key = environment().openai_api_key
+    return None if key is None else key.get_secret_value()

@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import math
 import os
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -68,7 +69,7 @@ def default_directory() -> Path:
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK):
         return shm
-    return Path(os.environ.get("TMPDIR", "/tmp"))
+    return Path(tempfile.gettempdir())
 
 
 def file_for(directory: Path, upstream: str) -> Path:

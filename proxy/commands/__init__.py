@@ -1,7 +1,7 @@
 """The `onthejob` sub-commands that belong to the proxy, and what every command shares.
 
 Each command group is a module with ``register(commands)``, which adds its sub-parsers to
-`onthejob`'s; `proxy.cli` lists the groups (the learner's live in the learner package).
+`onthejob`'s; `cli.main` lists the groups (the learner's live in the learner package).
 Parsers are built without importing anything heavy: a command imports what it needs when
 it runs, so `onthejob serve --help` starts in a blink and the proxy runs without torch.
 """

@@ -293,7 +293,7 @@ def test_the_learner_trains_in_bf16_and_records_each_step_s_ratios_and_mismatch(
     proxy = start_proxy([bf16_vllm.url], pg_url, args=["--idle-timeout", "0.5"])
     engine = db.make_engine(pg_url)
     checkpoints = tmp_path / "checkpoints"
-    launch = [sys.executable, "-m", "proxy.cli"]
+    launch = [sys.executable, "-m", "cli"]
     launch += learner_command(bf16_vllm, tiny_model, pg_url, checkpoints, steps=2)
     try:
         steps = run_live(launch, bf16_vllm, engine, proxy, 2, tmp_path / "learn.log")

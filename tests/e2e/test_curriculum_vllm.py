@@ -78,7 +78,7 @@ def curriculum(args: list[str], *, proxy_url: str, db_url: str, file: Path) -> A
         "ONTHEJOB_HARNESS_FORCE": json.dumps(["[45]"]),
     }
     return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "--log-level", "warning", "rollout",
+        [sys.executable, "-m", "cli", "--log-level", "warning", "rollout",
          "--curriculum", str(file), "--proxy", proxy_url, "--db", db_url,
          "--group-size", "2", "--concurrency", "2", "--no-progress", *args,
          "--", *ANSWERER],

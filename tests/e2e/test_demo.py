@@ -56,7 +56,7 @@ def test_a_short_demo_runs_every_stage_and_cleans_up(
     command = [
         sys.executable,
         "-m",
-        "proxy.cli",
+        "cli",
         "demo",
         *(["--tiny", "--model-cache", str(demo_cache)] if kind == "tiny" else []),
         *("--workdir", str(workdir), "--port", str(free_port())),

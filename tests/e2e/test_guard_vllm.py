@@ -120,7 +120,7 @@ def test_a_version_that_degrades_a_type_is_rolled_back(
     log_path = tmp_path / "learner.log"
     with log_path.open("wb") as log:
         learner = subprocess.run(
-            [sys.executable, "-m", "proxy.cli", "learn", "--db", pg_url, "--upstream", vllm.url,
+            [sys.executable, "-m", "cli", "learn", "--db", pg_url, "--upstream", vllm.url,
              "--model", str(tiny_model), "--checkpoints", str(tmp_path / "checkpoints"),
              "--grader", "reference", "--batch-trajectories", "16", "--learning-rate", RATE,
              "--max-steps", "1", "--truncated", "train", "--poll-interval", "0.2",

@@ -30,7 +30,7 @@ def test_two_ranks_learn_live_and_every_swap_verifies(
     engine = db.make_engine(pg_url)
     checkpoints = tmp_path / "checkpoints"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    launch = [*torchrun, "--nproc-per-node", "2", "-m", "proxy.cli"]
+    launch = [*torchrun, "--nproc-per-node", "2", "-m", "cli"]
     launch += learner_command(bf16_vllm, tiny_model, pg_url, checkpoints, steps=STEPS)
     log = tmp_path / "learn.log"
     started = time.monotonic()

@@ -35,7 +35,7 @@ def pin(engine, pg_url: str) -> None:
     with engine.connect() as conn:
         first = conn.execute(select(TrainingStep.version).where(TrainingStep.step == 1)).scalar()
     pinned = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "pin", first, "--db", pg_url],
+        [sys.executable, "-m", "cli", "pin", first, "--db", pg_url],
         capture_output=True,
         text=True,
         timeout=120,
@@ -67,7 +67,7 @@ def test_traffic_through_the_proxy_makes_the_model_better(
     command = [
         sys.executable,
         "-m",
-        "proxy.cli",
+        "cli",
         "learn",
         "--db",
         pg_url,
@@ -176,7 +176,7 @@ def test_traffic_through_the_proxy_makes_the_model_better(
             [
                 sys.executable,
                 "-m",
-                "proxy.cli",
+                "cli",
                 "rollback",
                 latest,
                 *("--db", pg_url),

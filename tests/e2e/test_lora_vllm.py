@@ -390,7 +390,7 @@ def lora_learner_command(
 ) -> list[str]:
     """`onthejob learn --lora` on the letter-'a' reward, one step per 32 graded calls."""
     return [
-        *(sys.executable, "-m", "proxy.cli", "learn", "--db", db_url, "--upstream", server.url),
+        *(sys.executable, "-m", "cli", "learn", "--db", db_url, "--upstream", server.url),
         *("--model", str(tiny_model), "--checkpoints", str(checkpoints)),
         *("--grader", "python:bench.letter_toy:share_of_a_reward"),
         *("--batch-trajectories", "32", "--learning-rate", "2e-2"),
@@ -619,7 +619,7 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
         first = steps[0].version
         rolled = subprocess.run(
             [
-                *(sys.executable, "-m", "proxy.cli", "rollback", first),
+                *(sys.executable, "-m", "cli", "rollback", first),
                 *("--db", db_url, "--upstream", lora_vllm.url),
             ],
             capture_output=True,

@@ -81,7 +81,7 @@ def test_signals_land_on_their_turns_credit_and_hindsight_train_them_only_an_off
     finished(engine, 6)  # every conversation is in before the learner grades and steps
     log_path = tmp_path / "learner.log"
     command = [
-        *(sys.executable, "-m", "proxy.cli", "learn", "--db", db_url, "--upstream", vllm.url),
+        *(sys.executable, "-m", "cli", "learn", "--db", db_url, "--upstream", vllm.url),
         *("--model", str(tiny_model), "--checkpoints", str(tmp_path / "checkpoints")),
         *("--grader", "next_turn", "--credit", "turn", "--signal-weight", "eve=0"),
         *("--hindsight", "1"),

@@ -59,7 +59,7 @@ def test_unique_prompt_traffic_trains_against_its_type_baseline(
     engine = db.make_engine(db_url)
     log_path = tmp_path / "learner.log"
     command = [
-        *(sys.executable, "-m", "proxy.cli", "learn", "--db", db_url, "--upstream", vllm.url),
+        *(sys.executable, "-m", "cli", "learn", "--db", db_url, "--upstream", vllm.url),
         *("--model", str(tiny_model), "--checkpoints", str(tmp_path / "checkpoints")),
         *("--grader", "python:bench.letter_toy:share_of_a_reward"),
         *("--batch-trajectories", "16", "--learning-rate", "3e-3", "--max-steps", str(STEPS)),

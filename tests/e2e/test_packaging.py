@@ -26,7 +26,7 @@ SERVE_WITHOUT_HEAVY = """
 import sys
 for name in {heavy!r}:
     sys.modules[name] = None
-from proxy.cli import main
+from cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 

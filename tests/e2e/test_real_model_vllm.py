@@ -285,7 +285,7 @@ def test_the_learner_on_its_defaults_under_continuous_traffic_steps_and_accounts
     proxy = start_proxy([real_vllm.url], db_url, args=["--idle-timeout", "0.5"])
     log = tmp_path / "learn.log"
     launch = [
-        *(sys.executable, "-m", "proxy.cli", "learn", "--db", db_url, "--upstream", real_vllm.url),
+        *(sys.executable, "-m", "cli", "learn", "--db", db_url, "--upstream", real_vllm.url),
         *("--model", str(smollm2), "--checkpoints", str(tmp_path / "checkpoints")),
         *("--grader", "python:bench.letter_toy:share_of_a_reward", "--max-steps", "2"),
     ]

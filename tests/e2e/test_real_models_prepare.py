@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 def _prepare() -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "models", "prepare", "smollm2-135m"],
+        [sys.executable, "-m", "cli", "models", "prepare", "smollm2-135m"],
         capture_output=True,
         text=True,
         timeout=900,

@@ -93,7 +93,7 @@ def test_rollout_rounds_and_training_raise_eval_success(
 
     log = open(tmp_path / "learner.log", "wb")  # closed below
     learner = subprocess.Popen(
-        [sys.executable, "-m", "proxy.cli", "learn", "--db", pg_url, "--upstream", vllm.url,
+        [sys.executable, "-m", "cli", "learn", "--db", pg_url, "--upstream", vllm.url,
          "--model", str(tiny_model), "--checkpoints", str(tmp_path / "checkpoints"),
          "--grader", "reference", "--batch-trajectories", str(BATCH), "--learning-rate",
          LEARNING_RATE, "--max-steps", str(STEPS), "--truncated", "train", "--poll-interval", "0.2",
@@ -133,7 +133,7 @@ def test_rollout_rounds_and_training_raise_eval_success(
         assert overall(after, "pass_at_1") > overall(before, "pass_at_1") + 0.15, report
 
         table = subprocess.run(
-            [sys.executable, "-m", "proxy.cli", "eval-report", "--db", pg_url],
+            [sys.executable, "-m", "cli", "eval-report", "--db", pg_url],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         lines = table.stdout.strip().splitlines()

@@ -146,7 +146,7 @@ def test_rollout_groups_grades_and_eval(proxy, db_url, engine, tmp_path):
 
     # eval: stored per task and policy version, never a training signal
     result = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "--log-level", "warning", "rollout",
+        [sys.executable, "-m", "cli", "--log-level", "warning", "rollout",
          "--proxy", proxy.url, "--tasks", str(tmp_path / "small.jsonl"), "--group-size", "2",
          "--concurrency", "2", "--eval", "--no-progress", "--db", db_url,
          "--", *ANSWERER],
@@ -171,7 +171,7 @@ def test_rollout_groups_grades_and_eval(proxy, db_url, engine, tmp_path):
     assert Counter(graded) == {None: 9, -1: 6}
 
     report = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "eval-report", "--db", db_url],
+        [sys.executable, "-m", "cli", "eval-report", "--db", db_url],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert report.returncode == 0, report.stderr
@@ -249,7 +249,7 @@ def test_sigint_mid_run_leaves_a_consistent_database(proxy, db_url, engine, tmp_
     env = harness_env(ONTHEJOB_HARNESS_HANG_ON="HANG", ONTHEJOB_HARNESS_MARKERS=str(markers))
     log = open(tmp_path / "rollout.log", "wb")  # closed below
     rollout = subprocess.Popen(
-        [sys.executable, "-m", "proxy.cli", "rollout", "--proxy", proxy.url,
+        [sys.executable, "-m", "cli", "rollout", "--proxy", proxy.url,
          "--tasks", str(write_tasks(tmp_path / "t.jsonl", tasks)), "--group-size", "2",
          "--concurrency", "3", "--timeout", "300", "--db", db_url, "--", *ANSWERER],
         env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,

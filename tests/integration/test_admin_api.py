@@ -713,7 +713,7 @@ def test_export_streams_the_export_format(api: httpx.Client, engine: Engine) -> 
 def test_the_proxy_refuses_a_non_loopback_bind_without_a_token(tmp_path: Any) -> None:
     env = {k: v for k, v in os.environ.items() if k != "ONTHEJOB_ADMIN_TOKEN"}
     refused = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "serve", "--host", "0.0.0.0", "--port", "9"],
+        [sys.executable, "-m", "cli", "serve", "--host", "0.0.0.0", "--port", "9"],
         capture_output=True,
         text=True,
         env=env,

@@ -248,7 +248,7 @@ def test_serve_refuses_a_new_sqlite_file_without_auto_migrate(tmp_path: Path) ->
     env = {**os.environ, "ONTHEJOB_AUTO_MIGRATE": "false"}
     dead = f"http://127.0.0.1:{free_port()}"
     result = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "serve", "--db", url, "--upstream", dead,
+        [sys.executable, "-m", "cli", "serve", "--db", url, "--upstream", dead,
          "--port", str(free_port()), "--spool", str(tmp_path / "spool.jsonl")],
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip

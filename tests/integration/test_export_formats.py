@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from proxy.cli import main
+from cli.main import main
 from store.export import iter_trajectories
 from store.export_formats import sample_rows
 from tests.support.admin import N, kind_of, seed

@@ -206,7 +206,7 @@ def test_regrade_grades_the_failed_ones_again_and_leaves_trained_ones(
         grade_queue.mark_trained(conn, trajectory_ids=["t2"], step=1)  # as if a step used it
         training_steps.add_step(conn, step=1, version=None, metrics={})
     fixed = "python:tests.support.sample_rewards:is_finished"
-    regrade = [sys.executable, "-m", "proxy.cli", "regrade", "--db", db_url]
+    regrade = [sys.executable, "-m", "cli", "regrade", "--db", db_url]
     run = subprocess.run(
         [*regrade, "--failed", "--grader", fixed],
         capture_output=True,

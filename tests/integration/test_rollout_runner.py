@@ -120,7 +120,7 @@ def test_failure_reward_none_and_kept_workdirs(
 
 def onthejob(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "cli", *args], capture_output=True, text=True, timeout=60
     )
 
 
@@ -188,7 +188,7 @@ def test_sigterm_stops_the_cli_like_ctrl_c(db_url: str, tmp_path: Path, proxy: P
     db.upgrade(db_url)
     harness = f"echo $$ > {markers}/$$; exec sleep 300"
     rollout = subprocess.Popen(
-        [sys.executable, "-m", "proxy.cli", "rollout", "--proxy", proxy.url,
+        [sys.executable, "-m", "cli", "rollout", "--proxy", proxy.url,
          "--tasks", str(tasks), "--group-size", "3", "--concurrency", "2", "--db", db_url,
          "--no-progress", "--", "sh", "-c", harness],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -242,7 +242,7 @@ def test_the_runner_reads_the_proxy_store_and_says_when_calls_never_arrive(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     silent = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "rollout", "--proxy", proxy.url, "--tasks",
+        [sys.executable, "-m", "cli", "rollout", "--proxy", proxy.url, "--tasks",
          str(tasks), "--group-size", "2", "--no-progress", "--", "true"],
         capture_output=True, text=True, timeout=120, env=env_free, cwd=elsewhere,
     )  # fmt: skip

@@ -150,7 +150,7 @@ def test_tasks_load_and_list(db_url: str, tmp_path: Path, engine: Engine) -> Non
         '{"id": "b", "prompt": "Fix it", "setup": "cp -r /fixture .", "check": "make test",'
         ' "grader": "reference", "metadata": {"kind": "repo"}}\n'
     )
-    run = [sys.executable, "-m", "proxy.cli", "--log-level", "warning", "tasks"]
+    run = [sys.executable, "-m", "cli", "--log-level", "warning", "tasks"]
     loaded = subprocess.run(
         [*run, "load", str(path), "--db", db_url], capture_output=True, text=True, timeout=60
     )

@@ -8,5 +8,5 @@ import sys
 
 def onthejob(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "cli", *args], capture_output=True, text=True, timeout=120
     )

@@ -272,7 +272,7 @@ def learn_command(
     model: Path,
     tmp: Path,
     *extra: str,
-    entry: Sequence[str] = ("proxy.cli",),
+    entry: Sequence[str] = ("cli",),
 ) -> list[str]:
     """`onthejob learn` as the drills run it in a process of its own (`entry`: the module
     run with its arguments, tests.support.held_learner to hold the first step)."""

@@ -1,7 +1,8 @@
-"""The layering `make lint` enforces (pyproject's [tool.importlinter]): proxy and learner
-meet only in store/, which imports neither; inside the proxy, layers from the client APIs
-down to proxy.base, and no import cycles. Checked on the code as it is, and on a copy with
-one wrong-way import added, which must break the contract that forbids it."""
+"""The layering `make lint` enforces (pyproject's [tool.importlinter]): the command line
+(cli/) above proxy and learner, which meet only in store/, which imports neither; inside the
+proxy, layers from the client APIs down to proxy.base, and no import cycles. Checked on the
+code as it is, and on a copy with one wrong-way import added, which must break the contract
+that forbids it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("proxy", "learner", "store", "migrations")
+PACKAGES = ("cli", "proxy", "learner", "store", "migrations")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 RUFF = Path(sys.executable).with_name("ruff")
 
@@ -38,7 +39,7 @@ def _copy(tmp_path: Path) -> Path:
 def test_the_code_keeps_its_layers() -> None:
     result = _lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "4 kept, 0 broken" in result.stdout
+    assert "5 kept, 0 broken" in result.stdout
 
 
 def test_a_store_module_importing_the_learner_breaks_the_store_contract(tmp_path: Path) -> None:
@@ -113,3 +114,15 @@ def test_sql_is_written_in_the_store_alone(tmp_path: Path) -> None:
     flagged = {line.split(":")[0].strip("-> ") for line in result.stdout.splitlines()
                if line.lstrip().startswith("-->")}  # fmt: skip
     assert flagged == {"proxy/admin/routes/tasks.py", "learner/loop/step.py"}, result.stdout
+
+
+def test_the_learner_importing_the_command_line_breaks_its_layers(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    commands = root / "learner" / "commands.py"
+    commands.write_text(commands.read_text() + "\nfrom cli import main  # noqa\n")
+    result = _lint_imports(root)
+    assert result.returncode == 1
+    assert "the command line above the proxy and the learner, the store below them BROKEN" in (
+        result.stdout
+    )
+    assert "learner.commands -> cli.main" in result.stdout

@@ -11,8 +11,8 @@ from types import ModuleType
 
 import pytest
 
+from cli.main import build_parser
 from learner.config import LearnerConfig
-from proxy.cli import build_parser
 from proxy.settings import Settings
 from store.settings_cli import flag_name
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from cli.main import build_parser
 from learner.commands import learner_config
 from learner.config import LearnerConfig
-from proxy.cli import build_parser
 
 
 def test_learning_is_limited_to_client_keys_from_the_flag_or_the_environment(

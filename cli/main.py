@@ -1,25 +1,35 @@
 """The `onthejob` command line: the top-level parser and the command groups it is made of.
 
 Each group is a module whose ``register(commands)`` adds its sub-commands; the proxy's live
-in `proxy/commands/`, the learner's in the learner package.
+in `proxy/commands/`, the learner's in the learner package. They import what their commands
+run only when one runs (torch, vLLM's client), so building the parser stays quick.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
+from types import ModuleType
 
-COMMAND_GROUPS = (
-    "proxy.commands.serve",  # serve
-    "proxy.commands.db",  # db upgrade | current
-    "proxy.commands.export",  # export
-    "proxy.commands.spool",  # spool replay
-    "learner.commands",  # learn, rollback
-    "learner.demo.cli",  # demo
-    "learner.rollout.cli",  # rollout, eval-report, tasks
-    "learner.models_cli",  # models prepare | list
+import learner.commands
+import learner.demo.cli
+import learner.models_cli
+import learner.rollout.cli
+import proxy.commands.db
+import proxy.commands.export
+import proxy.commands.serve
+import proxy.commands.spool
+
+COMMAND_GROUPS: tuple[ModuleType, ...] = (
+    proxy.commands.serve,  # serve
+    proxy.commands.db,  # db upgrade | current
+    proxy.commands.export,  # export
+    proxy.commands.spool,  # spool replay
+    learner.commands,  # learn, rollback, regrade
+    learner.demo.cli,  # demo
+    learner.rollout.cli,  # rollout, eval-report, tasks
+    learner.models_cli,  # models prepare | list
 )
 
 
@@ -31,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--log-level", default="info", help="debug, info, warning (default info)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_GROUPS:
-        importlib.import_module(name).register(commands)
+    for group in COMMAND_GROUPS:
+        group.register(commands)
     return parser
 
 
