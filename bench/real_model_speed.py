@@ -26,10 +26,10 @@ from pathlib import Path
 import httpx
 
 from learner.checkpoint import load_model, save_checkpoint
-from learner.demo.vllm_server import VLLMServer
 from learner.real_models import prepared_or_path
 from learner.swap.publisher import FullReloadPublisher, Probe, tolerance_for
 from learner.trainer import Trainer, TrainerConfig
+from learner.vllm_server import VLLMServer
 from store.samples import Sample
 
 

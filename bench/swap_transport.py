@@ -192,8 +192,8 @@ def channel_comparison(nbytes: int) -> None:
     memory (what the `onthejob_shm` engine's learner side does)."""
     import torch.multiprocessing as mp
 
-    from learner.demo.vllm_server import free_port
     from learner.swap.weight_file import WeightFile, default_directory
+    from learner.vllm_server import free_port
 
     elements = nbytes // 2
     ctx = mp.get_context("spawn")
@@ -219,11 +219,11 @@ def run_vllm(args: argparse.Namespace) -> float:
     from transformers import AutoTokenizer
 
     from learner.checkpoint import checkpoint_tensors, load_model, save_checkpoint
-    from learner.demo.vllm_server import VLLMServer
     from learner.real_models import model_dir
     from learner.swap.publisher import FullReloadPublisher, Probe, PublishResult
     from learner.swap.transfer import TransferPublisher
     from learner.swap.weight_file import WeightFile
+    from learner.vllm_server import VLLMServer
 
     source = Path(args.model) if args.model else model_dir("smollm2-135m")
     work = Path(tempfile.mkdtemp(prefix="swap-transport-"))

@@ -33,12 +33,12 @@ import httpx
 import torch
 
 from learner.checkpoint import load_model
-from learner.demo.tiny_model import build_tiny_model
-from learner.demo.vllm_server import VLLMServer
 from learner.lora import LoraSettings, save_adapter, wrap
 from learner.swap.lora_publisher import LoraPublisher
 from learner.swap.publisher import Probe, served_dtype, tolerance_for
+from learner.tiny_model import build_tiny_model
 from learner.trainer import Trainer, TrainerConfig
+from learner.vllm_server import VLLMServer
 
 PROMPT = "Write something about the sea."
 

@@ -63,8 +63,8 @@ from bench.learning_per_step import Served, tail, wait_until
 from bench.proxy_server import ProxyServer
 from bench.stats import Summary, summarise
 from bench.tenant_toy import SPLITS, TOYS, reward_for
-from learner.demo.tiny_model import build_tiny_model
-from learner.demo.vllm_server import VLLMServer
+from learner.tiny_model import build_tiny_model
+from learner.vllm_server import VLLMServer
 from store import db
 
 GRADER = "python:bench.tenant_toy:tenant_reward"

@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import Engine
 
 from bench.proxy_server import ProxyServer
-from learner.demo.tiny_model import build_tiny_model
-from learner.demo.vllm_server import VLLMServer
+from learner.tiny_model import build_tiny_model
+from learner.vllm_server import VLLMServer
 from store import db
 from tests.support.fake_replica import FakeReplica
 from tests.support.paths import ARTIFACTS, REUSE_MODEL_DIR, REUSE_VLLM_URL

@@ -42,10 +42,10 @@ from typing import Any
 
 from learner.demo.report import EvalPoint, format_table, version_rows, write_chart
 from learner.demo.tasks import write_jsonl
-from learner.demo.vllm_server import VLLMServer
 from learner.demo.warmup import WarmupFailed, WarmupSettings, build_demo_model, read_info
 from learner.demo.warmup import default_cache_dir as default_warmup_cache
 from learner.rollout.curriculum_runner import proxy_version, signal_runs
+from learner.vllm_server import VLLMServer
 
 HARNESS = [sys.executable, "-m", "learner.demo.harnesses.calc_agent", "{prompt}"]
 QA_ONLY = [sys.executable, "-m", "learner.demo.harnesses.qa_agent", "{prompt}"]

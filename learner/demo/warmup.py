@@ -40,7 +40,7 @@ version, the source of the modules that build it, the torch version and the excl
 prompts. It holds a transformers-format Qwen2 (float32,
 ``lm_head.weight`` written explicitly so vLLM's reload_weights never leaves the head stale),
 a byte-level BPE tokenizer that splits digits one by one (as Qwen's does), the
-ChatML/Hermes chat template of learner/demo/tiny_model.py, and ``warmup.json`` with the
+ChatML/Hermes chat template of learner/tiny_model.py, and ``warmup.json`` with the
 settings, both loss curves, every probe result, whether it passed, and timing. A cached
 model whose recorded probe passed is reused at once; one that failed, or an interrupted
 build, is rebuilt.
@@ -64,8 +64,8 @@ from typing import Any
 
 from learner.demo.probe import ProbeResult, probe, probe_tasks, render
 from learner.demo.tasks import declined_dialogue_for, dialogue_for, make_task
-from learner.demo.tiny_model import CHAT_TEMPLATE
 from learner.file_lock import locked
+from learner.tiny_model import CHAT_TEMPLATE
 
 log = logging.getLogger("onthejob.warmup")
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from learner.demo.vllm_server import VLLMServer
 from learner.swap.publisher import Probe, current_version
+from learner.vllm_server import VLLMServer
 from tests.support.weights import PROMPT, serve_again
 
 

@@ -23,7 +23,6 @@ from safetensors.torch import load_file, save_file
 from bench.probe_tolerance import swap
 from learner.checkpoint import load_model, save_checkpoint
 from learner.demo.run import serving_dtype
-from learner.demo.vllm_server import VLLMServer
 from learner.swap import weight_check
 from learner.swap.publisher import (
     DEFAULT_TOLERANCE,
@@ -34,6 +33,7 @@ from learner.swap.publisher import (
     tolerance_for,
 )
 from learner.trainer import Trainer, TrainerConfig
+from learner.vllm_server import VLLMServer
 from store import db
 from store.samples import Sample
 from tests.support.live_learner import check_step_figures, learner_command, run_live

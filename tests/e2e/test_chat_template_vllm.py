@@ -13,7 +13,7 @@ import anthropic
 import openai
 import pytest
 
-from learner.demo.vllm_server import VLLMServer
+from learner.vllm_server import VLLMServer
 from store import db
 from tests.support.paths import ARTIFACTS
 from tests.support.records import export, wait_for_calls

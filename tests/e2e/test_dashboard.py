@@ -21,7 +21,6 @@ from sqlalchemy import Engine, func, select
 from bench.letter_toy import share_of_a_reward
 from bench.proxy_server import ProxyServer
 from learner.checkpoint import load_model, save_checkpoint
-from learner.demo.vllm_server import VLLMServer
 from learner.swap.publisher import (
     DEFAULT_TOLERANCE,
     Fingerprint,
@@ -30,6 +29,7 @@ from learner.swap.publisher import (
     current_version,
 )
 from learner.swap.requests import SwapRequestWorker
+from learner.vllm_server import VLLMServer
 from store import db, grade_queue, policy_versions
 from store.export import iter_trajectories
 from store.models import Feedback, Trajectory
@@ -356,8 +356,8 @@ def test_dashboard_shows_the_curriculum_stage_over_time(
     the promotion with its version and the metric that passed."""
     from playwright.sync_api import expect
 
-    from learner.demo.vllm_server import free_port
     from learner.rollout.curriculum import load_curriculum
+    from learner.vllm_server import free_port
     from store import curricula as cstore
 
     for name in ("qa", "tools", "long"):
@@ -419,7 +419,7 @@ def test_dashboard_shows_types_and_filters_trajectories_by_type(
     showing its type."""
     from playwright.sync_api import expect
 
-    from learner.demo.vllm_server import free_port
+    from learner.vllm_server import free_port
     from tests.support.admin import N, kind_of, seed
 
     db_url = f"sqlite:///{tmp_path / 'types.db'}"
@@ -456,7 +456,7 @@ def test_dashboard_shows_the_self_judges_agreement_per_type(
     its verdicts agreed with the references, as the learner stored them."""
     from playwright.sync_api import expect
 
-    from learner.demo.vllm_server import free_port
+    from learner.vllm_server import free_port
     from tests.support.admin import seed
 
     db_url = f"sqlite:///{tmp_path / 'selfjudge.db'}"
@@ -501,7 +501,7 @@ def test_dashboard_flags_a_key_whose_signals_are_one_sided(
 
     from playwright.sync_api import expect
 
-    from learner.demo.vllm_server import free_port
+    from learner.vllm_server import free_port
     from store import turn_signals
 
     db_url = f"sqlite:///{tmp_path / 'signals.db'}"
@@ -546,7 +546,7 @@ def test_the_tenants_tab_shows_each_tenants_adapter_and_traffic(
     from playwright.sync_api import expect
     from sqlalchemy import update
 
-    from learner.demo.vllm_server import free_port
+    from learner.vllm_server import free_port
     from store import tenants
     from store.models import Call
     from tests.support.admin import N, kind_of, seed
@@ -602,7 +602,7 @@ def test_dashboard_shows_learning_at_a_glance(
     trajectory list whose rows stay one line; the token view's heat strip."""
     from playwright.sync_api import expect
 
-    from learner.demo.vllm_server import free_port
+    from learner.vllm_server import free_port
     from tests.support.admin import N, seed
 
     db_url = f"sqlite:///{tmp_path / 'glance.db'}"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from learner.demo.vllm_server import VLLMServer
+from learner.vllm_server import VLLMServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -24,7 +24,7 @@ import psutil
 import pytest
 from sqlalchemy import func, select
 
-from learner.demo.vllm_server import free_port
+from learner.vllm_server import free_port
 from store import db
 from store.models import Grade, PolicyVersion, TrainingStep, Trajectory
 

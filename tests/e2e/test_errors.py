@@ -7,7 +7,7 @@ import openai
 import pytest
 from sqlalchemy import Engine, select
 
-from learner.demo.vllm_server import free_port
+from learner.vllm_server import free_port
 from store.models import Call
 from tests.support.records import wait_for_calls
 

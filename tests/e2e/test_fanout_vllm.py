@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import Engine
 
 from bench.proxy_server import ProxyServer
-from learner.demo.vllm_server import VLLMServer
+from learner.vllm_server import VLLMServer
 from tests.support.records import export, wait_for_calls
 
 pytestmark = [pytest.mark.vllm]

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from learner.demo.vllm_server import VLLMServer
 from learner.graders.combine import CombinedGrader
 from learner.graders.judge import JudgeGrader
+from learner.vllm_server import VLLMServer
 from store import db, grade_queue
 from store.models import Grade
 from tests.support.drills import (

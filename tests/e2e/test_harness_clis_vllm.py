@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from learner.demo.vllm_server import VLLMServer
+from learner.vllm_server import VLLMServer
 from store import db
 from tests.support.harness_clis import Run, claude_code, codex, gemini, opencode, pinned
 from tests.support.long_tiny_model import POSITIONS, build_long_tiny_model

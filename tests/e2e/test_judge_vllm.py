@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from learner.demo.vllm_server import VLLMServer
 from learner.graders.judge import JudgeGrader
+from learner.vllm_server import VLLMServer
 from store.tasks import Task, TaskTable
 from tests.support.trajectories import chat_call, trajectory
 

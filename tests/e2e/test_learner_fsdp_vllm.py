@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from learner.demo.vllm_server import VLLMServer
+from learner.vllm_server import VLLMServer
 from store import db
 from tests.support.live_learner import check_step_figures, learner_command, run_live
 

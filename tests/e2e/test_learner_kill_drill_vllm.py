@@ -18,8 +18,8 @@ import pytest
 from sqlalchemy import Engine, select
 
 from bench.proxy_server import ProxyServer
-from learner.demo.vllm_server import VLLMServer
 from learner.swap.publisher import current_version
+from learner.vllm_server import VLLMServer
 from store import db
 from store.models import Call, TrainingStep
 from tests.support.drills import (

@@ -23,13 +23,13 @@ from safetensors.torch import load_file, save_file
 from sqlalchemy import func, select
 
 from learner.checkpoint import load_model
-from learner.demo.vllm_server import VLLMServer
 from learner.layout import ADAPTER_WEIGHTS
 from learner.lora import load_trainable
 from learner.swap.lora_publisher import LoraPublisher, tenant_pointer
 from learner.swap.publisher import Probe, served_dtype, tolerance_for
 from learner.swap.routing import wait_routed
 from learner.trainer import Trainer, TrainerConfig
+from learner.vllm_server import VLLMServer
 from store import db, policy_versions
 from store.guard_records import decisions
 from store.models import Call, PolicyVersion, TrainingStep, Trajectory

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from learner.demo.vllm_server import VLLMServer
 from learner.trainer import Trainer
+from learner.vllm_server import VLLMServer
 from store import db
 from tests.support.drills import (
     FAST_GATES,

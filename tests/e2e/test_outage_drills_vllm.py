@@ -21,7 +21,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from learner.demo.vllm_server import VLLMServer
+from learner.vllm_server import VLLMServer
 from store import db
 from store.models import Call, PolicyVersion, TrainingStep
 from tests.support.drills import (

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from learner.demo.vllm_server import free_port
+from learner.vllm_server import free_port
 from store import db
 from store.models import Call
 from tests.support.paths import ROOT

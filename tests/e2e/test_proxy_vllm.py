@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import Engine, select
 
 from bench.proxy_server import ProxyServer
-from learner.demo.vllm_server import VLLMServer
+from learner.vllm_server import VLLMServer
 from store.models import Call
 from tests.support.records import export, wait_for_calls
 

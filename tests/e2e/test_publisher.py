@@ -21,7 +21,6 @@ from learner.checkpoint import (
     load_model,
     save_checkpoint,
 )
-from learner.demo.vllm_server import VLLMServer
 from learner.swap import weight_check
 from learner.swap.publisher import (
     Fingerprint,
@@ -30,6 +29,7 @@ from learner.swap.publisher import (
     PublishResult,
     current_version,
 )
+from learner.vllm_server import VLLMServer
 from tests.support.weights import PROMPT, modified_checkpoint, trainer_logprobs
 
 pytestmark = [pytest.mark.vllm]

@@ -31,11 +31,11 @@ import pytest
 from sqlalchemy import select
 
 from learner.checkpoint import load_model
-from learner.demo.vllm_server import VLLMServer
 from learner.swap.lora_publisher import LoraPublisher
 from learner.swap.publisher import Probe, served_dtype, tolerance_for
 from learner.traffic import replicas_busy
 from learner.trainer import Trainer, TrainerConfig
+from learner.vllm_server import VLLMServer
 from store import db
 from store.models import TrainingStep
 from tests.support.adapters import trained_adapter

@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from learner.checkpoint import load_model
-from learner.demo.vllm_server import VLLMServer
 from learner.trainer import Trainer, TrainerConfig, micro_batches
+from learner.vllm_server import VLLMServer
 from proxy.upstream.sampling import NEUTRAL
 from store import db
 from store.samples import build_samples

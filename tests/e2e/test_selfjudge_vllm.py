@@ -19,7 +19,7 @@ from sqlalchemy import Engine, func, select
 from bench.proxy_server import ProxyServer
 from learner import grading
 from learner.config import LearnerConfig
-from learner.demo.vllm_server import VLLMServer
+from learner.vllm_server import VLLMServer
 from store import recording
 from store.export import iter_trajectories
 from store.models import Grade, Trajectory

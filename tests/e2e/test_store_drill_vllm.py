@@ -14,7 +14,7 @@ import httpx
 import pytest
 from sqlalchemy import Engine, select, text
 
-from learner.demo.vllm_server import VLLMServer
+from learner.vllm_server import VLLMServer
 from store import db
 from store.export import iter_trajectories
 from store.models import Call, Grade, Trajectory

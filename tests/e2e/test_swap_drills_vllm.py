@@ -16,9 +16,9 @@ import pytest
 from sqlalchemy import select
 
 from learner import control
-from learner.demo.vllm_server import VLLMServer
 from learner.swap import lease
 from learner.swap.publisher import current_version
+from learner.vllm_server import VLLMServer
 from store import db, policy_versions
 from store.models import Call, Grade, PolicyVersion, TrainingStep
 from tests.support.drills import (

@@ -19,12 +19,12 @@ import pytest
 import torch
 
 from learner.checkpoint import checkpoint_tensors, load_model, save_checkpoint
-from learner.demo.vllm_server import VLLMServer
 from learner.loop.learner import Learner
 from learner.swap import weight_check
 from learner.swap.publisher import Probe, current_version
 from learner.swap.transfer import TransferPhases, TransferPublisher, transfer_support
 from learner.swap.vllm_transfer import LAYERWISE_FALLBACK
+from learner.vllm_server import VLLMServer
 from store import db, policy_versions
 from tests.support.drills import learner_config
 from tests.support.weights import PROMPT, logprobs_of, trainer_logprobs

@@ -10,7 +10,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from learner.demo.vllm_server import VLLMServer
+from learner.vllm_server import VLLMServer
 from tests.support.paths import ARTIFACTS
 from tests.support.records import export, wait_for_calls
 

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from learner.demo.vllm_server import VLLMServer
+from learner.vllm_server import VLLMServer
 from store import db
 from tests.support.paths import ARTIFACTS
 

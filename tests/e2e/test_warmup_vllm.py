@@ -27,8 +27,8 @@ import pytest
 
 from learner.demo.probe import render, sample_episodes
 from learner.demo.tasks import DECLINE, make_task_sets
-from learner.demo.vllm_server import VLLMServer
 from learner.demo.warmup import WarmupSettings, build_demo_model, read_info
+from learner.vllm_server import VLLMServer
 from store import db
 from tests.support.paths import ARTIFACTS
 from tests.support.records import export

@@ -26,9 +26,9 @@ from sqlalchemy import Engine, select
 
 from learner.config import LearnerConfig
 from learner.control import follow
-from learner.demo.vllm_server import free_port
 from learner.loop import Learner
 from learner.swap.requests import SwapRequestWorker
+from learner.vllm_server import free_port
 from proxy.settings import Settings
 from store import grade_queue, learner_state, policy_versions, recording
 from store.export import iter_trajectories

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import Engine
 
 from bench.proxy_server import ProxyServer
-from learner.demo.vllm_server import free_port
+from learner.vllm_server import free_port
 from tests.support.admin import TOKEN, seed
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,8 @@ import orjson
 import pytest
 from sqlalchemy import Engine, text
 
-from learner.demo.vllm_server import free_port
 from learner.swap.lease import OUTLASTS_TTL, TTL
+from learner.vllm_server import free_port
 from store import db, recording
 from tests.support.cli import onthejob
 

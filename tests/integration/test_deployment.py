@@ -168,7 +168,7 @@ def test_migrations_vllm_flags_and_wiring(path: Path) -> None:
     svc = services(path)
     assert svc["migrate"]["command"] == ["onthejob", "db", "upgrade"]
     vllm = " ".join(argv(svc["vllm"]))
-    # what learner/demo/vllm_server.py starts vLLM with, and the learner relies on
+    # what learner/vllm_server.py starts vLLM with, and the learner relies on
     for flag in (
         "vllm.entrypoints.openai.api_server",
         "--logprobs-mode=processed_logprobs",

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import Engine, select
 
-from learner.demo.vllm_server import free_port
+from learner.vllm_server import free_port
 from store.models import Feedback
 from tests.support.inprocess import in_process_proxy
 

@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from bench.proxy_server import ProxyServer
-from learner.demo.vllm_server import free_port
+from learner.vllm_server import free_port
 from store import db
 from tests.support.records import export
 from tests.support.tcp_gate import TcpGate, through_gate

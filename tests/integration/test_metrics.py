@@ -10,7 +10,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine
 
-from learner.demo.vllm_server import free_port
+from learner.vllm_server import free_port
 from proxy.metrics import RequestStats, route_label
 from store import policy_versions, training_steps
 from tests.support.inprocess import in_process_client, wait_for_health

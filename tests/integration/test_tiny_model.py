@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from learner.demo.tiny_model import build_tiny_model
+from learner.tiny_model import build_tiny_model
 
 
 def test_same_seed_same_files_and_cached(tiny_model: Path, tmp_path: Path) -> None:

@@ -24,12 +24,12 @@ from sqlalchemy import Engine, func, select
 from bench.proxy_server import ProxyServer
 from learner.checkpoint import WEIGHTS_FILE
 from learner.config import LearnerConfig
-from learner.demo.vllm_server import VLLMServer
 from learner.grouping import RunningBaselines
 from learner.loop import Learner
 from learner.swap.publisher import FullReloadPublisher
 from learner.swap.requests import SwapRequestWorker
 from learner.trainer import Trainer
+from learner.vllm_server import VLLMServer
 from store import learner_state
 from store.control import read_heartbeat
 from store.models import Call, Grade, PolicyVersion, SwapGate, TrainingStep, Trajectory

@@ -11,7 +11,7 @@ import asyncio
 import threading
 
 from bench.fake_upstream import handle, models_with
-from learner.demo.vllm_server import free_port
+from learner.vllm_server import free_port
 
 
 class FakeReplica:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from learner.demo.vllm_server import free_port
+from learner.vllm_server import free_port
 from tests.support.paths import ROOT
 
 BIN = ROOT / ".tools" / "clis" / "node_modules" / ".bin"

@@ -11,7 +11,7 @@ import httpx
 from sqlalchemy import Engine, select
 
 from bench.proxy_server import ProxyServer
-from learner.demo.vllm_server import VLLMServer
+from learner.vllm_server import VLLMServer
 from store.models import TrainingStep
 from tests.support.traffic import traffic_until_step
 from tests.support.waits import wait_for_line

@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from learner.demo.vllm_server import free_port
+from learner.vllm_server import free_port
 
 
 def binaries() -> Path | None:

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from learner.demo.vllm_server import free_port
+from learner.vllm_server import free_port
 
 
 def chunk(content: str, *, token_id: int, finish: str | None = None) -> dict[str, Any]:

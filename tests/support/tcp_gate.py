@@ -13,7 +13,7 @@ import threading
 import time
 from urllib.parse import urlsplit, urlunsplit
 
-from learner.demo.vllm_server import free_port
+from learner.vllm_server import free_port
 
 
 def through_gate(url: str) -> tuple[str, TcpGate]:

@@ -9,7 +9,7 @@ from typing import Self
 
 from aiohttp import web
 
-from learner.demo.vllm_server import free_port
+from learner.vllm_server import free_port
 
 
 class ThreadedUpstream:

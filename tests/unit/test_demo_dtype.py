@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from learner.demo.run import DemoConfig, serving_dtype
-from learner.demo.vllm_server import VLLMServer
+from learner.vllm_server import VLLMServer
 
 
 def test_the_server_command_carries_the_dtype(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from learner.checkpoint import load_model
-from learner.demo.tiny_model import build_tiny_model
 from learner.layout import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -27,6 +26,7 @@ from learner.lora import (
     wrap,
 )
 from learner.loss import LossConfig
+from learner.tiny_model import build_tiny_model
 from learner.trainer import Trainer, TrainerConfig
 from store.samples import Sample
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from learner.checkpoint import load_model
-from learner.demo.tiny_model import build_tiny_model
 from learner.lora import LoraSettings, wrap
 from learner.shared_base import share_frozen
+from learner.tiny_model import build_tiny_model
 from learner.trainer import Trainer, TrainerConfig
 from store.samples import Sample
 

@@ -231,7 +231,7 @@ def test_no_full_vocabulary_float32_tensor_of_the_micro_batch_exists() -> None:
 
 def test_a_step_raises_the_logprob_of_rewarded_tokens(tmp_path: Path) -> None:
     from learner.checkpoint import load_model
-    from learner.demo.tiny_model import build_tiny_model
+    from learner.tiny_model import build_tiny_model
 
     model = load_model(build_tiny_model(tmp_path / "m", seed=0))
     trainer = Trainer(model, TrainerConfig(learning_rate=1e-2), device="cpu")
@@ -254,7 +254,7 @@ def test_a_step_whose_every_sequence_mismatches_reports_them_dropped(tmp_path: P
     is every one, the step reports how many, so the step line names why nothing trained
     (it said "dropped: nothing" when a micro-batch was dropped whole)."""
     from learner.checkpoint import load_model
-    from learner.demo.tiny_model import build_tiny_model
+    from learner.tiny_model import build_tiny_model
 
     model = load_model(build_tiny_model(tmp_path / "m", seed=0))
     trainer = Trainer(model, TrainerConfig(max_sequence_mismatch=0.5), device="cpu")
@@ -281,8 +281,8 @@ def test_the_kl_term_changes_the_update_and_is_reported(tmp_path: Path) -> None:
     import pytest
 
     from learner.checkpoint import load_model
-    from learner.demo.tiny_model import build_tiny_model
     from learner.loss import LossConfig
+    from learner.tiny_model import build_tiny_model
 
     base = load_model(build_tiny_model(tmp_path / "m", seed=0))
     other = load_model(build_tiny_model(tmp_path / "r", seed=1))  # a reference unlike it
@@ -325,7 +325,7 @@ def test_bf16_computes_on_a_copy_of_float32_masters_that_keep_small_steps(
     tmp_path: Path,
 ) -> None:
     from learner.checkpoint import load_model
-    from learner.demo.tiny_model import build_tiny_model
+    from learner.tiny_model import build_tiny_model
 
     model = load_model(build_tiny_model(tmp_path / "m", seed=0))
     # 1e-5 moves a weight far less than bf16's spacing near it (about 1e-4 at 0.02)
@@ -354,7 +354,7 @@ def test_bf16_computes_on_a_copy_of_float32_masters_that_keep_small_steps(
 
 def test_bf16_training_state_resumes_the_same_run(tmp_path: Path) -> None:
     from learner.checkpoint import load_model, save_checkpoint
-    from learner.demo.tiny_model import build_tiny_model
+    from learner.tiny_model import build_tiny_model
 
     source = build_tiny_model(tmp_path / "m", seed=0)
     config = TrainerConfig(learning_rate=1e-3, precision="bfloat16")
@@ -384,7 +384,7 @@ def test_bf16_training_state_resumes_the_same_run(tmp_path: Path) -> None:
 
 def test_autocast_and_bf16_score_alike_and_write_bf16(tmp_path: Path) -> None:
     from learner.checkpoint import load_model
-    from learner.demo.tiny_model import build_tiny_model
+    from learner.tiny_model import build_tiny_model
 
     source = build_tiny_model(tmp_path / "m", seed=0)
     prompt, completion = [1, 10, 20, 30], list(range(40, 72))

@@ -74,7 +74,7 @@ def test_a_per_turn_step_trains_only_the_credited_turn(tmp_path: Path) -> None:
     """The step on a credited sample is the step on the same tokens with only that turn's
     completion in the mask: the other turn's tokens contribute nothing to the gradient."""
     from learner.checkpoint import load_model
-    from learner.demo.tiny_model import build_tiny_model
+    from learner.tiny_model import build_tiny_model
 
     model = load_model(build_tiny_model(tmp_path / "m", seed=0))
     ids = [1, 10, 20, 30, 40, 50, 60, 70]
