@@ -74,7 +74,8 @@ RECIPE_VERSION = 6
 # what a build is made by, besides its settings: a cache shared across clones and runs
 # (`onthejob demo` and the tests keep theirs in the user's model cache) is used only by the
 # same code on the same torch
-_RECIPE_SOURCES = ("warmup.py", "probe.py", "tasks.py", "tiny_model.py")
+# (paths in learner/)
+_RECIPE_SOURCES = ("demo/warmup.py", "demo/probe.py", "demo/tasks.py", "tiny_model.py")
 _MARKER = "warmup.json"
 _IM_START, _IM_END, _EOT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 _TOOL_CALL_TAGS = ["<tool_call>", "</tool_call>"]
@@ -228,9 +229,9 @@ def recipe_code_digest() -> str:
     import torch
 
     digest = hashlib.sha256(torch.__version__.encode())
-    here = Path(__file__).resolve().parent
+    learner = Path(__file__).resolve().parents[1]
     for name in _RECIPE_SOURCES:
-        digest.update((here / name).read_bytes())
+        digest.update((learner / name).read_bytes())
     return digest.hexdigest()[:16]
 
 

@@ -76,16 +76,7 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
             raise ValueError("--lora trains on one device: launch it without torchrun")
         self.config = config
         self.ranks = ranks
-        threads = choose_threads(
-            config.torch_threads,
-            config.upstreams,
-            cores=os.cpu_count() or 1,
-            on_gpu=_trains_on_gpu(config.device),
-            sharded=ranks is not None,
-        )
-        if threads.threads:
-            torch.set_num_threads(threads.threads)
-        log.info("trainer threads: %s", threads.why)
+        _set_threads(config, sharded=ranks is not None)
         if ranks is not None:
             log.info("training sharded over %d ranks (FSDP2) on %s", ranks.world, ranks.device)
         schema.require(config.database_url, migrate=config.migrate, who="learner")
@@ -100,22 +91,7 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
         self.lora_settings = LoraSettings(
             rank=config.lora_rank, alpha=config.lora_alpha, targets=tuple(config.lora_targets)
         )
-        self.trainer_config = TrainerConfig(
-            learning_rate=config.learning_rate,
-            max_grad_norm=config.max_grad_norm,
-            micro_batch_tokens=config.micro_batch_tokens,
-            logprob_chunk_tokens=config.logprob_chunk_tokens,
-            activation_checkpointing=config.activation_checkpointing,
-            truncated=config.truncated,
-            max_sequence_mismatch=config.max_sequence_mismatch,
-            loss=LossConfig(
-                clip_low=config.clip_low,
-                clip_high=config.clip_high,
-                max_importance_weight=config.max_importance_weight,
-                kl_coef=config.kl_coef,
-                clip_against=config.clip_against,
-            ),
-        )
+        self.trainer_config = _trainer_config(config)
         self.retry_policy = grading.RetryPolicy(
             base=config.grade_retry_base,
             cap=config.grade_retry_cap,
@@ -123,13 +99,11 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
         )
         self.signal_weights = SignalWeights.parse(config.signal_weights)
         if config.turn_credit:
-            log.info("per-turn credit: each reply trains on its own next-turn signal")
-            if not any(g.startswith("next_turn") for g in config.graders):
-                log.warning(
-                    "--credit turn trains replies on the next-turn signals in their grades: "
-                    "only trajectories graded by next_turn (here: rollout runs whose runner "
-                    "used it) have them; the others train nothing"
-                )
+            _say_turn_credit(config)
+        self._init_state(config)
+
+    def _init_state(self, config: LearnerConfig) -> None:
+        """What the loop's parts keep between iterations, before the first."""
         self.tasks = TaskTable()
         self.hint_frame: HintFrame | str | None = None  # set at start (learner/hindsight.py)
         self.trainer: Trainer | None = None
@@ -234,6 +208,50 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
         if not graded and not trained:
             self.activity = "waiting for trajectories"
             self.stopping.wait(self.config.poll_interval)
+
+
+def _set_threads(config: LearnerConfig, *, sharded: bool) -> None:
+    """The trainer's threads: what --torch-threads says, or (0) what the cores on this host
+    that its replicas leave free allow (learner/threads.py)."""
+    threads = choose_threads(
+        config.torch_threads,
+        config.upstreams,
+        cores=os.cpu_count() or 1,
+        on_gpu=_trains_on_gpu(config.device),
+        sharded=sharded,
+    )
+    if threads.threads:
+        torch.set_num_threads(threads.threads)
+    log.info("trainer threads: %s", threads.why)
+
+
+def _trainer_config(config: LearnerConfig) -> TrainerConfig:
+    return TrainerConfig(
+        learning_rate=config.learning_rate,
+        max_grad_norm=config.max_grad_norm,
+        micro_batch_tokens=config.micro_batch_tokens,
+        logprob_chunk_tokens=config.logprob_chunk_tokens,
+        activation_checkpointing=config.activation_checkpointing,
+        truncated=config.truncated,
+        max_sequence_mismatch=config.max_sequence_mismatch,
+        loss=LossConfig(
+            clip_low=config.clip_low,
+            clip_high=config.clip_high,
+            max_importance_weight=config.max_importance_weight,
+            kl_coef=config.kl_coef,
+            clip_against=config.clip_against,
+        ),
+    )
+
+
+def _say_turn_credit(config: LearnerConfig) -> None:
+    log.info("per-turn credit: each reply trains on its own next-turn signal")
+    if not any(g.startswith("next_turn") for g in config.graders):
+        log.warning(
+            "--credit turn trains replies on the next-turn signals in their grades: "
+            "only trajectories graded by next_turn (here: rollout runs whose runner "
+            "used it) have them; the others train nothing"
+        )
 
 
 def _trains_on_gpu(device: str | None) -> bool:

@@ -54,15 +54,7 @@ class Publishing(LearnerBase):
                 log.info("step %d trained on weights an operator replaced: dropped", step)
                 self._follow(serving)
                 return None
-            # unique: a step redone after a crash must not reuse a name vLLM may have served
-            version = f"step-{step}-{os.urandom(3).hex()}"
-            if self.lineage is not None:
-                version = f"{self.lineage}-{version}"  # vLLM serves every tenant's side by side
-            target = self.checkpoints / version
-            if target.exists():
-                # left by a run that died before recording this step: the database, not the
-                # directory, says what was published, so the half-done attempt is redone
-                shutil.rmtree(target)
+            version, target = self._new_version(step)
             # transfer: the replicas load the trainer's tensors from memory, and the
             # checkpoint is written once the version serves (rollbacks and resumes read it)
             transfer = isinstance(self.publisher, TransferPublisher)
@@ -73,29 +65,9 @@ class Publishing(LearnerBase):
 
             def record(result: PublishResult) -> None:
                 """Verified, not yet serving: the version, the step and its batch, at once."""
-                metrics.update(
-                    swap_seconds=result.swap_seconds,
-                    max_logprob_diff=result.max_logprob_diff,
-                    weight_sums_compared=result.weight_sums_compared,
-                    **self._transfer_metrics(),
+                self._record_published(
+                    step, version, target, parent, result, metrics, considered, baselines
                 )
-                with self.engine.begin() as conn:
-                    policy_versions.add_version(
-                        conn,
-                        version=version,
-                        ordinal=policy_versions.next_ordinal(conn),
-                        parent=parent,
-                        checkpoint_path=str(target),
-                        status="serving",
-                        swap_seconds=result.swap_seconds,
-                        metrics=metrics,
-                        probe=None if result.fingerprint is None else result.fingerprint.state(),
-                        tenant=self.lineage,
-                    )
-                    self._record_step(conn, step, version, metrics, considered, baselines)
-                    recorded = policy_versions.version(conn, version=version)
-                self.step, self.serving, self.baselines = step, recorded, baselines
-                self._trainer_is_serving = True
 
             # a stop asked for from here on comes once the outcome is recorded (stopping.py)
             with self.stopping.swap():
@@ -112,32 +84,98 @@ class Publishing(LearnerBase):
                     self._needs_restore = not result.opened
                     self._prune()
                     return result
-                metrics.update(
-                    swap_seconds=result.swap_seconds,
-                    max_logprob_diff=result.max_logprob_diff,
-                    weight_sums_compared=result.weight_sums_compared,
-                )
-                with self.engine.begin() as conn:
-                    # no ordinal: it never served anyone, nothing it did is trainable
-                    policy_versions.add_version(
-                        conn,
-                        version=version,
-                        ordinal=None,
-                        parent=parent,
-                        checkpoint_path=str(target),
-                        status="rolled_back",
-                        swap_seconds=result.swap_seconds,
-                        error=result.error,
-                        metrics=metrics,
-                        tenant=self.lineage,
-                    )
-                    self._record_step(conn, step, None, metrics, considered, baselines)
-                self.step, self.baselines = step, baselines
-                log.error("version %s failed (%s); %s keeps serving", version, result.error, parent)
-                self._reload_trainer()
-                self._needs_restore = not result.restored
-                self._prune()
+                self._record_failed(step, version, target, result, metrics, considered, baselines)
                 return result
+
+    def _record_published(
+        self,
+        step: int,
+        version: str,
+        target: Path,
+        parent: str,
+        result: PublishResult,
+        metrics: dict[str, Any],
+        considered: list[str],
+        baselines: Baselines,
+    ) -> None:
+        """A verified version, about to serve: it, its step and its batch recorded at once;
+        the learner follows the record as soon as it commits."""
+        metrics.update(
+            swap_seconds=result.swap_seconds,
+            max_logprob_diff=result.max_logprob_diff,
+            weight_sums_compared=result.weight_sums_compared,
+            **self._transfer_metrics(),
+        )
+        with self.engine.begin() as conn:
+            policy_versions.add_version(
+                conn,
+                version=version,
+                ordinal=policy_versions.next_ordinal(conn),
+                parent=parent,
+                checkpoint_path=str(target),
+                status="serving",
+                swap_seconds=result.swap_seconds,
+                metrics=metrics,
+                probe=None if result.fingerprint is None else result.fingerprint.state(),
+                tenant=self.lineage,
+            )
+            self._record_step(conn, step, version, metrics, considered, baselines)
+            recorded = policy_versions.version(conn, version=version)
+        self.step, self.serving, self.baselines = step, recorded, baselines
+        self._trainer_is_serving = True
+
+    def _new_version(self, step: int) -> tuple[str, Path]:
+        """The new version's name and checkpoint directory (emptied)."""
+        # unique: a step redone after a crash must not reuse a name vLLM may have served
+        version = f"step-{step}-{os.urandom(3).hex()}"
+        if self.lineage is not None:
+            version = f"{self.lineage}-{version}"  # vLLM serves every tenant's side by side
+        target = self.checkpoints / version
+        if target.exists():
+            # left by a run that died before recording this step: the database, not the
+            # directory, says what was published, so the half-done attempt is redone
+            shutil.rmtree(target)
+        return version, target
+
+    def _record_failed(
+        self,
+        step: int,
+        version: str,
+        target: Path,
+        result: PublishResult,
+        metrics: dict[str, Any],
+        considered: list[str],
+        baselines: Baselines,
+    ) -> None:
+        """A version that failed verification: recorded rolled back, its step and batch
+        consumed; the trainer goes back to the serving weights."""
+        assert self.serving is not None
+        parent = self.serving["version"]
+        metrics.update(
+            swap_seconds=result.swap_seconds,
+            max_logprob_diff=result.max_logprob_diff,
+            weight_sums_compared=result.weight_sums_compared,
+        )
+        with self.engine.begin() as conn:
+            # no ordinal: it never served anyone, nothing it did is trainable
+            policy_versions.add_version(
+                conn,
+                version=version,
+                ordinal=None,
+                parent=parent,
+                checkpoint_path=str(target),
+                status="rolled_back",
+                swap_seconds=result.swap_seconds,
+                error=result.error,
+                metrics=metrics,
+                tenant=self.lineage,
+            )
+            self._record_step(conn, step, None, metrics, considered, baselines)
+        self.step, self.baselines = step, baselines
+        log.error("version %s failed (%s); %s keeps serving", version, result.error, parent)
+        self._reload_trainer()
+        self._needs_restore = not result.restored
+        self._prune()
 
     def _publish(
         self,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,17 @@ from store.export import iter_trajectories
 from store.samples import Sample, build_samples
 
 log = logging.getLogger("onthejob.learner")
+
+
+@dataclass
+class StepBatch:
+    """What a step trains on: (sample, advantage) pairs, the calls left out (by reason),
+    hindsight's figures, and the warning when most replies were cut."""
+
+    pairs: list[tuple[Sample, float]]
+    skipped: Counter[str]
+    hindsight: Distilled | None
+    truncation: str | None
 
 
 class Stepping(LearnerBase):
@@ -74,40 +86,13 @@ class Stepping(LearnerBase):
 
     def maybe_train(self) -> bool:
         self._follow_operator()
-        with self.engine.connect() as conn:
-            waiting = grade_queue.incomplete_groups(conn)
-            trainable = grade_queue.trainable_grades(
-                conn, keys=self.config.keys, tenant=self.lineage
-            )
-            rows = [r for r in trainable if r["group_key"] not in waiting]
-            ordinals = (
-                policy_versions.version_ordinals(conn)
-                if self.lineage is None
-                else policy_versions.lineage_ordinals(conn, self.lineage)
-            )
+        rows, ordinals = self._trainable_rows()
         if not rows:
             self._not_ready()
             return False
         assert self.serving is not None
         current = ordinals.get(self.serving["version"], int(self.serving["ordinal"]))
-        # traffic of a version that is not a verified one (an unknown label, a call recorded
-        # before the proxy knew the version) is not trainable: nothing says which weights
-        # produced it
-        unknown = [r["trajectory_id"] for r in rows if r["policy_version"] not in ordinals]
-        scored = [
-            Scored(
-                trajectory_id=r["trajectory_id"],
-                task_key=r["task_key"] or r["trajectory_id"],
-                reward=float(r["reward"]),
-                version_index=ordinals[r["policy_version"]],
-                group_id=r["group_key"],
-                interaction_type=r["interaction_type"],
-            )
-            for r in rows
-            if r["policy_version"] in ordinals
-        ]
-        if self.config.shuffle_rewards:
-            scored = shuffle_rewards(scored)
+        scored, unknown = self._scored(rows, ordinals)
         # on a copy: the same rows come back at every poll until a step consumes them, and
         # the learner takes the copy only once a record says so (a step tried again after a
         # fault must not fold its rewards in twice)
@@ -118,22 +103,7 @@ class Stepping(LearnerBase):
             return False
         version_of = {s.trajectory_id: s.version_index for s in scored}
         fresh = sum(version_of[a.trajectory_id] == current for a in advantaged)
-        if self.fresh.should_wait(fresh >= self.config.batch_trajectories):
-            # the serving version is answering: train on its own samples, not on the
-            # older ones answered while the last step trained
-            self.activity = (
-                f"step ready, waiting for the serving version's samples ({fresh} of "
-                f"{self.config.batch_trajectories} with a signal, "
-                f"{self.fresh.waited():.0f}s of {self.config.fresh_wait:g}s)"
-            )
-            return False
-        if self.traffic.should_wait():
-            # vLLM is generating on the cores (or GPU) the step would take: grade on, and
-            # train on everything graded meanwhile once it is idle
-            self.activity = (
-                f"step ready, waiting for idle replicas ({self.traffic.busy:g} requests, "
-                f"{self.traffic.waited():.0f}s of {self.config.yield_to_traffic:g}s)"
-            )
+        if self._waits(fresh):
             return False
         fresh_waited = self.fresh.took()
         waited = self.traffic.took()
@@ -158,18 +128,7 @@ class Stepping(LearnerBase):
         group_metrics["yield_seconds"] = round(waited, 2)
         group_metrics["fresh_wait_seconds"] = round(fresh_waited, 2)
         group_metrics["gathering_seconds"] = round(max(0.0, since_last - fresh_waited - waited), 2)
-        row_of = {r["trajectory_id"]: r for r in rows}
-        trained_rows = [row_of[a.trajectory_id] for a in advantaged]
-        now = clock.now()
-        lags = {
-            "grading_lag_seconds": median_seconds(
-                [(r.get("last_call_at"), r.get("graded_at")) for r in trained_rows]
-            ),
-            "sample_age_seconds": median_seconds(
-                [(clock.as_utc(r.get("started_at")), now) for r in trained_rows]
-            ),
-        }
-        group_metrics.update({k: round(v, 2) for k, v in lags.items() if v is not None})
+        group_metrics.update(_lags(rows, advantaged))
         group_metrics["dropped_unknown_version"] = float(len(unknown))
         # how many versions behind the serving one the trained samples were sampled
         ages = [current - version_of[a.trajectory_id] for a in advantaged]
@@ -181,6 +140,67 @@ class Stepping(LearnerBase):
             advantaged = advantaged + self._corrected_only(scored, advantaged, current)
         self._train(advantaged, considered, group_metrics, baselines, waiting=len(waiting))
         return True
+
+    def _trainable_rows(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        """The graded trajectories a step may take (whole groups only), and the lineage's
+        version ordinals."""
+        with self.engine.connect() as conn:
+            waiting = grade_queue.incomplete_groups(conn)
+            trainable = grade_queue.trainable_grades(
+                conn, keys=self.config.keys, tenant=self.lineage
+            )
+            rows = [r for r in trainable if r["group_key"] not in waiting]
+            ordinals = (
+                policy_versions.version_ordinals(conn)
+                if self.lineage is None
+                else policy_versions.lineage_ordinals(conn, self.lineage)
+            )
+        return rows, ordinals
+
+    def _scored(
+        self, rows: list[dict[str, Any]], ordinals: dict[str, int]
+    ) -> tuple[list[Scored], list[str]]:
+        """The rows as rewards to group, and the ids of those no verified version answered:
+        traffic of an unknown label, or recorded before the proxy knew the version, is not
+        trainable, since nothing says which weights produced it."""
+        unknown = [r["trajectory_id"] for r in rows if r["policy_version"] not in ordinals]
+        scored = [
+            Scored(
+                trajectory_id=r["trajectory_id"],
+                task_key=r["task_key"] or r["trajectory_id"],
+                reward=float(r["reward"]),
+                version_index=ordinals[r["policy_version"]],
+                group_id=r["group_key"],
+                interaction_type=r["interaction_type"],
+            )
+            for r in rows
+            if r["policy_version"] in ordinals
+        ]
+        if self.config.shuffle_rewards:
+            scored = shuffle_rewards(scored)
+        return scored, unknown
+
+    def _waits(self, fresh: int) -> bool:
+        """Whether a ready step waits: for the serving version's own samples (`fresh` of
+        them carry a signal), or for the replicas to go idle."""
+        if self.fresh.should_wait(fresh >= self.config.batch_trajectories):
+            # the serving version is answering: train on its own samples, not on the
+            # older ones answered while the last step trained
+            self.activity = (
+                f"step ready, waiting for the serving version's samples ({fresh} of "
+                f"{self.config.batch_trajectories} with a signal, "
+                f"{self.fresh.waited():.0f}s of {self.config.fresh_wait:g}s)"
+            )
+            return True
+        if self.traffic.should_wait():
+            # vLLM is generating on the cores (or GPU) the step would take: grade on, and
+            # train on everything graded meanwhile once it is idle
+            self.activity = (
+                f"step ready, waiting for idle replicas ({self.traffic.busy:g} requests, "
+                f"{self.traffic.waited():.0f}s of {self.config.yield_to_traffic:g}s)"
+            )
+            return True
+        return False
 
     def _say_if_no_signal(self, scored: list[Scored], with_signal: int) -> None:
         """Before the first step: say once, with the fix, when the graded trajectories carry
@@ -312,6 +332,46 @@ class Stepping(LearnerBase):
         account = StepAccount.of_grouping(
             group_metrics, considered=len(considered), waiting=waiting
         )
+        batch = self._build_batch(advantaged, account)
+        step = self.step + 1
+        metrics, training_cpu, threads = self._optimize(step, batch)
+        account.trained(metrics)
+        metrics.update(
+            group_metrics,
+            learning_rate=self.config.learning_rate,
+            skipped_calls=dict(batch.skipped),
+            **account.metrics(),
+        )
+        # one assignment: the heartbeat thread reads it
+        self.last_batch = {"step": step, "trained": not metrics.get("skipped"), **account.metrics()}
+        if metrics.get("skipped"):
+            self._nothing_trained(considered, baselines, account, batch.truncation)
+            return
+        if account.low:
+            log.warning("step %d %s", step, account.warning())
+        try:
+            result = self._publish_step(step, metrics, considered, baselines)
+        except BaseException:
+            if self.step < step:
+                # the optimizer stepped, but no record says so: back to the serving weights,
+                # so the step is neither lost nor done twice (its batch is trained again)
+                self._reload_trainer()
+            raise
+        finally:
+            self._last_step_end = time.monotonic()
+        if result is None:
+            return  # an operator changed what serves meanwhile: trained again from there
+        times = _step_time(group_metrics, metrics, training_cpu, threads, result.swap_seconds)
+        metrics.update(times.metrics())
+        self._log_step(step, account, metrics, times, result, batch.truncation)
+        self.reporter.step(step, {**metrics, "published": result.ok})
+        if result.ok and self.guard is not None:
+            self._guard_step(step)
+
+    def _build_batch(self, advantaged: list[Any], account: StepAccount) -> StepBatch:
+        """The samples of the advantaged trajectories the trainer can take, with their
+        advantages (per-turn credit and hindsight applied), and what was left out, why."""
+        assert self.trainer is not None
         advantage_of = {a.trajectory_id: a.advantage for a in advantaged}
         trajectories = list(iter_trajectories(self.engine, ids=list(advantage_of)))
         samples: list[Sample] = []
@@ -347,7 +407,12 @@ class Stepping(LearnerBase):
             trajectories=len({s.trajectory_id for s, _ in pairs}),
         )
         truncation = mostly_truncated(sum(s.truncated for s in samples), len(samples))
-        step = self.step + 1
+        return StepBatch(pairs, skipped, hindsight, truncation)
+
+    def _optimize(self, step: int, batch: StepBatch) -> tuple[dict[str, Any], float, int]:
+        """The optimizer step on the batch: its metrics, the trainer's CPU seconds and
+        threads (how much of the cores it had)."""
+        assert self.trainer is not None and self.serving is not None
         self.activity = f"training step {step}"
         # the knob as the operator or the command line last set it, whatever the optimizer
         # state loaded from a checkpoint says
@@ -355,76 +420,61 @@ class Stepping(LearnerBase):
         self._trainer_is_serving = False  # until a record says what it holds
         cpu_before = time.process_time()
         metrics = self.trainer.step(
-            [s for s, _ in pairs], [a for _, a in pairs], fresh_version=self.serving["version"]
+            [s for s, _ in batch.pairs],
+            [a for _, a in batch.pairs],
+            fresh_version=self.serving["version"],
         )
         training_cpu = time.process_time() - cpu_before
         threads = torch.get_num_threads()
         metrics.update(
             training_metrics(float(metrics.get("step_seconds", 0.0)), training_cpu, threads)
         )
-        account.trained(metrics)
-        if hindsight is not None:
-            metrics.update(hindsight.metrics())
+        if batch.hindsight is not None:
+            metrics.update(batch.hindsight.metrics())
             log.info(
                 "step %d hindsight: %d corrected replies, %d tokens, mean gap %+.3f nats "
                 "(%d without a place for the hint)",
                 step,
-                hindsight.replies,
-                hindsight.tokens,
+                batch.hindsight.replies,
+                batch.hindsight.tokens,
                 metrics["hindsight_gap_mean"],
-                hindsight.unplaced,
+                batch.hindsight.unplaced,
             )
-        metrics.update(
-            group_metrics,
-            learning_rate=self.config.learning_rate,
-            skipped_calls=dict(skipped),
-            **account.metrics(),
+        return metrics, training_cpu, threads
+
+    def _nothing_trained(
+        self,
+        considered: list[str],
+        baselines: Baselines,
+        account: StepAccount,
+        truncation: str | None,
+    ) -> None:
+        """Nothing trainable (all truncated, without captured tokens, or mismatched): no new
+        version, and no optimizer step; the batch is marked as consumed."""
+        self._trainer_is_serving = True
+        with self.engine.begin() as conn:
+            grade_queue.mark_trained(conn, trajectory_ids=considered, step=-1)
+            save_baselines(conn, baselines)
+        self.baselines = baselines
+        self._last_step_end = time.monotonic()
+        log.warning(
+            "batch of %d trajectories had nothing to train on: %s%s",
+            len(considered),
+            account.summary(),
+            f"; {truncation}" if truncation else "",
         )
-        # one assignment: the heartbeat thread reads it
-        self.last_batch = {"step": step, "trained": not metrics.get("skipped"), **account.metrics()}
-        if metrics.get("skipped"):
-            # nothing trainable (all truncated, without captured tokens, or mismatched): no
-            # new version, and no optimizer step
-            self._trainer_is_serving = True
-            with self.engine.begin() as conn:
-                grade_queue.mark_trained(conn, trajectory_ids=considered, step=-1)
-                save_baselines(conn, baselines)
-            self.baselines = baselines
-            self._last_step_end = time.monotonic()
-            log.warning(
-                "batch of %d trajectories had nothing to train on: %s%s",
-                len(considered),
-                account.summary(),
-                f"; {truncation}" if truncation else "",
-            )
-            return
-        if account.low:
-            log.warning("step %d %s", step, account.warning())
-        try:
-            result = self._publish_step(step, metrics, considered, baselines)
-        except BaseException:
-            if self.step < step:
-                # the optimizer stepped, but no record says so: back to the serving weights,
-                # so the step is neither lost nor done twice (its batch is trained again)
-                self._reload_trainer()
-            raise
-        finally:
-            self._last_step_end = time.monotonic()
-        if result is None:
-            return  # an operator changed what serves meanwhile: trained again from there
-        times = StepTime(
-            gathering=group_metrics.get("gathering_seconds", 0.0),
-            fresh_wait=group_metrics.get("fresh_wait_seconds", 0.0),
-            yield_wait=group_metrics.get("yield_seconds", 0.0),
-            training=float(metrics.get("step_seconds", 0.0)),
-            training_cpu=training_cpu,
-            threads=threads,
-            saving=float(metrics.get("save_seconds", 0.0)),
-            swap=result.swap_seconds,
-            grading_lag=group_metrics.get("grading_lag_seconds"),
-            sample_age=group_metrics.get("sample_age_seconds"),
-        )
-        metrics.update(times.metrics())
+
+    def _log_step(
+        self,
+        step: int,
+        account: StepAccount,
+        metrics: dict[str, Any],
+        times: StepTime,
+        result: Any,
+        truncation: str | None,
+    ) -> None:
+        """The step's line: what it trained on, how the update went, where the time went,
+        how the swap was verified, and what stands in the way of learning."""
         warnings = "".join(
             f"; {w}" for w in (truncation, slow_to_finish(times.grading_lag)) if w is not None
         )
@@ -436,7 +486,7 @@ class Stepping(LearnerBase):
             step,
             account.summary(),
             int(metrics.get("trained_tokens", 0)),
-            group_metrics.get("mean_reward", float("nan")),
+            metrics.get("mean_reward", float("nan")),
             self.config.learning_rate,
             metrics.get("loss", float("nan")),
             metrics.get("clip_fraction", float("nan")),
@@ -454,6 +504,42 @@ class Stepping(LearnerBase):
             warnings,
             result.version if result.ok else f"NOT PUBLISHED ({result.error})",
         )
-        self.reporter.step(step, {**metrics, "published": result.ok})
-        if result.ok and self.guard is not None:
-            self._guard_step(step)
+
+
+def _step_time(
+    group_metrics: dict[str, float],
+    metrics: dict[str, Any],
+    training_cpu: float,
+    threads: int,
+    swap_seconds: float,
+) -> StepTime:
+    """Where the time since the last step went, from what gathering and the step measured."""
+    return StepTime(
+        gathering=group_metrics.get("gathering_seconds", 0.0),
+        fresh_wait=group_metrics.get("fresh_wait_seconds", 0.0),
+        yield_wait=group_metrics.get("yield_seconds", 0.0),
+        training=float(metrics.get("step_seconds", 0.0)),
+        training_cpu=training_cpu,
+        threads=threads,
+        saving=float(metrics.get("save_seconds", 0.0)),
+        swap=swap_seconds,
+        grading_lag=group_metrics.get("grading_lag_seconds"),
+        sample_age=group_metrics.get("sample_age_seconds"),
+    )
+
+
+def _lags(rows: list[dict[str, Any]], advantaged: list[Any]) -> dict[str, float]:
+    """The median grading lag (last call -> graded) and sample age (started -> now) of the
+    trajectories a step trains on, in seconds (absent where unknown)."""
+    row_of = {r["trajectory_id"]: r for r in rows}
+    trained = [row_of[a.trajectory_id] for a in advantaged]
+    now = clock.now()
+    lags = {
+        "grading_lag_seconds": median_seconds(
+            [(r.get("last_call_at"), r.get("graded_at")) for r in trained]
+        ),
+        "sample_age_seconds": median_seconds(
+            [(clock.as_utc(r.get("started_at")), now) for r in trained]
+        ),
+    }
+    return {k: round(v, 2) for k, v in lags.items() if v is not None}
