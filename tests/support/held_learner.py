@@ -22,9 +22,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cli import main as cli
 from learner.swap.publisher import FullReloadPublisher
 from learner.trainer import Trainer
-from proxy import cli
 
 
 def hold_first_step(marker: Path) -> None:

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from cli import main as cli
 from learner import real_models
 from learner.real_models import Check, PrepareError, RealModel, Wheel
-from proxy import cli
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
