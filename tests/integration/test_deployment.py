@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -339,7 +340,27 @@ def test_every_setting_is_documented_with_its_default(monkeypatch: pytest.Monkey
 
 
 # What the Dockerfile copies into its build stage (and .dockerignore lets through).
-IMAGE_SOURCES = ("pyproject.toml", "README.md", "proxy", "learner", "migrations")
+IMAGE_SOURCES = ("pyproject.toml", "README.md", "cli", "proxy", "learner", "store", "migrations")
+
+
+def test_the_image_copies_every_package_the_wheel_is_built_from() -> None:
+    """The Dockerfile's COPY lines, the .dockerignore's exceptions and pyproject's packages
+    name the same sources: a package left out of one is missing from the image (store/ was,
+    from .dockerignore, until this test)."""
+    packages = {
+        name.rstrip("*")
+        for name in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+            "packages"
+        ]["find"]["include"]
+    }
+    copied = set(re.findall(r"^COPY (\S+) \./\1$", (ROOT / "Dockerfile").read_text(), re.M))
+    let_through = {
+        line[1:].rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text().split()
+        if line.startswith("!")
+    }
+    assert packages == copied == set(IMAGE_SOURCES[2:]), (packages, copied)
+    assert let_through == set(IMAGE_SOURCES), let_through
 
 
 @pytest.mark.slow
