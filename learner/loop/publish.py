@@ -100,12 +100,7 @@ class Publishing(LearnerBase):
     ) -> None:
         """A verified version, about to serve: it, its step and its batch recorded at once;
         the learner follows the record as soon as it commits."""
-        metrics.update(
-            swap_seconds=result.swap_seconds,
-            max_logprob_diff=result.max_logprob_diff,
-            weight_sums_compared=result.weight_sums_compared,
-            **self._transfer_metrics(),
-        )
+        metrics.update(_swap_metrics(result), **self._transfer_metrics())
         with self.engine.begin() as conn:
             policy_versions.add_version(
                 conn,
@@ -151,11 +146,7 @@ class Publishing(LearnerBase):
         consumed; the trainer goes back to the serving weights."""
         assert self.serving is not None
         parent = self.serving["version"]
-        metrics.update(
-            swap_seconds=result.swap_seconds,
-            max_logprob_diff=result.max_logprob_diff,
-            weight_sums_compared=result.weight_sums_compared,
-        )
+        metrics.update(_swap_metrics(result))
         with self.engine.begin() as conn:
             # no ordinal: it never served anyone, nothing it did is trainable
             policy_versions.add_version(
@@ -314,3 +305,12 @@ class Publishing(LearnerBase):
             source_dir=self.model_dir,
             state=self.trainer.checkpoint_state(),
         )
+
+
+def _swap_metrics(result: PublishResult) -> dict[str, Any]:
+    """What the swap's verification measured, for the version's and the step's records."""
+    return {
+        "swap_seconds": result.swap_seconds,
+        "max_logprob_diff": result.max_logprob_diff,
+        "weight_sums_compared": result.weight_sums_compared,
+    }

@@ -28,7 +28,7 @@ from learner.layout import served_base
 from learner.loop.base import LearnerBase, save_baselines
 from learner.signals import signals_in
 from learner.step_time import StepTime, median_seconds, training_metrics
-from learner.swap.publisher import Fingerprint
+from learner.swap.publisher import Fingerprint, PublishResult
 from learner.turn_credit import credited, turn_advantages, turn_values
 from store import clock, grade_queue, policy_versions, turn_signals
 from store.export import iter_trajectories
@@ -470,7 +470,7 @@ class Stepping(LearnerBase):
         account: StepAccount,
         metrics: dict[str, Any],
         times: StepTime,
-        result: Any,
+        result: PublishResult,
         truncation: str | None,
     ) -> None:
         """The step's line: what it trained on, how the update went, where the time went,
