@@ -10,7 +10,12 @@ rates, optimizers, temperatures and advantage rules can be compared before a 10-
 within each group: what noise alone does) and ``sft`` (the warm-up's ideal dialogues,
 advantage 1: plain supervised fine-tuning with the same optimizer).
 
-Run: .venv/bin/python -m bench.demo_rl_offline [--lr 1e-4] [--temperature 1.0]
+Each seed (``--seeds``, 3, 4, 5 by default: the demo's learning rate was chosen on 0-2, which
+are flagged) has its own task sets and warm-up, as `onthejob demo --seed` has. It prints
+every seed's run, then held-out success before and after and the gain, each a mean over the
+seeds with its 95% interval (bench/stats.py); the last line is the gain.
+
+Run: .venv/bin/python -m bench.demo_rl_offline [--lr 1e-4] [--temperature 1.0] [--seeds 3,4,5]
      [--advantage grpo|rft|random|sft] [--lora RANK] [--warmup '{"sharpen": 1.0}']
 """
 
@@ -22,12 +27,14 @@ import random
 import statistics
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from bench.stats import seeds_are_fresh, summarise
 from learner.demo.probe import render, tool_turn
 from learner.demo.tasks import dialogue_for, make_task_sets
 from learner.demo.warmup import WarmupSettings, build_demo_model, encode_dialogue
@@ -161,31 +168,60 @@ def step_batch(
     return samples, advantages, statistics.mean(r for _, r in runs)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "onthejob")
-    parser.add_argument("--warmup", default="{}", help="WarmupSettings overrides as JSON")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--tasks-per-step", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--advantage", choices=["grpo", "rft", "random", "sft"], default="grpo")
-    parser.add_argument("--lora", type=int, default=0, help="train a LoRA adapter of this rank")
-    parser.add_argument("--heldout", type=int, default=60)
-    parser.add_argument("--eval-samples", type=int, default=4)
-    parser.add_argument("--eval-every", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    rng = random.Random(args.seed)
+DEFAULT_SEEDS = "3,4,5"
+TUNED_ON = (0, 1, 2)  # the demo's learning rate was chosen on these (bench/demo_seeds.py)
 
-    # the same task sets (and so the same cached warm-up) as `onthejob demo`'s defaults
-    train, heldout = make_task_sets(args.seed, 200, max(args.heldout, 60))
-    settings = WarmupSettings(**{"seed": args.seed, **json.loads(args.warmup)})
+
+@dataclass(frozen=True)
+class Curve:
+    """One seed's run: held-out success at each evaluated step (step 0 first)."""
+
+    seed: int
+    points: tuple[tuple[int, float], ...]
+
+    @property
+    def before(self) -> float:
+        return self.points[0][1]
+
+    @property
+    def after(self) -> float:
+        return self.points[-1][1]
+
+
+def summary_lines(arm: str, curves: list[Curve], steps: int) -> list[str]:
+    """Every seed's run, then held-out success before and after and the gain over the
+    seeds, each a mean with its 95% interval; the last line is the gain."""
+    lines = [
+        f"[offline] {arm} seed {c.seed}: held-out {c.before:.3f} -> {c.after:.3f} "
+        f"({c.after - c.before:+.3f}) in {steps} steps"
+        for c in curves
+    ]
+    seeds = [c.seed for c in curves]
+    for name, values in (
+        ("before", [c.before for c in curves]),
+        ("after", [c.after for c in curves]),
+    ):
+        lines.append(f"[offline] {arm} held-out {name}: {summarise(values, seeds).format()}")
+    gain = summarise([c.after - c.before for c in curves], seeds)
+    last = f"[offline] {arm} gain in {steps} steps: {gain.format('+.3f')}"
+    if not seeds_are_fresh(seeds, TUNED_ON):
+        last += f" -- seeds {TUNED_ON} chose the demo's learning rate: no learning figure"
+    return [*lines, last]
+
+
+def arm_name(args: argparse.Namespace) -> str:
+    """The setting a run compares, as its report names it."""
+    name = f"{args.advantage} lr {args.lr:g} {args.optimizer} t {args.temperature:g}"
+    return name + (f" lora {args.lora}" if args.lora else "")
+
+
+def run_seed(args: argparse.Namespace, seed: int) -> Curve:
+    """One run from the seed's warmed-up demo model; its held-out curve."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    # the same task sets (and so the same cached warm-up) as `onthejob demo`'s with this seed
+    train, heldout = make_task_sets(seed, 200, max(args.heldout, 60))
+    settings = WarmupSettings(**{"seed": seed, **json.loads(args.warmup)})
     model_dir = build_demo_model(
         args.cache, settings, exclude=[t["prompt"] for t in train + heldout], progress=True
     )
@@ -204,14 +240,14 @@ def main() -> int:
 
     started = time.monotonic()
     greedy, greedy_kinds = success_by_kind(agent, heldout, 1, greedy=True)
-    print(f"[offline] model {model_dir.name}: greedy held-out {greedy:.3f} {greedy_kinds}")
+    print(f"[offline] seed {seed} {model_dir.name}: greedy held-out {greedy:.3f} {greedy_kinds}")
     curve = []
     for step in range(args.steps + 1):
         if step % args.eval_every == 0 or step == args.steps:
             score, kinds = success_by_kind(agent, heldout, args.eval_samples)
             curve.append((step, score))
             print(
-                f"[offline] step {step:3d} held-out {score:.3f} {kinds} "
+                f"[offline] seed {seed} step {step:3d} held-out {score:.3f} {kinds} "
                 f"({time.monotonic() - started:.0f}s)",
                 flush=True,
             )
@@ -224,13 +260,38 @@ def main() -> int:
         if keep:
             info = trainer.step([samples[i] for i in keep], [advantages[i] for i in keep])
             print(
-                f"[offline] step {step + 1:3d} batch reward {reward:.2f} "
+                f"[offline] seed {seed} step {step + 1:3d} batch reward {reward:.2f} "
                 f"samples {len(keep)} grad norm {info.get('grad_norm', 0.0):.3f}",
                 flush=True,
             )
-    first, last = curve[0][1], curve[-1][1]
-    change = f"{first:.3f} -> {last:.3f} ({last - first:+.3f})"
-    print(f"[offline] held-out {change} in {args.steps} steps")
+    return Curve(seed, tuple(curve))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "onthejob")
+    parser.add_argument("--warmup", default="{}", help="WarmupSettings overrides as JSON")
+    parser.add_argument(
+        "--seeds", default=DEFAULT_SEEDS, help=f"comma-separated; {TUNED_ON} are flagged"
+    )
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--tasks-per-step", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--advantage", choices=["grpo", "rft", "random", "sft"], default="grpo")
+    parser.add_argument("--lora", type=int, default=0, help="train a LoRA adapter of this rank")
+    parser.add_argument("--heldout", type=int, default=60)
+    parser.add_argument("--eval-samples", type=int, default=4)
+    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    curves = [run_seed(args, seed) for seed in seeds]
+    for line in summary_lines(arm_name(args), curves, args.steps):
+        print(line)
     return 0
 
 

@@ -36,7 +36,7 @@ from tests.support.records import export
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 # The default warm-up (about 3-5 minutes on 2 cores) on the task sets of
-# bench/demo_learnability.py, so ONTHEJOB_TEST_DEMO_CACHE can share one cached build.
+# `onthejob demo`, so ONTHEJOB_TEST_DEMO_CACHE can share one cached build.
 TEST_WARMUP = WarmupSettings()
 TASKS = 24
 RUNS = 3  # per held-out task, at the probe's temperature
