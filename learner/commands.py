@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import sys
 from pathlib import Path
 from typing import Any
@@ -103,10 +104,13 @@ def cmd_learn(args: argparse.Namespace) -> int:
     config = learner_config(args)
     from learner import distributed
 
+    # a crash in native code (torch, gloo, vLLM's libraries) prints every thread's Python
+    # stack before the process dies, so that a report says where it was
+    faulthandler.enable()
     # under torchrun: rank 0 is the learner, the other ranks train their shards with it
     ranks = distributed.Ranks() if distributed.launched() else None
     if ranks is not None and not ranks.leader:
-        return ranks.serve()
+        distributed.end_rank(ranks.serve())
     try:
         learner = Learner(config, ranks=ranks)
         learner.stopping.install()  # SIGTERM/Ctrl-C: never in the middle of a swap
@@ -118,6 +122,8 @@ def cmd_learn(args: argparse.Namespace) -> int:
     finally:
         if ranks is not None:
             ranks.stop()
+    if ranks is not None:
+        distributed.end_rank(0)
     return 0
 
 

@@ -23,11 +23,13 @@ single-process learner writes them, in the layout vLLM loads.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -165,6 +167,18 @@ class Ranks:
             dist.monitored_barrier(group=self.control, timeout=CLOSE_TIMEOUT)
         finally:
             dist.destroy_process_group()
+
+
+def end_rank(code: int) -> NoReturn:
+    """A rank's last act, once `Ranks.stop` or `serve` has torn its groups down and all its
+    work is done: exit without the interpreter's finalization. Finalization frees what
+    torch's native threads may still reference, and needing the interpreter lock then
+    aborted rank 0 now and then after a clean run (SIGABRT, `terminate called without an
+    active exception`), failing a run that had finished its work."""
+    logging.shutdown()  # the log's last lines
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class Coordinated:
