@@ -66,9 +66,13 @@ class DatabaseFeedback:
             return latest_feedback(conn, trajectory_id=trajectory_id, session_key=session)
 
 
-def learner_grader(config: LearnerConfig, engine: Engine) -> DefaultGrader:
+def learner_grader(
+    config: LearnerConfig, engine: Engine, *, shadow_inline: bool = True
+) -> DefaultGrader:
     """The graders `onthejob learn` and `onthejob regrade` use, from their settings: the
-    configured ones, and the served model judging itself where none of them applies."""
+    configured ones, and the served model judging itself where none of them applies.
+    `shadow_inline=False`: the self-judge's shadow verdicts are left to a pass over the
+    stored grades (learner/shadow_judging.py), so grading never waits on them."""
     return build_default_grader(
         config.graders,
         judge_base_url=config.judge_base_url or config.upstreams[0] + "/v1",
@@ -86,6 +90,7 @@ def learner_grader(config: LearnerConfig, engine: Engine) -> DefaultGrader:
         judge_temperature=config.judge_temperature,
         judge_seed=config.judge_seed,
         signal_weights=SignalWeights.parse(config.signal_weights),
+        shadow_inline=shadow_inline,
     )
 
 

@@ -376,17 +376,14 @@ def mark_trained(conn: Connection, *, trajectory_ids: Sequence[str], step: int) 
         )
 
 
-def rollout_grades_after(
+def rewarded_grades_after(
     conn: Connection, *, after: datetime | None, after_id: str, limit: int
 ) -> list[dict[str, Any]]:
-    """Rewarded grades of rollout runs (graded by the runner) after the cursor (graded_at,
-    trajectory_id), oldest first, that no step trained on (eval runs' -1 included)."""
+    """Rewarded grades (organic trajectories' and rollout runs') after the cursor
+    (graded_at, trajectory_id), oldest first."""
     query = (
         select(Grade.trajectory_id, Grade.reward, Grade.detail, Grade.graded_at)
-        .join(Trajectory, Trajectory.id == Grade.trajectory_id)
-        .join(RolloutRun, RolloutRun.session_key == Trajectory.session_key)
         .where(Grade.reward.is_not(None), Grade.error.is_(None))
-        .where(or_(Grade.trained_in_step.is_(None), Grade.trained_in_step == -1))
         .order_by(Grade.graded_at, Grade.trajectory_id)
         .limit(limit)
     )
@@ -401,17 +398,14 @@ def rollout_grades_after(
 
 
 def add_to_grade_detail(conn: Connection, *, trajectory_id: str, key: str, value: Any) -> bool:
-    """Put `key` into a grade's detail, unless a step trained on it meanwhile (eval runs'
-    -1 is no step); whether it did."""
-    untrained = or_(Grade.trained_in_step.is_(None), Grade.trained_in_step == -1)
-    detail = conn.execute(
-        select(Grade.detail).where(Grade.trajectory_id == trajectory_id, untrained)
-    ).scalar()
+    """Put `key` into a grade's detail (what a step trained on stays as it was: the reward
+    and the rest of the detail); whether the grade was there."""
+    detail = conn.execute(select(Grade.detail).where(Grade.trajectory_id == trajectory_id)).scalar()
     if detail is None:
         return False
     result = conn.execute(
         update(Grade)
-        .where(Grade.trajectory_id == trajectory_id, untrained)
+        .where(Grade.trajectory_id == trajectory_id)
         .values(detail={**detail, key: value})
     )
     return bool(result.rowcount)

@@ -96,7 +96,7 @@ class ShadowSampler:
             return False
         if self.clock() < self.paused_until or self.over_time_budget():
             return False
-        if _fraction(trajectory_id) >= self.policy.share:
+        if shadow_share_of(trajectory_id) >= self.policy.share:
             return False
         now = self.clock()
         self.tokens = min(
@@ -109,7 +109,8 @@ class ShadowSampler:
         return True
 
 
-def _fraction(trajectory_id: str) -> float:
+def shadow_share_of(trajectory_id: str) -> float:
+    """Where the id falls in [0, 1): the shadow sampler takes those below its share."""
     digest = hashlib.sha256(trajectory_id.encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
 
@@ -183,13 +184,17 @@ class DefaultGrader:
         feedback: FeedbackGrader | None = None,
         shadow: ShadowSampler | None = None,
         shadow_judge: SelfJudge | None = None,  # default: self_judge
+        shadow_inline: bool = True,
     ) -> None:
+        """`shadow_inline`: grading judges its shadow sample itself (`onthejob regrade`);
+        False where stored grades are judged beside grading (learner/shadow_judging.py)."""
         self.configured = configured
         self.kinds = kinds
         self.self_judge = self_judge
         self.shadow_judge = shadow_judge or self_judge
         self.feedback = feedback
         self.shadow = shadow
+        self.shadow_inline = shadow_inline
         self.truth_source = "+".join(sorted(kinds))
         self.name = configured.name + (" (else self_judge)" if self_judge else "")
 
@@ -224,7 +229,8 @@ class DefaultGrader:
             entries = self.self_judge.judge([trajectories[i] for i in judged], tasks)  # type: ignore[union-attr]
             for i, entry in zip(judged, entries, strict=True):
                 grades[i] = _as_grade(entry)
-        self._shadow(trajectories, grades, truths, tasks)
+        if self.shadow_inline:
+            self._shadow(trajectories, grades, truths, tasks)
         return [g if g is not None else Grade.failed("not graded") for g in grades]
 
     def _feedback_first(
@@ -344,6 +350,7 @@ def build_default_grader(
     judge_temperature: float = 0.0,
     judge_seed: int | None = None,
     signal_weights: SignalWeights | None = None,
+    shadow_inline: bool = True,
 ) -> DefaultGrader:
     """The learner's grader from its settings (`onthejob learn` and `onthejob regrade`)."""
     from learner.graders.combine import build_graders, parse_spec
@@ -388,4 +395,5 @@ def build_default_grader(
         shadow=ShadowSampler(shadow),
         # a shadow verdict is worth one quick try, not a wait: its reward is decided already
         shadow_judge=SelfJudge(rubrics, judges(max_retries=0, timeout=30.0)),
+        shadow_inline=shadow_inline,
     )

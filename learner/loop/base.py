@@ -81,7 +81,6 @@ class LearnerBase:
     transport: str  # how full weights reach the replicas: disk or transfer
     _needs_restore: bool
     _grading: tqdm | None
-    _rollouts_shadowed_at: float
     _pending: set[str]
     _pending_since: float
     _trainer_is_serving: bool

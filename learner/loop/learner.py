@@ -26,7 +26,7 @@ import torch
 from sqlalchemy.exc import DBAPIError
 from tqdm import tqdm
 
-from learner import control, grading, selfjudge_rollouts
+from learner import control, grading, shadow_judging
 from learner.config import LearnerConfig
 from learner.distributed import Ranks
 from learner.fresh_wait import FreshWait
@@ -61,7 +61,6 @@ from store.tasks import TaskTable
 
 log = logging.getLogger("onthejob.learner")
 
-SHADOW_ROLLOUTS_EVERY = 30.0  # seconds between looks at what rollout runners graded
 RETRY_CAP = 10.0  # seconds between tries at most, while the database or vLLM is away
 
 
@@ -84,7 +83,9 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
         self.model_dir = Path(config.model)
         self.checkpoints = Path(config.checkpoints)
         self.checkpoints.mkdir(parents=True, exist_ok=True)
-        self.grader: Any = grading.learner_grader(config, self.engine)
+        # the self-judge's shadow verdicts come from a thread of their own (run), not from
+        # grading: a step never waits on them
+        self.grader: Any = grading.learner_grader(config, self.engine, shadow_inline=False)
         self.grouping = GroupingConfig(
             max_staleness=config.max_staleness, std_normalise=config.std_normalise
         )
@@ -131,7 +132,6 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
         self.stopping = GracefulStop()
         self._needs_restore = False
         self._grading: tqdm | None = None
-        self._rollouts_shadowed_at = -float("inf")
         self._pending: set[str] = set()
         self._pending_since = time.monotonic()
         # the last batch a step took, accounted (StepAccount.metrics): the heartbeat shows it
@@ -161,6 +161,10 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
         requests = SwapRequestWorker(
             self.engine, self.config.upstreams, drain_timeout=self.config.swap_drain_timeout
         ).start()
+        shadow = None
+        if shadow_judging.judges_in_shadow(self.grader):
+            shadow = shadow_judging.ShadowJudging(self.engine, self.grader, lambda: self.tasks)
+            shadow.start()
         failures = 0
         try:
             while not self.stopping.requested and (
@@ -180,6 +184,8 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
                     self.stopping.wait(wait)
         finally:
             requests.stop()
+            if shadow is not None:
+                shadow.stop()
             self.heartbeat.stop()
             self._save_optimizer_at_stop()
             self._save_lineages_at_stop()
@@ -200,10 +206,6 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
             return
         self.activity = "grading"
         graded = self.grade_finished()
-        if time.monotonic() - self._rollouts_shadowed_at > SHADOW_ROLLOUTS_EVERY:
-            # the runners' grades (checks): the self-judge's agreement with them
-            self._rollouts_shadowed_at = time.monotonic()
-            selfjudge_rollouts.shadow_rollout_grades(self.engine, self.grader, self.tasks)
         trained = self.train_tenants() if self.config.tenants else self.maybe_train()
         if not graded and not trained:
             self.activity = "waiting for trajectories"

@@ -145,8 +145,8 @@ def test_the_self_judge_is_measured_against_rollout_checks(
     vllm: VLLMServer, db_url: str, engine: Engine
 ) -> None:
     """Rollout runs are graded by their runner's check, never by the learner: the learner's
-    pass over the runners' grades adds the self-judge's verdict, once each."""
-    from learner import selfjudge_rollouts
+    pass over the stored grades adds the self-judge's verdict, once each."""
+    from learner import shadow_judging
     from proxy.admin import selfjudge
     from store import rollouts
 
@@ -184,8 +184,8 @@ def test_the_self_judge_is_measured_against_rollout_checks(
     )  # fmt: skip
     grader = grading.learner_grader(config, engine)
     try:
-        assert selfjudge_rollouts.shadow_rollout_grades(engine, grader, TaskTable()) == 4
-        assert selfjudge_rollouts.shadow_rollout_grades(engine, grader, TaskTable()) == 0
+        assert shadow_judging.shadow_stored_grades(engine, grader, TaskTable()) == 4
+        assert shadow_judging.shadow_stored_grades(engine, grader, TaskTable()) == 0
     finally:
         grader.close()
     with engine.connect() as conn:
