@@ -82,9 +82,12 @@ test-e2e: $(STAMP) browser clis models
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/lint-imports
 
-# the reference pages generated from the code (tests/unit/test_reference_docs.py checks them)
+# the reference pages generated from the code (tests/unit/test_reference_docs.py checks
+# them), then the documentation site into site/ (mkdocs.yml); strict: a broken link or
+# anchor fails, and CI builds it
 docs: $(STAMP)
 	$(VENV)/bin/python docs/reference/generate.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 bench: $(STAMP)
 	$(VENV)/bin/python -m bench.proxy_overhead
