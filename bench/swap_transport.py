@@ -8,10 +8,10 @@ recipe's) on a fixed text. Arms, each ``--warmup`` swaps not counted then ``--sw
 measured verified swaps of one step each, the arms interleaved (each round runs both, in
 turns: disk first in even rounds, transfer first in odd ones):
 
-  disk      save_checkpoint (write, fsync) -> FullReloadPublisher.publish: file check,
+  disk      save_checkpoint (write, fsync) -> FullWeightPublisher.publish: file check,
             pause, reload_weights, reset prefix cache, resume, exact weight check against the
             files and the probe, label -> the first request answered
-  transfer  the trainer's tensors -> TransferPublisher.publish: finite check, delta into the
+  transfer  the trainer's tensors -> transfer_publisher(...).publish: finite check, delta into the
             replica's weight file, init/start/update/finish, reset, resume, exact weight
             check against the tensors in memory and the probe, label -> the first request;
             the checkpoint is written after that, off the path (reported apart)
@@ -220,8 +220,9 @@ def run_vllm(args: argparse.Namespace) -> float:
 
     from learner.checkpoint import checkpoint_tensors, load_model, save_checkpoint
     from learner.real_models import model_dir
-    from learner.swap.publisher import FullReloadPublisher, Probe, PublishResult
-    from learner.swap.transfer import TransferPublisher
+    from learner.swap.full_publisher import FullWeightPublisher
+    from learner.swap.publisher import Probe, PublishResult
+    from learner.swap.transfer import transfer_publisher
     from learner.swap.weight_file import WeightFile
     from learner.vllm_server import VLLMServer
 
@@ -273,22 +274,18 @@ def run_vllm(args: argparse.Namespace) -> float:
             "last_good": base,
             "check_weights": True,
         }
-        disk = FullReloadPublisher([server.url], **settings)
-        transfer = TransferPublisher([server.url], weight_dir=work, delta=False, **settings)
+        disk = FullWeightPublisher([server.url], **settings)
+        transfer = transfer_publisher([server.url], weight_dir=work, delta=False, **settings)
         current = Phases()
-        common = {"_verify_all": "verify (weight check + probe)", "_label_and_open": "label"}
-        for publisher in (disk, transfer):
-            timing(publisher, lambda: current, {"_probe_diff": " of which: the probe"})
-        timing(
-            disk,
-            lambda: current,
-            {"_preflight": "check files", "_swap_all": "pause, reload, resume", **common},
-        )
-        timing(
-            transfer,
-            lambda: current,
-            {"_preflight": "check tensors", "_swap_all": "pause, transfer, resume", **common},
-        )
+        for publisher, checks, swaps in (
+            (disk, "check files", "pause, reload, resume"),
+            (transfer, "check tensors", "pause, transfer, resume"),
+        ):
+            verify = {"verify_all": "verify (weight check + probe)"}
+            timing(publisher.replicas, lambda: current, verify)
+            timing(publisher.replicas, lambda: current, {"probe_diff": " of which: the probe"})
+            timing(publisher.transport, lambda: current, {"preflight": checks})
+            timing(publisher, lambda: current, {"_swap_all": swaps, "_label_and_open": "label"})
 
         def first_answer() -> None:
             with current.timed("first request answered"):
@@ -329,7 +326,7 @@ def run_vllm(args: argparse.Namespace) -> float:
                 swaps[arm](target, version)
                 wall = time.monotonic() - start
                 if arm == "transfer":
-                    phase = transfer.last_phases[server.url]
+                    phase = transfer.transport.last_phases[server.url]
                     # inside "pause, transfer, resume"
                     current.seconds["  of which: write the weight file"] = phase.write.seconds
                     current.seconds["  of which: vLLM start, update, finish"] = (
@@ -382,7 +379,7 @@ def run_vllm(args: argparse.Namespace) -> float:
             )
             first_answer()
             wall = time.monotonic() - start
-            write = transfer.last_phases[server.url].write
+            write = transfer.transport.last_phases[server.url].write
             sent, full = write.bytes_sent, write.bytes_full
             print(
                 f"  {lag:>4} steps: {sent / 1e6:8.1f} of {full / 1e6:.1f} MB ({sent / full:6.1%}), "

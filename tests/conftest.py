@@ -55,12 +55,13 @@ def bf16_vllm(tiny_model: Path) -> Iterator[VLLMServer]:
 def restore_vllm(vllm: VLLMServer, tiny_model: Path) -> Iterator[str]:
     """The version vLLM serves before the test; its original weights and name come back
     after it (the server is shared by the whole session)."""
-    from learner.swap.publisher import FullReloadPublisher, Probe, current_version
+    from learner.swap.full_publisher import FullWeightPublisher
+    from learner.swap.publisher import Probe, current_version
     from tests.support.weights import trainer_logprobs
 
     original = current_version(vllm.url)
     yield original
-    restore = FullReloadPublisher([vllm.url], probe=Probe(prompt_token_ids=[1, 2, 3, 4]))
+    restore = FullWeightPublisher([vllm.url], probe=Probe(prompt_token_ids=[1, 2, 3, 4]))
     result = restore.rollback(tiny_model, original, expected=trainer_logprobs(tiny_model))
     assert result.ok, result.error
 

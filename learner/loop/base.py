@@ -21,7 +21,9 @@ from learner.lora import LoraSettings
 from learner.signals import SignalWeights
 from learner.stopping import GracefulStop
 from learner.swap.fence import Fence
-from learner.swap.publisher import FullReloadPublisher, Probe
+from learner.swap.full_publisher import FullWeightPublisher
+from learner.swap.lora_publisher import LoraPublisher
+from learner.swap.publisher import Probe
 from learner.trackers import Reporter
 from learner.traffic import TrafficYield
 from learner.trainer import Trainer, TrainerConfig
@@ -32,6 +34,9 @@ from store.tasks import TaskTable
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
 LEASE_WAIT = 300.0  # seconds the learner waits for an operator's rollback to finish
 LEARNER = "learner@"  # holder prefix: one learner per database, a restart takes over
+
+# the two ways a version reaches the replicas: whole weights, or an adapter on top of them
+Publisher = FullWeightPublisher | LoraPublisher
 
 
 class RestoreFailed(RuntimeError):
@@ -54,7 +59,7 @@ class LearnerBase:
     signal_weights: SignalWeights
     tasks: TaskTable
     trainer: Trainer | None
-    publisher: FullReloadPublisher | None
+    publisher: Publisher | None
     guard: Guard | None
     guard_config: GuardConfig | None  # --tenants: each tenant's guard is made from it
     serving: dict[str, Any] | None

@@ -34,7 +34,7 @@ from learner.grouping import Baselines, GroupingConfig
 from learner.guard import GuardConfig
 from learner.guard_run import Guard
 from learner.hindsight import HintFrame
-from learner.loop.base import LEARNER, RestoreFailed
+from learner.loop.base import LEARNER, Publisher, RestoreFailed
 from learner.loop.grading import Grading
 from learner.loop.guarding import Guarding
 from learner.loop.publish import Publishing
@@ -48,9 +48,7 @@ from learner.signals import SignalWeights
 from learner.stopping import GracefulStop
 from learner.swap import lease
 from learner.swap.fence import Fence
-from learner.swap.publisher import FullReloadPublisher
 from learner.swap.requests import SwapRequestWorker
-from learner.swap.transfer import TransferPublisher
 from learner.threads import choose_threads
 from learner.trackers import Reporter
 from learner.traffic import yielding_to
@@ -108,7 +106,7 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
         self.tasks = TaskTable()
         self.hint_frame: HintFrame | str | None = None  # set at start (learner/hindsight.py)
         self.trainer: Trainer | None = None
-        self.publisher: FullReloadPublisher | None = None
+        self.publisher: Publisher | None = None
         self.guard: Guard | None = None
         self.guard_config: GuardConfig | None = None
         self.serving: dict[str, Any] | None = None
@@ -190,8 +188,8 @@ class Learner(StartUp, Guarding, Grading, Stepping, Publishing, Weights, Tenants
             self._save_optimizer_at_stop()
             self._save_lineages_at_stop()
             self.reporter.close()
-            if isinstance(self.publisher, TransferPublisher):
-                self.publisher.close()  # the replicas' weight files: a model's size in memory
+            if self.publisher is not None:
+                self.publisher.close()  # a transfer's weight files: a model's size in memory
 
     def iterate(self) -> None:
         """One look at the world: restore what serves if it needs it, follow the operator,

@@ -15,17 +15,13 @@ from learner import retention
 from learner.checkpoint import checkpoint_tensors, save_checkpoint
 from learner.grouping import Baselines
 from learner.layout import served_base
-from learner.loop.base import LEASE_WAIT, LearnerBase, save_baselines
+from learner.loop.base import LEASE_WAIT, LearnerBase, Publisher, save_baselines
 from learner.lora import save_adapter
 from learner.swap import lease
+from learner.swap.full_publisher import FullWeightPublisher
 from learner.swap.lora_publisher import LoraPublisher, tenant_pointer
-from learner.swap.publisher import (
-    HALF_PRECISION_CHECKED_TOLERANCE,
-    Fingerprint,
-    FullReloadPublisher,
-    PublishResult,
-)
-from learner.swap.transfer import TransferPublisher
+from learner.swap.publisher import HALF_PRECISION_CHECKED_TOLERANCE, Fingerprint, PublishResult
+from learner.swap.transfer import WeightFileTransfer, transfer_publisher
 from store import grade_queue, policy_versions, training_steps
 
 log = logging.getLogger("onthejob.learner")
@@ -57,8 +53,7 @@ class Publishing(LearnerBase):
             version, target = self._new_version(step)
             # transfer: the replicas load the trainer's tensors from memory, and the
             # checkpoint is written once the version serves (rollbacks and resumes read it)
-            transfer = isinstance(self.publisher, TransferPublisher)
-            tensors = self._served_tensors() if transfer else None
+            tensors = self._served_tensors() if self._transfers() else None
             if tensors is None:
                 self._save_checkpoint_files(step, target, metrics)
             parent = self.serving["version"]
@@ -180,7 +175,7 @@ class Publishing(LearnerBase):
             return self.publisher.publish(
                 checkpoint, version, expected=self.trainer.logprobs_of, commit=record
             )
-        assert isinstance(self.publisher, TransferPublisher)
+        assert isinstance(self.publisher, FullWeightPublisher)
         return self.publisher.publish(
             checkpoint, version, expected=self.trainer.logprobs_of, commit=record, tensors=tensors
         )
@@ -193,10 +188,21 @@ class Publishing(LearnerBase):
             self.trainer.model, state=self.trainer.checkpoint_state(), copy=False
         )
 
+    def _transfers(self) -> bool:
+        """Whether the publisher sends the trainer's tensors from memory (swap/transfer.py)."""
+        return isinstance(self.publisher, FullWeightPublisher) and isinstance(
+            self.publisher.transport, WeightFileTransfer
+        )
+
     def _transfer_metrics(self) -> dict[str, Any]:
-        if not isinstance(self.publisher, TransferPublisher) or not self.publisher.last_phases:
+        if not self._transfers():
             return {}
-        writes = [p.write for p in self.publisher.last_phases.values()]
+        assert isinstance(self.publisher, FullWeightPublisher)
+        transport = self.publisher.transport
+        assert isinstance(transport, WeightFileTransfer)
+        writes = [p.write for p in transport.last_phases.values()]
+        if not writes:
+            return {}
         return {
             "transfer_bytes": sum(w.bytes_sent for w in writes),
             "transfer_full_syncs": sum(w.full for w in writes),
@@ -246,7 +252,7 @@ class Publishing(LearnerBase):
         grade_queue.mark_trained(conn, trajectory_ids=considered, step=step)
         save_baselines(conn, baselines, self.lineage)
 
-    def _publisher(self, source: Path) -> FullReloadPublisher:
+    def _publisher(self, source: Path) -> Publisher:
         assert self.serving is not None
         # what the replicas hold besides any adapter: the full checkpoint under it
         base = served_base(source)
@@ -266,10 +272,10 @@ class Publishing(LearnerBase):
         }
         if not self.config.lora:
             if self.transport == "transfer":
-                return TransferPublisher(
+                return transfer_publisher(
                     self.config.upstreams, delta=self.config.transfer_delta, **settings
                 )
-            return FullReloadPublisher(self.config.upstreams, **settings)
+            return FullWeightPublisher(self.config.upstreams, **settings)
         return LoraPublisher(
             self.config.upstreams,
             max_rank=self.config.lora_rank,

@@ -14,10 +14,10 @@ from learner.grouping import Baselines
 from learner.hindsight import HintFrame
 from learner.loop.base import LEARNER, LEASE_WAIT, PROBE_TEXT, LearnerBase, RestoreFailed
 from learner.swap import lease
+from learner.swap.full_publisher import FullWeightPublisher
 from learner.swap.publisher import (
     HALF_PRECISION_CHECKED_TOLERANCE,
     Fingerprint,
-    FullReloadPublisher,
     Probe,
     checked_tolerance,
     current_version,
@@ -49,7 +49,7 @@ class StartUp(LearnerBase):
         if isinstance(self.hint_frame, str):
             log.warning("--hindsight has no effect on this model: %s", self.hint_frame)
         dtypes = {served_dtype(upstream) for upstream in self.config.upstreams}
-        checker = FullReloadPublisher(self.config.upstreams, probe=self.probe)
+        checker = FullWeightPublisher(self.config.upstreams, probe=self.probe)
         why_not = checker.weights_checkable(self.model_dir)
         self.weights_checked = why_not is None
         self.tolerance = self._verify_tolerance(dtypes, why_not)
@@ -184,7 +184,7 @@ class StartUp(LearnerBase):
         version = current_version(self.config.upstreams[0])
         serves_base = version not in served_adapters(self.config.upstreams[0])
         if serves_base:
-            checker = FullReloadPublisher(
+            checker = FullWeightPublisher(
                 self.config.upstreams, probe=self.probe, check_weights=self.weights_checked
             )
             for upstream in self.config.upstreams:

@@ -29,6 +29,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from learner.layout import CheckpointError, is_adapter
+from learner.swap.full_publisher import FullWeightPublisher
 from learner.swap.publisher import (
     DEFAULT_TOLERANCE,
     HALF_PRECISION_CHECKED_TOLERANCE,
@@ -36,13 +37,13 @@ from learner.swap.publisher import (
     ExpectedLogprobs,
     Fence,
     Fingerprint,
-    FullReloadPublisher,
     Probe,
     PublishError,
     PublishResult,
     adapter_paths,
     failure_reason,
 )
+from learner.swap.replicas import Replicas
 from store import tenants
 
 log = logging.getLogger("onthejob.learner")
@@ -71,8 +72,9 @@ def tenant_pointer(engine: Engine, tenant: str) -> Label:
     return label
 
 
-class LoraPublisher(FullReloadPublisher):
-    """``keep``: adapters kept loaded (newest first); older ones are unloaded, so a long
+class LoraPublisher:
+    """Adapters, and full checkpoints through a `FullWeightPublisher` on the same replicas
+    (``full``). ``keep``: adapters kept loaded (newest first); older ones are unloaded, so a long
     run does not pile them up, while requests that started on the last few finish.
     ``label``: a verified version serves by this instead of by the replicas' weight version
     (a tenant's adapter: the proxies route the tenant's calls to it). ``lineage``: the
@@ -99,24 +101,65 @@ class LoraPublisher(FullReloadPublisher):
         label: Label | None = None,
         lineage: Callable[[], list[str]] | None = None,
     ) -> None:
-        super().__init__(
+        self.replicas = Replicas(
             upstreams,
             probe=probe,
             tolerance=tolerance,
             timeout=timeout,
             retries=retries,
+            check_weights=check_weights,
+            checked_probe_tolerance=checked_probe_tolerance,
+        )
+        self.full = FullWeightPublisher(
+            upstreams,
+            probe=probe,
             last_good=last_good,
             last_good_fingerprint=last_good_fingerprint,
             fence=fence,
             check_files=check_files,
-            check_weights=check_weights,
-            checked_probe_tolerance=checked_probe_tolerance,
+            replicas=self.replicas,
         )
+        self.check_files = check_files
         self.max_rank = max_rank
         self.keep = max(keep, 1)
         self.label = label
         self.lineage = lineage
         self._loaded: deque[str] = deque()
+
+    @property
+    def upstreams(self) -> list[str]:
+        return self.replicas.upstreams
+
+    @property
+    def probe(self) -> Probe:
+        return self.replicas.probe
+
+    @property
+    def tolerance(self) -> float:
+        return self.replicas.tolerance
+
+    @property
+    def last_good(self) -> Path | None:
+        """The full checkpoint the replicas' weights are (adapters go on top of it)."""
+        return self.full.last_good
+
+    @last_good.setter
+    def last_good(self, value: Path | None) -> None:
+        self.full.last_good = value
+
+    @property
+    def last_good_fingerprint(self) -> Fingerprint | None:
+        return self.full.last_good_fingerprint
+
+    @last_good_fingerprint.setter
+    def last_good_fingerprint(self, value: Fingerprint | None) -> None:
+        self.full.last_good_fingerprint = value
+
+    def score(self, upstream: str, reference: Fingerprint, model: str | None = None) -> float:
+        return self.replicas.score(upstream, reference, model)
+
+    def close(self) -> None:
+        self.full.close()
 
     def publish(
         self,
@@ -127,10 +170,10 @@ class LoraPublisher(FullReloadPublisher):
         commit: Commit | None = None,
     ) -> PublishResult:
         if not is_adapter(checkpoint_dir):
-            return super().publish(checkpoint_dir, version, expected=expected, commit=commit)
+            return self.full.publish(checkpoint_dir, version, expected=expected, commit=commit)
         result = PublishResult(version, False, 0.0, None, None, [])
         try:
-            result.fingerprint = self._reference(expected)
+            result.fingerprint = self.replicas.reference(expected)
         except PublishError as exc:
             result.error = failure_reason(exc)
             return result
@@ -149,7 +192,7 @@ class LoraPublisher(FullReloadPublisher):
         reference = fingerprint
         if reference is None and expected is not None:
             try:
-                reference = self._reference(expected)
+                reference = self.replicas.reference(expected)
             except PublishError as exc:
                 return PublishResult(previous_version, False, 0.0, None, failure_reason(exc))
         result = PublishResult(previous_version, False, 0.0, None, None, [], reference)
@@ -164,7 +207,7 @@ class LoraPublisher(FullReloadPublisher):
             # a tenant's lineage never reloads the replicas' weights: they serve everyone
             result.error = f"{previous_version}: a tenant serves adapters or the base only"
             return result
-        return super().rollback(
+        return self.full.rollback(
             previous_dir, previous_version, fingerprint=reference, commit=commit
         )
 
@@ -173,7 +216,7 @@ class LoraPublisher(FullReloadPublisher):
     ) -> PublishResult:
         directory = directory.resolve()
         version = result.version
-        with self._client() as client:
+        with self.replicas.client() as client:
             try:
                 if self.check_files:
                     from learner.lora import validate_adapter  # torch: only here
@@ -207,28 +250,29 @@ class LoraPublisher(FullReloadPublisher):
         within the looser tolerance in half precision once the weights matched."""
         assert result.fingerprint is not None
         weights = None
-        if self.check_weights is not False:
+        if self.replicas.check_weights is not False:
             from learner.swap.adapter_check import AdapterReference  # torch: only here
 
             weights = AdapterReference(directory, result.version)
         for upstream in self.upstreams:
-            self._verify_replica(
+            self.replicas.verify(
                 client,
                 upstream,
                 result.fingerprint,
                 weights,
                 result,
                 result.version,
-                require=self.check_weights is True,
+                require=self.replicas.check_weights is True,
             )
 
     def _relabel(self, result: PublishResult, commit: Commit | None) -> PublishResult:
         """Serve the base weights already loaded again, under the result's version: verified
         under the base model's own name first, then recorded, then labelled."""
-        with self._client() as client:
+        with self.replicas.client() as client:
             try:
                 if result.fingerprint is not None:
-                    self._verify_all(client, result.fingerprint, result, directory=self.last_good)
+                    with self.full.checkpoint_weights(self.last_good) as weights:
+                        self.replicas.verify_all(client, result.fingerprint, result, weights)
             except (httpx.HTTPError, PublishError) as exc:
                 result.error = failure_reason(exc)
                 return result
@@ -249,7 +293,7 @@ class LoraPublisher(FullReloadPublisher):
                 result.replicas.extend(self.upstreams)
                 return
             for upstream in self.upstreams:
-                self._label(client, upstream, result.version)
+                self.replicas.label(client, upstream, result.version)
                 result.replicas.append(upstream)
         except (httpx.HTTPError, SQLAlchemyError) as exc:
             result.opened = False
@@ -263,14 +307,14 @@ class LoraPublisher(FullReloadPublisher):
         learner's) is unloaded first, so the load gives it a new id: requests running on
         the old one finish on its weights, which the replica keeps in memory."""
         try:
-            loaded = adapter_paths(self._call(client, "GET", upstream + "/v1/models"))
+            loaded = adapter_paths(self.replicas.call(client, "GET", upstream + "/v1/models"))
             if loaded.get(name) == str(directory):
                 return  # these files, under this name, already: the probe verifies them
             if name in loaded:
                 body = {"lora_name": name}
-                self._call(client, "POST", upstream + "/v1/unload_lora_adapter", json=body)
+                self.replicas.call(client, "POST", upstream + "/v1/unload_lora_adapter", json=body)
             body = {"lora_name": name, "lora_path": str(directory)}
-            self._call(client, "POST", upstream + "/v1/load_lora_adapter", json=body)
+            self.replicas.call(client, "POST", upstream + "/v1/load_lora_adapter", json=body)
         except httpx.HTTPStatusError as exc:
             if exc.response.status_code in (404, 405):
                 raise PublishError(f"{upstream}: {NO_RUNTIME_LORA}") from exc
@@ -299,7 +343,8 @@ class LoraPublisher(FullReloadPublisher):
         try:
             listed: set[str] = set()
             for upstream in self.upstreams:
-                listed |= set(adapter_paths(self._call(client, "GET", upstream + "/v1/models")))
+                models = self.replicas.call(client, "GET", upstream + "/v1/models")
+                listed |= set(adapter_paths(models))
             newest = [version, *(v for v in self.lineage() if v != version)]
         except (httpx.HTTPError, PublishError, SQLAlchemyError) as exc:
             log.warning("adapters kept loaded: the replicas' list unread (%s)", exc)

@@ -1,6 +1,6 @@
 """The `transfer` transport: swaps through vLLM's weight-transfer API, not through the disk.
 
-Same protocol as a full reload (learner/swap/publisher.py): fence, pause (keep), load, reset
+Same protocol as a full reload (learner/swap/full_publisher.py): fence, pause (keep), load, reset
 the prefix cache, resume, verify, record, label, open. Only the load differs: instead of
 ``reload_weights`` from a checkpoint directory, each replica gets vLLM's
 ``/init_weight_transfer_engine``, ``/start_weight_update``, ``/update_weights`` and
@@ -27,15 +27,9 @@ import httpx
 import torch
 
 from learner.layout import CheckpointError
-from learner.swap.publisher import (
-    Commit,
-    ExpectedLogprobs,
-    FullReloadPublisher,
-    PublishError,
-    PublishResult,
-    failure_reason,
-    server_config,
-)
+from learner.swap.full_publisher import DiskReload, FullWeightPublisher
+from learner.swap.publisher import PublishError, failure_reason, server_config
+from learner.swap.replicas import Replicas
 from learner.swap.vllm_plugin import BACKEND
 from learner.swap.weight_file import WeightFile, WriteStats, default_directory, file_for
 
@@ -50,14 +44,12 @@ class TransferPhases:
     finish: float = 0.0
 
 
-class TransferPublisher(FullReloadPublisher):
-    """A full-weight publisher whose replicas load from shared memory (see the module).
-
-    ``publish(..., tensors=...)`` transfers those tensors, by checkpoint name, as the version
-    ``checkpoint_dir`` will hold once the caller has written it; without ``tensors`` (a
-    rollback, a restore) it reloads from the disk like ``FullReloadPublisher``. ``delta``:
-    write only what changed into a weight file whose contents are known.
-    """
+class WeightFileTransfer:
+    """The transport (learner/swap/full_publisher.py's `WeightTransport`): weights staged in
+    memory go to each replica through its weight file in ``weight_dir`` (default: shared
+    memory), as a delta where its last write is known (``delta``); anything else (a rollback,
+    a restore, a repair) is reloaded from the disk, after which the replica's next transfer
+    is a full sync. ``check_files``: the disk's file check, as `DiskReload`'s."""
 
     def __init__(
         self,
@@ -65,47 +57,38 @@ class TransferPublisher(FullReloadPublisher):
         *,
         weight_dir: Path | None = None,
         delta: bool = True,
-        **settings: Any,
+        check_files: bool = True,
     ) -> None:
-        super().__init__(upstreams, **settings)
         directory = Path(weight_dir) if weight_dir is not None else default_directory()
-        self.files = {u: WeightFile(file_for(directory, u)) for u in self.upstreams}
+        self.files = {
+            u.rstrip("/"): WeightFile(file_for(directory, u.rstrip("/"))) for u in upstreams
+        }
         self.delta = delta
+        self.disk = DiskReload(check_files)
         self.last_phases: dict[str, TransferPhases] = {}
-        self._pending: tuple[Path, str, Mapping[str, torch.Tensor]] | None = None
+        self._staged: tuple[Path, str, Mapping[str, torch.Tensor]] | None = None
 
-    def publish(
-        self,
-        checkpoint_dir: Path,
-        version: str,
-        *,
-        expected: ExpectedLogprobs,
-        commit: Commit | None = None,
-        tensors: Mapping[str, torch.Tensor] | None = None,
-    ) -> PublishResult:
+    def stage(self, directory: Path, version: str, tensors: Mapping[str, Any] | None) -> None:
         if tensors is None:
-            return super().publish(checkpoint_dir, version, expected=expected, commit=commit)
+            self._staged = None
+            return
         self.last_phases = {}
-        self._pending = (Path(checkpoint_dir).resolve(), version, tensors)
-        try:
-            return super().publish(checkpoint_dir, version, expected=expected, commit=commit)
-        finally:
-            self._pending = None
+        self._staged = (Path(directory).resolve(), version, tensors)
 
     def close(self) -> None:
         """Remove the weight files (they hold a copy of the model in memory)."""
         for weight_file in self.files.values():
             weight_file.remove()
 
-    def _pending_for(self, directory: Path | None) -> Mapping[str, torch.Tensor] | None:
-        if self._pending is None or directory is None:
+    def _staged_for(self, directory: Path | None) -> Mapping[str, torch.Tensor] | None:
+        if self._staged is None or directory is None:
             return None
-        return self._pending[2] if Path(directory).resolve() == self._pending[0] else None
+        return self._staged[2] if Path(directory).resolve() == self._staged[0] else None
 
-    def _preflight(self, directory: Path) -> None:
-        tensors = self._pending_for(directory)
+    def preflight(self, directory: Path, like: Path | None) -> None:
+        tensors = self._staged_for(directory)
         if tensors is None:
-            super()._preflight(directory)
+            self.disk.preflight(directory, like)
             return
         # what validate_checkpoint checks of files: no NaN or infinity (either makes the
         # tensor's sum non-finite). Summed in the tensor's own dtype: for bf16 a fifth of
@@ -118,64 +101,84 @@ class TransferPublisher(FullReloadPublisher):
             if bad:  # nothing was touched yet: the replicas serve on
                 raise CheckpointError(f"NaN or infinite values in {', '.join(bad[:4])}")
 
-    def _swap(
-        self, client: httpx.Client, upstream: str, directory: Path, retries: int | None = None
+    def before_pause(
+        self, replicas: Replicas, client: httpx.Client, upstream: str, directory: Path
     ) -> None:
-        tensors = self._pending_for(directory)
-        if tensors is not None:
-            assert self._pending is not None
-            # before the pause: the replica reads the file only when asked to update, and a
-            # write just after vLLM paused took ten times as long (1.0 s against 0.07 s)
-            try:
-                write = self.files[upstream].write(tensors, self._pending[1], delta=self.delta)
-            except BaseException:
-                self.files[upstream].forget()
-                raise
-            self.last_phases[upstream] = TransferPhases(write)
-        super()._swap(client, upstream, directory, retries)
-
-    def _load_weights(
-        self, client: httpx.Client, upstream: str, directory: Path, retries: int | None
-    ) -> None:
-        tensors = self._pending_for(directory)
-        weight_file = self.files[upstream]
+        tensors = self._staged_for(directory)
         if tensors is None:
-            weight_file.forget()  # the replica reloads from the disk: the next write is whole
-            super()._load_weights(client, upstream, directory, retries)
             return
-        assert self._pending is not None
+        assert self._staged is not None
+        # before the pause: the replica reads the file only when asked to update, and a
+        # write just after vLLM paused took ten times as long (1.0 s against 0.07 s)
         try:
-            self._transfer(client, upstream, self.last_phases[upstream])
-            self._reset_prefix_cache(client, upstream)
+            write = self.files[upstream].write(tensors, self._staged[1], delta=self.delta)
+        except BaseException:
+            self.files[upstream].forget()
+            raise
+        self.last_phases[upstream] = TransferPhases(write)
+
+    def load(
+        self,
+        replicas: Replicas,
+        client: httpx.Client,
+        upstream: str,
+        directory: Path,
+        retries: int | None,
+    ) -> None:
+        weight_file = self.files[upstream]
+        if self._staged_for(directory) is None:
+            weight_file.forget()  # the replica reloads from the disk: the next write is whole
+            self.disk.load(replicas, client, upstream, directory, retries)
+            return
+        try:
+            self._transfer(replicas, client, upstream, self.last_phases[upstream])
+            replicas.reset_prefix_cache(client, upstream)
         except BaseException:
             weight_file.forget()
             raise
 
-    def _transfer(self, client: httpx.Client, upstream: str, phases: TransferPhases) -> None:
+    def _transfer(
+        self, replicas: Replicas, client: httpx.Client, upstream: str, phases: TransferPhases
+    ) -> None:
         """vLLM's protocol: the replica loads its weight file, written already."""
         weight_file = self.files[upstream]
         # every time: cheap, and a replica restarted since the last swap needs it
-        self._call(
+        replicas.call(
             client,
             "POST",
             upstream + "/init_weight_transfer_engine",
             json={"init_info": weight_file.init_info()},
         )
         started = time.perf_counter()
-        self._call(client, "POST", upstream + "/start_weight_update", json={})
+        replicas.call(client, "POST", upstream + "/start_weight_update", json={})
         updating = time.perf_counter()
         body = {"update_info": weight_file.update_info()}
-        self._call(client, "POST", upstream + "/update_weights", json=body)
+        replicas.call(client, "POST", upstream + "/update_weights", json=body)
         finishing = time.perf_counter()
-        self._call(client, "POST", upstream + "/finish_weight_update", json={})
+        replicas.call(client, "POST", upstream + "/finish_weight_update", json={})
         phases.start, phases.update = updating - started, finishing - updating
         phases.finish = time.perf_counter() - finishing
 
-    def _weights(self, directory: Path | None) -> contextlib.AbstractContextManager[Any]:
-        tensors = self._pending_for(directory)
-        if tensors is None or self.check_weights is False:
-            return super()._weights(directory)
+    def checkpoint_weights(self, directory: Path) -> contextlib.AbstractContextManager[Any]:
+        tensors = self._staged_for(directory)
+        if tensors is None:
+            return self.disk.checkpoint_weights(directory)
         return _in_memory_reference(tensors)
+
+
+def transfer_publisher(
+    upstreams: list[str],
+    *,
+    weight_dir: Path | None = None,
+    delta: bool = True,
+    check_files: bool = True,
+    **settings: Any,
+) -> FullWeightPublisher:
+    """A full-weight publisher on the transfer transport; ``settings``: the publisher's."""
+    transport = WeightFileTransfer(
+        upstreams, weight_dir=weight_dir, delta=delta, check_files=check_files
+    )
+    return FullWeightPublisher(upstreams, transport=transport, **settings)
 
 
 @contextlib.contextmanager

@@ -24,10 +24,10 @@ from bench.probe_tolerance import swap
 from learner.checkpoint import load_model, save_checkpoint
 from learner.demo.run import serving_dtype
 from learner.swap import weight_check
+from learner.swap.full_publisher import FullWeightPublisher
 from learner.swap.publisher import (
     DEFAULT_TOLERANCE,
     Fingerprint,
-    FullReloadPublisher,
     Probe,
     served_dtype,
     tolerance_for,
@@ -73,7 +73,7 @@ def test_bf16_swaps_verify_and_wrong_weights_still_fail(
     dtype = served_dtype(bf16_vllm.url)
     assert dtype == "bfloat16"
     tolerance = tolerance_for(dtype)
-    publisher = FullReloadPublisher(
+    publisher = FullWeightPublisher(
         [bf16_vllm.url],
         probe=PROBE,
         tolerance=tolerance,
@@ -128,7 +128,7 @@ def test_the_exact_weight_check_names_each_stale_tensor_where_the_probe_sees_not
 ) -> None:
     """A step too small for any bf16 probe to see, with the LM head or one layer left
     stale: the weight check names exactly what is stale, and a publish fails on it."""
-    publisher = FullReloadPublisher(
+    publisher = FullWeightPublisher(
         [bf16_vllm.url],
         probe=PROBE,
         tolerance=tolerance_for("bfloat16"),
@@ -229,7 +229,7 @@ def test_the_bf16_trainer_scores_what_bf16_vllm_sampled_and_each_step_verifies(
     bf16_vllm: VLLMServer, tiny_model: Path, tmp_path: Path
 ) -> None:
     tolerance = tolerance_for(served_dtype(bf16_vllm.url))
-    publisher = FullReloadPublisher(
+    publisher = FullWeightPublisher(
         [bf16_vllm.url], probe=PROBE, tolerance=tolerance, last_good=tiny_model
     )
     # the base weights, whatever the module's other tests left in it

@@ -21,13 +21,8 @@ from sqlalchemy import Engine, func, select
 from bench.letter_toy import share_of_a_reward
 from bench.proxy_server import ProxyServer
 from learner.checkpoint import load_model, save_checkpoint
-from learner.swap.publisher import (
-    DEFAULT_TOLERANCE,
-    Fingerprint,
-    FullReloadPublisher,
-    Probe,
-    current_version,
-)
+from learner.swap.full_publisher import FullWeightPublisher
+from learner.swap.publisher import DEFAULT_TOLERANCE, Fingerprint, Probe, current_version
 from learner.swap.requests import SwapRequestWorker
 from learner.vllm_server import VLLMServer
 from store import db, grade_queue, policy_versions
@@ -157,7 +152,7 @@ def test_dashboard_shows_rewards_opens_a_trajectory_and_rolls_back(
     grade_finished(engine, len(PROMPTS))
     # version 1: other weights, hot-swapped in and verified
     checkpoint, _ = modified_checkpoint(tiny_model, tmp_path / "step-1")
-    publisher = FullReloadPublisher([vllm.url], probe=probe)
+    publisher = FullWeightPublisher([vllm.url], probe=probe)
     published = publisher.publish(checkpoint, "step-1", expected=trainer_logprobs(checkpoint))
     assert published.ok, published.error
     assert published.fingerprint is not None

@@ -17,7 +17,8 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from learner.swap.publisher import FullReloadPublisher, Probe
+from learner.swap.full_publisher import FullWeightPublisher
+from learner.swap.publisher import Probe
 from store import db
 from store.models import Call, PolicyVersion, TrainingStep
 from tests.support.records import count_calls, wait_for_calls
@@ -196,6 +197,6 @@ def test_traffic_through_the_proxy_makes_the_model_better(
         learner_log.close()
         engine.dispose()
         # later tests share this vLLM server: give it back its original weights
-        FullReloadPublisher([vllm.url], probe=Probe(prompt_token_ids=[1])).rollback(
+        FullWeightPublisher([vllm.url], probe=Probe(prompt_token_ids=[1])).rollback(
             tiny_model, "default"
         )

@@ -22,13 +22,8 @@ from learner.checkpoint import (
     save_checkpoint,
 )
 from learner.swap import weight_check
-from learner.swap.publisher import (
-    Fingerprint,
-    FullReloadPublisher,
-    Probe,
-    PublishResult,
-    current_version,
-)
+from learner.swap.full_publisher import FullWeightPublisher
+from learner.swap.publisher import Fingerprint, Probe, PublishResult, current_version
 from learner.vllm_server import VLLMServer
 from tests.support.weights import PROMPT, modified_checkpoint, trainer_logprobs
 
@@ -75,8 +70,8 @@ def assert_not_paused(server: VLLMServer) -> None:
 @pytest.fixture
 def publisher(
     vllm: VLLMServer, tiny_model: Path, probe: Probe, original: str
-) -> FullReloadPublisher:
-    return FullReloadPublisher([vllm.url], probe=probe, last_good=tiny_model)
+) -> FullWeightPublisher:
+    return FullWeightPublisher([vllm.url], probe=probe, last_good=tiny_model)
 
 
 def assert_verified(result: PublishResult, server: VLLMServer) -> None:
@@ -104,7 +99,7 @@ def test_checkpoint_holds_the_tied_head_and_is_written_once(tiny_model: Path, tm
 
 
 def test_publish_swaps_weights_and_verifies(
-    vllm: VLLMServer, tiny_model: Path, tmp_path: Path, publisher: FullReloadPublisher
+    vllm: VLLMServer, tiny_model: Path, tmp_path: Path, publisher: FullWeightPublisher
 ):
     before = sample(vllm)
     checkpoint, _ = modified_checkpoint(tiny_model, tmp_path / "v1")
@@ -130,7 +125,7 @@ def test_a_replica_whose_weights_cannot_be_checked_fails_the_publish_and_is_rest
     replica restarted from another image would: a publish that requires the check fails
     without serving, and the last good weights go back, verified by the probe alone."""
     checkpoint, _ = modified_checkpoint(tiny_model, tmp_path / "v1")
-    publisher = FullReloadPublisher(
+    publisher = FullWeightPublisher(
         [vllm.url],
         probe=probe,
         last_good=tiny_model,
@@ -154,20 +149,20 @@ def test_missing_tied_head_is_caught(
     checkpoint = without_lm_head(*modified_checkpoint(tiny_model, tmp_path / "no-head"))
     expected = trainer_logprobs(checkpoint)  # transformers ties the head: the intended model
 
-    checked = FullReloadPublisher([vllm.url], probe=probe, last_good=tiny_model)
+    checked = FullWeightPublisher([vllm.url], probe=probe, last_good=tiny_model)
     refused = checked.publish(checkpoint, "no-head", expected=expected)
     assert not refused.ok and refused.replicas == [] and LM_HEAD in (refused.error or "")
     assert current_version(vllm.url) == original  # no replica was touched
 
     # Past the file check, vLLM loads it but keeps the stale head: the weight check names
     # it, and the probe alone notices too.
-    unchecked = FullReloadPublisher(
+    unchecked = FullWeightPublisher(
         [vllm.url], probe=probe, last_good=tiny_model, check_files=False
     )
     stale = unchecked.publish(checkpoint, "no-head", expected=expected)
     assert not stale.ok and "weights differ in lm_head" in (stale.error or ""), stale.error
     assert stale.restored
-    probe_only = FullReloadPublisher(
+    probe_only = FullWeightPublisher(
         [vllm.url], probe=probe, last_good=tiny_model, check_files=False, check_weights=False
     )
     stale = probe_only.publish(checkpoint, "no-head", expected=expected)
@@ -184,14 +179,14 @@ def test_corrupted_checkpoint_keeps_the_previous_version(
     checkpoint = corrupt(modified_checkpoint(tiny_model, tmp_path / "bad")[0])
     served = trainer_logprobs(tiny_model)
 
-    checked = FullReloadPublisher([vllm.url], probe=probe, last_good=tiny_model)
+    checked = FullWeightPublisher([vllm.url], probe=probe, last_good=tiny_model)
     refused = checked.publish(checkpoint, "bad", expected=served)
     assert not refused.ok and "unreadable weights" in (refused.error or "")
     assert refused.replicas == [] and refused.swap_seconds == 0.0
 
     # Sent to vLLM anyway, the reload fails; the replica reloads the last good weights
     # before it resumes (else its next forward pass would crash the engine).
-    unchecked = FullReloadPublisher(
+    unchecked = FullWeightPublisher(
         [vllm.url], probe=probe, last_good=tiny_model, check_files=False
     )
     failed = unchecked.publish(checkpoint, "bad", expected=served)
@@ -210,7 +205,7 @@ def test_failed_swap_always_resumes(
 ):
     # Even with no retries (vLLM closes the connection after the reload's 500), the
     # replica is repaired and resumed, and the request it froze runs to its end.
-    publisher = FullReloadPublisher(
+    publisher = FullWeightPublisher(
         [vllm.url], probe=probe, last_good=tiny_model, check_files=False, retries=0
     )
     body = {

@@ -20,7 +20,8 @@ from sqlalchemy import Engine, func, select
 
 from learner.grouping import GroupingConfig, RunningBaselines, Scored, compute_advantages
 from learner.rollout import RolloutConfig, load_task_set, run_rollout
-from learner.swap.publisher import FullReloadPublisher, Probe
+from learner.swap.full_publisher import FullWeightPublisher
+from learner.swap.publisher import Probe
 from store import db, grade_queue, policy_versions
 from store.models import TrainingStep
 from tests.support.paths import ROOT
@@ -145,6 +146,6 @@ def test_rollout_rounds_and_training_raise_eval_success(
         log.close()
         engine.dispose()
         # later tests share this vLLM server: give it back its original weights
-        FullReloadPublisher([vllm.url], probe=Probe(prompt_token_ids=[1])).rollback(
+        FullWeightPublisher([vllm.url], probe=Probe(prompt_token_ids=[1])).rollback(
             tiny_model, "default"
         )

@@ -21,8 +21,10 @@ import torch
 from learner.checkpoint import checkpoint_tensors, load_model, save_checkpoint
 from learner.loop.learner import Learner
 from learner.swap import weight_check
+from learner.swap.full_publisher import FullWeightPublisher
 from learner.swap.publisher import Probe, current_version
-from learner.swap.transfer import TransferPhases, TransferPublisher, transfer_support
+from learner.swap.replicas import Replicas
+from learner.swap.transfer import TransferPhases, WeightFileTransfer, transfer_support
 from learner.swap.vllm_transfer import LAYERWISE_FALLBACK
 from learner.vllm_server import VLLMServer
 from store import db, policy_versions
@@ -59,13 +61,20 @@ def vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 
 def delta_publisher(
-    kind: type[TransferPublisher], server: VLLMServer, model: Path, probe: Probe, tmp: Path
-) -> Any:
-    """A publisher to one replica that writes deltas and checks weights exactly; its
-    weight files in ``tmp``, and the base model as the last good weights."""
-    return kind(
-        [server.url], probe=probe, last_good=model, check_weights=True, weight_dir=tmp, delta=True
+    kind: type[WeightFileTransfer], server: VLLMServer, model: Path, probe: Probe, tmp: Path
+) -> FullWeightPublisher:
+    """A publisher to one replica on the transport ``kind``, which writes deltas, checking
+    weights exactly; its weight files in ``tmp``, and the base model as the last good
+    weights."""
+    transport = kind([server.url], weight_dir=tmp, delta=True)
+    return FullWeightPublisher(
+        [server.url], probe=probe, last_good=model, check_weights=True, transport=transport
     )
+
+
+def transfer_of(publisher: FullWeightPublisher) -> WeightFileTransfer:
+    assert isinstance(publisher.transport, WeightFileTransfer)
+    return publisher.transport
 
 
 def nudged(model: Any, scale: float, *, share: float = 1.0, seed: int = 0) -> None:
@@ -90,7 +99,7 @@ def test_a_transfer_swap_and_a_delta_swap_are_each_verified_exactly(
     vllm: VLLMServer, tiny_model: Path, tmp_path: Path, probe: Probe, original: str
 ) -> None:
     assert transfer_support([vllm.url], weight_dir=tmp_path) is None
-    publisher = delta_publisher(TransferPublisher, vllm, tiny_model, probe, tmp_path)
+    publisher = delta_publisher(WeightFileTransfer, vllm, tiny_model, probe, tmp_path)
     model = load_model(tiny_model)
     before = sample(vllm)
     nudged(model, 0.5)
@@ -106,7 +115,7 @@ def test_a_transfer_swap_and_a_delta_swap_are_each_verified_exactly(
     assert current_version(vllm.url) == "transfer-v1"
     assert max(abs(a - b) for a, b in zip(sample(vllm), before, strict=True)) > 0.01
     assert not (tmp_path / "v1").exists()  # no checkpoint on the way: the caller writes it
-    phases = publisher.last_phases[vllm.url]
+    phases = transfer_of(publisher).last_phases[vllm.url]
     assert phases.write.full and phases.write.bytes_sent == phases.write.bytes_full
 
     # a delta: a tenth of the elements change, and only those are written
@@ -119,7 +128,7 @@ def test_a_transfer_swap_and_a_delta_swap_are_each_verified_exactly(
 
     assert result.ok, result.error
     assert result.weight_sums_compared > 0
-    write = publisher.last_phases[vllm.url].write
+    write = transfer_of(publisher).last_phases[vllm.url].write
     assert not write.full
     assert write.changed == changed_elements(snapshot, second)
     assert 0 < write.bytes_sent < write.bytes_full / 2
@@ -132,27 +141,31 @@ def test_a_transfer_swap_and_a_delta_swap_are_each_verified_exactly(
     assert not result.ok and "NaN or infinite" in str(result.error)
     assert result.restored and result.replicas == []
     assert current_version(vllm.url) == "transfer-v2"
-    assert publisher.files[vllm.url].version == "transfer-v2"  # its next write is a delta
+    assert (
+        transfer_of(publisher).files[vllm.url].version == "transfer-v2"
+    )  # its next write is a delta
     # the updates loaded directly (learner/swap/vllm_direct_load.py), not layerwise
     assert LAYERWISE_FALLBACK not in vllm.log_path.read_text(errors="replace")
     publisher.close()
-    assert not publisher.files[vllm.url].path.exists()
+    assert not transfer_of(publisher).files[vllm.url].path.exists()
 
 
-class CorruptingOnce(TransferPublisher):
+class CorruptingOnce(WeightFileTransfer):
     """Zeroes one tensor in a replica's weight file between the write and the update, once:
     what a faulty channel or engine would hand vLLM."""
 
     corrupt: str | None = None
 
-    def _transfer(self, client: httpx.Client, upstream: str, phases: TransferPhases) -> None:
+    def _transfer(
+        self, replicas: Replicas, client: httpx.Client, upstream: str, phases: TransferPhases
+    ) -> None:
         if self.corrupt is not None:
             slot = self.files[upstream].layout[self.corrupt]
             with open(self.files[upstream].path, "r+b") as handle:
                 handle.seek(slot.offset)
                 handle.write(bytes(slot.nbytes))
             self.corrupt = None
-        super()._transfer(client, upstream, phases)
+        super()._transfer(replicas, client, upstream, phases)
 
 
 def test_weights_that_reach_the_replica_wrong_fail_the_check_and_the_next_swap_is_whole(
@@ -165,7 +178,9 @@ def test_weights_that_reach_the_replica_wrong_fail_the_check_and_the_next_swap_i
         tmp_path / "v1", "v1", expected=logprobs_of(model), tensors=checkpoint_tensors(model)
     ).ok
     save_checkpoint(model, tmp_path / "v1", source_dir=tiny_model)  # as the learner does
-    publisher.corrupt = "model.layers.0.mlp.down_proj.weight"
+    corrupting = transfer_of(publisher)
+    assert isinstance(corrupting, CorruptingOnce)
+    corrupting.corrupt = "model.layers.0.mlp.down_proj.weight"
     nudged(model, 0.05, share=0.1, seed=2)
 
     failed = publisher.publish(
@@ -176,7 +191,9 @@ def test_weights_that_reach_the_replica_wrong_fail_the_check_and_the_next_swap_i
     assert "down_proj" in (failed.error or "")  # the exact check names the tensor
     assert failed.restored  # v1 serves again, from its checkpoint, verified
     assert current_version(vllm.url) == "v1"
-    assert publisher.files[vllm.url].version is None  # what the file holds is unknown now
+    assert (
+        transfer_of(publisher).files[vllm.url].version is None
+    )  # what the file holds is unknown now
 
     again = publisher.publish(
         tmp_path / "v3", "v3", expected=logprobs_of(model), tensors=checkpoint_tensors(model)
@@ -184,25 +201,27 @@ def test_weights_that_reach_the_replica_wrong_fail_the_check_and_the_next_swap_i
 
     assert again.ok, again.error
     assert again.weight_sums_compared > 0
-    assert publisher.last_phases[vllm.url].write.full  # a full sync after the restore
+    assert transfer_of(publisher).last_phases[vllm.url].write.full  # a full sync after the restore
     publisher.close()
 
 
-class KillingMidTransfer(TransferPublisher):
+class KillingMidTransfer(WeightFileTransfer):
     """Kills one replica's vLLM while it takes its update, once."""
 
     def __init__(self, *args: Any, victim: VLLMServer, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.victim: VLLMServer | None = victim
 
-    def _transfer(self, client: httpx.Client, upstream: str, phases: TransferPhases) -> None:
+    def _transfer(
+        self, replicas: Replicas, client: httpx.Client, upstream: str, phases: TransferPhases
+    ) -> None:
         victim = self.victim
         if victim is not None and upstream == victim.url:
             self.victim = None
             assert victim.proc is not None
             os.killpg(victim.proc.pid, signal.SIGKILL)  # the engine and its workers too
             victim.proc.wait(timeout=30)
-        super()._transfer(client, upstream, phases)
+        super()._transfer(replicas, client, upstream, phases)
 
 
 def test_two_replicas_get_every_update_and_one_killed_mid_transfer_rejoins_with_a_full_sync(
@@ -213,17 +232,17 @@ def test_two_replicas_get_every_update_and_one_killed_mid_transfer_rejoins_with_
     try:
         upstreams = [first.url, second.url]
         assert transfer_support(upstreams, weight_dir=tmp_path) is None
-        publisher = KillingMidTransfer(
+        killing = KillingMidTransfer(upstreams, weight_dir=tmp_path, victim=second)
+        publisher = FullWeightPublisher(
             upstreams,
             probe=probe,
             last_good=tiny_model,
             check_weights=True,
-            weight_dir=tmp_path,
-            victim=second,
+            transport=killing,
             retries=1,
             timeout=30,
         )
-        publisher.victim = None  # not yet
+        killing.victim = None  # not yet
         model = load_model(tiny_model)
         for step in (1, 2):
             nudged(model, 0.2, seed=step)
@@ -238,11 +257,11 @@ def test_two_replicas_get_every_update_and_one_killed_mid_transfer_rejoins_with_
             save_checkpoint(model, tmp_path / f"v{step}", source_dir=tiny_model)
             assert result.replicas == upstreams  # both got it, each verified
             assert {current_version(u) for u in upstreams} == {f"v{step}"}
-            assert set(publisher.last_phases) == set(upstreams)
+            assert set(transfer_of(publisher).last_phases) == set(upstreams)
         served = sample(first)
         assert sample(second) == served  # the same weights on both
 
-        publisher.victim = second
+        killing.victim = second
         nudged(model, 0.2, seed=3)
         killed = publisher.publish(
             tmp_path / "v3",
@@ -255,7 +274,7 @@ def test_two_replicas_get_every_update_and_one_killed_mid_transfer_rejoins_with_
         # the dead replica cannot be restored: the replicas stay fenced off until the
         # serving version is published again (what the learner does at its next look)
         assert not killed.restored
-        assert all(f.version is None for f in publisher.files.values())
+        assert all(f.version is None for f in transfer_of(publisher).files.values())
 
         assert current_version(first.url) == "v2"  # restored, from v2's checkpoint
         second = VLLMServer(
@@ -275,7 +294,7 @@ def test_two_replicas_get_every_update_and_one_killed_mid_transfer_rejoins_with_
 
         assert rejoined.ok, rejoined.error
         assert rejoined.replicas == upstreams
-        assert all(p.write.full for p in publisher.last_phases.values())
+        assert all(p.write.full for p in transfer_of(publisher).last_phases.values())
         assert {current_version(u) for u in upstreams} == {"v4"}
         assert sample(second) == sample(first)
         publisher.close()
@@ -292,7 +311,8 @@ def test_a_learner_killed_before_writing_a_transferred_version_serves_its_parent
     first = Learner(config)
     first.start()
     assert first.transport == "transfer"
-    assert first.serving is not None and isinstance(first.publisher, TransferPublisher)
+    assert first.serving is not None and isinstance(first.publisher, FullWeightPublisher)
+    assert isinstance(first.publisher.transport, WeightFileTransfer)
     base = first.serving
     # a step's publish as far as a kill lets it go: verified, recorded, serving, no files
     model = load_model(tiny_model)
@@ -322,7 +342,6 @@ def test_a_learner_killed_before_writing_a_transferred_version_serves_its_parent
     assert result.ok, result.error
     assert current_version(vllm.url) == version and not target.exists()
 
-    assert isinstance(first.publisher, TransferPublisher)
     first.publisher.close()  # its weight file in /dev/shm, as a learner's clean stop does
     second = Learner(config)
     second.start()
@@ -334,7 +353,8 @@ def test_a_learner_killed_before_writing_a_transferred_version_serves_its_parent
     with httpx.Client(timeout=60) as client:
         report = weight_check.verify(client, vllm.url, Path(base["checkpoint_path"]))
     assert report.ok, report.summary()
-    assert isinstance(second.publisher, TransferPublisher)
+    assert isinstance(second.publisher, FullWeightPublisher)
+    assert isinstance(second.publisher.transport, WeightFileTransfer)
     second.publisher.close()
 
 
@@ -344,7 +364,7 @@ def test_a_direct_load_that_fails_is_repaired_from_disk_and_the_next_goes_layerw
     """Our engine's direct load (learner/swap/vllm_direct_load.py) failing half way leaves
     the model as vLLM's own reload expects it: the publisher's repair from disk works, the
     last good version serves, and the next update goes through vLLM's layerwise reload."""
-    publisher = delta_publisher(TransferPublisher, vllm, tiny_model, probe, tmp_path)
+    publisher = delta_publisher(WeightFileTransfer, vllm, tiny_model, probe, tmp_path)
     model = load_model(tiny_model)
     nudged(model, 0.5, seed=3)
     assert publisher.publish(

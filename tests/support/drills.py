@@ -26,7 +26,7 @@ from learner.checkpoint import WEIGHTS_FILE
 from learner.config import LearnerConfig
 from learner.grouping import RunningBaselines
 from learner.loop import Learner
-from learner.swap.publisher import FullReloadPublisher
+from learner.swap.full_publisher import FullWeightPublisher
 from learner.swap.requests import SwapRequestWorker
 from learner.trainer import Trainer
 from learner.vllm_server import VLLMServer
@@ -412,15 +412,15 @@ class HeldPublish:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
         self.reached = threading.Event()
         self.released = threading.Event()
-        swap_all = FullReloadPublisher._swap_all
+        swap_all = FullWeightPublisher._swap_all
 
-        def held(publisher: FullReloadPublisher, client: Any, directory: Any, result: Any) -> None:
+        def held(publisher: FullWeightPublisher, client: Any, directory: Any, result: Any) -> None:
             if result.version.startswith(prefix) and not self.reached.is_set():
                 self.reached.set()
                 assert self.released.wait(120), "the held publish was never released"
             swap_all(publisher, client, directory, result)
 
-        monkeypatch.setattr(FullReloadPublisher, "_swap_all", held)
+        monkeypatch.setattr(FullWeightPublisher, "_swap_all", held)
 
 
 class HeldStep:

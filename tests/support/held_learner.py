@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cli import main as cli
-from learner.swap.publisher import FullReloadPublisher
+from learner.swap.full_publisher import FullWeightPublisher
 from learner.trainer import Trainer
 
 
@@ -40,9 +40,9 @@ def hold_first_step(marker: Path) -> None:
 
 
 def hold_first_publish(marker: Path, *, until_signal: bool = False) -> None:
-    swap_all = FullReloadPublisher._swap_all
+    swap_all = FullWeightPublisher._swap_all
 
-    def held(publisher: FullReloadPublisher, client: Any, directory: Any, result: Any) -> None:
+    def held(publisher: FullWeightPublisher, client: Any, directory: Any, result: Any) -> None:
         if result.version.startswith("step-1-"):
             marker.write_text(str(os.getpid()))
             signal.pause()  # returns once a handler ran: the learner's, for SIGTERM
@@ -50,7 +50,7 @@ def hold_first_publish(marker: Path, *, until_signal: bool = False) -> None:
                 signal.pause()
         swap_all(publisher, client, directory, result)
 
-    FullReloadPublisher._swap_all = held  # type: ignore[method-assign]
+    FullWeightPublisher._swap_all = held  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

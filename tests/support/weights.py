@@ -11,12 +11,8 @@ from learner.checkpoint import (
     load_model,
     save_checkpoint,
 )
-from learner.swap.publisher import (
-    ExpectedLogprobs,
-    FullReloadPublisher,
-    Probe,
-    current_version,
-)
+from learner.swap.full_publisher import FullWeightPublisher
+from learner.swap.publisher import ExpectedLogprobs, Probe, current_version
 
 # what the swap tests sample and probe with
 PROMPT = "<|im_start|>user\nhello, what is the weather today?<|im_end|>\n<|im_start|>assistant\n"
@@ -50,7 +46,7 @@ def modified_checkpoint(source: Path, out_dir: Path) -> tuple[Path, Any]:
 def serve_again(upstream: str, model_dir: Path, probe: Probe, version: str) -> None:
     """Put ``model_dir``'s weights back into ``upstream`` under ``version``, verified (what
     tests that change a shared replica's weights do when they end)."""
-    restore = FullReloadPublisher([upstream], probe=probe, last_good=model_dir)
+    restore = FullWeightPublisher([upstream], probe=probe, last_good=model_dir)
     result = restore.rollback(model_dir, version, expected=trainer_logprobs(model_dir))
     assert result.ok, result.error
     assert current_version(upstream) == version
