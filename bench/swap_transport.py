@@ -222,7 +222,7 @@ def run_vllm(args: argparse.Namespace) -> float:
     from learner.real_models import model_dir
     from learner.swap.full_publisher import FullWeightPublisher
     from learner.swap.publisher import Probe, PublishResult
-    from learner.swap.transfer import transfer_publisher
+    from learner.swap.transfer import WeightFileTransfer, transfer_publisher
     from learner.swap.weight_file import WeightFile
     from learner.vllm_server import VLLMServer
 
@@ -276,6 +276,8 @@ def run_vllm(args: argparse.Namespace) -> float:
         }
         disk = FullWeightPublisher([server.url], **settings)
         transfer = transfer_publisher([server.url], weight_dir=work, delta=False, **settings)
+        file_transport = transfer.transport  # the weight files, their phases
+        assert isinstance(file_transport, WeightFileTransfer)
         current = Phases()
         for publisher, checks, swaps in (
             (disk, "check files", "pause, reload, resume"),
@@ -326,7 +328,7 @@ def run_vllm(args: argparse.Namespace) -> float:
                 swaps[arm](target, version)
                 wall = time.monotonic() - start
                 if arm == "transfer":
-                    phase = transfer.transport.last_phases[server.url]
+                    phase = file_transport.last_phases[server.url]
                     # inside "pause, transfer, resume"
                     current.seconds["  of which: write the weight file"] = phase.write.seconds
                     current.seconds["  of which: vLLM start, update, finish"] = (
@@ -365,9 +367,9 @@ def run_vllm(args: argparse.Namespace) -> float:
                 f"\ndelta after N steps at lr {args.lr} ({args.dtype}; a changed element costs "
                 "an int32 index and its value)"
             )
-        transfer.delta = True
+        file_transport.delta = True
         for lag in sorted(lags):
-            transfer.files[server.url] = files[lag]
+            file_transport.files[server.url] = files[lag]
             current = Phases()
             start = time.monotonic()
             with current.timed("tensors"):
@@ -379,7 +381,7 @@ def run_vllm(args: argparse.Namespace) -> float:
             )
             first_answer()
             wall = time.monotonic() - start
-            write = transfer.transport.last_phases[server.url].write
+            write = file_transport.last_phases[server.url].write
             sent, full = write.bytes_sent, write.bytes_full
             print(
                 f"  {lag:>4} steps: {sent / 1e6:8.1f} of {full / 1e6:.1f} MB ({sent / full:6.1%}), "
