@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from learner.graders.selfjudge import SELF_JUDGE, DefaultGrader, shadow_share_of
+from learner.graders.selfjudge import SELF_JUDGE, TRUTH_KINDS, DefaultGrader, shadow_share_of
 from store import grade_queue, learner_state
 from store.export import iter_trajectories
 from store.tasks import TaskTable
@@ -33,11 +33,6 @@ CURSOR_KEY = "self_judge_shadow_cursor"
 BATCH = 256  # grades looked at per query (only the sampled share is loaded and judged)
 EVERY = 2.0  # seconds between passes once caught up
 STOP_WAIT = 5.0  # seconds a stop waits for a pass in flight
-
-# a configured grader's detail key -> its kind of ground truth (others are no truth: an LLM
-# judge, the next-turn signals)
-_TRUTH_PREFIXES = {"python:": "python", "command:": "command"}
-_TRUTH_NAMES = {"reference": "reference", "feedback": "feedback"}
 
 
 def truth_source(detail: dict[str, Any]) -> str | None:
@@ -62,10 +57,11 @@ def truth_source(detail: dict[str, Any]) -> str | None:
 
 
 def _truth_kind(key: str) -> str | None:
-    for prefix, kind in _TRUTH_PREFIXES.items():
-        if key.startswith(prefix):
-            return kind
-    return _TRUTH_NAMES.get(key)
+    """The kind of ground truth a configured grader's detail key names ("python:m:f" ->
+    "python"), as the inline shadow counts them (TRUTH_KINDS); None for any other grader
+    (an LLM judge, the next-turn signals)."""
+    kind = key.split(":", 1)[0]
+    return kind if kind in TRUTH_KINDS else None
 
 
 def judges_in_shadow(grader: Any) -> bool:

@@ -53,7 +53,7 @@ class Publishing(LearnerBase):
             version, target = self._new_version(step)
             # transfer: the replicas load the trainer's tensors from memory, and the
             # checkpoint is written once the version serves (rollbacks and resumes read it)
-            tensors = self._served_tensors() if self._transfers() else None
+            tensors = self._served_tensors() if self._file_transport() is not None else None
             if tensors is None:
                 self._save_checkpoint_files(step, target, metrics)
             parent = self.serving["version"]
@@ -188,18 +188,18 @@ class Publishing(LearnerBase):
             self.trainer.model, state=self.trainer.checkpoint_state(), copy=False
         )
 
-    def _transfers(self) -> bool:
-        """Whether the publisher sends the trainer's tensors from memory (swap/transfer.py)."""
-        return isinstance(self.publisher, FullWeightPublisher) and isinstance(
-            self.publisher.transport, WeightFileTransfer
-        )
+    def _file_transport(self) -> WeightFileTransfer | None:
+        """The publisher's transport where it sends the trainer's tensors from memory
+        (swap/transfer.py); None where the replicas load from the disk."""
+        if isinstance(self.publisher, FullWeightPublisher):
+            transport = self.publisher.transport
+            return transport if isinstance(transport, WeightFileTransfer) else None
+        return None
 
     def _transfer_metrics(self) -> dict[str, Any]:
-        if not self._transfers():
+        transport = self._file_transport()
+        if transport is None:
             return {}
-        assert isinstance(self.publisher, FullWeightPublisher)
-        transport = self.publisher.transport
-        assert isinstance(transport, WeightFileTransfer)
         writes = [p.write for p in transport.last_phases.values()]
         if not writes:
             return {}

@@ -15,6 +15,7 @@ learner/swap/transfer.py's `WeightFileTransfer` (vLLM's weight-transfer API, fro
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -151,9 +152,8 @@ class FullWeightPublisher:
         check_weights: bool | None = None,
         checked_probe_tolerance: float | None = HALF_PRECISION_CHECKED_TOLERANCE,
         transport: WeightTransport | None = None,
-        replicas: Replicas | None = None,
     ) -> None:
-        self.replicas = replicas or Replicas(
+        self.replicas = Replicas(
             upstreams,
             probe=probe,
             tolerance=tolerance,
@@ -194,7 +194,7 @@ class FullWeightPublisher:
         directory = Path(checkpoint_dir).resolve()
         self.transport.stage(directory, version, tensors)
         try:
-            reference = lambda: self.replicas.reference(expected)  # noqa: E731
+            reference = functools.partial(self.replicas.reference, expected)
             return self._guarded(directory, version, reference, commit)
         finally:
             self.transport.stage(directory, version, None)

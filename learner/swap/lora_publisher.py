@@ -43,7 +43,6 @@ from learner.swap.publisher import (
     adapter_paths,
     failure_reason,
 )
-from learner.swap.replicas import Replicas
 from store import tenants
 
 log = logging.getLogger("onthejob.learner")
@@ -101,24 +100,21 @@ class LoraPublisher:
         label: Label | None = None,
         lineage: Callable[[], list[str]] | None = None,
     ) -> None:
-        self.replicas = Replicas(
+        self.full = FullWeightPublisher(
             upstreams,
             probe=probe,
             tolerance=tolerance,
             timeout=timeout,
             retries=retries,
-            check_weights=check_weights,
-            checked_probe_tolerance=checked_probe_tolerance,
-        )
-        self.full = FullWeightPublisher(
-            upstreams,
-            probe=probe,
             last_good=last_good,
             last_good_fingerprint=last_good_fingerprint,
             fence=fence,
             check_files=check_files,
-            replicas=self.replicas,
+            check_weights=check_weights,
+            checked_probe_tolerance=checked_probe_tolerance,
         )
+        # one set of replicas, one way to call and verify them, for adapters and the base
+        self.replicas = self.full.replicas
         self.check_files = check_files
         self.max_rank = max_rank
         self.keep = max(keep, 1)
