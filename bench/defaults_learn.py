@@ -305,6 +305,9 @@ class Endpoint:
             body["messages"] = [{"role": "user", "content": prompt}]
         else:
             body["prompt"] = COMPLETION_PROMPT.format(prompt=prompt)
+            # the answer is one line: a client of a base model ends it there, as it would
+            # otherwise go on with the next "Q:" until max_tokens cuts it
+            body["stop"] = ["\n"]
         return body
 
     @property

@@ -3,7 +3,7 @@ ones: the distribution a swap's verification criterion is set from (issue 13, it
 
 Starts vLLM-CPU on --model in --dtype (or uses --upstream, a dev-mode replica serving that
 model), then scores probes there and in the trainer (its precision for that dtype):
-- the learner's own probe (learner/loop/base.py PROBE_TEXT) and --probes random token sequences;
+- the learner's own probe (learner/loop/state.py PROBE_TEXT) and --probes random token sequences;
 - right weights: the model as served from disk;
 - a step: every weight moved by --step (an AdamW step's size) and swapped in, right weights;
 - wrong weights after that step: the stale-LM-head pitfall (the checkpoint without

@@ -71,7 +71,7 @@ CONSTRAINT_SETTING = "the client's request: not reproducible"
 # grouping's metric -> reason (learner/grouping.py counts these)
 GROUPING_DROPS = {
     "dropped_stale": "stale",
-    "stale_not_graded": "stale",  # too stale to grade (Learner.skip_stale)
+    "stale_not_graded": "stale",  # too stale to grade (learner/loop/grading.py)
     "dropped_unknown_version": "unknown_version",
     "dropped_flat": "flat_group",
     "dropped_no_baseline": "no_baseline",

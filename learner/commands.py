@@ -113,7 +113,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
         distributed.end_rank(ranks.serve())
     try:
         learner = Learner(config, ranks=ranks)
-        learner.stopping.install()  # SIGTERM/Ctrl-C: never in the middle of a swap
+        learner.state.stopping.install()  # SIGTERM/Ctrl-C: never in the middle of a swap
         learner.run()
     except SchemaBehind as exc:
         raise SystemExit(f"onthejob learn: {exc}") from None

@@ -36,14 +36,14 @@ from store.learner_state import get_state, set_state
 from store.tasks import task_table
 
 if TYPE_CHECKING:
-    from learner.loop import Learner
+    from learner.loop.state import LoopState
 
 log = logging.getLogger("onthejob.learner")
 
 
-def follow(learner: Learner) -> bool:
-    """Apply the operator's knobs to `learner` and report in; True while paused (after
-    waiting one poll interval, so the caller can simply `continue`)."""
+def follow(learner: LoopState) -> bool:
+    """Apply the operator's knobs to the learner's state and report in; True while paused
+    (after waiting one poll interval, so the caller can simply `continue`)."""
     with learner.engine.begin() as conn:
         control = read_control(conn)
         _apply(learner, control)
@@ -85,7 +85,7 @@ def effective_knobs(
     return wanted
 
 
-def _apply(learner: Learner, control: Control) -> None:
+def _apply(learner: LoopState, control: Control) -> None:
     """Set each knob to its effective value (the operator's, or the learner's own)."""
     config = learner.config
     wanted = effective_knobs(learner.own_knobs, learner.own_set_at, control)
@@ -94,36 +94,37 @@ def _apply(learner: Learner, control: Control) -> None:
         learner.trainer_config = dataclasses.replace(
             learner.trainer_config, learning_rate=config.learning_rate
         )
-        if learner.trainer is not None:
-            learner.trainer.set_learning_rate(config.learning_rate)
+        if learner.shared.trainer is not None:
+            learner.shared.trainer.set_learning_rate(config.learning_rate)
     config.batch_trajectories = wanted["batch_trajectories"]
     config.max_batch_trajectories = wanted["max_batch_trajectories"]
-    config.fresh_wait = learner.fresh.limit_seconds = wanted["fresh_wait"]
+    config.fresh_wait = learner.shared.fresh.limit_seconds = wanted["fresh_wait"]
     if wanted["max_staleness"] != config.max_staleness:
         config.max_staleness = wanted["max_staleness"]
         learner.grouping = dataclasses.replace(learner.grouping, max_staleness=config.max_staleness)
 
 
-def _follow_tasks(learner: Learner, conn: Connection) -> None:
+def _follow_tasks(learner: LoopState, conn: Connection) -> None:
     state = get_state(conn, TASKS_REVISION_KEY)
     revision = state.get("revision") if isinstance(state, dict) else None
-    if revision is None or revision == getattr(learner, "_tasks_revision", None):
+    if revision is None or revision == learner.tasks_revision:
         return
     learner.tasks = task_table(conn)
-    learner._tasks_revision = revision  # type: ignore[attr-defined]
+    learner.tasks_revision = revision
     grade_queue.retry_failed_now(conn)  # a grading that lacked its task may succeed now
     log.info("task table reloaded from the store: %d tasks", len(learner.tasks))
 
 
-def heartbeat(learner: Learner) -> dict[str, Any]:
+def heartbeat(learner: LoopState) -> dict[str, Any]:
     config = learner.config
     control = learner.applied_control
+    serving = learner.shared.serving  # the shared policy's (tenants have their own)
     return {
         "at": datetime.now(UTC).isoformat(),
         "paused": control.paused,
         "activity": learner.activity,
         "step": learner.step,
-        "serving": None if learner.serving is None else learner.serving["version"],
+        "serving": None if serving is None else serving["version"],
         "learning_rate": config.learning_rate,
         "batch_trajectories": config.batch_trajectories,
         "max_batch_trajectories": config.max_batch_trajectories,
@@ -134,7 +135,7 @@ def heartbeat(learner: Learner) -> dict[str, Any]:
         "own_set_at": learner.own_set_at,
         # the last batch a step took: what it trained on and dropped, by reason (also when
         # it had nothing to train on, which records no step)
-        "last_batch": getattr(learner, "last_batch", None),
+        "last_batch": learner.last_batch,
     }
 
 
@@ -142,7 +143,7 @@ class Heartbeat:
     """Reports the learner alive from a thread of its own, so a long step, swap or grading
     round does not make it look stopped."""
 
-    def __init__(self, learner: Learner) -> None:
+    def __init__(self, learner: LoopState) -> None:
         self.learner = learner
         # well within the admin API's "stopped" threshold (15 s, or 5 poll intervals)
         self.every = min(5.0, max(learner.config.poll_interval, 0.5))

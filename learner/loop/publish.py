@@ -15,7 +15,8 @@ from learner import retention
 from learner.checkpoint import checkpoint_tensors, save_checkpoint
 from learner.grouping import Baselines
 from learner.layout import served_base
-from learner.loop.base import LEASE_WAIT, LearnerBase, Publisher, save_baselines
+from learner.loop.state import LEASE_WAIT, LoopState, Publisher, save_baselines
+from learner.loop.weights import Weights
 from learner.lora import save_adapter
 from learner.swap import lease
 from learner.swap.full_publisher import FullWeightPublisher
@@ -27,10 +28,14 @@ from store import grade_queue, policy_versions, training_steps
 log = logging.getLogger("onthejob.learner")
 
 
-class Publishing(LearnerBase):
-    """Publish, verify and record a step's version."""
+class Publishing:
+    """Publish, verify and record a step's version of the lineage."""
 
-    def _publish_step(
+    def __init__(self, state: LoopState, weights: Weights) -> None:
+        self.state = state
+        self.weights = weights
+
+    def publish_step(
         self,
         step: int,
         metrics: dict[str, Any],
@@ -41,22 +46,23 @@ class Publishing(LearnerBase):
         operator changed what serves while it trained (the step is dropped). The learner's
         step, serving version and baselines follow the record as soon as it commits, so
         that nothing after it (the store or vLLM going away) can make it train again."""
-        assert self.trainer is not None and self.publisher is not None and self.serving
-        self.activity = f"publishing step {step}"
-        with lease.held(self.engine, self.holder, wait=LEASE_WAIT):
-            with self.engine.connect() as conn:
-                serving = policy_versions.serving_version(conn, self.lineage)
-            if serving is not None and serving["version"] != self.serving["version"]:
+        state, lineage = self.state, self.state.lineage
+        assert lineage.trainer is not None and lineage.publisher is not None and lineage.serving
+        state.activity = f"publishing step {step}"
+        with lease.held(state.engine, state.holder, wait=LEASE_WAIT):
+            with state.engine.connect() as conn:
+                serving = policy_versions.serving_version(conn, state.tenant)
+            if serving is not None and serving["version"] != lineage.serving["version"]:
                 log.info("step %d trained on weights an operator replaced: dropped", step)
-                self._follow(serving)
+                self.weights.follow(serving)
                 return None
             version, target = self._new_version(step)
             # transfer: the replicas load the trainer's tensors from memory, and the
             # checkpoint is written once the version serves (rollbacks and resumes read it)
-            tensors = self._served_tensors() if self._file_transport() is not None else None
+            tensors = self.served_tensors() if self.file_transport() is not None else None
             if tensors is None:
                 self._save_checkpoint_files(step, target, metrics)
-            parent = self.serving["version"]
+            parent = lineage.serving["version"]
 
             def record(result: PublishResult) -> None:
                 """Verified, not yet serving: the version, the step and its batch, at once."""
@@ -65,18 +71,18 @@ class Publishing(LearnerBase):
                 )
 
             # a stop asked for from here on comes once the outcome is recorded (stopping.py)
-            with self.stopping.swap():
+            with state.stopping.swap():
                 try:
                     result = self._publish(target, version, record, tensors)
                 except BaseException:
-                    self._needs_restore = True  # the replicas may still be fenced off
+                    lineage.needs_restore = True  # the replicas may still be fenced off
                     raise
                 finally:
                     if tensors is not None:
                         # whatever happened: the version's record names this directory
                         self._save_checkpoint_files(step, target, metrics)
                 if result.ok:
-                    self._needs_restore = not result.opened
+                    lineage.needs_restore = not result.opened
                     self._prune()
                     return result
                 self._record_failed(step, version, target, result, metrics, considered, baselines)
@@ -95,8 +101,9 @@ class Publishing(LearnerBase):
     ) -> None:
         """A verified version, about to serve: it, its step and its batch recorded at once;
         the learner follows the record as soon as it commits."""
+        state, lineage = self.state, self.state.lineage
         metrics.update(_swap_metrics(result), **self._transfer_metrics())
-        with self.engine.begin() as conn:
+        with state.engine.begin() as conn:
             policy_versions.add_version(
                 conn,
                 version=version,
@@ -107,20 +114,21 @@ class Publishing(LearnerBase):
                 swap_seconds=result.swap_seconds,
                 metrics=metrics,
                 probe=None if result.fingerprint is None else result.fingerprint.state(),
-                tenant=self.lineage,
+                tenant=state.tenant,
             )
             self._record_step(conn, step, version, metrics, considered, baselines)
             recorded = policy_versions.version(conn, version=version)
-        self.step, self.serving, self.baselines = step, recorded, baselines
-        self._trainer_is_serving = True
+        state.step, lineage.serving, lineage.baselines = step, recorded, baselines
+        lineage.trainer_is_serving = True
 
     def _new_version(self, step: int) -> tuple[str, Path]:
         """The new version's name and checkpoint directory (emptied)."""
+        state = self.state
         # unique: a step redone after a crash must not reuse a name vLLM may have served
         version = f"step-{step}-{os.urandom(3).hex()}"
-        if self.lineage is not None:
-            version = f"{self.lineage}-{version}"  # vLLM serves every tenant's side by side
-        target = self.checkpoints / version
+        if state.tenant is not None:
+            version = f"{state.tenant}-{version}"  # vLLM serves every tenant's side by side
+        target = state.checkpoints / version
         if target.exists():
             # left by a run that died before recording this step: the database, not the
             # directory, says what was published, so the half-done attempt is redone
@@ -139,10 +147,11 @@ class Publishing(LearnerBase):
     ) -> None:
         """A version that failed verification: recorded rolled back, its step and batch
         consumed; the trainer goes back to the serving weights."""
-        assert self.serving is not None
-        parent = self.serving["version"]
+        state, lineage = self.state, self.state.lineage
+        assert lineage.serving is not None
+        parent = lineage.serving["version"]
         metrics.update(_swap_metrics(result))
-        with self.engine.begin() as conn:
+        with state.engine.begin() as conn:
             # no ordinal: it never served anyone, nothing it did is trainable
             policy_versions.add_version(
                 conn,
@@ -154,13 +163,13 @@ class Publishing(LearnerBase):
                 swap_seconds=result.swap_seconds,
                 error=result.error,
                 metrics=metrics,
-                tenant=self.lineage,
+                tenant=state.tenant,
             )
             self._record_step(conn, step, None, metrics, considered, baselines)
-        self.step, self.baselines = step, baselines
+        state.step, lineage.baselines = step, baselines
         log.error("version %s failed (%s); %s keeps serving", version, result.error, parent)
-        self._reload_trainer()
-        self._needs_restore = not result.restored
+        self.weights.reload()
+        lineage.needs_restore = not result.restored
         self._prune()
 
     def _publish(
@@ -170,34 +179,39 @@ class Publishing(LearnerBase):
         record: Any,
         tensors: dict[str, Any] | None,
     ) -> PublishResult:
-        assert self.trainer is not None and self.publisher is not None
+        lineage = self.state.lineage
+        assert lineage.trainer is not None and lineage.publisher is not None
         if tensors is None:
-            return self.publisher.publish(
-                checkpoint, version, expected=self.trainer.logprobs_of, commit=record
+            return lineage.publisher.publish(
+                checkpoint, version, expected=lineage.trainer.logprobs_of, commit=record
             )
-        assert isinstance(self.publisher, FullWeightPublisher)
-        return self.publisher.publish(
-            checkpoint, version, expected=self.trainer.logprobs_of, commit=record, tensors=tensors
+        assert isinstance(lineage.publisher, FullWeightPublisher)
+        return lineage.publisher.publish(
+            checkpoint,
+            version,
+            expected=lineage.trainer.logprobs_of,
+            commit=record,
+            tensors=tensors,
         )
 
-    def _served_tensors(self) -> dict[str, Any]:
+    def served_tensors(self) -> dict[str, Any]:
         """The weights the replicas are to serve, by checkpoint name: the trainer's own
         tensors, uncopied where no cast is needed (nothing trains while they publish)."""
-        assert self.trainer is not None
-        return checkpoint_tensors(
-            self.trainer.model, state=self.trainer.checkpoint_state(), copy=False
-        )
+        trainer = self.state.lineage.trainer
+        assert trainer is not None
+        return checkpoint_tensors(trainer.model, state=trainer.checkpoint_state(), copy=False)
 
-    def _file_transport(self) -> WeightFileTransfer | None:
+    def file_transport(self) -> WeightFileTransfer | None:
         """The publisher's transport where it sends the trainer's tensors from memory
         (swap/transfer.py); None where the replicas load from the disk."""
-        if isinstance(self.publisher, FullWeightPublisher):
-            transport = self.publisher.transport
+        lineage = self.state.lineage
+        if isinstance(lineage.publisher, FullWeightPublisher):
+            transport = lineage.publisher.transport
             return transport if isinstance(transport, WeightFileTransfer) else None
         return None
 
     def _transfer_metrics(self) -> dict[str, Any]:
-        transport = self._file_transport()
+        transport = self.file_transport()
         if transport is None:
             return {}
         writes = [p.write for p in transport.last_phases.values()]
@@ -215,11 +229,11 @@ class Publishing(LearnerBase):
     def _save_checkpoint_files(self, step: int, target: Path, metrics: dict[str, Any]) -> None:
         """The checkpoint, and every --optimizer-state-every steps the optimizer state."""
         saving = time.monotonic()
-        checkpoint = self._save(target)
+        checkpoint = self.save(target)
         saved = time.monotonic()
-        every = self.config.optimizer_state_every
+        every = self.state.config.optimizer_state_every
         if every > 0 and step % every == 0:
-            self._save_optimizer(checkpoint)
+            self.weights.save_optimizer(checkpoint)
         metrics.update(
             save_seconds=round(saved - saving, 3),
             optimizer_state_seconds=round(time.monotonic() - saved, 3),
@@ -227,12 +241,13 @@ class Publishing(LearnerBase):
 
     def _prune(self) -> None:
         """Checkpoint retention, under the publish lease the caller holds."""
+        state = self.state
         try:
             retention.prune(
-                self.engine,
-                checkpoints=self.checkpoints,
-                keep_last=self.config.keep_checkpoints,
-                upstreams=self.config.upstreams,
+                state.engine,
+                checkpoints=state.checkpoints,
+                keep_last=state.config.keep_checkpoints,
+                upstreams=state.config.upstreams,
             )
         except OSError as exc:
             log.warning("checkpoint retention failed (tried again next step): %s", exc)
@@ -247,69 +262,71 @@ class Publishing(LearnerBase):
         baselines: Baselines,
     ) -> None:
         training_steps.add_step(
-            conn, step=step, version=version, metrics=metrics, tenant=self.lineage
+            conn, step=step, version=version, metrics=metrics, tenant=self.state.tenant
         )
         grade_queue.mark_trained(conn, trajectory_ids=considered, step=step)
-        save_baselines(conn, baselines, self.lineage)
+        save_baselines(conn, baselines, self.state.tenant)
 
-    def _publisher(self, source: Path) -> Publisher:
-        assert self.serving is not None
+    def publisher_for(self, source: Path) -> Publisher:
+        """The lineage's publisher, its last good version the one that serves (`source`)."""
+        state, serving, config = self.state, self.state.lineage.serving, self.state.config
+        assert serving is not None
         # what the replicas hold besides any adapter: the full checkpoint under it
         base = served_base(source)
         settings: dict[str, Any] = {
-            "probe": self.probe,
-            "tolerance": self.tolerance,
+            "probe": state.probe,
+            "tolerance": state.tolerance,
             "last_good": base,
             "last_good_fingerprint": Fingerprint.from_state(
-                self.serving["probe"], at_least=self.tolerance
+                serving["probe"], at_least=state.tolerance
             ),
-            "fence": self.fence,
-            "check_weights": self.weights_checked,
+            "fence": state.fence,
+            "check_weights": state.weights_checked,
             # a configured tolerance is kept as it is
             "checked_probe_tolerance": None
-            if self.config.verify_tolerance is not None
+            if config.verify_tolerance is not None
             else HALF_PRECISION_CHECKED_TOLERANCE,
         }
-        if not self.config.lora:
-            if self.transport == "transfer":
-                return transfer_publisher(
-                    self.config.upstreams, delta=self.config.transfer_delta, **settings
-                )
-            return FullWeightPublisher(self.config.upstreams, **settings)
+        if not config.lora:
+            if state.transport == "transfer":
+                return transfer_publisher(config.upstreams, delta=config.transfer_delta, **settings)
+            return FullWeightPublisher(config.upstreams, **settings)
+        tenant = state.tenant
         return LoraPublisher(
-            self.config.upstreams,
-            max_rank=self.config.lora_rank,
+            config.upstreams,
+            max_rank=config.lora_rank,
             # every version a sample may still be trained from stays loaded, so a request
             # in flight finishes on the adapter it started with
-            keep=self.config.max_staleness + 1,
+            keep=config.max_staleness + 1,
             # a tenant's version serves its calls by the tenant's pointer, not as the
             # replicas' weight version (learner/loop/tenants.py)
-            label=None if self.lineage is None else tenant_pointer(self.engine, self.lineage),
+            label=None if tenant is None else tenant_pointer(state.engine, tenant),
             # the window covers the lineage's adapters an earlier learner or a rollback loaded
-            lineage=self._lineage_newest_first(self.lineage),
+            lineage=self._lineage_newest_first(tenant),
             **settings,
         )
 
-    def _lineage_newest_first(self, lineage: str | None) -> Callable[[], list[str]]:
+    def _lineage_newest_first(self, tenant: str | None) -> Callable[[], list[str]]:
         def newest_first() -> list[str]:
-            with self.engine.connect() as conn:
-                return policy_versions.lineage_newest_first(conn, lineage)
+            with self.state.engine.connect() as conn:
+                return policy_versions.lineage_newest_first(conn, tenant)
 
         return newest_first
 
-    def _save(self, target: Path) -> Path:
-        assert self.trainer is not None and self.serving is not None
-        if self.config.lora:
-            serving = Path(self.serving["checkpoint_path"])
+    def save(self, target: Path) -> Path:
+        """The lineage's trainer's weights as a checkpoint vLLM loads: full, or an adapter."""
+        trainer, serving = self.state.lineage.trainer, self.state.lineage.serving
+        assert trainer is not None and serving is not None
+        if self.state.config.lora:
             # the adapter vLLM is to serve: under bf16 the copy the trainer scores with (its
             # float32 masters go beside, in the training state)
-            adapter = self.trainer.served_model
-            return save_adapter(adapter, target, base_dir=served_base(serving))  # type: ignore[arg-type]
+            base_dir = served_base(Path(serving["checkpoint_path"]))
+            return save_adapter(trainer.served_model, target, base_dir=base_dir)  # type: ignore[arg-type]
         return save_checkpoint(
-            self.trainer.model,
+            trainer.model,
             target,
-            source_dir=self.model_dir,
-            state=self.trainer.checkpoint_state(),
+            source_dir=self.state.model_dir,
+            state=trainer.checkpoint_state(),
         )
 
 

@@ -12,7 +12,10 @@ from learner import control
 from learner.checkpoint import load_model, save_checkpoint
 from learner.grouping import Baselines
 from learner.hindsight import HintFrame
-from learner.loop.base import LEARNER, LEASE_WAIT, PROBE_TEXT, LearnerBase, RestoreFailed
+from learner.loop.guarding import Guarding
+from learner.loop.publish import Publishing
+from learner.loop.state import LEARNER, LEASE_WAIT, PROBE_TEXT, LoopState, RestoreFailed
+from learner.loop.weights import Weights
 from learner.swap import lease
 from learner.swap.full_publisher import FullWeightPublisher
 from learner.swap.publisher import (
@@ -34,59 +37,68 @@ from store.tasks import TaskTable, upsert_tasks
 log = logging.getLogger("onthejob.learner")
 
 
-class StartUp(LearnerBase):
+class StartUp:
     """Start the learner, and make the replicas serve what the store says serves."""
+
+    def __init__(
+        self, state: LoopState, weights: Weights, publishing: Publishing, guarding: Guarding
+    ) -> None:
+        self.state = state
+        self.weights = weights
+        self.publishing = publishing
+        self.guarding = guarding
 
     # -- start-up ---------------------------------------------------------------------
     def start(self) -> None:
-        if self.config.tasks:
-            self._load_tasks(Path(self.config.tasks))
+        state, lineage = self.state, self.state.lineage
+        if state.config.tasks:
+            self._load_tasks(Path(state.config.tasks))
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
-        self.probe = Probe(prompt_token_ids=list(tokenizer(PROBE_TEXT)["input_ids"]))
-        self.hint_frame = HintFrame.of(tokenizer) if self.config.hindsight > 0 else None
-        if isinstance(self.hint_frame, str):
-            log.warning("--hindsight has no effect on this model: %s", self.hint_frame)
-        dtypes = {served_dtype(upstream) for upstream in self.config.upstreams}
-        checker = FullWeightPublisher(self.config.upstreams, probe=self.probe)
-        why_not = checker.weights_checkable(self.model_dir)
-        self.weights_checked = why_not is None
-        self.tolerance = self._verify_tolerance(dtypes, why_not)
-        self.trainer_config = dataclasses.replace(
-            self.trainer_config, precision=self._precision(dtypes)
+        tokenizer = AutoTokenizer.from_pretrained(str(state.model_dir))
+        state.probe = Probe(prompt_token_ids=list(tokenizer(PROBE_TEXT)["input_ids"]))
+        state.hint_frame = HintFrame.of(tokenizer) if state.config.hindsight > 0 else None
+        if isinstance(state.hint_frame, str):
+            log.warning("--hindsight has no effect on this model: %s", state.hint_frame)
+        dtypes = {served_dtype(upstream) for upstream in state.config.upstreams}
+        checker = FullWeightPublisher(state.config.upstreams, probe=state.probe)
+        why_not = checker.weights_checkable(state.model_dir)
+        state.weights_checked = why_not is None
+        state.tolerance = self._verify_tolerance(dtypes, why_not)
+        state.trainer_config = dataclasses.replace(
+            state.trainer_config, precision=self._precision(dtypes)
         )
-        self.transport = self._transport()
+        state.transport = self._transport()
         # a learner killed mid-publish left its lease behind: take it over at once
-        with lease.held(self.engine, self.holder, wait=LEASE_WAIT, steal_prefix=LEARNER):
+        with lease.held(state.engine, state.holder, wait=LEASE_WAIT, steal_prefix=LEARNER):
             self._serve_parent_if_unsaved()
-            with self.engine.begin() as conn:
-                self.serving = policy_versions.serving_version(conn)
-                self.step = training_steps.last_step(conn)
+            with state.engine.begin() as conn:
+                lineage.serving = policy_versions.serving_version(conn)
+                state.step = training_steps.last_step(conn)
                 states = {key: learner_state.get_state(conn, key) for key in Baselines.KEYS}
-                self.baselines = Baselines.from_states(states, self.config.type_baseline)
-                self.own_set_at = control.own_set_at(self.own_knobs, read_heartbeat(conn))
-            adopted = self.serving is None and self._adopt_served_weights()
-            assert self.serving is not None
-            source = Path(self.serving["checkpoint_path"])
-            if self.trainer is None:
-                self.trainer = self._trainer(source)
-            self._load_optimizer(source)
-            self._trainer_is_serving = True
-            self.publisher = self._publisher(source)
+                lineage.baselines = Baselines.from_states(states, state.config.type_baseline)
+                state.own_set_at = control.own_set_at(state.own_knobs, read_heartbeat(conn))
+            adopted = lineage.serving is None and self._adopt_served_weights()
+            assert lineage.serving is not None
+            source = Path(lineage.serving["checkpoint_path"])
+            if lineage.trainer is None:
+                lineage.trainer = self.weights.build(source)
+            self.weights.load_optimizer(source)
+            lineage.trainer_is_serving = True
+            lineage.publisher = self.publishing.publisher_for(source)
             if not adopted:
                 # always swap in what the database says serves, verified: a learner that died
                 # mid-swap may have left a replica fenced off or holding unpublished weights
                 self._restore_locked()
         log.info(
             "learner ready: serving %s (step %d), graders %s, traffic of %s",
-            self.serving["version"],
-            self.step,
-            ", ".join(self.config.graders),
-            "the client keys " + ", ".join(self.config.keys) if self.config.keys else "everyone",
+            lineage.serving["version"],
+            state.step,
+            ", ".join(state.config.graders),
+            "the client keys " + ", ".join(state.config.keys) if state.config.keys else "everyone",
         )
-        if self.config.guard:
-            self._start_guard(Path(self.config.guard))
+        if state.config.guard:
+            self.guarding.start(Path(state.config.guard))
 
     def _serve_parent_if_unsaved(self) -> None:
         """A transfer serves a version before its checkpoint is written (learner/loop/
@@ -94,7 +106,8 @@ class StartUp(LearnerBase):
         which nobody can train on, restore or roll back to. Its parent serves again, as an
         operator's rollback would make it (``PARENT+rollback-N``), and training goes on from
         there: one step is lost, no weights that are not on disk keep serving."""
-        with self.engine.connect() as conn:
+        state = self.state
+        with state.engine.connect() as conn:
             serving = policy_versions.serving_version(conn)
         if serving is None or Path(serving["checkpoint_path"]).exists():
             return
@@ -110,11 +123,11 @@ class StartUp(LearnerBase):
             serving["parent"],
         )
         serve_version_held(
-            self.engine,
-            self.config.upstreams,
+            state.engine,
+            state.config.upstreams,
             serving["parent"],
-            self.holder,
-            drain_timeout=self.config.swap_drain_timeout,
+            state.holder,
+            drain_timeout=state.config.swap_drain_timeout,
         )
 
     def _verify_tolerance(self, dtypes: set[str | None], unchecked: str | None) -> float:
@@ -128,8 +141,8 @@ class StartUp(LearnerBase):
             if unchecked is None
             else f"the probe alone verifies swaps, no exact weight check ({unchecked})",
         )
-        if self.config.verify_tolerance is not None:
-            return self.config.verify_tolerance
+        if self.state.config.verify_tolerance is not None:
+            return self.state.config.verify_tolerance
         tolerance = max(tolerance_for(dtype) for dtype in dtypes)
         if unchecked is None:
             loosened = max(
@@ -147,10 +160,11 @@ class StartUp(LearnerBase):
     def _transport(self) -> str:
         """disk or transfer: what was asked for, or (auto) the fastest the replicas support;
         asking for transfer where a replica lacks it stops the start with why."""
-        if self.config.lora:
+        state = self.state
+        if state.config.lora:
             return "disk"  # adapters are loaded by name (learner/swap/lora_publisher.py)
-        wanted = self.config.transport
-        why_not = None if wanted == "disk" else transfer_support(self.config.upstreams)
+        wanted = state.config.transport
+        why_not = None if wanted == "disk" else transfer_support(state.config.upstreams)
         if wanted == "transfer" and why_not is not None:
             raise ValueError(f"--transport transfer: {why_not}")
         transport = "transfer" if wanted != "disk" and why_not is None else "disk"
@@ -165,7 +179,7 @@ class StartUp(LearnerBase):
         """What the trainer computes in: the configured precision, else bf16 (with float32
         masters: the full weights, or a LoRA adapter on its bf16 base) when every replica
         serves bf16, so checkpoints hold exactly the weights the trainer scores with."""
-        precision = self.config.precision
+        precision = self.state.config.precision
         if precision == "auto":
             precision = "bfloat16" if dtypes == {"bfloat16"} else "float32"
         log.info("the trainer computes in %s", precision)
@@ -176,18 +190,19 @@ class StartUp(LearnerBase):
         pass; its checkpoint is written by us so it always holds lm_head.weight (a rollback
         to it must be exact). False when vLLM serves something else (an adapter of another
         run, other weights): version 0 is then the base, swapped in like after a crash."""
-        base = self.checkpoints / "base"
+        state, lineage = self.state, self.state.lineage
+        base = state.checkpoints / "base"
         if not base.exists():
-            save_checkpoint(load_model(self.model_dir), base, source_dir=self.model_dir)
-        self.trainer = self._trainer(base)
-        fingerprint = Fingerprint.of(self.probe, self.trainer.logprobs_of, self.tolerance)
-        version = current_version(self.config.upstreams[0])
-        serves_base = version not in served_adapters(self.config.upstreams[0])
+            save_checkpoint(load_model(state.model_dir), base, source_dir=state.model_dir)
+        lineage.trainer = self.weights.build(base)
+        fingerprint = Fingerprint.of(state.probe, lineage.trainer.logprobs_of, state.tolerance)
+        version = current_version(state.config.upstreams[0])
+        serves_base = version not in served_adapters(state.config.upstreams[0])
         if serves_base:
             checker = FullWeightPublisher(
-                self.config.upstreams, probe=self.probe, check_weights=self.weights_checked
+                state.config.upstreams, probe=state.probe, check_weights=state.weights_checked
             )
-            for upstream in self.config.upstreams:
+            for upstream in state.config.upstreams:
                 why = checker.serves(upstream, base, fingerprint)
                 if why is not None:
                     log.warning(
@@ -196,7 +211,7 @@ class StartUp(LearnerBase):
                     serves_base = False
         if not serves_base:
             version = f"base-{os.urandom(3).hex()}"
-        with self.engine.begin() as conn:
+        with state.engine.begin() as conn:
             policy_versions.add_version(
                 conn,
                 version=version,
@@ -206,61 +221,64 @@ class StartUp(LearnerBase):
                 status="serving",
                 probe=fingerprint.state(),
             )
-            self.serving = policy_versions.serving_version(conn)
+            lineage.serving = policy_versions.serving_version(conn)
         return serves_base
 
-    def _restore(self) -> None:
+    def restore(self) -> None:
         """Make every replica serve what the database says serves, verified; unless it was
         only closed gates that called for it and, now that we hold the lease, none is: they
         were another publisher's, which finished meanwhile (an admin rollback's swap between
-        `_gates_left_closed`'s two reads), and restoring would swap the same weights again."""
-        self.activity = "restoring the serving version"
-        with lease.held(self.engine, self.holder, wait=LEASE_WAIT):
-            if self._needs_restore or self._closed_gates():
+        `gates_left_closed`'s two reads), and restoring would swap the same weights again."""
+        state = self.state
+        state.activity = "restoring the serving version"
+        with lease.held(state.engine, state.holder, wait=LEASE_WAIT):
+            if state.lineage.needs_restore or self._closed_gates():
                 self._restore_locked()
 
     def _restore_locked(self) -> None:
-        with self.stopping.swap():
+        with self.state.stopping.swap():
             self._restore_verified()
 
     def _restore_verified(self) -> None:
-        assert self.serving is not None and self.publisher is not None
-        assert self.trainer is not None
-        with self.engine.connect() as conn:
+        state, lineage = self.state, self.state.lineage
+        assert lineage.serving is not None and lineage.publisher is not None
+        assert lineage.trainer is not None
+        with state.engine.connect() as conn:
             serving = policy_versions.serving_version(conn)
         assert serving is not None
-        if serving["version"] != self.serving["version"]:
-            self._follow(serving)
-        fingerprint = Fingerprint.from_state(serving["probe"], at_least=self.tolerance)
-        result = self.publisher.rollback(
+        if serving["version"] != lineage.serving["version"]:
+            self.weights.follow(serving)
+        fingerprint = Fingerprint.from_state(serving["probe"], at_least=state.tolerance)
+        result = lineage.publisher.rollback(
             Path(serving["checkpoint_path"]),
             serving["version"],
             fingerprint=fingerprint,
-            expected=None if fingerprint is not None else self.trainer.logprobs_of,
+            expected=None if fingerprint is not None else lineage.trainer.logprobs_of,
         )
         if not (result.ok and result.opened):
-            self._needs_restore = True
+            lineage.needs_restore = True
             raise RestoreFailed(f"could not restore {serving['version']}: {result.error}")
         if fingerprint is None and result.fingerprint is not None:
-            with self.engine.begin() as conn:
+            with state.engine.begin() as conn:
                 policy_versions.set_version_probe(
                     conn, version=serving["version"], probe=result.fingerprint.state()
                 )
-            self.serving["probe"] = result.fingerprint.state()
-            self.publisher.last_good_fingerprint = result.fingerprint
-        self._needs_restore = False
+            lineage.serving["probe"] = result.fingerprint.state()
+            lineage.publisher.last_good_fingerprint = result.fingerprint
+        lineage.needs_restore = False
 
-    def _gates_left_closed(self) -> bool:
+    def gates_left_closed(self) -> bool:
         """A publisher that died mid-swap (nobody holds the lease) may have left replicas
         fenced off. A hint only: the gates and the lease are read apart, so a swap that ended
-        in between looks the same; `_restore` decides under the lease."""
-        return bool(self._closed_gates()) and lease.who(self.engine) is None
+        in between looks the same; `restore` decides under the lease."""
+        return bool(self._closed_gates()) and lease.who(self.state.engine) is None
 
     def _closed_gates(self) -> set[str]:
         """Our replicas whose gates are closed."""
-        with self.engine.connect() as conn:
+        lineage = self.state.lineage
+        with self.state.engine.connect() as conn:
             closed = {g["upstream"] for g in gates.closed_gates(conn)}
-        return closed & set(self.publisher.upstreams if self.publisher else [])
+        return closed & set(lineage.publisher.upstreams if lineage.publisher else [])
 
     def _load_tasks(self, path: Path) -> None:
         table = TaskTable.from_jsonl(path)
@@ -275,8 +293,8 @@ class StartUp(LearnerBase):
             }
             for t in table.values()
         ]
-        with self.engine.begin() as conn:
+        with self.state.engine.begin() as conn:
             upsert_tasks(conn, rows)
             grade_queue.retry_failed_now(conn)  # "no reference answer" may have one now
-        self.tasks = table
+        self.state.tasks = table
         log.info("loaded %d tasks from %s", len(rows), path)

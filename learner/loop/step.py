@@ -7,7 +7,6 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,11 +23,13 @@ from learner.grouping import (
     shuffle_rewards,
 )
 from learner.hindsight import Distilled, HintFrame, corrections, distilled
-from learner.layout import served_base
-from learner.loop.base import LearnerBase, save_baselines
+from learner.loop.guarding import Guarding
+from learner.loop.publish import Publishing
+from learner.loop.state import LoopState, save_baselines
+from learner.loop.weights import Weights
 from learner.signals import signals_in
 from learner.step_time import StepTime, median_seconds, training_metrics
-from learner.swap.publisher import Fingerprint, PublishResult
+from learner.swap.publisher import PublishResult
 from learner.turn_credit import credited, turn_advantages, turn_values
 from store import clock, grade_queue, policy_versions, turn_signals
 from store.export import iter_trajectories
@@ -48,56 +49,41 @@ class StepBatch:
     truncation: str | None
 
 
-class Stepping(LearnerBase):
-    """Train one step when a batch is ready."""
+class Stepping:
+    """Train one step of the lineage when a batch is ready, publish it, have it judged."""
 
-    def _follow_operator(self) -> None:
+    def __init__(
+        self, state: LoopState, weights: Weights, publishing: Publishing, guarding: Guarding
+    ) -> None:
+        self.state = state
+        self.weights = weights
+        self.publishing = publishing
+        self.guarding = guarding
+
+    def follow_operator(self) -> None:
         """`onthejob rollback` may have changed what serves: train on from there."""
-        assert self.serving is not None
-        with self.engine.connect() as conn:
-            serving = policy_versions.serving_version(conn, self.lineage)
-        if serving is not None and serving["version"] != self.serving["version"]:
-            self._follow(serving)
-
-    def _follow(self, serving: dict[str, Any], by: str = "an operator") -> None:
-        """What serves changed under us (an operator, the guard): the trainer and the
-        publisher's idea of the last good weights move to it."""
-        log.info("now serving %s (changed by %s); training from it", serving["version"], by)
-        self._trainer_is_serving = False
-        source = Path(serving["checkpoint_path"])
-        self.trainer = self._trainer(source)
-        self.serving = serving
-        self._load_optimizer(source)
-        self._trainer_is_serving = True
-        if self.publisher is not None:
-            self.publisher.last_good = served_base(source).resolve()
-            self.publisher.last_good_fingerprint = Fingerprint.from_state(
-                serving["probe"], at_least=self.tolerance
-            )
-
-    def _reload_trainer(self) -> None:
-        """Back to the serving weights and their optimizer state (a step nobody recorded)."""
-        assert self.serving is not None
-        self._trainer_is_serving = False
-        source = Path(self.serving["checkpoint_path"])
-        self.trainer = self._trainer(source)
-        self._load_optimizer(source)
-        self._trainer_is_serving = True
+        lineage = self.state.lineage
+        assert lineage.serving is not None
+        with self.state.engine.connect() as conn:
+            serving = policy_versions.serving_version(conn, lineage.tenant)
+        if serving is not None and serving["version"] != lineage.serving["version"]:
+            self.weights.follow(serving)
 
     def maybe_train(self) -> bool:
-        self._follow_operator()
+        state, lineage = self.state, self.state.lineage
+        self.follow_operator()
         rows, ordinals = self._trainable_rows()
         if not rows:
             self._not_ready()
             return False
-        assert self.serving is not None
-        current = ordinals.get(self.serving["version"], int(self.serving["ordinal"]))
+        assert lineage.serving is not None
+        current = ordinals.get(lineage.serving["version"], int(lineage.serving["ordinal"]))
         scored, unknown = self._scored(rows, ordinals)
         # on a copy: the same rows come back at every poll until a step consumes them, and
         # the learner takes the copy only once a record says so (a step tried again after a
         # fault must not fold its rewards in twice)
         baselines, advantaged, group_metrics = self._advantages(scored, current)
-        if len(advantaged) < self.config.batch_trajectories:
+        if len(advantaged) < state.config.batch_trajectories:
             self._say_if_no_signal(scored, len(advantaged))
             self._not_ready()
             return False
@@ -105,16 +91,16 @@ class Stepping(LearnerBase):
         fresh = sum(version_of[a.trajectory_id] == current for a in advantaged)
         if self._waits(fresh):
             return False
-        fresh_waited = self.fresh.took()
-        waited = self.traffic.took()
-        since_last = time.monotonic() - self._last_step_end
+        fresh_waited = lineage.fresh.took()
+        waited = lineage.traffic.took()
+        since_last = time.monotonic() - state.last_step_end
         # at most max_batch_trajectories with a signal: the newest whole groups; the others
         # stay untrained (not considered, not marked) for a later step, or to grow stale
         scored, waiting = bound_batch(
             scored,
             advantaged,
             limit=self._batch_limit(),
-            oldest=current - self.grouping.max_staleness,
+            oldest=current - state.grouping.max_staleness,
         )
         if waiting:
             # the batch's advantages and baselines without what waits: the step that takes
@@ -122,8 +108,8 @@ class Stepping(LearnerBase):
             baselines, advantaged, group_metrics = self._advantages(scored, current)
         # the step also accounts for what was too stale to grade (read only when a step will
         # happen: this runs at every poll)
-        with self.engine.connect() as conn:
-            stale = grade_queue.stale_skipped(conn, keys=self.config.keys)
+        with state.engine.connect() as conn:
+            stale = grade_queue.stale_skipped(conn, keys=state.config.keys)
         group_metrics["stale_not_graded"] = float(len(stale))
         group_metrics["yield_seconds"] = round(waited, 2)
         group_metrics["fresh_wait_seconds"] = round(fresh_waited, 2)
@@ -135,7 +121,7 @@ class Stepping(LearnerBase):
         group_metrics["staleness_mean"] = sum(ages) / len(ages) if ages else 0.0
         group_metrics["staleness_max"] = float(max(ages, default=0))
         considered = [s.trajectory_id for s in scored] + unknown + stale
-        if self.config.hindsight > 0:
+        if state.config.hindsight > 0:
             # what a correction says trains a reply also where its group's rewards are flat
             advantaged = advantaged + self._corrected_only(scored, advantaged, current)
         self._train(advantaged, considered, group_metrics, baselines, waiting=len(waiting))
@@ -144,16 +130,16 @@ class Stepping(LearnerBase):
     def _trainable_rows(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
         """The graded trajectories a step may take (whole groups only), and the lineage's
         version ordinals."""
-        with self.engine.connect() as conn:
+        with self.state.engine.connect() as conn:
             waiting = grade_queue.incomplete_groups(conn)
             trainable = grade_queue.trainable_grades(
-                conn, keys=self.config.keys, tenant=self.lineage
+                conn, keys=self.state.config.keys, tenant=self.state.tenant
             )
             rows = [r for r in trainable if r["group_key"] not in waiting]
             ordinals = (
                 policy_versions.version_ordinals(conn)
-                if self.lineage is None
-                else policy_versions.lineage_ordinals(conn, self.lineage)
+                if self.state.tenant is None
+                else policy_versions.lineage_ordinals(conn, self.state.tenant)
             )
         return rows, ordinals
 
@@ -176,28 +162,29 @@ class Stepping(LearnerBase):
             for r in rows
             if r["policy_version"] in ordinals
         ]
-        if self.config.shuffle_rewards:
+        if self.state.config.shuffle_rewards:
             scored = shuffle_rewards(scored)
         return scored, unknown
 
     def _waits(self, fresh: int) -> bool:
         """Whether a ready step waits: for the serving version's own samples (`fresh` of
         them carry a signal), or for the replicas to go idle."""
-        if self.fresh.should_wait(fresh >= self.config.batch_trajectories):
+        state, lineage = self.state, self.state.lineage
+        if lineage.fresh.should_wait(fresh >= state.config.batch_trajectories):
             # the serving version is answering: train on its own samples, not on the
             # older ones answered while the last step trained
-            self.activity = (
+            state.activity = (
                 f"step ready, waiting for the serving version's samples ({fresh} of "
-                f"{self.config.batch_trajectories} with a signal, "
-                f"{self.fresh.waited():.0f}s of {self.config.fresh_wait:g}s)"
+                f"{state.config.batch_trajectories} with a signal, "
+                f"{lineage.fresh.waited():.0f}s of {state.config.fresh_wait:g}s)"
             )
             return True
-        if self.traffic.should_wait():
+        if lineage.traffic.should_wait():
             # vLLM is generating on the cores (or GPU) the step would take: grade on, and
             # train on everything graded meanwhile once it is idle
-            self.activity = (
-                f"step ready, waiting for idle replicas ({self.traffic.busy:g} requests, "
-                f"{self.traffic.waited():.0f}s of {self.config.yield_to_traffic:g}s)"
+            state.activity = (
+                f"step ready, waiting for idle replicas ({lineage.traffic.busy:g} requests, "
+                f"{lineage.traffic.waited():.0f}s of {state.config.yield_to_traffic:g}s)"
             )
             return True
         return False
@@ -205,35 +192,37 @@ class Stepping(LearnerBase):
     def _say_if_no_signal(self, scored: list[Scored], with_signal: int) -> None:
         """Before the first step: say once, with the fix, when the graded trajectories carry
         no signal at all (no step would ever be ready, so no step line would say it)."""
-        if self.step > 0 or self._said_no_signal:
+        state = self.state
+        if state.step > 0 or state.said_no_signal:
             return
         why = no_signal(
             [s.reward for s in scored],
             with_signal=with_signal,
-            batch=self.config.batch_trajectories,
+            batch=state.config.batch_trajectories,
         )
         if why is not None:
             log.warning("%s", why)
-            self.activity = why
-            self._said_no_signal = True
+            state.activity = why
+            state.said_no_signal = True
 
     def _not_ready(self) -> None:
         """No step is ready: the waits of the next one that is start anew."""
-        self.fresh.reset()
-        self.traffic.reset()
+        lineage = self.state.lineage
+        lineage.fresh.reset()
+        lineage.traffic.reset()
 
     def _advantages(
         self, scored: list[Scored], current: int
     ) -> tuple[Baselines, list[Any], dict[str, Any]]:
         """Advantages and grouping metrics of `scored`, with a copy of the baselines that
         has their rewards folded in."""
-        baselines = self.baselines.copy()
+        baselines = self.state.lineage.baselines.copy()
         advantaged, group_metrics = compute_advantages(
             scored,
             current_version_index=current,
             baselines=baselines.tasks,
             type_baselines=baselines.types,
-            config=self.grouping,
+            config=self.state.grouping,
         )
         return baselines, advantaged, dict(group_metrics)
 
@@ -263,7 +252,7 @@ class Stepping(LearnerBase):
     ) -> dict[str, dict[str, str]]:
         """Per trajectory, the corrections people made of its replies: the signals in its
         grade (`details`, read here when not given), else those stored for it."""
-        with self.engine.connect() as conn:
+        with self.state.engine.connect() as conn:
             if details is None:
                 details = grade_queue.grade_details(conn, ids)
             graded = {t: signals_in(details.get(t)) for t in ids}
@@ -281,7 +270,7 @@ class Stepping(LearnerBase):
         """The batch's fresh trajectories grouping gave no advantage (a flat group) that
         hold a correction: advantage 0, so hindsight is what they train on."""
         have = {a.trajectory_id for a in advantaged}
-        oldest = current - self.grouping.max_staleness
+        oldest = current - self.state.grouping.max_staleness
         rest = [s for s in scored if s.trajectory_id not in have and s.version_index >= oldest]
         found = self._corrections([s.trajectory_id for s in rest])
         return [
@@ -292,18 +281,19 @@ class Stepping(LearnerBase):
         self, pairs: list[tuple[Sample, float]], details: dict[str, dict[str, Any]]
     ) -> tuple[list[tuple[Sample, float]], Distilled]:
         """The pairs with hindsight targets on the corrected replies (learner/hindsight.py)."""
-        assert self.trainer is not None
+        state, lineage = self.state, self.state.lineage
+        assert lineage.trainer is not None
         stats = Distilled()
-        frame = self.hint_frame
+        frame = state.hint_frame
         if not isinstance(frame, HintFrame):
             return pairs, stats
         hints = self._corrections(list(details), details)
-        coef = self.config.hindsight
+        coef = state.config.hindsight
         out = [
             (
                 distilled(
                     sample, advantage, hints[sample.trajectory_id], frame,
-                    self.trainer.logprobs_of, coef, stats,
+                    lineage.trainer.logprobs_of, coef, stats,
                 ),
                 advantage,
             )
@@ -314,8 +304,8 @@ class Stepping(LearnerBase):
     def _batch_limit(self) -> int:
         """Trajectories with a signal a step trains on at most (0: no bound): never fewer
         than a step waits for (both are live knobs)."""
-        bound = self.config.max_batch_trajectories
-        return 0 if bound <= 0 else max(bound, self.config.batch_trajectories)
+        bound = self.state.config.max_batch_trajectories
+        return 0 if bound <= 0 else max(bound, self.state.config.batch_trajectories)
 
     def _train(
         self,
@@ -328,52 +318,58 @@ class Stepping(LearnerBase):
     ) -> None:
         """One step on `advantaged`; `considered`: every trajectory it consumes (marked with
         the step); `waiting`: how many with a signal were left for a later step."""
-        assert self.trainer is not None and self.publisher is not None and self.serving
+        state, lineage = self.state, self.state.lineage
+        assert lineage.trainer is not None and lineage.publisher is not None and lineage.serving
         account = StepAccount.of_grouping(
             group_metrics, considered=len(considered), waiting=waiting
         )
         batch = self._build_batch(advantaged, account)
-        step = self.step + 1
+        step = state.step + 1
         metrics, training_cpu, threads = self._optimize(step, batch)
         account.trained(metrics)
         metrics.update(
             group_metrics,
-            learning_rate=self.config.learning_rate,
+            learning_rate=state.config.learning_rate,
             skipped_calls=dict(batch.skipped),
             **account.metrics(),
         )
         # one assignment: the heartbeat thread reads it
-        self.last_batch = {"step": step, "trained": not metrics.get("skipped"), **account.metrics()}
+        state.last_batch = {
+            "step": step,
+            "trained": not metrics.get("skipped"),
+            **account.metrics(),
+        }
         if metrics.get("skipped"):
             self._nothing_trained(considered, baselines, account, batch.truncation)
             return
         if account.low:
             log.warning("step %d %s", step, account.warning())
         try:
-            result = self._publish_step(step, metrics, considered, baselines)
+            result = self.publishing.publish_step(step, metrics, considered, baselines)
         except BaseException:
-            if self.step < step:
+            if state.step < step:
                 # the optimizer stepped, but no record says so: back to the serving weights,
                 # so the step is neither lost nor done twice (its batch is trained again)
-                self._reload_trainer()
+                self.weights.reload()
             raise
         finally:
-            self._last_step_end = time.monotonic()
+            state.last_step_end = time.monotonic()
         if result is None:
             return  # an operator changed what serves meanwhile: trained again from there
         times = _step_time(group_metrics, metrics, training_cpu, threads, result.swap_seconds)
         metrics.update(times.metrics())
         self._log_step(step, account, metrics, times, result, batch.truncation)
-        self.reporter.step(step, {**metrics, "published": result.ok})
-        if result.ok and self.guard is not None:
-            self._guard_step(step)
+        state.reporter.step(step, {**metrics, "published": result.ok})
+        if result.ok and lineage.guard is not None:
+            self.guarding.check(step)
 
     def _build_batch(self, advantaged: list[Any], account: StepAccount) -> StepBatch:
         """The samples of the advantaged trajectories the trainer can take, with their
         advantages (per-turn credit and hindsight applied), and what was left out, why."""
-        assert self.trainer is not None
+        state, lineage = self.state, self.state.lineage
+        assert lineage.trainer is not None
         advantage_of = {a.trajectory_id: a.advantage for a in advantaged}
-        trajectories = list(iter_trajectories(self.engine, ids=list(advantage_of)))
+        trajectories = list(iter_trajectories(state.engine, ids=list(advantage_of)))
         samples: list[Sample] = []
         advantages: list[float] = []
         skipped: Counter[str] = Counter()  # calls not trained on, by reason
@@ -382,23 +378,23 @@ class Stepping(LearnerBase):
                 samples.append(sample)
                 advantages.append(advantage_of[trajectory["id"]])
         details: dict[str, dict[str, Any]] = {}
-        if self.config.turn_credit or self.config.hindsight > 0:
+        if state.config.turn_credit or state.config.hindsight > 0:
             # what per-turn credit and hindsight read: the batch's grades, read once
-            with self.engine.connect() as conn:
+            with state.engine.connect() as conn:
                 details = grade_queue.grade_details(conn, [t["id"] for t in trajectories])
-        if self.config.turn_credit:
+        if state.config.turn_credit:
             groups = {a.trajectory_id: a.group for a in advantaged}
             samples = self._credit_turns(trajectories, samples, groups, details)
         pairs: list[tuple[Sample, float]] = []
         left_out: Counter[str] = Counter()  # samples the trainer is not given, by reason
         for sample, advantage in zip(samples, advantages, strict=True):
-            why = self.trainer.untrainable(sample)
+            why = lineage.trainer.untrainable(sample)
             if why is None:
                 pairs.append((sample, advantage))
             else:
                 left_out[why] += 1
         hindsight = None
-        if self.config.hindsight > 0:
+        if state.config.hindsight > 0:
             pairs, hindsight = self._distil(pairs, details)
         account.built(
             calls_skipped=skipped,
@@ -412,17 +408,17 @@ class Stepping(LearnerBase):
     def _optimize(self, step: int, batch: StepBatch) -> tuple[dict[str, Any], float, int]:
         """The optimizer step on the batch: its metrics, the trainer's CPU seconds and
         threads (how much of the cores it had)."""
-        assert self.trainer is not None and self.serving is not None
-        self.activity = f"training step {step}"
+        assert self.state.lineage.trainer is not None and self.state.lineage.serving is not None
+        self.state.activity = f"training step {step}"
         # the knob as the operator or the command line last set it, whatever the optimizer
         # state loaded from a checkpoint says
-        self.trainer.set_learning_rate(self.config.learning_rate)
-        self._trainer_is_serving = False  # until a record says what it holds
+        self.state.lineage.trainer.set_learning_rate(self.state.config.learning_rate)
+        self.state.lineage.trainer_is_serving = False  # until a record says what it holds
         cpu_before = time.process_time()
-        metrics = self.trainer.step(
+        metrics = self.state.lineage.trainer.step(
             [s for s, _ in batch.pairs],
             [a for _, a in batch.pairs],
-            fresh_version=self.serving["version"],
+            fresh_version=self.state.lineage.serving["version"],
         )
         training_cpu = time.process_time() - cpu_before
         threads = torch.get_num_threads()
@@ -451,12 +447,13 @@ class Stepping(LearnerBase):
     ) -> None:
         """Nothing trainable (all truncated, without captured tokens, or mismatched): no new
         version, and no optimizer step; the batch is marked as consumed."""
-        self._trainer_is_serving = True
-        with self.engine.begin() as conn:
+        state, lineage = self.state, self.state.lineage
+        lineage.trainer_is_serving = True
+        with state.engine.begin() as conn:
             grade_queue.mark_trained(conn, trajectory_ids=considered, step=-1)
             save_baselines(conn, baselines)
-        self.baselines = baselines
-        self._last_step_end = time.monotonic()
+        lineage.baselines = baselines
+        state.last_step_end = time.monotonic()
         log.warning(
             "batch of %d trajectories had nothing to train on: %s%s",
             len(considered),
@@ -487,7 +484,7 @@ class Stepping(LearnerBase):
             account.summary(),
             int(metrics.get("trained_tokens", 0)),
             metrics.get("mean_reward", float("nan")),
-            self.config.learning_rate,
+            self.state.config.learning_rate,
             metrics.get("loss", float("nan")),
             metrics.get("clip_fraction", float("nan")),
             metrics.get("behaviour_clip_fraction", float("nan")),

@@ -76,5 +76,5 @@ def test_a_judge_that_was_away_grades_once_it_is_back(
     finally:
         judge.close()
         gate.shut()
-        learner.engine.dispose()
+        learner.state.engine.dispose()
         engine.dispose()

@@ -98,7 +98,7 @@ def test_a_learner_killed_mid_publish_loses_no_step_and_serves_nothing_unverifie
         if first.poll() is None:
             first.kill()
         log.close()
-        second.engine.dispose()
+        second.state.engine.dispose()
         engine.dispose()
 
 
@@ -200,5 +200,5 @@ def test_a_learner_killed_mid_step_trains_its_batch_once_after_a_restart(
             first.kill()
         log.close()
         if second is not None:
-            second.engine.dispose()
+            second.state.engine.dispose()
         engine.dispose()

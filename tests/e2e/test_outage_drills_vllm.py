@@ -74,7 +74,9 @@ def test_postgres_stopped_during_a_publish(
         running = LearnerThread(learner).start()
         wait_until(lambda: heartbeat(engine).get("serving"), "the learner is up", 120)
         traffic.batch("batch")
-        assert publish.reached.wait(120), f"the learner never published step 1: {learner.activity}"
+        assert publish.reached.wait(120), (
+            f"the learner never published step 1: {learner.state.activity}"
+        )
         assert gated(proxy)
 
         pg.stop()
@@ -82,7 +84,7 @@ def test_postgres_stopped_during_a_publish(
         # the proxy still answers: a call for the fenced replica waits, then a 503
         held = traffic.call("held", timeout=30)
         assert held.status_code == 503 and held.json()["error"]["code"] == "upstream_busy"
-        wait_until(lambda: "retrying" in learner.activity, "the learner waits for the store")
+        wait_until(lambda: "retrying" in learner.state.activity, "the learner waits for the store")
 
         pg.start()
         running.join(180)  # it restores the serving version, then trains the batch again
@@ -139,7 +141,7 @@ def test_postgres_stopped_during_a_step(
         pg.stop()  # the optimizer stepped; nothing records the step yet
         during = traffic.batch("during", 2)  # the proxy answers on, recording into its spool
         step.released.set()  # the step ends into a store that is away
-        wait_until(lambda: "retrying" in learner.activity, "the learner waits for the store")
+        wait_until(lambda: "retrying" in learner.state.activity, "the learner waits for the store")
 
         pg.start()
         running.join(180)  # it trains the batch again, from the serving weights
@@ -161,7 +163,7 @@ def test_postgres_stopped_during_a_step(
         if running is not None:
             running.stop()
         if learner is not None:
-            learner.engine.dispose()
+            learner.state.engine.dispose()
         if engine is not None:
             engine.dispose()
         pg.remove()
@@ -191,7 +193,9 @@ def test_vllm_killed_during_a_publish(
         wait_until(lambda: heartbeat(engine).get("serving"), "the learner is up", 120)
         base = heartbeat(engine)["serving"]
         traffic.batch("batch")
-        assert publish.reached.wait(120), f"the learner never published step 1: {learner.activity}"
+        assert publish.reached.wait(120), (
+            f"the learner never published step 1: {learner.state.activity}"
+        )
         assert gated(proxy)
 
         assert vllm.proc is not None
@@ -199,7 +203,7 @@ def test_vllm_killed_during_a_publish(
         vllm.proc.wait()
         vllm.proc = None
         publish.released.set()
-        wait_until(lambda: "retrying" in learner.activity, "the learner waits for vLLM", 60)
+        wait_until(lambda: "retrying" in learner.state.activity, "the learner waits for vLLM", 60)
         held = traffic.call("held", timeout=30)
         assert held.status_code == 503  # fenced off: nobody gets a replica in an unknown state
 
@@ -231,5 +235,5 @@ def test_vllm_killed_during_a_publish(
     finally:
         publish.released.set()
         running.stop()
-        learner.engine.dispose()
+        learner.state.engine.dispose()
         engine.dispose()

@@ -104,10 +104,10 @@ def test_a_refused_row_costs_its_own_line_of_the_conversation_only(
             trained = conn.execute(
                 select(Grade.trained_in_step).where(Grade.trajectory_id == chain["id"])
             ).scalar_one()
-        assert trained == 1 and learner.step == 1
+        assert trained == 1 and learner.state.step == 1
         assert_invariants(engine, traffic.answered)
     finally:
-        learner.engine.dispose()
+        learner.state.engine.dispose()
         engine.dispose()
 
 

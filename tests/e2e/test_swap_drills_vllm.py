@@ -52,7 +52,7 @@ def test_a_version_that_fails_its_probe_serves_no_one_while_a_client_streams(
     traffic = Traffic(proxy, vllm.model_name)
     try:
         learner.start()
-        original = learner.serving["version"]
+        original = learner.state.shared.serving["version"]
         graded_batch(traffic, learner, engine, "batch")
         wrong_weights_once(learner)
         # a client streams when the swap starts; others call while the replica is fenced off
@@ -92,7 +92,7 @@ def test_a_version_that_fails_its_probe_serves_no_one_while_a_client_streams(
         assert current_version(vllm.url) == original
         assert not gated(proxy)
     finally:
-        learner.engine.dispose()
+        learner.state.engine.dispose()
         engine.dispose()
 
 
@@ -120,9 +120,11 @@ def test_an_operator_rollback_waits_for_the_learner_publish_and_wins_over_its_ne
         learner.start()
         # the learner's side of the admin API's swaps, as `onthejob learn` runs it
         worker = swap_worker(learner)
-        base = learner.serving["version"]
+        base = learner.state.shared.serving["version"]
         graded_batch(traffic, learner, engine, "first")
-        assert learner.maybe_train() and learner.serving["version"].startswith("step-1-")
+        assert learner.maybe_train() and learner.state.shared.serving["version"].startswith(
+            "step-1-"
+        )
 
         # step 2 publishes while a stream keeps its replica draining: the lease is the
         # learner's, and an operator's rollback asks for it meanwhile
@@ -132,7 +134,7 @@ def test_an_operator_rollback_waits_for_the_learner_publish_and_wins_over_its_ne
         training.start()
         wait_until(lambda: gated(proxy), "the learner's publish fences the replica off")
         holder = lease.who(engine)
-        assert holder is not None and holder["holder"] == learner.holder
+        assert holder is not None and holder["holder"] == learner.state.holder
         rolled: list[httpx.Response] = []
         operator = threading.Thread(
             target=lambda: rolled.append(admin(proxy, "POST", f"/versions/{base}/rollback"))
@@ -157,12 +159,12 @@ def test_an_operator_rollback_waits_for_the_learner_publish_and_wins_over_its_ne
 
         # the learner trains on from the operator's version, never over it
         assert not learner.maybe_train()
-        assert learner.serving["version"] == label
+        assert learner.state.shared.serving["version"] == label
         assert_invariants(engine, traffic.answered)
     finally:
         if worker is not None:
             worker.stop()
-        learner.engine.dispose()
+        learner.state.engine.dispose()
         engine.dispose()
 
 
@@ -185,16 +187,16 @@ def test_a_step_trained_while_an_operator_promotes_is_dropped_and_trained_again(
         learner.start()
         # the learner's side of the admin API's swaps, as `onthejob learn` runs it
         worker = swap_worker(learner)
-        control.follow(learner)
-        base = learner.serving["version"]
+        control.follow(learner.state)
+        base = learner.state.shared.serving["version"]
         graded_batch(traffic, learner, engine, "first")
         assert learner.maybe_train()
-        step_1 = learner.serving["version"]
+        step_1 = learner.state.shared.serving["version"]
         assert admin(proxy, "POST", f"/versions/{base}/rollback").status_code == 200
 
         second = graded_batch(traffic, learner, engine, "second")
-        learner._follow_operator()
-        step = learner.trainer.step
+        learner.stepping.follow_operator()
+        step = learner.state.shared.trainer.step
         promoted: list[httpx.Response] = []
 
         def step_then_promote(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -203,7 +205,7 @@ def test_a_step_trained_while_an_operator_promotes_is_dropped_and_trained_again(
             promoted.append(admin(proxy, "POST", f"/versions/{step_1}/promote"))
             return metrics
 
-        learner.trainer.step = step_then_promote  # type: ignore[method-assign]
+        learner.state.shared.trainer.step = step_then_promote  # type: ignore[method-assign]
         assert learner.maybe_train()
         assert promoted[0].status_code == 200, promoted[0].text
         label = promoted[0].json()["serving"]
@@ -221,18 +223,20 @@ def test_a_step_trained_while_an_operator_promotes_is_dropped_and_trained_again(
             )
             steps = conn.execute(select(TrainingStep.step)).scalars().all()
         # the step trained on replaced weights: not published, its batch still pending
-        assert learner.step == 1 and list(steps) == [1]
+        assert learner.state.step == 1 and list(steps) == [1]
         assert pending == [None] * len(second)
-        assert learner.serving["version"] == label and current_version(vllm.url) == label
+        assert (
+            learner.state.shared.serving["version"] == label and current_version(vllm.url) == label
+        )
 
         assert learner.maybe_train()  # trained again, from the promoted weights
         with engine.connect() as conn:
             parent = policy_versions.serving_version(conn)["parent"]
             rates = conn.execute(select(TrainingStep.metrics)).scalars().all()
-        assert learner.step == 2 and parent == label
+        assert learner.state.step == 2 and parent == label
         # the operator's rate through three trainer reloads (two rollbacks, one dropped step)
         assert [m["learning_rate"] for m in rates] == [7e-4, 7e-4]
-        assert learner.trainer.optimizer.param_groups[0]["lr"] == 7e-4
+        assert learner.state.shared.trainer.optimizer.param_groups[0]["lr"] == 7e-4
         assert_invariants(engine, traffic.answered)
         assert_baselines_count_each_reward_once(engine)  # the dropped step's rewards: once
 
@@ -240,15 +244,15 @@ def test_a_step_trained_while_an_operator_promotes_is_dropped_and_trained_again(
         # set later than the operator's, so it counts
         restarted = drill_learner(db_url, vllm, tiny_model, tmp_path, learning_rate=2e-3)
         restarted.start()
-        control.follow(restarted)
+        control.follow(restarted.state)
         assert restarted.config.learning_rate == 2e-3
-        assert restarted.trainer.optimizer.param_groups[0]["lr"] == 2e-3
+        assert restarted.state.shared.trainer.optimizer.param_groups[0]["lr"] == 2e-3
     finally:
         if worker is not None:
             worker.stop()
-        learner.engine.dispose()
+        learner.state.engine.dispose()
         if restarted is not None:
-            restarted.engine.dispose()
+            restarted.state.engine.dispose()
         engine.dispose()
 
 
@@ -287,10 +291,10 @@ def test_the_heartbeat_beats_through_a_long_step(
         assert long_step.reached.is_set()
         long_step.released.set()
         training.join(60)
-        assert learner.step == 1
+        assert learner.state.step == 1
         assert_invariants(engine, traffic.answered)
     finally:
         long_step.released.set()
         learner.heartbeat.stop()
-        learner.engine.dispose()
+        learner.state.engine.dispose()
         engine.dispose()

@@ -310,18 +310,20 @@ def test_a_learner_killed_before_writing_a_transferred_version_serves_its_parent
     config = learner_config(db_url, vllm, tiny_model, tmp_path)
     first = Learner(config)
     first.start()
-    assert first.transport == "transfer"
-    assert first.serving is not None and isinstance(first.publisher, FullWeightPublisher)
-    assert isinstance(first.publisher.transport, WeightFileTransfer)
-    base = first.serving
+    assert first.state.transport == "transfer"
+    assert first.state.shared.serving is not None and isinstance(
+        first.state.shared.publisher, FullWeightPublisher
+    )
+    assert isinstance(first.state.shared.publisher.transport, WeightFileTransfer)
+    base = first.state.shared.serving
     # a step's publish as far as a kill lets it go: verified, recorded, serving, no files
     model = load_model(tiny_model)
     nudged(model, 0.5)
     version = "step-1-killed"
-    target = first.checkpoints / version
+    target = first.state.checkpoints / version
 
     def record(result: Any) -> None:
-        with first.engine.begin() as conn:
+        with first.state.engine.begin() as conn:
             policy_versions.add_version(
                 conn,
                 version=version,
@@ -332,7 +334,7 @@ def test_a_learner_killed_before_writing_a_transferred_version_serves_its_parent
                 probe=result.fingerprint.state(),
             )
 
-    result = first.publisher.publish(
+    result = first.state.shared.publisher.publish(
         target,
         version,
         expected=logprobs_of(model),
@@ -342,20 +344,20 @@ def test_a_learner_killed_before_writing_a_transferred_version_serves_its_parent
     assert result.ok, result.error
     assert current_version(vllm.url) == version and not target.exists()
 
-    first.publisher.close()  # its weight file in /dev/shm, as a learner's clean stop does
+    first.state.shared.publisher.close()  # its weight file in /dev/shm, as at a clean stop
     second = Learner(config)
     second.start()
 
-    assert second.serving is not None
-    assert second.serving["version"].startswith(f"{base['version']}+rollback-")
-    assert second.serving["checkpoint_path"] == base["checkpoint_path"]
-    assert current_version(vllm.url) == second.serving["version"]
+    assert second.state.shared.serving is not None
+    assert second.state.shared.serving["version"].startswith(f"{base['version']}+rollback-")
+    assert second.state.shared.serving["checkpoint_path"] == base["checkpoint_path"]
+    assert current_version(vllm.url) == second.state.shared.serving["version"]
     with httpx.Client(timeout=60) as client:
         report = weight_check.verify(client, vllm.url, Path(base["checkpoint_path"]))
     assert report.ok, report.summary()
-    assert isinstance(second.publisher, FullWeightPublisher)
-    assert isinstance(second.publisher.transport, WeightFileTransfer)
-    second.publisher.close()
+    assert isinstance(second.state.shared.publisher, FullWeightPublisher)
+    assert isinstance(second.state.shared.publisher.transport, WeightFileTransfer)
+    second.state.shared.publisher.close()
 
 
 def test_a_direct_load_that_fails_is_repaired_from_disk_and_the_next_goes_layerwise(

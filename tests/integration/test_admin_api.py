@@ -452,32 +452,35 @@ def test_learner_pause_and_knobs_reach_the_learner(
         )
     )
     try:
-        assert follow(learner) is True  # paused
-        assert learner.config.learning_rate == 3e-4
-        assert learner.trainer_config.learning_rate == 3e-4
-        assert learner.grouping.max_staleness == 1
+        assert follow(learner.state) is True  # paused
+        assert learner.state.config.learning_rate == 3e-4
+        assert learner.state.trainer_config.learning_rate == 3e-4
+        assert learner.state.grouping.max_staleness == 1
         status = api.get("/learner").json()
         assert status["state"] == "paused" and status["heartbeat"]["learning_rate"] == 3e-4
         api.post("/learner/resume")
         api.patch("/learner/knobs", json={"batch_trajectories": 2})
-        assert follow(learner) is False
-        assert learner.config.batch_trajectories == 2
+        assert follow(learner.state) is False
+        assert learner.state.config.batch_trajectories == 2
         assert api.get("/learner").json()["state"] == "running"
         # a knob set to null goes back to what the learner was started with
         api.patch("/learner/knobs", json={"learning_rate": None})
-        follow(learner)
-        assert learner.config.learning_rate == LearnerConfig.model_fields["learning_rate"].default
+        follow(learner.state)
         assert (
-            learner.trainer_config.learning_rate
+            learner.state.config.learning_rate
             == LearnerConfig.model_fields["learning_rate"].default
         )
-        assert learner.config.batch_trajectories == 2
+        assert (
+            learner.state.trainer_config.learning_rate
+            == LearnerConfig.model_fields["learning_rate"].default
+        )
+        assert learner.state.config.batch_trajectories == 2
         # tasks loaded through the API reach the learner's grader table
         api.post("/tasks", json={"tasks": [{"id": "k", "answer": "7"}]})
-        follow(learner)
-        assert learner.tasks["k"].answer == "7"
+        follow(learner.state)
+        assert learner.state.tasks["k"].answer == "7"
     finally:
-        learner.engine.dispose()
+        learner.state.engine.dispose()
 
 
 def test_the_batch_bound_is_a_live_knob_and_the_last_batch_is_reported(
@@ -489,28 +492,28 @@ def test_the_batch_bound_is_a_live_knob_and_the_last_batch_is_reported(
         LearnerConfig(database_url=db_url, model=str(tmp_path), checkpoints=str(tmp_path / "c"))
     )
     try:
-        assert learner.config.max_batch_trajectories == 32
-        learner.last_batch = {"trained": False, "considered_trajectories": 3, "dropped": []}
-        follow(learner)
-        assert learner.config.max_batch_trajectories == 8
+        assert learner.state.config.max_batch_trajectories == 32
+        learner.state.last_batch = {"trained": False, "considered_trajectories": 3, "dropped": []}
+        follow(learner.state)
+        assert learner.state.config.max_batch_trajectories == 8
         status = api.get("/learner").json()
         assert status["control"]["max_batch_trajectories"] == 8
         assert status["heartbeat"]["max_batch_trajectories"] == 8
         assert status["heartbeat"]["last_batch"]["considered_trajectories"] == 3
         api.patch("/learner/knobs", json={"max_batch_trajectories": None})
-        follow(learner)
-        assert learner.config.max_batch_trajectories == 32
+        follow(learner.state)
+        assert learner.state.config.max_batch_trajectories == 32
         # the wait for the serving version's own samples, likewise
         assert error_of(api.patch("/learner/knobs", json={"fresh_wait": -1}), 400)
         api.patch("/learner/knobs", json={"fresh_wait": 90})
-        follow(learner)
-        assert learner.config.fresh_wait == learner.fresh.limit_seconds == 90
+        follow(learner.state)
+        assert learner.state.config.fresh_wait == learner.state.shared.fresh.limit_seconds == 90
         assert api.get("/learner").json()["heartbeat"]["fresh_wait"] == 90
         api.patch("/learner/knobs", json={"fresh_wait": None})
-        follow(learner)
-        assert learner.fresh.limit_seconds == 0
+        follow(learner.state)
+        assert learner.state.shared.fresh.limit_seconds == 0
     finally:
-        learner.engine.dispose()
+        learner.state.engine.dispose()
 
 
 def test_stats(api: httpx.Client, engine: Engine) -> None:

@@ -59,10 +59,10 @@ def test_feedback_grades_what_has_feedback_and_waits_for_the_rest(
         assert grades == {"t0": 1.0, "t1": 0.0}
         with engine.begin() as conn:
             add_feedback(conn, reward=0.5, trajectory_id="t2", session_key=None, comment=None)
-        learner._pending_since = 0.0  # the recheck interval has passed
+        learner.grading.pending_since = 0.0  # the recheck interval has passed
         assert learner.grade_finished() == 1
     finally:
-        learner.engine.dispose()
+        learner.state.engine.dispose()
 
 
 def _learner(db_url: str, tmp_path: Path, grader: str, **extra: Any) -> Learner:
@@ -128,7 +128,7 @@ def test_a_transient_failure_is_graded_again_with_back_off_then_gives_up(
             assert grade_queue.ungraded_finished(conn, limit=10) == []
     finally:
         sample_rewards.SERVICE_UP["up"] = False
-        learner.engine.dispose()
+        learner.state.engine.dispose()
 
 
 def test_the_newest_are_graded_first_and_the_too_stale_not_at_all(
@@ -184,7 +184,7 @@ def test_the_newest_are_graded_first_and_the_too_stale_not_at_all(
             grade_queue.mark_trained(conn, trajectory_ids=["old"], step=1)
             assert grade_queue.stale_skipped(conn) == []
     finally:
-        learner.engine.dispose()
+        learner.state.engine.dispose()
 
 
 def test_regrade_grades_the_failed_ones_again_and_leaves_trained_ones(
@@ -200,7 +200,7 @@ def test_regrade_grades_the_failed_ones_again_and_leaves_trained_ones(
     try:
         assert learner.grade_finished() == 3
     finally:
-        learner.engine.dispose()
+        learner.state.engine.dispose()
     with engine.begin() as conn:
         assert grade_queue.grading_failures(conn) == {"retrying": 0, "failed": 3}
         grade_queue.mark_trained(conn, trajectory_ids=["t2"], step=1)  # as if a step used it

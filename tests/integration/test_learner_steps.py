@@ -79,8 +79,8 @@ def _learner(db_url: str, tmp_path: Path, **extra: Any) -> Learner:
 
 
 def _serve_newest(learner: Learner) -> None:
-    with learner.engine.connect() as conn:
-        learner.serving = policy_versions.serving_version(conn)
+    with learner.state.engine.connect() as conn:
+        learner.state.shared.serving = policy_versions.serving_version(conn)
 
 
 def _trained_in(engine: Engine) -> dict[str, int | None]:
@@ -121,9 +121,9 @@ def test_a_step_takes_the_newest_groups_and_what_waits_grows_stale_not_lost(
         )
         with engine.begin() as conn:  # as a recorded step does
             grade_queue.mark_trained(conn, trajectory_ids=considered, step=step)
-        learner.baselines = baselines
+        learner.state.shared.baselines = baselines
 
-    monkeypatch.setattr(learner, "_train", recorded)
+    monkeypatch.setattr(learner.stepping, "_train", recorded)
     try:
         assert learner.maybe_train()
         first = steps[0]
@@ -149,7 +149,7 @@ def test_a_step_takes_the_newest_groups_and_what_waits_grows_stale_not_lost(
         assert second["metrics"]["dropped_stale"] == 2.0
         assert set(_trained_in(engine).values()) == {1, 2}  # every one accounted for
     finally:
-        learner.engine.dispose()
+        learner.state.engine.dispose()
 
 
 def test_with_fresh_wait_a_ready_step_waits_for_the_serving_version_s_samples(
@@ -167,11 +167,11 @@ def test_with_fresh_wait_a_ready_step_waits_for_the_serving_version_s_samples(
         with engine.begin() as conn:
             grade_queue.mark_trained(conn, trajectory_ids=considered, step=len(steps))
 
-    monkeypatch.setattr(learner, "_train", recorded)
+    monkeypatch.setattr(learner.stepping, "_train", recorded)
     try:
         # a batch with a signal is there, but v0's: the step waits for v1's own samples
         assert not learner.maybe_train() and not steps
-        assert "waiting for the serving version's samples (0 of 2" in learner.activity
+        assert "waiting for the serving version's samples (0 of 2" in learner.state.activity
         _graded(engine, {"new0": ("new", "v1", 0.0), "new1": ("new", "v1", 1.0)})
         assert learner.maybe_train()
         assert steps[0]["trained"] == ["new0", "new1"]  # on-policy; v0's wait for later
@@ -183,15 +183,17 @@ def test_with_fresh_wait_a_ready_step_waits_for_the_serving_version_s_samples(
         _versions(engine, 1, start=2)
         _serve_newest(learner)
         assert not learner.maybe_train() and len(steps) == 1
-        assert learner.fresh.ready_since is not None
-        learner.fresh.ready_since -= 60.0  # the limit has passed (no sleeping in tests)
+        assert learner.state.shared.fresh.ready_since is not None
+        learner.state.shared.fresh.ready_since -= (
+            60.0  # the limit has passed (no sleeping in tests)
+        )
         assert learner.maybe_train()
         assert steps[1]["trained"] == ["old0", "old1"]
         assert steps[1]["staleness_mean"] == steps[1]["staleness_max"] == 2.0  # v0 under v2
         assert steps[1]["fresh_wait_seconds"] >= 60.0
-        assert learner.fresh.ready_since is None  # the next step waits anew
+        assert learner.state.shared.fresh.ready_since is None  # the next step waits anew
     finally:
-        learner.engine.dispose()
+        learner.state.engine.dispose()
 
 
 class _Trainer:
@@ -265,8 +267,8 @@ def _stepping(
     )
     learner = _learner(db_url, tmp_path, batch_trajectories=4, **extra)
     trainer = _Trainer(truncated)  # overlong filtering unless told: every cut reply out
-    learner.trainer = trainer  # type: ignore[assignment]
-    learner.publisher = object()  # type: ignore[assignment]
+    learner.state.shared.trainer = trainer  # type: ignore[assignment]
+    learner.state.shared.publisher = object()  # type: ignore[assignment]
     published: list[dict[str, Any]] = []
 
     def publish(step: int, metrics: dict[str, Any], considered: list[str], baselines: Any):
@@ -276,7 +278,7 @@ def _stepping(
             max_logprob_diff=0.001, error=None,
         )  # fmt: skip
 
-    monkeypatch.setattr(learner, "_publish_step", publish)
+    monkeypatch.setattr(learner.publishing, "publish_step", publish)
     return learner, trainer, published
 
 
@@ -292,7 +294,7 @@ def test_the_step_line_and_metrics_say_what_was_dropped_and_why(
     try:
         assert learner.maybe_train()
     finally:
-        learner.engine.dispose()
+        learner.state.engine.dispose()
     assert sorted(s.trajectory_id for s in trainer.given) == ["g0", "g3"]
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step 1:")]
     assert line.startswith(
@@ -316,7 +318,7 @@ def test_the_step_line_and_metrics_say_what_was_dropped_and_why(
         ("sampling unknown", "calls", 1),
     ]
     assert metrics["skipped_calls"] == {"sampling unknown": 1} and metrics["kept"] == 4.0
-    assert learner.last_batch is not None and learner.last_batch["trained"] is True
+    assert learner.state.last_batch is not None and learner.state.last_batch["trained"] is True
 
 
 def test_a_batch_with_nothing_to_train_on_says_why_by_reason(
@@ -330,9 +332,9 @@ def test_a_batch_with_nothing_to_train_on_says_why_by_reason(
     caplog.set_level(logging.INFO, logger="onthejob.learner")
     try:
         assert learner.maybe_train()
-        beat = heartbeat(learner)
+        beat = heartbeat(learner.state)
     finally:
-        learner.engine.dispose()
+        learner.state.engine.dispose()
     assert trainer.given == [] and published == []  # no version
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
@@ -368,7 +370,7 @@ def test_on_defaults_a_step_whose_every_reply_was_cut_says_so_with_the_fix(
     try:
         assert learner.maybe_train()
     finally:
-        learner.engine.dispose()
+        learner.state.engine.dispose()
     assert sorted(s.trajectory_id for s in trainer.given) == ["g0", "g1", "g3"]
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step 1:")]
     assert "4 of 4 replies were cut at max_tokens" in line
@@ -399,7 +401,7 @@ def test_graded_traffic_without_any_signal_is_said_once_with_the_fix(
         assert not learner.maybe_train()
         assert not learner.maybe_train()
     finally:
-        learner.engine.dispose()
+        learner.state.engine.dispose()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
         "no step yet: 8 graded trajectories, none with a signal (every one was rewarded 0); "
@@ -407,7 +409,7 @@ def test_graded_traffic_without_any_signal_is_said_once_with_the_fix(
         "reply: read a few graded replies (onthejob export) and try a lenient or "
         "partial-credit grader, or easier tasks first"
     ]
-    assert learner.activity.startswith("no step yet")
+    assert learner.state.activity.startswith("no step yet")
 
 
 TRACKED = {"report_to": ["tensorboard", "wandb", "mlflow"], "run_name": "run-1"}
@@ -422,13 +424,17 @@ def test_a_step_reaches_tensorboard_wandb_and_mlflow(
         db_url, engine, tmp_path, monkeypatch, "stop", report_dir=runs, **TRACKED
     )
     try:
-        assert [t.name for t in learner.reporter.trackers] == ["tensorboard", "wandb", "mlflow"]
+        assert [t.name for t in learner.state.reporter.trackers] == [
+            "tensorboard",
+            "wandb",
+            "mlflow",
+        ]
         assert learner.maybe_train()
         verdict = {"type": "qa", "before": {"value": 0.5}, "after": {"value": 0.75}}
-        learner.reporter.guard(1, {"outcome": "kept", "types": [verdict]})
+        learner.state.reporter.guard(1, {"outcome": "kept", "types": [verdict]})
     finally:
-        learner.reporter.close()
-        learner.engine.dispose()
+        learner.state.reporter.close()
+        learner.state.engine.dispose()
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -470,13 +476,13 @@ def test_a_failing_tracker_is_switched_off_once_and_the_learner_goes_on(
         db_url, engine, tmp_path, monkeypatch, "stop", report_dir=tmp_path / "runs", **TRACKED
     )
     try:
-        wandb = next(t for t in learner.reporter.trackers if t.name == "wandb")
+        wandb = next(t for t in learner.state.reporter.trackers if t.name == "wandb")
         wandb.run.finish()  # W&B refuses to log to a finished run: a real failure
         assert learner.maybe_train() and len(published) == 1  # the step is done all the same
-        learner.reporter.step(2, {"mean_reward": 1.0})
+        learner.state.reporter.step(2, {"mean_reward": 1.0})
     finally:
-        learner.reporter.close()
-        learner.engine.dispose()
+        learner.state.reporter.close()
+        learner.state.engine.dispose()
     said = [r.getMessage() for r in caplog.records if "--report-to wandb" in r.getMessage()]
     assert len(said) == 1 and "is off for this run" in said[0], said
     # trackers that cannot start say why, and nothing else happens

@@ -173,30 +173,32 @@ def test_a_learner_restores_gates_a_dead_publisher_left_closed_not_a_finished_sw
         checkpoints=str(tmp_path / "ckpt"),
     )  # fmt: skip
     learner = Learner(config)
-    learner.publisher = SimpleNamespace(upstreams=[A])  # type: ignore[assignment]
+    learner.state.shared.publisher = SimpleNamespace(upstreams=[A])  # type: ignore[assignment]
     restored: list[str | None] = []
     # the verified swap itself needs vLLM (tests/e2e/test_learning_vllm.py): record who asked
     monkeypatch.setattr(
-        learner, "_restore_locked", lambda: restored.append((lease.who(engine) or {})["holder"])
+        learner.startup,
+        "_restore_locked",
+        lambda: restored.append((lease.who(engine) or {})["holder"]),
     )
     now = datetime.now(UTC)
     with engine.begin() as conn:  # another publisher swaps: its lease, its gate closed
         gates.close_gate(conn, upstream=A, holder="swap-requests@x:1:a", now=now)
     assert lease.try_acquire(engine, "swap-requests@x:1:a")
-    assert not learner._gates_left_closed()  # its swap is running: not ours to restore
+    assert not learner.startup.gates_left_closed()  # its swap is running: not ours to restore
 
     # it ends after the learner read the gates and before it read the lease
     with engine.begin() as conn:
         gates.open_gate(conn, upstream=A, version="v1", now=now)
     lease.release(engine, "swap-requests@x:1:a")
-    learner._restore()
+    learner.startup.restore()
     assert restored == []
     assert lease.who(engine) is None  # and the lease is free for the operator's next one
 
     # a publisher that died mid-swap: its gate stays closed, its lease expired
     with engine.begin() as conn:
         gates.close_gate(conn, upstream=A, holder="learner@x:2:b", now=now)
-    assert learner._gates_left_closed()
-    learner._restore()
-    assert restored == [learner.holder]  # restored under the lease
+    assert learner.startup.gates_left_closed()
+    learner.startup.restore()
+    assert restored == [learner.state.holder]  # restored under the lease
     assert lease.who(engine) is None

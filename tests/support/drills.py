@@ -67,7 +67,9 @@ def drill_learner(db_url: str, vllm: VLLMServer, model: Path, tmp: Path, **extra
 def swap_worker(learner: Learner) -> SwapRequestWorker:
     """The learner's worker for the admin API's rollbacks and promotes, started."""
     return SwapRequestWorker(
-        learner.engine, learner.config.upstreams, drain_timeout=learner.config.swap_drain_timeout
+        learner.state.engine,
+        learner.state.config.upstreams,
+        drain_timeout=learner.state.config.swap_drain_timeout,
     ).start()
 
 
@@ -203,26 +205,26 @@ def wrong_weights_once(learner: Learner) -> None:
     """The learner's next version holds wrong weights that pass the file checks (its tied
     embeddings scaled): vLLM loads them, and only the probe can tell. By transfer, the
     tensors handed to the replicas are the wrong ones; by disk, the checkpoint's files."""
-    if learner.transport == "transfer":
-        served = learner._served_tensors
+    if learner.state.transport == "transfer":
+        served = learner.publishing.served_tensors
 
         def served_wrong() -> dict[str, Any]:
-            learner._served_tensors = served  # type: ignore[method-assign]
+            learner.publishing.served_tensors = served  # type: ignore[method-assign]
             return _embeddings_scaled(served())
 
-        learner._served_tensors = served_wrong  # type: ignore[method-assign]
+        learner.publishing.served_tensors = served_wrong  # type: ignore[method-assign]
         return
-    save = learner._save
+    save = learner.publishing.save
 
     def save_wrong(target: Path) -> Path:
-        learner._save = save  # type: ignore[method-assign]
+        learner.publishing.save = save  # type: ignore[method-assign]
         checkpoint = save(target)
         path = checkpoint / WEIGHTS_FILE
         tensors = _embeddings_scaled(load_file(str(path)))
         save_file(tensors, str(path), metadata={"format": "pt"})
         return checkpoint
 
-    learner._save = save_wrong  # type: ignore[method-assign]
+    learner.publishing.save = save_wrong  # type: ignore[method-assign]
 
 
 def _embeddings_scaled(tensors: dict[str, Any]) -> dict[str, Any]:
@@ -385,7 +387,7 @@ class LearnerThread:
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
         if self._thread.is_alive():
-            activity = self.learner.activity
+            activity = self.learner.state.activity
             self.stop()
             raise AssertionError(f"the learner is still at: {activity}")
         assert self.error is None, f"the learner failed: {self.error!r}"
@@ -393,7 +395,7 @@ class LearnerThread:
     def stop(self, timeout: float = 60) -> None:
         """Ask it to stop (after any swap under way) and wait: a failed drill leaves no
         learner behind retrying against what the next test starts."""
-        self.learner.stopping.request()
+        self.learner.state.stopping.request()
         if self._thread.ident is not None:
             self._thread.join(timeout)
 

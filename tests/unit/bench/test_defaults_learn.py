@@ -141,6 +141,8 @@ def test_a_model_without_a_chat_template_is_sent_a_plain_prompt() -> None:
     assert chat["messages"] == [{"role": "user", "content": "What is 1 + 2?"}]
     assert plain.body("What is 1 + 2?", 1)["prompt"] == "Q: What is 1 + 2?\nA:"
     assert plain.path == "/v1/completions" and "seed" not in chat
+    # a base model's answer ends with its line; a chat reply ends with the turn
+    assert plain.body("What is 1 + 2?", 1)["stop"] == ["\n"] and "stop" not in chat
     assert chat["temperature"] == 1.0 and chat["n"] == 4 and chat["max_tokens"] == 32
 
 
