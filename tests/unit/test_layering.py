@@ -1,6 +1,7 @@
 """The layering `make lint` enforces (pyproject's [tool.importlinter]): the command line
 (cli/) above proxy and learner, which meet only in store/, which imports neither; inside the
-proxy, layers from the client APIs down to proxy.base, and no import cycles. Checked on the
+proxy, layers from the client APIs down to proxy.base, and no import cycles; inside the
+learner's loop, the orchestrator over its parts, each part over those it calls. Checked on the
 code as it is, and on a copy with one wrong-way import added, which must break the contract
 that forbids it."""
 
@@ -39,7 +40,7 @@ def _copy(tmp_path: Path) -> Path:
 def test_the_code_keeps_its_layers() -> None:
     result = _lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "5 kept, 0 broken" in result.stdout
+    assert "6 kept, 0 broken" in result.stdout
 
 
 def test_a_store_module_importing_the_learner_breaks_the_store_contract(tmp_path: Path) -> None:
@@ -126,3 +127,14 @@ def test_the_learner_importing_the_command_line_breaks_its_layers(tmp_path: Path
         result.stdout
     )
     assert "learner.commands -> cli.main" in result.stdout
+
+
+def test_a_part_of_the_loop_importing_its_caller_breaks_the_loops_layers(tmp_path: Path) -> None:
+    # the weights are held by the step, never the other way round
+    root = _copy(tmp_path)
+    weights = root / "learner" / "loop" / "weights.py"
+    weights.write_text(weights.read_text() + "\nfrom learner.loop import step  # noqa\n")
+    result = _lint_imports(root)
+    assert result.returncode == 1
+    assert "the learner's loop: the orchestrator over its parts" in result.stdout
+    assert "learner.loop.weights -> learner.loop.step" in result.stdout
