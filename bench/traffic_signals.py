@@ -99,8 +99,8 @@ def user_args(arm: str, seed: int, noise: float, silent: float) -> list[str]:
 
 def arm_config(arm: str, seed: int, args: argparse.Namespace, workdir: Path) -> Any:
     """The demo's settings for one arm: its train harness, grader and learner flags."""
-    from learner.demo.cli import DEFAULT_MODEL
     from learner.demo.run import DemoConfig
+    from learner.demo.settings import DEFAULT_MODEL
 
     model = None if args.model == "tiny" else args.model or DEFAULT_MODEL
     config = DemoConfig(

@@ -1,8 +1,9 @@
 """Write the reference pages generated from the code: `make docs`.
 
 - cli.md: every command's `--help`, as `onthejob` prints it;
-- configuration.md: every setting of the proxy (proxy/settings.py) and of the learner
-  (learner/config.py), with its environment variable, flag, default and help text.
+- configuration.md: every setting of the proxy (proxy/settings.py), of the learner
+  (learner/config.py) and of the demo (learner/demo/settings.py), with its environment
+  variable, flag, default and help text.
 
 `tests/unit/test_reference_docs.py` fails when a page differs from what this writes, so a
 setting or flag cannot exist in the code without its line here, nor the other way round.
@@ -22,8 +23,8 @@ WIDTH = "100"  # argparse wraps help at $COLUMNS
 CONFIGURATION_INTRO = """\
 # Configuration
 
-Generated from `proxy/settings.py` and `learner/config.py` by `make docs`; do not edit the
-tables by hand. The flags as the commands print them: [cli.md](cli.md). In the compose
+Generated from `proxy/settings.py`, `learner/config.py` and `learner/demo/settings.py` by
+`make docs`; do not edit the tables by hand. The flags as the commands print them: [cli.md](cli.md). In the compose
 deployment every setting goes in `.env` (`.env.example` lists them all): see
 [Deployment](../operations.md#deployment).
 
@@ -81,8 +82,17 @@ def settings_table(settings: type) -> str:
     return "\n".join(lines) + "\n"
 
 
+DEMO_INTRO = """\
+## The demo (`onthejob demo`)
+
+Flags over `ONTHEJOB_DEMO_<NAME>` environment variables over the defaults. The demo starts
+vLLM, the proxy and the learner itself, with settings of its own recipe: [the demo](../demo.md).
+"""
+
+
 def configuration_page() -> str:
     from learner.config import LearnerConfig
+    from learner.demo.settings import DemoSettings
     from proxy.settings import Settings
 
     return "\n".join(
@@ -92,6 +102,8 @@ def configuration_page() -> str:
             settings_table(Settings),
             LEARNER_INTRO,
             settings_table(LearnerConfig),
+            DEMO_INTRO,
+            settings_table(DemoSettings),
         ]
     )
 

@@ -13,6 +13,7 @@ import pytest
 
 from cli.main import build_parser
 from learner.config import LearnerConfig
+from learner.demo.settings import DemoSettings
 from proxy.settings import Settings
 from store.settings_cli import flag_name
 
@@ -64,7 +65,11 @@ def test_the_cli_page_has_every_command_with_exactly_its_flags() -> None:
 
 @pytest.mark.parametrize(
     ("command", "settings", "extra"),
-    [("serve", Settings, set()), ("learn", LearnerConfig, {"--config"})],
+    [
+        ("serve", Settings, set()),
+        ("learn", LearnerConfig, {"--config"}),
+        ("demo", DemoSettings, set()),
+    ],
 )
 def test_every_setting_has_its_flag_and_every_flag_is_a_setting(
     command: str, settings: type, extra: set[str]
