@@ -24,9 +24,9 @@ CONFIGURATION_INTRO = """\
 # Configuration
 
 Generated from `proxy/settings.py`, `learner/config.py` and `learner/demo/settings.py` by
-`make docs`; do not edit the tables by hand. The flags as the commands print them: [cli.md](cli.md). In the compose
-deployment every setting goes in `.env` (`.env.example` lists them all): see
-[Deployment](../operations.md#deployment).
+`make docs`; do not edit the tables by hand. The flags as the commands print them:
+[cli.md](cli.md). In the compose deployment every setting goes in `.env` (`.env.example` lists
+them all): see [Deployment](../operations.md#deployment).
 
 ## The database and the schema
 
