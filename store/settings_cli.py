@@ -3,7 +3,8 @@
 A field is declared with ``setting(default, "what it does")``; ``add_flags`` gives it a flag
 (``--kebab-name`` unless the field names another), typed from its annotation: a bool gets
 ``--name/--no-name``, a ``Literal`` its choices, a list either a repeatable flag or a
-comma-separated value. Flags default to None, so ``given`` returns only what was typed:
+comma-separated value; a field annotated with a ``FlagParse`` is read by its function. Flags
+default to None, so ``given`` returns only what was typed:
 the settings' own sources (TOML file, environment) fill in the rest. Secrets are declared
 ``cli=False``: a flag would show them to everyone who can list processes.
 """
@@ -13,7 +14,8 @@ from __future__ import annotations
 import argparse
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +25,14 @@ from pydantic_settings import BaseSettings
 
 _MISSING: Any = ...
 _METAVARS: dict[Any, str] = {int: "N", float: "X", str: "TEXT", Path: "PATH"}
+
+
+@dataclass(frozen=True)
+class FlagParse:
+    """``Annotated[T, FlagParse(parse)]``: the flag's text is read by ``parse`` (which raises
+    argparse.ArgumentTypeError on a bad one), for a value no plain type reads."""
+
+    parse: Callable[[str], Any]
 
 
 def setting(
@@ -113,7 +123,10 @@ def _argument(info: FieldInfo) -> dict[str, Any]:
     if extra.get("metavar"):
         argument["metavar"] = extra["metavar"]
     origin = typing.get_origin(kind)
-    if kind is bool:
+    parse = next((m.parse for m in info.metadata if isinstance(m, FlagParse)), None)
+    if parse is not None:
+        argument["type"] = parse
+    elif kind is bool:
         argument["action"] = argparse.BooleanOptionalAction
     elif origin is Literal:
         argument["choices"] = [str(c) for c in typing.get_args(kind)]

@@ -2,8 +2,8 @@
 
 - cli.md: every command's `--help`, as `onthejob` prints it;
 - configuration.md: every setting of the proxy (proxy/settings.py), of the learner
-  (learner/config.py) and of the demo (learner/demo/settings.py), with its environment
-  variable, flag, default and help text.
+  (learner/config.py), of the demo (learner/demo/settings.py) and of rollouts
+  (learner/rollout/settings.py), with its environment variable, flag, default and help text.
 
 `tests/unit/test_reference_docs.py` fails when a page differs from what this writes, so a
 setting or flag cannot exist in the code without its line here, nor the other way round.
@@ -23,8 +23,9 @@ WIDTH = "100"  # argparse wraps help at $COLUMNS
 CONFIGURATION_INTRO = """\
 # Configuration
 
-Generated from `proxy/settings.py`, `learner/config.py` and `learner/demo/settings.py` by
-`make docs`; do not edit the tables by hand. The flags as the commands print them:
+Generated from `proxy/settings.py`, `learner/config.py`, `learner/demo/settings.py` and
+`learner/rollout/settings.py` by `make docs`; do not edit the tables by hand. The flags as the
+commands print them:
 [cli.md](cli.md). In the compose deployment every setting goes in `.env` (`.env.example` lists
 them all): see [Deployment](../operations.md#deployment).
 
@@ -89,10 +90,18 @@ Flags over `ONTHEJOB_DEMO_<NAME>` environment variables over the defaults. The d
 vLLM, the proxy and the learner itself, with settings of its own recipe: [the demo](../demo.md).
 """
 
+ROLLOUT_INTRO = """\
+## Rollouts (`onthejob rollout`)
+
+Flags over `ONTHEJOB_ROLLOUT_<NAME>` environment variables over the defaults. The harness
+command comes after `--`: [rollouts](../rollouts.md).
+"""
+
 
 def configuration_page() -> str:
     from learner.config import LearnerConfig
     from learner.demo.settings import DemoSettings
+    from learner.rollout.settings import RolloutSettings
     from proxy.settings import Settings
 
     return "\n".join(
@@ -104,6 +113,8 @@ def configuration_page() -> str:
             settings_table(LearnerConfig),
             DEMO_INTRO,
             settings_table(DemoSettings),
+            ROLLOUT_INTRO,
+            settings_table(RolloutSettings),
         ]
     )
 

@@ -13,7 +13,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from learner.rollout.settings import CURRICULUM_ONLY, RolloutSettings
 from store.schema import SchemaBehind
+from store.settings_cli import add_flags, given
 from store.url import add_db, database_url, given_database_url
 
 
@@ -36,15 +38,6 @@ def _reading(args: argparse.Namespace, command: str) -> Iterator[Any]:
         ) from None
     finally:
         engine.dispose()
-
-
-def _reward(text: str) -> float | None:
-    if text.lower() == "none":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or 'none', got {text!r}") from None
 
 
 def register(commands: Any) -> None:
@@ -88,81 +81,40 @@ def _add_rollout(commands: Any) -> None:
         "pointing at the proxy under a session key of its own; the prompt is `{prompt}` in "
         "ARGS, on stdin and in ONTHEJOB_PROMPT. Each run is graded (the task's check command, "
         "its grader, --grader, or its reference answer) and the learner trains on the groups; "
-        "with --eval, success per task is stored instead. Ctrl-C stops cleanly.",
+        "with --eval, success per task is stored instead. Ctrl-C stops cleanly. Every flag can "
+        "also be set as ONTHEJOB_ROLLOUT_<NAME>.",
         usage="onthejob rollout --proxy URL (--tasks FILE | --curriculum FILE) [options] "
         "-- COMMAND [ARGS...]",
     )
-    rollout.add_argument("--proxy", required=True, metavar="URL", help="the onthejob proxy")
-    what = rollout.add_mutually_exclusive_group(required=True)
-    what.add_argument("--tasks", metavar="FILE", help="task set (JSONL)")
-    what.add_argument(
-        "--curriculum",
-        metavar="FILE",
-        help="a curriculum (TOML): its stages in order, each trained on and evaluated until "
-        "its promotion rule holds; resumes at the stage recorded in the store",
-    )
-    rollout.add_argument("--name", help="task set name for eval results (default: file stem)")
-    rollout.add_argument("--group-size", type=int, default=4, metavar="G", help="default 4")
-    rollout.add_argument("--concurrency", type=int, default=4, metavar="C", help="default 4")
-    rollout.add_argument("--epochs", type=int, default=1, metavar="E", help="default 1")
-    rollout.add_argument(
-        "--timeout", type=float, default=600.0, metavar="S", help="per run (default 600)"
-    )
-    rollout.add_argument(
-        "--eval", action="store_true", help="no training signal: report success per task"
-    )
-    rollout.add_argument(
-        "--db",
-        metavar="URL",
-        help="the proxy's database (default: $ONTHEJOB_DATABASE_URL, else the one the proxy "
-        "says it records to); a database that is not the proxy's is refused",
-    )
-    _add_migrate(rollout)
-    rollout.add_argument(
-        "--grader", metavar="SPEC", help="grader for tasks without check/grader (learner SPEC)"
-    )
-    rollout.add_argument(
-        "--failure-reward",
-        type=_reward,
-        default=0.0,
-        metavar="X",
-        help="reward of a run that timed out or exited non-zero (default 0; 'none': no reward)",
-    )
-    rollout.add_argument(
-        "--success-threshold",
-        type=float,
-        default=1.0,
-        metavar="X",
-        help="eval: a run succeeds with at least this reward (default 1.0)",
-    )
-    rollout.add_argument(
-        "--check-timeout",
-        type=float,
-        default=120.0,
-        metavar="S",
-        help="per check command (default 120); a check that takes longer grades nothing",
-    )
-    rollout.add_argument("--keep-workdirs", action="store_true", help="do not delete run dirs")
-    rollout.add_argument(
-        "--max-rounds",
-        type=int,
-        metavar="N",
-        help="curriculum: stop after N training rounds (evals due after the last one still run)",
-    )
-    rollout.add_argument(
-        "--minutes", type=float, metavar="M", help="curriculum: start no round or eval after M"
-    )
-    rollout.add_argument(
-        "--step-wait",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="curriculum: after a round with a training signal, wait up to S seconds for the "
-        "learner's next version to serve (default 0: do not wait)",
-    )
-    rollout.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_flags(rollout, RolloutSettings)
     rollout.add_argument("harness", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS")
     rollout.set_defaults(func=cmd_rollout)
+
+
+def rollout_settings(args: argparse.Namespace) -> RolloutSettings:
+    """The settings the flags typed (and the environment) ask for, checked together."""
+    try:
+        settings = RolloutSettings(**given(args, RolloutSettings))
+    except ValueError as exc:
+        raise SystemExit(f"onthejob rollout: {exc}") from exc
+    if settings.proxy is None:
+        raise SystemExit("onthejob rollout: --proxy URL is required")
+    if (settings.tasks is None) == (settings.curriculum is None):
+        raise SystemExit("onthejob rollout: give one of --tasks FILE and --curriculum FILE")
+    if settings.curriculum is None:
+        for name, unset in CURRICULUM_ONLY.items():
+            if getattr(settings, name) != unset:
+                raise SystemExit(f"onthejob rollout: --{name.replace('_', '-')} needs --curriculum")
+    else:
+        # a curriculum's stages name their task sets, and it trains until they promote
+        for option, typed in (
+            ("--eval", settings.eval),
+            ("--name", settings.name),
+            ("--epochs", settings.epochs != 1),
+        ):
+            if typed:
+                raise SystemExit(f"onthejob rollout: {option} does not go with --curriculum")
+    return settings
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
@@ -174,39 +126,38 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from store.tasks import TaskTableError
 
     command = args.harness[1:] if args.harness[:1] == ["--"] else args.harness
-    if args.curriculum is not None:
-        return cmd_curriculum(args, command)
-    for option in ("max_rounds", "minutes", "step_wait"):
-        if getattr(args, option) not in (None, 0.0):
-            raise SystemExit(f"onthejob rollout: --{option.replace('_', '-')} needs --curriculum")
+    settings = rollout_settings(args)
+    if settings.curriculum is not None:
+        return cmd_curriculum(settings, command)
+    assert settings.tasks is not None and settings.proxy is not None
     try:
-        task_set = load_task_set(args.tasks, name=args.name)
-        if args.grader:
+        task_set = load_task_set(settings.tasks, name=settings.name)
+        if settings.grader:
             from learner.graders.combine import parse_spec
 
-            parse_spec(args.grader)
+            parse_spec(settings.grader)
         config = RolloutConfig(
-            proxy_url=args.proxy,
+            proxy_url=settings.proxy,
             command=command,
             tasks=task_set,
             # none given: the store the proxy says it records to (learner/rollout/proxy_store)
-            database_url=given_database_url(args.db),
-            group_size=args.group_size,
-            concurrency=args.concurrency,
-            epochs=args.epochs,
-            timeout=args.timeout,
-            eval=args.eval,
-            grader=args.grader,
-            failure_reward=args.failure_reward,
-            success_threshold=args.success_threshold,
-            check_timeout=args.check_timeout,
-            keep_workdirs=args.keep_workdirs,
-            migrate=args.migrate,
+            database_url=given_database_url(settings.database_url),
+            group_size=settings.group_size,
+            concurrency=settings.concurrency,
+            epochs=settings.epochs,
+            timeout=settings.timeout,
+            eval=settings.eval,
+            grader=settings.grader,
+            failure_reward=settings.failure_reward,
+            success_threshold=settings.success_threshold,
+            check_timeout=settings.check_timeout,
+            keep_workdirs=settings.keep_workdirs,
+            migrate=settings.migrate,
         )
     except (TaskTableError, ValueError) as exc:
         raise SystemExit(f"onthejob rollout: {exc}") from exc
-    label = "eval" if args.eval else "rollout"
-    bar = ProgressBar(label, disable=args.no_progress)
+    label = "eval" if settings.eval else "rollout"
+    bar = ProgressBar(label, disable=not settings.progress)
     stop = threading.Event()
     # SIGTERM stops as cleanly as Ctrl-C: the harnesses run in sessions of their own and
     # would outlive us otherwise
@@ -234,7 +185,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     return 130 if summary.cancelled else 1 if unrecorded else 0
 
 
-def cmd_curriculum(args: argparse.Namespace, command: list[str]) -> int:
+def cmd_curriculum(settings: RolloutSettings, command: list[str]) -> int:
     from learner.rollout.curriculum import CurriculumError, load_curriculum
     from learner.rollout.curriculum_runner import (
         CurriculumConfig,
@@ -245,46 +196,40 @@ def cmd_curriculum(args: argparse.Namespace, command: list[str]) -> int:
     from learner.rollout.runner import RolloutConfig
     from store.tasks import TaskTableError
 
-    for option, given in (
-        ("--eval", args.eval),
-        ("--name", args.name),
-        ("--epochs", args.epochs != 1),
-    ):
-        if given:
-            raise SystemExit(f"onthejob rollout: {option} does not go with --curriculum")
+    assert settings.curriculum is not None and settings.proxy is not None
     try:
-        curriculum = load_curriculum(args.curriculum)
+        curriculum = load_curriculum(settings.curriculum)
         missing = [s.name for s in curriculum.stages if s.command is None]
         if missing and not command:
             raise SystemExit(
-                f"onthejob rollout: stage {missing[0]!r} of {args.curriculum} has no command: "
+                f"onthejob rollout: stage {missing[0]!r} of {settings.curriculum} has no command: "
                 "give one after `--`, or `command` in the stage"
             )
-        if args.grader:
+        if settings.grader:
             from learner.graders.combine import parse_spec
 
-            parse_spec(args.grader)
+            parse_spec(settings.grader)
         config = CurriculumConfig(
             curriculum=curriculum,
             rollout=RolloutConfig(
-                proxy_url=args.proxy,
+                proxy_url=settings.proxy,
                 command=command or list(curriculum.stages[0].command or []),
                 tasks=curriculum.stages[0].tasks,
-                database_url=given_database_url(args.db),
-                group_size=args.group_size,
-                concurrency=args.concurrency,
-                timeout=args.timeout,
-                grader=args.grader,
-                failure_reward=args.failure_reward,
-                success_threshold=args.success_threshold,
-                check_timeout=args.check_timeout,
-                keep_workdirs=args.keep_workdirs,
-                migrate=args.migrate,
+                database_url=given_database_url(settings.database_url),
+                group_size=settings.group_size,
+                concurrency=settings.concurrency,
+                timeout=settings.timeout,
+                grader=settings.grader,
+                failure_reward=settings.failure_reward,
+                success_threshold=settings.success_threshold,
+                check_timeout=settings.check_timeout,
+                keep_workdirs=settings.keep_workdirs,
+                migrate=settings.migrate,
             ),
-            max_rounds=args.max_rounds,
-            minutes=args.minutes,
-            step_wait=args.step_wait,
-            progress=not args.no_progress,
+            max_rounds=settings.max_rounds,
+            minutes=settings.minutes,
+            step_wait=settings.step_wait,
+            progress=settings.progress,
         )
     except (CurriculumError, TaskTableError, ValueError) as exc:
         raise SystemExit(f"onthejob rollout: {exc}") from exc

@@ -14,6 +14,7 @@ import pytest
 from cli.main import build_parser
 from learner.config import LearnerConfig
 from learner.demo.settings import DemoSettings
+from learner.rollout.settings import RolloutSettings
 from proxy.settings import Settings
 from store.settings_cli import flag_name
 
@@ -69,6 +70,7 @@ def test_the_cli_page_has_every_command_with_exactly_its_flags() -> None:
         ("serve", Settings, set()),
         ("learn", LearnerConfig, {"--config"}),
         ("demo", DemoSettings, set()),
+        ("rollout", RolloutSettings, set()),
     ],
 )
 def test_every_setting_has_its_flag_and_every_flag_is_a_setting(
