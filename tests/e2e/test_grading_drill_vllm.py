@@ -51,7 +51,7 @@ def test_a_judge_that_was_away_grades_once_it_is_back(
         timeout=60,
         max_retries=0,
     )
-    learner.grader = CombinedGrader([(judge, 1.0)])
+    learner.state.grader = CombinedGrader([(judge, 1.0)])
     try:
         learner.start()
         sessions = ["asked-0", "asked-1"]

@@ -245,7 +245,7 @@ def test_a_step_trained_while_an_operator_promotes_is_dropped_and_trained_again(
         restarted = drill_learner(db_url, vllm, tiny_model, tmp_path, learning_rate=2e-3)
         restarted.start()
         control.follow(restarted.state)
-        assert restarted.config.learning_rate == 2e-3
+        assert restarted.state.config.learning_rate == 2e-3
         assert restarted.state.shared.trainer.optimizer.param_groups[0]["lr"] == 2e-3
     finally:
         if worker is not None:
