@@ -59,7 +59,7 @@ REASONS: dict[str, Reason] = {
 
 # calls store/samples.py could not build into a sample, by its reason
 CALL_SETTINGS: dict[str, str] = {
-    # the proxy did not know the replica's sampling defaults (docs/learner.md)
+    # the proxy did not know the replica's sampling defaults (docs/learner/run.md)
     "sampling unknown": "vLLM --enable-scale-out",
     "failed": "no setting: the call failed",
     "incomplete capture": "no setting: tokens not captured",

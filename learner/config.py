@@ -244,7 +244,7 @@ class LearnerConfig(BaseSettings):
         "a signal come from the serving version itself, grading meanwhile, then trains (the "
         "newest groups first). Where traffic outpaces steps (vLLM and the trainer on one "
         "machine), the samples answered while a step trains are a version old: on-policy "
-        "steps learn more per step (docs/learner.md); 0: train at once",
+        "steps learn more per step (docs/learner/run.md); 0: train at once",
         metavar="SECONDS",
         ge=0.0,
     )

@@ -19,7 +19,7 @@ the trainer's recomputed logprobs are those of the weights vLLM holds. A LoRA mo
 base is held in bf16 alone (no master: it never changes), its adapter as float32 masters
 with a bf16 copy, like full weights. "autocast" keeps one
 float32 model and runs its matmuls under `torch.autocast(bfloat16)` (measured against the
-other in bench/learner_step.py; see docs/learner.md).
+other in bench/learner_step.py; see docs/learner/how-a-step-works.md).
 """
 
 from __future__ import annotations

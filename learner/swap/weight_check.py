@@ -4,7 +4,7 @@ The replica answers checksums of what its kernels multiply with (learner/swap/vl
 a vLLM worker extension); the same sums are computed here from the checkpoint's tensors, cast
 to the dtype the replica holds them in. Both sides sum identical values, so they agree to
 float64 rounding whatever the dtype, where a logprob probe in bf16 differs by more than one
-training step changes it (docs/learner.md).
+training step changes it (docs/learner/publishing.md).
 
 vLLM fuses some checkpoint tensors (``q_proj``, ``k_proj``, ``v_proj`` -> ``qkv_proj``): its
 model's ``packed_modules_mapping`` says which, and their rows are concatenated in that order.

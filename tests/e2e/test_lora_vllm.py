@@ -950,8 +950,8 @@ def test_bf16_adapters_verify_against_bf16_vllm_and_wrong_ones_fail(
     checkpoints = tmp_path / "checkpoints"
     launch = lora_learner_command(server, tiny_model, pg_url, checkpoints, steps=2)
     # after a step at 2e-2 the right bf16 adapter's probe was off by 0.0126 once, past the
-    # dtype's 1e-2 (bf16 noise grows as the weights move; docs/learner.md): the learner runs
-    # with the remedy docs/learner.md gives, a tolerance set above it (the wrong adapters
+    # dtype's 1e-2 (bf16 noise grows as the weights move; docs/learner/lora.md): the learner runs
+    # with the remedy docs/learner/lora.md gives, a tolerance set above it (the wrong adapters
     # above are off by several times more)
     monkeypatch.setenv("ONTHEJOB_LEARN_VERIFY_TOLERANCE", "0.03")
     log = tmp_path / "learn.log"
