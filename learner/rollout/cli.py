@@ -117,11 +117,41 @@ def rollout_settings(args: argparse.Namespace) -> RolloutSettings:
     return settings
 
 
+def rollout_config(settings: RolloutSettings, command: list[str], tasks: Any) -> Any:
+    """The RolloutConfig of the settings, for one task set (a curriculum's: its first stage's,
+    each stage then its own); a grader SPEC that does not parse stops here."""
+    from learner.rollout.runner import RolloutConfig
+
+    assert settings.proxy is not None
+    if settings.grader:
+        from learner.graders.combine import parse_spec
+
+        parse_spec(settings.grader)
+    return RolloutConfig(
+        proxy_url=settings.proxy,
+        command=command,
+        tasks=tasks,
+        # none given: the store the proxy says it records to (learner/rollout/proxy_store)
+        database_url=given_database_url(settings.database_url),
+        group_size=settings.group_size,
+        concurrency=settings.concurrency,
+        epochs=settings.epochs,
+        timeout=settings.timeout,
+        eval=settings.eval,
+        grader=settings.grader,
+        failure_reward=settings.failure_reward,
+        success_threshold=settings.success_threshold,
+        check_timeout=settings.check_timeout,
+        keep_workdirs=settings.keep_workdirs,
+        migrate=settings.migrate,
+    )
+
+
 def cmd_rollout(args: argparse.Namespace) -> int:
     from learner.rollout.progress import ProgressBar
     from learner.rollout.proxy_store import StoreMismatch
     from learner.rollout.report import format_table
-    from learner.rollout.runner import NO_CALLS, RolloutConfig, run_rollout
+    from learner.rollout.runner import NO_CALLS, run_rollout
     from learner.rollout.taskset import load_task_set
     from store.tasks import TaskTableError
 
@@ -132,28 +162,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     assert settings.tasks is not None and settings.proxy is not None
     try:
         task_set = load_task_set(settings.tasks, name=settings.name)
-        if settings.grader:
-            from learner.graders.combine import parse_spec
-
-            parse_spec(settings.grader)
-        config = RolloutConfig(
-            proxy_url=settings.proxy,
-            command=command,
-            tasks=task_set,
-            # none given: the store the proxy says it records to (learner/rollout/proxy_store)
-            database_url=given_database_url(settings.database_url),
-            group_size=settings.group_size,
-            concurrency=settings.concurrency,
-            epochs=settings.epochs,
-            timeout=settings.timeout,
-            eval=settings.eval,
-            grader=settings.grader,
-            failure_reward=settings.failure_reward,
-            success_threshold=settings.success_threshold,
-            check_timeout=settings.check_timeout,
-            keep_workdirs=settings.keep_workdirs,
-            migrate=settings.migrate,
-        )
+        config = rollout_config(settings, command, task_set)
     except (TaskTableError, ValueError) as exc:
         raise SystemExit(f"onthejob rollout: {exc}") from exc
     label = "eval" if settings.eval else "rollout"
@@ -193,7 +202,6 @@ def cmd_curriculum(settings: RolloutSettings, command: list[str]) -> int:
         run_curriculum,
     )
     from learner.rollout.proxy_store import StoreMismatch
-    from learner.rollout.runner import RolloutConfig
     from store.tasks import TaskTableError
 
     assert settings.curriculum is not None and settings.proxy is not None
@@ -205,26 +213,12 @@ def cmd_curriculum(settings: RolloutSettings, command: list[str]) -> int:
                 f"onthejob rollout: stage {missing[0]!r} of {settings.curriculum} has no command: "
                 "give one after `--`, or `command` in the stage"
             )
-        if settings.grader:
-            from learner.graders.combine import parse_spec
-
-            parse_spec(settings.grader)
         config = CurriculumConfig(
             curriculum=curriculum,
-            rollout=RolloutConfig(
-                proxy_url=settings.proxy,
-                command=command or list(curriculum.stages[0].command or []),
-                tasks=curriculum.stages[0].tasks,
-                database_url=given_database_url(settings.database_url),
-                group_size=settings.group_size,
-                concurrency=settings.concurrency,
-                timeout=settings.timeout,
-                grader=settings.grader,
-                failure_reward=settings.failure_reward,
-                success_threshold=settings.success_threshold,
-                check_timeout=settings.check_timeout,
-                keep_workdirs=settings.keep_workdirs,
-                migrate=settings.migrate,
+            rollout=rollout_config(
+                settings,
+                command or list(curriculum.stages[0].command or []),
+                curriculum.stages[0].tasks,
             ),
             max_rounds=settings.max_rounds,
             minutes=settings.minutes,
