@@ -549,7 +549,7 @@ def run_live(cell: Cell, args: argparse.Namespace) -> ArmRun:
 
 
 def _proxy(upstream: str, db_url: str, work: Path, idle_timeout: float) -> Any:
-    from bench.proxy_server import ProxyServer
+    from learner.proxy_process import ProxyServer
 
     return ProxyServer(
         [upstream],

@@ -450,7 +450,7 @@ def run_learner(
     then)."""
     from sqlalchemy import select
 
-    from bench.proxy_server import ProxyServer
+    from learner.proxy_process import ProxyServer
     from store import db
     from store.models import TrainingStep
 

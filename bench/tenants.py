@@ -60,9 +60,9 @@ from typing import Any
 import httpx
 
 from bench.learning_per_step import Served, tail, wait_until
-from bench.proxy_server import ProxyServer
 from bench.stats import Summary, summarise
 from bench.tenant_toy import SPLITS, TOYS, reward_for
+from learner.proxy_process import ProxyServer
 from learner.tiny_model import build_tiny_model
 from learner.vllm_server import VLLMServer
 from store import db

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
-from bench.proxy_server import ProxyServer
+from learner.proxy_process import ProxyServer
 from learner.tiny_model import build_tiny_model
 from learner.vllm_server import VLLMServer
 from store import db

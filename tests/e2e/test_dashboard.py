@@ -19,8 +19,8 @@ from openai import OpenAI
 from sqlalchemy import Engine, func, select
 
 from bench.letter_toy import share_of_a_reward
-from bench.proxy_server import ProxyServer
 from learner.checkpoint import load_model, save_checkpoint
+from learner.proxy_process import ProxyServer
 from learner.swap.full_publisher import FullWeightPublisher
 from learner.swap.publisher import DEFAULT_TOLERANCE, Fingerprint, Probe, current_version
 from learner.swap.requests import SwapRequestWorker

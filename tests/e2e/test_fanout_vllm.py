@@ -12,7 +12,7 @@ import openai
 import pytest
 from sqlalchemy import Engine
 
-from bench.proxy_server import ProxyServer
+from learner.proxy_process import ProxyServer
 from learner.vllm_server import VLLMServer
 from tests.support.records import export, wait_for_calls
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 from sqlalchemy import Engine, select
 
-from bench.proxy_server import ProxyServer
+from learner.proxy_process import ProxyServer
 from store import grade_queue
 from store.models import Call, Trajectory
 from tests.support.admin import AUTH, TOKEN

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, select
 
-from bench.proxy_server import ProxyServer
+from learner.proxy_process import ProxyServer
 from learner.swap.publisher import current_version
 from learner.vllm_server import VLLMServer
 from store import db

@@ -16,9 +16,9 @@ import httpx
 import pytest
 from sqlalchemy import Engine, func, select
 
-from bench.proxy_server import ProxyServer
 from learner import grading
 from learner.config import LearnerConfig
+from learner.proxy_process import ProxyServer
 from learner.vllm_server import VLLMServer
 from store import recording
 from store.export import iter_trajectories

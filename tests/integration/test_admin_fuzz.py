@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from bench.proxy_server import ProxyServer
+from learner.proxy_process import ProxyServer
 from learner.vllm_server import free_port
 from tests.support.admin import TOKEN, seed
 

@@ -23,7 +23,7 @@ from aiohttp import web
 from sqlalchemy import Engine, select
 
 from bench.fake_upstream import chat_body
-from bench.proxy_server import ProxyServer
+from learner.proxy_process import ProxyServer
 from store.models import Call, ClientKey
 from tests.support.drills import wait_until
 from tests.support.records import count_calls, wait_for_calls

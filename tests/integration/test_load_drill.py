@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 import openai
 import pytest
 
-from bench.proxy_server import ProxyServer
+from learner.proxy_process import ProxyServer
 from learner.vllm_server import free_port
 from store import db
 from tests.support.records import export

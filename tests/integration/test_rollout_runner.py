@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from bench.proxy_server import ProxyServer
+from learner.proxy_process import ProxyServer
 from learner.rollout import Progress, RolloutConfig, load_task_set, run_rollout
 from store import db
 from store.models import RolloutRun

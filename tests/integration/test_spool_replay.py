@@ -16,7 +16,7 @@ import httpx
 from sqlalchemy import Engine, select, text
 
 from bench.fake_upstream import PROMPT_IDS, TOKEN_IDS
-from bench.proxy_server import ProxyServer
+from learner.proxy_process import ProxyServer
 from store import db
 from store.models import Call
 from tests.support.cli import onthejob

@@ -21,11 +21,11 @@ import pytest
 from safetensors.torch import load_file, save_file
 from sqlalchemy import Engine, func, select
 
-from bench.proxy_server import ProxyServer
 from learner.checkpoint import WEIGHTS_FILE
 from learner.config import LearnerConfig
 from learner.grouping import RunningBaselines
 from learner.loop import Learner
+from learner.proxy_process import ProxyServer
 from learner.swap.full_publisher import FullWeightPublisher
 from learner.swap.requests import SwapRequestWorker
 from learner.trainer import Trainer

@@ -1,7 +1,7 @@
 """The proxy app in the test's own process: `create_app` behind httpx's ASGITransport, its
 lifespan (recorder, writer, pollers) run around the test, so the official SDKs talk to it
 without a port, a subprocess or a start-up wait. What needs a real socket (keys off
-loopback, kills, the CLI) stays with bench/proxy_server.py."""
+loopback, kills, the CLI) stays with learner/proxy_process.py."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 from sqlalchemy import Engine, select
 
-from bench.proxy_server import ProxyServer
+from learner.proxy_process import ProxyServer
 from learner.vllm_server import VLLMServer
 from store.models import TrainingStep
 from tests.support.traffic import traffic_until_step

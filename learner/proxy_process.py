@@ -1,4 +1,5 @@
-"""Run `onthejob serve` as a real subprocess on a free port (benchmarks and tests)."""
+"""Run `onthejob serve` as a real subprocess on a free port: for the tests, the benches and
+anything else that drives the proxy from outside, as `learner/vllm_server.py` does vLLM."""
 
 from __future__ import annotations
 
