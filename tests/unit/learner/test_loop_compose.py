@@ -1,10 +1,9 @@
 """The learner's loop (issue 43): the Learner holds its parts and the parts hold the loop's
-state and one another; no class in learner/loop inherits another of ours, and no function
-there is over 60 lines."""
+state and one another; no class in learner/loop inherits another of ours (the functions'
+length: test_loop_length.py)."""
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import importlib
 import inspect
@@ -40,18 +39,6 @@ def test_no_class_of_the_loop_inherits_one_of_ours() -> None:
         bases = [b for b in cls.__bases__ if b is not object]
         # an error is an exception; nothing else has a base
         assert bases == [] or issubclass(cls, BaseException), (cls, bases)
-
-
-def test_no_function_of_the_loop_is_over_60_lines() -> None:
-    loop = Path(learner.loop.__file__).parent
-    long = [
-        f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
-        for path in sorted(loop.glob("*.py"))
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-        and (node.end_lineno or node.lineno) - node.lineno + 1 > 60
-    ]
-    assert long == []
 
 
 def _state(tmp_path: Path) -> LoopState:
