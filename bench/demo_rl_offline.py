@@ -37,7 +37,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from bench.stats import seeds_are_fresh, summarise
 from learner.demo.probe import render, tool_turn
 from learner.demo.tasks import dialogue_for, make_task_sets
-from learner.demo.warmup import WarmupSettings, build_demo_model, encode_dialogue
+from learner.demo.warmup import (
+    WarmupSettings,
+    build_demo_model,
+    default_cache_dir,
+    encode_dialogue,
+)
 from learner.trainer import Trainer, TrainerConfig
 from store.samples import Sample, build_samples
 
@@ -269,7 +274,13 @@ def run_seed(args: argparse.Namespace, seed: int) -> Curve:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "onthejob")
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=default_cache_dir(),
+        help="warmed-up demo models (default: the demo's own cache, so a seed `onthejob demo` "
+        "warmed up is reused)",
+    )
     parser.add_argument("--warmup", default="{}", help="WarmupSettings overrides as JSON")
     parser.add_argument(
         "--seeds", default=DEFAULT_SEEDS, help=f"comma-separated; {TUNED_ON} are flagged"
