@@ -36,6 +36,7 @@ from learner.loop.state import LEASE_WAIT, Lineage, LoopState, RestoreFailed, ba
 from learner.loop.step import Stepping
 from learner.loop.weights import Weights
 from learner.swap import lease
+from learner.swap.lora_slots import SlotCheck
 from learner.swap.orphan_adapters import unload_orphaned_adapters
 from learner.swap.publisher import Fingerprint
 from store import learner_state, policy_versions, tenants
@@ -72,6 +73,9 @@ class Tenants:
         self.said_no_tenants = False
         self.steered: dict[str, str | None] = {}  # the tenants an operator steers, by pointer
         self.swept_for: set[str] | None = None  # the tenants at the last unload of deleted ones
+        # vLLM's adapter slots against the tenants defined (learner/swap/lora_slots.py)
+        self.slots = SlotCheck(state.config.upstreams)
+        self.slots_for: set[str] = set()  # the tenants they were last checked for
 
     def train(self) -> bool:
         """At most one step, for the first tenant in fair order whose batch is ready; a
@@ -101,6 +105,9 @@ class Tenants:
             del self.turns[gone]
         if self.swept_for is None or self.swept_for - set(names):
             self._unload_deleted_tenants(set(names))
+        if names and set(names) != self.slots_for:
+            self.slots.check(len(names), self.state.config.max_staleness)
+            self.slots_for = set(names)
         # least recently trained first; a tenant not started yet before any
         order = sorted(
             names, key=lambda n: self.turns[n].trained_at if n in self.turns else -math.inf

@@ -574,7 +574,12 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
                 .order_by(PolicyVersion.ordinal)
             ).all()
         # the tenants' trainers hold one copy of the base between them
-        assert "its frozen base is shared" in log_path.read_text()
+        said = log_path.read_text()
+        assert "its frozen base is shared" in said
+        # the replica was started with vLLM's one adapter slot: the learner says what two
+        # tenants and the shared policy need
+        assert f"{lora_vllm.url} has too few LoRA slots for 2 tenants" in said
+        assert "start it with --max-loras 3 (has 1)" in said
         # fair turns: the tenant with more traffic does not take the steps of the other
         assert [tenant for tenant, _ in steps] == [FEWER_A, MORE_A, FEWER_A, MORE_A]
         assert all(v is not None and v.startswith(f"{t}-step-") for t, v in steps)
