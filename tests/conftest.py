@@ -71,7 +71,7 @@ def demo_cache() -> Path:
     """The warmed-up demo models' cache `onthejob demo` uses (ONTHEJOB_TEST_DEMO_CACHE: another
     one): a build is keyed by its settings, its code and torch, so a warm-up made before by
     the same code is reused, and any change to it builds anew (4 minutes on 2 cores).
-    tests/unit/test_warmup.py builds its own, always."""
+    tests/unit/learner/demo/test_warmup.py builds its own, always."""
     from learner.demo.warmup import default_cache_dir
 
     return Path(os.environ.get("ONTHEJOB_TEST_DEMO_CACHE") or default_cache_dir())
