@@ -156,7 +156,8 @@ def test_tools_reach_smollm2_and_its_tool_calls_come_back_in_each_api(
 ) -> None:
     """The template `models prepare` ships renders a harness's tools into what vLLM sees, the
     call the model writes comes back as the API's own tool call (chat completions, the
-    Responses API, Anthropic Messages), and the tool's result renders as the template says."""
+    Responses API, Anthropic Messages, Gemini), and the tool's result renders as the template
+    says."""
     import anthropic
 
     db_url = f"sqlite:///{tmp_path / 'tools.db'}"
@@ -201,9 +202,27 @@ def test_tools_reach_smollm2_and_its_tool_calls_come_back_in_each_api(
     assert use.name == "calculator" and use.input == {"expression": "17 * 23"}
     assert message.stop_reason == "tool_use"
 
+    # Gemini: vLLM's extensions ride in generationConfig
+    gemini = httpx.post(
+        f"{proxy.url}/v1beta/models/{model}:generateContent",
+        headers={"x-goog-api-key": "g-key"},
+        json={
+            "contents": [{"role": "user", "parts": [{"text": question[0]["content"]}]}],
+            "tools": [{"functionDeclarations": [CALCULATOR["function"]]}],
+            "generationConfig": {"maxOutputTokens": 40, **FORCE_CALCULATOR},
+        },
+        timeout=120,
+    )
+    assert gemini.status_code == 200, gemini.text
+    parts = gemini.json()["candidates"][0]["content"]["parts"]
+    (function_call,) = [p["functionCall"] for p in parts if "functionCall" in p]
+    assert function_call == {"name": "calculator", "args": {"expression": "17 * 23"}} or (
+        function_call["name"] == "calculator" and function_call["args"] == {"expression": "17 * 23"}
+    )
+
     engine = db.make_engine(db_url)
     try:
-        wait_for_calls(engine, 4)
+        wait_for_calls(engine, 5)
         calls = sorted(
             (c for t in export(engine) for c in t["calls"]), key=lambda c: c["started_at"]
         )
