@@ -65,6 +65,7 @@ LORA_BF16_TOLERANCE = 2.0
 # adapter would. At 5e-2 they fell to -40 to -75, where bf16's rounding grows with them: the
 # right adapter was off by 0.06-0.18 on some runs and by 1.74 and 6.1 on others
 ADAPTER_LR = 5e-3
+GEMINI_NAME = "smollm2-135m"
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +86,9 @@ def real_vllm(smollm2: Path) -> Iterator[VLLMServer]:
         max_lora_rank=RANK,
         startup_timeout_s=600,
         weight_transfer=True,  # the learner's full swaps go without the disk
+        # its directory, as the other tests ask for it, and a plain name: a Gemini model
+        # is one segment of the URL's path
+        extra_args=["--served-model-name", str(smollm2), GEMINI_NAME],
     ) as server:
         yield server
 
@@ -204,7 +208,7 @@ def test_tools_reach_smollm2_and_its_tool_calls_come_back_in_each_api(
 
     # Gemini: vLLM's extensions ride in generationConfig
     gemini = httpx.post(
-        f"{proxy.url}/v1beta/models/{model}:generateContent",
+        f"{proxy.url}/v1beta/models/{GEMINI_NAME}:generateContent",
         headers={"x-goog-api-key": "g-key"},
         json={
             "contents": [{"role": "user", "parts": [{"text": question[0]["content"]}]}],
@@ -215,7 +219,9 @@ def test_tools_reach_smollm2_and_its_tool_calls_come_back_in_each_api(
     )
     assert gemini.status_code == 200, gemini.text
     parts = gemini.json()["candidates"][0]["content"]["parts"]
-    (function_call,) = [p["functionCall"] for p in parts if "functionCall" in p]
+    calls = [p["functionCall"] for p in parts if "functionCall" in p]
+    assert len(calls) == 1, gemini.text
+    (function_call,) = calls
     assert function_call["name"] == "calculator"
     assert function_call["args"] == {"expression": "17 * 23"}
 

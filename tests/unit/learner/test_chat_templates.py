@@ -97,6 +97,25 @@ def test_a_tool_call_and_its_result_render_in_the_hermes_format() -> None:
     ) in text
 
 
+def test_a_tool_call_without_text_renders_alike_however_its_empty_content_comes() -> None:
+    # vLLM hands the template "" content as a list of one empty text part: no blank line
+    # before <tool_call> that the model never wrote
+    call = {"type": "function", "function": {"name": "calculator", "arguments": "{}"}}
+    renders = {
+        render(
+            SMOLLM2_TOOLS,
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": content, "tool_calls": [call]},
+            ],
+            tools=[CALCULATOR],
+        )
+        for content in ("", None, [{"type": "text", "text": ""}], [])
+    }
+    (text,) = renders
+    assert "<|im_start|>assistant\n<tool_call>\n" in text
+
+
 def test_a_system_prompt_with_quotes_is_refused_rather_than_rendered_wrong() -> None:
     with pytest.raises(ValueError, match="quotes"):
         with_default_system("{{ x }}", "It's me")

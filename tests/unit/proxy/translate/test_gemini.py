@@ -145,6 +145,18 @@ def test_generation_config_maps_onto_sampling_and_unknown_fields_are_recorded() 
             translate({"contents": [user("hi")], "generationConfig": bad})
 
 
+def test_vllms_own_extensions_in_generation_config_reach_vllm_under_its_names() -> None:
+    regex = {"regex": "<tool_call>.*</tool_call>"}
+    for config in (
+        {"structured_outputs": regex, "min_p": 0.05, "repetition_penalty": 1.1},
+        {"structuredOutputs": regex, "minP": 0.05, "repetitionPenalty": 1.1},
+    ):
+        chat, compat = translate({"contents": [user("hi")], "generationConfig": config})
+        assert chat["structured_outputs"] == regex
+        assert (chat["min_p"], chat["repetition_penalty"]) == (0.05, 1.1)
+        assert "unknown" not in compat.notes, compat.notes
+
+
 def test_what_cannot_be_shown_to_the_model_is_refused_by_name() -> None:
     for contents, named in (
         ([], "contents"),
