@@ -4,6 +4,8 @@ They mean the same whatever API the client speaks (a harness owner's way to stee
 served model, e.g. a seed or structured outputs), so the translators forward them.
 """
 
+from collections.abc import Callable
+
 VLLM_EXTRAS = (
     "seed",
     "min_p",
@@ -17,5 +19,9 @@ VLLM_EXTRAS = (
 )
 
 
-def vllm_extras(body: dict) -> dict:
-    return {key: body[key] for key in VLLM_EXTRAS if body.get(key) is not None}
+def vllm_extras(
+    body: dict, keys: tuple[str, ...] = VLLM_EXTRAS, spelled: Callable[[str], str] = str
+) -> dict:
+    """The extensions `body` gives, under vLLM's names; `spelled`: how the body spells a
+    name (Gemini's fields are camelCase once read)."""
+    return {key: body[spelled(key)] for key in keys if body.get(spelled(key)) is not None}

@@ -15,7 +15,7 @@ import re
 import uuid
 from typing import Any
 
-from proxy.api.translate.extras import VLLM_EXTRAS
+from proxy.api.translate.extras import VLLM_EXTRAS, vllm_extras
 from proxy.api.translate.messages import TranslationError
 from proxy.base.capture import REASONING_KEYS
 from proxy.base.compat_policy import Compat, unmapped_fields
@@ -465,10 +465,8 @@ def _generation(config: dict[str, Any], chat: dict[str, Any], compat: Compat) ->
             param="generationConfig.responseModalities",
         )
     chat.update(_response_format(config, compat))
-    # vLLM's own extensions, under their camelCase names by now (_fields): snake_case again
-    chat.update(
-        {key: config[camel(key)] for key in VLLM_EXTRAS if config.get(camel(key)) is not None}
-    )
+    # vLLM's own extensions, under their camelCase names by now (_fields)
+    chat.update(vllm_extras(config, spelled=camel))
     thinking = config.get("thinkingConfig")
     if thinking is not None:
         thinking = _object(thinking, "generationConfig.thinkingConfig")

@@ -31,7 +31,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from proxy.api.translate.extras import VLLM_EXTRAS
+from proxy.api.translate.extras import VLLM_EXTRAS, vllm_extras
 from proxy.base.capture import REASONING_KEYS
 from proxy.base.compat_policy import Compat, unmapped_fields
 
@@ -138,7 +138,7 @@ def responses_to_chat(
     chat["messages"] = _chat_messages(body, history, compat)
     chat.update(_tool_fields(body, compat, hosted_tools))
     chat.update(_generation_fields(body, compat))
-    chat.update({key: body[key] for key in _VLLM_EXTRAS if body.get(key) is not None})
+    chat.update(vllm_extras(body, _VLLM_EXTRAS))
     return chat
 
 
