@@ -32,19 +32,4 @@ def with_default_system(template: str, system: str) -> str:
     )
 
 
-# An assistant turn with tool calls starts its text on a line of its own only where it has
-# text. vLLM hands the template an assistant's "" content as a list of one empty text part,
-# which the tiny model's template takes for text: it put a blank line before <tool_call>
-# that the model never wrote, so the next call's prompt did not start with the tokens the
-# model sampled (tests/e2e/test_real_model_vllm.py). Here the test is on the text itself.
-_CONTENT_IF_ANY = "{%- if m.content -%}{{- '\\n' + text(m.content) -}}{%- endif -%}"
-_TEXT_IF_ANY = "{%- set said = text(m.content) -%}{%- if said -%}{{- '\\n' + said -}}{%- endif -%}"
-
-
-def _text_if_any(template: str) -> str:
-    if template.count(_CONTENT_IF_ANY) != 1:
-        raise ValueError("the Hermes template no longer has its assistant-content test")
-    return template.replace(_CONTENT_IF_ANY, _TEXT_IF_ANY)
-
-
-SMOLLM2_TOOLS = with_default_system(_text_if_any(HERMES_CHATML), SMOLLM2_SYSTEM)
+SMOLLM2_TOOLS = with_default_system(HERMES_CHATML, SMOLLM2_SYSTEM)

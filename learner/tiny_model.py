@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 
 # Bump when the recipe changes, so stale directories are rebuilt.
-_RECIPE_VERSION = 1
+_RECIPE_VERSION = 2
 _MARKER = ".tiny_model_complete"
 
 _IM_START, _IM_END, _EOT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
@@ -21,7 +21,10 @@ _VOCAB_SIZE = 512
 
 # Qwen2.5-style ChatML template with Hermes tool calling: tools go into the
 # system turn, assistant calls become <tool_call>{json}</tool_call>, and tool
-# results are grouped into one user turn inside <tool_response> tags.
+# results are grouped into one user turn inside <tool_response> tags. An assistant's
+# text goes on its own line before its calls only where there is text: vLLM hands a
+# tool-calling turn's "" content as one empty text part, and a blank line there is one the
+# model never wrote (the next call's prompt would not start with the sampled tokens).
 CHAT_TEMPLATE = """\
 {%- macro text(c) -%}
 {%- if c is string -%}{{ c }}\
@@ -46,7 +49,7 @@ CHAT_TEMPLATE = """\
 {{- '<|im_start|>' + m.role + '\\n' + text(m.content) + '<|im_end|>\\n' -}}
 {%- elif m.role == 'assistant' -%}
 {{- '<|im_start|>assistant' -}}
-{%- if m.content -%}{{- '\\n' + text(m.content) -}}{%- endif -%}
+{%- set said = text(m.content) -%}{%- if said -%}{{- '\\n' + said -}}{%- endif -%}
 {%- for tc in m.tool_calls -%}
 {%- if tc.function is defined -%}{%- set tc = tc.function -%}{%- endif -%}
 {{- '\\n<tool_call>\\n{"name": "' + tc.name + '", "arguments": ' -}}

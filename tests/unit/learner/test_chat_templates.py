@@ -12,6 +12,7 @@ import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from learner.chat_templates import SMOLLM2_SYSTEM, SMOLLM2_TOOLS, with_default_system
+from learner.tiny_model import CHAT_TEMPLATE as TINY_TEMPLATE
 
 # SmolLM2-135M-Instruct's own template, as its GGUF carries it (what `models prepare` wrote
 # before this one)
@@ -97,13 +98,16 @@ def test_a_tool_call_and_its_result_render_in_the_hermes_format() -> None:
     ) in text
 
 
-def test_a_tool_call_without_text_renders_alike_however_its_empty_content_comes() -> None:
+@pytest.mark.parametrize("template", [SMOLLM2_TOOLS, TINY_TEMPLATE], ids=["smollm2", "tiny"])
+def test_a_tool_call_without_text_renders_alike_however_its_empty_content_comes(
+    template: str,
+) -> None:
     # vLLM hands the template "" content as a list of one empty text part: no blank line
     # before <tool_call> that the model never wrote
     call = {"type": "function", "function": {"name": "calculator", "arguments": "{}"}}
     renders = {
         render(
-            SMOLLM2_TOOLS,
+            template,
             [
                 {"role": "user", "content": "hi"},
                 {"role": "assistant", "content": content, "tool_calls": [call]},
