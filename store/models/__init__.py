@@ -4,11 +4,12 @@ Invariant: the schema is created and changed only by Alembic revisions in `migra
 these classes describe it for queries and must match the newest revision.
 
 The tables are split by owner: recording (the proxy), learning (the learner), swaps (the
-control plane) and rollouts (the rollout runner). Importing this package registers them
-all on `Base.metadata`.
+control plane), canaries (a new version beside the serving one) and rollouts (the rollout
+runner). Importing this package registers them all on `Base.metadata`.
 """
 
 from store.models.base import Base
+from store.models.canaries import Canary, CanaryAction
 from store.models.learning import (
     Feedback,
     Grade,
@@ -30,6 +31,8 @@ from store.models.swaps import PolicyVersion, PublishLease, SwapGate, SwapReques
 __all__ = [
     "Base",
     "Call",
+    "Canary",
+    "CanaryAction",
     "ClientKey",
     "Curriculum",
     "CurriculumEval",
