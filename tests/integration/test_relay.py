@@ -1,4 +1,7 @@
-"""Streaming relay mechanics, with an upstream whose stream the test steps through."""
+"""Streaming relay mechanics, with an upstream whose stream the test steps through
+(tests/support/fake_vllm.py): that the proxy relays a chunk before the upstream has sent the
+next one, and what the client sees when an upstream breaks off mid-answer, are properties the
+real engine cannot show on demand."""
 
 from __future__ import annotations
 
@@ -8,16 +11,17 @@ import orjson
 import pytest
 from sqlalchemy import Engine
 
+from tests.support.fake_vllm import CUT, HOLD, FakeVLLM, Stream, text_chunk
 from tests.support.records import export, wait_for_calls
-from tests.support.scripted_upstream import ScriptedUpstream, chunk
 
 
 def test_a_chunk_reaches_the_client_before_the_upstream_sends_the_next(
     db_url: str, engine: Engine, start_proxy
 ) -> None:
-    first = [chunk("Hello", token_id=7)]
-    rest = [chunk(" world", token_id=8, finish="stop")]
-    with ScriptedUpstream(first, rest) as upstream:
+    held = Stream(
+        [text_chunk("Hello", token_id=7), HOLD, text_chunk(" world", token_id=8, finish="stop")]
+    )
+    with FakeVLLM(lambda _: held) as upstream:
         proxy = start_proxy([upstream.url], db_url)
         api = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0, timeout=20)
         stream = api.chat.completions.create(
@@ -35,7 +39,8 @@ def test_a_chunk_reaches_the_client_before_the_upstream_sends_the_next(
 
 
 def test_upstream_breaking_off_ends_with_an_error_event(db_url: str, engine: Engine, start_proxy):
-    with ScriptedUpstream([chunk("Half", token_id=5)], [], break_after=True) as upstream:
+    # the replica dies mid-answer
+    with FakeVLLM(lambda _: Stream([text_chunk("Half", token_id=5), CUT])) as upstream:
         proxy = start_proxy([upstream.url], db_url)
         body = {
             "model": "scripted",
@@ -64,8 +69,10 @@ def test_upstream_breaking_off_ends_with_an_error_event(db_url: str, engine: Eng
 def test_client_leaving_mid_stream_is_recorded_cancelled_and_hangs_up_upstream(
     db_url: str, engine: Engine, start_proxy
 ) -> None:
-    first = [chunk("Hello", token_id=7)]
-    with ScriptedUpstream(first, [chunk(" never", token_id=8, finish="stop")]) as upstream:
+    held = Stream(
+        [text_chunk("Hello", token_id=7), HOLD, text_chunk(" never", token_id=8, finish="stop")]
+    )
+    with FakeVLLM(lambda _: held) as upstream:
         proxy = start_proxy([upstream.url], db_url)
         body = {
             "model": "scripted",

@@ -1,9 +1,8 @@
 """A replica that failed is taken out, and gets its conversations back once it answers again.
 
-The replicas are bench/fake_upstream's constant-answer server
-(tests/support/fake_replica.py): what is tested is the proxy's routing, and a real engine
-cannot be brought back on its port quickly. The app runs in-process
-(tests/support/inprocess.py).
+The replicas are the fake vLLM (tests/support/fake_vllm.py), taken down and brought back:
+what is tested is the proxy's routing, and a real engine cannot be brought back on its port
+quickly. The app runs in-process (tests/support/inprocess.py).
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ import openai
 import pytest
 from sqlalchemy import Engine
 
-from bench.fake_upstream import WORDS
-from tests.support.fake_replica import FakeReplica
+from tests.support.fake_vllm import ANSWER, FakeVLLM
 from tests.support.inprocess import BASE, in_process_client, wait_for_health
 from tests.support.records import all_calls, export, wait_for_calls
 
@@ -44,7 +42,7 @@ def ask(proxy: httpx.Client, session: str, text: str) -> None:
     reply = api.chat.completions.create(
         model="fake", messages=[{"role": "user", "content": text}], timeout=20
     )
-    assert reply.choices[0].message.content == "".join(WORDS)  # never a failed client call
+    assert reply.choices[0].message.content == ANSWER  # never a failed client call
 
 
 def served_by(engine: Engine, text: str) -> dict[str, str]:
@@ -63,8 +61,8 @@ def upstream_healthy(health: dict[str, Any], url: str) -> bool:
 
 def test_a_replica_that_comes_back_is_used_again(db_url: str, engine: Engine, tmp_path: Path):
     with (
-        FakeReplica() as first,
-        FakeReplica() as second,
+        FakeVLLM() as first,
+        FakeVLLM() as second,
         proxy_to([first.url, second.url], db_url, tmp_path) as proxy,
     ):
         for session in SESSIONS:
@@ -101,7 +99,7 @@ def test_a_replica_back_from_a_failure_is_asked_its_sampling_before_it_answers(
     make the call untrainable: the proxy asks before it sends, not at its next poll."""
     # the background poll only at start: what the proxy knows later, it asked itself
     with (
-        FakeReplica() as replica,
+        FakeVLLM() as replica,
         proxy_to([replica.url], db_url, tmp_path, policy_poll_interval=3600) as proxy,
     ):
         known = wait_for_health(proxy, lambda h: h["upstreams"][0]["sampling_defaults"], "ask")

@@ -21,7 +21,7 @@ from learner.rollout import Progress, RolloutConfig, load_task_set, run_rollout
 from store import db
 from store.models import RolloutRun
 from store.rollouts import runs_of
-from tests.support.fake_replica import FakeReplica
+from tests.support.fake_vllm import FakeVLLM
 
 # one call to the model through the proxy, as any harness makes
 CALL = (
@@ -47,7 +47,7 @@ TASKS = [
 def proxy(db_url: str, start_proxy) -> Iterator[ProxyServer]:  # type: ignore[no-untyped-def]
     """The proxy recording to `db_url`, in front of a constant fake model."""
     db.upgrade(db_url)
-    with FakeReplica() as upstream:
+    with FakeVLLM() as upstream:
         yield start_proxy([upstream.url], db_url)
 
 

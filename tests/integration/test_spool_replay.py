@@ -15,12 +15,11 @@ from pathlib import Path
 import httpx
 from sqlalchemy import Engine, select, text
 
-from bench.fake_upstream import PROMPT_IDS, TOKEN_IDS
 from learner.proxy_process import ProxyServer
 from store import db
 from store.models import Call
 from tests.support.cli import onthejob
-from tests.support.fake_replica import FakeReplica
+from tests.support.fake_vllm import PROMPT_IDS, TOKEN_IDS, FakeVLLM
 from tests.support.records import count_calls, export, wait_for_calls
 
 BANNED = "banned-agent/1.0"
@@ -60,7 +59,7 @@ def test_a_refused_row_mid_session_is_written_by_spool_replay_once_its_cause_is_
     _ban(engine, db_url)
     spool = tmp_path / "spool.jsonl"
     rejected = tmp_path / "spool.jsonl.rejected"
-    with FakeReplica() as upstream:
+    with FakeVLLM() as upstream:
         proxy = start_proxy([upstream.url], db_url, spool=spool)
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         for agent in ("agent/1.0", BANNED, "agent/1.0"):

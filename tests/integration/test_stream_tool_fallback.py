@@ -1,23 +1,40 @@
 """`--stream-tools-mode auto`: once an upstream is seen dropping the token ids of streamed
 tool calls, later streaming requests with tools are answered from a whole upstream response
-re-emitted as a stream, so their capture is complete again."""
+re-emitted as a stream, so their capture is complete again.
+
+The vLLM version the tests run does not have the bug the proxy works around, so the fake vLLM
+(tests/support/fake_vllm.py) plays it: streamed tool calls whose chunks come without their
+token ids (the tool parser swallows them), while usage still counts every sampled token;
+whole (non-streaming) answers carry all of them."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import openai
 from sqlalchemy import Engine
 
+from tests.support.fake_vllm import (
+    FakeVLLM,
+    Reply,
+    Stream,
+    Whole,
+    completion,
+    logprobs_of,
+    usage_chunk,
+)
+from tests.support.fake_vllm import chunk as event
 from tests.support.inprocess import BASE, in_process_client
 from tests.support.records import all_calls, wait_for_calls
-from tests.support.tool_dropping_upstream import (
-    ARGUMENTS,
-    PROMPT_IDS,
-    TOKEN_IDS,
-    ToolDroppingUpstream,
-)
+
+PROMPT_IDS = [1, 2, 3, 4]
+# <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><|im_end|>
+TOKEN_IDS = [201, 202, 203, 204, 205, 206, 207, 208]
+LOGPROBS = [-0.5, -0.25, -0.125, -1.0, -0.75, -0.0625, -0.3, -0.2]
+ARGUMENTS = '{"a": 1, "b": 2}'
+TEXT_IDS = [301, 302]  # an answer without tools: "Hi there"
 
 TOOLS = [
     {
@@ -31,6 +48,52 @@ TOOLS = [
         },
     }
 ]
+
+
+def sampled(delta: dict[str, Any], ids: list[int], finish: str | None = None) -> dict[str, Any]:
+    """A chunk with the ids of the tokens it was sampled from, and their logprobs."""
+    logprobs = logprobs_of([f"t{i}" for i in ids], LOGPROBS[: len(ids)])
+    return event(delta, token_ids=ids, logprobs=logprobs, finish=finish)
+
+
+def dropping_tool_tokens(body: dict[str, Any]) -> Reply:
+    """The buggy upstream: a streamed tool call's chunks carry only the last token's id;
+    usage counts all of them. A stream without tools, and whole answers, are whole."""
+    if not body.get("stream"):
+        function = {"name": "add", "arguments": ARGUMENTS}
+        call = {"id": "call_1", "type": "function", "function": function}
+        return Whole(
+            completion(
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                token_ids=TOKEN_IDS,
+                logprobs=logprobs_of([f"t{i}" for i in TOKEN_IDS], LOGPROBS),
+                prompt_ids=PROMPT_IDS,
+                counts=(len(PROMPT_IDS), len(TOKEN_IDS)),
+                finish="tool_calls",
+            )
+        )
+    first = event({"role": "assistant", "content": ""}, prompt_token_ids=PROMPT_IDS)
+    if not body.get("tools"):
+        hi, there = TEXT_IDS[:1], TEXT_IDS[1:]
+        return Stream(
+            [
+                first,
+                sampled({"content": "Hi"}, hi),
+                sampled({"content": " there"}, there, finish="stop"),
+                usage_chunk(len(PROMPT_IDS), len(TEXT_IDS)),
+            ]
+        )
+    name = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "add"}}
+    arguments = {"index": 0, "function": {"arguments": ARGUMENTS}}
+    return Stream(
+        [
+            first,
+            event({"tool_calls": [name]}),
+            event({"tool_calls": [arguments]}),
+            sampled({}, TOKEN_IDS[-1:], finish="tool_calls"),
+            usage_chunk(len(PROMPT_IDS), len(TOKEN_IDS)),
+        ]
+    )
 
 
 def streamed_tool_call(api: openai.OpenAI, question: str) -> tuple[str, str, str | None]:
@@ -57,7 +120,7 @@ def test_dropped_tool_tokens_switch_streaming_tool_calls_to_whole_upstream_answe
 ) -> None:
     # the app in-process (tests/support/inprocess.py); --stream-tools-mode auto, the default
     with (
-        ToolDroppingUpstream() as upstream,
+        FakeVLLM(dropping_tool_tokens) as upstream,
         in_process_client(
             upstreams=[upstream.url], database_url=db_url, spool_path=tmp_path / "s.jsonl"
         ) as proxy,

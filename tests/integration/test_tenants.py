@@ -19,7 +19,7 @@ from sqlalchemy import Engine, select
 from proxy.recording.interaction import fingerprint
 from store import gates
 from store.models import Call, PolicyVersion
-from tests.support.fake_replica import FakeReplica
+from tests.support.fake_vllm import FakeVLLM
 from tests.support.inprocess import BASE, InProcessProxy, in_process_proxy
 from tests.support.records import wait_for_calls
 
@@ -28,7 +28,7 @@ ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 HELLO = [{"role": "user", "content": "hi"}]
 
 
-def settings(fake_vllm: FakeReplica, db_url: str, tmp_path: Path) -> dict[str, Any]:
+def settings(fake_vllm: FakeVLLM, db_url: str, tmp_path: Path) -> dict[str, Any]:
     return {
         "upstreams": [fake_vllm.url],
         "database_url": db_url,
@@ -87,7 +87,7 @@ def recorded(engine: Engine, n: int) -> list[tuple[str | None, str | None]]:
 
 
 def test_calls_go_to_their_tenants_adapter_where_it_is_loaded(
-    fake_vllm: FakeReplica, db_url: str, engine: Engine, tmp_path: Path
+    fake_vllm: FakeVLLM, db_url: str, engine: Engine, tmp_path: Path
 ) -> None:
     system = [{"role": "system", "content": "You triage tickets."}, *HELLO]
     triage = fingerprint({"messages": system}, "triage-bot/1.2")
@@ -144,7 +144,7 @@ def test_calls_go_to_their_tenants_adapter_where_it_is_loaded(
 
     # the client always sees the model it asked for, whatever answered
     assert asyncio.run(scenario()) == ["fake"] * 4
-    assert [r["model"] for r in fake_vllm.asked] == ["a-1", "fake", "fake", "c-1", "a-1", "fake"]
+    assert [r["model"] for r in fake_vllm.requests] == ["a-1", "fake", "fake", "c-1", "a-1", "fake"]
     assert recorded(engine, 6) == [
         ("team-a", "a-1"),
         ("team-b", "fake-v1"),  # its adapter is not loaded: the shared policy answered
@@ -156,7 +156,7 @@ def test_calls_go_to_their_tenants_adapter_where_it_is_loaded(
 
 
 def test_an_unloaded_adapter_is_no_longer_sent_to(
-    fake_vllm: FakeReplica, db_url: str, engine: Engine, tmp_path: Path
+    fake_vllm: FakeVLLM, db_url: str, engine: Engine, tmp_path: Path
 ) -> None:
     async def scenario() -> None:
         async with in_process_proxy(**settings(fake_vllm, db_url, tmp_path)) as proxy:
@@ -184,7 +184,7 @@ def test_an_unloaded_adapter_is_no_longer_sent_to(
             await client.chat.completions.create(model="fake", messages=HELLO)
 
     asyncio.run(scenario())
-    assert [r["model"] for r in fake_vllm.asked] == ["ops-1", "fake", "fake"]
+    assert [r["model"] for r in fake_vllm.requests] == ["ops-1", "fake", "fake"]
     assert recorded(engine, 3) == [("ops", "ops-1"), ("ops", "fake-v1"), ("ops", "fake-v1")]
 
     # the tenant's traffic, graded (rewards 0.2, 0.4, 0.6 in call order), one trained on
@@ -227,7 +227,7 @@ def test_an_unloaded_adapter_is_no_longer_sent_to(
 
 
 def test_tenant_definitions_are_checked(
-    fake_vllm: FakeReplica, db_url: str, engine: Engine, tmp_path: Path
+    fake_vllm: FakeVLLM, db_url: str, engine: Engine, tmp_path: Path
 ) -> None:
     async def scenario() -> dict[str, Any]:
         async with in_process_proxy(**settings(fake_vllm, db_url, tmp_path)) as proxy:
