@@ -29,6 +29,7 @@ from proxy.recording.recorder import Recorder
 from proxy.recording.response_store import ResponseStore
 from proxy.settings import Settings
 from proxy.state import ProxyState
+from proxy.upstream.canaries import CanaryTable
 from proxy.upstream.gates import GateKeeper
 from proxy.upstream.replicas import UpstreamPool
 from proxy.upstream.tenants import TenantTable
@@ -83,6 +84,7 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
             engine, required=settings.keys_required, poll_interval=settings.key_poll_interval
         )
         tenants = TenantTable(engine, pool, poll_interval=settings.key_poll_interval)
+        canaries = CanaryTable(engine, pool, poll_interval=settings.key_poll_interval)
         gatekeeper = GateKeeper(
             engine, pool, poll_interval=settings.gate_poll_interval, routes=tenants.routes
         )
@@ -104,10 +106,12 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
         await gatekeeper.start()
         await keys.start()
         await tenants.start()
+        await canaries.start()
         watcher = asyncio.create_task(pool.watch(settings.policy_poll_interval))
         gate_follower = asyncio.create_task(gatekeeper.run())
         key_follower = asyncio.create_task(keys.run())
         tenant_follower = asyncio.create_task(tenants.run())
+        canary_follower = asyncio.create_task(canaries.run())
         app.state.proxy = ProxyState(
             settings=settings,
             pool=pool,
@@ -115,6 +119,7 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
             responses=ResponseStore(engine),
             keys=keys,
             tenants=tenants,
+            canaries=canaries,
             store={"id": None, "url": public_url(settings.database_url)},
         )
         await _learn_store_id(app.state.proxy, engine)
@@ -123,7 +128,7 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
         try:
             yield
         finally:
-            for task in (watcher, gate_follower, key_follower, tenant_follower):
+            for task in (watcher, gate_follower, key_follower, tenant_follower, canary_follower):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task

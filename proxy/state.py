@@ -1,4 +1,5 @@
-"""What the running proxy holds: settings, the upstream pool, the recorder, keys and tenants."""
+"""What the running proxy holds: settings, the upstream pool, the recorder, keys, tenants
+and canaries."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from proxy.base.keys import KeyRing
 from proxy.recording.recorder import Recorder
 from proxy.recording.response_store import ResponseStore
 from proxy.settings import Settings
+from proxy.upstream.canaries import CanaryTable
 from proxy.upstream.replicas import UpstreamPool
 from proxy.upstream.tenants import TenantTable
 
@@ -21,5 +23,6 @@ class ProxyState:
     responses: ResponseStore
     keys: KeyRing
     tenants: TenantTable
+    canaries: CanaryTable
     # the store it records to: {"id", "url"} (store/identity.py); id None until read
     store: dict[str, Any] = field(default_factory=lambda: {"id": None, "url": None})

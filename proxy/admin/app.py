@@ -13,6 +13,7 @@ from starlette.staticfiles import StaticFiles
 from proxy.admin import errors
 from proxy.admin.deps import require_token
 from proxy.admin.routes import (
+    canaries,
     compat,
     curricula,
     feedback,
@@ -51,7 +52,8 @@ def create_admin_app() -> FastAPI:
         summary="See and steer what the system learns: trajectories, rewards, tasks, "
         "policy versions, the learner, statistics, export, curricula, the self-judge's "
         "agreement, the regression guard, the client keys that may use the model, and the "
-        "tenants whose calls LoRA adapters of their own answer.",
+        "tenants whose calls LoRA adapters of their own answer, and the canaries that try a new "
+        "version on a share of the traffic.",
         version="1",
         openapi_url="/api/openapi.json",
         docs_url="/api/docs",
@@ -73,6 +75,7 @@ def create_admin_app() -> FastAPI:
         guard,
         signals,
         tenants,
+        canaries,
     )
     for module in modules:
         api.include_router(module.router)

@@ -46,6 +46,7 @@ from proxy.recording.interaction import explicit_type
 from proxy.recording.stitching import new_id
 from proxy.state import ProxyState
 from proxy.upstream import http1
+from proxy.upstream.canary_assignment import assignment_key
 from proxy.upstream.replicas import UPSTREAM_READ_ERRORS, Replica
 from proxy.upstream.sampling import effective as effective_sampling
 
@@ -76,6 +77,8 @@ class Generation:
         self.client_headers: Mapping[str, str] = request.headers
         # the adapter the call's tenant is served by (None: no tenant, or none set)
         self.tenant_adapter: str | None = None
+        # the canary candidate the call is assigned to (None: no canary, or not its arm)
+        self.candidate: str | None = None
 
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1000.0
@@ -136,6 +139,7 @@ class Generation:
             return self.fail(BadRequest(f"malformed request body: {exc}", code="invalid_body"))
         api = self.dialect.capture_api
         upstream_body, asked = prepare_upstream_body(api, upstream_body)
+        self.candidate = self._canary_candidate(api, upstream_body)
         fanout = self.state.settings.fanout
         if fanout > 1 and self.dialect.api == CHAT and fanout_eligible(body):
             self.fanout = upstream_body["n"] = fanout
@@ -162,6 +166,16 @@ class Generation:
             media_type="text/event-stream",
             headers=SSE_HEADERS,
         )
+
+    def _canary_candidate(self, api: str, upstream_body: dict[str, Any]) -> str | None:
+        """The candidate of the canary running for the call's scope, if the call's session
+        (else its conversation's opening, else the call itself) is in its arm
+        (proxy/upstream/canary_assignment.py)."""
+        canaries, record = self.state.canaries, self.record
+        if not canaries.runs_for(record.tenant):
+            return None  # the hot path: no key is hashed
+        key = assignment_key(record.session_key, api, upstream_body)
+        return canaries.candidate_for(record.tenant, key or record.id)
 
     def _buffer_stream(self, body: dict[str, Any], sticky: str | None) -> bool:
         """Stream tool calls from a whole upstream answer where streaming loses their tokens."""
@@ -207,11 +221,13 @@ class Generation:
     ) -> tuple[Replica, http1.Response]:
         plain = orjson.dumps(upstream_body)
         requested = upstream_body.get("model")
-        wanted = self.tenant_adapter
+        candidate = self.candidate
 
         def body_for(replica: Replica) -> bytes:
-            # the version and the adapter read together, as the request leaves: the
-            # tenant's adapter where this replica has it loaded, else the shared policy
+            # the version and the adapter read together, as the request leaves: the canary's
+            # candidate or else the tenant's adapter where this replica has it loaded, else
+            # the shared policy
+            wanted = candidate if candidate in replica.adapters else self.tenant_adapter
             adapter = replica.serve_as(requested, wanted)
             tenants = adapter is not None and adapter == wanted
             self.record.policy_version = wanted if tenants else replica.policy_version

@@ -103,9 +103,17 @@ class UpstreamPool:
         self.drained = asyncio.Event()  # set when a gated replica's last request ends
         # one question for sampling defaults at a time per replica (`_know_defaults`)
         self._defaults_asked: dict[str, asyncio.Lock] = {}
-        # the adapters tenants' calls go to (proxy/upstream/tenants.py): while any is wanted,
-        # each poll reads which adapters every replica has loaded
-        self.wanted_adapters: frozenset[str] = frozenset()
+        # the adapters calls go to, by who wants them (the tenants, the canaries): while any
+        # is wanted, each poll reads which adapters every replica has loaded
+        self._wanted: dict[str, frozenset[str]] = {}
+
+    def want_adapters(self, who: str, names: frozenset[str]) -> None:
+        """The adapters `who` sends calls to (replacing what it wanted before)."""
+        self._wanted[who] = names
+
+    @property
+    def wanted_adapters(self) -> frozenset[str]:
+        return frozenset().union(*self._wanted.values())
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(

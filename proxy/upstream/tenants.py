@@ -6,7 +6,7 @@ some tenant lists types. The tenants are followed from the store like the client
 (proxy/base/followed.py): every `poll_interval` seconds, at once after a change through this
 process's admin API, the last ones read while the store is away.
 
-The pool is told which adapters the tenants serve (`UpstreamPool.wanted_adapters`): it
+The pool is told which adapters the tenants serve (`UpstreamPool.want_adapters`): it
 reads each replica's loaded adapters while any is wanted, and a call is sent to its tenant's
 adapter only on a replica that has it loaded. Elsewhere (not loaded yet, unloaded, a replica
 restarted) the shared policy answers it, and the record says which version did.
@@ -66,8 +66,8 @@ class TenantTable(Followed[list[TenantRule]]):
         self.rules = value
         self._by_key = {key: r for r in value for key in r.client_keys}
         self._by_type = {kind: r for r in value for kind in r.interaction_types}
-        self.pool.wanted_adapters = frozenset(
-            r.serving_version for r in value if r.serving_version is not None
+        self.pool.want_adapters(
+            "tenants", frozenset(r.serving_version for r in value if r.serving_version is not None)
         )
 
     def reload(self) -> None:

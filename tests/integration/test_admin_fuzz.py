@@ -61,6 +61,12 @@ OPERATIONS = [
     "PUT /guard/types/{name}/protected",
     "DELETE /guard/types/{name}/protected",
     "POST /guard/accept/{version}",
+    "GET /canaries",
+    "POST /canaries",
+    "GET /canaries/{canary_id}",
+    "POST /canaries/{canary_id}/promote",
+    "POST /canaries/{canary_id}/rollback",
+    "POST /canaries/{canary_id}/extend",
 ]
 
 

@@ -95,10 +95,11 @@ def test_a_promotion_points_the_tenant_at_its_candidate_and_its_lineage_follows(
     engine: Engine,
 ) -> None:
     with engine.begin() as conn:
-        for ordinal, version in enumerate(["team-1", "team-2"]):
+        history = [("team-1", "serving"), ("team-2", "superseded")]  # e.g. served before
+        for ordinal, (version, status) in enumerate(history):
             policy_versions.add_version(
                 conn, version=version, ordinal=ordinal, parent=None, tenant="team",
-                checkpoint_path=f"/ckpt/{version}", status="serving" if ordinal == 0 else "superseded",
+                checkpoint_path=f"/ckpt/{version}", status=status,
             )  # fmt: skip
         make_tenant(conn)
         canary_id = start(conn)
