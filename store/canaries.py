@@ -115,10 +115,14 @@ def running(conn: Connection) -> list[CanaryRule]:
 
 
 def list_canaries(
-    conn: Connection, *, status: str | None = None, canary_id: int | None = None
+    conn: Connection,
+    *,
+    status: str | None = None,
+    canary_id: int | None = None,
+    limit: int | None = None,
 ) -> list[dict[str, Any]]:
     """Newest first, each with its actions in the order they were taken."""
-    query = select(Canary.__table__).order_by(Canary.id.desc())
+    query = select(Canary.__table__).order_by(Canary.id.desc()).limit(limit)
     if status is not None:
         query = query.where(Canary.status == status)
     if canary_id is not None:

@@ -184,6 +184,7 @@ def test_decisions_are_recorded_with_who_took_them(
                 await ask(proxy, f"after-promotion-{k}", user("hi"), **SUPPORT)
             out["listed"] = (await admin(proxy, "GET", "/canaries")).json()["items"]
             out["running"] = (await admin(proxy, "GET", "/canaries?status=running")).json()
+            out["newest"] = (await admin(proxy, "GET", "/canaries?limit=1")).json()["items"]
             return out
 
     out = asyncio.run(scenario())
@@ -203,6 +204,7 @@ def test_decisions_are_recorded_with_who_took_them(
     assert out["tenant after promotion"]["serving_version"] == "team-3"
     assert [c["status"] for c in out["listed"]] == ["promoted", "rolled_back"]
     assert out["running"]["items"] == []
+    assert [c["id"] for c in out["newest"]] == [promoted["id"]]
     wait_for_calls(engine, 20)
     with engine.connect() as conn:
         rows = conn.execute(select(Call.session_key, Call.policy_version)).all()

@@ -104,7 +104,7 @@ def list_canaries(
     canary's scope since it started (until its decision): errors, latency, graded
     trajectories and their rewards, next-turn signals."""
     with engine.connect() as conn:
-        rows = store.list_canaries(conn, status=status)[:limit]
+        rows = store.list_canaries(conn, status=status, limit=limit)
     return {"items": _with_stats(engine, state, rows)}
 
 
