@@ -14,9 +14,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from learner.config import LearnerConfig
 from learner.graders.base import Grade, Grader
@@ -26,6 +25,7 @@ from learner.signals import SignalWeights, signals_in, weighed_signals
 from store import grade_queue, turn_signals
 from store.feedback import latest_feedback
 from store.tasks import TaskTable
+from store.trajectory_record import Trajectory
 
 log = logging.getLogger("onthejob.learner")
 
@@ -97,17 +97,17 @@ def learner_grader(
 def grade_and_save(
     engine: Engine,
     grader: Grader,
-    trajectories: Sequence[dict[str, Any]],
+    trajectories: Sequence[Trajectory],
     *,
     tasks: TaskTable,
     policy: RetryPolicy,
     signal_weights: SignalWeights | None = None,
 ) -> Outcome:
-    """Grade `trajectories` (export format) and store each result (see the module), and
-    with `signal_weights`, each one's next-turn signals (store/turn_signals.py)."""
+    """Grade `trajectories` and store each result (see the module), and with
+    `signal_weights`, each one's next-turn signals (store/turn_signals.py)."""
     grades = grader.grade(list(trajectories), tasks=tasks)
-    ids = [str(t["id"]) for t in trajectories]
-    by_id = {str(t["id"]): t for t in trajectories}
+    ids = [t.id for t in trajectories]
+    by_id = {t.id: t for t in trajectories}
     outcome = Outcome()
     now = datetime.now(UTC)
     with engine.begin() as conn:
@@ -133,7 +133,12 @@ def grade_and_save(
 
 
 def _save(
-    conn: Any, trajectory_id: str, grade: Grade, attempts: int, policy: RetryPolicy, now: datetime
+    conn: Connection,
+    trajectory_id: str,
+    grade: Grade,
+    attempts: int,
+    policy: RetryPolicy,
+    now: datetime,
 ) -> None:
     error, transient = grade.error, grade.error is not None and grade.transient
     if transient and attempts >= policy.max_attempts:

@@ -19,8 +19,8 @@ from learner import grading
 from learner.config import LearnerConfig
 from learner.signals import SignalWeights
 from store import db, grade_queue, schema
-from store.export import iter_trajectories
 from store.tasks import TaskTable, task_table
+from store.trajectory_loading import load_trajectories
 
 BATCH = 256
 
@@ -79,10 +79,10 @@ def regrade(config: LearnerConfig, selection: Selection) -> Report:
             )
         total = grading.Outcome()
         for start in range(0, len(ids), BATCH):
-            batch = list(iter_trajectories(engine, ids=ids[start : start + BATCH]))
+            batch = list(load_trajectories(engine, ids=ids[start : start + BATCH]))
             # a regrade starts the count of tries afresh
             with engine.begin() as conn:
-                grade_queue.reset_attempts(conn, [t["id"] for t in batch])
+                grade_queue.reset_attempts(conn, [t.id for t in batch])
             outcome = grading.grade_and_save(
                 engine,
                 grader,

@@ -24,8 +24,8 @@ from sqlalchemy import Engine
 
 from learner.graders.selfjudge import SELF_JUDGE, TRUTH_KINDS, DefaultGrader, shadow_share_of
 from store import grade_queue, learner_state
-from store.export import iter_trajectories
 from store.tasks import TaskTable
+from store.trajectory_loading import load_trajectories
 
 log = logging.getLogger("onthejob.learner")
 
@@ -102,14 +102,14 @@ def _one_pass(engine: Engine, grader: DefaultGrader, tasks: TaskTable) -> tuple[
         if shadow_share_of(str(r["trajectory_id"])) < share  # the sampler's own cut, early
     }
     wanted = [tid for tid, (source, _) in truths.items() if source is not None]
-    trajectories = list(iter_trajectories(engine, ids=wanted)) if wanted else []
-    known = {n: truths[t["id"]] for n, t in enumerate(trajectories)}
+    trajectories = list(load_trajectories(engine, ids=wanted)) if wanted else []
+    known = {n: truths[t.id] for n, t in enumerate(trajectories)}
     verdicts = grader.shadow_verdicts(trajectories, known, tasks)  # type: ignore[arg-type]
     stored = 0
     with engine.begin() as conn:
         for n, entry in verdicts.items():
             stored += grade_queue.add_to_grade_detail(
-                conn, trajectory_id=trajectories[n]["id"], key=SELF_JUDGE, value=entry
+                conn, trajectory_id=trajectories[n].id, key=SELF_JUDGE, value=entry
             )
         last = rows[-1]
         learner_state.set_state(

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from store.conversation import conversation
 from store.next_turn import next_turn_signals, open_turns
+from store.trajectory_record import Trajectory
 from store.turn_signals import Stored
 
 if TYPE_CHECKING:
@@ -60,14 +61,14 @@ class SignalWeights:
 
 
 def weighed_signals(
-    trajectory: dict[str, Any], weights: SignalWeights, judge: TurnJudge | None = None
+    trajectory: Trajectory, weights: SignalWeights, judge: TurnJudge | None = None
 ) -> list[Stored]:
     """The trajectory's next-turn signals, each with its call's key and that key's weight:
     the rules', then, with `judge`, the judge's on the turns the user answered and the
     rules are silent on (a transport failure of the judge raises)."""
-    calls = trajectory.get("calls") or []
-    key_of = {str(c.get("id")): c.get("key_name") for c in calls}
-    model_of = {str(c.get("id")): c.get("model") for c in calls}
+    calls = trajectory.calls
+    key_of = {c.id: c.key_name for c in calls}
+    model_of = {c.id: c.model for c in calls}
     messages = conversation(calls)
     certain = next_turn_signals(messages)
     found = [(s, "rule") for s in certain]
@@ -94,10 +95,10 @@ def weighed_signals(
     )
 
 
-def signals_off(trajectory: dict[str, Any], weights: SignalWeights) -> str | None:
+def signals_off(trajectory: Trajectory, weights: SignalWeights) -> str | None:
     """The key whose signals are off, when every call of the trajectory came with such a
     key (then nothing the traffic said of it may count), else None."""
-    keys = {c.get("key_name") for c in trajectory.get("calls") or []}
+    keys = {c.key_name for c in trajectory.calls}
     off = sorted(k or "(no key)" for k in keys if weights.of(k) == 0.0)
     if keys and len(off) == len(keys):
         return ", ".join(off)

@@ -10,18 +10,38 @@ nothing here assumes a shape: what cannot be read is skipped.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypedDict
 
 import orjson
 
-Message = dict[str, Any]
+from store.trajectory_record import TrajectoryCall
+
+
+class ToolCall(TypedDict):
+    """A tool call an assistant message made, whatever API spelt it."""
+
+    id: Any  # as the body gave it: usually a string, never checked
+    name: Any
+    arguments: str  # JSON text
+
+
+class Message(TypedDict):
+    """One message of the conversation view (a dict: the admin API returns it as it is)."""
+
+    role: str  # system | user | assistant | tool | error | context
+    text: str
+    tool_calls: list[ToolCall]
+    tool_call_id: str | None
+    call_id: str | None
+    is_error: bool
 
 
 def _message(
     role: str,
     text: str = "",
     *,
-    tool_calls: list[dict[str, Any]] | None = None,
+    tool_calls: list[ToolCall] | None = None,
     tool_call_id: str | None = None,
     call_id: str | None = None,
     is_error: bool = False,
@@ -65,7 +85,7 @@ def _arguments(value: Any) -> str:
     return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
-def _chat_tool_calls(raw: Any) -> list[dict[str, Any]]:
+def _chat_tool_calls(raw: Any) -> list[ToolCall]:
     out = []
     for call in raw if isinstance(raw, list) else []:
         function = call.get("function") if isinstance(call, dict) else None
@@ -97,7 +117,7 @@ def _anthropic_blocks(role: str, content: Any, call_id: str | None) -> list[Mess
         return [_message(role, content, call_id=call_id)]
     out: list[Message] = []
     text: list[str] = []
-    tools: list[dict[str, Any]] = []
+    tools: list[ToolCall] = []
     for block in content if isinstance(content, list) else []:
         if not isinstance(block, dict):
             continue
@@ -137,7 +157,7 @@ def _responses_items(items: Any, call_id: str | None) -> list[Message]:
         if kind == "message" and isinstance(item.get("role"), str):
             out.append(_message(item["role"], _text(item.get("content")), call_id=call_id))
         elif kind == "function_call":
-            tool = {
+            tool: ToolCall = {
                 "id": item.get("call_id"),
                 "name": item.get("name"),
                 "arguments": _arguments(item.get("arguments", "")),
@@ -157,7 +177,7 @@ def _gemini_contents(contents: Any, call_id: str | None) -> list[Message]:
             continue
         role = "assistant" if content.get("role") == "model" else "user"
         text: list[str] = []
-        tools: list[dict[str, Any]] = []
+        tools: list[ToolCall] = []
         for part in content.get("parts") or []:
             if not isinstance(part, dict):
                 continue
@@ -235,26 +255,31 @@ def reply_messages(api: str, response: Any, call_id: str) -> list[Message]:
 
 
 def _same(a: Message, b: Message) -> bool:
-    keys = ("role", "text", "tool_calls", "tool_call_id")
-    return all(a[k] == b[k] for k in keys)
+    """The same message, whichever call it came in (`call_id`) and however flagged."""
+    return (a["role"], a["text"], a["tool_calls"], a["tool_call_id"]) == (
+        b["role"],
+        b["text"],
+        b["tool_calls"],
+        b["tool_call_id"],
+    )
 
 
-def conversation(calls: list[dict[str, Any]]) -> list[Message]:
-    """The trajectory's conversation from its calls (export format), in order."""
+def conversation(calls: Sequence[TrajectoryCall]) -> list[Message]:
+    """The trajectory's conversation from its calls, in order."""
     out: list[Message] = []
     seen: list[Message] = []  # the conversation as the next request would repeat it
     for call in calls:
-        sent = request_messages(call.get("api", ""), call.get("request"))
+        sent = request_messages(call.api, call.request)
         prefix = len(seen) <= len(sent) and all(
             _same(a, b) for a, b in zip(seen, sent, strict=False)
         )
         if not prefix:
-            out.append(_message("context", "a new context starts here", call_id=call["id"]))
+            out.append(_message("context", "a new context starts here", call_id=call.id))
             seen = []
         out += sent[len(seen) :]
-        reply = reply_messages(call.get("api", ""), call.get("response"), call["id"])
-        if call.get("error"):
-            out.append(_message("error", str(call["error"]), call_id=call["id"]))
+        reply = reply_messages(call.api, call.response, call.id)
+        if call.error:
+            out.append(_message("error", str(call.error), call_id=call.id))
         out += reply
         seen = sent + reply
     return out

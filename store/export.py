@@ -1,59 +1,114 @@
 """`onthejob export`: trajectories as JSON Lines, one trajectory per line.
 
 This format is a public interface (docs/reference/export-format.md); add fields, never
-change one.
+change one. `to_export` is the one place a trajectory record (store/trajectory_record.py)
+becomes it: the export, the admin API, and the `python:` and `command:` graders' input.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import datetime
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
 from typing import IO, Any
 
 import orjson
 from sqlalchemy import Engine
 
-from store import clock, recording
-from store.tokens import materialize_prompts
+from store import clock
+from store.trajectory_loading import load_trajectories
+from store.trajectory_record import Trajectory, TrajectoryCall
 
 
-def _iso(value: datetime | None) -> str | None:
+def export_time(value: datetime | None) -> str | None:
+    """A timestamp as the export writes it: ISO 8601, UTC (an offset, never a Z)."""
     value = clock.as_utc(value)
     return None if value is None else value.isoformat()
 
 
-def export_call(call: dict[str, Any], prompt: list[int] | None) -> dict[str, Any]:
-    choices = call.get("choices") or []
-    first = choices[0] if choices else {}
-    out = {
-        "id": call["id"],
-        "api": call["api"],
-        "model": call["model"],
-        "upstream": call["upstream"],
-        "policy_version": call["policy_version"],
-        "status": call["status"],
-        "http_status": call["http_status"],
-        "error": call["error"],
-        "stream": call["stream"],
-        "started_at": _iso(call["started_at"]),
-        "request": call["request"],
-        "response": call["response"],
-        "prompt_token_ids": prompt,
-        "completion_token_ids": first.get("token_ids"),
-        "completion_logprobs": first.get("logprobs"),
-        "finish_reason": call["finish_reason"],
-        "capture_complete": call["capture_complete"],
-        "latency_ms": call["latency_ms"],
-        "ttft_ms": call["ttft_ms"],
-        "user_agent": call.get("user_agent"),
-        "compat": call.get("compat"),
-        "key_name": call.get("key_name"),
-        "tenant": call.get("tenant"),
-        "sampling": call.get("sampling"),
+def to_export(trajectory: Trajectory) -> dict[str, Any]:
+    """The trajectory in the export format."""
+    return {
+        "id": trajectory.id,
+        "session": trajectory.session,
+        "task_key": trajectory.task_key,
+        "group_key": trajectory.group_key,
+        "interaction_type": trajectory.interaction_type,
+        "status": trajectory.status,
+        "reward": trajectory.reward,
+        "started_at": export_time(trajectory.started_at),
+        "ended_at": export_time(trajectory.ended_at),
+        "calls": [export_call(c) for c in trajectory.calls],
     }
-    if len(choices) > 1:
-        out["choices"] = choices
+
+
+def export_call(call: TrajectoryCall) -> dict[str, Any]:
+    out = {
+        "id": call.id,
+        "api": call.api,
+        "model": call.model,
+        "upstream": call.upstream,
+        "policy_version": call.policy_version,
+        "status": call.status,
+        "http_status": call.http_status,
+        "error": call.error,
+        "stream": call.stream,
+        "started_at": export_time(call.started_at),
+        "request": call.request,
+        "response": call.response,
+        "prompt_token_ids": call.prompt_token_ids,
+        "completion_token_ids": call.completion_token_ids,
+        "completion_logprobs": call.completion_logprobs,
+        "finish_reason": call.finish_reason,
+        "capture_complete": call.capture_complete,
+        "latency_ms": call.latency_ms,
+        "ttft_ms": call.ttft_ms,
+        "user_agent": call.user_agent,
+        "compat": call.compat,
+        "key_name": call.key_name,
+        "tenant": call.tenant,
+        "sampling": call.sampling,
+    }
+    if call.choices is not None:
+        out["choices"] = call.choices
     return out
+
+
+def from_export(row: Mapping[str, Any]) -> Trajectory:
+    """A trajectory in the export format (an exported line, a hand-written one) as the
+    record: `to_export`'s inverse; a field the row leaves out takes the record's default."""
+    return Trajectory(
+        id=str(row.get("id", "")),
+        calls=tuple(_call_from_export(c) for c in row.get("calls") or []),
+        session=row.get("session"),
+        task_key=row.get("task_key"),
+        group_key=row.get("group_key"),
+        interaction_type=row.get("interaction_type"),
+        status=row.get("status", "finished"),
+        reward=row.get("reward"),
+        started_at=parse_export_time(row.get("started_at")),
+        ended_at=parse_export_time(row.get("ended_at")),
+    )
+
+
+def _call_from_export(row: Mapping[str, Any]) -> TrajectoryCall:
+    fields = {k: v for k, v in row.items() if k in TrajectoryCall.__dataclass_fields__}
+    return TrajectoryCall(
+        **{
+            **fields,
+            "id": str(row.get("id", "")),
+            "api": row.get("api", ""),
+            "started_at": parse_export_time(row.get("started_at")),
+        }
+    )
+
+
+def parse_export_time(value: str | None) -> datetime | None:
+    """An export timestamp (ISO 8601) as an aware datetime (a naive one is UTC); None stays
+    None."""
+    if value is None:
+        return None
+    parsed = datetime.fromisoformat(value)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def iter_trajectories(
@@ -64,29 +119,11 @@ def iter_trajectories(
     ids: list[str] | None = None,
     interaction_type: str | None = None,
 ) -> Iterator[dict[str, Any]]:
-    with engine.connect() as conn:
-        found = recording.trajectories(
-            conn,
-            session_key=session_key,
-            since=since,
-            ids=ids,
-            interaction_type=interaction_type,
-        )
-        for trajectory in list(found):
-            calls = recording.calls_of(conn, trajectory_id=trajectory["id"])
-            prompts = materialize_prompts(calls, lambda ids: recording.calls_by_ids(conn, ids=ids))
-            yield {
-                "id": trajectory["id"],
-                "session": trajectory["session_key"],
-                "task_key": trajectory["task_key"],
-                "group_key": trajectory["group_key"],
-                "interaction_type": trajectory["interaction_type"],
-                "status": trajectory["status"],
-                "reward": trajectory["reward"],
-                "started_at": _iso(trajectory["started_at"]),
-                "ended_at": _iso(trajectory["ended_at"]),
-                "calls": [export_call(c, prompts[c["id"]]) for c in calls],
-            }
+    """The matching trajectories in the export format, oldest first."""
+    found = load_trajectories(
+        engine, session_key=session_key, since=since, ids=ids, interaction_type=interaction_type
+    )
+    return (to_export(t) for t in found)
 
 
 def write_jsonl(rows: Iterator[dict[str, Any]], out: IO[bytes]) -> int:

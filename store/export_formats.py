@@ -21,27 +21,29 @@ from typing import IO, Any
 import orjson
 
 from store.conversation import Message, conversation
+from store.export import export_time
 from store.samples import build_samples
+from store.trajectory_record import Trajectory
 
 FORMATS = ("jsonl", "parquet", "trl")
 PARQUET_BATCH = 1024  # rows held in memory before a row group is written
 
 
-def sample_rows(trajectories: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """One row per training sequence of each trajectory (export format in, parquet rows out)."""
+def sample_rows(trajectories: Iterable[Trajectory]) -> Iterator[dict[str, Any]]:
+    """One row per training sequence of each trajectory (parquet rows out)."""
     for trajectory in trajectories:
         for index, sample in enumerate(build_samples(trajectory)):
             yield {
-                "trajectory_id": trajectory["id"],
+                "trajectory_id": trajectory.id,
                 "sample_index": index,
-                "session": trajectory["session"],
-                "task_key": trajectory["task_key"],
-                "group_key": trajectory["group_key"],
-                "interaction_type": trajectory["interaction_type"],
-                "status": trajectory["status"],
-                "reward": trajectory["reward"],
-                "started_at": trajectory["started_at"],
-                "ended_at": trajectory["ended_at"],
+                "session": trajectory.session,
+                "task_key": trajectory.task_key,
+                "group_key": trajectory.group_key,
+                "interaction_type": trajectory.interaction_type,
+                "status": trajectory.status,
+                "reward": trajectory.reward,
+                "started_at": export_time(trajectory.started_at),
+                "ended_at": export_time(trajectory.ended_at),
                 "policy_versions": sorted(v for v in sample.policy_versions if v is not None),
                 "token_ids": sample.token_ids,
                 "loss_mask": sample.loss_mask,
@@ -128,26 +130,26 @@ def _arguments(raw: Any) -> Any:
     return parsed if isinstance(parsed, dict) else raw
 
 
-def trl_rows(trajectories: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+def trl_rows(trajectories: Iterable[Trajectory]) -> Iterator[dict[str, Any]]:
     """TRL's conversational prompt-completion rows: the messages of the trajectory's last
     context (after a restart of the conversation, only what follows it) up to the model's
     last reply as `prompt`, that reply as `completion`."""
     for trajectory in trajectories:
-        messages = conversation(trajectory["calls"])
+        messages = conversation(trajectory.calls)
         starts = [i for i, m in enumerate(messages) if m["role"] == "context"]
         messages = messages[starts[-1] + 1 :] if starts else messages
         messages = [m for m in messages if m["role"] in ("system", "user", "assistant", "tool")]
         last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
         if last is None or last == 0:
             continue  # no reply, or a reply to nothing: nothing to learn from
-        versions = sorted({c["policy_version"] for c in trajectory["calls"] if c["policy_version"]})
+        versions = sorted({c.policy_version for c in trajectory.calls if c.policy_version})
         yield {
             "prompt": [_trl_message(m) for m in messages[:last]],
             "completion": [_trl_message(messages[last])],
-            "reward": trajectory["reward"],
-            "trajectory_id": trajectory["id"],
-            "task_key": trajectory["task_key"],
-            "interaction_type": trajectory["interaction_type"],
+            "reward": trajectory.reward,
+            "trajectory_id": trajectory.id,
+            "task_key": trajectory.task_key,
+            "interaction_type": trajectory.interaction_type,
             "policy_versions": versions,
         }
 

@@ -15,6 +15,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from store.trajectory_record import Trajectory, TrajectoryCall
+
 # vLLM samples greedily below this temperature (and then ignores top-p, top-k and min-p)
 GREEDY_BELOW = 1e-5
 
@@ -108,7 +110,7 @@ class Sample:
         self.logprobs += [0.0] * len(new_context) + list(logprobs)
 
 
-def call_sampling(call: dict[str, Any]) -> Sampling | str:
+def call_sampling(call: TrajectoryCall) -> Sampling | str:
     """The sampling vLLM applied to a call, or why the trainer cannot reproduce it.
 
     The proxy records what vLLM applied (the request's parameters, else the replica's
@@ -116,7 +118,7 @@ def call_sampling(call: dict[str, Any]) -> Sampling | str:
     guessed at. Other logits processing (logit bias, structured output, ...) is not
     reproduced.
     """
-    recorded = call.get("sampling")
+    recorded = call.sampling
     if recorded is None:
         return "sampling unknown"
     constraints = recorded.get("constraints") or []
@@ -125,25 +127,23 @@ def call_sampling(call: dict[str, Any]) -> Sampling | str:
     return Sampling.from_record(recorded)
 
 
-def _capture_problem(call: dict[str, Any]) -> str | None:
-    if call.get("status") != "ok":
+def _capture_problem(call: TrajectoryCall) -> str | None:
+    if call.status != "ok":
         return "failed"
-    if not call.get("capture_complete") or call.get("prompt_token_ids") is None:
+    if not call.capture_complete or call.prompt_token_ids is None:
         return "incomplete capture"
-    if not call.get("completion_token_ids"):
+    if not call.completion_token_ids:
         return "no completion"
     return None
 
 
-def build_samples(
-    trajectory: dict[str, Any], *, skipped: Counter[str] | None = None
-) -> list[Sample]:
-    """Samples of one trajectory in the export format (docs/reference/export-format.md). A call that
-    cannot be trained on is counted in `skipped` by its reason."""
+def build_samples(trajectory: Trajectory, *, skipped: Counter[str] | None = None) -> list[Sample]:
+    """Samples of one trajectory. A call that cannot be trained on is counted in `skipped`
+    by its reason."""
     samples: list[Sample] = []
     current: Sample | None = None
-    last = len(trajectory["calls"]) - 1
-    for index, call in enumerate(trajectory["calls"]):
+    last = len(trajectory.calls) - 1
+    for index, call in enumerate(trajectory.calls):
         problem = _capture_problem(call)
         sampling = call_sampling(call) if problem is None else problem
         if isinstance(sampling, str):
@@ -151,20 +151,21 @@ def build_samples(
                 skipped[sampling] += 1
             current = None  # unknown tokens in between: nothing may extend across them
             continue
-        prompt = list(call["prompt_token_ids"])
-        completion = list(call["completion_token_ids"])
+        # a capture problem otherwise: both are there
+        prompt = list(call.prompt_token_ids or [])
+        completion = list(call.completion_token_ids or [])
         extends = (
             current is not None
             and current.sampling == sampling
             and prompt[: len(current.token_ids)] == current.token_ids
         )
         if not extends:
-            current = Sample(trajectory_id=trajectory["id"], sampling=sampling)
+            current = Sample(trajectory_id=trajectory.id, sampling=sampling)
             samples.append(current)
         assert current is not None
-        current.extend(prompt, completion, call["completion_logprobs"], str(call.get("id", "")))
-        current.policy_versions.add(call.get("policy_version"))
-        cut = call.get("finish_reason") == "length"
+        current.extend(prompt, completion, call.completion_logprobs or [], call.id)
+        current.policy_versions.add(call.policy_version)
+        cut = call.finish_reason == "length"
         current.truncated |= cut
         current.cut_before_last |= cut and index < last
     return samples

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from store.tasks import TaskTable
+    from store.trajectory_record import Trajectory
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class Grade:
 class Grader(Protocol):
     name: str
 
-    def grade(self, trajectories: list[dict[str, Any]], *, tasks: TaskTable) -> list[Grade]:
+    def grade(self, trajectories: list[Trajectory], *, tasks: TaskTable) -> list[Grade]:
         """One Grade per trajectory, same order. Graders that compare trajectories with each
         other (the judge) treat the list as a group: pass trajectories of one task together."""
         ...

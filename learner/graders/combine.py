@@ -23,6 +23,7 @@ from learner.graders.turn_judge import TurnJudge
 from learner.signals import SignalWeights
 from store.grader_specs import FORMS, ORDER, parse_spec
 from store.tasks import TaskTable
+from store.trajectory_record import Trajectory
 
 __all__ = ["CombinedGrader", "build_graders", "parse_spec"]
 
@@ -106,7 +107,7 @@ class CombinedGrader:
         self.components = list(components)
         self.name = " + ".join(f"{grader.name}@{weight:g}" for grader, weight in self.components)
 
-    def grade(self, trajectories: list[dict[str, Any]], *, tasks: TaskTable) -> list[Grade]:
+    def grade(self, trajectories: list[Trajectory], *, tasks: TaskTable) -> list[Grade]:
         results = [_Partial() for _ in trajectories]
         alive = list(range(len(trajectories)))
         for grader, weight in self.components:
@@ -165,7 +166,7 @@ class _Partial:
         return Grade(reward=reward, detail=self.detail)
 
 
-def _grade_safely(grader: Grader, batch: list[dict[str, Any]], tasks: TaskTable) -> list[Grade]:
+def _grade_safely(grader: Grader, batch: list[Trajectory], tasks: TaskTable) -> list[Grade]:
     """A grader that breaks its promise (raises, or miscounts) fails this batch, not the loop."""
     try:
         grades = grader.grade(batch, tasks=tasks)

@@ -11,10 +11,11 @@ import os
 import signal
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from learner.graders.base import Grade, as_reward
+from store.export import to_export
 from store.tasks import TaskTable
+from store.trajectory_record import Trajectory
 
 _TAIL_CHARS = 2000  # of stdout/stderr kept in the detail and error
 
@@ -28,12 +29,13 @@ class CommandGrader:
         self.timeout = timeout
         self.workers = workers  # commands often wait on I/O or run tests: overlap them
 
-    def grade(self, trajectories: list[dict[str, Any]], *, tasks: TaskTable) -> list[Grade]:
+    def grade(self, trajectories: list[Trajectory], *, tasks: TaskTable) -> list[Grade]:
         with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
             return list(pool.map(self._grade_one, trajectories))
 
-    def _grade_one(self, trajectory: dict[str, Any]) -> Grade:
-        stdin = json.dumps(trajectory, default=str).encode()
+    def _grade_one(self, trajectory: Trajectory) -> Grade:
+        # the export format: what the command reads is a public interface
+        stdin = json.dumps(to_export(trajectory), default=str).encode()
         try:
             code, out, err = run_command(self.command, stdin, timeout=self.timeout)
         except subprocess.TimeoutExpired as exc:

@@ -1,4 +1,4 @@
-"""Text out of an exported trajectory: the final answer and the task's prompt.
+"""Text out of a trajectory: the final answer and the task's prompt.
 
 Understands every API the proxy records (chat completions, completions, Responses,
 Anthropic Messages) by the shape of the body, so hand-written trajectories work too.
@@ -8,17 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from store.trajectory_record import Trajectory
+
 # Part types that carry plain text in the three chat-like APIs.
 _TEXT_PARTS = {"text", "input_text", "output_text"}
 
 
-def final_answer(trajectory: dict[str, Any]) -> str | None:
+def final_answer(trajectory: Trajectory) -> str | None:
     """The text of the last assistant reply: the last call that succeeded decides, even when
     it holds only tool calls ("" then); None when no call has a readable response."""
-    for call in reversed(trajectory.get("calls") or []):
-        if call.get("status", "ok") != "ok" or not isinstance(call.get("response"), dict):
+    for call in reversed(trajectory.calls):
+        if call.status != "ok" or not isinstance(call.response, dict):
             continue
-        text = reply_text(call["response"])
+        text = reply_text(call.response)
         if text is not None:
             return text
     return None
@@ -36,10 +38,10 @@ def reply_text(response: dict[str, Any]) -> str | None:
     return None
 
 
-def task_prompt(trajectory: dict[str, Any]) -> str | None:
+def task_prompt(trajectory: Trajectory) -> str | None:
     """The first user message of the first call: what the agent was asked to do."""
-    calls = trajectory.get("calls") or []
-    request = calls[0].get("request") if calls else None
+    calls = trajectory.calls
+    request = calls[0].request if calls else None
     if not isinstance(request, dict):
         return None
     if isinstance(request.get("prompt"), str):  # completions

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 from learner.graders.base import Grade, as_reward
+from store.clock import as_utc
+from store.export import export_time
 from store.tasks import TaskTable
+from store.trajectory_record import Trajectory
 
 Posted = tuple[float, str | None]  # (reward, comment)
 
@@ -40,26 +43,18 @@ class FeedbackGrader:
         self.wait = timedelta(seconds=wait_seconds)
         self.now = now
 
-    def grade(self, trajectories: list[dict[str, Any]], *, tasks: TaskTable) -> list[Grade]:
+    def grade(self, trajectories: list[Trajectory], *, tasks: TaskTable) -> list[Grade]:
         return [self._grade_one(t) for t in trajectories]
 
-    def _grade_one(self, trajectory: dict[str, Any]) -> Grade:
+    def _grade_one(self, trajectory: Trajectory) -> Grade:
         try:
-            posted = self.source.reward_for(str(trajectory["id"]), trajectory.get("session"))
+            posted = self.source.reward_for(trajectory.id, trajectory.session)
             if posted is not None:
                 reward, comment = posted
                 return Grade(reward=as_reward(reward), detail={"comment": comment})
-            ended = parse_time(trajectory.get("ended_at"))
-        except Exception as exc:  # a store that is away: later; a malformed record: never
+        except Exception as exc:  # a store that is away: later; a malformed reward: never
             return Grade.of_exception(f"feedback: {type(exc).__name__}: {exc}", exc)
+        ended = as_utc(trajectory.ended_at)
         if ended is None or self.now() - ended < self.wait:
-            return Grade.waiting(ended_at=trajectory.get("ended_at"))
+            return Grade.waiting(ended_at=export_time(trajectory.ended_at))
         return Grade.failed(f"no feedback within {self.wait.total_seconds():g} s of the end")
-
-
-def parse_time(value: str | None) -> datetime | None:
-    """An export timestamp (ISO 8601, UTC) as an aware datetime; None stays None."""
-    if value is None:
-        return None
-    parsed = datetime.fromisoformat(value)
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

@@ -24,6 +24,7 @@ from learner.graders.judge_prompt import (
 )
 from store.environment import environment
 from store.tasks import TaskTable
+from store.trajectory_record import Trajectory
 
 # The judge's own calls say what they are (X-Onthejob-Type). By default they go straight to
 # vLLM and are never recorded; a judge pointed at the proxy is recorded with this type, and
@@ -95,7 +96,7 @@ class JudgeGrader:
     def close(self) -> None:
         self.client.close()
 
-    def grade(self, trajectories: list[dict[str, Any]], *, tasks: TaskTable) -> list[Grade]:
+    def grade(self, trajectories: list[Trajectory], *, tasks: TaskTable) -> list[Grade]:
         grades: list[Grade | None] = [None] * len(trajectories)
         for members in _groups(trajectories):
             group = [trajectories[i] for i in members]
@@ -103,7 +104,7 @@ class JudgeGrader:
                 grades[index] = grade
         return [g if g is not None else Grade.failed("not graded") for g in grades]
 
-    def _grade_group(self, group: list[dict[str, Any]], tasks: TaskTable) -> list[Grade]:
+    def _grade_group(self, group: list[Trajectory], tasks: TaskTable) -> list[Grade]:
         answers = [final_answer(t) for t in group]
         judged = [i for i, answer in enumerate(answers) if answer is not None]
         grades = [Grade.failed("no final answer to judge (no successful reply)")] * len(group)
@@ -119,7 +120,7 @@ class JudgeGrader:
             grades[i] = grade
         return grades
 
-    def _judge(self, first: dict[str, Any], answers: list[str], tasks: TaskTable) -> list[Grade]:
+    def _judge(self, first: Trajectory, answers: list[str], tasks: TaskTable) -> list[Grade]:
         names = labels(len(answers))
         model = self.model or _model_of(first) or self._served_model()
         text = self._ask(model, _prompt_of(first, tasks), answers, names)
@@ -166,12 +167,12 @@ class JudgeGrader:
         return models[0].id
 
 
-def _groups(trajectories: list[dict[str, Any]]) -> list[list[int]]:
+def _groups(trajectories: list[Trajectory]) -> list[list[int]]:
     """Indices grouped by task key; a trajectory without one is compared with nothing else."""
     by_key: dict[str, list[int]] = {}
     groups: list[list[int]] = []
     for index, trajectory in enumerate(trajectories):
-        key = trajectory.get("task_key")
+        key = trajectory.task_key
         if key is None:
             groups.append([index])
         elif key in by_key:
@@ -182,14 +183,14 @@ def _groups(trajectories: list[dict[str, Any]]) -> list[list[int]]:
     return groups
 
 
-def _prompt_of(trajectory: dict[str, Any], tasks: TaskTable) -> str | None:
-    key = trajectory.get("task_key")
+def _prompt_of(trajectory: Trajectory, tasks: TaskTable) -> str | None:
+    key = trajectory.task_key
     task = tasks.get(key) if key is not None else None
     return task.prompt if task is not None and task.prompt else task_prompt(trajectory)
 
 
-def _model_of(trajectory: dict[str, Any]) -> str | None:
-    models = [c.get("model") for c in trajectory.get("calls") or [] if c.get("model")]
+def _model_of(trajectory: Trajectory) -> str | None:
+    models = [c.model for c in trajectory.calls if c.model]
     return models[-1] if models else None
 
 

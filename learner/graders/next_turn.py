@@ -16,7 +16,7 @@ judge`) to have the whole trajectory judged as well.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 import openai
@@ -25,6 +25,7 @@ from learner.graders.base import Grade
 from learner.signals import SignalWeights, as_detail, signals_off, weighed_signals
 from store.conversation import conversation
 from store.tasks import TaskTable
+from store.trajectory_record import Trajectory
 
 if TYPE_CHECKING:
     from learner.graders.turn_judge import TurnJudge
@@ -42,11 +43,11 @@ class NextTurnGrader:
         if self.judge is not None:
             self.judge.close()
 
-    def grade(self, trajectories: list[dict[str, Any]], *, tasks: TaskTable) -> list[Grade]:
+    def grade(self, trajectories: list[Trajectory], *, tasks: TaskTable) -> list[Grade]:
         return [self._grade_one(t) for t in trajectories]
 
-    def _grade_one(self, trajectory: dict[str, Any]) -> Grade:
-        messages = conversation(trajectory.get("calls") or [])
+    def _grade_one(self, trajectory: Trajectory) -> Grade:
+        messages = conversation(trajectory.calls)
         # one reply per call (a Responses call may give several assistant messages)
         replies = list(
             dict.fromkeys(

@@ -1,4 +1,5 @@
-"""The `python:MODULE:FUNCTION` grader: a user's callable, trajectory dict in, number out.
+"""The `python:MODULE:FUNCTION` grader: a user's callable, the trajectory in the export
+format (a dict, store/export.py `to_export`: a public interface) in, a number out.
 
 The callable is imported once, when the grader is built, so a typo fails the start instead
 of every trajectory; whatever it raises or returns is caught and becomes an error Grade
@@ -13,7 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from learner.graders.base import Grade, as_reward
+from store.export import to_export
 from store.tasks import TaskTable
+from store.trajectory_record import Trajectory
 
 
 class PythonGrader:
@@ -21,13 +24,14 @@ class PythonGrader:
         self.name = f"python:{target}"
         self.function = load_callable(target)
 
-    def grade(self, trajectories: list[dict[str, Any]], *, tasks: TaskTable) -> list[Grade]:
+    def grade(self, trajectories: list[Trajectory], *, tasks: TaskTable) -> list[Grade]:
         return [self._grade_one(t) for t in trajectories]
 
-    def _grade_one(self, trajectory: dict[str, Any]) -> Grade:
+    def _grade_one(self, trajectory: Trajectory) -> Grade:
         try:
-            # A copy, so a callable that edits its argument cannot change what others see.
-            value = self.function(copy.deepcopy(trajectory))
+            # A copy, so a callable that edits its argument (the request and response bodies
+            # are the record's own) cannot change what others see.
+            value = self.function(copy.deepcopy(to_export(trajectory)))
             return Grade(reward=as_reward(value), detail={})
         except (Exception, SystemExit) as exc:  # a stray sys.exit() must not end the learner
             return Grade.of_exception(f"{self.name} failed: {type(exc).__name__}: {exc}", exc)

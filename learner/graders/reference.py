@@ -8,11 +8,11 @@ task table may gain the task (`onthejob tasks load`, the admin API), and then it
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from learner.graders.base import Grade
 from learner.graders.extract import final_answer
 from store.tasks import TaskTable
+from store.trajectory_record import Trajectory
 
 # A number as people write it: sign, thousands separators, decimals, exponent.
 _NUMBER = re.compile(r"[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
@@ -22,11 +22,11 @@ _KEEP_CHARS = 500  # of the answer, in the detail: enough to see why, not a seco
 class ReferenceGrader:
     name = "reference"
 
-    def grade(self, trajectories: list[dict[str, Any]], *, tasks: TaskTable) -> list[Grade]:
+    def grade(self, trajectories: list[Trajectory], *, tasks: TaskTable) -> list[Grade]:
         return [self._grade_one(t, tasks) for t in trajectories]
 
-    def _grade_one(self, trajectory: dict[str, Any], tasks: TaskTable) -> Grade:
-        key = trajectory.get("task_key")
+    def _grade_one(self, trajectory: Trajectory, tasks: TaskTable) -> Grade:
+        key = trajectory.task_key
         task = tasks.get(key) if key is not None else None
         if task is None or task.answer is None:
             return Grade.retry(f"no reference answer for task {key!r}")

@@ -25,30 +25,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from learner.graders.base import Grade
+from learner.graders.base import Grade, Grader
 from learner.graders.combine import CombinedGrader
 from learner.graders.feedback import FeedbackGrader
 from learner.graders.judge import JUDGE_TYPE
 from learner.graders.rubrics import Rubric, Rubrics
 from learner.signals import SignalWeights
 from store.tasks import TaskTable
+from store.trajectory_record import Trajectory
 
 SELF_JUDGE = "self_judge"  # its key in a grade's detail
 # graders whose reward is a ground truth the self-judge can be measured against
 TRUTH_KINDS = frozenset({"reference", "python", "command", "feedback"})
 
-JudgeFactory = Callable[[str], Any]  # rubric text -> a judge Grader
+JudgeFactory = Callable[[str], Grader]  # rubric text -> a judge
 
 
-def interaction_type(trajectory: dict[str, Any]) -> str | None:
-    return trajectory.get("interaction_type")
-
-
-def configured_applies(kinds: frozenset[str], trajectory: dict[str, Any], tasks: TaskTable) -> bool:
+def configured_applies(kinds: frozenset[str], trajectory: Trajectory, tasks: TaskTable) -> bool:
     """Whether the configured graders can grade it: every component must (combine.py)."""
     if "reference" not in kinds:
         return True
-    key = trajectory.get("task_key")
+    key = trajectory.task_key
     task = tasks.get(key) if key is not None else None
     return task is not None and task.answer is not None
 
@@ -122,12 +119,12 @@ class SelfJudge:
     def __init__(self, rubrics: Rubrics, make_judge: JudgeFactory) -> None:
         self.rubrics = rubrics
         self.make_judge = make_judge
-        self._judges: dict[str, Any] = {}
+        self._judges: dict[str, Grader] = {}
 
-    def rubric(self, trajectory: dict[str, Any]) -> Rubric | None:
-        return self.rubrics.for_type(interaction_type(trajectory))
+    def rubric(self, trajectory: Trajectory) -> Rubric | None:
+        return self.rubrics.for_type(trajectory.interaction_type)
 
-    def judge(self, trajectories: list[dict[str, Any]], tasks: TaskTable) -> list[dict[str, Any]]:
+    def judge(self, trajectories: list[Trajectory], tasks: TaskTable) -> list[dict[str, Any]]:
         """One detail entry per trajectory: reward and the judge's detail, or error."""
         entries: list[dict[str, Any]] = [{} for _ in trajectories]
         by_rubric: dict[str, list[int]] = {}
@@ -146,10 +143,10 @@ class SelfJudge:
                 entries[index] = self._entry(trajectories[index], grade)
         return entries
 
-    def _entry(self, trajectory: dict[str, Any], grade: Grade) -> dict[str, Any]:
+    def _entry(self, trajectory: Trajectory, grade: Grade) -> dict[str, Any]:
         rubric = self.rubric(trajectory)
         entry: dict[str, Any] = {
-            "type": interaction_type(trajectory),
+            "type": trajectory.interaction_type,
             "rubric": rubric.source if rubric else None,
             "reward": grade.reward,
             "detail": grade.detail,
@@ -159,7 +156,7 @@ class SelfJudge:
             entry["transient"] = grade.transient
         return entry
 
-    def _judge_for(self, rubric: str) -> Any:
+    def _judge_for(self, rubric: str) -> Grader:
         if rubric not in self._judges:
             self._judges[rubric] = self.make_judge(rubric)
         return self._judges[rubric]
@@ -198,9 +195,9 @@ class DefaultGrader:
         self.truth_source = "+".join(sorted(kinds))
         self.name = configured.name + (" (else self_judge)" if self_judge else "")
 
-    def route(self, trajectory: dict[str, Any], tasks: TaskTable) -> str:
+    def route(self, trajectory: Trajectory, tasks: TaskTable) -> str:
         """'judge_traffic', 'configured' or 'self_judge' (before feedback is looked at)."""
-        if interaction_type(trajectory) == JUDGE_TYPE:
+        if trajectory.interaction_type == JUDGE_TYPE:
             return "judge_traffic"
         if configured_applies(self.kinds, trajectory, tasks):
             return "configured"
@@ -208,7 +205,7 @@ class DefaultGrader:
             return "configured"
         return "self_judge"
 
-    def grade(self, trajectories: list[dict[str, Any]], *, tasks: TaskTable) -> list[Grade]:
+    def grade(self, trajectories: list[Trajectory], *, tasks: TaskTable) -> list[Grade]:
         routes = [self.route(t, tasks) for t in trajectories]
         grades: list[Grade | None] = [None] * len(trajectories)
         truths: dict[int, str] = {}  # index -> source of its ground truth
@@ -235,7 +232,7 @@ class DefaultGrader:
 
     def _feedback_first(
         self,
-        trajectories: list[dict[str, Any]],
+        trajectories: list[Trajectory],
         candidates: list[int],
         grades: list[Grade | None],
         truths: dict[int, str],
@@ -262,7 +259,7 @@ class DefaultGrader:
 
     def _shadow(
         self,
-        trajectories: list[dict[str, Any]],
+        trajectories: list[Trajectory],
         grades: list[Grade | None],
         truths: dict[int, str],
         tasks: TaskTable,
@@ -279,7 +276,7 @@ class DefaultGrader:
 
     def shadow_verdicts(
         self,
-        trajectories: list[dict[str, Any]],
+        trajectories: list[Trajectory],
         truths: dict[int, tuple[str, float]],
         tasks: TaskTable,
     ) -> dict[int, dict[str, Any]]:
@@ -292,8 +289,8 @@ class DefaultGrader:
         for i in truths:
             if judge.rubric(trajectories[i]) is None:
                 continue
-            if sampler.take(str(trajectories[i]["id"])):
-                key = trajectories[i].get("task_key")
+            if sampler.take(trajectories[i].id):
+                key = trajectories[i].task_key
                 by_task.setdefault(("task", key) if key is not None else ("id", i), []).append(i)
         verdicts: dict[int, dict[str, Any]] = {}
         for chosen in by_task.values():
@@ -313,7 +310,7 @@ class DefaultGrader:
 
     @staticmethod
     def _each(
-        grader: Any, trajectories: list[dict[str, Any]], indices: list[int], tasks: TaskTable
+        grader: Grader, trajectories: list[Trajectory], indices: list[int], tasks: TaskTable
     ) -> list[Grade]:
         if not indices:
             return []

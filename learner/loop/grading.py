@@ -11,7 +11,7 @@ from tqdm import tqdm
 from learner import grading
 from learner.loop.state import LoopState
 from store import grade_queue, policy_versions
-from store.export import iter_trajectories
+from store.trajectory_loading import load_trajectories
 
 log = logging.getLogger("onthejob.learner")
 
@@ -52,7 +52,7 @@ class Grading:
             self.progress = tqdm(total=backlog, desc="grading", unit="trajectory")
         if not ids:
             return skipped
-        trajectories = list(iter_trajectories(state.engine, ids=ids))
+        trajectories = list(load_trajectories(state.engine, ids=ids))
         outcome = grading.grade_and_save(
             state.engine,
             state.grader,

@@ -32,8 +32,9 @@ from learner.step_time import StepTime, median_seconds, training_metrics
 from learner.swap.publisher import PublishResult
 from learner.turn_credit import credited, turn_advantages, turn_values
 from store import clock, grade_queue, policy_versions, turn_signals
-from store.export import iter_trajectories
 from store.samples import Sample, build_samples
+from store.trajectory_loading import load_trajectories
+from store.trajectory_record import Trajectory
 
 log = logging.getLogger("onthejob.learner")
 
@@ -213,7 +214,7 @@ class Stepping:
 
     def _advantages(
         self, scored: list[Scored], current: int
-    ) -> tuple[Baselines, list[Any], dict[str, Any]]:
+    ) -> tuple[Baselines, list[Advantaged], dict[str, Any]]:
         """Advantages and grouping metrics of `scored`, with a copy of the baselines that
         has their rewards folded in."""
         baselines = self.state.lineage.baselines.copy()
@@ -228,21 +229,18 @@ class Stepping:
 
     def _credit_turns(
         self,
-        trajectories: list[dict[str, Any]],
+        trajectories: list[Trajectory],
         samples: list[Sample],
         groups: dict[str, str],
         details: dict[str, dict[str, Any]],
     ) -> list[Sample]:
         """The samples with per-turn advantages (learner/turn_credit.py): a reply trains on
         its own next-turn signal, a reply nothing judged not at all."""
-        ids = [t["id"] for t in trajectories]
+        ids = [t.id for t in trajectories]
         per_turn = turn_advantages(
-            replies={
-                t["id"]: [c["id"] for c in t["calls"] if c.get("status") == "ok"]
-                for t in trajectories
-            },
+            replies={t.id: [c.id for c in t.calls if c.status == "ok"] for t in trajectories},
             values={i: turn_values(details.get(i)) for i in ids},
-            types={t["id"]: t.get("interaction_type") for t in trajectories},
+            types={t.id: t.interaction_type for t in trajectories},
             groups=groups,
         )
         return [credited(s, per_turn[s.trajectory_id]) for s in samples]
@@ -309,7 +307,7 @@ class Stepping:
 
     def _train(
         self,
-        advantaged: list[Any],
+        advantaged: list[Advantaged],
         considered: list[str],
         group_metrics: dict[str, float],
         baselines: Baselines,
@@ -363,25 +361,25 @@ class Stepping:
         if result.ok and lineage.guard is not None:
             self.guarding.check(step)
 
-    def _build_batch(self, advantaged: list[Any], account: StepAccount) -> StepBatch:
+    def _build_batch(self, advantaged: list[Advantaged], account: StepAccount) -> StepBatch:
         """The samples of the advantaged trajectories the trainer can take, with their
         advantages (per-turn credit and hindsight applied), and what was left out, why."""
         state, lineage = self.state, self.state.lineage
         assert lineage.trainer is not None
         advantage_of = {a.trajectory_id: a.advantage for a in advantaged}
-        trajectories = list(iter_trajectories(state.engine, ids=list(advantage_of)))
+        trajectories = list(load_trajectories(state.engine, ids=list(advantage_of)))
         samples: list[Sample] = []
         advantages: list[float] = []
         skipped: Counter[str] = Counter()  # calls not trained on, by reason
         for trajectory in trajectories:
             for sample in build_samples(trajectory, skipped=skipped):
                 samples.append(sample)
-                advantages.append(advantage_of[trajectory["id"]])
+                advantages.append(advantage_of[trajectory.id])
         details: dict[str, dict[str, Any]] = {}
         if state.config.turn_credit or state.config.hindsight > 0:
             # what per-turn credit and hindsight read: the batch's grades, read once
             with state.engine.connect() as conn:
-                details = grade_queue.grade_details(conn, [t["id"] for t in trajectories])
+                details = grade_queue.grade_details(conn, [t.id for t in trajectories])
         if state.config.turn_credit:
             groups = {a.trajectory_id: a.group for a in advantaged}
             samples = self._credit_turns(trajectories, samples, groups, details)
@@ -525,7 +523,7 @@ def _step_time(
     )
 
 
-def _lags(rows: list[dict[str, Any]], advantaged: list[Any]) -> dict[str, float]:
+def _lags(rows: list[dict[str, Any]], advantaged: list[Advantaged]) -> dict[str, float]:
     """The median grading lag (last call -> graded) and sample age (started -> now) of the
     trajectories a step trains on, in seconds (absent where unknown)."""
     row_of = {r["trajectory_id"]: r for r in rows}

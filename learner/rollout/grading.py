@@ -22,6 +22,7 @@ from learner.graders.extract import final_answer
 from learner.graders.reference import match
 from learner.rollout.harness import Running, clip, run_process
 from store.tasks import Task, TaskTable
+from store.trajectory_record import Trajectory
 
 DETAIL_CHARS = 500
 
@@ -73,7 +74,7 @@ def run_check(
     return Grade(reward=reward_from_check(result.exit_code, result.stdout), detail=detail)
 
 
-def grade_reference(task: Task, *, trajectories: list[dict[str, Any]], stdout: str) -> Grade:
+def grade_reference(task: Task, *, trajectories: list[Trajectory], stdout: str) -> Grade:
     assert task.answer is not None
     candidates = [("final_message", final_answer(t)) for t in reversed(trajectories)][:1]
     candidates.append(("stdout", stdout))
@@ -102,7 +103,7 @@ class SpecGraders:
         self._graders: dict[str, CombinedGrader] = {}
         self._lock = threading.Lock()
 
-    def grade(self, spec: str, trajectories: list[dict[str, Any]], tasks: TaskTable) -> Grade:
+    def grade(self, spec: str, trajectories: list[Trajectory], tasks: TaskTable) -> Grade:
         if not trajectories:
             return Grade.failed(f"grader {spec!r}: the run recorded no trajectory")
         with self._lock:  # graders need not be thread-safe (the judge keeps a client)
@@ -122,7 +123,7 @@ def grade_run(
     tasks: TaskTable,
     default_grader: str | None,
     specs: SpecGraders,
-    trajectories: list[dict[str, Any]],
+    trajectories: list[Trajectory],
     stdout: str,
     check: Callable[[], Grade],
 ) -> Grade:

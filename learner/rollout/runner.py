@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,9 @@ from learner.rollout.report import summarise
 from learner.rollout.taskset import TaskSet, store_tasks
 from learner.signals import signals_in
 from store import db, rollouts, schema
-from store.export import iter_trajectories
 from store.tasks import Task
+from store.trajectory_loading import load_trajectories
+from store.trajectory_record import Trajectory
 
 log = logging.getLogger("onthejob.rollout")
 
@@ -419,9 +420,7 @@ class _Rollout:
             return "timeout", self._failure(failure, message)
         if process.exit_code != 0:
             return "failed", self._failure(failure, f"harness exited with {process.exit_code}")
-        trajectories = list(iter_trajectories(self.engine, ids=ids)) if ids else []
-        for trajectory in trajectories:
-            trajectory["task_key"] = task.key  # stamped in the same transaction as the grade
+        trajectories = self._of_task(ids, task)
         grade = grade_run(
             task,
             tasks=self.config.tasks.tasks,
@@ -446,6 +445,13 @@ class _Rollout:
             kept = {"reward": grade.reward, "detail": grade.detail, "error": grade.error}
             return "failed", Grade.failed(NO_CALLS, graded_without_calls=kept)
         return "ok", grade
+
+    def _of_task(self, ids: list[str], task: Task) -> list[Trajectory]:
+        """The run's trajectories with the task's key, which the store has only once the
+        grade is saved (stamped in the same transaction)."""
+        if not ids:
+            return []
+        return [replace(t, task_key=task.key) for t in load_trajectories(self.engine, ids=ids)]
 
     @staticmethod
     def _failure(reward: float | None, message: str) -> Grade:
@@ -493,9 +499,7 @@ class _Rollout:
                 status = "ok"
                 grade = Grade(kept.get("reward"), kept.get("detail") or {}, kept.get("error"))
             if status == "ok" and grade.error and "no trajectory" in grade.error:
-                trajectories = list(iter_trajectories(self.engine, ids=ids))
-                for trajectory in trajectories:
-                    trajectory["task_key"] = task.key
+                trajectories = self._of_task(ids, task)
                 grade = grade_run(
                     task,
                     tasks=self.config.tasks.tasks,

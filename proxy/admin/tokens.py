@@ -20,6 +20,7 @@ import aiohttp
 
 from proxy.upstream.replicas import UpstreamPool
 from store.samples import build_samples
+from store.trajectory_record import Trajectory
 
 log = logging.getLogger("onthejob.admin")
 
@@ -27,7 +28,7 @@ MAX_LOOKUPS = 4096  # distinct ids detokenized for one view, at most
 CONCURRENCY = 16
 
 
-def token_sequences(trajectory: dict[str, Any]) -> list[dict[str, Any]]:
+def token_sequences(trajectory: Trajectory) -> list[dict[str, Any]]:
     """One entry per training sequence: token_ids, loss_mask, logprobs of equal length."""
     return [
         {

@@ -56,8 +56,9 @@ def _parse_since(text: str) -> datetime:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from store import db
-    from store.export import iter_trajectories, write_jsonl
+    from store.export import to_export, write_jsonl
     from store.export_formats import sample_rows, trl_rows, write_lines, write_parquet
+    from store.trajectory_loading import load_trajectories
 
     if args.format == "parquet" and args.output is None:
         raise SystemExit("onthejob export: --format parquet writes a file: give --output FILE")
@@ -65,20 +66,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     since = _parse_since(args.since) if args.since else None
     engine = db.make_engine(settings.database_url)
     try:
-        rows = iter_trajectories(
+        trajectories = load_trajectories(
             engine,
             session_key=args.session,
             since=since,
             interaction_type=args.interaction_type,
         )
         if args.format == "parquet":
-            count = write_parquet(sample_rows(rows), args.output)
+            count = write_parquet(sample_rows(trajectories), args.output)
             what = "training sequences"
         else:
-            write, what = (write_jsonl, "trajectories")
             if args.format == "trl":
-                rows = trl_rows(rows)
-                write, what = write_lines, "TRL rows"
+                rows, write, what = trl_rows(trajectories), write_lines, "TRL rows"
+            else:
+                rows = (to_export(t) for t in trajectories)
+                write, what = write_jsonl, "trajectories"
             if args.output:
                 with open(args.output, "wb") as out:
                     count = write(rows, out)

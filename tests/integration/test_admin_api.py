@@ -34,6 +34,7 @@ from store import grade_queue, learner_state, policy_versions, recording
 from store.export import iter_trajectories
 from store.feedback import add_feedback
 from store.models import Grade, SwapRequest
+from store.trajectory_loading import load_trajectories
 from tests.support.admin import AUTH, TOKEN, N, chat_call, kind_of, seed
 from tests.support.inprocess import in_process_client
 
@@ -979,7 +980,7 @@ def test_stored_signals_by_key_flag_a_one_sided_burst_and_an_off_key_counts_noth
     outcome = grading.grade_and_save(
         engine,
         build_graders(["next_turn"], signal_weights=weights),
-        list(iter_trajectories(engine, ids=ids)),
+        list(load_trajectories(engine, ids=ids)),
         tasks=TaskTable(),
         policy=grading.RetryPolicy(),
         signal_weights=weights,

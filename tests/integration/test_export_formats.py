@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import Engine
 
 from cli.main import main
-from store.export import iter_trajectories
 from store.export_formats import sample_rows
+from store.trajectory_loading import load_trajectories
 from tests.support.admin import N, kind_of, seed
 
 
@@ -30,7 +30,7 @@ def test_parquet_holds_one_training_sequence_per_row(
     out = tmp_path / "samples.parquet"
     assert main(["export", "--db", db_url, "--format", "parquet", "--output", str(out)]) == 0
     data = _load("parquet", out, tmp_path)
-    expected = {r["trajectory_id"]: r for r in sample_rows(iter_trajectories(engine))}
+    expected = {r["trajectory_id"]: r for r in sample_rows(load_trajectories(engine))}
     assert len(data) == len(expected) == N
     rows = {row["trajectory_id"]: row for row in data}
     row = rows["traj002"]

@@ -24,6 +24,7 @@ from learner.trainer import Trainer, TrainerConfig
 from store import grade_queue, policy_versions, recording
 from store.models import Grade
 from store.samples import Sample
+from store.trajectory_record import Trajectory, TrajectoryCall
 from tests.support.records import served_calls
 from tests.support.wandb_runs import offline_run
 
@@ -215,9 +216,8 @@ class _Trainer:
         return {"samples": len(samples), "trained_tokens": 3, "dropped_mismatch": 0, "loss": 0.5}
 
 
-def _call(prompt: list[int], completion: list[int], **extra: Any) -> dict[str, Any]:
-    return {
-        "status": "ok",
+def _call(prompt: list[int], completion: list[int], **extra: Any) -> TrajectoryCall:
+    recorded: dict[str, Any] = {
         "capture_complete": True,
         "prompt_token_ids": prompt,
         "completion_token_ids": completion,
@@ -225,8 +225,8 @@ def _call(prompt: list[int], completion: list[int], **extra: Any) -> dict[str, A
         "finish_reason": "stop",
         "policy_version": "v1",
         "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0},
-        **extra,
     }
+    return TrajectoryCall("", "completions", **(recorded | extra))
 
 
 def _stepping(
@@ -262,8 +262,8 @@ def _stepping(
     }
     monkeypatch.setattr(
         loop_step,
-        "iter_trajectories",
-        lambda engine, ids: [{"id": tid, "calls": calls[tid]} for tid in ids],
+        "load_trajectories",
+        lambda engine, ids: [Trajectory(tid, tuple(calls[tid])) for tid in ids],
     )
     learner = _learner(db_url, tmp_path, batch_trajectories=4, **extra)
     trainer = _Trainer(truncated)  # overlong filtering unless told: every cut reply out

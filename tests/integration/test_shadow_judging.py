@@ -17,8 +17,9 @@ from learner.graders.combine import build_graders
 from learner.graders.rubrics import Rubrics
 from learner.graders.selfjudge import DefaultGrader, SelfJudge, ShadowPolicy, ShadowSampler
 from store import grade_queue, recording
-from store.export import iter_trajectories
 from store.tasks import Task, TaskTable
+from store.trajectory_loading import load_trajectories
+from store.trajectory_record import Trajectory
 from tests.support.admin import chat_call
 
 pytestmark = pytest.mark.postgres
@@ -34,8 +35,8 @@ class CountingJudge:
     def __init__(self, asked: list[str]) -> None:
         self.asked = asked
 
-    def grade(self, trajectories: list[dict[str, Any]], *, tasks: TaskTable) -> list[Grade]:
-        self.asked += [t["id"] for t in trajectories]
+    def grade(self, trajectories: list[Trajectory], *, tasks: TaskTable) -> list[Grade]:
+        self.asked += [t.id for t in trajectories]
         return [Grade(0.25, {"score": 2}) for _ in trajectories]
 
 
@@ -80,7 +81,7 @@ def test_grading_waits_on_no_shadow_verdict_and_the_pass_adds_each_once(engine: 
     seed(engine)
     asked: list[str] = []
     grader = learner_like_grader(asked)
-    trajectories = list(iter_trajectories(engine))
+    trajectories = list(load_trajectories(engine))
     grading.grade_and_save(engine, grader, trajectories, tasks=TASKS, policy=grading.RetryPolicy())
     before = details(engine)
     assert asked == ["open"]  # grading judged only what nothing else could grade
@@ -116,7 +117,7 @@ def test_the_thread_judges_grades_stored_after_it_started_and_stops(engine: Engi
         grading.grade_and_save(
             engine,
             grader,
-            list(iter_trajectories(engine)),
+            list(load_trajectories(engine)),
             tasks=TASKS,
             policy=grading.RetryPolicy(),
         )

@@ -15,7 +15,9 @@ def is_finished(trajectory: dict[str, Any]) -> bool:
 
 
 def vandal(trajectory: dict[str, Any]) -> int:
-    trajectory["calls"].clear()  # the grader must hand out a copy
+    for call in trajectory["calls"]:
+        call["request"].clear()  # the bodies are the record's own: it must get a copy
+    trajectory["calls"].clear()
     return 1
 
 
@@ -69,3 +71,11 @@ SEEN: list[str] = []  # the trajectories `recorded` was asked to grade, in order
 def recorded(trajectory: dict[str, Any]) -> float:
     SEEN.append(str(trajectory["id"]))
     return 0.5
+
+
+RECEIVED: list[dict[str, Any]] = []  # what `keeps` was handed, in order
+
+
+def keeps(trajectory: dict[str, Any]) -> float:
+    RECEIVED.append(trajectory)
+    return 1.0

@@ -1,40 +1,43 @@
-"""Hand-made trajectories in the export format (docs/reference/export-format.md), one per
-API shape."""
+"""Hand-made trajectories (store/trajectory_record.py), one call per API shape."""
 
 from __future__ import annotations
 
 import itertools
+from datetime import UTC, datetime
 from typing import Any
+
+from store.trajectory_record import Trajectory, TrajectoryCall
 
 _ids = itertools.count(1)
 QUESTION = "What is 6 times 7?"
+STARTED = datetime(2026, 1, 1, tzinfo=UTC)
+ENDED = datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
 
 
-def _call(api: str, request: dict[str, Any], response: dict[str, Any] | None) -> dict[str, Any]:
-    return {
-        "id": f"call-{next(_ids)}",
-        "api": api,
-        "model": "tiny",
-        "upstream": "http://127.0.0.1:8000",
-        "policy_version": 0,
-        "status": "ok" if response is not None else "error",
-        "http_status": 200 if response is not None else 502,
-        "error": None if response is not None else "upstream unavailable",
-        "stream": False,
-        "started_at": "2026-01-01T00:00:00+00:00",
-        "request": request,
-        "response": response,
-        "prompt_token_ids": [1, 2, 3],
-        "completion_token_ids": [4, 5],
-        "completion_logprobs": [-0.5, -0.25],
-        "finish_reason": "stop",
-        "capture_complete": True,
-        "latency_ms": 12.0,
-        "ttft_ms": None,
-    }
+def _call(api: str, request: dict[str, Any], response: dict[str, Any] | None) -> TrajectoryCall:
+    return TrajectoryCall(
+        id=f"call-{next(_ids)}",
+        api=api,
+        model="tiny",
+        upstream="http://127.0.0.1:8000",
+        policy_version="0",
+        status="ok" if response is not None else "error",
+        http_status=200 if response is not None else 502,
+        error=None if response is not None else "upstream unavailable",
+        stream=False,
+        started_at=STARTED,
+        request=request,
+        response=response,
+        prompt_token_ids=[1, 2, 3],
+        completion_token_ids=[4, 5],
+        completion_logprobs=[-0.5, -0.25],
+        finish_reason="stop",
+        capture_complete=True,
+        latency_ms=12.0,
+    )
 
 
-def chat_call(answer: str | None, *, question: str = QUESTION) -> dict[str, Any]:
+def chat_call(answer: str | None, *, question: str = QUESTION) -> TrajectoryCall:
     message: dict[str, Any] = {"role": "assistant", "content": answer}
     if answer is None:  # a reply that only calls a tool
         message["tool_calls"] = [
@@ -50,7 +53,7 @@ def chat_call(answer: str | None, *, question: str = QUESTION) -> dict[str, Any]
     return _call("chat.completions", request, response)
 
 
-def responses_call(answer: str, *, question: str = QUESTION) -> dict[str, Any]:
+def responses_call(answer: str, *, question: str = QUESTION) -> TrajectoryCall:
     request = {
         "model": "tiny",
         "input": [{"role": "user", "content": [{"type": "input_text", "text": question}]}],
@@ -72,7 +75,7 @@ def responses_call(answer: str, *, question: str = QUESTION) -> dict[str, Any]:
     return _call("responses", request, response)
 
 
-def messages_call(answer: str, *, question: str = QUESTION) -> dict[str, Any]:
+def messages_call(answer: str, *, question: str = QUESTION) -> TrajectoryCall:
     request = {
         "model": "tiny",
         "max_tokens": 64,
@@ -94,34 +97,35 @@ def messages_call(answer: str, *, question: str = QUESTION) -> dict[str, Any]:
     return _call("messages", request, response)
 
 
-def completions_call(answer: str, *, question: str = QUESTION) -> dict[str, Any]:
+def completions_call(answer: str, *, question: str = QUESTION) -> TrajectoryCall:
     request = {"model": "tiny", "prompt": question}
     response = {"object": "text_completion", "choices": [{"index": 0, "text": answer}]}
     return _call("completions", request, response)
 
 
-def failed_call() -> dict[str, Any]:
+def failed_call() -> TrajectoryCall:
     return _call("chat.completions", {"model": "tiny", "messages": []}, None)
 
 
 def trajectory(
-    *calls: dict[str, Any],
+    *calls: TrajectoryCall,
     task_key: str | None = "mul",
     session: str | None = None,
-    ended_at: str | None = "2026-01-01T00:01:00+00:00",
-) -> dict[str, Any]:
-    return {
-        "id": f"traj-{next(_ids)}",
-        "session": session,
-        "task_key": task_key,
-        "status": "finished",
-        "reward": None,
-        "started_at": "2026-01-01T00:00:00+00:00",
-        "ended_at": ended_at,
-        "calls": list(calls),
-    }
+    interaction_type: str | None = None,
+    ended_at: datetime | None = ENDED,
+) -> Trajectory:
+    return Trajectory(
+        id=f"traj-{next(_ids)}",
+        calls=calls,
+        session=session,
+        task_key=task_key,
+        interaction_type=interaction_type,
+        status="finished",
+        started_at=STARTED,
+        ended_at=ended_at,
+    )
 
 
-def answered(answer: str, *, task_key: str | None = "mul") -> dict[str, Any]:
+def answered(answer: str, *, task_key: str | None = "mul") -> Trajectory:
     """A one-call chat trajectory whose final answer is `answer`."""
     return trajectory(chat_call(answer), task_key=task_key)

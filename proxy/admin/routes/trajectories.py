@@ -17,8 +17,9 @@ from proxy.admin.schemas import TrajectoryFilter, TrajectoryPage
 from proxy.admin.tokens import token_sequences
 from store import trajectory_views, turn_signals
 from store.conversation import conversation
-from store.export import iter_trajectories
+from store.export import iter_trajectories, to_export
 from store.next_turn import next_turn_signals
+from store.trajectory_loading import load_trajectories
 
 router = APIRouter(tags=["trajectories"])
 EXPORT_CHUNK = 200
@@ -41,19 +42,19 @@ def list_trajectories(
 
 
 def _detail(engine: Any, trajectory_id: str) -> dict[str, Any]:
-    found = list(iter_trajectories(engine, ids=[trajectory_id]))
+    found = list(load_trajectories(engine, ids=[trajectory_id]))
     if not found:
         raise not_found("trajectory", trajectory_id)
     trajectory = found[0]
     with engine.connect() as conn:
         grade = trajectory_views.grade_of(conn, trajectory_id=trajectory_id)
         feedback = trajectory_views.feedback_for(
-            conn, trajectory_id=trajectory_id, session_key=trajectory["session"]
+            conn, trajectory_id=trajectory_id, session_key=trajectory.session
         )
         stored = turn_signals.signals_of(conn, trajectory_id)
-    messages = conversation(trajectory["calls"])
+    messages = conversation(trajectory.calls)
     return {
-        **trajectory,
+        **to_export(trajectory),
         "grade": grade,
         "feedback": feedback,
         "messages": messages,

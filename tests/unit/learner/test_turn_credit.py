@@ -11,6 +11,7 @@ import torch
 from learner.trainer import Trainer, TrainerConfig
 from learner.turn_credit import credited, turn_advantages, turn_values
 from store.samples import Sample, build_samples
+from store.trajectory_record import Trajectory, TrajectoryCall
 
 SIGNALS = [{"call_id": "b", "turn": 3, "value": -1.0, "rule": "corrected", "evidence": "No."}]
 
@@ -48,16 +49,22 @@ def test_answers_to_one_prompt_are_compared_with_each_other_first() -> None:
     assert alone == {"s": {"x": -0.5}}  # its type's mean reply: (-1 + 0) / 2
 
 
-def _trajectory() -> dict[str, object]:
+def _trajectory() -> Trajectory:
     """Two calls stitched into one sample: a (prompt 1 2, reply 3 4) then b (5, reply 6 7)."""
 
-    def call(cid: str, prompt: list[int], completion: list[int]) -> dict[str, object]:
-        recorded = {"prompt_token_ids": prompt, "completion_token_ids": completion,
-                    "completion_logprobs": [-1.0] * len(completion)}  # fmt: skip
-        return {"id": cid, "status": "ok", "capture_complete": True, "sampling": {},
-                "finish_reason": "stop", **recorded}  # fmt: skip
+    def call(cid: str, prompt: list[int], completion: list[int]) -> TrajectoryCall:
+        return TrajectoryCall(
+            cid,
+            "completions",
+            capture_complete=True,
+            sampling={},
+            finish_reason="stop",
+            prompt_token_ids=prompt,
+            completion_token_ids=completion,
+            completion_logprobs=[-1.0] * len(completion),
+        )
 
-    return {"id": "t1", "calls": [call("a", [1, 2], [3, 4]), call("b", [1, 2, 3, 4, 5], [6, 7])]}
+    return Trajectory("t1", (call("a", [1, 2], [3, 4]), call("b", [1, 2, 3, 4, 5], [6, 7])))
 
 
 def test_only_the_credited_reply_carries_loss_with_its_own_advantage() -> None:

@@ -5,16 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from store.export_formats import trl_rows
+from store.trajectory_record import Trajectory, TrajectoryCall
 
 
-def call(cid: str, api: str, request: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
-    return {"id": cid, "api": api, "request": request, "response": response,
-            "error": None, "policy_version": "v1"}  # fmt: skip
+def call(cid: str, api: str, request: dict[str, Any], response: dict[str, Any]) -> TrajectoryCall:
+    return TrajectoryCall(cid, api, request=request, response=response, policy_version="v1")
 
 
-def trajectory(*calls: dict[str, Any]) -> dict[str, Any]:
-    return {"id": "t", "task_key": "k", "interaction_type": "x", "reward": 1.0,
-            "calls": list(calls)}  # fmt: skip
+def trajectory(*calls: TrajectoryCall) -> Trajectory:
+    return Trajectory("t", calls, task_key="k", interaction_type="x", reward=1.0)
 
 
 def test_a_gemini_tool_loop_is_a_prompt_with_the_tool_call_and_its_result() -> None:

@@ -6,11 +6,12 @@ from typing import Any
 
 from store.conversation import conversation
 from store.next_turn import next_turn_signals, tool_failed, user_verdict
+from store.trajectory_record import TrajectoryCall
 
 
-def chat_call(cid: str, messages: list[dict[str, Any]], reply: dict[str, Any]) -> dict[str, Any]:
-    return {"id": cid, "api": "chat.completions", "request": {"messages": messages},
-            "response": {"choices": [{"message": reply}]}, "error": None}  # fmt: skip
+def chat_call(cid: str, messages: list[dict[str, Any]], reply: dict[str, Any]) -> TrajectoryCall:
+    return TrajectoryCall(cid, "chat.completions", request={"messages": messages},
+                          response={"choices": [{"message": reply}]})  # fmt: skip
 
 
 def calls_tool(call_id: str) -> dict[str, Any]:
@@ -73,10 +74,10 @@ def test_anthropic_is_error_results_count_and_ordinary_ones_do_not() -> None:
             {"type": "tool_result", "tool_use_id": "tu1", "content": "nope", "is_error": True}]},
     ]}  # fmt: skip
     calls = [
-        {"id": "a", "api": "messages", "request": {"messages": request["messages"][:1]},
-         "response": {"content": [tool_use]}, "error": None},
-        {"id": "b", "api": "messages", "request": request,
-         "response": {"content": [{"type": "text", "text": "ok"}]}, "error": None},
+        TrajectoryCall("a", "messages", request={"messages": request["messages"][:1]},
+                       response={"content": [tool_use]}),
+        TrajectoryCall("b", "messages", request=request,
+                       response={"content": [{"type": "text", "text": "ok"}]}),
     ]  # fmt: skip
     [signal] = next_turn_signals(conversation(calls))
     assert (signal.call_id, signal.rule, signal.evidence) == ("a", "tool_error", "nope")
@@ -104,8 +105,9 @@ def test_a_user_saying_the_answer_was_wrong_or_right_judges_the_agent_s_turn() -
     assert answered.evidence == called.evidence == "No, that's wrong. It's 21."
     # a reply judged by a signal of its own keeps it
     failed = {"role": "tool", "tool_call_id": "t1", "content": "Error: division by zero"}
-    calls[1]["request"]["messages"][2] = failed
-    calls[2]["request"]["messages"][2] = failed
+    for call in calls[1:]:
+        assert call.request is not None
+        call.request["messages"][2] = failed
     own, answered = next_turn_signals(conversation(calls))
     assert (own.call_id, own.rule) == ("a", "tool_error") and answered.rule == "corrected"
 

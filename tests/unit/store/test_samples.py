@@ -6,10 +6,13 @@ from collections import Counter
 from typing import Any
 
 from store.samples import Sampling, build_samples, call_sampling
+from store.trajectory_record import Trajectory, TrajectoryCall
 
 
-def call(prompt: list[int], completion: list[int], **extra: Any) -> dict[str, Any]:
+def call(prompt: list[int], completion: list[int], **extra: Any) -> TrajectoryCall:
     base = {
+        "id": "",
+        "api": "completions",
         "status": "ok",
         "capture_complete": True,
         "prompt_token_ids": prompt,
@@ -20,17 +23,17 @@ def call(prompt: list[int], completion: list[int], **extra: Any) -> dict[str, An
         "request": {},
         "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0},
     }
-    return base | extra
+    return TrajectoryCall(**(base | extra))
 
 
 def test_turns_that_extend_each_other_merge_into_one_sample() -> None:
-    trajectory = {
-        "id": "t",
-        "calls": [
+    trajectory = Trajectory(
+        "t",
+        (
             call([1, 2], [3, 4]),
             call([1, 2, 3, 4, 5], [6]),  # tool output 5, then the model's 6
-        ],
-    }
+        ),
+    )
     (sample,) = build_samples(trajectory)
     assert sample.token_ids == [1, 2, 3, 4, 5, 6]
     assert sample.loss_mask == [False, False, True, True, False, True]
@@ -39,10 +42,10 @@ def test_turns_that_extend_each_other_merge_into_one_sample() -> None:
 
 
 def test_a_re_rendered_history_starts_a_new_sample() -> None:
-    trajectory = {
-        "id": "t",
-        "calls": [call([1, 2], [3, 4]), call([1, 2, 9, 5], [6])],
-    }
+    trajectory = Trajectory(
+        "t",
+        (call([1, 2], [3, 4]), call([1, 2, 9, 5], [6])),
+    )
     first, second = build_samples(trajectory)
     assert first.token_ids == [1, 2, 3, 4]
     assert second.token_ids == [1, 2, 9, 5, 6]
@@ -50,15 +53,15 @@ def test_a_re_rendered_history_starts_a_new_sample() -> None:
 
 
 def test_incomplete_or_failed_calls_break_the_chain_and_train_nothing() -> None:
-    trajectory = {
-        "id": "t",
-        "calls": [
+    trajectory = Trajectory(
+        "t",
+        (
             call([1], [2]),
             call([1, 2, 3], [4], capture_complete=False),
             call([1, 2, 3, 4, 5], [6]),
             call([7], [8], status="error"),
-        ],
-    }
+        ),
+    )
     first, second = build_samples(trajectory)
     assert first.token_ids == [1, 2]
     # call 2's tokens are unknown to the trainer, so call 3 cannot extend across them
@@ -66,31 +69,31 @@ def test_incomplete_or_failed_calls_break_the_chain_and_train_nothing() -> None:
 
 
 def test_different_sampling_parameters_never_share_a_sample() -> None:
-    trajectory = {
-        "id": "t",
-        "calls": [
+    trajectory = Trajectory(
+        "t",
+        (
             call([1], [2], sampling={"temperature": 0.7}),
             call([1, 2, 3], [4], sampling={"temperature": 1.0}),
-        ],
-    }
+        ),
+    )
     first, second = build_samples(trajectory)
     assert first.sampling == Sampling(temperature=0.7)
     assert second.sampling == Sampling(temperature=1.0)
 
 
 def test_truncation_and_whether_a_cut_reply_came_before_the_last() -> None:
-    (sample,) = build_samples({"id": "t", "calls": [call([1], [2], finish_reason="length")]})
+    (sample,) = build_samples(Trajectory("t", (call([1], [2], finish_reason="length"),)))
     assert sample.truncated and not sample.cut_before_last  # the graded reply itself
-    cut_then_retried = {
-        "id": "t",
-        "calls": [call([1], [2], finish_reason="length"), call([1, 2, 5], [6])],
-    }
+    cut_then_retried = Trajectory(
+        "t",
+        (call([1], [2], finish_reason="length"), call([1, 2, 5], [6])),
+    )
     (merged,) = build_samples(cut_then_retried)
     assert merged.truncated and merged.cut_before_last
-    whole_then_cut = {
-        "id": "t",
-        "calls": [call([1], [2]), call([1, 2, 5], [6], finish_reason="length")],
-    }
+    whole_then_cut = Trajectory(
+        "t",
+        (call([1], [2]), call([1, 2, 5], [6], finish_reason="length")),
+    )
     (last_cut,) = build_samples(whole_then_cut)
     assert last_cut.truncated and not last_cut.cut_before_last
 
@@ -116,15 +119,15 @@ def test_the_recorded_effective_sampling_is_what_is_reproduced() -> None:
 
 def test_calls_the_trainer_cannot_reproduce_are_skipped_and_counted() -> None:
     skipped: Counter[str] = Counter()
-    trajectory = {
-        "id": "t",
-        "calls": [
+    trajectory = Trajectory(
+        "t",
+        (
             call([1], [2], sampling=None),  # the replica's defaults were unknown
             call([1, 2, 3], [4], sampling={"temperature": 1.0, "constraints": ["logit_bias"]}),
             call([5], [6], status="error"),
             call([7], [8]),
-        ],
-    }
+        ),
+    )
     (sample,) = build_samples(trajectory, skipped=skipped)
     assert sample.token_ids == [7, 8]
     assert skipped == {"sampling unknown": 1, "logit_bias": 1, "failed": 1}
@@ -132,5 +135,5 @@ def test_calls_the_trainer_cannot_reproduce_are_skipped_and_counted() -> None:
 
 def test_each_call_s_completion_is_where_its_penalties_count_output() -> None:
     calls = [call([1, 2], [3, 4]), call([1, 2, 3, 4, 5], [6])]
-    (sample,) = build_samples({"id": "t", "calls": calls})
+    (sample,) = build_samples(Trajectory("t", tuple(calls)))
     assert sample.completions == [(2, 4), (5, 6)]

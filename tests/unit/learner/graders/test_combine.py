@@ -10,6 +10,7 @@ from learner.graders.base import Grade
 from learner.graders.combine import CombinedGrader, build_graders, parse_spec
 from learner.graders.feedback import Posted
 from store.tasks import Task, TaskTable
+from store.trajectory_record import Trajectory
 from tests.support.trajectories import answered
 
 MODULE = "tests.support.sample_rewards"
@@ -137,15 +138,15 @@ class Fixed:
         self.grades = list(grades)
         self.seen: list[list[str]] = []
 
-    def grade(self, trajectories: list[dict[str, Any]], *, tasks: TaskTable) -> list[Grade]:
-        self.seen.append([t["id"] for t in trajectories])
+    def grade(self, trajectories: list[Trajectory], *, tasks: TaskTable) -> list[Grade]:
+        self.seen.append([t.id for t in trajectories])
         return [self.grades.pop(0) for _ in trajectories]
 
 
 class Raises:
     name = "raises"
 
-    def grade(self, trajectories: list[dict[str, Any]], *, tasks: TaskTable) -> list[Grade]:
+    def grade(self, trajectories: list[Trajectory], *, tasks: TaskTable) -> list[Grade]:
         raise RuntimeError("bug in grader")
 
 
@@ -177,8 +178,8 @@ def test_errors_win_then_pending_and_decided_ones_skip_later_graders() -> None:
     assert pending.detail == {"feedback": waited}
     assert error.error == "command: exited with status 3" and error.reward is None
     assert ok.reward == pytest.approx((1.0 + 0.5 + 0.0) / 4)
-    assert fails.seen == [[batch[1]["id"], batch[2]["id"]]]
-    assert last.seen == [[batch[2]["id"]]]
+    assert fails.seen == [[batch[1].id, batch[2].id]]
+    assert last.seen == [[batch[2].id]]
 
 
 def test_every_component_error_is_reported() -> None:

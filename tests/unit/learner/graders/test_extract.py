@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -52,10 +53,12 @@ def test_unknown_response_shape() -> None:
 
 def test_responses_string_input_and_system_first() -> None:
     call = responses_call("x")
-    call["request"]["input"] = "plain input"
+    call = replace(call, request={**(call.request or {}), "input": "plain input"})
     assert task_prompt(trajectory(call)) == "plain input"
     chat = chat_call("x")
-    chat["request"]["messages"].insert(0, {"role": "system", "content": "be brief"})
+    asked = chat.request or {}
+    system = {"role": "system", "content": "be brief"}
+    chat = replace(chat, request={**asked, "messages": [system, *asked["messages"]]})
     assert task_prompt(trajectory(chat)) == QUESTION
 
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-from learner.graders.feedback import FeedbackGrader, FeedbackSource, Posted, parse_time
+from learner.graders.feedback import FeedbackGrader, FeedbackSource, Posted
 from store.tasks import TaskTable
+from store.trajectory_record import Trajectory
 from tests.support.trajectories import chat_call, trajectory
 
 ENDED = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -29,8 +29,8 @@ class BrokenSource:
         raise ConnectionError("store down")
 
 
-def _ended(session: str | None = None) -> dict[str, Any]:
-    return trajectory(chat_call("x"), session=session, ended_at=ENDED.isoformat())
+def _ended(session: str | None = None) -> Trajectory:
+    return trajectory(chat_call("x"), session=session, ended_at=ENDED)
 
 
 def _grader(source: FeedbackSource, *, minutes_later: float, wait: float = 3600) -> FeedbackGrader:
@@ -40,18 +40,19 @@ def _grader(source: FeedbackSource, *, minutes_later: float, wait: float = 3600)
 
 def test_posted_reward_with_comment() -> None:
     by_id, by_session = _ended(), _ended(session="s1")
-    source = DictSource({by_id["id"]: (1.0, "great"), "s1": (0, None)})
+    source = DictSource({by_id.id: (1.0, "great"), "s1": (0, None)})
     grades = _grader(source, minutes_later=1).grade([by_id, by_session], tasks=TaskTable())
     assert [(g.reward, g.detail, g.pending, g.error) for g in grades] == [
         (1.0, {"comment": "great"}, False, None),
         (0.0, {"comment": None}, False, None),
     ]
-    assert source.asked[1] == (by_session["id"], "s1")
+    assert source.asked[1] == (by_session.id, "s1")
 
 
 def test_pending_within_the_wait_then_an_error() -> None:
     pending = _grader(DictSource({}), minutes_later=59).grade([_ended()], tasks=TaskTable())[0]
     assert pending.pending and pending.reward is None and pending.error is None
+    assert pending.detail == {"ended_at": "2026-01-01T12:00:00+00:00"}  # as the export has it
     late = _grader(DictSource({}), minutes_later=61).grade([_ended()], tasks=TaskTable())[0]
     assert not late.pending and late.reward is None
     assert late.error == "no feedback within 3600 s of the end"
@@ -72,12 +73,6 @@ def test_source_failures_and_bad_rewards_are_errors() -> None:
     t = _ended()
     broken = _grader(BrokenSource(), minutes_later=1).grade([t], tasks=TaskTable())[0]
     assert broken.error == "feedback: ConnectionError: store down"
-    source = DictSource({t["id"]: (float("nan"), None)})
+    source = DictSource({t.id: (float("nan"), None)})
     bad = _grader(source, minutes_later=1).grade([t], tasks=TaskTable())[0]
     assert bad.reward is None and bad.error is not None and "finite" in bad.error
-
-
-def test_parse_time() -> None:
-    assert parse_time("2026-01-01T12:00:00Z") == ENDED
-    assert parse_time("2026-01-01T12:00:00") == ENDED  # naive means UTC
-    assert parse_time(None) is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -149,8 +150,7 @@ def test_unreachable_endpoint_is_an_error() -> None:
 def test_falls_back_to_the_served_model(judge_with: Any) -> None:
     endpoint = FakeEndpoint('{"reasoning": "", "scores": {"A": 10}}')
     t = answered("42")
-    for call in t["calls"]:
-        call["model"] = None
+    t = replace(t, calls=tuple(replace(c, model=None) for c in t.calls))
     (grade,) = judge_with(endpoint).grade([t], tasks=TASKS)
     assert grade.reward == 1.0 and endpoint.requests[0]["model"] == "served"
 

@@ -6,20 +6,22 @@ from typing import Any
 
 from learner.graders import build_graders
 from store.tasks import TaskTable
+from store.trajectory_record import Trajectory, TrajectoryCall
 
 
-def chat_call(cid: str, messages: list[dict[str, Any]], reply: str) -> dict[str, Any]:
+def chat_call(cid: str, messages: list[dict[str, Any]], reply: str) -> TrajectoryCall:
     response = {"choices": [{"message": {"role": "assistant", "content": reply}}]}
-    return {"id": cid, "api": "chat.completions", "request": {"messages": messages},
-            "response": response, "error": None}  # fmt: skip
+    return TrajectoryCall(
+        cid, "chat.completions", request={"messages": messages}, response=response
+    )
 
 
 def test_each_reply_scores_by_its_signal_and_silence_is_half() -> None:
     asked = [{"role": "user", "content": "6 x 7?"}]
     again = [*asked, {"role": "assistant", "content": "43"}, {"role": "user", "content": "6 x 7?"}]
-    retried = {"id": "t1", "calls": [chat_call("a", asked, "43"), chat_call("b", again, "42")]}
-    fine = {"id": "t2", "calls": [chat_call("c", asked, "42")]}
-    empty = {"id": "t3", "calls": []}
+    retried = Trajectory("t1", (chat_call("a", asked, "43"), chat_call("b", again, "42")))
+    fine = Trajectory("t2", (chat_call("c", asked, "42"),))
+    empty = Trajectory("t3")
     grader = build_graders(["next_turn"])
     first, second, third = grader.grade([retried, fine, empty], tasks=TaskTable())
     assert first.reward == 0.25  # (0 + 0.5) / 2: a bad reply and one nothing was said of
@@ -28,7 +30,7 @@ def test_each_reply_scores_by_its_signal_and_silence_is_half() -> None:
     assert second.reward == 0.5 and second.error is None
     reply = {"role": "assistant", "content": "42"}
     thanked = [*asked, reply, {"role": "user", "content": "Thanks!"}]
-    approved = {"id": "t4", "calls": [chat_call("d", asked, "42"), chat_call("e", thanked, "np")]}
+    approved = Trajectory("t4", (chat_call("d", asked, "42"), chat_call("e", thanked, "np")))
     [fourth] = grader.grade([approved], tasks=TaskTable())
     assert fourth.reward == 0.75
     assert third.reward is None and "no reply" in (third.error or "")

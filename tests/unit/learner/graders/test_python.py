@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from learner.graders.python import PythonGrader, load_callable
+from store.export import to_export
 from store.tasks import TaskTable
 from tests.support import sample_rewards
 from tests.support.trajectories import answered
@@ -32,7 +33,16 @@ def test_name_and_callable_loaded_once() -> None:
 def test_the_callable_gets_a_copy() -> None:
     trajectory = answered("abcd")
     (grade,) = PythonGrader(f"{MODULE}:vandal").grade([trajectory], tasks=TaskTable())
-    assert grade.reward == 1.0 and len(trajectory["calls"]) == 1
+    assert grade.reward == 1.0 and len(trajectory.calls) == 1
+    assert trajectory.calls[0].request
+
+
+def test_the_callable_gets_the_export_format() -> None:
+    trajectory = answered("abcd")
+    sample_rewards.RECEIVED.clear()
+    PythonGrader(f"{MODULE}:keeps").grade([trajectory], tasks=TaskTable())
+    assert sample_rewards.RECEIVED == [to_export(trajectory)]
+    assert sample_rewards.RECEIVED[0]["started_at"] == "2026-01-01T00:00:00+00:00"
 
 
 @pytest.mark.parametrize(

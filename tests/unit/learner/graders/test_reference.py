@@ -8,6 +8,7 @@ import pytest
 
 from learner.graders.reference import ReferenceGrader, last_number, match
 from store.tasks import Task, TaskTable
+from store.trajectory_record import Trajectory
 from tests.support.trajectories import (
     chat_call,
     failed_call,
@@ -27,7 +28,7 @@ TASKS = TaskTable(
 )
 
 
-def _grade(*trajectories: dict[str, Any]) -> list[Any]:
+def _grade(*trajectories: Trajectory) -> list[Any]:
     return ReferenceGrader().grade(list(trajectories), tasks=TASKS)
 
 

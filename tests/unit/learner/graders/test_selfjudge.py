@@ -4,8 +4,8 @@ in tests/e2e/test_selfjudge_vllm.py."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,6 +22,7 @@ from learner.graders.selfjudge import (
     ShadowSampler,
 )
 from store.tasks import Task, TaskTable
+from store.trajectory_record import Trajectory
 from tests.support.trajectories import answered
 
 TASKS = TaskTable(
@@ -36,8 +37,8 @@ class StubJudge:
         self.rubric = rubric
         self.asked = asked
 
-    def grade(self, trajectories: list[dict[str, Any]], *, tasks: TaskTable) -> list[Grade]:
-        self.asked += [(t["id"], self.rubric) for t in trajectories]
+    def grade(self, trajectories: list[Trajectory], *, tasks: TaskTable) -> list[Grade]:
+        self.asked += [(t.id, self.rubric) for t in trajectories]
         return [Grade(0.7, {"score": 7}) for _ in trajectories]
 
 
@@ -50,10 +51,8 @@ class Posts:
         return None if reward is None else (reward, "a person said so")
 
 
-def typed(answer: str, task_key: str | None, kind: str | None = None) -> dict[str, Any]:
-    trajectory = answered(answer, task_key=task_key)
-    trajectory["interaction_type"] = kind
-    return trajectory
+def typed(answer: str, task_key: str | None, kind: str | None = None) -> Trajectory:
+    return replace(answered(answer, task_key=task_key), interaction_type=kind)
 
 
 def default_grader(
@@ -84,7 +83,7 @@ def test_no_grader_applies_so_the_model_judges_itself() -> None:
     assert all(g.error is None for g in grades)
     assert grades[0].detail["self_judge"]["rubric"] == "default"
     assert "truth" not in grades[0].detail["self_judge"]  # nothing to compare it with
-    assert asked == [(no_task["id"], DEFAULT_RUBRIC), (no_answer["id"], DEFAULT_RUBRIC)]
+    assert asked == [(no_task.id, DEFAULT_RUBRIC), (no_answer.id, DEFAULT_RUBRIC)]
 
 
 def test_a_reference_grades_and_the_shadow_judge_records_its_verdict_beside_it() -> None:
@@ -114,7 +113,7 @@ def test_without_shadow_share_a_reference_costs_no_judge_call() -> None:
 def test_posted_feedback_beats_the_self_judge_and_is_its_ground_truth() -> None:
     asked: list[tuple[str, str]] = []
     liked = typed("roses are red", "open")
-    grades = default_grader(["reference"], asked, posted={liked["id"]: 0.2}).grade(
+    grades = default_grader(["reference"], asked, posted={liked.id: 0.2}).grade(
         [liked], tasks=TASKS
     )
     assert grades[0].reward == 0.2
@@ -143,7 +142,7 @@ def test_rubrics_per_type_and_a_type_turned_off(tmp_path: Path) -> None:
         typed("c", None, "quiet"),
     )
     grades = grader.grade([support, other, quiet], tasks=TASKS)
-    assert asked == [(support["id"], "Is the customer helped?"), (other["id"], "Be strict.")]
+    assert asked == [(support.id, "Is the customer helped?"), (other.id, "Be strict.")]
     assert grades[0].detail["self_judge"]["rubric"] == "type"
     # a type turned off is graded as without self-judging: the reference has nothing
     assert grades[2].reward is None and "no reference answer" in (grades[2].error or "")
@@ -203,8 +202,8 @@ class AwayJudge:
     def __init__(self, asked: list[str]) -> None:
         self.asked = asked
 
-    def grade(self, trajectories: list[dict[str, Any]], *, tasks: TaskTable) -> list[Grade]:
-        self.asked += [t["id"] for t in trajectories]
+    def grade(self, trajectories: list[Trajectory], *, tasks: TaskTable) -> list[Grade]:
+        self.asked += [t.id for t in trajectories]
         return [Grade.retry("judge: Connection error.") for _ in trajectories]
 
 
@@ -226,7 +225,7 @@ def test_a_judge_that_is_away_pauses_the_shadow_verdicts_not_the_grades() -> Non
     grades = grader.grade([first, other], tasks=tasks)
     assert [g.reward for g in grades] == [1.0, 1.0]  # the references decide, judge or not
     assert grades[0].detail["self_judge"]["error"] == "judge: Connection error."
-    assert asked == [first["id"]] and "self_judge" not in grades[1].detail  # not tried again
+    assert asked == [first.id] and "self_judge" not in grades[1].detail  # not tried again
     assert "self_judge" not in grader.grade([typed("42", "mul")], tasks=tasks)[0].detail
     now[0] += 61
     assert "self_judge" in grader.grade([typed("42", "mul")], tasks=tasks)[0].detail

@@ -7,11 +7,14 @@ from typing import Any
 from learner.graders.base import Grade
 from learner.rollout.grading import SpecGraders, grade_reference, grade_run
 from store.tasks import Task, TaskTable
+from store.trajectory_record import Trajectory, TrajectoryCall
 
 
-def trajectory(answer: str) -> dict[str, Any]:
+def trajectory(answer: str) -> Trajectory:
     response = {"choices": [{"message": {"role": "assistant", "content": answer}}]}
-    return {"id": "t", "task_key": "k", "calls": [{"status": "ok", "response": response}]}
+    return Trajectory(
+        "t", (TrajectoryCall("c", "chat.completions", response=response),), task_key="k"
+    )
 
 
 def test_reference_against_the_final_message_then_stdout() -> None:
@@ -36,7 +39,7 @@ class _Fixed:
     def __init__(self, reward: float) -> None:
         self.reward = reward
 
-    def grade(self, trajectories: list[dict[str, Any]], *, tasks: TaskTable) -> list[Grade]:
+    def grade(self, trajectories: list[Trajectory], *, tasks: TaskTable) -> list[Grade]:
         return [Grade(reward=self.reward) for _ in trajectories]
 
     def close(self) -> None:
@@ -49,7 +52,7 @@ def test_order_check_then_task_grader_then_default_then_reference() -> None:
     checked = Grade(reward=0.5, detail={"check": "x"})
     tasks = TaskTable()
 
-    def grade(task: Task, default: str | None, found: list[dict[str, Any]]) -> Grade:
+    def grade(task: Task, default: str | None, found: list[Trajectory]) -> Grade:
         return grade_run(
             task,
             tasks=tasks,
