@@ -78,15 +78,33 @@ def session_key(request: Request) -> str | None:
     return key
 
 
-def sticky_key(session: str | None, api: str, body: dict[str, Any]) -> str | None:
-    """What keeps a conversation on one replica: its session, else its opening messages."""
+def conversation_key(session: str | None, api: str, body: dict[str, Any]) -> str | None:
+    """What every call of one conversation shares: its session (`s:<key>`), else its
+    opening: the messages up to and including the first user message (the system prompt
+    and the first question), which every later call of an implicit trajectory repeats; a
+    text completion's opening is its prompt. None: neither (no user message).
+
+    It keeps a conversation on one replica (its prefix cache) and in one canary arm. The
+    first two messages were the key once: without a system prompt they hold the first
+    reply, which the first call does not, so a conversation's second call moved."""
     if session is not None:
         return "s:" + session
-    opening = body.get("messages")[:2] if api == CHAT else body.get("prompt")
+    opening = _opening(body.get("messages")) if api == CHAT else body.get("prompt")
+    if opening is None:
+        return None
     try:
         return "m:" + hashlib.blake2b(orjson.dumps(opening), digest_size=12).hexdigest()
-    except TypeError:
+    except TypeError:  # not JSON (cannot come from a parsed body; kept safe)
         return None
+
+
+def _opening(messages: Any) -> list[Any] | None:
+    if not isinstance(messages, list):
+        return None
+    for index, message in enumerate(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return messages[: index + 1]
+    return None
 
 
 def task_key(request: Request) -> str | None:

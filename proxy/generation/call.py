@@ -37,7 +37,13 @@ from proxy.base.errors import (
 )
 from proxy.base.keys import upstream_view
 from proxy.base.record import CallRecord
-from proxy.base.requests import parse_object, read_body, session_key, sticky_key, task_key
+from proxy.base.requests import (
+    conversation_key,
+    parse_object,
+    read_body,
+    session_key,
+    task_key,
+)
 from proxy.generation.dialect import Dialect, StreamWriter
 from proxy.generation.fanout import FanoutStream, choice_response, fanout_eligible, split_capture
 from proxy.generation.prompt_tokens import count_prompt
@@ -46,7 +52,6 @@ from proxy.recording.interaction import explicit_type
 from proxy.recording.stitching import new_id
 from proxy.state import ProxyState
 from proxy.upstream import http1
-from proxy.upstream.canary_assignment import assignment_key
 from proxy.upstream.replicas import UPSTREAM_READ_ERRORS, Replica
 from proxy.upstream.sampling import effective as effective_sampling
 
@@ -144,7 +149,7 @@ class Generation:
         if fanout > 1 and self.dialect.api == CHAT and fanout_eligible(body):
             self.fanout = upstream_body["n"] = fanout
         sticky = (
-            sticky_key(record.session_key, api, upstream_body)
+            conversation_key(record.session_key, api, upstream_body)
             if len(self.state.pool.replicas) > 1
             else None
         )
@@ -174,7 +179,7 @@ class Generation:
         canaries, record = self.state.canaries, self.record
         if not canaries.runs_for(record.tenant):
             return None  # the hot path: no key is hashed
-        key = assignment_key(record.session_key, api, upstream_body)
+        key = conversation_key(record.session_key, api, upstream_body)
         return canaries.candidate_for(record.tenant, key or record.id)
 
     def _buffer_stream(self, body: dict[str, Any], sticky: str | None) -> bool:

@@ -8,8 +8,7 @@ import math
 
 import pytest
 
-from proxy.base.capture import CHAT, COMPLETIONS
-from proxy.upstream.canary_assignment import assignment_key, in_candidate_arm
+from proxy.upstream.canary_assignment import in_candidate_arm
 
 SESSIONS = [f"s:session-{i}" for i in range(20_000)]
 
@@ -44,28 +43,3 @@ def test_each_canary_draws_its_own_sessions() -> None:
 def test_the_edges_of_the_share() -> None:
     assert not any(in_candidate_arm(1, key, 0.0) for key in SESSIONS[:1000])
     assert all(in_candidate_arm(1, key, 1.0) for key in SESSIONS[:1000])
-
-
-SYSTEM = {"role": "system", "content": "You help."}
-QUESTION = {"role": "user", "content": "What is 6 x 7?"}
-REPLY = {"role": "assistant", "content": "42"}
-FOLLOW_UP = {"role": "user", "content": "And 6 x 8?"}
-
-
-@pytest.mark.parametrize("prefix", [[], [SYSTEM]], ids=["no system prompt", "system prompt"])
-def test_every_call_of_a_conversation_has_its_opening_as_key(prefix: list) -> None:
-    first = assignment_key(None, CHAT, {"messages": [*prefix, QUESTION]})
-    later = assignment_key(None, CHAT, {"messages": [*prefix, QUESTION, REPLY, FOLLOW_UP]})
-    other = assignment_key(None, CHAT, {"messages": [*prefix, FOLLOW_UP]})
-    assert first is not None and first.startswith("m:")
-    assert first == later != other
-
-
-def test_the_session_wins_and_a_call_without_an_opening_has_no_key() -> None:
-    assert assignment_key("abc", CHAT, {"messages": [QUESTION]}) == "s:abc"
-    assert assignment_key(None, CHAT, {"messages": [SYSTEM]}) is None
-    assert assignment_key(None, CHAT, {"messages": "not a list"}) is None
-    assert assignment_key(None, CHAT, {}) is None
-    prompt = assignment_key(None, COMPLETIONS, {"prompt": "2 + 2 ="})
-    assert prompt is not None
-    assert prompt == assignment_key(None, COMPLETIONS, {"prompt": "2 + 2 ="})

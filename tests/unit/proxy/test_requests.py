@@ -1,4 +1,4 @@
-"""proxy.base.requests: parsing and checking client bodies, and the replica sticky key."""
+"""proxy.base.requests: parsing and checking client bodies, and the conversation key."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from proxy.base.capture import CHAT, COMPLETIONS
 from proxy.base.errors import BadRequest
-from proxy.base.requests import check_generation, parse_object, sticky_key
+from proxy.base.requests import check_generation, conversation_key, parse_object
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 USER = {"role": "user", "content": "What is 2+2?"}
@@ -80,12 +80,12 @@ def test_check_generation_accepts(api: str, body: dict[str, Any]) -> None:
     check_generation(api, body)
 
 
-def test_sticky_key_follows_the_opening_messages() -> None:
-    opening = sticky_key(None, CHAT, {"messages": [SYSTEM, USER]})
+def test_conversation_key_follows_the_opening_messages() -> None:
+    opening = conversation_key(None, CHAT, {"messages": [SYSTEM, USER]})
 
     assert opening is not None and opening.startswith("m:")
-    assert sticky_key(None, CHAT, {"messages": [SYSTEM, USER, REPLY, NEXT]}) == opening
-    assert sticky_key(None, CHAT, {"messages": [SYSTEM, USER]}) == opening
+    assert conversation_key(None, CHAT, {"messages": [SYSTEM, USER, REPLY, NEXT]}) == opening
+    assert conversation_key(None, CHAT, {"messages": [SYSTEM, USER]}) == opening
 
 
 @pytest.mark.parametrize(
@@ -97,24 +97,45 @@ def test_sticky_key_follows_the_opening_messages() -> None:
         [USER, SYSTEM],
     ],
 )
-def test_sticky_key_differs_for_other_openings(messages: list[dict[str, Any]]) -> None:
-    assert sticky_key(None, CHAT, {"messages": messages}) != sticky_key(
+def test_conversation_key_differs_for_other_openings(messages: list[dict[str, Any]]) -> None:
+    assert conversation_key(None, CHAT, {"messages": messages}) != conversation_key(
         None, CHAT, {"messages": [SYSTEM, USER]}
     )
 
 
-def test_sticky_key_of_completions_follows_the_prompt() -> None:
-    key = sticky_key(None, COMPLETIONS, {"prompt": "Once upon"})
+def test_conversation_key_of_completions_follows_the_prompt() -> None:
+    key = conversation_key(None, COMPLETIONS, {"prompt": "Once upon"})
 
-    assert key == sticky_key(None, COMPLETIONS, {"prompt": "Once upon", "max_tokens": 5})
-    assert key != sticky_key(None, COMPLETIONS, {"prompt": "Once upon a"})
+    assert key == conversation_key(None, COMPLETIONS, {"prompt": "Once upon", "max_tokens": 5})
+    assert key != conversation_key(None, COMPLETIONS, {"prompt": "Once upon a"})
 
 
 def test_session_wins_over_messages() -> None:
-    assert sticky_key("abc", CHAT, {"messages": [SYSTEM, USER]}) == "s:abc"
-    assert sticky_key("abc", CHAT, {"messages": [NEXT]}) == "s:abc"
-    assert sticky_key("abc", COMPLETIONS, {"prompt": "x"}) == "s:abc"
+    assert conversation_key("abc", CHAT, {"messages": [SYSTEM, USER]}) == "s:abc"
+    assert conversation_key("abc", CHAT, {"messages": [NEXT]}) == "s:abc"
+    assert conversation_key("abc", COMPLETIONS, {"prompt": "x"}) == "s:abc"
 
 
-def test_unserialisable_opening_has_no_sticky_key() -> None:
-    assert sticky_key(None, COMPLETIONS, {"prompt": {1, 2}}) is None
+def test_unserialisable_opening_has_no_conversation_key() -> None:
+    assert conversation_key(None, COMPLETIONS, {"prompt": {1, 2}}) is None
+
+
+@pytest.mark.parametrize("prefix", [[], [SYSTEM]], ids=["no system prompt", "system prompt"])
+def test_every_call_of_a_conversation_has_its_opening_as_key(prefix: list) -> None:
+    # without a system prompt the first two messages hold the first reply, which the first
+    # call does not: the opening stops at the first user message
+    first = conversation_key(None, CHAT, {"messages": [*prefix, USER]})
+    later = conversation_key(None, CHAT, {"messages": [*prefix, USER, REPLY, NEXT]})
+    other = conversation_key(None, CHAT, {"messages": [*prefix, NEXT]})
+    assert first is not None and first.startswith("m:")
+    assert first == later != other
+
+
+def test_the_session_wins_and_a_call_without_an_opening_has_no_key() -> None:
+    assert conversation_key("abc", CHAT, {"messages": [USER]}) == "s:abc"
+    assert conversation_key(None, CHAT, {"messages": [SYSTEM]}) is None
+    assert conversation_key(None, CHAT, {"messages": "not a list"}) is None
+    assert conversation_key(None, CHAT, {}) is None
+    prompt = conversation_key(None, COMPLETIONS, {"prompt": "2 + 2 ="})
+    assert prompt is not None
+    assert prompt == conversation_key(None, COMPLETIONS, {"prompt": "2 + 2 ="})
