@@ -97,9 +97,9 @@ def _one_pass(engine: Engine, grader: DefaultGrader, tasks: TaskTable) -> tuple[
         return 0, 0
     share = grader.shadow.policy.share  # type: ignore[union-attr]
     truths = {
-        r["trajectory_id"]: (truth_source(r["detail"] or {}), float(r["reward"]))
+        r.trajectory_id: (truth_source(r.detail or {}), float(r.reward))
         for r in rows
-        if shadow_share_of(str(r["trajectory_id"])) < share  # the sampler's own cut, early
+        if shadow_share_of(r.trajectory_id) < share  # the sampler's own cut, early
     }
     wanted = [tid for tid, (source, _) in truths.items() if source is not None]
     trajectories = list(load_trajectories(engine, ids=wanted)) if wanted else []
@@ -115,7 +115,7 @@ def _one_pass(engine: Engine, grader: DefaultGrader, tasks: TaskTable) -> tuple[
         learner_state.set_state(
             conn,
             CURSOR_KEY,
-            {"graded_at": last["graded_at"].isoformat(), "trajectory_id": last["trajectory_id"]},
+            {"graded_at": last.graded_at.isoformat(), "trajectory_id": last.trajectory_id},
         )
     return len(rows), stored
 

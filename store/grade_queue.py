@@ -4,6 +4,7 @@ grades, and which grades a step may train on. Callers own the transaction."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -376,9 +377,17 @@ def mark_trained(conn: Connection, *, trajectory_ids: Sequence[str], step: int) 
         )
 
 
+@dataclass(frozen=True)
+class RewardedGrade:
+    trajectory_id: str
+    reward: float
+    detail: dict[str, Any] | None  # what the grader said (JSON, its own shape)
+    graded_at: datetime
+
+
 def rewarded_grades_after(
     conn: Connection, *, after: datetime | None, after_id: str, limit: int
-) -> list[dict[str, Any]]:
+) -> list[RewardedGrade]:
     """Rewarded grades (organic trajectories' and rollout runs') after the cursor
     (graded_at, trajectory_id), oldest first."""
     query = (
@@ -394,7 +403,7 @@ def rewarded_grades_after(
                 (Grade.graded_at == after) & (Grade.trajectory_id > after_id),
             )
         )
-    return [dict(r._mapping) for r in conn.execute(query)]
+    return [RewardedGrade(*r) for r in conn.execute(query)]
 
 
 def add_to_grade_detail(conn: Connection, *, trajectory_id: str, key: str, value: Any) -> bool:

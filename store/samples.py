@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
-from store.trajectory_record import Trajectory, TrajectoryCall
+from store.trajectory_record import RecordedSampling, Trajectory, TrajectoryCall
 
 # vLLM samples greedily below this temperature (and then ignores top-p, top-k and min-p)
 GREEDY_BELOW = 1e-5
@@ -45,27 +44,26 @@ class Sampling:
         )
 
     @classmethod
-    def from_record(cls, recorded: dict[str, Any]) -> Sampling:
+    def from_record(cls, recorded: RecordedSampling) -> Sampling:
         """From a call's recorded effective sampling (proxy/upstream/sampling.py)."""
 
-        def value(name: str, default: float) -> float:
-            found = recorded.get(name)
+        def value(found: float | None, default: float) -> float:
             return default if found is None else float(found)
 
         penalties = {
-            "repetition_penalty": value("repetition_penalty", 1.0),
-            "presence_penalty": value("presence_penalty", 0.0),
-            "frequency_penalty": value("frequency_penalty", 0.0),
+            "repetition_penalty": value(recorded.get("repetition_penalty"), 1.0),
+            "presence_penalty": value(recorded.get("presence_penalty"), 0.0),
+            "frequency_penalty": value(recorded.get("frequency_penalty"), 0.0),
         }
-        temperature = value("temperature", 1.0)
+        temperature = value(recorded.get("temperature"), 1.0)
         if temperature < GREEDY_BELOW:
             # greedy: vLLM's logprobs are the penalised logits' plain log-softmax
             return cls(**penalties)
         return cls(
             temperature=temperature,
-            top_p=value("top_p", 1.0),
-            top_k=int(value("top_k", 0)),
-            min_p=value("min_p", 0.0),
+            top_p=value(recorded.get("top_p"), 1.0),
+            top_k=int(value(recorded.get("top_k"), 0)),
+            min_p=value(recorded.get("min_p"), 0.0),
             **penalties,
         )
 

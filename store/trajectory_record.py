@@ -13,7 +13,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
+
+
+class RecordedChoice(TypedDict):
+    """One sampled choice, token-exact, as the proxy records it (proxy/base/capture.py)."""
+
+    index: int
+    token_ids: list[int]
+    logprobs: list[float]  # one per token
+    finish_reason: str | None
+
+
+class RecordedSampling(TypedDict, total=False):
+    """The sampling vLLM applied to a call, as the proxy records it
+    (proxy/upstream/sampling.py); a parameter left out (or None) is vLLM's neutral one."""
+
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    min_p: float | None
+    repetition_penalty: float | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
+    constraints: list[str]  # the request's other logits processing (logit bias, ...)
 
 
 @dataclass(frozen=True)
@@ -45,9 +68,9 @@ class TrajectoryCall:
     compat: dict[str, Any] | None = None  # what the compatibility policy did
     key_name: str | None = None  # the client key's name: whose traffic it is
     tenant: str | None = None
-    sampling: dict[str, Any] | None = None  # what vLLM applied (proxy/upstream/sampling.py)
+    sampling: RecordedSampling | None = None  # None: the replica's defaults were unknown
     # every choice, only where the call asked for several (n > 1)
-    choices: list[dict[str, Any]] | None = None
+    choices: list[RecordedChoice] | None = None
 
 
 @dataclass(frozen=True)

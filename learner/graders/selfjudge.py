@@ -30,11 +30,17 @@ from learner.graders.combine import CombinedGrader
 from learner.graders.feedback import FeedbackGrader
 from learner.graders.judge import JUDGE_TYPE
 from learner.graders.rubrics import Rubric, Rubrics
+from learner.graders.self_judge_entry import (
+    SELF_JUDGE,
+    SelfJudgeEntry,
+    as_grade,
+    entry_of,
+    shadow_entry,
+)
 from learner.signals import SignalWeights
 from store.tasks import TaskTable
 from store.trajectory_record import Trajectory
 
-SELF_JUDGE = "self_judge"  # its key in a grade's detail
 # graders whose reward is a ground truth the self-judge can be measured against
 TRUTH_KINDS = frozenset({"reference", "python", "command", "feedback"})
 
@@ -124,9 +130,9 @@ class SelfJudge:
     def rubric(self, trajectory: Trajectory) -> Rubric | None:
         return self.rubrics.for_type(trajectory.interaction_type)
 
-    def judge(self, trajectories: list[Trajectory], tasks: TaskTable) -> list[dict[str, Any]]:
+    def judge(self, trajectories: list[Trajectory], tasks: TaskTable) -> list[SelfJudgeEntry]:
         """One detail entry per trajectory: reward and the judge's detail, or error."""
-        entries: list[dict[str, Any]] = [{} for _ in trajectories]
+        entries: dict[int, SelfJudgeEntry] = {}
         by_rubric: dict[str, list[int]] = {}
         for index, trajectory in enumerate(trajectories):
             rubric = self.rubric(trajectory)
@@ -140,21 +146,10 @@ class SelfJudge:
             except Exception as exc:  # a judge that broke its promise fails this batch only
                 grades = [Grade.of_exception(f"{type(exc).__name__}: {exc}", exc)] * len(batch)
             for index, grade in zip(members, grades, strict=True):
-                entries[index] = self._entry(trajectories[index], grade)
-        return entries
-
-    def _entry(self, trajectory: Trajectory, grade: Grade) -> dict[str, Any]:
-        rubric = self.rubric(trajectory)
-        entry: dict[str, Any] = {
-            "type": trajectory.interaction_type,
-            "rubric": rubric.source if rubric else None,
-            "reward": grade.reward,
-            "detail": grade.detail,
-        }
-        if grade.error is not None:
-            entry["error"] = grade.error
-            entry["transient"] = grade.transient
-        return entry
+                rubric = self.rubric(trajectories[index])
+                source = rubric.source if rubric else None
+                entries[index] = entry_of(trajectories[index].interaction_type, source, grade)
+        return [entries[i] for i in range(len(trajectories))]  # each in one rubric's batch
 
     def _judge_for(self, rubric: str) -> Grader:
         if rubric not in self._judges:
@@ -225,7 +220,7 @@ class DefaultGrader:
         if judged:
             entries = self.self_judge.judge([trajectories[i] for i in judged], tasks)  # type: ignore[union-attr]
             for i, entry in zip(judged, entries, strict=True):
-                grades[i] = _as_grade(entry)
+                grades[i] = as_grade(entry)
         if self.shadow_inline:
             self._shadow(trajectories, grades, truths, tasks)
         return [g if g is not None else Grade.failed("not graded") for g in grades]
@@ -279,7 +274,7 @@ class DefaultGrader:
         trajectories: list[Trajectory],
         truths: dict[int, tuple[str, float]],
         tasks: TaskTable,
-    ) -> dict[int, dict[str, Any]]:
+    ) -> dict[int, SelfJudgeEntry]:
         """The self-judge's verdicts on a sample of trajectories whose ground truth is known
         (index -> (source, reward)), each with its truth: index -> detail entry."""
         judge, sampler = self.shadow_judge, self.shadow
@@ -292,7 +287,7 @@ class DefaultGrader:
             if sampler.take(trajectories[i].id):
                 key = trajectories[i].task_key
                 by_task.setdefault(("task", key) if key is not None else ("id", i), []).append(i)
-        verdicts: dict[int, dict[str, Any]] = {}
+        verdicts: dict[int, SelfJudgeEntry] = {}
         for chosen in by_task.values():
             if sampler.over_time_budget():
                 break  # the rest of the batch goes without: grading is waiting
@@ -301,8 +296,7 @@ class DefaultGrader:
             sampler.spend(time.monotonic() - started)
             for i, entry in zip(chosen, entries, strict=True):
                 source, reward = truths[i]
-                truth = {"source": source, "reward": reward}
-                verdicts[i] = {**entry, "shadow": True, "truth": truth}
+                verdicts[i] = shadow_entry(entry, {"source": source, "reward": reward})
             if any(entry.get("transient") for entry in entries):
                 sampler.pause()  # the judge is away: the rest of the batch goes without
                 break
@@ -320,15 +314,6 @@ class DefaultGrader:
         self.configured.close()
         for judge in {id(j): j for j in (self.self_judge, self.shadow_judge) if j}.values():
             judge.close()
-
-
-def _as_grade(entry: dict[str, Any]) -> Grade:
-    """A self-judge entry as the trajectory's grade."""
-    detail = {SELF_JUDGE: entry}
-    if "error" in entry:
-        error = f"{SELF_JUDGE}: {entry['error']}"
-        return Grade(None, detail, error=error, transient=bool(entry.get("transient")))
-    return Grade(entry["reward"], detail)
 
 
 def build_default_grader(
