@@ -44,6 +44,7 @@ from learner.demo.warmup import (
     encode_dialogue,
 )
 from learner.trainer import Trainer, TrainerConfig
+from store.export import from_export
 from store.samples import Sample, build_samples
 
 Call = tuple[list[int], list[int], list[float], str, str]  # prompt, completion, lps, finish, text
@@ -167,7 +168,7 @@ def step_batch(
         mean = statistics.mean(rewards)
         for (trajectory, _), reward in zip(group, rewards, strict=True):
             advantage = reward if args.advantage == "rft" else reward - mean
-            for sample in build_samples(trajectory):
+            for sample in build_samples(from_export(trajectory)):
                 samples.append(sample)
                 advantages.append(advantage)
     return samples, advantages, statistics.mean(r for _, r in runs)

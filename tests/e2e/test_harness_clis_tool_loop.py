@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from store.conversation import conversation
+from store.export import from_export
 from store.next_turn import next_turn_signals
 from store.samples import build_samples
 from tests.support.fake_vllm import (
@@ -38,7 +39,7 @@ def _one_training_sequence(engine: Any, run: Run, api: str) -> None:
     assert [c["api"] for c in calls] == [api, api], run.explain()
     assert all(c["status"] == "ok" and c["capture_complete"] for c in calls)
     first, last = calls
-    (sample,) = build_samples(trajectory)
+    (sample,) = build_samples(from_export(trajectory))
     print(f"{run.command[0]} printed {run.stdout!r}; {len(calls)} calls, 1 trajectory, 1 sample")
     assert sample.token_ids == last["prompt_token_ids"] + last["completion_token_ids"]
     assert sample.token_ids[: len(first["prompt_token_ids"])] == first["prompt_token_ids"]
@@ -132,7 +133,7 @@ def test_a_failed_command_in_codex_is_a_next_turn_signal_on_the_call_that_ran_it
     wait_for_calls(engine, 2)
     (trajectory,) = export(engine)
     first, _ = trajectory["calls"]
-    [signal] = next_turn_signals(conversation(trajectory["calls"]))
+    [signal] = next_turn_signals(conversation(from_export(trajectory).calls))
     print(f"codex's failed command judged {signal.call_id}: {signal.rule} ({signal.evidence!r})")
     assert (signal.call_id, signal.rule, signal.value) == (first["id"], "tool_error", -1.0)
     assert "No such file or directory" in signal.evidence or "code 2" in signal.evidence

@@ -3,6 +3,8 @@ fake endpoint, are tests/unit/learner/graders/test_judge.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from learner.graders.judge import JudgeGrader
@@ -21,8 +23,8 @@ def test_real_judge_call_on_vllm(vllm: VLLMServer) -> None:
         trajectory(chat_call("41", question="What is 6 times 7?"), task_key="mul"),
         trajectory(chat_call("I do not know", question="What is 6 times 7?"), task_key="mul"),
     ]
-    for t in group:
-        t["calls"][0]["model"] = vllm.model_name
+    group = [replace(t, calls=tuple(replace(c, model=vllm.model_name) for c in t.calls))
+             for t in group]  # fmt: skip
     # Sampled (seeded), not greedy: a random model's argmax can pick JSON whitespace forever.
     judge = JudgeGrader(
         vllm.url + "/v1",

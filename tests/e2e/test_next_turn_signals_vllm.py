@@ -26,6 +26,7 @@ from sqlalchemy import Engine, func, select
 from store import db
 from store.export import iter_trajectories
 from store.models import Call, Grade, TrainingStep, Trajectory, TurnSignal
+from store.trajectory_loading import load_trajectories
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -170,7 +171,7 @@ def test_the_turn_judge_is_asked_once_per_turn_the_rules_are_silent_on(
         outcome = grading.grade_and_save(
             engine,
             NextTurnGrader(weights, judge),
-            list(iter_trajectories(engine)),
+            list(load_trajectories(engine)),
             tasks=TaskTable(),
             policy=grading.RetryPolicy(),
             signal_weights=weights,

@@ -28,6 +28,7 @@ from learner.trainer import Trainer, TrainerConfig, micro_batches
 from learner.vllm_server import VLLMServer
 from proxy.upstream.sampling import NEUTRAL
 from store import db
+from store.export import from_export
 from store.samples import build_samples
 from tests.support.paths import ARTIFACTS
 from tests.support.records import export, wait_for_calls
@@ -122,7 +123,7 @@ def test_recomputed_logprobs_match_vllm_under_each_generation_config_mode(
     assert sampling_of(recorded, max_tokens=4) == {**defaults, "constraints": ["logit_bias"]}
 
     skipped: Counter[str] = Counter()
-    samples = [s for t in trajectories for s in build_samples(t, skipped=skipped)]
+    samples = [s for t in trajectories for s in build_samples(from_export(t), skipped=skipped)]
     assert skipped == {"logit_bias": 1}
     two_turns = [s for s in samples if len(s.completions) == 2]
     assert len(samples) == 4 and len(two_turns) == 1
@@ -183,5 +184,7 @@ def test_a_model_without_a_chat_template_records_its_completions_sampling(
         (call,) = [c for c in recorded if c["request"].get("prompt")]
         assert call["sampling"] == EFFECTIVE["auto"]
         skipped: Counter[str] = Counter()
-        samples = [s for t in export(engine) for s in build_samples(t, skipped=skipped)]
+        samples = [
+            s for t in export(engine) for s in build_samples(from_export(t), skipped=skipped)
+        ]
         assert len(samples) == 1 and skipped == {"failed": 1}  # the refused chat call

@@ -21,9 +21,9 @@ from learner.config import LearnerConfig
 from learner.proxy_process import ProxyServer
 from learner.vllm_server import VLLMServer
 from store import recording
-from store.export import iter_trajectories
 from store.models import Grade, Trajectory
 from store.tasks import Task, TaskTable
+from store.trajectory_loading import load_trajectories
 from tests.support.admin import AUTH, TOKEN, chat_call
 
 pytestmark = [pytest.mark.vllm]
@@ -89,9 +89,7 @@ def test_self_judge_agreement_is_measured_against_reference_answers(
         judge_temperature=1.0,  # sampled and seeded: greedy, it can pad with whitespace
         judge_seed=0,
     )
-    trajectories = list(iter_trajectories(engine))
-    for trajectory in trajectories:  # until the export carries the recorded type
-        trajectory.setdefault("interaction_type", TYPE)
+    trajectories = list(load_trajectories(engine))  # each with its recorded type
     grader = grading.learner_grader(config, engine)
     try:
         outcome = grading.grade_and_save(

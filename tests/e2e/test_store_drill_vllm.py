@@ -16,7 +16,7 @@ from sqlalchemy import Engine, select, text
 
 from learner.vllm_server import VLLMServer
 from store import db
-from store.export import iter_trajectories
+from store.export import from_export, iter_trajectories
 from store.models import Call, Grade, Trajectory
 from store.samples import build_samples
 from tests.support.drills import (
@@ -96,7 +96,8 @@ def test_a_refused_row_costs_its_own_line_of_the_conversation_only(
         (chain,) = iter_trajectories(engine, ids=[_trajectory_of(engine, "chain")])
         prompts = [c["prompt_token_ids"] for c in chain["calls"]]
         assert len(prompts) == 3 and prompts[0] and prompts[1:] == [None, None]
-        assert len(build_samples(chain)) == 1  # the first call; the rest cannot be rebuilt
+        # the first call; the rest cannot be rebuilt
+        assert len(build_samples(from_export(chain))) == 1
 
         wait_until(lambda: not learner.grade_finished(), "graded")
         assert learner.maybe_train()
