@@ -64,6 +64,15 @@ class Arm:
     mean: float = 0.0
     _m2: float = 0.0
 
+    @classmethod
+    def from_sums(cls, n: int, total: float, squares: float) -> Arm:
+        """An arm of `n` values known by their sum and the sum of their squares (what the
+        store aggregates), as if they had been added one at a time."""
+        if n <= 0:
+            return cls()
+        mean = total / n
+        return cls(n=n, mean=mean, _m2=max(squares - n * mean * mean, 0.0))
+
     def add(self, value: float) -> None:
         self.n += 1
         delta = value - self.mean
@@ -83,6 +92,22 @@ class Comparison:
     canary: Arm = field(default_factory=Arm)
     incumbent: Arm = field(default_factory=Arm)
     both: Arm = field(default_factory=Arm)  # every value: the variance under "none"
+
+    @classmethod
+    def from_arms(cls, rule: Rule, canary: Arm, incumbent: Arm) -> Comparison:
+        """The comparison of two arms known by their counts, means and variances."""
+        n = canary.n + incumbent.n
+        both = Arm()
+        if n:
+            mean = (canary.n * canary.mean + incumbent.n * incumbent.mean) / n
+            m2 = (
+                canary._m2
+                + incumbent._m2
+                + canary.n * (canary.mean - mean) ** 2
+                + incumbent.n * (incumbent.mean - mean) ** 2
+            )
+            both = Arm(n=n, mean=mean, _m2=m2)
+        return cls(rule=rule, canary=canary, incumbent=incumbent, both=both)
 
     def add(self, *, canary: bool, value: float) -> None:
         (self.canary if canary else self.incumbent).add(value)

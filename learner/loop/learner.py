@@ -25,6 +25,7 @@ from sqlalchemy.exc import DBAPIError
 from learner import control, grading, shadow_judging
 from learner.config import LearnerConfig
 from learner.distributed import Ranks
+from learner.loop.canaries import Canaries
 from learner.loop.grading import Grading
 from learner.loop.guarding import Guarding
 from learner.loop.publish import Publishing
@@ -45,7 +46,7 @@ RETRY_CAP = 10.0  # seconds between tries at most, while the database or vLLM is
 class Learner:
     """The orchestrator: set up, then look at the world until stopped (`iterate`). It holds
     the loop's state and its parts (learner/loop/*.py), which hold the state and the parts
-    they call: weights, grading, publishing, guarding, stepping, start-up, tenants."""
+    they call: weights, grading, publishing, guarding, stepping, start-up, tenants, canaries."""
 
     def __init__(self, config: LearnerConfig, ranks: Ranks | None = None) -> None:
         """`ranks`: this is rank 0 of several (torchrun), which train the model sharded
@@ -71,6 +72,7 @@ class Learner:
         self.stepping = Stepping(state, self.weights, self.publishing, self.guarding)
         self.startup = StartUp(state, self.weights, self.publishing, self.guarding)
         self.tenants = Tenants(state, self.weights, self.publishing, self.guarding, self.stepping)
+        self.canaries = Canaries(engine)
         self.heartbeat = control.Heartbeat(state)
 
     # -- the loop ---------------------------------------------------------------------
@@ -140,6 +142,7 @@ class Learner:
             return
         state.activity = "grading"
         graded = self.grade_finished()
+        self.canaries.decide_running()
         trained = self.maybe_train()
         if not graded and not trained:
             state.activity = "waiting for trajectories"
