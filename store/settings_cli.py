@@ -6,7 +6,9 @@ A field is declared with ``setting(default, "what it does")``; ``add_flags`` giv
 comma-separated value; a field annotated with a ``FlagParse`` is read by its function. Flags
 default to None, so ``given`` returns only what was typed:
 the settings' own sources (TOML file, environment) fill in the rest. Secrets are declared
-``cli=False``: a flag would show them to everyone who can list processes.
+``cli=False``: a flag would show them to everyone who can list processes. A required field
+declared ``positional=True`` is an argument instead (``onthejob rollback VERSION``), always
+typed: no other source fills it in.
 """
 
 from __future__ import annotations
@@ -17,14 +19,15 @@ import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
 _MISSING: Any = ...
 _METAVARS: dict[Any, str] = {int: "N", float: "X", str: "TEXT", Path: "PATH"}
+S = TypeVar("S", bound=BaseSettings)
 
 
 @dataclass(frozen=True)
@@ -41,16 +44,27 @@ def setting(
     *,
     default_factory: Any = None,
     flag: str | None = None,
+    short: str | None = None,
     metavar: str | None = None,
     repeat: bool = False,
+    positional: bool = False,
     cli: bool = True,
     **field_kwargs: Any,
 ) -> Any:
     """A settings field with its help text and how its flag looks.
 
-    ``flag``: the flag's name when not ``--kebab-name``; ``repeat``: a list given by
-    repeating the flag (else comma-separated); ``cli=False``: environment or file only."""
-    extra = {"flag": flag, "metavar": metavar, "repeat": repeat, "cli": cli}
+    ``flag``: the flag's name when not ``--kebab-name``; ``short``: a one-letter alias
+    (``-o``); ``repeat``: a list given by repeating the flag (else comma-separated);
+    ``positional``: an argument, named by ``metavar`` (else NAME), not a flag;
+    ``cli=False``: environment or file only."""
+    extra = {
+        "flag": flag,
+        "short": short,
+        "metavar": metavar,
+        "repeat": repeat,
+        "positional": positional,
+        "cli": cli,
+    }
     if default_factory is not None:
         return Field(
             default_factory=default_factory,
@@ -67,15 +81,25 @@ def cli_extra(info: FieldInfo) -> dict[str, Any]:
 
 
 def flag_name(name: str, info: FieldInfo) -> str | None:
-    """The field's flag (None: it has none)."""
+    """The field's flag (None: it has none, or is an argument)."""
     extra = cli_extra(info)
-    if not extra.get("cli", True):
+    if not extra.get("cli", True) or extra.get("positional"):
         return None
     return str(extra.get("flag") or "--" + name.replace("_", "-"))
 
 
+def argument_name(name: str, info: FieldInfo) -> str | None:
+    """The name a positional field's argument is shown by (None: it is no argument)."""
+    extra = cli_extra(info)
+    if not extra.get("positional"):
+        return None
+    return str(extra.get("metavar") or name.upper())
+
+
 def shown_default(info: FieldInfo) -> str | None:
     """The default as the help and the reference print it (None: nothing to print)."""
+    if info.is_required():
+        return None
     value = info.get_default(call_default_factory=True)
     if value is None or value == "" or value == []:
         return None
@@ -93,14 +117,19 @@ def add_flags(
     only: Iterable[str] | None = None,
     skip: Iterable[str] = (),
 ) -> None:
-    """A flag for every field of ``settings`` with one (or those in ``only``), in order."""
+    """A flag (or argument) for every field of ``settings`` with one (or those in ``only``),
+    in order."""
     chosen = set(only) if only is not None else None
     for name, info in settings.model_fields.items():
         if (chosen is not None and name not in chosen) or name in skip:
             continue
-        flag = flag_name(name, info)
-        if flag is not None:
-            parser.add_argument(flag, dest=name, default=None, **_argument(info))
+        flag, positional = flag_name(name, info), argument_name(name, info)
+        if positional is not None:
+            parser.add_argument(name, **_positional(positional, info))
+        elif flag is not None:
+            short = cli_extra(info).get("short")
+            names = (flag, short) if short else (flag,)
+            parser.add_argument(*names, dest=name, default=None, **_argument(info))
 
 
 def given(args: argparse.Namespace, settings: type[BaseSettings]) -> dict[str, Any]:
@@ -112,7 +141,31 @@ def given(args: argparse.Namespace, settings: type[BaseSettings]) -> dict[str, A
     }
 
 
-def _argument(info: FieldInfo) -> dict[str, Any]:
+def settings_from(args: argparse.Namespace, settings: type[S], *, command: str) -> S:
+    """``settings`` from the flags typed over its other sources; a value it refuses stops
+    ``onthejob COMMAND`` with the reason."""
+    try:
+        return settings(**given(args, settings))
+    except ValidationError as exc:
+        problems = "; ".join(_problem(error) for error in exc.errors())
+        raise SystemExit(f"onthejob {command}: {problems}") from None
+
+
+def _problem(error: Any) -> str:  # pydantic's ErrorDetails
+    where = ".".join(str(part) for part in error["loc"])
+    what = str(error["msg"]).removeprefix("Value error, ")
+    return f"{where}: {what}" if where else what
+
+
+def _positional(name: str, info: FieldInfo) -> dict[str, Any]:
+    argument = _argument(info, metavar=name)
+    # always typed, so a default (or the environment) could never apply
+    if "action" in argument or not info.is_required():
+        raise TypeError(f"argument {name}: a required field of a plain type, or a flag")
+    return argument
+
+
+def _argument(info: FieldInfo, *, metavar: str | None = None) -> dict[str, Any]:
     extra = cli_extra(info)
     kind = _unwrapped(info.annotation)
     help_text = info.description or ""
@@ -120,8 +173,8 @@ def _argument(info: FieldInfo) -> dict[str, Any]:
     if default is not None:
         help_text += f" (default {default})"
     argument: dict[str, Any] = {"help": help_text.replace("%", "%%")}
-    if extra.get("metavar"):
-        argument["metavar"] = extra["metavar"]
+    if metavar or extra.get("metavar"):
+        argument["metavar"] = metavar or extra["metavar"]
     origin = typing.get_origin(kind)
     parse = next((m.parse for m in info.metadata if isinstance(m, FlagParse)), None)
     if parse is not None:

@@ -7,11 +7,17 @@ SQLite in the working directory, the embedded default.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from store.environment import environment
+from store.settings_cli import setting
 
 DATABASE_URL_ENV = "ONTHEJOB_DATABASE_URL"
 DEFAULT_SQLITE_URL = "sqlite:///onthejob.db"
+DB_HELP = (
+    "database URL (postgresql://... or sqlite:///file.db); default: "
+    f"${DATABASE_URL_ENV}, else {DEFAULT_SQLITE_URL} in the working directory"
+)
 
 
 def given_database_url(explicit: str | None = None) -> str | None:
@@ -25,9 +31,9 @@ def database_url(explicit: str | None = None) -> str:
 
 def add_db(parser: argparse.ArgumentParser) -> None:
     """The `--db` flag every command that opens the store takes."""
-    parser.add_argument(
-        "--db",
-        metavar="URL",
-        help="database URL (postgresql://... or sqlite:///file.db); default: "
-        f"${DATABASE_URL_ENV}, else {DEFAULT_SQLITE_URL} in the working directory",
-    )
+    parser.add_argument("--db", metavar="URL", help=DB_HELP)
+
+
+def database_setting() -> Any:
+    """The `--db` setting of a command's settings class: None resolves as ``database_url``."""
+    return setting(None, DB_HELP, flag="--db", metavar="URL")
