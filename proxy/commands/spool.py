@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from proxy.commands import add_db, proxy_settings
+from proxy.commands.settings import SpoolReplaySettings
+from store.settings_cli import add_flags, settings_from
+from store.url import database_url
 
 
 def register(commands: Any) -> None:
@@ -17,16 +18,10 @@ def register(commands: Any) -> None:
         help="write the refused rows again",
         description="Write the rows the database refused (FILE.rejected) again, e.g. after "
         "`onthejob db upgrade` or a fixed column. Rows it takes leave the file; rows it still "
-        "refuses stay, with the new reason. Safe while the proxy runs.",
+        "refuses stay, with the new reason. Safe while the proxy runs. Every flag can also be set "
+        "as ONTHEJOB_SPOOL_<NAME>.",
     )
-    add_db(replay)
-    replay.add_argument(
-        "--spool",
-        dest="spool_path",
-        type=Path,
-        metavar="FILE",
-        help="the proxy's --spool (default: $ONTHEJOB_SPOOL_PATH, else onthejob-spool.jsonl)",
-    )
+    add_flags(replay, SpoolReplaySettings)
     replay.set_defaults(func=cmd_spool_replay)
 
 
@@ -36,9 +31,9 @@ def cmd_spool_replay(args: argparse.Namespace) -> int:
     from proxy.recording.writer import Unreachable
     from store import db
 
-    settings = proxy_settings(args)
-    path = rejected_path(settings.spool_path)
-    engine = db.make_engine(settings.database_url)
+    settings = settings_from(args, SpoolReplaySettings, command="spool replay")
+    path = rejected_path(settings.path)
+    engine = db.make_engine(database_url(settings.database_url))
     try:
         result = replay(engine, path)
     except Unreachable as exc:

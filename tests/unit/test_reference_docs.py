@@ -12,11 +12,19 @@ from types import ModuleType
 import pytest
 
 from cli.main import build_parser
+from learner.command_settings import (
+    ModelPrepareSettings,
+    ModelsSettings,
+    PinSettings,
+    RegradeSettings,
+    RollbackSettings,
+)
 from learner.config import LearnerConfig
 from learner.demo.settings import DemoSettings
 from learner.rollout.settings import RolloutSettings
+from proxy.commands.settings import ExportSettings, SpoolReplaySettings
 from proxy.settings import Settings
-from store.settings_cli import flag_name
+from store.settings_cli import argument_name, flag_name
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATOR = ROOT / "docs" / "reference" / "generate.py"
@@ -64,6 +72,18 @@ def test_the_cli_page_has_every_command_with_exactly_its_flags() -> None:
         assert shown >= flags_of(sub), f"`{name}`: {sorted(flags_of(sub) - shown)}; {FIX}"
 
 
+def flags_from(settings: type, only: set[str] | None = None) -> set[str]:
+    """The flags a settings class gives (a bool setting also takes --no-NAME)."""
+    fields = {n: i for n, i in settings.model_fields.items() if only is None or n in only}
+    flags = {str(flag_name(n, i)) for n, i in fields.items() if flag_name(n, i)}
+    negated = {
+        "--no-" + str(flag_name(n, i)).removeprefix("--")
+        for n, i in fields.items()
+        if i.annotation is bool and flag_name(n, i)
+    }
+    return flags | negated
+
+
 @pytest.mark.parametrize(
     ("command", "settings", "extra"),
     [
@@ -71,22 +91,54 @@ def test_the_cli_page_has_every_command_with_exactly_its_flags() -> None:
         ("learn", LearnerConfig, {"--config"}),
         ("demo", DemoSettings, set()),
         ("rollout", RolloutSettings, set()),
+        ("export", ExportSettings, set()),
+        ("spool replay", SpoolReplaySettings, set()),
+        ("models prepare", ModelPrepareSettings, set()),
+        ("models list", ModelsSettings, set()),
     ],
 )
 def test_every_setting_has_its_flag_and_every_flag_is_a_setting(
     command: str, settings: type, extra: set[str]
 ) -> None:
     parser = commands()[command]
-    expected = {flag_name(n, i) for n, i in settings.model_fields.items()} - {None}
-    # a bool setting also takes --no-NAME
-    negated = {
-        "--no-" + str(flag_name(n, i)).removeprefix("--")
+    assert flags_of(parser) == flags_from(settings) | extra
+    secrets = {
+        n
         for n, i in settings.model_fields.items()
-        if i.annotation is bool and flag_name(n, i)
+        if flag_name(n, i) is None and argument_name(n, i) is None
     }
-    assert flags_of(parser) == expected | negated | extra
-    secrets = {n for n, i in settings.model_fields.items() if flag_name(n, i) is None}
     assert secrets <= {"upstream_api_key", "feedback_token", "admin_token"}
+
+
+LEARNER_DB = {"database_url"}
+REGRADE_LEARNER = {
+    "database_url",
+    "migrate",
+    "upstreams",
+    "graders",
+    "tasks",
+    "self_judge",
+    "rubrics",
+}
+
+
+@pytest.mark.parametrize(
+    ("command", "settings", "learner_settings", "extra"),
+    [
+        ("rollback", RollbackSettings, {"database_url", "upstreams"}, set()),
+        ("pin", PinSettings, LEARNER_DB, set()),
+        ("unpin", PinSettings, LEARNER_DB, set()),
+        ("regrade", RegradeSettings, REGRADE_LEARNER, {"--config"}),
+    ],
+)
+def test_the_learners_smaller_commands_take_their_settings_and_some_of_the_learners(
+    command: str, settings: type, learner_settings: set[str], extra: set[str]
+) -> None:
+    parser = commands()[command]
+    expected = flags_from(settings) | flags_from(LearnerConfig, only=learner_settings)
+    assert flags_of(parser) == expected | extra
+    arguments = {a.metavar for a in parser._actions if not a.option_strings}
+    assert arguments == {argument_name(n, i) for n, i in settings.model_fields.items()} - {None}
 
 
 def test_flags_beat_the_environment_which_beats_the_toml_file(

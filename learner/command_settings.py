@@ -1,0 +1,79 @@
+"""The settings of the learner's smaller commands (`rollback`, `pin`/`unpin`, `regrade`,
+`models`): their flags and arguments are generated from these (store/settings_cli.py), and
+each flag can come from the environment too (ONTHEJOB_<COMMAND>_*). Where they open the
+store or reach vLLM, they take the learner's own settings as well (learner/config.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from learner import real_models
+from store.settings_cli import comma_list, setting
+
+MODEL_NAMES = tuple(sorted(real_models.MODELS))
+ModelName = Literal[MODEL_NAMES]  # type: ignore[valid-type]  # the names `models list` shows
+
+
+def _config(prefix: str) -> SettingsConfigDict:
+    return SettingsConfigDict(
+        env_prefix=prefix, extra="forbid", env_ignore_empty=True, validate_default=False
+    )
+
+
+class RollbackSettings(BaseSettings):
+    model_config = _config("ONTHEJOB_ROLLBACK_")
+
+    version: str = setting(
+        help="a verified version (the admin API's /versions)", positional=True, metavar="VERSION"
+    )
+
+
+class PinSettings(BaseSettings):
+    model_config = _config("ONTHEJOB_PIN_")
+
+    version: str = setting(
+        help="a policy version (the admin API's /versions)", positional=True, metavar="VERSION"
+    )
+
+
+class RegradeSettings(BaseSettings):
+    """Which trajectories `onthejob regrade` grades again: those matching every filter given."""
+
+    model_config = _config("ONTHEJOB_REGRADE_")
+
+    failed: bool = setting(False, "only trajectories whose grading failed")
+    session: str | None = setting(None, "only this session key", metavar="KEY")
+    task: str | None = setting(None, "only this task key", metavar="KEY")
+    since: str | None = setting(None, "active at or after this time", metavar="ISO8601")
+    until: str | None = setting(None, "started before this time", metavar="ISO8601")
+    trajectory: Annotated[list[str], NoDecode] = setting(
+        default_factory=list,
+        help="this trajectory; repeat for more (environment: comma-separated)",
+        metavar="ID",
+        repeat=True,
+    )
+
+    @field_validator("trajectory", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        return comma_list(value) if isinstance(value, str) else value
+
+
+class ModelsSettings(BaseSettings):
+    model_config = _config("ONTHEJOB_MODELS_")
+
+    cache: Path | None = setting(
+        None,
+        f"model cache (default: ${real_models.CACHE_ENV}, else ~/.cache/onthejob/models)",
+        metavar="DIR",
+    )
+
+
+class ModelPrepareSettings(ModelsSettings):
+    name: ModelName = setting(
+        help=f"{', '.join(MODEL_NAMES)} (see `models list`)", positional=True, metavar="NAME"
+    )
