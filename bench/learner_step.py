@@ -227,6 +227,20 @@ def bare_forward_backward(trainer: Trainer, samples: list[Sample], budget: int) 
     model.zero_grad(set_to_none=True)
 
 
+def settled(device: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` followed by a wait for the device: CUDA runs kernels asynchronously, so a step
+    ends when its last kernel does, not when Python returns (else the next timed call pays
+    for it)."""
+
+    def run() -> Any:
+        value = fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return value
+
+    return run
+
+
 def timed(fn: Callable[[], Any], into: Timings | None = None) -> tuple[float, Any]:
     """Wall seconds of ``fn()`` and its value; with ``into``, wall and CPU time are added."""
     cpu, start = time.process_time(), time.perf_counter()
@@ -345,18 +359,20 @@ def measure_steps(
     grpo, bare = Timings(), Timings()
     first: dict[str, Any] = {}
     budget = args.micro_batch_tokens
+    run_step = settled(trainer.device, lambda: trainer.step(samples, advantages))
+    run_bare = settled(trainer.device, lambda: bare_forward_backward(trainer, samples, budget))
     for round_ in range(args.warmup + args.repeats):
         warm = round_ < args.warmup
         a, b = (None, None) if warm else (grpo, bare)
         if round_ % 2:  # odd rounds run (b) first: neither one always follows the other
-            timed(lambda: bare_forward_backward(trainer, samples, budget), b)
-        _, metrics = timed(lambda: trainer.step(samples, advantages), a)
+            timed(run_bare, b)
+        _, metrics = timed(run_step, a)
         if round_ == 0:
             first = metrics
         if "skipped" in metrics:
             raise BenchError(f"Trainer.step skipped the batch: {metrics['skipped']}")
         if not round_ % 2:
-            timed(lambda: bare_forward_backward(trainer, samples, budget), b)
+            timed(run_bare, b)
     return grpo, bare, first
 
 
