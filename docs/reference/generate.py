@@ -147,7 +147,7 @@ Flags over `ONTHEJOB_SPOOL_<NAME>` environment variables over the defaults:
 MODELS_INTRO = """\
 ## Real models (`onthejob models prepare NAME`, `onthejob models list`)
 
-Flags over `ONTHEJOB_MODELS_<NAME>` environment variables over the defaults; `models list`
+Flags over `ONTHEJOB_MODEL_<NAME>` environment variables over the defaults; `models list`
 takes `--cache` only.
 """
 

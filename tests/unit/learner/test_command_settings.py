@@ -52,6 +52,6 @@ def test_models_prepare_takes_a_known_name_and_the_cache(monkeypatch: pytest.Mon
     assert (got.name, got.cache) == ("smollm2-135m", Path("c"))
     with pytest.raises(SystemExit):
         build_parser().parse_args(["models", "prepare", "no-such-model"])
-    monkeypatch.setenv("ONTHEJOB_MODELS_CACHE", "/models")
+    monkeypatch.setenv("ONTHEJOB_MODEL_CACHE", "/models")
     args = build_parser().parse_args(["models", "list"])
     assert settings_from(args, ModelsSettings, command="models list").cache == Path("/models")
