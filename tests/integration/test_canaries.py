@@ -7,7 +7,6 @@ serves untouched; the endpoints need the admin token and answer errors in the AP
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -17,39 +16,12 @@ from sqlalchemy import Engine, select
 
 from proxy.upstream.canary_assignment import in_candidate_arm
 from store.models import Call
+from tests.support.adapter_proxy import adapters_read, admin, settings
 from tests.support.fake_vllm import FakeVLLM
 from tests.support.inprocess import InProcessProxy, in_process_proxy
 from tests.support.records import wait_for_calls
 
-TOKEN = "admin-secret"
-ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 SUPPORT = {"X-Onthejob-Type": "support"}  # the tenant's calls
-
-
-def settings(fake_vllm: FakeVLLM, db_url: str, tmp_path: Path) -> dict[str, Any]:
-    return {
-        "upstreams": [fake_vllm.url],
-        "database_url": db_url,
-        "spool_path": tmp_path / "spool.jsonl",
-        "admin_token": TOKEN,
-        "policy_poll_interval": 0.05,
-    }
-
-
-async def admin(proxy: InProcessProxy, method: str, path: str, **kwargs: Any) -> httpx.Response:
-    return await proxy.http.request(method, "/admin/api" + path, headers=ADMIN, **kwargs)
-
-
-async def adapters_read(proxy: InProcessProxy, wanted: set[str]) -> None:
-    """Bounded: until the proxy has read that its replica has exactly `wanted` loaded."""
-    deadline = time.monotonic() + 10
-    while True:
-        health = (await proxy.http.get("/healthz")).json()
-        if set(health["upstreams"][0]["adapters"]) == wanted:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"adapters {wanted} never read; last health {health}")
-        await asyncio.sleep(0.02)
 
 
 async def ask(

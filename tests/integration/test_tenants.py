@@ -11,7 +11,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 from sqlalchemy import Engine, select
@@ -19,39 +18,12 @@ from sqlalchemy import Engine, select
 from proxy.recording.interaction import fingerprint
 from store import gates
 from store.models import Call, PolicyVersion
+from tests.support.adapter_proxy import adapters_read, admin, settings
 from tests.support.fake_vllm import FakeVLLM
 from tests.support.inprocess import BASE, InProcessProxy, in_process_proxy
 from tests.support.records import wait_for_calls
 
-TOKEN = "admin-secret"
-ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 HELLO = [{"role": "user", "content": "hi"}]
-
-
-def settings(fake_vllm: FakeVLLM, db_url: str, tmp_path: Path) -> dict[str, Any]:
-    return {
-        "upstreams": [fake_vllm.url],
-        "database_url": db_url,
-        "spool_path": tmp_path / "spool.jsonl",
-        "admin_token": TOKEN,
-        "policy_poll_interval": 0.05,
-    }
-
-
-async def admin(proxy: InProcessProxy, method: str, path: str, **kwargs: Any) -> httpx.Response:
-    return await proxy.http.request(method, "/admin/api" + path, headers=ADMIN, **kwargs)
-
-
-async def adapters_read(proxy: InProcessProxy, wanted: set[str]) -> None:
-    """Bounded: until the proxy has read that its replica has exactly `wanted` loaded."""
-    deadline = time.monotonic() + 10
-    while True:
-        health = (await proxy.http.get("/healthz")).json()
-        if set(health["upstreams"][0]["adapters"]) == wanted:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"adapters {wanted} never read; last health {health}")
-        await asyncio.sleep(0.02)
 
 
 async def routed(engine: Engine, tenant: str, version: str, wanted: bool) -> None:
