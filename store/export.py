@@ -29,6 +29,14 @@ def to_export(trajectory: Trajectory) -> dict[str, Any]:
     """The trajectory in the export format."""
     return {
         "id": trajectory.id,
+        **trajectory_fields(trajectory),
+        "calls": [export_call(c) for c in trajectory.calls],
+    }
+
+
+def trajectory_fields(trajectory: Trajectory) -> dict[str, Any]:
+    """What the export formats say of a trajectory besides its id and its calls."""
+    return {
         "session": trajectory.session,
         "task_key": trajectory.task_key,
         "group_key": trajectory.group_key,
@@ -37,7 +45,6 @@ def to_export(trajectory: Trajectory) -> dict[str, Any]:
         "reward": trajectory.reward,
         "started_at": export_time(trajectory.started_at),
         "ended_at": export_time(trajectory.ended_at),
-        "calls": [export_call(c) for c in trajectory.calls],
     }
 
 

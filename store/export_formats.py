@@ -21,7 +21,7 @@ from typing import IO, Any, Literal, get_args
 import orjson
 
 from store.conversation import Message, conversation
-from store.export import export_time
+from store.export import trajectory_fields
 from store.samples import build_samples
 from store.trajectory_record import Trajectory
 
@@ -37,14 +37,7 @@ def sample_rows(trajectories: Iterable[Trajectory]) -> Iterator[dict[str, Any]]:
             yield {
                 "trajectory_id": trajectory.id,
                 "sample_index": index,
-                "session": trajectory.session,
-                "task_key": trajectory.task_key,
-                "group_key": trajectory.group_key,
-                "interaction_type": trajectory.interaction_type,
-                "status": trajectory.status,
-                "reward": trajectory.reward,
-                "started_at": export_time(trajectory.started_at),
-                "ended_at": export_time(trajectory.ended_at),
+                **trajectory_fields(trajectory),
                 "policy_versions": sorted(v for v in sample.policy_versions if v is not None),
                 "token_ids": sample.token_ids,
                 "loss_mask": sample.loss_mask,
