@@ -9,23 +9,17 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode
 
 from learner import real_models
-from store.settings_cli import comma_list, setting
+from store.settings_cli import comma_list, command_config, setting
 
 MODEL_NAMES = tuple(sorted(real_models.MODELS))
 ModelName = Literal[MODEL_NAMES]  # type: ignore[valid-type]  # the names `models list` shows
 
 
-def _config(prefix: str) -> SettingsConfigDict:
-    return SettingsConfigDict(
-        env_prefix=prefix, extra="forbid", env_ignore_empty=True, validate_default=False
-    )
-
-
 class RollbackSettings(BaseSettings):
-    model_config = _config("ONTHEJOB_ROLLBACK_")
+    model_config = command_config("ONTHEJOB_ROLLBACK_")
 
     version: str = setting(
         help="a verified version (the admin API's /versions)", positional=True, metavar="VERSION"
@@ -33,7 +27,7 @@ class RollbackSettings(BaseSettings):
 
 
 class PinSettings(BaseSettings):
-    model_config = _config("ONTHEJOB_PIN_")
+    model_config = command_config("ONTHEJOB_PIN_")
 
     version: str = setting(
         help="a policy version (the admin API's /versions)", positional=True, metavar="VERSION"
@@ -43,7 +37,7 @@ class PinSettings(BaseSettings):
 class RegradeSettings(BaseSettings):
     """Which trajectories `onthejob regrade` grades again: those matching every filter given."""
 
-    model_config = _config("ONTHEJOB_REGRADE_")
+    model_config = command_config("ONTHEJOB_REGRADE_")
 
     failed: bool = setting(False, "only trajectories whose grading failed")
     session: str | None = setting(None, "only this session key", metavar="KEY")
@@ -65,7 +59,7 @@ class RegradeSettings(BaseSettings):
 
 class ModelsSettings(BaseSettings):
     # cache: ONTHEJOB_MODEL_CACHE, the one variable real_models reads everywhere else
-    model_config = _config("ONTHEJOB_MODEL_")
+    model_config = command_config("ONTHEJOB_MODEL_")
 
     cache: Path | None = setting(
         None,

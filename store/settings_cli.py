@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _MISSING: Any = ...
 _METAVARS: dict[Any, str] = {int: "N", float: "X", str: "TEXT", Path: "PATH"}
@@ -36,6 +36,14 @@ class FlagParse:
     argparse.ArgumentTypeError on a bad one), for a value no plain type reads."""
 
     parse: Callable[[str], Any]
+
+
+def command_config(env_prefix: str) -> SettingsConfigDict:
+    """A command's settings: read from ``<env_prefix><NAME>``, an unknown key refused, an
+    empty variable taken as unset (`NAME=` in a compose .env file), defaults not validated."""
+    return SettingsConfigDict(
+        env_prefix=env_prefix, extra="forbid", env_ignore_empty=True, validate_default=False
+    )
 
 
 def setting(

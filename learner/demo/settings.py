@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings
 
-from store.settings_cli import setting
+from store.settings_cli import command_config, setting
 
 # the real pretrained model the demo learns on by default: it met the bar over three seeds
 # and a control (docs/measurements/real-models.md) in 10 minutes of learning on 2 cores
@@ -18,12 +18,7 @@ TINY_MINUTES = 4.0
 
 
 class DemoSettings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="ONTHEJOB_DEMO_",
-        extra="forbid",
-        env_ignore_empty=True,
-        validate_default=False,
-    )
+    model_config = command_config("ONTHEJOB_DEMO_")
 
     workdir: Path = setting(
         Path(".onthejob-demo"),

@@ -7,9 +7,9 @@ import argparse
 from typing import Annotated, Any
 
 from pydantic import field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings
 
-from store.settings_cli import FlagParse, setting
+from store.settings_cli import FlagParse, command_config, setting
 
 # only with --curriculum, and their values that mean "not given"
 CURRICULUM_ONLY = {"max_rounds": None, "minutes": None, "step_wait": 0.0}
@@ -26,12 +26,7 @@ def reward_or_none(text: str) -> float | str:
 
 
 class RolloutSettings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="ONTHEJOB_ROLLOUT_",
-        extra="forbid",
-        env_ignore_empty=True,
-        validate_default=False,
-    )
+    model_config = command_config("ONTHEJOB_ROLLOUT_")
 
     proxy: str | None = setting(None, "the onthejob proxy (required)", metavar="URL")
     tasks: str | None = setting(None, "task set (JSONL); or --curriculum", metavar="FILE")

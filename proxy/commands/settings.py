@@ -6,21 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings
 
 from proxy.settings import Settings
 from store.export_formats import ExportFormat
-from store.settings_cli import setting
+from store.settings_cli import command_config, setting
 from store.url import database_setting
 
 
 class ExportSettings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="ONTHEJOB_EXPORT_",
-        extra="forbid",
-        env_ignore_empty=True,
-        validate_default=False,
-    )
+    model_config = command_config("ONTHEJOB_EXPORT_")
 
     database_url: str | None = database_setting()
     session: str | None = setting(None, "only this session key", metavar="KEY")
@@ -43,12 +38,7 @@ class ExportSettings(BaseSettings):
 
 class SpoolReplaySettings(BaseSettings):
     # `path` comes from ONTHEJOB_SPOOL_PATH, the variable the proxy's --spool reads too
-    model_config = SettingsConfigDict(
-        env_prefix="ONTHEJOB_SPOOL_",
-        extra="forbid",
-        env_ignore_empty=True,
-        validate_default=False,
-    )
+    model_config = command_config("ONTHEJOB_SPOOL_")
 
     database_url: str | None = database_setting()
     path: Path = setting(
