@@ -1,0 +1,14 @@
+"""JSON as a type: what a body, a recorded request or an admin reply holds where its keys are
+open (a client API's request, which newer clients extend with fields we have not seen; a
+vLLM extension). Where the keys are known, a TypedDict or a dataclass names them instead.
+
+The store is the base every process imports (proxy/ and learner/ meet only here), so the
+one definition lives here.
+"""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+JsonValue: TypeAlias = "str | int | float | bool | None | list[JsonValue] | dict[str, JsonValue]"
+JsonObject: TypeAlias = "dict[str, JsonValue]"
