@@ -4,11 +4,16 @@ vLLM extension). Where the keys are known, a TypedDict or a dataclass names them
 
 The store is the base every process imports (proxy/ and learner/ meet only here), so the
 one definition lives here.
+
+A TypeAliasType rather than a string alias: SQLAlchemy (`Mapped[JsonObject | None]`),
+pydantic and FastAPI evaluate annotations at runtime, which a string alias does not survive.
 """
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing_extensions import TypeAliasType
 
-JsonValue: TypeAlias = "str | int | float | bool | None | list[JsonValue] | dict[str, JsonValue]"
-JsonObject: TypeAlias = "dict[str, JsonValue]"
+JsonValue = TypeAliasType(
+    "JsonValue", "str | int | float | bool | list[JsonValue] | dict[str, JsonValue] | None"
+)
+JsonObject = dict[str, JsonValue]
