@@ -36,7 +36,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from learner.demo.run import (
     HARNESS,
@@ -69,12 +69,26 @@ REPLAY = 0.25
 DEFAULT_MINUTES = 10.0
 
 
+class StageEval(TypedDict):
+    pass_at_1: float | None
+    mean_reward: float | None
+    policy_version: str | None
+    stage_round: int
+    at_s: float  # seconds since the curriculum began
+
+
+class StagePromotion(TypedDict):
+    policy_version: str | None
+    value: float | None  # the rule's value when it held
+    at_s: float
+
+
 @dataclass
 class StageNumbers:
     name: str
-    evals: list[dict[str, Any]]  # {"pass_at_1", "policy_version", "stage_round", "at_s"}
+    evals: list[StageEval]
     rounds: int  # training rounds the stage had
-    promoted: dict[str, Any] | None  # {"policy_version", "value", "at_s"} or None
+    promoted: StagePromotion | None
     before: float | None = None  # pass@1 on its eval split before the curriculum began
 
     def line(self) -> str:

@@ -25,11 +25,28 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
-from learner.demo.tasks import CALCULATOR_TOOL, calculate, format_number, make_task
+from learner.demo.tasks import (
+    CALCULATOR_TOOL,
+    ChatMessage,
+    DemoTask,
+    calculate,
+    format_number,
+    make_task,
+)
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+class ProbeFigures(TypedDict):
+    """A `ProbeResult` as JSON (the warm-up's record, warmup.json)."""
+
+    episodes: int
+    temperature: float
+    success: float
+    declined: float
+    skill: float
 
 
 @dataclass(frozen=True)
@@ -40,8 +57,8 @@ class ProbeResult:
     declined: float
     skill: float
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def as_dict(self) -> ProbeFigures:
+        return cast(ProbeFigures, asdict(self))
 
     def describe(self) -> str:
         return (
@@ -53,7 +70,7 @@ class ProbeResult:
 
 @dataclass(frozen=True)
 class Episode:
-    task: dict[str, Any]
+    task: DemoTask
     called: bool  # the first reply called the calculator
     answer: str  # the final reply, stripped
 
@@ -62,7 +79,7 @@ class Episode:
         return self.answer == self.task["answer"]
 
 
-def render(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+def render(tokenizer: Any, messages: list[ChatMessage], **kwargs: Any) -> str:
     """The prompt text exactly as vLLM renders it for the harness's request."""
     return str(
         tokenizer.apply_chat_template(messages, tools=[CALCULATOR_TOOL], tokenize=False, **kwargs)
@@ -82,7 +99,7 @@ def parse_tool_call(text: str) -> str | None:
     return expression if call.get("name") == "calculator" and isinstance(expression, str) else None
 
 
-def tool_turn(text: str) -> list[dict[str, Any]] | None:
+def tool_turn(text: str) -> list[ChatMessage] | None:
     """What the harness appends after a reply that calls the calculator: that call and the
     tool's result (mistakes as short error texts, as the harness reports them); None when
     the reply calls no tool."""
@@ -104,11 +121,11 @@ def tool_turn(text: str) -> list[dict[str, Any]] | None:
     ]
 
 
-def probe_tasks(seed: int, count: int, exclude: Iterable[str] = ()) -> list[dict[str, Any]]:
+def probe_tasks(seed: int, count: int, exclude: Iterable[str] = ()) -> list[DemoTask]:
     """``count`` distinct questions from the probe's own seeded stream, none in ``exclude``."""
     excluded = set(exclude)
     rng = random.Random(f"onthejob-demo-probe-{seed}")
-    tasks: list[dict[str, Any]] = []
+    tasks: list[DemoTask] = []
     seen: set[str] = set()
     for _ in range(1000 * count):
         if len(tasks) == count:
@@ -124,7 +141,7 @@ def probe_tasks(seed: int, count: int, exclude: Iterable[str] = ()) -> list[dict
 def play(
     model: Any,
     tokenizer: Any,
-    tasks: Sequence[dict[str, Any]],
+    tasks: Sequence[DemoTask],
     *,
     temperature: float = 1.0,
     samples: int = 1,
@@ -144,7 +161,7 @@ def play(
         runs = [(task, [{"role": "user", "content": task["prompt"]}]) for task in tasks]
         runs = [(t, list(m)) for t, m in runs for _ in range(samples)]
 
-        def generate(conversations: list[list[dict[str, Any]]]) -> list[str]:
+        def generate(conversations: list[list[ChatMessage]]) -> list[str]:
             texts = [render(tokenizer, c, add_generation_prompt=True) for c in conversations]
             batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
             with torch.no_grad():
@@ -199,7 +216,7 @@ def summarise(episodes: Sequence[Episode], temperature: float) -> ProbeResult:
 def probe(
     model: Any,
     tokenizer: Any,
-    tasks: Sequence[dict[str, Any]],
+    tasks: Sequence[DemoTask],
     *,
     temperature: float = 1.0,
     samples: int = 1,
@@ -211,7 +228,7 @@ def probe(
 
 def sample_episodes(
     model_dir: Path,
-    tasks: Sequence[dict[str, Any]],
+    tasks: Sequence[DemoTask],
     *,
     temperature: float = 1.0,
     samples: int = 1,

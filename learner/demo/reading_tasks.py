@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Any
+
+from learner.demo.tasks import DemoTask
 
 _CITIES = [
     *("Paris", "Rome", "Berlin", "Madrid", "London", "Vienna", "Prague", "Lisbon", "Dublin"),
@@ -46,7 +47,7 @@ def answer_pattern(answer: str, distractor: str) -> str:
     return rf"(?is)^(?!.*\b{re.escape(distractor)}\b).*\b{re.escape(answer)}\b"
 
 
-def _destination(rng: random.Random, cities: list[str], names: list[str]) -> dict[str, Any]:
+def _destination(rng: random.Random, cities: list[str], names: list[str]) -> DemoTask:
     origin, goal = rng.sample(cities, 2)
     name = rng.choice(names)
     return {
@@ -56,7 +57,7 @@ def _destination(rng: random.Random, cities: list[str], names: list[str]) -> dic
     }
 
 
-def _sentiment(rng: random.Random) -> dict[str, Any]:
+def _sentiment(rng: random.Random) -> DemoTask:
     good = rng.random() < 0.5
     word = rng.choice(_GOOD if good else _BAD)
     label, other = ("positive", "negative") if good else ("negative", "positive")
@@ -70,7 +71,7 @@ def _sentiment(rng: random.Random) -> dict[str, Any]:
 
 def make_reading_tasks(
     seed: int, n_train: int, n_heldout: int
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[DemoTask], list[DemoTask]]:
     """(train, held-out) task rows, half of each kind, no prompt in both splits."""
     rng = random.Random(seed)
     cities, names = _CITIES[:], _NAMES[:]
@@ -79,7 +80,7 @@ def make_reading_tasks(
     split_cities = {"train": cities[_HELDOUT_ONLY:], "heldout": cities}
     split_names = {"train": names[_HELDOUT_ONLY:], "heldout": names}
     seen: set[str] = set()
-    splits: dict[str, list[dict[str, Any]]] = {"train": [], "heldout": []}
+    splits: dict[str, list[DemoTask]] = {"train": [], "heldout": []}
     for split, count in (("heldout", n_heldout), ("train", n_train)):
         rows = splits[split]
         tries = 0

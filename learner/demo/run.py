@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from learner.demo.report import EvalPoint, format_table, version_rows, write_chart
-from learner.demo.tasks import write_jsonl
+from learner.demo.tasks import DemoTask, write_jsonl
 from learner.demo.warmup import WarmupFailed, WarmupSettings, build_demo_model, read_info
 from learner.demo.warmup import default_cache_dir as default_warmup_cache
 from learner.rollout.curriculum_runner import proxy_version, signal_runs
@@ -61,7 +61,7 @@ class Recipe:
 
     name: str
     harness: list[str]
-    make_tasks: Callable[[int, int, int], tuple[list[dict[str, Any]], list[dict[str, Any]]]]
+    make_tasks: Callable[[int, int, int], tuple[list[DemoTask], list[DemoTask]]]
     learning_rate: float | None = None  # None: the learner's default
     learner_args: tuple[str, ...] = ()
 

@@ -30,11 +30,55 @@ import operator
 import random
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
+
+from store.json_types import JsonObject
+
+
+class TaskMetadata(TypedDict, total=False):
+    """What a demo task row says of itself besides its question and answer."""
+
+    kind: str  # KINDS' (calculator tasks) or destination | sentiment (reading_tasks.py)
+    expression: str  # a calculator task's arithmetic
+    expected: str  # a reading task's answer and the distractor a right reply must not name
+    distractor: str
+    split: str  # train | heldout | eval
+
+
+class DemoTask(TypedDict, total=False):
+    """A task row of the task-set format (`onthejob tasks load`); `make_task` leaves out the
+    id, which the task sets add."""
+
+    id: str
+    prompt: str
+    answer: str  # the reference: the number, or a regex where ``match`` is "regex"
+    match: str
+    metadata: TaskMetadata
+
+
+class ToolFunction(TypedDict):
+    name: str
+    arguments: str | dict[str, str]  # JSON text in the API; an object for the chat template
+
+
+class ToolCall(TypedDict):
+    id: str
+    type: str
+    function: ToolFunction
+
+
+class ChatMessage(TypedDict, total=False):
+    """One message of a dialogue the demo writes itself (the warm-up's, the probe's)."""
+
+    role: str
+    content: str
+    tool_calls: list[ToolCall]
+    tool_call_id: str
+
 
 # Key order as vLLM serialises a request's tools, so the prompt the warm-up trains on is
 # byte for byte the prompt vLLM renders for the harness.
-CALCULATOR_TOOL: dict[str, Any] = {
+CALCULATOR_TOOL: JsonObject = {
     "type": "function",
     "function": {
         "name": "calculator",
@@ -110,7 +154,7 @@ KINDS: dict[str, Callable[[random.Random, int], tuple[str, str]]] = {
 
 def make_task(
     rng: random.Random, *, top: int = 20, limit: int = 99, kind: str | None = None
-) -> dict[str, Any]:
+) -> DemoTask:
     """One task (without an id): operands up to ``top``, answer at most ``limit`` (so every
     number is one token of the demo model's tokenizer), a random kind unless one is named."""
     kind = kind or rng.choice(sorted(KINDS))
@@ -128,14 +172,14 @@ def make_task(
 
 def make_task_sets(
     seed: int, n_train: int, n_heldout: int, *, top: int = 20, limit: int = 99
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[DemoTask], list[DemoTask]]:
     """(train, held-out): distinct prompts, never shared between the splits, same seed ->
     same sets. Ids are ``calc-train-0000`` and ``calc-heldout-0000`` style."""
     rng = random.Random(f"onthejob-demo-tasks-{seed}")
     seen: set[str] = set()
-    splits: list[list[dict[str, Any]]] = []
+    splits: list[list[DemoTask]] = []
     for split, count in (("train", n_train), ("heldout", n_heldout)):
-        rows: list[dict[str, Any]] = []
+        rows: list[DemoTask] = []
         attempts = 0
         while len(rows) < count:
             attempts += 1
@@ -151,7 +195,7 @@ def make_task_sets(
     return splits[0], splits[1]
 
 
-def write_jsonl(tasks: Iterable[dict[str, Any]], path: Path) -> Path:
+def write_jsonl(tasks: Iterable[DemoTask], path: Path) -> Path:
     """Write tasks one JSON object a line (the task-set format); returns ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -161,12 +205,12 @@ def write_jsonl(tasks: Iterable[dict[str, Any]], path: Path) -> Path:
     return path
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[DemoTask]:
     with open(path, encoding="utf-8") as lines:
         return [json.loads(line) for line in lines if line.strip()]
 
 
-def dialogue_for(task: dict[str, Any], call_id: str = "call_0") -> list[dict[str, Any]]:
+def dialogue_for(task: DemoTask, call_id: str = "call_0") -> list[ChatMessage]:
     """The ideal conversation: question, one calculator call, its result, the bare number."""
     expression = task["metadata"]["expression"]
     result = format_number(calculate(expression))
@@ -191,7 +235,7 @@ def dialogue_for(task: dict[str, Any], call_id: str = "call_0") -> list[dict[str
 DECLINE = "Sorry, I cannot work that out."
 
 
-def declined_dialogue_for(task: dict[str, Any]) -> list[dict[str, Any]]:
+def declined_dialogue_for(task: DemoTask) -> list[ChatMessage]:
     """The habit the demo's learner unlearns: the assistant declines without trying."""
     return [{"role": "user", "content": task["prompt"]}, {"role": "assistant", "content": DECLINE}]
 
@@ -255,15 +299,15 @@ def make_qa_tasks(
     *,
     exclude: Iterable[str] = (),
     kinds: Iterable[str] = DIRECT_KINDS,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[DemoTask], list[DemoTask]]:
     """(train, eval) of the given kinds from a seeded stream of their own, distinct prompts
     never in ``exclude`` nor shared between the splits; ids ``qa-train-0000`` style."""
     rng = random.Random(f"onthejob-demo-qa-tasks-{seed}")
     chosen = sorted(kinds)
     seen = set(exclude)
-    splits: list[list[dict[str, Any]]] = []
+    splits: list[list[DemoTask]] = []
     for split, count in (("train", n_train), ("eval", n_eval)):
-        rows: list[dict[str, Any]] = []
+        rows: list[DemoTask] = []
         for _ in range(100 * (count + 10)):
             if len(rows) == count:
                 break

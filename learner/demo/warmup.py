@@ -60,12 +60,13 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
-from learner.demo.probe import ProbeResult, probe, probe_tasks, render
-from learner.demo.tasks import declined_dialogue_for, dialogue_for, make_task
+from learner.demo.probe import ProbeFigures, ProbeResult, probe, probe_tasks, render
+from learner.demo.tasks import ChatMessage, declined_dialogue_for, dialogue_for, make_task
 from learner.file_lock import locked
 from learner.tiny_model import CHAT_TEMPLATE
+from store.json_types import JsonObject
 
 log = logging.getLogger("onthejob.warmup")
 
@@ -163,10 +164,32 @@ class WarmupSettings:
         )
 
 
+class ProbeRecord(ProbeFigures):
+    """One probe of a build, with the phase and step it was taken at."""
+
+    phase: str  # skill | habit
+    step: int
+
+
+class WarmupInfo(TypedDict, total=False):
+    """A build's record, ``warmup.json`` in its directory (read back as written)."""
+
+    recipe: int
+    settings: JsonObject  # the WarmupSettings it was built with
+    excluded_prompts: int
+    seconds: float
+    passed: bool
+    reason: str
+    probe: ProbeRecord | None  # the last one
+    probes: list[ProbeRecord]
+    loss_curve: list[float]
+    habit_loss_curve: list[float]
+
+
 class WarmupFailed(RuntimeError):
     """The warm-up could not bring the model to its intended starting point."""
 
-    def __init__(self, message: str, info: dict[str, Any]) -> None:
+    def __init__(self, message: str, info: WarmupInfo) -> None:
         super().__init__(message)
         self.info = info
 
@@ -244,7 +267,7 @@ def default_cache_dir() -> Path:
     return models_cache() / "demo-warmups"
 
 
-def read_info(model_dir: Path) -> dict[str, Any] | None:
+def read_info(model_dir: Path) -> WarmupInfo | None:
     """The build record (``warmup.json``) of a finished build, else None."""
     try:
         info = json.loads((Path(model_dir) / _MARKER).read_text())
@@ -260,7 +283,7 @@ def warmup_dialogues(
     *,
     decline_share: float = 0.0,
     stream: str = "skill",
-) -> list[list[dict[str, Any]]]:
+) -> list[list[ChatMessage]]:
     """``count`` dialogues of `dialogue_stream` as a list."""
     stream_ = dialogue_stream(settings, exclude, decline_share=decline_share, stream=stream)
     return [next(stream_) for _ in range(count)]
@@ -268,7 +291,7 @@ def warmup_dialogues(
 
 def dialogue_stream(
     settings: WarmupSettings, exclude: set[str], *, decline_share: float = 0.0, stream: str
-) -> Iterator[list[dict[str, Any]]]:
+) -> Iterator[list[ChatMessage]]:
     """Endless dialogues for prompts not in ``exclude`` (seeded per ``stream``): ideal ones,
     and declined ones in a ``decline_share`` of them."""
     rng = random.Random(f"onthejob-demo-warmup-{settings.seed}-{stream}")
@@ -288,7 +311,7 @@ def dialogue_stream(
 
 def _build(
     out_dir: Path, settings: WarmupSettings, exclude: set[str], *, progress: bool
-) -> dict[str, Any]:
+) -> WarmupInfo:
     import torch
 
     started = time.monotonic()
@@ -300,7 +323,7 @@ def _build(
         tokenizer = _build_tokenizer(out_dir, settings, corpus)
         model = _new_model(tokenizer, settings)
         questions = probe_tasks(settings.seed, settings.probe_tasks, exclude)
-        probes: list[dict[str, Any]] = []
+        probes: list[ProbeRecord] = []
 
         def check(phase: str, step: int) -> ProbeResult:
             result = probe(
@@ -326,7 +349,7 @@ def _build(
         _save(model, out_dir)
     finally:
         torch.set_num_threads(previous_threads)
-    info = {
+    info: WarmupInfo = {
         "recipe": RECIPE_VERSION,
         "settings": dataclasses.asdict(settings),
         "excluded_prompts": len(exclude),
@@ -345,7 +368,7 @@ def _build(
 def _skill_phase(
     trainer: _Trainer,
     settings: WarmupSettings,
-    dialogues: Iterator[list[dict[str, Any]]],
+    dialogues: Iterator[list[ChatMessage]],
     check: Callable[[str, int], ProbeResult],
 ) -> tuple[bool, str]:
     """Train on ideal dialogues, probing as it goes, until the skill target is met."""
@@ -379,7 +402,7 @@ def _skill_phase(
 def _habit_phase(
     trainer: _Trainer,
     settings: WarmupSettings,
-    dialogues: Iterator[list[dict[str, Any]]],
+    dialogues: Iterator[list[ChatMessage]],
     check: Callable[[str, int], ProbeResult],
 ) -> tuple[bool, str]:
     """Teach the decline habit in short chunks until the probe puts it inside the band.
@@ -494,7 +517,7 @@ def _new_model(tokenizer: Any, settings: WarmupSettings) -> Any:
     return model
 
 
-def encode_dialogue(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[list[int], list[bool]]:
+def encode_dialogue(tokenizer: Any, messages: list[ChatMessage]) -> tuple[list[int], list[bool]]:
     """Token ids of the rendered dialogue and which of them the assistant wrote (its
     replies up to and including <|im_end|>): the tokens the warm-up learns."""
     text = render(tokenizer, messages)
@@ -530,9 +553,7 @@ class _Trainer:
             self.model.parameters(), lr=rate, weight_decay=0.0, betas=(0.9, 0.98)
         )
 
-    def _batch(
-        self, dialogues: Iterator[list[dict[str, Any]]]
-    ) -> list[tuple[list[int], list[bool]]]:
+    def _batch(self, dialogues: Iterator[list[ChatMessage]]) -> list[tuple[list[int], list[bool]]]:
         encoded = [
             encode_dialogue(self.tokenizer, next(dialogues))
             for _ in range(self.settings.batch_size)
@@ -549,7 +570,7 @@ class _Trainer:
     def train(
         self,
         label: str,
-        dialogues: Iterator[list[dict[str, Any]]],
+        dialogues: Iterator[list[ChatMessage]],
         steps: int,
         rate: Callable[[int], float],
         *,

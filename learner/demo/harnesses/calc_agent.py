@@ -28,8 +28,9 @@ from collections.abc import Callable
 from typing import Any
 
 from learner.demo.tasks import CALCULATOR_TOOL, calculate, format_number
+from store.json_types import JsonObject
 
-Complete = Callable[..., dict[str, Any]]  # (messages, **sampling) -> the reply's message
+Complete = Callable[..., JsonObject]  # (messages, **sampling) -> the reply's message
 
 
 class ModelError(RuntimeError):
@@ -44,7 +45,7 @@ def http_chat(
     sent = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"}
     sent.update(headers or {})
 
-    def complete(messages: list[dict[str, Any]], **sampling: Any) -> dict[str, Any]:
+    def complete(messages: list[JsonObject], **sampling: Any) -> JsonObject:
         body = json.dumps({"model": model, "messages": messages, **sampling}).encode()
         request = urllib.request.Request(url, data=body, headers=sent, method="POST")
         try:
@@ -88,7 +89,7 @@ def solve(
     temperature: float = 1.0,
 ) -> str:
     """Ask, run the tool calls, ask again, until the model answers without calling a tool."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    messages: list[JsonObject] = [{"role": "user", "content": prompt}]
     answer = ""
     for _ in range(max_turns):
         message = complete(

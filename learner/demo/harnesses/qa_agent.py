@@ -22,10 +22,10 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
 
 from learner.demo.harnesses.calc_agent import Complete, ModelError, http_chat, question, run_tool
 from learner.demo.tasks import CALCULATOR_TOOL
+from store.json_types import JsonObject
 
 
 def answer(
@@ -38,7 +38,7 @@ def answer(
 ) -> str:
     """The model's one reply: its calculator expression's value, else its text."""
     offered = {"tools": [CALCULATOR_TOOL]} if tools else {}
-    message: dict[str, Any] = complete(
+    message: JsonObject = complete(
         [{"role": "user", "content": prompt}],
         **offered,
         max_tokens=max_tokens,
