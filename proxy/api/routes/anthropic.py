@@ -17,6 +17,7 @@ from starlette.routing import BaseRoute, Route
 from proxy.api.dialect import TranslatedWriter
 from proxy.api.translate import context_edits
 from proxy.api.translate import messages as translate
+from proxy.api.translate.shapes import ChatCompletion, ChatMessage, ChatRequest
 from proxy.base.capture import CHAT, ClientAsked
 from proxy.base.compat_policy import Compat, note_refusal
 from proxy.base.errors import BadRequest, ProxyError, upstream_error_message
@@ -27,6 +28,7 @@ from proxy.generation.call import Generation
 from proxy.generation.dialect import StreamWriter
 from proxy.generation.prompt_tokens import count_prompt
 from proxy.state import ProxyState
+from store.json_types import JsonObject
 
 # HTTP status -> Anthropic error type
 ERROR_TYPES = {
@@ -45,7 +47,7 @@ def anthropic_error(status: int, message: str) -> Response:
     return JSONResponse(body, status_code=status)
 
 
-def _events(events: list[tuple[str, dict[str, Any]]]) -> bytes:
+def _events(events: list[translate.Event]) -> bytes:
     return b"".join(
         b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
         for name, data in events
@@ -59,8 +61,8 @@ class MessagesDialect:
     output_limit = "max_tokens"
 
     async def to_upstream(
-        self, body: dict[str, Any], state: ProxyState, record: CallRecord
-    ) -> dict[str, Any]:
+        self, body: JsonObject, state: ProxyState, record: CallRecord
+    ) -> ChatRequest:
         compat = record.compat = Compat()
         try:
             chat = translate.messages_to_chat(
@@ -84,7 +86,7 @@ class MessagesDialect:
     def upstream_error(self, status: int, raw: bytes, content_type: str) -> Response:
         return anthropic_error(status, upstream_error_message(raw))
 
-    def whole(self, data: dict[str, Any], asked: ClientAsked, record: CallRecord) -> Any:
+    def whole(self, data: ChatCompletion, asked: ClientAsked, record: CallRecord) -> Any:
         return _message(data, record)
 
     def stream(self, asked: ClientAsked, record: CallRecord) -> StreamWriter:
@@ -94,11 +96,11 @@ class MessagesDialect:
         )
         return TranslatedWriter(translator, _events)
 
-    def streamed(self, assembled: dict[str, Any], writer: StreamWriter, record: CallRecord) -> Any:
+    def streamed(self, assembled: ChatCompletion, writer: StreamWriter, record: CallRecord) -> Any:
         return _message(assembled, record)
 
 
-def _message(chat: dict[str, Any], record: CallRecord) -> dict[str, Any]:
+def _message(chat: ChatCompletion, record: CallRecord) -> translate.Message:
     return translate.chat_to_message(
         chat,
         model=record.model or "",
@@ -107,16 +109,17 @@ def _message(chat: dict[str, Any], record: CallRecord) -> dict[str, Any]:
 
 
 async def _clear_tool_uses(
-    chat: dict[str, Any],
+    chat: ChatRequest,
     clearing: context_edits.ToolUseClearing,
     state: ProxyState,
     headers: Mapping[str, str],
     compat: Compat,
-) -> list[dict[str, Any]]:
+) -> list[ChatMessage]:
     """The messages the model sees once `clear_tool_uses` ran: old tool results cleared if
     its trigger fired and it cleared at least `clear_at_least` tokens; the record says what."""
     messages = chat["messages"]
-    detail = compat.detail[f"context_management.{context_edits.CLEAR_TOOL_USES}"] = {}
+    detail: context_edits.ToolUseClearingDetail = {}
+    compat.detail[f"context_management.{context_edits.CLEAR_TOOL_USES}"] = detail
     counted = clearing.trigger_tool_uses is None or clearing.clear_at_least > 0
     before = (await count_prompt(state.pool, chat, headers)).tokens if counted else None
     detail["input_tokens"] = before

@@ -10,13 +10,42 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
+from typing import Required, TypedDict
+
+from proxy.api.translate.shapes import ChatMessage
+from store.json_types import JsonObject
 
 CLEAR_THINKING = "clear_thinking_20251015"
 CLEAR_TOOL_USES = "clear_tool_uses_20250919"
 # what a cleared tool result says instead, so the model knows something was there
 CLEARED_RESULT = "[tool result cleared to save context]"
 CLEARED_INPUT = "{}"
+
+
+class AppliedEdit(TypedDict, total=False):
+    """One edit as Anthropic reports it, with what it cleared."""
+
+    type: Required[str]
+    cleared_thinking_turns: int
+    cleared_tool_uses: int
+    cleared_input_tokens: int
+
+
+class AppliedEdits(TypedDict):
+    """A Messages answer's `context_management`."""
+
+    applied_edits: list[AppliedEdit]
+
+
+class ToolUseClearingDetail(TypedDict, total=False):
+    """What the record says `clear_tool_uses` did (the Compat detail of its feature)."""
+
+    input_tokens: int | None  # the prompt before; None when it was not counted
+    triggered: bool
+    cleared_input_tokens: int
+    kept: str  # why the messages were kept as they were, though it triggered
+    cleared_tool_uses: int
+    cleared_tool_use_ids: list[str]
 
 
 @dataclass(frozen=True)
@@ -36,11 +65,11 @@ class ToolUseClearing:
         return prompt_tokens is not None and prompt_tokens > (self.trigger_input_tokens or 0)
 
 
-def tool_use_count(messages: list[dict[str, Any]]) -> int:
+def tool_use_count(messages: list[ChatMessage]) -> int:
     return sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")
 
 
-def clear_thinking(messages: list[dict[str, Any]], keep: int) -> tuple[list[dict[str, Any]], int]:
+def clear_thinking(messages: list[ChatMessage], keep: int) -> tuple[list[ChatMessage], int]:
     """Reasoning removed from all but the last `keep` assistant turns that have any;
     returns the messages (copies where changed) and how many turns were cleared."""
     thinking = [
@@ -54,8 +83,8 @@ def clear_thinking(messages: list[dict[str, Any]], keep: int) -> tuple[list[dict
 
 
 def clear_tool_uses(
-    messages: list[dict[str, Any]], edit: ToolUseClearing
-) -> tuple[list[dict[str, Any]], list[str]]:
+    messages: list[ChatMessage], edit: ToolUseClearing
+) -> tuple[list[ChatMessage], list[str]]:
     """The oldest tool results (all but the last `edit.keep` tool uses, excluded tools
     never) replaced by a placeholder; with `clear_inputs`, their calls' arguments too.
     Returns the new messages and the ids of the cleared tool calls, oldest first."""
@@ -78,7 +107,7 @@ def clear_tool_uses(
     return out, [i for i in cleared if i]
 
 
-def _clear_inputs(message: dict[str, Any], ids: set[str]) -> dict[str, Any]:
+def _clear_inputs(message: ChatMessage, ids: set[str]) -> ChatMessage:
     calls = copy.deepcopy(message["tool_calls"])
     for call in calls:
         if call.get("id") in ids:
@@ -86,10 +115,10 @@ def _clear_inputs(message: dict[str, Any], ids: set[str]) -> dict[str, Any]:
     return {**message, "tool_calls": calls}
 
 
-def applied_edits(detail: dict[str, Any]) -> dict[str, Any] | None:
+def applied_edits(detail: JsonObject) -> AppliedEdits | None:
     """The response's `context_management` from what the edits did (the record's detail):
     only edits that changed the prompt, as Anthropic reports them."""
-    edits = []
+    edits: list[AppliedEdit] = []
     thinking = detail.get(f"context_management.{CLEAR_THINKING}") or {}
     if thinking.get("cleared_thinking_turns"):
         edits.append({"type": CLEAR_THINKING, **thinking})

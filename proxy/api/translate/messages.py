@@ -11,14 +11,29 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from typing import Any
+from typing import Any, Required, TypeAlias, TypedDict
 
 from proxy.api.translate import context_edits
+from proxy.api.translate.context_edits import AppliedEdits
 from proxy.api.translate.extras import VLLM_EXTRAS, vllm_extras
+from proxy.api.translate.shapes import (
+    ChatChoice,
+    ChatChunk,
+    ChatCompletion,
+    ChatDelta,
+    ChatFunction,
+    ChatMessage,
+    ChatRequest,
+    ChatTool,
+    ChatToolCall,
+    ChatToolChoice,
+    ChatUsage,
+    ChunkChoice,
+    ToolCallDelta,
+)
 from proxy.base.capture import REASONING_KEYS
 from proxy.base.compat_policy import Compat, unmapped_fields
-
-Event = tuple[str, dict[str, Any]]
+from store.json_types import JsonObject
 
 _MAPPED_FIELDS = frozenset(
     {
@@ -87,6 +102,100 @@ _PROMPT_FIELDS = (
 _NUMBER = (int, float)
 
 
+# --- the Messages answer's shapes (what this module builds; a request stays JsonObject) ----
+
+
+class ErrorDetail(TypedDict):
+    type: str
+    message: str
+
+
+class ErrorBody(TypedDict):
+    """Anthropic's error shape: an error response's body, an `error` event's data."""
+
+    type: str  # "error"
+    error: ErrorDetail
+
+
+class TextBlock(TypedDict):
+    type: str  # "text"
+    text: str
+
+
+class ThinkingBlock(TypedDict):
+    type: str  # "thinking"
+    thinking: str
+    signature: str  # always "": we never sign reasoning
+
+
+class ToolUseBlock(TypedDict):
+    type: str  # "tool_use"
+    id: str
+    name: str
+    input: JsonObject  # the call's arguments
+
+
+ContentBlock: TypeAlias = TextBlock | ThinkingBlock | ToolUseBlock
+
+
+class MessageUsage(TypedDict, total=False):
+    input_tokens: int
+    output_tokens: int
+
+
+class Message(TypedDict, total=False):
+    """A Messages API answer (and, in `message_start`, its opening state)."""
+
+    id: Required[str]
+    type: Required[str]  # "message"
+    role: Required[str]  # "assistant"
+    model: Required[str]
+    content: Required[list[ContentBlock]]
+    stop_reason: Required[str | None]
+    stop_sequence: Required[str | None]
+    usage: Required[MessageUsage]
+    context_management: AppliedEdits
+
+
+class TextDelta(TypedDict):
+    type: str  # "text_delta"
+    text: str
+
+
+class ThinkingDelta(TypedDict):
+    type: str  # "thinking_delta"
+    thinking: str
+
+
+class InputJsonDelta(TypedDict):
+    type: str  # "input_json_delta"
+    partial_json: str
+
+
+BlockDelta: TypeAlias = TextDelta | ThinkingDelta | InputJsonDelta
+
+
+class MessageDelta(TypedDict):
+    stop_reason: str
+    stop_sequence: str | None
+
+
+class StreamEvent(TypedDict, total=False):
+    """The data of a stream event; which keys it has depends on its type."""
+
+    type: Required[str]
+    message: Message  # message_start
+    index: int  # content_block_start, _delta, _stop
+    content_block: ContentBlock  # content_block_start
+    delta: BlockDelta | MessageDelta  # content_block_delta, message_delta
+    usage: MessageUsage  # message_delta
+    context_management: AppliedEdits  # message_delta
+
+
+# (event name, its data) as the stream sends them
+Event: TypeAlias = tuple[str, StreamEvent | ErrorBody]
+
+
 class TranslationError(Exception):
     """Client error: becomes a 400 in Anthropic's error shape."""
 
@@ -96,7 +205,7 @@ class TranslationError(Exception):
         self.param = param
 
 
-def error_body(message: str, type_: str = "invalid_request_error") -> dict[str, Any]:
+def error_body(message: str, type_: str = "invalid_request_error") -> ErrorBody:
     """Anthropic's error shape: the body of an error response and the data of an `error` event."""
     return {"type": "error", "error": {"type": type_, "message": message}}
 
@@ -105,8 +214,8 @@ def error_body(message: str, type_: str = "invalid_request_error") -> dict[str, 
 
 
 def messages_to_chat(
-    body: dict[str, Any], *, compat: Compat | None = None, hosted_tools: str = "omit"
-) -> dict[str, Any]:
+    body: JsonObject, *, compat: Compat | None = None, hosted_tools: str = "omit"
+) -> ChatRequest:
     """The chat completions request for a Messages request; raises TranslationError.
 
     `compat` collects what the policy did; `hosted_tools` is `omit` (tools the model cannot
@@ -119,7 +228,7 @@ def messages_to_chat(
     return chat
 
 
-def count_tokens_chat_body(body: dict[str, Any], *, hosted_tools: str = "omit") -> dict[str, Any]:
+def count_tokens_chat_body(body: JsonObject, *, hosted_tools: str = "omit") -> ChatRequest:
     """The chat request whose rendered prompt `/v1/messages/count_tokens` counts.
 
     Validated like `messages_to_chat` (so both accept the same requests) except that
@@ -130,7 +239,7 @@ def count_tokens_chat_body(body: dict[str, Any], *, hosted_tools: str = "omit") 
     return {key: chat[key] for key in _PROMPT_FIELDS if key in chat}
 
 
-def tool_use_clearing(body: dict[str, Any]) -> context_edits.ToolUseClearing | None:
+def tool_use_clearing(body: JsonObject) -> context_edits.ToolUseClearing | None:
     """The request's `clear_tool_uses` edit, if any (validated by `messages_to_chat`)."""
     edits = (body.get("context_management") or {}).get("edits") or []
     for i, edit in enumerate(edits):
@@ -139,11 +248,11 @@ def tool_use_clearing(body: dict[str, Any]) -> context_edits.ToolUseClearing | N
     return None
 
 
-def _translate(body: dict[str, Any], compat: Compat, hosted_tools: str) -> dict[str, Any]:
+def _translate(body: JsonObject, compat: Compat, hosted_tools: str) -> ChatRequest:
     if not isinstance(body, dict):
         raise TranslationError("the request body must be a JSON object")
     unmapped_fields(body, handled=_MAPPED_FIELDS, vendor_only=_VENDOR_FIELDS, compat=compat)
-    chat: dict[str, Any] = {"model": _model(body), "messages": _chat_messages(body, compat)}
+    chat: ChatRequest = {"model": _model(body), "messages": _chat_messages(body, compat)}
     keep_thinking = _context_management(body, compat)
     if keep_thinking is not None:
         chat["messages"], cleared = context_edits.clear_thinking(chat["messages"], keep_thinking)
@@ -173,7 +282,7 @@ def _translate(body: dict[str, Any], compat: Compat, hosted_tools: str) -> dict[
     return chat
 
 
-def _thinking(body: dict[str, Any], compat: Compat) -> dict[str, Any]:
+def _thinking(body: JsonObject, compat: Compat) -> JsonObject:
     """`thinking` as the chat template's reasoning switch (templates without one ignore it:
     vLLM passes a template only the variables it uses)."""
     thinking = _optional(body, "thinking", dict, "an object")
@@ -192,7 +301,7 @@ def _thinking(body: dict[str, Any], compat: Compat) -> dict[str, Any]:
     return {}
 
 
-def _context_management(body: dict[str, Any], compat: Compat) -> int | None:
+def _context_management(body: JsonObject, compat: Compat) -> int | None:
     """Validates the edits; returns how many thinking turns to keep, if thinking is cleared.
     Edits that keep everything change nothing (ignored); unknown kinds are recorded."""
     config = _optional(body, "context_management", dict, "an object")
@@ -231,7 +340,7 @@ def _thinking_turns(keep: Any, where: str) -> int | None:
     return value
 
 
-def _tool_use_clearing(edit: dict[str, Any], where: str) -> context_edits.ToolUseClearing:
+def _tool_use_clearing(edit: JsonObject, where: str) -> context_edits.ToolUseClearing:
     trigger = _amount(edit, "trigger", ("input_tokens", "tool_uses"), where)
     keep = _amount(edit, "keep", ("tool_uses",), where)
     least = _amount(edit, "clear_at_least", ("input_tokens",), where)
@@ -257,7 +366,7 @@ def _tool_use_clearing(edit: dict[str, Any], where: str) -> context_edits.ToolUs
 
 
 def _amount(
-    edit: dict[str, Any], key: str, kinds: tuple[str, ...], where: str
+    edit: JsonObject, key: str, kinds: tuple[str, ...], where: str
 ) -> tuple[str, int] | None:
     """An edit's `{"type": kind, "value": N}` field."""
     value = edit.get(key)
@@ -271,14 +380,14 @@ def _amount(
     return kind, number
 
 
-def _model(body: dict[str, Any]) -> str:
+def _model(body: JsonObject) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise TranslationError("model: field required (a non-empty string)", param="model")
     return model
 
 
-def _max_tokens(body: dict[str, Any], *, required: bool) -> int | None:
+def _max_tokens(body: JsonObject, *, required: bool) -> int | None:
     value = body.get("max_tokens")
     if value is None and not required:
         return None
@@ -290,9 +399,7 @@ def _max_tokens(body: dict[str, Any], *, required: bool) -> int | None:
     return value
 
 
-def _optional(
-    container: dict[str, Any], key: str, kinds: Any, what: str, *, where: str = ""
-) -> Any:
+def _optional(container: JsonObject, key: str, kinds: Any, what: str, *, where: str = "") -> Any:
     """`container[key]` if present and of `kinds` (bools are not numbers), else None."""
     value = container.get(key)
     if value is None:
@@ -303,7 +410,7 @@ def _optional(
     return value
 
 
-def _sampling(body: dict[str, Any], compat: Compat) -> dict[str, Any]:
+def _sampling(body: JsonObject, compat: Compat) -> ChatRequest:
     fields = {
         "temperature": _optional(body, "temperature", _NUMBER, "a number"),
         "top_p": _optional(body, "top_p", _NUMBER, "a number"),
@@ -314,14 +421,14 @@ def _sampling(body: dict[str, Any], compat: Compat) -> dict[str, Any]:
     return {key: value for key, value in fields.items() if value is not None}
 
 
-def _stop_sequences(body: dict[str, Any]) -> list[str] | None:
+def _stop_sequences(body: JsonObject) -> list[str] | None:
     stops = _optional(body, "stop_sequences", list, "a list of strings")
     if stops is not None and not all(isinstance(stop, str) for stop in stops):
         raise TranslationError("stop_sequences: expected a list of strings", param="stop_sequences")
     return stops or None
 
 
-def _user_id(body: dict[str, Any], compat: Compat) -> str | None:
+def _user_id(body: JsonObject, compat: Compat) -> str | None:
     """metadata.user_id as chat's `user` (which vLLM ignores: metadata is Anthropic's)."""
     metadata = _optional(body, "metadata", dict, "an object")
     if metadata is None:
@@ -331,7 +438,7 @@ def _user_id(body: dict[str, Any], compat: Compat) -> str | None:
     return _optional(metadata, "user_id", str, "a string", where="metadata")
 
 
-def _output_config(body: dict[str, Any], compat: Compat) -> dict[str, Any]:
+def _output_config(body: JsonObject, compat: Compat) -> ChatRequest:
     config = _optional(body, "output_config", dict, "an object")
     if config is None:
         return {}
@@ -352,7 +459,7 @@ def _output_config(body: dict[str, Any], compat: Compat) -> dict[str, Any]:
     return chat
 
 
-def _response_format(fmt: Any) -> dict[str, Any]:
+def _response_format(fmt: Any) -> ChatRequest:
     if fmt is None:
         return {}
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
@@ -373,7 +480,7 @@ def _response_format(fmt: Any) -> dict[str, Any]:
     }
 
 
-def _ends_with_assistant(body: dict[str, Any]) -> bool:
+def _ends_with_assistant(body: JsonObject) -> bool:
     last = body["messages"][-1]
     return last.get("role") == "assistant"
 
@@ -381,7 +488,7 @@ def _ends_with_assistant(body: dict[str, Any]) -> bool:
 # --- request: conversation ----------------------------------------------------------------
 
 
-def _chat_messages(body: dict[str, Any], compat: Compat) -> list[dict[str, Any]]:
+def _chat_messages(body: JsonObject, compat: Compat) -> list[ChatMessage]:
     turns = body.get("messages")
     if not isinstance(turns, list) or not turns:
         raise TranslationError("messages: expected a non-empty list of turns", param="messages")
@@ -391,7 +498,7 @@ def _chat_messages(body: dict[str, Any], compat: Compat) -> list[dict[str, Any]]
     return chat
 
 
-def _system_messages(system: Any, compat: Compat) -> list[dict[str, Any]]:
+def _system_messages(system: Any, compat: Compat) -> list[ChatMessage]:
     if system is None:
         return []
     text = _plain_text(system, "system", compat)
@@ -399,7 +506,7 @@ def _system_messages(system: Any, compat: Compat) -> list[dict[str, Any]]:
     return [{"role": "system", "content": text}] if text else []
 
 
-def _turn(turn: Any, where: str, compat: Compat) -> list[dict[str, Any]]:
+def _turn(turn: Any, where: str, compat: Compat) -> list[ChatMessage]:
     if not isinstance(turn, dict):
         raise TranslationError(f"{where}: expected an object with role and content", param=where)
     role, content = turn.get("role"), turn.get("content")
@@ -414,8 +521,9 @@ def _turn(turn: Any, where: str, compat: Compat) -> list[dict[str, Any]]:
     )
 
 
-def _blocks(content: Any, where: str, compat: Compat) -> list[dict[str, Any]]:
-    """A content field as a list of typed blocks (a string is one text block)."""
+def _blocks(content: Any, where: str, compat: Compat) -> list[JsonObject]:
+    """A content field as a list of typed blocks (a string is one text block); they are the
+    client's, so their keys stay open (unknown ones are the policy's to record)."""
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     if not isinstance(content, list):
@@ -437,7 +545,7 @@ def _blocks(content: Any, where: str, compat: Compat) -> list[dict[str, Any]]:
     return content
 
 
-def _unsupported(block: dict[str, Any], where: str, allowed: str) -> TranslationError:
+def _unsupported(block: JsonObject, where: str, allowed: str) -> TranslationError:
     return TranslationError(
         f"{where}.type: {block['type']!r} blocks are not supported here by this proxy "
         f"(supported: {allowed})",
@@ -445,7 +553,7 @@ def _unsupported(block: dict[str, Any], where: str, allowed: str) -> Translation
     )
 
 
-def _text(block: dict[str, Any], where: str) -> str:
+def _text(block: JsonObject, where: str) -> str:
     if block.get("citations"):
         raise TranslationError(
             f"{where}.citations: citations are not supported by this proxy",
@@ -467,10 +575,10 @@ def _plain_text(content: Any, where: str, compat: Compat) -> str:
     return "\n".join(texts)
 
 
-def _user_turn(content: Any, where: str, compat: Compat) -> list[dict[str, Any]]:
+def _user_turn(content: Any, where: str, compat: Compat) -> list[ChatMessage]:
     """A user turn in block order: tool results become `tool` messages, text between them
     becomes user messages (chat templates expect tool messages right after the call)."""
-    chat: list[dict[str, Any]] = []
+    chat: list[ChatMessage] = []
     texts: list[str] = []
     for j, block in enumerate(_blocks(content, f"{where}.content", compat)):
         at = f"{where}.content.{j}"
@@ -486,11 +594,11 @@ def _user_turn(content: Any, where: str, compat: Compat) -> list[dict[str, Any]]
     return chat or [{"role": "user", "content": ""}]
 
 
-def _user_message(texts: list[str]) -> list[dict[str, Any]]:
+def _user_message(texts: list[str]) -> list[ChatMessage]:
     return [{"role": "user", "content": "\n".join(texts)}] if texts else []
 
 
-def _tool_message(block: dict[str, Any], where: str, compat: Compat) -> dict[str, Any]:
+def _tool_message(block: JsonObject, where: str, compat: Compat) -> ChatMessage:
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
         raise TranslationError(f"{where}.tool_use_id: field required", param=f"{where}.tool_use_id")
@@ -502,11 +610,11 @@ def _tool_message(block: dict[str, Any], where: str, compat: Compat) -> dict[str
     return {"role": "tool", "tool_call_id": call_id, "content": text}
 
 
-def _assistant_turn(content: Any, where: str, compat: Compat) -> dict[str, Any]:
+def _assistant_turn(content: Any, where: str, compat: Compat) -> ChatMessage:
     """An assistant turn as one chat message; text blocks are joined (chat keeps no order
     between text and tool calls) and thinking goes to `reasoning`, as vLLM reads it."""
     texts: list[str] = []
-    calls: list[dict[str, Any]] = []
+    calls: list[ChatToolCall] = []
     thoughts: list[str] = []
     for j, block in enumerate(_blocks(content, f"{where}.content", compat)):
         at = f"{where}.content.{j}"
@@ -518,7 +626,7 @@ def _assistant_turn(content: Any, where: str, compat: Compat) -> dict[str, Any]:
             thoughts.append(_thought(block, at))
         else:
             raise _unsupported(block, at, "text, tool_use, thinking")
-    message: dict[str, Any] = {
+    message: ChatMessage = {
         "role": "assistant",
         "content": "\n".join(texts) if texts or not calls else None,
     }
@@ -529,7 +637,7 @@ def _assistant_turn(content: Any, where: str, compat: Compat) -> dict[str, Any]:
     return message
 
 
-def _tool_call(block: dict[str, Any], where: str) -> dict[str, Any]:
+def _tool_call(block: JsonObject, where: str) -> ChatToolCall:
     call_id = _required_str(block, "id", where)
     name = _required_str(block, "name", where)
     arguments = block.get("input")
@@ -541,14 +649,14 @@ def _tool_call(block: dict[str, Any], where: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": dumped}}
 
 
-def _thought(block: dict[str, Any], where: str) -> str:
+def _thought(block: JsonObject, where: str) -> str:
     thinking = block.get("thinking")
     if not isinstance(thinking, str):
         raise TranslationError(f"{where}.thinking: expected a string", param=f"{where}.thinking")
     return thinking
 
 
-def _required_str(block: dict[str, Any], key: str, where: str) -> str:
+def _required_str(block: JsonObject, key: str, where: str) -> str:
     value = block.get(key)
     if not isinstance(value, str) or not value:
         raise TranslationError(f"{where}.{key}: field required", param=f"{where}.{key}")
@@ -558,7 +666,7 @@ def _required_str(block: dict[str, Any], key: str, where: str) -> str:
 # --- request: tools -----------------------------------------------------------------------
 
 
-def _mcp_servers(body: dict[str, Any], compat: Compat, hosted_tools: str) -> None:
+def _mcp_servers(body: JsonObject, compat: Compat, hosted_tools: str) -> None:
     """Anthropic's MCP connector: servers Anthropic calls for the model, a hosted tool."""
     servers = _optional(body, "mcp_servers", list, "a list of servers")
     if not servers:
@@ -572,10 +680,10 @@ def _mcp_servers(body: dict[str, Any], compat: Compat, hosted_tools: str) -> Non
     compat.note("left_out", "mcp_servers")
 
 
-def _chat_tools(body: dict[str, Any], compat: Compat, hosted_tools: str) -> list[dict[str, Any]]:
+def _chat_tools(body: JsonObject, compat: Compat, hosted_tools: str) -> list[ChatTool]:
     """The function tools the model is shown, in order."""
     tools = _optional(body, "tools", list, "a list of tools")
-    chat = []
+    chat: list[ChatTool] = []
     for i, tool in enumerate(tools or []):
         function = _chat_tool(tool, f"tools.{i}", compat, hosted_tools)
         if function is not None:
@@ -583,7 +691,7 @@ def _chat_tools(body: dict[str, Any], compat: Compat, hosted_tools: str) -> list
     return chat
 
 
-def _chat_tool(tool: Any, where: str, compat: Compat, hosted_tools: str) -> dict[str, Any] | None:
+def _chat_tool(tool: Any, where: str, compat: Compat, hosted_tools: str) -> ChatTool | None:
     """A client tool as a chat function; None for one the model is not shown."""
     if not isinstance(tool, dict):
         raise TranslationError(f"{where}: expected an object", param=where)
@@ -602,7 +710,7 @@ def _chat_tool(tool: Any, where: str, compat: Compat, hosted_tools: str) -> dict
     unmapped_fields(
         tool, handled=_TOOL_KEYS, vendor_only=_VENDOR_TOOL_KEYS, compat=compat, where=where
     )
-    function: dict[str, Any] = {"name": _required_str(tool, "name", where)}
+    function: ChatFunction = {"name": _required_str(tool, "name", where)}
     description = _optional(tool, "description", str, "a string", where=where)
     examples = _optional(tool, "input_examples", list, "a list of objects", where=where)
     if examples:
@@ -628,13 +736,13 @@ def _chat_tool(tool: Any, where: str, compat: Compat, hosted_tools: str) -> dict
     return {"type": "function", "function": function}
 
 
-def _tool_choice(body: dict[str, Any], *, names: set[str]) -> dict[str, Any]:
+def _tool_choice(body: JsonObject, *, names: set[str]) -> ChatRequest:
     choice = _optional(body, "tool_choice", dict, "an object")
     if choice is None:
         return {}
     kind = choice.get("type")
     if isinstance(kind, str) and kind in _TOOL_CHOICES:
-        value: Any = _TOOL_CHOICES[kind]
+        value: ChatToolChoice = _TOOL_CHOICES[kind]
     elif kind == "tool":
         name = _required_str(choice, "name", "tool_choice")
         if name not in names:
@@ -654,7 +762,7 @@ def _tool_choice(body: dict[str, Any], *, names: set[str]) -> dict[str, Any]:
         if kind in ("auto", "none"):
             return {}
         raise TranslationError(f"tool_choice: {kind!r} needs tools", param="tool_choice")
-    chat: dict[str, Any] = {"tool_choice": value}
+    chat: ChatRequest = {"tool_choice": value}
     if _optional(choice, "disable_parallel_tool_use", bool, "a boolean", where="tool_choice"):
         chat["parallel_tool_calls"] = False
     return chat
@@ -664,8 +772,8 @@ def _tool_choice(body: dict[str, Any], *, names: set[str]) -> dict[str, Any]:
 
 
 def chat_to_message(
-    chat: dict[str, Any], *, model: str, context_management: dict[str, Any] | None = None
-) -> dict[str, Any]:
+    chat: ChatCompletion, *, model: str, context_management: AppliedEdits | None = None
+) -> Message:
     """The Messages response for a whole chat completion (its choice 0).
 
     A tool call whose arguments are not a JSON object gets `input: {}`: Anthropic's input
@@ -684,7 +792,7 @@ def chat_to_message(
         choice.get("finish_reason"), choice.get("stop_reason"), tool_used=bool(calls)
     )
     usage = chat.get("usage") or {}
-    answer: dict[str, Any] = {
+    answer: Message = {
         "id": _message_id(chat.get("id")),
         "type": "message",
         "role": "assistant",
@@ -703,28 +811,28 @@ def chat_to_message(
     return answer
 
 
-def _first_choice(chat: dict[str, Any]) -> dict[str, Any]:
+def _first_choice(chat: ChatCompletion) -> ChatChoice:
     choices = [c for c in chat.get("choices") or [] if isinstance(c, dict)]
     if not choices:
         raise ValueError("the upstream chat completion has no choices")
     return next((c for c in choices if c.get("index", 0) == 0), choices[0])
 
 
-def _reasoning(container: dict[str, Any]) -> str:
+def _reasoning(container: ChatMessage | ChatDelta) -> str:
     # Servers may send the same text under both names; take one.
     return next((container[key] for key in REASONING_KEYS if container.get(key)), "")
 
 
-def _thinking_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+def _thinking_blocks(message: ChatMessage) -> list[ThinkingBlock]:
     text = _reasoning(message)
     return [{"type": "thinking", "thinking": text, "signature": ""}] if text else []
 
 
-def _text_blocks(content: Any) -> list[dict[str, Any]]:
+def _text_blocks(content: Any) -> list[TextBlock]:
     return [{"type": "text", "text": content}] if isinstance(content, str) and content else []
 
 
-def _tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
+def _tool_use_block(call: ChatToolCall) -> ToolUseBlock:
     function = call.get("function") or {}
     return {
         "type": "tool_use",
@@ -734,7 +842,7 @@ def _tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _tool_input(arguments: Any) -> dict[str, Any]:
+def _tool_input(arguments: Any) -> JsonObject:
     if isinstance(arguments, dict):
         return arguments
     try:
@@ -767,7 +875,7 @@ def _tool_id() -> str:
     return "toolu_" + uuid.uuid4().hex
 
 
-def _count(usage: dict[str, Any], key: str) -> int:
+def _count(usage: ChatUsage, key: str) -> int:
     value = usage.get(key)
     return value if isinstance(value, int) else 0
 
@@ -787,7 +895,7 @@ class MessagesStream:
     0 is translated; token ids and logprobs are left to the recorder.
     """
 
-    def __init__(self, *, model: str, context_management: dict[str, Any] | None = None) -> None:
+    def __init__(self, *, model: str, context_management: AppliedEdits | None = None) -> None:
         self._model = model
         self._context_management = context_management
         self._started = False
@@ -798,9 +906,9 @@ class MessagesStream:
         self._calls: set[int] = set()
         self._finish_reason: Any = None
         self._matched: Any = None
-        self._usage: dict[str, Any] = {}
+        self._usage: ChatUsage = {}
 
-    def feed(self, chunk: dict[str, Any]) -> list[Event]:
+    def feed(self, chunk: ChatChunk) -> list[Event]:
         if self._done:
             raise RuntimeError("MessagesStream.feed after the stream ended")
         events = [] if self._started else self._start(chunk)
@@ -822,11 +930,11 @@ class MessagesStream:
         reason, sequence = _stop_reason(
             self._finish_reason, self._matched, tool_used=bool(self._calls)
         )
-        usage = {"output_tokens": _count(self._usage, "completion_tokens")}
+        usage: MessageUsage = {"output_tokens": _count(self._usage, "completion_tokens")}
         if "prompt_tokens" in self._usage:  # corrects message_start when ids were missing
             usage["input_tokens"] = _count(self._usage, "prompt_tokens")
         self._done = True
-        delta = {"stop_reason": reason, "stop_sequence": sequence}
+        delta: MessageDelta = {"stop_reason": reason, "stop_sequence": sequence}
         extra = {"context_management": self._context_management} if self._context_management else {}
         closing = _event("message_delta", delta=delta, usage=usage, **extra)
         return [*events, closing, _event("message_stop")]
@@ -836,10 +944,10 @@ class MessagesStream:
         self._done = True
         return [("error", error_body(message, "api_error"))]
 
-    def _start(self, chunk: dict[str, Any]) -> list[Event]:
+    def _start(self, chunk: ChatChunk) -> list[Event]:
         self._started = True
         prompt = chunk.get("prompt_token_ids")
-        message = {
+        message: Message = {
             "id": _message_id(chunk.get("id")),
             "type": "message",
             "role": "assistant",
@@ -854,7 +962,7 @@ class MessagesStream:
         }
         return [_event("message_start", message=message), _event("ping")]
 
-    def _choice(self, choice: dict[str, Any]) -> list[Event]:
+    def _choice(self, choice: ChunkChoice) -> list[Event]:
         delta = choice.get("delta") or {}
         events: list[Event] = []
         reasoning = _reasoning(delta)
@@ -869,7 +977,7 @@ class MessagesStream:
             self._matched = choice.get("stop_reason")
         return events
 
-    def _append(self, kind: str, delta: dict[str, Any]) -> list[Event]:
+    def _append(self, kind: str, delta: BlockDelta) -> list[Event]:
         """A thinking or text delta, opening a block of that kind first if needed."""
         events: list[Event] = []
         if self._open != kind:
@@ -877,7 +985,7 @@ class MessagesStream:
             events = self._close() + self._open_block(kind, {"type": kind, **empty})
         return [*events, self._delta(delta)]
 
-    def _tool_call(self, call: dict[str, Any]) -> list[Event]:
+    def _tool_call(self, call: ToolCallDelta) -> list[Event]:
         index = call.get("index", 0)
         function = call.get("function") or {}
         events: list[Event] = []
@@ -885,7 +993,7 @@ class MessagesStream:
             if index in self._calls:
                 # vLLM streams calls one after another; a closed block cannot be reopened.
                 raise RuntimeError(f"tool call {index} continued after its block was closed")
-            block = {
+            block: ToolUseBlock = {
                 "type": "tool_use",
                 "id": call.get("id") or _tool_id(),
                 "name": function.get("name") or "",
@@ -899,13 +1007,13 @@ class MessagesStream:
             events.append(self._delta({"type": "input_json_delta", "partial_json": arguments}))
         return events
 
-    def _open_block(self, kind: str, block: dict[str, Any]) -> list[Event]:
+    def _open_block(self, kind: str, block: ContentBlock) -> list[Event]:
         event = _event("content_block_start", index=self._blocks, content_block=block)
         self._blocks += 1
         self._open = kind
         return [event]
 
-    def _delta(self, delta: dict[str, Any]) -> Event:
+    def _delta(self, delta: BlockDelta) -> Event:
         return _event("content_block_delta", index=self._blocks - 1, delta=delta)
 
     def _close(self) -> list[Event]:
