@@ -30,9 +30,10 @@ import operator
 import random
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
-from store.json_types import JsonObject
+if TYPE_CHECKING:  # the harnesses import this module: standard library only at run time
+    from store.json_types import JsonObject
 
 
 class TaskMetadata(TypedDict, total=False):

@@ -18,14 +18,19 @@ import json
 import math
 import random
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 import httpx
 import torch
 from safetensors.torch import load_file
 
 from learner.layout import ADAPTER_CONFIG, ADAPTER_WEIGHTS
-from learner.swap.vllm_weight_check import ADAPTER_METHOD, PROTOCOL
+from learner.swap.vllm_weight_check import (
+    ADAPTER_METHOD,
+    PROTOCOL,
+    AdapterModuleSums,
+    AdapterSums,
+)
 from learner.swap.weight_check import (
     SUM_TOLERANCE,
     WeightCheckUnavailable,
@@ -67,7 +72,10 @@ class AdapterReference:
             raise WeightCheckUnavailable(
                 f"adapters with {' or '.join(self.unsupported)} are not checked yet"
             )
-        answer = ask_rpc(client, upstream, ADAPTER_METHOD, {"name": self.name, "seed": self.seed})
+        answer = cast(
+            AdapterSums,
+            ask_rpc(client, upstream, ADAPTER_METHOD, {"name": self.name, "seed": self.seed}),
+        )
         if answer.get("protocol") != PROTOCOL:
             raise WeightCheckUnavailable(
                 f"{upstream}: adapter check protocol {answer.get('protocol')!r}, the "
@@ -80,7 +88,7 @@ class AdapterReference:
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
             raise WeightCheckUnavailable(f"{upstream}: unreadable adapter check ({exc})") from exc
 
-    def compare(self, modules: dict[str, Any]) -> WeightReport:
+    def compare(self, modules: dict[str, AdapterModuleSums]) -> WeightReport:
         report = WeightReport()
         for module, entry in modules.items():
             if "other" in entry:  # not a linear layer (an embedding, the LM head)

@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from learner.swap.publisher import PublishError, server_config
+from store.json_types import JsonObject
 
 log = logging.getLogger("onthejob.learner")
 
@@ -35,7 +35,7 @@ class LoraSlots:
     max_cpu_loras: int
 
     @classmethod
-    def of(cls, config: dict[str, Any]) -> LoraSlots | None:
+    def of(cls, config: JsonObject) -> LoraSlots | None:
         """From a replica's vllm_config; None where it serves no adapters."""
         lora = config.get("lora_config")
         if not isinstance(lora, dict) or not isinstance(lora.get("max_loras"), int):
@@ -68,7 +68,7 @@ class SlotCheck:
         self,
         upstreams: Sequence[str],
         *,
-        config_of: Callable[[str], dict[str, Any]] = server_config,
+        config_of: Callable[[str], JsonObject] = server_config,
     ) -> None:
         self.upstreams = list(upstreams)
         self.config_of = config_of

@@ -44,11 +44,12 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import httpx
 
 from learner.layout import CheckpointError
+from store.json_types import JsonObject
 
 ExpectedLogprobs = Callable[[list[int], list[int]], list[float]]
 """``expected(prompt_ids, completion_ids)``: the trainer's logprob of each completion token
@@ -145,7 +146,7 @@ class Fingerprint:
             raise PublishError(f"expected() gave {len(logprobs)} logprobs for {len(ids) - 1}")
         return cls(ids, logprobs, tolerance)
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> FingerprintState:
         return {"token_ids": self.token_ids, "logprobs": self.logprobs, "tolerance": self.tolerance}
 
     @classmethod
@@ -168,6 +169,14 @@ class Fingerprint:
             return None
         wanted = max(stored.tolerance if tolerance is None else tolerance, at_least)
         return cls(stored.token_ids, stored.logprobs, wanted)
+
+
+class FingerprintState(TypedDict):
+    """A `Fingerprint` as stored with its version (the ``probe`` of a policy version)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    tolerance: float
 
 
 @dataclass
@@ -224,7 +233,7 @@ def tolerance_for(dtype: str | None) -> float:
     return DEFAULT_TOLERANCE
 
 
-def server_config(upstream: str, *, timeout: float = 120) -> dict[str, Any]:
+def server_config(upstream: str, *, timeout: float = 120) -> JsonObject:
     """A vLLM replica's configuration, from its dev-mode ``GET /server_info``;
     ``PublishError`` saying why when it gives none. A generous timeout: vLLM collects its
     environment (pip, subprocesses) at the first call, which took over 10 s on a loaded
@@ -291,7 +300,7 @@ def checked(response: httpx.Response) -> httpx.Response:
     )
 
 
-def json_object(response: httpx.Response) -> dict[str, Any]:
+def json_object(response: httpx.Response) -> JsonObject:
     try:
         payload = response.json()
     except ValueError as exc:
@@ -301,14 +310,14 @@ def json_object(response: httpx.Response) -> dict[str, Any]:
     return payload
 
 
-def served_model(models: dict[str, Any]) -> str:
+def served_model(models: JsonObject) -> str:
     try:
         return str(models["data"][0]["id"])
     except (KeyError, IndexError, TypeError) as exc:
         raise PublishError(f"no served model in /v1/models: {models}") from exc
 
 
-def prompt_logprobs(completion: dict[str, Any], token_ids: list[int]) -> list[float]:
+def prompt_logprobs(completion: JsonObject, token_ids: list[int]) -> list[float]:
     """vLLM's logprob of each probe token after the first (``prompt_logprobs``)."""
     try:
         entries = completion["choices"][0]["prompt_logprobs"]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import random
 import zlib
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -36,6 +36,57 @@ ADAPTER_METHOD = "onthejob_adapter_sums"
 # Bumped when the sums change: vLLM may run another copy of this file than the learner
 # (compose mounts the host's), and sums computed two ways never match.
 PROTOCOL = 1
+
+
+class KernelSums(TypedDict, total=False):
+    """A kernel's answer: the one-hot ``columns`` it was run on and their weighted sums."""
+
+    columns: list[int]
+    sums: list[float]
+    dtype: str
+    method: str  # its quant method's class
+    tied_to: str  # the module whose weight it shares
+
+
+class ParamSums(TypedDict, total=False):
+    """A parameter read directly: the weighted sums of some ``rows`` (None: a vector)."""
+
+    dtype: str
+    rows: list[int] | None
+    sums: list[float]
+
+
+class WeightSums(TypedDict, total=False):
+    """The answer of ``onthejob_weight_sums``, by vLLM module and parameter name."""
+
+    protocol: int
+    kernels: dict[str, KernelSums]
+    params: dict[str, ParamSums]
+    packed: dict[str, list[str]]  # vLLM's fused modules and the checkpoint's parts
+    dtype: str  # the model's
+    tensor_parallel: int
+    pipeline_parallel: int
+
+
+class AdapterModuleSums(TypedDict, total=False):
+    """A checkpoint module's slot in an adapter answer: A's and B's sums per rank index;
+    for a layer laid out otherwise, its class (``other``) and the slot's absolute sum."""
+
+    a: list[float]
+    b: list[float]
+    dtype: str
+    other: str
+    abs: float
+
+
+class AdapterSums(TypedDict, total=False):
+    """The answer of ``onthejob_adapter_sums``; ``error`` instead when it has none."""
+
+    protocol: int
+    error: str
+    path: str
+    slot: int
+    modules: dict[str, AdapterModuleSums]
 
 
 def picks(seed: int, name: str, count: int, size: int) -> list[int]:
@@ -92,12 +143,12 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def weight_sums(model: torch.nn.Module, seed: int, columns: int) -> dict[str, Any]:
+def weight_sums(model: torch.nn.Module, seed: int, columns: int) -> WeightSums:
     """The checksums of ``model``'s weights (see the module docstring), JSON-ready. Each
     entry says its dtype, and each kernel its quant method (the learner checks only the
     unquantized ones it can reproduce)."""
-    kernels: dict[str, Any] = {}
-    params: dict[str, Any] = {}
+    kernels: dict[str, KernelSums] = {}
+    params: dict[str, ParamSums] = {}
     owners: dict[int, str] = {}  # a weight tied to an earlier module's: that module's name
     linear_weights: set[int] = set()  # read through their kernels: not summed again
     with torch.inference_mode():
@@ -126,7 +177,7 @@ def weight_sums(model: torch.nn.Module, seed: int, columns: int) -> dict[str, An
                 continue  # emptied (repacked: its kernel was read above), or not a weight
             if id(param) in linear_weights:
                 continue
-            entry: dict[str, Any] = {"dtype": _dtype_name(param.dtype)}
+            entry: ParamSums = {"dtype": _dtype_name(param.dtype)}
             if param.dim() == 1:
                 entry.update(rows=None, sums=weighted_sums(param[None, :], seed))
             else:
@@ -151,7 +202,7 @@ def weight_sums(model: torch.nn.Module, seed: int, columns: int) -> dict[str, An
 _ADAPTERS: dict[str, tuple[int, str]] = {}
 
 
-def adapter_sums(manager: Any, name: str, seed: int) -> dict[str, Any]:
+def adapter_sums(manager: Any, name: str, seed: int) -> AdapterSums:
     """Checksums of adapter ``name`` as vLLM's LoRA kernels apply it: each wrapped layer's
     slot tensors (``lora_a_stacked``, ``lora_b_stacked``), every element, by the checkpoint
     module each slice belongs to. A rows ([rank, in]) and B columns ([out, rank], scaling
@@ -166,7 +217,7 @@ def adapter_sums(manager: Any, name: str, seed: int) -> dict[str, Any]:
     if lora_id not in manager.lora_index_to_id:
         manager.activate_adapter(lora_id)  # into a slot, as a request for it would
     slot = manager.lora_index_to_id.index(lora_id)
-    modules: dict[str, Any] = {}
+    modules: dict[str, AdapterModuleSums] = {}
     with torch.inference_mode():
         for module_name, module in manager.modules.items():
             parts = manager.packed_modules.get(module_name, [module_name])
@@ -199,7 +250,7 @@ class WeightCheck:
     model_runner: Any  # the worker's
     vllm_config: Any
 
-    def onthejob_weight_sums(self, seed: int, columns: int = 4) -> dict[str, Any]:
+    def onthejob_weight_sums(self, seed: int, columns: int = 4) -> WeightSums:
         answer = weight_sums(self.model_runner.get_model(), int(seed), int(columns))
         answer["dtype"] = _dtype_name(self.vllm_config.model_config.dtype)
         parallel = self.vllm_config.parallel_config
@@ -207,7 +258,7 @@ class WeightCheck:
         answer["pipeline_parallel"] = int(getattr(parallel, "pipeline_parallel_size", 1) or 1)
         return answer
 
-    def onthejob_adapter_sums(self, name: str, seed: int) -> dict[str, Any]:
+    def onthejob_adapter_sums(self, name: str, seed: int) -> AdapterSums:
         lora_manager = getattr(self.model_runner, "lora_manager", None)
         if lora_manager is None:
             return {"protocol": PROTOCOL, "error": "this replica runs without --enable-lora"}

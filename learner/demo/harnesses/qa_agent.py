@@ -22,10 +22,13 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from learner.demo.harnesses.calc_agent import Complete, ModelError, http_chat, question, run_tool
 from learner.demo.tasks import CALCULATOR_TOOL
-from store.json_types import JsonObject
+
+if TYPE_CHECKING:  # standard library only at run time
+    from store.json_types import JsonObject
 
 
 def answer(
