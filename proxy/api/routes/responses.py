@@ -17,6 +17,7 @@ from starlette.routing import BaseRoute, Route
 
 from proxy.api.dialect import TranslatedWriter
 from proxy.api.translate import responses as translate
+from proxy.api.translate.shapes import ChatCompletion, ChatMessage, ChatRequest
 from proxy.base.capture import CHAT, ClientAsked
 from proxy.base.compat_policy import Compat, note_refusal
 from proxy.base.errors import (
@@ -31,9 +32,10 @@ from proxy.base.record import CallRecord
 from proxy.generation.call import Generation
 from proxy.generation.dialect import StreamWriter
 from proxy.state import ProxyState
+from store.json_types import JsonObject
 
 
-def _events(events: list[dict[str, Any]]) -> bytes:
+def _events(events: list[translate.ResponsesEvent]) -> bytes:
     return b"".join(
         b"event: " + str(e["type"]).encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n"
         for e in events
@@ -47,8 +49,8 @@ class ResponsesDialect:
     output_limit = "max_output_tokens"
 
     async def to_upstream(
-        self, body: dict[str, Any], state: ProxyState, record: CallRecord
-    ) -> dict[str, Any]:
+        self, body: JsonObject, state: ProxyState, record: CallRecord
+    ) -> ChatRequest:
         compat = record.compat = Compat()
         history = None
         previous = body.get("previous_response_id")
@@ -72,7 +74,7 @@ class ResponsesDialect:
         return chat
 
     @staticmethod
-    async def _history(previous: Any, state: ProxyState) -> list[dict[str, Any]]:
+    async def _history(previous: Any, state: ProxyState) -> list[ChatMessage]:
         if not isinstance(previous, str):
             raise BadRequest(
                 "'previous_response_id' must be a string", param="previous_response_id"
@@ -96,7 +98,7 @@ class ResponsesDialect:
     def upstream_error(self, status: int, raw: bytes, content_type: str) -> Response:
         return Response(raw, status_code=status, media_type=content_type)
 
-    def whole(self, data: dict[str, Any], asked: ClientAsked, record: CallRecord) -> Any:
+    def whole(self, data: ChatCompletion, asked: ClientAsked, record: CallRecord) -> Any:
         context = record.context
         response = translate.chat_to_response(
             data,
@@ -116,7 +118,7 @@ class ResponsesDialect:
         )
         return TranslatedWriter(translator, _events)
 
-    def streamed(self, assembled: dict[str, Any], writer: StreamWriter, record: CallRecord) -> Any:
+    def streamed(self, assembled: ChatCompletion, writer: StreamWriter, record: CallRecord) -> Any:
         assert isinstance(writer, TranslatedWriter)
         assert isinstance(writer.stream, translate.ResponsesStream)
         response = writer.stream.response
@@ -125,7 +127,7 @@ class ResponsesDialect:
         return response
 
     @staticmethod
-    def _keep(response: dict[str, Any], record: CallRecord) -> None:
+    def _keep(response: translate.Response, record: CallRecord) -> None:
         context = record.context
         if not context.get("store"):
             return

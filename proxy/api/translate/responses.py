@@ -29,11 +29,29 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NotRequired, Required, TypeAlias, TypedDict
 
 from proxy.api.translate.extras import VLLM_EXTRAS, vllm_extras
+from proxy.api.translate.shapes import (
+    ChatChoice,
+    ChatChunk,
+    ChatCompletion,
+    ChatDelta,
+    ChatFunction,
+    ChatMessage,
+    ChatRequest,
+    ChatTextPart,
+    ChatTokenLogprob,
+    ChatTool,
+    ChatToolCall,
+    ChatUsage,
+    ChunkChoice,
+    ResponseFormat,
+    ToolCallDelta,
+)
 from proxy.base.capture import REASONING_KEYS
 from proxy.base.compat_policy import Compat, unmapped_fields
+from store.json_types import JsonObject, JsonValue
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # Request fields we cannot reproduce with one chat completion, and the feature they name.
@@ -102,6 +120,148 @@ _TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "ref
 NAMESPACE_DELIMITER = "__"
 
 
+# ---------------------------------------------------------------- the answer's shapes
+# What this module builds; a request (and each of its items) stays JsonObject: open keys.
+
+
+class TokenLogprob(TypedDict):
+    token: str
+    bytes: list[int]
+    logprob: float
+
+
+class OutputLogprob(TokenLogprob):
+    top_logprobs: list[TokenLogprob]
+
+
+class OutputTextPart(TypedDict):
+    type: str  # "output_text"
+    text: str
+    annotations: list[JsonObject]  # always empty: no citations
+    logprobs: list[OutputLogprob]
+
+
+class ReasoningTextPart(TypedDict):
+    type: str  # "reasoning_text"
+    text: str
+
+
+class ReasoningItem(TypedDict):
+    id: str
+    type: str  # "reasoning"
+    summary: list[JsonObject]  # always empty: the reasoning itself is in content
+    content: list[ReasoningTextPart]
+    status: str
+
+
+class MessageItem(TypedDict):
+    id: str
+    type: str  # "message"
+    status: str
+    role: str  # "assistant"
+    content: list[OutputTextPart]
+
+
+class FunctionCallItem(TypedDict):
+    id: str
+    type: str  # "function_call"
+    status: str
+    arguments: str  # JSON text, as the model wrote it
+    call_id: str
+    name: str
+    namespace: NotRequired[str]  # a namespace tool's function (`flat_tool_name`)
+
+
+OutputItem: TypeAlias = ReasoningItem | MessageItem | FunctionCallItem
+
+
+class InputTokensDetails(TypedDict):
+    cached_tokens: int
+    cache_write_tokens: int
+
+
+class OutputTokensDetails(TypedDict):
+    reasoning_tokens: int
+
+
+class ResponseUsage(TypedDict):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class ResponseError(TypedDict):
+    code: str
+    message: str
+
+
+class IncompleteDetails(TypedDict):
+    reason: str
+
+
+class Response(TypedDict):
+    """A Response object: our outcome, plus the request's settings echoed as the client
+    gave them (JsonValue: they are not ours to check)."""
+
+    id: str
+    object: str  # "response"
+    created_at: int
+    status: str  # in_progress | completed | incomplete | failed
+    background: bool
+    error: ResponseError | None
+    incomplete_details: IncompleteDetails | None
+    instructions: JsonValue
+    max_output_tokens: JsonValue
+    max_tool_calls: JsonValue
+    model: JsonValue
+    output: list[OutputItem]
+    parallel_tool_calls: JsonValue
+    previous_response_id: JsonValue
+    prompt_cache_key: JsonValue
+    reasoning: JsonValue
+    safety_identifier: JsonValue
+    service_tier: str
+    store: bool
+    temperature: JsonValue
+    text: JsonValue
+    tool_choice: JsonValue
+    tools: JsonValue
+    top_logprobs: JsonValue
+    top_p: JsonValue
+    truncation: JsonValue
+    usage: ResponseUsage | None
+    user: JsonValue
+    metadata: JsonValue
+
+
+class EventPlace(TypedDict, total=False):
+    """Where in the output an event's delta or part belongs."""
+
+    item_id: str
+    output_index: int
+    content_index: int
+
+
+class ResponsesEvent(EventPlace, total=False):
+    """A streaming event; which keys it has besides its type and number depends on the type."""
+
+    type: Required[str]
+    sequence_number: Required[int]
+    response: Response  # response.created, .in_progress, .completed, .incomplete, .failed
+    item: OutputItem  # response.output_item.added, .done
+    part: OutputTextPart | ReasoningTextPart  # response.content_part.added, .done
+    delta: str  # the .delta events
+    text: str  # response.output_text.done, response.reasoning_text.done
+    logprobs: list[OutputLogprob]  # response.output_text.delta, .done
+    name: str  # response.function_call_arguments.done
+    arguments: str  # response.function_call_arguments.done
+    code: str  # error
+    message: str  # error
+    param: None  # error
+
+
 class TranslationError(Exception):
     """Client error: becomes a 400 in OpenAI's error shape."""
 
@@ -119,12 +279,12 @@ def new_response_id() -> str:
 
 
 def responses_to_chat(
-    body: dict[str, Any],
+    body: JsonObject,
     *,
-    history: list[dict[str, Any]] | None = None,
+    history: list[ChatMessage] | None = None,
     compat: Compat | None = None,
     hosted_tools: str = "omit",
-) -> dict[str, Any]:
+) -> ChatRequest:
     """The chat completions body for a Responses request.
 
     `history` is the stored conversation of `previous_response_id` (see `conversation_after`);
@@ -134,7 +294,7 @@ def responses_to_chat(
     compat = compat if compat is not None else Compat()
     _refuse_unsupported(body)
     unmapped_fields(body, handled=_MAPPED_FIELDS, vendor_only=_VENDOR_FIELDS, compat=compat)
-    chat: dict[str, Any] = {key: body[key] for key in _SAME_NAME if body.get(key) is not None}
+    chat: ChatRequest = {key: body[key] for key in _SAME_NAME if body.get(key) is not None}
     chat["messages"] = _chat_messages(body, history, compat)
     chat.update(_tool_fields(body, compat, hosted_tools))
     chat.update(_generation_fields(body, compat))
@@ -142,7 +302,7 @@ def responses_to_chat(
     return chat
 
 
-def _refuse_unsupported(body: dict[str, Any]) -> None:
+def _refuse_unsupported(body: JsonObject) -> None:
     for field, feature in _REFUSED_FIELDS.items():
         if body.get(field):
             raise TranslationError(f"this server does not support {feature}", param=field)
@@ -152,19 +312,19 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
 
 
 def _chat_messages(
-    body: dict[str, Any], history: list[dict[str, Any]] | None, compat: Compat
-) -> list[Any]:
+    body: JsonObject, history: list[ChatMessage] | None, compat: Compat
+) -> list[ChatMessage]:
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise TranslationError("instructions must be a string", param="instructions")
     new = _input_messages(body.get("input"), compat)
     if not new and not history:
         raise TranslationError("input is required", param="input")
-    head = [{"role": "system", "content": instructions}] if instructions else []
+    head: list[ChatMessage] = [{"role": "system", "content": instructions}] if instructions else []
     return [*head, *(history or []), *new]
 
 
-def _input_messages(value: Any, compat: Compat) -> list[dict[str, Any]]:
+def _input_messages(value: Any, compat: Compat) -> list[ChatMessage]:
     if value is None:
         return []
     if isinstance(value, str):
@@ -176,14 +336,14 @@ def _input_messages(value: Any, compat: Compat) -> list[dict[str, Any]]:
 
 def items_to_messages(
     items: list[Any], *, where: str = "input", compat: Compat | None = None
-) -> list[dict[str, Any]]:
+) -> list[ChatMessage]:
     """Responses input (or output) items as chat messages.
 
     Consecutive assistant-side items (reasoning, an assistant message, function calls) fold
     into one assistant message, the shape a chat model produced them in.
     """
     compat = compat if compat is not None else Compat()
-    messages: list[dict[str, Any]] = []
+    messages: list[ChatMessage] = []
     for index, item in enumerate(items):
         place = f"{where}[{index}]"
         if not isinstance(item, dict):
@@ -196,9 +356,7 @@ def items_to_messages(
     return messages
 
 
-def _add_message(
-    messages: list[dict[str, Any]], item: dict[str, Any], place: str, compat: Compat
-) -> None:
+def _add_message(messages: list[ChatMessage], item: JsonObject, place: str, compat: Compat) -> None:
     role = item.get("role")
     if role not in _ROLES:
         raise TranslationError(f"message role {role!r} is not supported", param=f"{place}.role")
@@ -213,7 +371,7 @@ def _add_message(
 
 
 def _add_function_call(
-    messages: list[dict[str, Any]], item: dict[str, Any], place: str, compat: Compat
+    messages: list[ChatMessage], item: JsonObject, place: str, compat: Compat
 ) -> None:
     call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments", "")
     if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, str):
@@ -223,13 +381,17 @@ def _add_function_call(
         if not isinstance(namespace, str):
             raise TranslationError("a function_call's namespace must be a string", param=place)
         name = flat_tool_name(namespace, name)
-    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    call: ChatToolCall = {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
     # parallel calls of one turn belong to one assistant message
     _assistant_to_extend(messages, lambda _: True).setdefault("tool_calls", []).append(call)
 
 
 def _add_function_output(
-    messages: list[dict[str, Any]], item: dict[str, Any], place: str, compat: Compat
+    messages: list[ChatMessage], item: JsonObject, place: str, compat: Compat
 ) -> None:
     call_id, output = item.get("call_id"), item.get("output")
     if not isinstance(call_id, str):
@@ -239,7 +401,7 @@ def _add_function_output(
 
 
 def _add_reasoning(
-    messages: list[dict[str, Any]], item: dict[str, Any], place: str, compat: Compat
+    messages: list[ChatMessage], item: JsonObject, place: str, compat: Compat
 ) -> None:
     text = _reasoning_text(item, place)
     if text:
@@ -247,7 +409,7 @@ def _add_reasoning(
         target["reasoning"] = (target.get("reasoning") or "") + text
 
 
-_Handler = Callable[[list[dict[str, Any]], dict[str, Any], str, Compat], None]
+_Handler = Callable[[list[ChatMessage], JsonObject, str, Compat], None]
 _ITEM_HANDLERS: dict[Any, _Handler] = {
     "message": _add_message,
     "function_call": _add_function_call,
@@ -256,23 +418,23 @@ _ITEM_HANDLERS: dict[Any, _Handler] = {
 }
 
 
-def _is_bare(message: dict[str, Any]) -> bool:
+def _is_bare(message: ChatMessage) -> bool:
     """An assistant message that so far holds at most reasoning."""
     return message.get("content") is None and not message.get("tool_calls")
 
 
 def _assistant_to_extend(
-    messages: list[dict[str, Any]], can_extend: Callable[[dict[str, Any]], bool]
-) -> dict[str, Any]:
+    messages: list[ChatMessage], can_extend: Callable[[ChatMessage], bool]
+) -> ChatMessage:
     """The trailing assistant message if `can_extend` accepts it, else a new one."""
     if messages and messages[-1].get("role") == "assistant" and can_extend(messages[-1]):
         return messages[-1]
-    message: dict[str, Any] = {"role": "assistant", "content": None}
+    message: ChatMessage = {"role": "assistant", "content": None}
     messages.append(message)
     return message
 
 
-def _text_content(content: Any, place: str) -> str | list[dict[str, str]]:
+def _text_content(content: Any, place: str) -> str | list[ChatTextPart]:
     """Text as chat content: one part collapses to a string; several stay text parts."""
     if isinstance(content, str):
         return content
@@ -297,7 +459,7 @@ def _part_text(part: Any, place: str) -> str:
     return text
 
 
-def _reasoning_text(item: dict[str, Any], place: str) -> str:
+def _reasoning_text(item: JsonObject, place: str) -> str:
     # vLLM reads `content` and falls back to the summary; we do the same
     for key in ("content", "summary"):
         texts = [part.get("text") or "" for part in item.get(key) or [] if isinstance(part, dict)]
@@ -329,11 +491,11 @@ def namespaced_tools(tools: Any) -> dict[str, tuple[str, str]]:
     return found
 
 
-def _tool_fields(body: dict[str, Any], compat: Compat, hosted_tools: str) -> dict[str, Any]:
+def _tool_fields(body: JsonObject, compat: Compat, hosted_tools: str) -> ChatRequest:
     tools = body.get("tools") or []
     if not isinstance(tools, list):
         raise TranslationError("tools must be a list", param="tools")
-    chat_tools: list[dict[str, Any]] = []
+    chat_tools: list[ChatTool] = []
     for index, tool in enumerate(tools):
         chat_tools += _chat_tools(tool, f"tools[{index}]", compat, hosted_tools)
     names = [tool["function"]["name"] for tool in chat_tools]
@@ -343,13 +505,13 @@ def _tool_fields(body: dict[str, Any], compat: Compat, hosted_tools: str) -> dic
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
         chat_tools, choice = _allowed_tools(chat_tools, choice, hosted_tools)
-    fields: dict[str, Any] = {"tools": chat_tools} if chat_tools else {}
+    fields: ChatRequest = {"tools": chat_tools} if chat_tools else {}
     if choice is not None:
         fields.update(_chat_tool_choice(choice, {t["function"]["name"] for t in chat_tools}))
     return fields
 
 
-def _chat_tools(tool: Any, place: str, compat: Compat, hosted_tools: str) -> list[dict[str, Any]]:
+def _chat_tools(tool: Any, place: str, compat: Compat, hosted_tools: str) -> list[ChatTool]:
     """The chat functions for one Responses tool: one, a namespace's several, or none."""
     kind = tool.get("type") if isinstance(tool, dict) else None
     if kind == "function":
@@ -366,10 +528,10 @@ def _chat_tools(tool: Any, place: str, compat: Compat, hosted_tools: str) -> lis
     return []
 
 
-def _chat_function(tool: dict[str, Any], place: str, name: Any) -> dict[str, Any]:
+def _chat_function(tool: JsonObject, place: str, name: Any) -> ChatTool:
     if not isinstance(name, str):
         raise TranslationError("a function tool needs a name", param=f"{place}.name")
-    function = {"name": name}
+    function: ChatFunction = {"name": name}
     for key in ("description", "parameters", "strict"):
         if tool.get(key) is not None:
             function[key] = tool[key]
@@ -377,14 +539,14 @@ def _chat_function(tool: dict[str, Any], place: str, name: Any) -> dict[str, Any
 
 
 def _namespace_functions(
-    tool: dict[str, Any], place: str, compat: Compat, hosted_tools: str
-) -> list[dict[str, Any]]:
+    tool: JsonObject, place: str, compat: Compat, hosted_tools: str
+) -> list[ChatTool]:
     namespace, inner = tool.get("name"), tool.get("tools")
     if not isinstance(namespace, str) or not namespace:
         raise TranslationError("a namespace tool needs a name", param=f"{place}.name")
     if not isinstance(inner, list):
         raise TranslationError("a namespace tool needs a list of tools", param=f"{place}.tools")
-    functions = []
+    functions: list[ChatTool] = []
     for index, member in enumerate(inner):
         where = f"{place}.tools[{index}]"
         for function in _chat_tools(member, where, compat, hosted_tools):
@@ -396,8 +558,8 @@ def _namespace_functions(
 
 
 def _allowed_tools(
-    chat_tools: list[dict[str, Any]], choice: dict[str, Any], hosted_tools: str
-) -> tuple[list[dict[str, Any]], Any]:
+    chat_tools: list[ChatTool], choice: JsonObject, hosted_tools: str
+) -> tuple[list[ChatTool], Any]:
     """`allowed_tools` narrows the tool list; its mode is the chat tool_choice."""
     allowed = set()
     for index, tool in enumerate(choice.get("tools") or []):
@@ -414,7 +576,7 @@ def _allowed_tools(
     return kept, choice.get("mode", "auto")
 
 
-def _chat_tool_choice(choice: Any, names: set[str]) -> dict[str, Any]:
+def _chat_tool_choice(choice: Any, names: set[str]) -> ChatRequest:
     if choice in ("auto", "none") and not names:
         return {}  # meaningless without tools, and vLLM refuses a choice without tools
     if choice in ("auto", "none", "required"):
@@ -435,8 +597,8 @@ def _chat_tool_choice(choice: Any, names: set[str]) -> dict[str, Any]:
 # ---------------------------------------------------------------- request: generation
 
 
-def _generation_fields(body: dict[str, Any], compat: Compat) -> dict[str, Any]:
-    fields: dict[str, Any] = {}
+def _generation_fields(body: JsonObject, compat: Compat) -> ChatRequest:
+    fields: ChatRequest = {}
     if body.get("max_output_tokens") is not None:
         fields["max_tokens"] = body["max_output_tokens"]
     user = body.get("user") or body.get("safety_identifier")
@@ -460,7 +622,7 @@ def _generation_fields(body: dict[str, Any], compat: Compat) -> dict[str, Any]:
     return fields
 
 
-def _reasoning_fields(reasoning: Any, compat: Compat) -> dict[str, Any]:
+def _reasoning_fields(reasoning: Any, compat: Compat) -> ChatRequest:
     if reasoning is None:
         return {}
     if not isinstance(reasoning, dict):
@@ -480,7 +642,7 @@ def _reasoning_fields(reasoning: Any, compat: Compat) -> dict[str, Any]:
     return {"reasoning_effort": effort}
 
 
-def _response_format(text: Any, compat: Compat) -> dict[str, Any] | None:
+def _response_format(text: Any, compat: Compat) -> ResponseFormat | None:
     if text is None:
         return None
     if isinstance(text, dict):
@@ -509,8 +671,8 @@ def _response_format(text: Any, compat: Compat) -> dict[str, Any] | None:
 
 
 def chat_to_response(
-    chat: dict[str, Any], *, request: dict[str, Any], response_id: str, created_at: int
-) -> dict[str, Any]:
+    chat: ChatCompletion, *, request: JsonObject, response_id: str, created_at: int
+) -> Response:
     """The Response object for a whole chat completion (its first choice)."""
     choices = chat.get("choices") or [{}]
     choice, message = choices[0], choices[0].get("message") or {}
@@ -532,12 +694,12 @@ def chat_to_response(
 
 
 def _output_items(
-    message: dict[str, Any],
-    logprobs: list[dict[str, Any]],
+    message: ChatMessage,
+    logprobs: list[OutputLogprob],
     response_id: str,
     namespaces: dict[str, tuple[str, str]],
-) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = []
+) -> list[OutputItem]:
+    items: list[OutputItem] = []
     reasoning = _reasoning_of(message)
     if reasoning:
         item = _reasoning_item(_item_id("rs", response_id, len(items)), "completed")
@@ -562,19 +724,19 @@ def _item_id(prefix: str, response_id: str, output_index: int) -> str:
     return f"{prefix}_{response_id.removeprefix('resp_')}_{output_index}"
 
 
-def _reasoning_item(item_id: str, status: str) -> dict[str, Any]:
+def _reasoning_item(item_id: str, status: str) -> ReasoningItem:
     return {"id": item_id, "type": "reasoning", "summary": [], "content": [], "status": status}
 
 
-def _message_item(item_id: str, status: str) -> dict[str, Any]:
+def _message_item(item_id: str, status: str) -> MessageItem:
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": []}
 
 
-def _text_part(text: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:
+def _text_part(text: str, logprobs: list[OutputLogprob]) -> OutputTextPart:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
 
 
-def _call_item(response_id: str, output_index: int, call_id: str | None) -> dict[str, Any]:
+def _call_item(response_id: str, output_index: int, call_id: str | None) -> FunctionCallItem:
     return {
         "id": _item_id("fc", response_id, output_index),
         "type": "function_call",
@@ -585,7 +747,7 @@ def _call_item(response_id: str, output_index: int, call_id: str | None) -> dict
     }
 
 
-def _name_call(item: dict[str, Any], name: Any, namespaces: dict[str, tuple[str, str]]) -> None:
+def _name_call(item: FunctionCallItem, name: Any, namespaces: dict[str, tuple[str, str]]) -> None:
     """A call's name as the client declared it: a flattened one goes back to its namespace."""
     if not isinstance(name, str) or not name:
         return
@@ -595,18 +757,18 @@ def _name_call(item: dict[str, Any], name: Any, namespaces: dict[str, tuple[str,
         item["name"] = name
 
 
-def _reasoning_of(message: dict[str, Any]) -> str:
+def _reasoning_of(message: ChatMessage | ChatDelta) -> str:
     for key in REASONING_KEYS:
         if isinstance(message.get(key), str) and message[key]:
             return message[key]
     return ""
 
 
-def _wants_logprobs(request: dict[str, Any]) -> bool:
+def _wants_logprobs(request: JsonObject) -> bool:
     return LOGPROBS_INCLUDE in (request.get("include") or [])
 
 
-def _content_logprobs(choice: dict[str, Any], message: dict[str, Any]) -> list[dict[str, Any]]:
+def _content_logprobs(choice: ChatChoice, message: ChatMessage) -> list[OutputLogprob]:
     """The logprobs of the visible text's tokens, in the Responses shape.
 
     vLLM reports every sampled token, reasoning and tool-call markup included; when there is
@@ -622,7 +784,7 @@ def _content_logprobs(choice: dict[str, Any], message: dict[str, Any]) -> list[d
     return [_logprob(entry) for entry in _spelling_run(entries, content.strip())]
 
 
-def _spelling_run(entries: list[dict[str, Any]], target: str) -> list[dict[str, Any]]:
+def _spelling_run(entries: list[ChatTokenLogprob], target: str) -> list[ChatTokenLogprob]:
     # the text follows the reasoning, so search from the end
     for start in range(len(entries) - 1, -1, -1):
         spelled = ""
@@ -635,12 +797,12 @@ def _spelling_run(entries: list[dict[str, Any]], target: str) -> list[dict[str, 
     return []
 
 
-def _logprob(entry: dict[str, Any]) -> dict[str, Any]:
+def _logprob(entry: ChatTokenLogprob) -> OutputLogprob:
     top = [_token_logprob(alt) for alt in entry.get("top_logprobs") or []]
     return {**_token_logprob(entry), "top_logprobs": top}
 
 
-def _token_logprob(entry: dict[str, Any]) -> dict[str, Any]:
+def _token_logprob(entry: ChatTokenLogprob) -> TokenLogprob:
     token = entry.get("token") or ""
     raw = entry.get("bytes")
     return {
@@ -650,7 +812,7 @@ def _token_logprob(entry: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+def _usage(usage: ChatUsage | None) -> ResponseUsage | None:
     if not usage:
         return None
     prompt = usage.get("prompt_tokens") or 0
@@ -667,16 +829,16 @@ def _usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _response(
-    request: dict[str, Any],
+    request: JsonObject,
     *,
     response_id: str,
     created_at: int,
     model: Any,
     status: str,
-    output: list[dict[str, Any]],
-    usage: dict[str, Any] | None = None,
-    error: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    output: list[OutputItem],
+    usage: ResponseUsage | None = None,
+    error: ResponseError | None = None,
+) -> Response:
     """A Response object: our outcome plus the request settings it echoes."""
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
     parallel = request.get("parallel_tool_calls")
@@ -716,9 +878,7 @@ def _response(
 # ---------------------------------------------------------------- conversation state
 
 
-def conversation_after(
-    chat_request: dict[str, Any], response: dict[str, Any]
-) -> list[dict[str, Any]]:
+def conversation_after(chat_request: ChatRequest, response: Response) -> list[ChatMessage]:
     """The chat messages a follow-up with `previous_response_id` continues from.
 
     The request's messages without its instructions (they are not inherited; system or
@@ -743,7 +903,7 @@ class ResponsesStream:
     Item ids derive from the response id, as in `chat_to_response`.
     """
 
-    def __init__(self, *, request: dict[str, Any], response_id: str, created_at: int) -> None:
+    def __init__(self, *, request: JsonObject, response_id: str, created_at: int) -> None:
         self._request = request
         self._response_id = response_id
         self._created_at = created_at
@@ -752,19 +912,19 @@ class ResponsesStream:
         self._namespaces = namespaced_tools(request.get("tools"))
         self._sequence = 0
         self._started = False
-        self._items: list[dict[str, Any]] = []
+        self._items: list[OutputItem] = []
         # "reasoning", "text" or "call<index>" -> output index of the item still open
         self._open: dict[str, int] = {}
-        self._usage: dict[str, Any] | None = None
+        self._usage: ResponseUsage | None = None
         self._finish_reason: str | None = None
-        self._final: dict[str, Any] | None = None
+        self._final: Response | None = None
 
     @property
-    def response(self) -> dict[str, Any]:
+    def response(self) -> Response:
         """The final Response once finished (or failed); until then, the one in progress."""
         return self._final if self._final is not None else self._snapshot("in_progress")
 
-    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+    def feed(self, chunk: ChatChunk) -> list[ResponsesEvent]:
         events = self._start()
         if chunk.get("model"):
             self._model = chunk["model"]
@@ -775,7 +935,7 @@ class ResponsesStream:
                 events += self._choice(choice)
         return events
 
-    def finish(self) -> list[dict[str, Any]]:
+    def finish(self) -> list[ResponsesEvent]:
         if self._final is not None:
             return []
         events = self._start()
@@ -788,7 +948,7 @@ class ResponsesStream:
         events.append(self._event(f"response.{status}", response=self._final))
         return events
 
-    def error(self, message: str) -> list[dict[str, Any]]:
+    def error(self, message: str) -> list[ResponsesEvent]:
         if self._final is not None:
             return []
         events = self._start()
@@ -796,12 +956,12 @@ class ResponsesStream:
             self._items[index]["status"] = "incomplete"
         self._open.clear()
         events.append(self._event("error", code="server_error", message=message, param=None))
-        failure = {"code": "server_error", "message": message}
+        failure: ResponseError = {"code": "server_error", "message": message}
         self._final = self._snapshot("failed", error=failure)
         events.append(self._event("response.failed", response=self._final))
         return events
 
-    def _start(self) -> list[dict[str, Any]]:
+    def _start(self) -> list[ResponsesEvent]:
         if self._started:
             return []
         self._started = True
@@ -810,9 +970,9 @@ class ResponsesStream:
             self._event("response.in_progress", response=self._snapshot("in_progress")),
         ]
 
-    def _choice(self, choice: dict[str, Any]) -> list[dict[str, Any]]:
+    def _choice(self, choice: ChunkChoice) -> list[ResponsesEvent]:
         delta = choice.get("delta") or {}
-        events: list[dict[str, Any]] = []
+        events: list[ResponsesEvent] = []
         reasoning = _reasoning_of(delta)
         if reasoning:
             events += self._prose_delta("reasoning", reasoning, [])
@@ -827,8 +987,8 @@ class ResponsesStream:
         return events
 
     def _prose_delta(
-        self, slot: str, text: str, logprobs: list[dict[str, Any]]
-    ) -> list[dict[str, Any]]:
+        self, slot: str, text: str, logprobs: list[OutputLogprob]
+    ) -> list[ResponsesEvent]:
         events = self._close_prose(but=slot)
         if slot not in self._open:
             events += self._open_prose(slot)
@@ -836,7 +996,7 @@ class ResponsesStream:
         item = self._items[index]
         part = item["content"][0]
         part["text"] += text
-        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        where: EventPlace = {"item_id": item["id"], "output_index": index, "content_index": 0}
         if slot == "reasoning":
             events.append(self._event("response.reasoning_text.delta", **where, delta=text))
         else:
@@ -846,11 +1006,13 @@ class ResponsesStream:
             )
         return events
 
-    def _open_prose(self, slot: str) -> list[dict[str, Any]]:
+    def _open_prose(self, slot: str) -> list[ResponsesEvent]:
         index = len(self._items)
+        item: ReasoningItem | MessageItem
+        part: ReasoningTextPart | OutputTextPart
         if slot == "reasoning":
             item = _reasoning_item(_item_id("rs", self._response_id, index), "in_progress")
-            part: dict[str, Any] = {"type": "reasoning_text", "text": ""}
+            part = {"type": "reasoning_text", "text": ""}
         else:
             item = _message_item(_item_id("msg", self._response_id, index), "in_progress")
             part = _text_part("", [])
@@ -858,10 +1020,10 @@ class ResponsesStream:
         self._open[slot] = index
         added = self._event("response.output_item.added", output_index=index, item=_copy(item))
         item["content"].append(part)
-        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        where: EventPlace = {"item_id": item["id"], "output_index": index, "content_index": 0}
         return [added, self._event("response.content_part.added", **where, part=_copy(part))]
 
-    def _call_delta(self, call: dict[str, Any]) -> list[dict[str, Any]]:
+    def _call_delta(self, call: ToolCallDelta) -> list[ResponsesEvent]:
         events = self._close_prose(but=None)
         slot = f"call{call.get('index', 0)}"
         function = call.get("function") or {}
@@ -890,18 +1052,18 @@ class ResponsesStream:
             )
         return events
 
-    def _close_prose(self, *, but: str | None) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
+    def _close_prose(self, *, but: str | None) -> list[ResponsesEvent]:
+        events: list[ResponsesEvent] = []
         for slot in ("reasoning", "text"):
             if slot != but and slot in self._open:
                 events += self._close(slot, "completed")
         return events
 
-    def _close(self, slot: str, status: str) -> list[dict[str, Any]]:
+    def _close(self, slot: str, status: str) -> list[ResponsesEvent]:
         index = self._open.pop(slot)
         item = self._items[index]
         item["status"] = status
-        where: dict[str, Any] = {"item_id": item["id"], "output_index": index}
+        where: EventPlace = {"item_id": item["id"], "output_index": index}
         if item["type"] == "function_call":
             events = [
                 self._event(
@@ -918,7 +1080,9 @@ class ResponsesStream:
         )
         return events
 
-    def _close_part(self, item: dict[str, Any], where: dict[str, Any]) -> list[dict[str, Any]]:
+    def _close_part(
+        self, item: ReasoningItem | MessageItem, where: EventPlace
+    ) -> list[ResponsesEvent]:
         part = item["content"][0]
         where = {**where, "content_index": 0}
         if item["type"] == "reasoning":
@@ -929,7 +1093,7 @@ class ResponsesStream:
             )
         return [done, self._event("response.content_part.done", **where, part=_copy(part))]
 
-    def _snapshot(self, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _snapshot(self, status: str, error: ResponseError | None = None) -> Response:
         return _response(
             self._request,
             response_id=self._response_id,
@@ -941,8 +1105,8 @@ class ResponsesStream:
             error=error,
         )
 
-    def _event(self, type_: str, **fields: Any) -> dict[str, Any]:
-        event = {"type": type_, "sequence_number": self._sequence, **fields}
+    def _event(self, type_: str, **fields: Any) -> ResponsesEvent:
+        event: ResponsesEvent = {"type": type_, "sequence_number": self._sequence, **fields}
         self._sequence += 1
         return event
 
