@@ -142,6 +142,11 @@ class MLflow:
         self.client.set_terminated(self.run_id)
 
 
+def _slug(name: str) -> str:
+    """A detector's name as a metric key: "reward up, complaints up" -> reward_up_complaints_up."""
+    return "_".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
+
+
 def _mlflow_key(key: str) -> str:
     # MLflow takes letters, digits, _ - . space : / only
     return "".join(c if c.isalnum() or c in "_-. :/" else "_" for c in key)
@@ -184,6 +189,14 @@ class Reporter:
                 if isinstance(figure.get("value"), int | float):
                     values[f"guard/{name}/{side}"] = float(figure["value"])
             values[f"guard/{name}/regressed"] = float(bool(kind.get("regressed")))
+        self._each(lambda t: t.log(step, values))
+
+    def watch(self, step: int, active: Mapping[str, int], held: Mapping[int, bool]) -> None:
+        """The reward-hacking watch after a look that changed it: how many alerts each
+        detector has now (`watch/<detector>`), and each canary it holds or let go
+        (`watch/held/<canary id>`: 1 or 0)."""
+        values = {f"watch/{_slug(detector)}": float(n) for detector, n in active.items()}
+        values |= {f"watch/held/{canary}": float(on) for canary, on in held.items()}
         self._each(lambda t: t.log(step, values))
 
     def close(self) -> None:

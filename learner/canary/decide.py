@@ -15,17 +15,25 @@ users, so a better reward never outweighs them. It is promoted once its reward i
 nothing is worse. Neither before each arm has `min_calls` calls. At the time limit the
 canary's default decision is taken. Latency is shown with the arms but not tested: the store
 keeps its mean, not its spread.
+
+The reward-hacking watch (learner/canary/watch.py) holds a promotion: while any of its
+detectors alerts on the candidate, a candidate the test would promote is held (`hold`: it
+goes on collecting, so an alert that was noise can clear), and at the time limit a held
+candidate, or one whose default decision is to promote, is rolled back instead. The watch
+never holds a rollback, and an operator may still promote by hand.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
 from learner.canary.sequential import Arm, Comparison, Rule, Verdict
+from learner.canary.watch import Alert
 
-Action = Literal["promote", "rollback"]
+Action = Literal["promote", "rollback", "hold"]
 # three measures, each at a third of 5%: alike arms get a verdict at most 5% of the time
 ALPHA_EACH = 0.05 / 3
 
@@ -87,21 +95,35 @@ def decide(
     *,
     now: datetime,
     measures: Measures | None = None,
+    alerts: Sequence[Alert] = (),
 ) -> Decision | None:
-    """Promote, roll back, or None: go on collecting. `canary` as store.canaries gives it."""
+    """Promote, roll back, hold (a promotion the watch's `alerts` stop), or None: go on
+    collecting. `canary` as store.canaries gives it."""
     found = comparisons(arms, min_calls=canary["min_calls"], measures=measures)
     worse = [name for name, c in found.items() if c.verdict() is Verdict.WORSE]
     if worse:
         said = "; ".join(f"{name}: {found[name].summary()}" for name in worse)
         return Decision("rollback", f"the candidate is worse on {', '.join(worse)} ({said})")
-    if found["reward"].verdict() is Verdict.BETTER:
-        return Decision(
-            "promote", f"the candidate's reward is better ({found['reward'].summary()})"
-        )
+    better = found["reward"].verdict() is Verdict.BETTER
+    reward = found["reward"].summary()
+    if better and not alerts:
+        return Decision("promote", f"the candidate's reward is better ({reward})")
+    held = f"the watch alerts: {watch_reasons(alerts)}"
     if now >= canary["ends_at"]:
+        if alerts and (better or canary["default_decision"] == "promote"):
+            return Decision(
+                "rollback",
+                f"the time limit passed while the watch held its promotion ({held}; "
+                f"reward: {reward})",
+            )
         return Decision(
             canary["default_decision"],
-            f"the time limit passed without a verdict; its default decision "
-            f"(reward: {found['reward'].summary()})",
+            f"the time limit passed without a verdict; its default decision (reward: {reward})",
         )
+    if better:
+        return Decision("hold", f"the candidate's reward is better ({reward}), but {held}")
     return None
+
+
+def watch_reasons(alerts: Sequence[Alert]) -> str:
+    return "; ".join(alert.reason for alert in alerts)

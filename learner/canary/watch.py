@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import re
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,7 @@ def length_shift(before: list[int], after: list[int], limits: Thresholds) -> Ale
     )
 
 
-def dominant_keys(by_key: list[dict[str, Any]]) -> list[Alert]:
+def dominant_keys(by_key: Sequence[Mapping[str, object]]) -> list[Alert]:
     """One key's feedback dominating: the keys store/turn_signals.by_key flags as one-sided
     bursts, each an alert."""
     return [

@@ -11,32 +11,56 @@ A tenant's candidate is promoted here: the tenant's adapter pointer moves to it.
 policy's candidate needs every replica swapped: the learner does not do that from a canary
 yet, and says once that an operator can (POST /admin/api/canaries/{id}/promote). A rollback
 changes nothing that serves, in either scope.
+
+At each look the reward-hacking watch (learner/canary/watch.py) reads each running canary's
+arms (store/watch_windows.py) and records its alerts (store/watch_alerts.py): while any
+detector alerts, a promotion is held (recorded as a `hold` action with the alerts, once per
+change) and, at the time limit, becomes a rollback (learner/canary/decide.py). Where no
+canary runs for the shared policy, its newest version is watched against the one before,
+every `WATCH_NEWEST_EVERY` seconds; those alerts hold nothing. A raised or cleared alert is
+logged and goes to the trackers.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Engine
 
-from learner.canary.decide import decide
+from learner.canary.decide import Decision, decide
+from learner.canary.watch import Alert
+from learner.canary.windows import alerts_of
+from learner.trackers import Reporter
 from store import canaries as store
-from store import clock
+from store import clock, watch_alerts, watch_windows
 from store.canary_stats import arm_stats
 
 log = logging.getLogger("onthejob.learner")
 
 LOOK_EVERY = 10.0  # seconds between looks at the running canaries
+WATCH_NEWEST_EVERY = 60.0  # seconds between looks at the newest version without a canary
 BY = "learner"
 
 
 class Canaries:
     """Decide the running canaries from their arms' stats."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        reporter: Reporter | None = None,
+        step: Callable[[], int] = lambda: 0,
+    ) -> None:
+        """`reporter`, `step`: the trackers the watch's alerts go to, at the learner's step."""
         self.engine = engine
+        self.reporter = reporter
+        self.step = step
         self.last_look = float("-inf")
+        self.last_newest = float("-inf")
         self.told: set[int] = set()  # shared canaries whose promotion was left to an operator
 
     def decide_running(self) -> int:
@@ -51,8 +75,21 @@ class Canaries:
             now = clock.now()
             with engine.connect() as conn:
                 arms = arm_stats(conn, canary, now=now)
-            decision = decide(canary, arms, now=now)
+                windows = watch_windows.canary_windows(
+                    conn,
+                    canary_id=canary["id"],
+                    tenant=canary["tenant"],
+                    candidate=canary["candidate"],
+                    incumbent=canary["incumbent"],
+                    since=canary["started_at"],
+                    until=now,
+                )
+            alerts = self._watch(windows, now)
+            decision = decide(canary, arms, now=now, alerts=alerts)
             if decision is None:
+                continue
+            if decision.action == "hold":
+                self._hold(canary, decision, alerts, now)
                 continue
             if decision.action == "promote" and canary["tenant"] is None:
                 self._leave_to_operator(canary["id"], decision.reason)
@@ -71,7 +108,61 @@ class Canaries:
                 *(canary["id"], scope, canary["candidate"], canary["incumbent"]),
                 *("promoted" if decision.action == "promote" else "rolled back", decision.reason),
             )
+        if not any(c["tenant"] is None for c in running):
+            self._watch_newest()
         return decided
+
+    def _watch(self, windows: watch_windows.WatchWindows, now: datetime) -> list[Alert]:
+        """The watch's alerts on `windows`, recorded; a raised or cleared one logged and
+        sent to the trackers."""
+        alerts = alerts_of(windows)
+        found = [watch_alerts.Found(a.detector, a.reason) for a in alerts]
+        with self.engine.begin() as conn:
+            changes = watch_alerts.record(
+                conn,
+                scope=windows.scope,
+                version=windows.version,
+                baseline=windows.baseline,
+                canary_id=windows.canary_id,
+                found=found,
+                now=now,
+            )
+            active = watch_alerts.counts(conn) if changes.raised or changes.cleared else None
+        what = _watched(windows)
+        for raised in changes.raised:
+            log.warning("watch: %s: %s", what, raised.reason)
+        for detector in changes.cleared:
+            log.info("watch: %s: %s no longer alerts", what, detector)
+        if active is not None:
+            self._report({d: c.active for d, c in active.items()}, {})
+        return alerts
+
+    def _watch_newest(self) -> None:
+        if time.monotonic() - self.last_newest < WATCH_NEWEST_EVERY:
+            return
+        self.last_newest = time.monotonic()
+        now = clock.now()
+        with self.engine.connect() as conn:
+            windows = watch_windows.newest_windows(conn, now=now)
+        if windows is not None:
+            self._watch(windows, now)
+
+    def _hold(
+        self, canary: dict[str, Any], decision: Decision, alerts: Sequence[Alert], now: datetime
+    ) -> None:
+        """The promotion the watch holds: recorded as the canary's `hold` once per change."""
+        found = [watch_alerts.Found(a.detector, a.reason) for a in alerts]
+        with self.engine.begin() as conn:
+            recorded = watch_alerts.hold(
+                conn, canary_id=canary["id"], by=BY, reason=decision.reason, found=found, now=now
+            )
+        if recorded:
+            log.warning("canary %s: promotion held: %s", canary["id"], decision.reason)
+            self._report({}, {canary["id"]: True})
+
+    def _report(self, active: dict[str, int], held: dict[int, bool]) -> None:
+        if self.reporter is not None:
+            self.reporter.watch(self.step(), active, held)
 
     def _leave_to_operator(self, canary_id: int, reason: str) -> None:
         if canary_id in self.told:
@@ -85,3 +176,10 @@ class Canaries:
             reason,
             canary_id,
         )
+
+
+def _watched(windows: watch_windows.WatchWindows) -> str:
+    scope = "the shared policy" if windows.scope == store.SHARED else f"tenant {windows.scope}"
+    of = f"canary {windows.canary_id}" if windows.canary_id is not None else "newest version"
+    against = windows.baseline or "the other versions"
+    return f"{of} ({scope}, {windows.version} against {against})"

@@ -72,7 +72,7 @@ class Learner:
         self.stepping = Stepping(state, self.weights, self.publishing, self.guarding)
         self.startup = StartUp(state, self.weights, self.publishing, self.guarding)
         self.tenants = Tenants(state, self.weights, self.publishing, self.guarding, self.stepping)
-        self.canaries = Canaries(engine)
+        self.canaries = Canaries(engine, state.reporter, lambda: state.step)
         self.heartbeat = control.Heartbeat(state)
 
     # -- the loop ---------------------------------------------------------------------

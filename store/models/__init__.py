@@ -9,7 +9,7 @@ runner). Importing this package registers them all on `Base.metadata`.
 """
 
 from store.models.base import Base
-from store.models.canaries import Canary, CanaryAction
+from store.models.canaries import Canary, CanaryAction, WatchAlert
 from store.models.learning import (
     Feedback,
     Grade,
@@ -53,4 +53,5 @@ __all__ = [
     "TrainingStep",
     "Trajectory",
     "TurnSignal",
+    "WatchAlert",
 ]

@@ -63,3 +63,26 @@ class CanaryAction(Base):
     reason: Mapped[str] = mapped_column(Text)
     at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class WatchAlert(Base):
+    """One detector of the reward-hacking watch (learner/canary/watch.py) alerting on a
+    version against the one it is compared with: a canary's candidate against its
+    incumbent, or (`canary_id` null) the newest version of a scope against the one before.
+
+    Raised once, `seen_at` moved on at each look that still finds it, `cleared_at` set at
+    the first look that does not: the open rows are what alerts now.
+    """
+
+    __tablename__ = "watch_alerts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    canary_id: Mapped[int | None] = mapped_column(ForeignKey("canaries.id"), index=True)
+    scope: Mapped[str] = mapped_column(String(100))  # a tenant's name, or "*"
+    version: Mapped[str] = mapped_column(String(200))  # the version under watch
+    baseline: Mapped[str | None] = mapped_column(String(200))  # what it is compared with
+    detector: Mapped[str] = mapped_column(String(64))
+    reason: Mapped[str] = mapped_column(Text)
+    raised_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    cleared_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), index=True)

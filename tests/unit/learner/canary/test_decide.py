@@ -12,6 +12,7 @@ import pytest
 
 from learner.canary.decide import decide
 from learner.canary.sequential import Arm, Comparison
+from learner.canary.watch import Alert
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 
@@ -107,3 +108,40 @@ def test_alike_arms_are_rarely_decided() -> None:
         }
         decided += decide(canary(), arms, now=NOW) is not None
     assert decided <= 200 * 0.05
+
+
+COLLAPSE = Alert("reply length collapsing", "median reply 120 -> 8 tokens (0.07x)")
+
+
+def test_a_watch_alert_holds_a_promotion_and_names_the_alert() -> None:
+    arms = {"candidate": arm(bernoulli(0.8, 200, 1)), "incumbent": arm(bernoulli(0.3, 200, 2))}
+    decision = decide(canary(), arms, now=NOW, alerts=[COLLAPSE])
+    assert decision is not None and decision.action == "hold"
+    assert "reward is better" in decision.reason and COLLAPSE.reason in decision.reason
+
+
+def test_a_watch_alert_never_holds_a_rollback_nor_decides_alike_arms() -> None:
+    worse = {
+        "candidate": arm(bernoulli(0.3, 200, 1)),
+        "incumbent": arm(bernoulli(0.8, 200, 2)),
+    }
+    decision = decide(canary(), worse, now=NOW, alerts=[COLLAPSE])
+    assert decision is not None and decision.action == "rollback"
+    alike = {"candidate": arm(bernoulli(0.5, 40, 1)), "incumbent": arm(bernoulli(0.5, 40, 2))}
+    assert decide(canary(), alike, now=NOW, alerts=[COLLAPSE]) is None
+
+
+@pytest.mark.parametrize("better", [True, False])
+def test_at_the_time_limit_a_held_or_default_promotion_is_rolled_back(better: bool) -> None:
+    arms = (
+        {"candidate": arm(bernoulli(0.8, 200, 1)), "incumbent": arm(bernoulli(0.3, 200, 2))}
+        if better
+        else {"candidate": arm(bernoulli(0.5, 40, 1)), "incumbent": arm(bernoulli(0.5, 40, 2))}
+    )
+    ended = canary(default_decision="promote", ends_at=NOW)
+    decision = decide(ended, arms, now=NOW, alerts=[COLLAPSE])
+    assert decision is not None and decision.action == "rollback"
+    assert "held its promotion" in decision.reason and COLLAPSE.reason in decision.reason
+    # without the alert: promoted, by the test or by the default
+    decision = decide(ended, arms, now=NOW)
+    assert decision is not None and decision.action == "promote"
