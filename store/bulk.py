@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 from sqlalchemy import JSON, Boolean, Connection, DateTime
 
+from store.call_rows import CallRow, FinishedRow, TrajectoryRow
 from store.models import Call, Trajectory
 
 TRAJECTORY_COLUMNS = (
@@ -65,7 +66,7 @@ def _json(value: Any) -> str | None:
 # -- PostgreSQL ----------------------------------------------------------------------------
 
 
-def pg_copy_calls(conn: Connection, calls: Sequence[dict[str, Any]]) -> None:
+def pg_copy_calls(conn: Connection, calls: Sequence[CallRow]) -> None:
     values = _call_values(_datetime)
     with _raw(conn).cursor() as cursor:
         with cursor.copy(f"COPY calls ({', '.join(CALL_COLUMNS)}) FROM STDIN") as copy:
@@ -73,7 +74,7 @@ def pg_copy_calls(conn: Connection, calls: Sequence[dict[str, Any]]) -> None:
                 copy.write_row(values(row))
 
 
-def pg_copy_trajectories(conn: Connection, trajectories: Sequence[dict[str, Any]]) -> None:
+def pg_copy_trajectories(conn: Connection, trajectories: Sequence[TrajectoryRow]) -> None:
     with _raw(conn).cursor() as cursor:
         statement = f"COPY trajectories ({', '.join(TRAJECTORY_COLUMNS)}) FROM STDIN"
         with cursor.copy(statement) as copy:
@@ -95,7 +96,7 @@ _PG_UPSERT = (
 )
 
 
-def pg_upsert_trajectories(conn: Connection, trajectories: Sequence[dict[str, Any]]) -> None:
+def pg_upsert_trajectories(conn: Connection, trajectories: Sequence[TrajectoryRow]) -> None:
     values = [_trajectory_values(row, _datetime) for row in trajectories]
     with _raw(conn).cursor() as cursor:
         cursor.execute(_PG_UPSERT, [list(column) for column in zip(*values, strict=True)])
@@ -108,7 +109,7 @@ _PG_FINISH = (
 )
 
 
-def pg_finish(conn: Connection, finished: Sequence[dict[str, Any]]) -> None:
+def pg_finish(conn: Connection, finished: Sequence[FinishedRow]) -> None:
     ids = [f["id"] for f in finished]
     ended = [_datetime(f["ended_at"]) for f in finished]
     with _raw(conn).cursor() as cursor:
@@ -135,17 +136,17 @@ _SQLITE_FINISH = (
 )
 
 
-def sqlite_upsert_trajectories(conn: Connection, trajectories: Sequence[dict[str, Any]]) -> None:
+def sqlite_upsert_trajectories(conn: Connection, trajectories: Sequence[TrajectoryRow]) -> None:
     values = [_trajectory_values(row, _sqlite_datetime) for row in trajectories]
     _raw(conn).executemany(_SQLITE_UPSERT, values)
 
 
-def sqlite_insert_calls(conn: Connection, calls: Sequence[dict[str, Any]]) -> None:
+def sqlite_insert_calls(conn: Connection, calls: Sequence[CallRow]) -> None:
     values = _call_values(_sqlite_datetime, booleans=True)
     _raw(conn).executemany(_SQLITE_CALLS, [values(row) for row in calls])
 
 
-def sqlite_finish(conn: Connection, finished: Sequence[dict[str, Any]]) -> None:
+def sqlite_finish(conn: Connection, finished: Sequence[FinishedRow]) -> None:
     values = [(_sqlite_datetime(f["ended_at"]), f["id"]) for f in finished]
     _raw(conn).executemany(_SQLITE_FINISH, values)
 
@@ -164,8 +165,8 @@ _TRAJECTORY_TIMES_AT = [i for i, name in enumerate(TRAJECTORY_COLUMNS) if name i
 
 def _call_values(
     when: Callable[[float | None], Any], *, booleans: bool = False
-) -> Callable[[dict[str, Any]], list[Any]]:
-    def values(row: dict[str, Any]) -> list[Any]:
+) -> Callable[[CallRow], list[Any]]:
+    def values(row: CallRow) -> list[Any]:
         try:
             out = list(_CALL_GETTER(row))
         except KeyError:  # a row without some columns: NULL there (no SQLAlchemy defaults)
@@ -182,7 +183,7 @@ def _call_values(
     return values
 
 
-def _trajectory_values(row: dict[str, Any], when: Callable[[float | None], Any]) -> list[Any]:
+def _trajectory_values(row: TrajectoryRow, when: Callable[[float | None], Any]) -> list[Any]:
     out = [row.get(name) for name in TRAJECTORY_COLUMNS]  # `new` is not among them
     for i in _TRAJECTORY_TIMES_AT:
         out[i] = when(out[i])

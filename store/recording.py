@@ -4,23 +4,36 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import Connection, case, func, select, update
 
 from store import bulk
+from store.call_rows import (
+    CallRow,
+    FinishedRow,
+    OpenTrajectory,
+    ResponseRow,
+    StoredCall,
+    StoredResponseRow,
+    StoredTrajectory,
+    TrajectoryRow,
+)
 from store.db import insert_for
 from store.models import Call, StoredResponse, Trajectory
 
 CALL_TIME_FIELDS = ("started_at",)
 TRAJECTORY_TIME_FIELDS = ("started_at", "last_call_at", "ended_at")
 
+_Row = TypeVar("_Row", CallRow, TrajectoryRow, ResponseRow)
+
 
 def to_datetime(epoch: float | None) -> datetime | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, tz=UTC)
 
 
-def _with_datetimes(rows: Sequence[dict[str, Any]], fields: Sequence[str]) -> list[dict[str, Any]]:
+def _with_datetimes(rows: Sequence[_Row], fields: Sequence[str]) -> list[dict[str, Any]]:
+    """SQLAlchemy's parameters for the rows: their epoch seconds become datetimes."""
     out = []
     for row in rows:
         row = dict(row)
@@ -34,10 +47,10 @@ def _with_datetimes(rows: Sequence[dict[str, Any]], fields: Sequence[str]) -> li
 def write_batch(
     conn: Connection,
     *,
-    trajectories: Sequence[dict[str, Any]],
-    calls: Sequence[dict[str, Any]],
-    finished: Sequence[dict[str, Any]] = (),
-    responses: Sequence[dict[str, Any]] = (),
+    trajectories: Sequence[TrajectoryRow],
+    calls: Sequence[CallRow],
+    finished: Sequence[FinishedRow] = (),
+    responses: Sequence[ResponseRow] = (),
     fresh: bool = False,
 ) -> None:
     """Insert a batch idempotently: replaying the same batch changes nothing.
@@ -61,7 +74,7 @@ def write_batch(
 
 
 def _write_fresh(
-    conn: Connection, trajectories: Sequence[dict[str, Any]], calls: Sequence[dict[str, Any]]
+    conn: Connection, trajectories: Sequence[TrajectoryRow], calls: Sequence[CallRow]
 ) -> None:
     if conn.dialect.name == "postgresql":
         new = [t for t in trajectories if t.get("new")]
@@ -80,7 +93,7 @@ def _write_fresh(
 
 
 def _write_any(
-    conn: Connection, trajectories: Sequence[dict[str, Any]], calls: Sequence[dict[str, Any]]
+    conn: Connection, trajectories: Sequence[TrajectoryRow], calls: Sequence[CallRow]
 ) -> None:
     trajectories = [_without_new(t) for t in trajectories]
     if trajectories:
@@ -106,11 +119,11 @@ def _write_any(
         conn.execute(stmt, _with_datetimes(calls, CALL_TIME_FIELDS))
 
 
-def _without_new(trajectory: dict[str, Any]) -> dict[str, Any]:
+def _without_new(trajectory: TrajectoryRow) -> TrajectoryRow:
     """A trajectory row without the writer's `new` flag (not a column)."""
     if "new" not in trajectory:
         return trajectory
-    return {k: v for k, v in trajectory.items() if k != "new"}
+    return cast(TrajectoryRow, {k: v for k, v in trajectory.items() if k != "new"})
 
 
 def finish_trajectory(conn: Connection, *, trajectory_id: str, ended_at: datetime | None) -> None:
@@ -121,7 +134,7 @@ def finish_trajectory(conn: Connection, *, trajectory_id: str, ended_at: datetim
     )
 
 
-def finish_trajectories(conn: Connection, *, finished: Sequence[dict[str, Any]]) -> None:
+def finish_trajectories(conn: Connection, *, finished: Sequence[FinishedRow]) -> None:
     """Finish open trajectories: [{"id", "ended_at" (epoch seconds)}], in one statement."""
     if not finished:
         return
@@ -142,9 +155,9 @@ def existing_call_ids(conn: Connection, *, ids: Sequence[str]) -> set[str]:
 
 def open_trajectories_for_sessions(
     conn: Connection, *, session_keys: Sequence[str]
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, OpenTrajectory]:
     """The newest open trajectory of each session key that has one."""
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, OpenTrajectory] = {}
     for start in range(0, len(session_keys), 1000):
         chunk = list(session_keys[start : start + 1000])
         rows = conn.execute(
@@ -158,7 +171,7 @@ def open_trajectories_for_sessions(
         for row in rows:
             best = found.get(row.session_key)
             if best is None or _naive(row.last_call_at) > _naive(best["last_call_at"]):
-                found[row.session_key] = dict(row._mapping)
+                found[row.session_key] = cast(OpenTrajectory, dict(row._mapping))
     return found
 
 
@@ -176,14 +189,14 @@ def finish_idle(conn: Connection, *, idle_before: datetime) -> int:
     return result.rowcount or 0
 
 
-def open_trajectory_for_session(conn: Connection, *, session_key: str) -> dict[str, Any] | None:
+def open_trajectory_for_session(conn: Connection, *, session_key: str) -> OpenTrajectory | None:
     row = conn.execute(
         select(Trajectory.id, Trajectory.started_at, Trajectory.last_call_at)
         .where(Trajectory.session_key == session_key, Trajectory.status == "open")
         .order_by(Trajectory.last_call_at.desc())
         .limit(1)
     ).first()
-    return None if row is None else dict(row._mapping)
+    return None if row is None else cast(OpenTrajectory, dict(row._mapping))
 
 
 def trajectories(
@@ -194,7 +207,7 @@ def trajectories(
     status: str | None = None,
     ids: list[str] | None = None,
     interaction_type: str | None = None,
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[StoredTrajectory]:
     """Trajectories (as dicts) oldest first; `since` matches any activity after it."""
     query = select(Trajectory.__table__).order_by(Trajectory.started_at, Trajectory.id)
     if session_key is not None:
@@ -208,35 +221,35 @@ def trajectories(
     if interaction_type is not None:
         query = query.where(Trajectory.interaction_type == interaction_type)
     for row in conn.execute(query).yield_per(200):
-        yield dict(row._mapping)
+        yield cast(StoredTrajectory, dict(row._mapping))
 
 
-def calls_of(conn: Connection, *, trajectory_id: str) -> list[dict[str, Any]]:
+def calls_of(conn: Connection, *, trajectory_id: str) -> list[StoredCall]:
     rows = conn.execute(
         select(Call.__table__)
         .where(Call.trajectory_id == trajectory_id)
         .order_by(Call.started_at, Call.id)
     )
-    return [dict(r._mapping) for r in rows]
+    return [cast(StoredCall, dict(r._mapping)) for r in rows]
 
 
-def call_by_id(conn: Connection, *, call_id: str) -> dict[str, Any] | None:
+def call_by_id(conn: Connection, *, call_id: str) -> StoredCall | None:
     row = conn.execute(select(Call.__table__).where(Call.id == call_id)).first()
-    return None if row is None else dict(row._mapping)
+    return None if row is None else cast(StoredCall, dict(row._mapping))
 
 
-def calls_by_ids(conn: Connection, *, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+def calls_by_ids(conn: Connection, *, ids: Sequence[str]) -> dict[str, StoredCall]:
     """The calls of these ids that the store has, by id (in chunks: bounded statements)."""
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, StoredCall] = {}
     ids = list(ids)
     for start in range(0, len(ids), 500):
         rows = conn.execute(select(Call.__table__).where(Call.id.in_(ids[start : start + 500])))
-        found.update((r.id, dict(r._mapping)) for r in rows)
+        found.update((r.id, cast(StoredCall, dict(r._mapping))) for r in rows)
     return found
 
 
-def stored_response(conn: Connection, *, response_id: str) -> dict[str, Any] | None:
+def stored_response(conn: Connection, *, response_id: str) -> StoredResponseRow | None:
     row = conn.execute(
         select(StoredResponse.__table__).where(StoredResponse.id == response_id)
     ).first()
-    return None if row is None else dict(row._mapping)
+    return None if row is None else cast(StoredResponseRow, dict(row._mapping))

@@ -13,10 +13,12 @@ walked with a loop, and parents outside the given calls are fetched in batches.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-FetchCalls = Callable[[list[str]], dict[str, dict[str, Any]]]
+from store.call_rows import CallTokens
+
+FetchCalls = Callable[[list[str]], Mapping[str, CallTokens]]
 """Given call ids, the rows of those the store has (the missing ones left out)."""
 
 
@@ -44,7 +46,7 @@ def first_completion(choices: Any) -> list[int]:
     return list(choices[0].get("token_ids") or [])
 
 
-def _parent(call: dict[str, Any]) -> str | None:
+def _parent(call: CallTokens) -> str | None:
     """The call whose sequence this one's prompt starts with, if it refers to one."""
     if call.get("prompt_token_suffix") is None or not call.get("prompt_prefix_len"):
         return None
@@ -52,14 +54,14 @@ def _parent(call: dict[str, Any]) -> str | None:
 
 
 def materialize_prompts(
-    calls: Sequence[dict[str, Any]], fetch_calls: FetchCalls | None = None
+    calls: Sequence[CallTokens], fetch_calls: FetchCalls | None = None
 ) -> dict[str, list[int] | None]:
     """Full prompt token ids for each call (by id); None where they cannot be known (no
     tokens captured, or an ancestor missing from the store).
 
     `calls` are rows in order; parents outside them are looked up with `fetch_calls`.
     """
-    by_id: dict[str, dict[str, Any]] = {c["id"]: c for c in calls}
+    by_id: dict[str, CallTokens] = {c["id"]: c for c in calls}
     _fetch_ancestors(by_id, fetch_calls)
     prompts: dict[str, list[int] | None] = {}
     for call in calls:
@@ -67,7 +69,7 @@ def materialize_prompts(
     return {c["id"]: prompts[c["id"]] for c in calls}
 
 
-def _fetch_ancestors(by_id: dict[str, dict[str, Any]], fetch_calls: FetchCalls | None) -> None:
+def _fetch_ancestors(by_id: dict[str, CallTokens], fetch_calls: FetchCalls | None) -> None:
     """Add every ancestor the store has to `by_id`, one batch per generation."""
     asked: set[str] = set()
     frontier = list(by_id.values())
@@ -82,7 +84,7 @@ def _fetch_ancestors(by_id: dict[str, dict[str, Any]], fetch_calls: FetchCalls |
 
 
 def _rebuild(
-    call_id: str, by_id: dict[str, dict[str, Any]], prompts: dict[str, list[int] | None]
+    call_id: str, by_id: dict[str, CallTokens], prompts: dict[str, list[int] | None]
 ) -> None:
     """The prompt of `call_id` and of its ancestors, oldest first, with a loop."""
     chain: list[str] = []

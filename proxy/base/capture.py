@@ -7,12 +7,37 @@ ids or logprobs, the body it receives equals what vLLM sends without those flags
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
+
+from store.json_types import JsonObject, JsonValue
+from store.trajectory_record import RecordedChoice
 
 CHAT = "chat.completions"
 # vLLM 0.32 names the field `reasoning`; older servers and some clients `reasoning_content`
 REASONING_KEYS = ("reasoning", "reasoning_content")
 COMPLETIONS = "completions"
+
+
+class FunctionCall(TypedDict):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(TypedDict):
+    """A chat tool call, as a streamed one is assembled."""
+
+    id: str | None
+    type: str
+    function: FunctionCall
+
+
+class ReplyMessage(TypedDict):
+    """The assistant message a chat choice produced, as a client sends it back."""
+
+    role: str
+    content: JsonValue  # text, or a list of content parts
+    tool_calls: NotRequired[list[ToolCall]]
+    reasoning: NotRequired[str]  # streamed only
 
 
 @dataclass(frozen=True)
@@ -24,7 +49,7 @@ class ClientAsked:
     stream_usage: bool
 
 
-def prepare_upstream_body(api: str, body: dict[str, Any]) -> tuple[dict[str, Any], ClientAsked]:
+def prepare_upstream_body(api: str, body: JsonObject) -> tuple[JsonObject, ClientAsked]:
     """The body sent upstream: the client's, plus the flags that make vLLM return tokens."""
     upstream = dict(body)
     stream_options = body.get("stream_options")
@@ -43,7 +68,7 @@ def prepare_upstream_body(api: str, body: dict[str, Any]) -> tuple[dict[str, Any
     return upstream, asked
 
 
-def _asked_logprobs(api: str, body: dict[str, Any]) -> bool:
+def _asked_logprobs(api: str, body: JsonObject) -> bool:
     value = body.get("logprobs")
     if api == CHAT:
         return bool(value)
@@ -59,11 +84,11 @@ class ChoiceCapture:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     # chat: the assistant message as a client would send it back; completions: the text
-    message: dict[str, Any] | None = None
+    message: ReplyMessage | None = None
     text: str = ""
     prompt_token_ids: list[int] | None = None
 
-    def as_record(self) -> dict[str, Any]:
+    def as_record(self) -> RecordedChoice:
         return {
             "index": self.index,
             "token_ids": self.token_ids,
@@ -107,7 +132,7 @@ def _usage(capture: Capture, usage: Any) -> None:
         capture.completion_tokens = usage.get("completion_tokens")
 
 
-def capture_response(api: str, data: dict[str, Any]) -> Capture:
+def capture_response(api: str, data: JsonObject) -> Capture:
     """Capture from a whole (non-streaming) upstream response."""
     capture = Capture(prompt_token_ids=data.get("prompt_token_ids"))
     for raw in data.get("choices") or []:
@@ -130,16 +155,16 @@ def capture_response(api: str, data: dict[str, Any]) -> Capture:
     return capture
 
 
-def reply_message(message: dict[str, Any]) -> dict[str, Any]:
+def reply_message(message: JsonObject) -> ReplyMessage:
     """The assistant message as the client will send it back in its next call."""
-    reply: dict[str, Any] = {"role": message.get("role") or "assistant"}
+    reply: ReplyMessage = {"role": message.get("role") or "assistant"}
     reply["content"] = message.get("content")
     if message.get("tool_calls"):
         reply["tool_calls"] = message["tool_calls"]
     return reply
 
 
-def strip_response(api: str, data: dict[str, Any], asked: ClientAsked) -> None:
+def strip_response(api: str, data: JsonObject, asked: ClientAsked) -> None:
     """Undo, in place, what the proxy's flags changed in a whole response.
 
     vLLM keeps the keys and sends null when a flag is off, so null them, never delete them.
@@ -154,7 +179,7 @@ def strip_response(api: str, data: dict[str, Any], asked: ClientAsked) -> None:
             _null(choice, "logprobs")
 
 
-def _null(container: dict[str, Any], key: str) -> None:
+def _null(container: JsonObject, key: str) -> None:
     if key in container:
         container[key] = None
 
@@ -168,12 +193,12 @@ class StreamAssembler:
         self._choices: dict[int, ChoiceCapture] = {}
         self._content: dict[int, list[str]] = {}
         self._reasoning: dict[int, list[str]] = {}
-        self._tool_calls: dict[int, dict[int, dict[str, Any]]] = {}
+        self._tool_calls: dict[int, dict[int, ToolCall]] = {}
         self._role: dict[int, str] = {}
-        self.head: dict[str, Any] = {}
+        self.head: JsonObject = {}  # id, created, model of the first chunk
         self.saw_output = False
 
-    def add(self, chunk: dict[str, Any]) -> None:
+    def add(self, chunk: JsonObject) -> None:
         if not self.head:
             self.head = {k: chunk.get(k) for k in ("id", "created", "model")}
         if chunk.get("prompt_token_ids") is not None:
@@ -183,7 +208,7 @@ class StreamAssembler:
         for raw in chunk.get("choices") or []:
             self._add_choice(raw)
 
-    def _add_choice(self, raw: dict[str, Any]) -> None:
+    def _add_choice(self, raw: JsonObject) -> None:
         index = raw.get("index", 0)
         choice = self._choices.get(index)
         if choice is None:
@@ -232,7 +257,7 @@ class StreamAssembler:
         for index, choice in sorted(self._choices.items()):
             text = "".join(self._content.get(index, []))
             if self.api == CHAT:
-                message: dict[str, Any] = {
+                message: ReplyMessage = {
                     "role": self._role.get(index, "assistant"),
                     "content": text or None,
                 }
@@ -247,18 +272,18 @@ class StreamAssembler:
         self.capture.choices = [self._choices[i] for i in sorted(self._choices)]
         return self.capture
 
-    def response(self) -> dict[str, Any]:
+    def response(self) -> JsonObject:
         """The assembled response, shaped like the non-streaming one."""
         capture = self.finish()
         choices = []
         for choice in capture.choices:
             if self.api == CHAT:
-                body: dict[str, Any] = {"index": choice.index, "message": choice.message}
+                body: JsonObject = {"index": choice.index, "message": choice.message}
             else:
                 body = {"index": choice.index, "text": choice.text}
             body["finish_reason"] = choice.finish_reason
             choices.append(body)
-        out: dict[str, Any] = {
+        out: JsonObject = {
             **self.head,
             "object": "chat.completion" if self.api == CHAT else "text_completion",
             "choices": choices,
@@ -285,9 +310,9 @@ class ChunkFilter:
         self.api = api
         self.asked = asked
         self._drop_empty = api == CHAT and not (asked.token_ids or asked.logprobs)
-        self._held: list[dict[str, Any]] = []
+        self._held: list[JsonObject] = []
 
-    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+    def feed(self, chunk: JsonObject) -> list[JsonObject]:
         """Chunks to send the client now, in order."""
         choices = chunk.get("choices") or []
         if not self.asked.stream_usage and chunk.get("usage") and not choices:
@@ -317,15 +342,15 @@ class ChunkFilter:
             return []
         return [chunk]
 
-    def end(self) -> list[dict[str, Any]]:
+    def end(self) -> list[JsonObject]:
         """Whatever is still held when the upstream stream ends."""
         held, self._held = self._held, []
         return held
 
 
-def _finishes(chunk: dict[str, Any]) -> bool:
+def _finishes(chunk: JsonObject) -> bool:
     return any(c.get("finish_reason") for c in chunk.get("choices") or [])
 
 
-def _is_empty(choice: dict[str, Any]) -> bool:
+def _is_empty(choice: JsonObject) -> bool:
     return choice.get("delta") == {} and choice.get("finish_reason") is None

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+
+from store.json_types import JsonObject
 
 CATEGORIES = ("honoured", "ignored", "unknown", "flattened", "left_out", "clamped", "refused")
 # `omit`: tools the model cannot be given are left out (recorded); `refuse`: a 400
@@ -49,7 +50,7 @@ class Compat:
 
     notes: dict[str, list[str]] = field(default_factory=dict)
     # per feature, what the record should say beyond its name (e.g. a clamp's numbers)
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: JsonObject = field(default_factory=dict)
 
     def note(self, category: str, feature: str) -> None:
         assert category in CATEGORIES, category
@@ -61,16 +62,16 @@ class Compat:
     def has(self, category: str, feature: str) -> bool:
         return feature_name(feature) in self.notes.get(category, [])
 
-    def as_record(self) -> dict[str, Any] | None:
+    def as_record(self) -> JsonObject | None:
         """The `calls.compat` column: categories in a fixed order, then `detail`."""
-        record: dict[str, Any] = {c: self.notes[c] for c in CATEGORIES if self.notes.get(c)}
+        record: JsonObject = {c: self.notes[c] for c in CATEGORIES if self.notes.get(c)}
         if self.detail:
             record["detail"] = self.detail
         return record or None
 
 
 def unmapped_fields(
-    body: dict[str, Any],
+    body: JsonObject,
     *,
     handled: frozenset[str],
     vendor_only: frozenset[str],

@@ -6,7 +6,7 @@ shape followed by `data: [DONE]`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 from starlette.responses import Response
@@ -26,7 +26,7 @@ class ProxyError(Exception):
         if code is not None:
             self.code = code
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> ErrorBody:
         return error_body(self.message, self.type, param=self.param, code=self.code)
 
 
@@ -79,9 +79,22 @@ class UpstreamTimeout(ProxyError):
     code = "upstream_timeout"
 
 
+class ErrorDetail(TypedDict):
+    message: str
+    type: str
+    param: str | None
+    code: str | int | None
+
+
+class ErrorBody(TypedDict):
+    """An OpenAI-style error body."""
+
+    error: ErrorDetail
+
+
 def error_body(
     message: str, type_: str, *, param: str | None = None, code: str | int | None = None
-) -> dict[str, Any]:
+) -> ErrorBody:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 

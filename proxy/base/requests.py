@@ -10,6 +10,7 @@ from starlette.requests import Request
 
 from proxy.base.capture import CHAT, COMPLETIONS
 from proxy.base.errors import BadRequest
+from store.json_types import JsonObject
 
 SESSION_HEADER = "x-onthejob-session"
 TASK_HEADER = "x-onthejob-task"
@@ -35,7 +36,7 @@ def _too_large(limit: int) -> BadRequest:
     return BadRequest(f"request body is larger than {limit} bytes", code="request_too_large")
 
 
-def parse_object(raw: bytes) -> dict[str, Any]:
+def parse_object(raw: bytes) -> JsonObject:
     if not raw.strip():
         raise BadRequest("request body is empty; expected a JSON object", code="invalid_json")
     try:
@@ -49,7 +50,7 @@ def parse_object(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def check_generation(api: str, body: dict[str, Any]) -> None:
+def check_generation(api: str, body: JsonObject) -> None:
     """The few checks the proxy needs itself; vLLM validates the rest and its 4xx pass through."""
     if api == CHAT:
         messages = body.get("messages")
@@ -78,7 +79,7 @@ def session_key(request: Request) -> str | None:
     return key
 
 
-def conversation_key(session: str | None, api: str, body: dict[str, Any]) -> str | None:
+def conversation_key(session: str | None, api: str, body: JsonObject) -> str | None:
     """What every call of one conversation shares: its session (`s:<key>`), else its
     opening: the messages up to and including the first user message (the system prompt
     and the first question), which every later call of an implicit trajectory repeats; a

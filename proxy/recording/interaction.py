@@ -43,6 +43,8 @@ from typing import Any
 from starlette.requests import Request
 
 from proxy.base.errors import BadRequest
+from proxy.base.record import CallEntry
+from store.json_types import JsonObject
 
 TYPE_HEADER = "x-onthejob-type"
 MAX_TYPE = 200
@@ -100,7 +102,7 @@ def harness_of(user_agent: str | None) -> str:
     return token or "unknown"
 
 
-def system_text(body: dict[str, Any]) -> str:
+def system_text(body: JsonObject) -> str:
     """The system-like text of a request body, joined (see the module docstring): its
     first RAW_CHARS characters or more, from the first MESSAGES_READ messages."""
     parts: list[str] = []
@@ -129,7 +131,7 @@ def _prompt_digest(window: str) -> bytes:
     ).digest()
 
 
-def tool_names(body: dict[str, Any]) -> list[str]:
+def tool_names(body: JsonObject) -> list[str]:
     tools = body.get("tools")
     if not isinstance(tools, list):
         return []
@@ -156,7 +158,7 @@ def fingerprint(body: Any, user_agent: str | None) -> str:
     return f"{AUTO_PREFIX}{harness_of(user_agent)}:{digest.hexdigest()}"
 
 
-def type_of(entry: dict[str, Any]) -> str:
+def type_of(entry: CallEntry) -> str:
     """A logged call's type: its explicit header, else its fingerprint."""
     explicit = entry.get("interaction_type")
     if explicit:

@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import orjson
 from sqlalchemy import Engine
 
-from proxy.base.record import CallRecord
+from proxy.base.record import CallEntry, CallRecord
 from proxy.recording.calllog import CallLog
 from proxy.recording.rows import entry_of
 from proxy.recording.spool import Spool
@@ -103,7 +103,7 @@ class Recorder:
         await asyncio.to_thread(self.log.close)
 
     # -- figures (any thread) ------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
+    def status(self) -> RecorderStatus:
         writer = self.writer
         processed = writer.processed if writer else 0
         backlog_bytes = self.log.bytes_between(writer.cursor, self.log.end) if writer else 0
@@ -127,6 +127,23 @@ class Recorder:
         }
 
 
+class RecorderStatus(TypedDict):
+    """The recorder's figures (the admin API's stats, /metrics)."""
+
+    queue_depth: int
+    queue_bytes: int
+    queue_limit_calls: int
+    queue_limit_bytes: int
+    backlog_calls: int
+    backlog_bytes: int
+    log_bytes: int
+    log_fsync_interval_s: float
+    log_write_errors: int
+    written: int
+    rejected: int
+    database: str  # ok | unreachable
+
+
 def log_directory(spool_path: Path) -> Path:
     """The call log lives beside the spool path: `<spool>.d/`."""
     return spool_path.with_name(spool_path.name + ".d")
@@ -136,11 +153,11 @@ def rejected_path(spool_path: Path) -> Path:
     return spool_path.with_name(spool_path.name + ".rejected")
 
 
-def _line(entry: dict[str, Any]) -> bytes:
+def _line(entry: CallEntry) -> bytes:
     return orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE)
 
 
-def _bare_entry(call: CallRecord) -> dict[str, Any]:
+def _bare_entry(call: CallRecord) -> CallEntry:
     """What is left of a record that cannot be serialised: the call, without its bodies."""
     bare = CallRecord(
         id=call.id, api=call.api, session_key=call.session_key, started_at=call.started_at

@@ -15,12 +15,11 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import Engine
 
 from proxy.recording.rows import empty_rows
-from proxy.recording.spool import Spool
+from proxy.recording.spool import RejectedBatch, Spool
 from proxy.recording.writer import Unreachable, short_reason
 from store import recording
 from store.errors import is_unreachable
@@ -48,7 +47,7 @@ def replay(engine: Engine, path: Path) -> Replayed:
 
 
 def _replay_file(engine: Engine, working: Path, path: Path, result: Replayed) -> None:
-    still: list[dict[str, Any]] = []
+    still: list[RejectedBatch] = []
     for entry in Spool(working).batches():
         rows = {**empty_rows(), **entry.get("rows", {})}
         try:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict
 
-from proxy.base.record import CallRecord
+from proxy.base.record import CallEntry, CallRecord
 from proxy.recording.interaction import type_of
 from proxy.recording.stitching import (
     PrefixHasher,
@@ -20,9 +20,20 @@ from proxy.recording.stitching import (
     new_id,
     token_array,
 )
+from store.call_rows import CallRow, FinishedRow, ResponseRow, TrajectoryRow
+from store.json_types import JsonValue
 from store.tokens import common_prefix_len
 
-Rows = dict[str, list[dict[str, Any]]]
+
+class Rows(TypedDict):
+    """What one batch writes (store/recording.py `write_batch`)."""
+
+    trajectories: list[TrajectoryRow]
+    calls: list[CallRow]
+    finished: list[FinishedRow]
+    responses: list[ResponseRow]
+
+
 FindOpen = Callable[[str], tuple[str, float, float] | None]
 
 
@@ -30,14 +41,14 @@ def empty_rows() -> Rows:
     return {"trajectories": [], "calls": [], "finished": [], "responses": []}
 
 
-def entry_of(record: CallRecord) -> dict[str, Any]:
+def entry_of(record: CallRecord) -> CallEntry:
     """The call as plain JSON data: everything the rows are built from.
 
     `chat_messages` is left out when it is the request's own `messages` (chat completions),
     so the conversation is not written twice.
     """
     capture = record.capture
-    entry: dict[str, Any] = {
+    entry: CallEntry = {
         "id": record.id,
         "api": record.api,
         "session_key": record.session_key,
@@ -83,13 +94,13 @@ def entry_of(record: CallRecord) -> dict[str, Any]:
     return entry
 
 
-def chat_messages(entry: dict[str, Any]) -> list[Any] | None:
+def chat_messages(entry: CallEntry) -> list[JsonValue] | None:
     if "chat_messages" in entry:
         return entry["chat_messages"]
     return entry["request"]["messages"]
 
 
-def ended_at(entry: dict[str, Any]) -> float:
+def ended_at(entry: CallEntry) -> float:
     """When the call ended: idle time is measured from here, not from its start."""
     return float(entry["started_at"]) + (entry.get("latency_ms") or 0.0) / 1000.0
 
@@ -99,8 +110,8 @@ class RowBuilder:
         self.tracker = tracker
         self.find_open = find_open
 
-    def rows(self, entries: list[dict[str, Any]]) -> Rows:
-        trajectories: dict[str, dict[str, Any]] = {}
+    def rows(self, entries: list[CallEntry]) -> Rows:
+        trajectories: dict[str, TrajectoryRow] = {}
         rows = empty_rows()
         for entry in entries:
             if entry.get("fanout_parent") is not None:
@@ -119,7 +130,7 @@ class RowBuilder:
         rows["trajectories"] = list(trajectories.values())
         return rows
 
-    def call_row(self, entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    def call_row(self, entry: CallEntry) -> tuple[CallRow, TrajectoryRow | None]:
         messages = chat_messages(entry)
         capture = entry["capture"]
         session_key = entry["session_key"]
@@ -180,7 +191,7 @@ class RowBuilder:
         else:
             tracker.touch(state, ended, state.last_call_id or "", last_sequence)
         row = call_columns(entry, state.id, parent_id, prefix_len, suffix, digest)
-        trajectory = {
+        trajectory: TrajectoryRow = {
             "id": state.id,
             "session_key": state.session_key,
             "task_key": text(state.task_key, 500),
@@ -195,7 +206,7 @@ class RowBuilder:
         return row, trajectory
 
 
-def sibling_row(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def sibling_row(entry: CallEntry) -> tuple[CallRow, TrajectoryRow]:
     """A fan-out choice the client never saw: its own trajectory, finished at once.
 
     Nobody continues it (no continuation is offered, no session); its prompt is the
@@ -213,7 +224,7 @@ def sibling_row(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         None,
     )
     ended = ended_at(entry)
-    trajectory = {
+    trajectory: TrajectoryRow = {
         "id": trajectory_id,
         "session_key": None,
         "task_key": entry["task_key"] or derive_task_key(chat_messages(entry)),
@@ -228,7 +239,7 @@ def sibling_row(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return row, trajectory
 
 
-def bare_row(entry: dict[str, Any]) -> dict[str, Any]:
+def bare_row(entry: CallEntry) -> CallRow:
     return {
         "id": entry["id"],
         "trajectory_id": None,
@@ -266,13 +277,13 @@ def bare_row(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def call_columns(
-    entry: dict[str, Any],
+    entry: CallEntry,
     trajectory_id: str,
     parent_id: str | None,
     prefix_len: int,
     suffix: list[int] | None,
     digest: str | None,
-) -> dict[str, Any]:
+) -> CallRow:
     """The row of a call that reached a model: its own columns, its capture's, and where it
     sits in its trajectory (built in one go: it runs for every call)."""
     capture = entry["capture"]

@@ -15,18 +15,30 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import orjson
 
+from store.json_types import JsonObject
+
+if TYPE_CHECKING:
+    from proxy.recording.rows import Rows
+
 log = logging.getLogger("onthejob.spool")
+
+
+class RejectedBatch(TypedDict):
+    """A batch the database refused, as `<spool>.rejected` keeps it."""
+
+    error: str  # why, in short
+    rows: Rows
 
 
 class Spool:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def append(self, batch: dict[str, Any]) -> None:
+    def append(self, batch: RejectedBatch) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         line = orjson.dumps(batch) + b"\n"
         with open(self.path, "a+b") as handle:
@@ -44,7 +56,7 @@ class Spool:
         except FileNotFoundError:
             return 0
 
-    def batches(self) -> Iterator[dict[str, Any]]:
+    def batches(self) -> Iterator[JsonObject]:
         """Every complete batch in the file, read as it is consumed (memory: one batch); a
         torn last line (crash mid-write) is skipped."""
         if not self.size():

@@ -20,6 +20,9 @@ from typing import Any
 
 import orjson
 
+from proxy.base.capture import ReplyMessage
+from store.json_types import JsonObject
+
 _ID_PREFIX = os.urandom(8).hex()
 _id_counter = itertools.count(int.from_bytes(os.urandom(4), "big"))
 
@@ -69,7 +72,7 @@ def normalise_message(message: Any) -> Any:
     """
     if not isinstance(message, dict):
         return message
-    normal: dict[str, Any] = {
+    normal: JsonObject = {
         "role": message.get("role"),
         "content": _text_of(message.get("content")),
     }
@@ -106,7 +109,7 @@ def prefix_hashes(messages: list[Any]) -> list[str]:
     return [hasher.add(m) for m in messages]
 
 
-def continuation_hash(messages: list[Any], reply: dict[str, Any] | None) -> str | None:
+def continuation_hash(messages: list[Any], reply: ReplyMessage | None) -> str | None:
     """Hash of the conversation as a continuing call would send it back: messages + reply."""
     if reply is None:
         return None

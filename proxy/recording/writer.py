@@ -19,11 +19,11 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
 
 import orjson
 from sqlalchemy import Connection, Engine
 
+from proxy.base.record import CallEntry
 from proxy.recording.calllog import CallLog, Position
 from proxy.recording.rows import RowBuilder, Rows, empty_rows, ended_at
 from proxy.recording.spool import Spool
@@ -71,7 +71,7 @@ class Writer:
         # lines before here were logged by an earlier run: the database may have some
         self.replay_until: Position = calllog.end
         # entries the log could not take (e.g. a full disk): kept in memory, written first
-        self.unlogged: collections.deque[dict[str, Any]] = collections.deque()
+        self.unlogged: collections.deque[CallEntry] = collections.deque()
         self.written = 0
         self.rejected = 0
         self.processed = 0  # lines taken from the log (written, rejected, skipped or torn)
@@ -147,7 +147,7 @@ class Writer:
 
     # -- one batch -----------------------------------------------------------------------
     def _write_entries(
-        self, entries: list[dict[str, Any]], count: int, size: int, after: Position
+        self, entries: list[CallEntry], count: int, size: int, after: Position
     ) -> bool:
         """Write the entries of `count` log lines (`size` bytes) up to `after`."""
         self.in_memory_calls = len(entries)
@@ -180,7 +180,7 @@ class Writer:
         self.in_memory_calls = self.in_memory_bytes = 0
         return True
 
-    def _parse(self, lines: list[bytes]) -> list[dict[str, Any]]:
+    def _parse(self, lines: list[bytes]) -> list[CallEntry]:
         entries = []
         for line in lines:
             try:
@@ -190,7 +190,7 @@ class Writer:
                     log.warning("call log line torn by a crash; skipped (%d bytes)", len(line))
         return entries
 
-    def _prepare(self, entries: list[dict[str, Any]], from_replay: bool) -> list[dict[str, Any]]:
+    def _prepare(self, entries: list[CallEntry], from_replay: bool) -> list[CallEntry]:
         """Before rows are built (the tracker sees each entry once): drop entries already in
         the database (after a crash), and fetch the open trajectories of sessions this
         process does not know yet (after a restart). Raises Unreachable."""

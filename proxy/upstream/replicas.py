@@ -22,13 +22,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 import orjson
 
 from proxy.base.errors import UpstreamBusy, UpstreamTimeout, UpstreamUnavailable
 from proxy.upstream import http1, sampling
+from store.json_types import JsonObject
 
 log = logging.getLogger("onthejob.upstream")
 # how long a replica whose sampling defaults cannot be learned waits to be asked again
@@ -57,7 +57,7 @@ class Replica:
     in_flight: int = 0
     # the sampling parameters it applies where a request sets none (proxy/upstream/sampling.py);
     # None: unknown (calls record no effective sampling), and where they came from or why
-    sampling_defaults: dict[str, Any] | None = None
+    sampling_defaults: JsonObject | None = None  # vLLM's, by parameter
     sampling_source: str | None = None
     defaults_asked_at: float | None = None
 

@@ -18,14 +18,17 @@ otherwise it records none, and a learner must not guess (it skips such calls).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import orjson
 
+from store.json_types import JsonObject
+from store.trajectory_record import RecordedSampling
+
 # vLLM's neutral values (ChatCompletionRequest._DEFAULT_SAMPLING_PARAMS in vLLM 0.32): what
 # applies when neither the request nor the server's defaults set a parameter
-NEUTRAL: dict[str, Any] = {
+NEUTRAL: dict[str, float] = {
     "temperature": 1.0,
     "top_p": 1.0,
     "top_k": 0,
@@ -38,7 +41,7 @@ NEUTRAL: dict[str, Any] = {
 GREEDY_BELOW = 1e-5
 
 
-def effective(body: dict[str, Any], defaults: dict[str, Any] | None) -> dict[str, Any] | None:
+def effective(body: JsonObject, defaults: JsonObject | None) -> RecordedSampling | None:
     """What vLLM applies to the upstream `body` given the replica's `defaults` (None when
     unknown), as vLLM merges them: the request's value, else the default, else neutral.
 
@@ -47,7 +50,7 @@ def effective(body: dict[str, Any], defaults: dict[str, Any] | None) -> dict[str
     """
     if defaults is None:
         return None
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     for name, neutral in NEUTRAL.items():
         value = body.get(name)
         out[name] = value if value is not None else defaults.get(name, neutral)
@@ -56,10 +59,10 @@ def effective(body: dict[str, Any], defaults: dict[str, Any] | None) -> dict[str
     found = constraints(body)
     if found:
         out["constraints"] = found
-    return out
+    return cast(RecordedSampling, out)  # the parameters' values, as JSON gave them
 
 
-def constraints(body: dict[str, Any]) -> list[str]:
+def constraints(body: JsonObject) -> list[str]:
     """The request's processing, other than the sampling parameters, that shapes the
     logprobs vLLM reports (each masks or shifts logits before sampling)."""
     found = [
@@ -91,7 +94,7 @@ def constraints(body: dict[str, Any]) -> list[str]:
 
 async def learn_defaults(
     session: aiohttp.ClientSession, url: str, limit: aiohttp.ClientTimeout
-) -> tuple[dict[str, Any] | None, str]:
+) -> tuple[JsonObject | None, str]:
     """(the replica's sampling defaults or None, where they came from or why unknown)."""
     probe = {"messages": [{"role": "user", "content": "."}], "max_tokens": 1}
     async with session.post(url + "/v1/chat/completions/render", json=probe, timeout=limit) as r:
@@ -121,7 +124,7 @@ async def learn_defaults(
     return defaults, "server_info"
 
 
-def _model_config(info: Any) -> dict[str, Any] | None:
+def _model_config(info: Any) -> JsonObject | None:
     config = info.get("vllm_config") if isinstance(info, dict) else None
     model = config.get("model_config") if isinstance(config, dict) else None
     return model if isinstance(model, dict) else None

@@ -20,7 +20,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
+from store.json_types import JsonObject
 from store.models.base import Base
+from store.trajectory_record import RecordedSampling
 
 
 class Trajectory(Base):
@@ -78,8 +80,8 @@ class Call(Base):
     status: Mapped[str] = mapped_column(String(16))
     http_status: Mapped[int] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
-    request: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    response: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    request: Mapped[JsonObject | None] = mapped_column(JSON)
+    response: Mapped[JsonObject | None] = mapped_column(JSON)
     prompt_parent_id: Mapped[str | None] = mapped_column(String(32))
     prompt_prefix_len: Mapped[int] = mapped_column(Integer, default=0)
     prompt_token_suffix: Mapped[list[Any] | None] = mapped_column(JSON)
@@ -101,7 +103,7 @@ class Call(Base):
     user_agent: Mapped[str | None] = mapped_column(String(500))
     # translated APIs: what the compatibility policy did, {category: [feature, ...],
     # "detail": {...}} (proxy/base/compat_policy.py); null when it did nothing
-    compat: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    compat: Mapped[JsonObject | None] = mapped_column(JSON)
     # the name of the client key the call came with (never the key): whose traffic it is
     key_name: Mapped[str | None] = mapped_column(String(100))
     # the tenant the call was routed for (store/tenants.py); null: none
@@ -109,7 +111,7 @@ class Call(Base):
     # the sampling parameters vLLM applied: the request's, else the replica's defaults
     # (proxy/upstream/sampling.py), with "constraints" naming other logits processing; null when
     # the replica's defaults were unknown
-    sampling: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    sampling: Mapped[RecordedSampling | None] = mapped_column(JSON)
 
     __table_args__ = (Index("ix_calls_trajectory_started", "trajectory_id", "started_at"),)
 
@@ -149,7 +151,7 @@ class StoredResponse(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     call_id: Mapped[str] = mapped_column(String(32), index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    response: Mapped[dict[str, Any]] = mapped_column(JSON)
+    response: Mapped[JsonObject] = mapped_column(JSON)
     # the conversation (chat messages, instructions excluded) a follow-up continues from
     conversation: Mapped[list[Any]] = mapped_column(JSON)
 
@@ -165,5 +167,5 @@ class ProxyInstance(Base):
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     upstreams: Mapped[list[Any]] = mapped_column(JSON)
-    acks: Mapped[dict[str, Any]] = mapped_column(JSON)
-    routes: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    acks: Mapped[dict[str, int]] = mapped_column(JSON)  # {upstream: gate epoch}
+    routes: Mapped[dict[str, str] | None] = mapped_column(JSON, nullable=True)  # {tenant: version}
