@@ -10,7 +10,7 @@ Google's REST API also takes it, in the query string (`?key=`), read as if it we
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 from starlette.requests import Request
@@ -20,6 +20,7 @@ from starlette.routing import BaseRoute, Route
 from proxy.api.dialect import TranslatedWriter
 from proxy.api.translate import gemini as translate
 from proxy.api.translate.messages import TranslationError
+from proxy.api.translate.shapes import ChatCompletion, ChatRequest
 from proxy.base.capture import CHAT, ClientAsked
 from proxy.base.compat_policy import Compat, note_refusal
 from proxy.base.errors import (
@@ -36,9 +37,22 @@ from proxy.generation.dialect import StreamWriter
 from proxy.generation.prompt_tokens import count_prompt
 from proxy.state import ProxyState
 from proxy.upstream.replicas import UPSTREAM_READ_ERRORS
+from store.json_types import JsonObject
 
 VERSIONS = ("v1beta", "v1")
 ACTIONS = ("generateContent", "streamGenerateContent", "countTokens")
+
+
+class Model(TypedDict, total=False):
+    """A served model as Gemini's model list shows it."""
+
+    name: str  # "models/<id>"
+    baseModelId: str
+    version: str
+    displayName: str
+    supportedGenerationMethods: list[str]
+    inputTokenLimit: int  # vLLM's max_model_len, when it says
+    outputTokenLimit: int
 
 
 def key_from_query(request: Request) -> None:
@@ -57,7 +71,7 @@ def gemini_error(status: int, message: str) -> Response:
 class SSE:
     """Gemini's `alt=sse` framing: one `data:` event per response chunk."""
 
-    def __call__(self, chunks: list[dict[str, Any]]) -> bytes:
+    def __call__(self, chunks: list[translate.StreamChunk]) -> bytes:
         return b"".join(b"data: " + orjson.dumps(c) + b"\r\n\r\n" for c in chunks)
 
 
@@ -67,7 +81,7 @@ class JSONArray:
     def __init__(self) -> None:
         self.opened = False
 
-    def __call__(self, chunks: list[dict[str, Any]]) -> bytes:
+    def __call__(self, chunks: list[translate.StreamChunk]) -> bytes:
         out = b""
         for chunk in chunks:
             out += (b",\r\n" if self.opened else b"[") + orjson.dumps(chunk)
@@ -104,8 +118,8 @@ class GeminiDialect:
         self.thoughts = False
 
     async def to_upstream(
-        self, body: dict[str, Any], state: ProxyState, record: CallRecord
-    ) -> dict[str, Any]:
+        self, body: JsonObject, state: ProxyState, record: CallRecord
+    ) -> ChatRequest:
         # the model and streaming are in the URL, not the body
         record.model = self.model
         record.stream = self.streaming
@@ -129,7 +143,7 @@ class GeminiDialect:
     def upstream_error(self, status: int, raw: bytes, content_type: str) -> Response:
         return gemini_error(status, upstream_error_message(raw))
 
-    def whole(self, data: dict[str, Any], asked: ClientAsked, record: CallRecord) -> Any:
+    def whole(self, data: ChatCompletion, asked: ClientAsked, record: CallRecord) -> Any:
         return translate.chat_to_gemini(data, model=self.model, thoughts=self.thoughts)
 
     def stream(self, asked: ClientAsked, record: CallRecord) -> StreamWriter:
@@ -138,7 +152,7 @@ class GeminiDialect:
             return TranslatedWriter(translator, SSE())
         return ArrayWriter(translator)
 
-    def streamed(self, assembled: dict[str, Any], writer: StreamWriter, record: CallRecord) -> Any:
+    def streamed(self, assembled: ChatCompletion, writer: StreamWriter, record: CallRecord) -> Any:
         return translate.chat_to_gemini(assembled, model=self.model, thoughts=self.thoughts)
 
 
@@ -181,7 +195,7 @@ async def count_tokens(request: Request, model: str) -> Response:
     return JSONResponse({"totalTokens": count.tokens})
 
 
-async def _served(request: Request) -> list[dict[str, Any]]:
+async def _served(request: Request) -> list[Model]:
     """The upstream's models (vLLM's /v1/models) in Gemini's shape; an upstream that fails
     to list them is a 502 with its reason."""
     key_from_query(request)
@@ -204,10 +218,10 @@ async def _served(request: Request) -> list[dict[str, Any]]:
     return [_model(m) for m in orjson.loads(raw).get("data") or [] if isinstance(m, dict)]
 
 
-def _model(served: dict[str, Any]) -> dict[str, Any]:
+def _model(served: JsonObject) -> Model:
     name = str(served.get("id"))
     context = served.get("max_model_len")
-    model: dict[str, Any] = {
+    model: Model = {
         "name": f"models/{name}",
         "baseModelId": name,
         "version": "served",

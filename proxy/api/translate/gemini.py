@@ -13,12 +13,28 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from typing import Any
+from typing import Any, Required, TypeAlias, TypedDict
 
 from proxy.api.translate.extras import VLLM_EXTRAS, vllm_extras
 from proxy.api.translate.messages import TranslationError
+from proxy.api.translate.shapes import (
+    ChatChunk,
+    ChatCompletion,
+    ChatContentPart,
+    ChatDelta,
+    ChatFunction,
+    ChatFunctionCall,
+    ChatImagePart,
+    ChatMessage,
+    ChatRequest,
+    ChatTool,
+    ChatToolCall,
+    ChatUsage,
+    ToolCallDelta,
+)
 from proxy.base.capture import REASONING_KEYS
 from proxy.base.compat_policy import Compat, unmapped_fields
+from store.json_types import JsonObject
 
 # request fields, as lowerCamelCase
 _MAPPED_FIELDS = frozenset(
@@ -79,7 +95,73 @@ STATUS = {
 _SNAKE = re.compile(r"_([a-z0-9])")
 
 
-def error_body(status: int, message: str) -> dict[str, Any]:
+# --- the answer's shapes (what this module builds; a request stays JsonObject: open keys) ---
+
+
+class ErrorDetail(TypedDict):
+    code: int  # the HTTP status
+    message: str
+    status: str  # Google's name for it (STATUS)
+
+
+class ErrorBody(TypedDict):
+    """Google's error shape: an error response's body, a broken stream's last chunk."""
+
+    error: ErrorDetail
+
+
+class FunctionCall(TypedDict, total=False):
+    name: Required[str]
+    args: Required[JsonObject]
+    id: str  # the chat call's id, when it had one
+
+
+class Part(TypedDict, total=False):
+    """An answer's part: text (a thought when `thought`), or one function call."""
+
+    text: str
+    thought: bool
+    functionCall: FunctionCall
+
+
+class Content(TypedDict):
+    role: str  # "model"
+    parts: list[Part]
+
+
+class Candidate(TypedDict, total=False):
+    content: Required[Content]
+    index: Required[int]
+    finishReason: str
+
+
+class UsageMetadata(TypedDict):
+    promptTokenCount: int
+    candidatesTokenCount: int
+    totalTokenCount: int
+
+
+class GenerateContentResponse(TypedDict, total=False):
+    """A whole answer, or one chunk of a stream."""
+
+    candidates: Required[list[Candidate]]
+    modelVersion: Required[str]
+    usageMetadata: UsageMetadata  # the whole answer and a stream's last chunk
+    responseId: Required[str]
+
+
+# what a stream sends: answer chunks, or an error if it broke off
+StreamChunk: TypeAlias = GenerateContentResponse | ErrorBody
+
+
+class StreamedCall(TypedDict):
+    """A tool call being assembled from a stream's deltas."""
+
+    id: str | None
+    function: ChatFunctionCall
+
+
+def error_body(status: int, message: str) -> ErrorBody:
     """Google's error shape: {"error": {"code", "message", "status"}}."""
     return {"error": {"code": status, "message": message, "status": STATUS.get(status, "UNKNOWN")}}
 
@@ -88,12 +170,12 @@ def camel(name: str) -> str:
     return _SNAKE.sub(lambda m: m.group(1).upper(), name)
 
 
-def _fields(obj: dict[str, Any]) -> dict[str, Any]:
+def _fields(obj: JsonObject) -> JsonObject:
     """An object's fields under their lowerCamelCase names (snake_case is the same field)."""
     return {camel(k): v for k, v in obj.items()}
 
 
-def _object(value: Any, where: str) -> dict[str, Any]:
+def _object(value: Any, where: str) -> JsonObject:
     if not isinstance(value, dict):
         raise TranslationError(f"{where}: expected an object", param=where)
     return _fields(value)
@@ -103,15 +185,15 @@ def _object(value: Any, where: str) -> dict[str, Any]:
 
 
 def gemini_to_chat(
-    body: dict[str, Any], *, model: str, compat: Compat, hosted_tools: str = "omit"
-) -> dict[str, Any]:
+    body: JsonObject, *, model: str, compat: Compat, hosted_tools: str = "omit"
+) -> ChatRequest:
     """The chat request for a generateContent request to `model` (from the URL)."""
     if not isinstance(body, dict):
         raise TranslationError("the request body must be a JSON object")
     body = _fields(body)
     unmapped_fields(body, handled=_MAPPED_FIELDS, vendor_only=_VENDOR_FIELDS, compat=compat)
     messages = _system(body.get("systemInstruction")) + _contents(body.get("contents"), compat)
-    chat: dict[str, Any] = {"model": model, "messages": messages}
+    chat: ChatRequest = {"model": model, "messages": messages}
     tools = _tools(body.get("tools"), compat, hosted_tools)
     if tools:
         chat["tools"] = tools
@@ -122,7 +204,7 @@ def gemini_to_chat(
     return chat
 
 
-def count_tokens_chat_body(body: dict[str, Any], *, model: str) -> dict[str, Any]:
+def count_tokens_chat_body(body: JsonObject, *, model: str) -> ChatRequest:
     """countTokens takes `contents` alone, or a whole `generateContentRequest`."""
     if not isinstance(body, dict):
         raise TranslationError("the request body must be a JSON object")
@@ -134,7 +216,7 @@ def count_tokens_chat_body(body: dict[str, Any], *, model: str) -> dict[str, Any
     return chat
 
 
-def _system(instruction: Any) -> list[dict[str, Any]]:
+def _system(instruction: Any) -> list[ChatMessage]:
     if instruction is None:
         return []
     if isinstance(instruction, str):  # the SDKs accept a bare string
@@ -150,10 +232,10 @@ def _system(instruction: Any) -> list[dict[str, Any]]:
     return [{"role": "system", "content": "\n".join(texts)}] if texts else []
 
 
-def _contents(contents: Any, compat: Compat) -> list[dict[str, Any]]:
+def _contents(contents: Any, compat: Compat) -> list[ChatMessage]:
     if not isinstance(contents, list) or not contents:
         raise TranslationError("contents: at least one content is required", param="contents")
-    messages: list[dict[str, Any]] = []
+    messages: list[ChatMessage] = []
     pending: list[tuple[str, str]] = []  # (name, call id) of the model's unanswered calls
     for i, raw in enumerate(contents):
         where = f"contents.{i}"
@@ -202,10 +284,10 @@ def _parts(parts: list[Any], where: str, compat: Compat) -> list[tuple[str, str,
 
 def _model_turn(
     parts: list[Any], where: str, turn: int, compat: Compat
-) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+) -> tuple[ChatMessage, list[tuple[str, str]]]:
     texts: list[str] = []
     thoughts: list[str] = []
-    calls: list[dict[str, Any]] = []
+    calls: list[ChatToolCall] = []
     for at, kind, value in _parts(parts, where, compat):
         if kind == "text":
             texts.append(_string(value, at))
@@ -217,7 +299,7 @@ def _model_turn(
             raise TranslationError(
                 f"{at}: a model turn holds text and functionCall parts", param=at
             )
-    message: dict[str, Any] = {
+    message: ChatMessage = {
         "role": "assistant",
         "content": "".join(texts) if texts or not calls else None,
     }
@@ -228,7 +310,7 @@ def _model_turn(
     return message, [(c["function"]["name"], c["id"]) for c in calls]
 
 
-def _tool_call(call: dict[str, Any], where: str, turn: int, index: int) -> dict[str, Any]:
+def _tool_call(call: JsonObject, where: str, turn: int, index: int) -> ChatToolCall:
     name = call.get("name")
     if not isinstance(name, str) or not name:
         raise TranslationError(f"{where}.functionCall.name: field required", param=where)
@@ -245,11 +327,11 @@ def _tool_call(call: dict[str, Any], where: str, turn: int, index: int) -> dict[
 
 def _user_turn(
     parts: list[Any], where: str, pending: list[tuple[str, str]], compat: Compat
-) -> list[dict[str, Any]]:
+) -> list[ChatMessage]:
     """Function responses first (as tool messages, answering the model's calls), then what
     the user says (text and images) as one user message."""
-    tools: list[dict[str, Any]] = []
-    content: list[dict[str, Any]] = []
+    tools: list[ChatMessage] = []
+    content: list[ChatContentPart] = []
     waiting = list(pending)
     for at, kind, value in _parts(parts, where, compat):
         if kind in ("text", "thought"):
@@ -270,9 +352,7 @@ def _user_turn(
     return messages
 
 
-def _tool_message(
-    response: dict[str, Any], where: str, waiting: list[tuple[str, str]]
-) -> dict[str, Any]:
+def _tool_message(response: JsonObject, where: str, waiting: list[tuple[str, str]]) -> ChatMessage:
     name = response.get("name")
     call_id = response.get("id")
     if not isinstance(call_id, str) or not call_id:
@@ -290,7 +370,7 @@ def _tool_message(
     return {"role": "tool", "tool_call_id": call_id, "content": text}
 
 
-def _image(data: dict[str, Any], where: str) -> dict[str, Any]:
+def _image(data: JsonObject, where: str) -> ChatImagePart:
     mime = data.get("mimeType")
     payload = data.get("data")
     if not (isinstance(mime, str) and mime.startswith("image/") and isinstance(payload, str)):
@@ -310,12 +390,12 @@ def _string(value: Any, where: str) -> str:
 # --- request: tools -----------------------------------------------------------------------
 
 
-def _tools(tools: Any, compat: Compat, hosted_tools: str) -> list[dict[str, Any]]:
+def _tools(tools: Any, compat: Compat, hosted_tools: str) -> list[ChatTool]:
     if tools is None:
         return []
     if not isinstance(tools, list):
         raise TranslationError("tools: expected a list", param="tools")
-    out = []
+    out: list[ChatTool] = []
     for i, raw in enumerate(tools):
         tool = _object(raw, f"tools.{i}")
         for key, value in tool.items():
@@ -340,7 +420,7 @@ def _tools(tools: Any, compat: Compat, hosted_tools: str) -> list[dict[str, Any]
     return out
 
 
-def _function(declaration: dict[str, Any], where: str, compat: Compat) -> dict[str, Any]:
+def _function(declaration: JsonObject, where: str, compat: Compat) -> ChatTool:
     unmapped_fields(
         declaration,
         handled=frozenset({"name", "description", "parameters", "parametersJsonSchema"}),
@@ -351,7 +431,7 @@ def _function(declaration: dict[str, Any], where: str, compat: Compat) -> dict[s
     name = declaration.get("name")
     if not isinstance(name, str) or not name:
         raise TranslationError(f"{where}.name: field required", param=f"{where}.name")
-    function: dict[str, Any] = {"name": name}
+    function: ChatFunction = {"name": name}
     if isinstance(declaration.get("description"), str):
         function["description"] = declaration["description"]
     schema = declaration.get("parametersJsonSchema")
@@ -367,7 +447,7 @@ def json_schema(schema: Any) -> Any:
         return [json_schema(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     for key, value in schema.items():
         key = camel(key)
         if key == "type" and isinstance(value, str):
@@ -385,7 +465,7 @@ def json_schema(schema: Any) -> Any:
     return out
 
 
-def _tool_config(config: Any, chat: dict[str, Any], compat: Compat) -> None:
+def _tool_config(config: Any, chat: ChatRequest, compat: Compat) -> None:
     if config is None:
         return
     calling = _object(config, "toolConfig").get("functionCallingConfig")
@@ -426,7 +506,7 @@ def _tool_config(config: Any, chat: dict[str, Any], compat: Compat) -> None:
 # --- request: generationConfig ------------------------------------------------------------
 
 
-def _generation(config: dict[str, Any], chat: dict[str, Any], compat: Compat) -> None:
+def _generation(config: JsonObject, chat: ChatRequest, compat: Compat) -> None:
     unmapped_fields(
         config,
         handled=_GENERATION_MAPPED | {camel(key) for key in VLLM_EXTRAS},
@@ -479,7 +559,7 @@ def _generation(config: dict[str, Any], chat: dict[str, Any], compat: Compat) ->
         chat["chat_template_kwargs"] = {"enable_thinking": not off}
 
 
-def _response_format(config: dict[str, Any], compat: Compat) -> dict[str, Any]:
+def _response_format(config: JsonObject, compat: Compat) -> ChatRequest:
     mime = config.get("responseMimeType")
     schema = config.get("responseJsonSchema")
     if schema is None and config.get("responseSchema") is not None:
@@ -515,14 +595,14 @@ def includes_thoughts(body: Any) -> bool:
 # --- response -----------------------------------------------------------------------------
 
 
-def chat_to_gemini(chat: dict[str, Any], *, model: str, thoughts: bool) -> dict[str, Any]:
+def chat_to_gemini(chat: ChatCompletion, *, model: str, thoughts: bool) -> GenerateContentResponse:
     """The GenerateContentResponse for a whole chat completion (its choice 0)."""
     choices = [c for c in chat.get("choices") or [] if isinstance(c, dict)]
     if not choices:
         raise ValueError("the upstream chat completion has no choices")
     choice = next((c for c in choices if c.get("index", 0) == 0), choices[0])
     message = choice.get("message") or {}
-    parts: list[dict[str, Any]] = []
+    parts: list[Part] = []
     reasoning = _reasoning(message)
     if reasoning and thoughts:
         parts.append({"text": reasoning, "thought": True})
@@ -538,11 +618,11 @@ def chat_to_gemini(chat: dict[str, Any], *, model: str, thoughts: bool) -> dict[
     )
 
 
-def _reasoning(container: dict[str, Any]) -> str:
+def _reasoning(container: ChatMessage | ChatDelta) -> str:
     return next((container[key] for key in REASONING_KEYS if container.get(key)), "")
 
 
-def _function_call(call: dict[str, Any]) -> dict[str, Any]:
+def _function_call(call: ChatToolCall | StreamedCall) -> Part:
     function = call.get("function") or {}
     arguments = function.get("arguments")
     try:
@@ -551,13 +631,13 @@ def _function_call(call: dict[str, Any]) -> dict[str, Any]:
         args = {}  # not an object: the client's tool refuses the call, and the model sees it
     if not isinstance(args, dict):
         args = {}
-    found = {"name": function.get("name") or "", "args": args}
+    found: FunctionCall = {"name": function.get("name") or "", "args": args}
     if call.get("id"):
         found["id"] = call["id"]
     return {"functionCall": found}
 
 
-def _usage(usage: dict[str, Any]) -> dict[str, int]:
+def _usage(usage: ChatUsage) -> UsageMetadata:
     prompt = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else 0
     out = usage.get("completion_tokens")
     out = out if isinstance(out, int) else 0
@@ -569,17 +649,17 @@ def _usage(usage: dict[str, Any]) -> dict[str, int]:
 
 
 def _response(
-    parts: list[dict[str, Any]],
+    parts: list[Part],
     *,
     finish: Any,
-    usage: dict[str, Any] | None,
+    usage: ChatUsage | None,
     model: str,
     response_id: Any,
-) -> dict[str, Any]:
-    candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
+) -> GenerateContentResponse:
+    candidate: Candidate = {"content": {"role": "model", "parts": parts}, "index": 0}
     if finish:
         candidate["finishReason"] = _FINISH.get(str(finish), "OTHER")
-    answer: dict[str, Any] = {"candidates": [candidate], "modelVersion": model}
+    answer: GenerateContentResponse = {"candidates": [candidate], "modelVersion": model}
     if usage is not None:
         answer["usageMetadata"] = _usage(usage)
     answer["responseId"] = (
@@ -600,16 +680,16 @@ class GeminiStream:
         self._model = model
         self._thoughts = thoughts
         self._id: Any = None
-        self._calls: dict[int, dict[str, Any]] = {}
+        self._calls: dict[int, StreamedCall] = {}
         self._finish: Any = None
-        self._usage: dict[str, Any] = {}
+        self._usage: ChatUsage = {}
         self._done = False
 
-    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+    def feed(self, chunk: ChatChunk) -> list[StreamChunk]:
         self._id = self._id or chunk.get("id")
         if isinstance(chunk.get("usage"), dict):
             self._usage = chunk["usage"]
-        parts: list[dict[str, Any]] = []
+        parts: list[Part] = []
         for choice in chunk.get("choices") or []:
             if choice.get("index", 0) != 0:
                 continue
@@ -627,7 +707,7 @@ class GeminiStream:
             return []
         return [_response(parts, finish=None, usage=None, model=self._model, response_id=self._id)]
 
-    def _add_call(self, delta: dict[str, Any]) -> None:
+    def _add_call(self, delta: ToolCallDelta) -> None:
         call = self._calls.setdefault(
             delta.get("index", 0), {"id": None, "function": {"name": "", "arguments": ""}}
         )
@@ -636,7 +716,7 @@ class GeminiStream:
         call["function"]["name"] += function.get("name") or ""
         call["function"]["arguments"] += function.get("arguments") or ""
 
-    def finish(self) -> list[dict[str, Any]]:
+    def finish(self) -> list[StreamChunk]:
         if self._done:
             return []
         self._done = True
@@ -651,6 +731,6 @@ class GeminiStream:
             )
         ]
 
-    def error(self, message: str) -> list[dict[str, Any]]:
+    def error(self, message: str) -> list[StreamChunk]:
         self._done = True
         return [error_body(500, message)]
