@@ -40,6 +40,11 @@ using one prints a warning.
 Run: .venv/bin/python -m bench.defaults_learn [--models smollm2-135m,gemma3-270m]
      [--families sentiment,destination,arithmetic] [--seeds 3,4,5] [--minutes 7]
      [--clients 8] [--tiny] [--upstream URL --models MODEL_DIR] [--json out.json]
+     [--rows earlier.json ...] [--report-only]
+A measurement split over runs (sessions on hosts of one kind): each run writes --json (its
+rows, settings, commit and host); --rows adds earlier runs' rows to the report, naming each
+run's commit and host and warning where a compared setting differs; --report-only runs
+nothing. Gain per step (the comparison at equal steps) is printed beside gain per minute.
 """
 
 from __future__ import annotations
@@ -85,6 +90,7 @@ from learner.trainer import Trainer, TrainerConfig
 TUNED_ON = (0, 1, 2)  # the seeds the demo's recipe (and so the defaults) were chosen on
 RATIO_NEEDED = 0.8  # issue 42: live learns at least this fast per minute as the bare loop
 FAMILIES_NEEDED = 3
+MODELS_NEEDED = 2  # issue 42: SmolLM2-135M-Instruct and Gemma 3 270M
 ARMS = ("live", "bare")
 TASK_HEADER = "X-Onthejob-Task"
 COMPLETION_PROMPT = "Q: {prompt}\nA:"
@@ -118,6 +124,11 @@ class ArmRow:
     def gain_per_minute(self) -> float:
         return self.gain / self.minutes if self.minutes > 0 else math.nan
 
+    @property
+    def gain_per_step(self) -> float:
+        """The comparison at equal steps, beside the one at equal wall-clock."""
+        return self.gain / self.steps if self.steps > 0 else math.nan
+
 
 def arm_order(seed_index: int) -> tuple[str, str]:
     """Which arm runs first for the seed_index-th seed: bare first, then alternating."""
@@ -132,17 +143,20 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
-def per_seed(rows: Sequence[ArmRow], arm: str) -> dict[int, float]:
-    """Each seed's gain per minute of `arm`: its mean over the (model, family) cells given."""
+def per_seed(
+    rows: Sequence[ArmRow], arm: str, measure: str = "gain_per_minute"
+) -> dict[int, float]:
+    """Each seed's gain per minute (or `measure`, another ArmRow property) of `arm`: its
+    mean over the (model, family) cells given."""
     cells: dict[int, list[float]] = {}
     for row in rows:
         if row.arm == arm:
-            cells.setdefault(row.seed, []).append(row.gain_per_minute)
+            cells.setdefault(row.seed, []).append(getattr(row, measure))
     return {seed: statistics.fmean(values) for seed, values in sorted(cells.items())}
 
 
-def arm_summary(rows: Sequence[ArmRow], arm: str) -> Summary:
-    values = per_seed(rows, arm)
+def arm_summary(rows: Sequence[ArmRow], arm: str, measure: str = "gain_per_minute") -> Summary:
+    values = per_seed(rows, arm, measure)
     return summarise(list(values.values()), list(values))
 
 
@@ -178,6 +192,8 @@ class Verdict:
             missing.append(f"{len(self.seeds)} seed(s), {MIN_SEEDS} needed")
         if len(self.families) < FAMILIES_NEEDED:
             missing.append(f"{len(self.families)} family(ies), {FAMILIES_NEEDED} needed")
+        if len(self.models) < MODELS_NEEDED:
+            missing.append(f"{len(self.models)} model(s), {MODELS_NEEDED} needed")
         return missing
 
     @property
@@ -212,7 +228,8 @@ def verdict_line(v: Verdict) -> str:
 def format_rows(rows: Sequence[ArmRow]) -> list[str]:
     lines = [
         f"{'model':<14} {'family':<12} {'seed':>4} {'arm':<5} {'before':>6} {'after':>6} "
-        f"{'gain':>7} {'gain/min':>8} {'steps':>5} {'min':>5} {'calls':>6} {'errors':>6} "
+        f"{'gain':>7} {'gain/min':>8} {'steps':>5} {'gain/step':>9} {'min':>5} {'calls':>6} "
+        f"{'errors':>6} "
         f"{'p50 s':>6} {'p99 s':>6}"
     ]
     for r in rows:
@@ -220,7 +237,7 @@ def format_rows(rows: Sequence[ArmRow]) -> list[str]:
         lines.append(
             f"{r.model:<14} {r.family:<12} {r.seed:>4} {r.arm:<5} {r.before:6.3f} "
             f"{r.after:6.3f} {r.gain:+7.3f} {r.gain_per_minute:+8.4f} {r.steps:5d} "
-            f"{r.minutes:5.2f} {fmt(r.calls if live else None, '6.0f')} "
+            f"{r.gain_per_step:+9.4f} {r.minutes:5.2f} {fmt(r.calls if live else None, '6.0f')} "
             f"{fmt(r.errors if live else None, '6.0f')} {fmt(r.p50_s, '6.2f')} "
             f"{fmt(r.p99_s, '6.2f')}"
         )
@@ -233,6 +250,10 @@ def summary_lines(rows: Sequence[ArmRow], label: str) -> list[str]:
     for arm in ARMS:
         if any(r.arm == arm for r in rows):
             lines.append(f"  {arm:<4} gain/min {arm_summary(rows, arm).format('.4f')}")
+    for arm in ARMS:  # at equal steps: a live step trains more samples than a bare one
+        if any(r.arm == arm for r in rows):
+            step = arm_summary(rows, arm, "gain_per_step").format(".4f")
+            lines.append(f"  {arm:<4} gain/step {step}")
     ratio, left_out = ratio_summary(rows)
     text = "no seed where the bare loop gained" if ratio is None else ratio.format(".2f")
     if ratio is not None and left_out:
@@ -262,6 +283,82 @@ def report(rows: Sequence[ArmRow]) -> str:
     )
     lines.append(verdict_line(v))
     return "\n".join(lines)
+
+
+# -- a measurement split over runs ----------------------------------------------------------
+
+# the settings that make two runs' rows one measurement (the host kind is printed beside)
+COMPARED_SETTINGS = (
+    "minutes",
+    "clients",
+    "max_tokens",
+    "train_tasks",
+    "heldout_tasks",
+    "heldout_samples",
+    "bare_prompts",
+    "bare_group",
+    "bare_lr",
+    "idle_timeout",
+    "dtype",
+    "learner_args",
+)
+
+
+def provenance() -> dict[str, str]:
+    """The commit and the host a run's rows came from, for its --json."""
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"commit": commit, "host": f"{os.cpu_count()} cores, {cpu}"}
+
+
+def rows_from_json(payload: dict[str, Any]) -> list[ArmRow]:
+    return [ArmRow(**row) for row in payload["rows"]]
+
+
+def settings_differences(first: dict[str, Any], other: dict[str, Any]) -> list[str]:
+    """The compared settings where two runs differ, as "name (a vs b)"."""
+    return [
+        f"{key} ({first.get(key)!r} vs {other.get(key)!r})"
+        for key in COMPARED_SETTINGS
+        if first.get(key) != other.get(key)
+    ]
+
+
+def merged_rows(
+    payloads: Sequence[tuple[str, dict[str, Any]]],
+) -> tuple[list[ArmRow], list[str]]:
+    """The rows of several runs' --json, and a line per run (its commit, host and rows) plus
+    a warning for each compared setting that differs from the first run's."""
+    rows: list[ArmRow] = []
+    lines: list[str] = []
+    first = payloads[0][1].get("settings", {}) if payloads else {}
+    for name, payload in payloads:
+        found = rows_from_json(payload)
+        rows += found
+        made = payload.get("provenance", {})
+        lines.append(
+            f"rows from {name}: {len(found)}, at {made.get('commit', 'an unrecorded commit')} "
+            f"on {made.get('host', 'an unrecorded host')}"
+        )
+        if differs := settings_differences(first, payload.get("settings", {})):
+            lines.append(f"  warning: not the first run's settings: {', '.join(differs)}")
+    return rows, lines
 
 
 # -- talking to the model ------------------------------------------------------------------
@@ -702,6 +799,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tiny", action="store_true", help="the tiny random model (smoke run)")
     parser.add_argument("--json", type=Path, help="write every row here")
     parser.add_argument(
+        "--rows",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="add an earlier run's --json rows to the report: a measurement split over runs "
+        "on hosts of one kind, with the same settings (repeat)",
+    )
+    parser.add_argument(
+        "--report-only", action="store_true", help="run nothing: report the --rows given"
+    )
+    parser.add_argument(
         "--arms", type=_words, default=list(ARMS), help="live, bare or both (a tuning run)"
     )
     parser.add_argument(
@@ -730,6 +839,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"unknown families {sorted(unknown)} ({', '.join(FAMILIES)})")
     if args.upstream and (args.tiny or len(args.models) != 1):
         parser.error("--upstream needs one --models: the directory that server serves")
+    if args.report_only and not args.rows:
+        parser.error("--report-only reports the --rows given: name at least one")
     return args
 
 
@@ -740,11 +851,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: seeds {tuned} were used to tune the defaults", flush=True)
     if args.learner_args:
         print(f"warning: a tuning run, not the defaults: learn {' '.join(args.learner_args)}")
-    rows = run(args)
-    if args.json:
-        settings = {k: v for k, v in vars(args).items() if k != "json"}
-        payload = {"rows": [asdict(r) for r in rows], "settings": settings}
-        args.json.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    payloads = [(str(path), json.loads(path.read_text())) for path in args.rows]
+    if not args.report_only:
+        rows = run(args)
+        settings = {k: v for k, v in vars(args).items() if k not in ("json", "rows", "report_only")}
+        payload = {
+            "rows": [asdict(r) for r in rows],
+            "settings": settings,
+            "provenance": provenance(),
+        }
+        if args.json:
+            args.json.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        payloads.append(("this run", json.loads(json.dumps(payload, default=str))))
+    rows, lines = merged_rows(payloads)
+    if args.rows:
+        print("\n".join(lines), flush=True)
     print(report(rows), flush=True)
     return 0
 

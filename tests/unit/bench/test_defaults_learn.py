@@ -3,7 +3,9 @@ last line's form and numbers, the per-seed ratio, the order of the arms, the req
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import re
 
 import pytest
@@ -13,10 +15,13 @@ from bench.defaults_learn import (
     Endpoint,
     GradedReply,
     arm_order,
+    merged_rows,
     per_seed,
     percentile,
+    provenance,
     ratio_summary,
     report,
+    settings_differences,
     verdict,
     verdict_line,
 )
@@ -65,12 +70,13 @@ def test_the_last_line_names_the_ratio_both_arms_seeds_models_and_families() -> 
     assert families == "arithmetic, sentiment"
 
 
-def test_the_verdict_passes_at_0_8_and_needs_three_seeds_and_families() -> None:
+def test_the_verdict_passes_at_0_8_and_needs_three_seeds_families_and_two_models() -> None:
     families = ("sentiment", "destination", "arithmetic")
     full = [
         r
         for f in families
-        for r in rows_of({3: 0.8, 4: 0.9, 5: 1.0}, {3: 1.0, 4: 1.0, 5: 1.0}, family=f)
+        for m in ("smollm2-135m", "gemma3-270m")
+        for r in rows_of({3: 0.8, 4: 0.9, 5: 1.0}, {3: 1.0, 4: 1.0, 5: 1.0}, family=f, model=m)
     ]
     v = verdict(full)
     assert v.ratio == pytest.approx(0.9) and not v.shortfalls and v.passed
@@ -79,7 +85,11 @@ def test_the_verdict_passes_at_0_8_and_needs_three_seeds_and_families() -> None:
     assert not verdict(slow).passed
     one = verdict(rows_of({3: 2.0}, {3: 1.0}))
     assert one.ratio == pytest.approx(2.0) and not one.passed
-    assert one.shortfalls == ["1 seed(s), 3 needed", "1 family(ies), 3 needed"]
+    assert one.shortfalls == [
+        "1 seed(s), 3 needed",
+        "1 family(ies), 3 needed",
+        "1 model(s), 2 needed",
+    ]
     assert "FAIL" in report(rows_of({3: 2.0}, {3: 1.0}))
 
 
@@ -160,3 +170,69 @@ def test_the_clients_first_and_last_64_rewards_need_128_calls() -> None:
     rewards = [0.0] * 64 + [0.5] * 10 + [1.0] * 64
     assert first_and_last(rewards) == (0.0, 1.0)
     assert first_and_last([0.0, 1.0] * 4, n=2) == (0.5, 0.5)
+
+
+def test_the_verdict_needs_both_models() -> None:
+    families = ("sentiment", "destination", "arithmetic")
+    one_model = [
+        r
+        for f in families
+        for r in rows_of({3: 0.9, 4: 0.9, 5: 0.9}, {3: 1.0, 4: 1.0, 5: 1.0}, family=f)
+    ]
+    assert verdict(one_model).shortfalls == ["1 model(s), 2 needed"]
+    both = one_model + [
+        r
+        for f in families
+        for r in rows_of(
+            {3: 0.9, 4: 0.9, 5: 0.9}, {3: 1.0, 4: 1.0, 5: 1.0}, family=f, model="gemma3-270m"
+        )
+    ]
+    assert verdict(both).passed
+
+
+def test_gain_per_step_is_printed_beside_gain_per_minute() -> None:
+    r = ArmRow("m", "sentiment", 3, "live", before=0.2, after=0.6, minutes=2.0, steps=8)
+    assert r.gain_per_step == pytest.approx(0.05)
+    assert math.isnan(ArmRow("m", "f", 3, "live", 0.1, 0.2, 1.0, 0).gain_per_step)
+    text = report(rows_of({3: 0.4, 4: 0.5, 5: 0.6}, {3: 0.2, 4: 0.2, 5: 0.2}))
+    # row() makes 5 steps: live 0.08, 0.10, 0.12 a step
+    assert "live gain/step 0.1000" in text and "bare gain/step 0.0400" in text
+
+
+def _payload(rows: list[ArmRow], commit: str, **settings: object) -> dict[str, object]:
+    return {
+        "rows": [dataclasses.asdict(r) for r in rows],
+        "settings": {"minutes": 4.0, "dtype": "float32", **settings},
+        "provenance": {"commit": commit, "host": "2 cores, AMD EPYC"},
+    }
+
+
+def test_runs_split_over_sessions_merge_into_one_report() -> None:
+    first = rows_of({3: 0.4, 4: 0.5, 5: 0.6}, {3: 0.2, 4: 0.2, 5: 0.2})
+    second = rows_of({3: 0.4, 4: 0.5, 5: 0.6}, {3: 0.2, 4: 0.2, 5: 0.2}, family="sentiment")
+    rows, lines = merged_rows(
+        [("a.json", _payload(first, "abc1234")), ("b.json", _payload(second, "def5678"))]
+    )
+    assert rows == first + second
+    assert lines == [
+        "rows from a.json: 6, at abc1234 on 2 cores, AMD EPYC",
+        "rows from b.json: 6, at def5678 on 2 cores, AMD EPYC",
+    ]
+    assert verdict(rows).families == ("arithmetic", "sentiment")
+
+
+def test_a_merged_run_with_other_settings_is_warned_of() -> None:
+    rows = rows_of({3: 0.4}, {3: 0.2})
+    _, lines = merged_rows(
+        [("a.json", _payload(rows, "abc")), ("b.json", _payload(rows, "def", minutes=7.0))]
+    )
+    assert lines[-1] == "  warning: not the first run's settings: minutes (4.0 vs 7.0)"
+    assert settings_differences({"dtype": "bfloat16"}, {"dtype": "float32"}) == [
+        "dtype ('bfloat16' vs 'float32')"
+    ]
+
+
+def test_provenance_names_the_commit_and_the_host() -> None:
+    made = provenance()
+    assert re.fullmatch(r"[0-9a-f]{7,}|unknown", made["commit"])
+    assert made["host"].startswith(f"{os.cpu_count()} cores, ")
