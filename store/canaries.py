@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TypedDict, cast
 
 from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from store import policy_versions, tenants
 from store.clock import as_utc, iso
+from store.json_types import JsonObject
 from store.models import Canary, CanaryAction
 
 SHARED = "*"  # the shared policy's scope: no tenant can be named so
@@ -39,6 +40,36 @@ class CanaryRule:
     tenant: str | None  # None: the shared policy's
     candidate: str
     share: float
+
+
+class CanaryActionRow(TypedDict):
+    """One action taken on a canary, oldest first."""
+
+    action: str  # start | promote | rollback | extend
+    by: str
+    reason: str
+    at: datetime
+    detail: JsonObject | None
+
+
+class CanaryRow(TypedDict):
+    """A canary as `list_canaries` gives it: its columns, its scope as a tenant, its actions."""
+
+    id: int
+    candidate: str
+    incumbent: str | None
+    share: float
+    min_calls: int
+    default_decision: str
+    status: str  # running | promoted | rolled_back
+    started_by: str
+    started_at: datetime
+    ends_at: datetime
+    decided_by: str | None
+    decided_at: datetime | None
+    reason: str | None
+    tenant: str | None  # None: the shared policy's
+    actions: list[CanaryActionRow]
 
 
 class CanaryError(ValueError):
@@ -120,7 +151,7 @@ def list_canaries(
     status: str | None = None,
     canary_id: int | None = None,
     limit: int | None = None,
-) -> list[dict[str, Any]]:
+) -> list[CanaryRow]:
     """Newest first, each with its actions in the order they were taken."""
     query = select(Canary.__table__).order_by(Canary.id.desc()).limit(limit)
     if status is not None:
@@ -134,17 +165,15 @@ def list_canaries(
         for key in ("started_at", "ends_at", "decided_at"):
             row[key] = as_utc(row[key])
         row["actions"] = actions.get(row["id"], [])
-    return rows
+    return cast(list[CanaryRow], rows)
 
 
-def get_canary(conn: Connection, canary_id: int) -> dict[str, Any] | None:
+def get_canary(conn: Connection, canary_id: int) -> CanaryRow | None:
     found = list_canaries(conn, canary_id=canary_id)
     return found[0] if found else None
 
 
-def promote(
-    conn: Connection, *, canary_id: int, by: str, reason: str, now: datetime
-) -> dict[str, Any]:
+def promote(conn: Connection, *, canary_id: int, by: str, reason: str, now: datetime) -> CanaryRow:
     """The candidate serves its scope: a tenant's pointer moves to it here; the shared
     policy's swap is the caller's, done before. UnknownCanary, or CanaryError: decided
     already, or its tenant was deleted."""
@@ -159,7 +188,7 @@ def promote(
 
 def roll_back(
     conn: Connection, *, canary_id: int, by: str, reason: str, now: datetime
-) -> dict[str, Any]:
+) -> CanaryRow:
     """The canary ends; what serves its scope stays as it is."""
     return _close(conn, _running(conn, canary_id), ROLLED_BACK, by=by, reason=reason, now=now)
 
@@ -172,7 +201,7 @@ def extend(
     by: str,
     reason: str,
     now: datetime,
-) -> dict[str, Any]:
+) -> CanaryRow:
     """The time limit moves `more` later: from the limit, or from now where it has passed
     (the default decision was not taken yet)."""
     canary = _running(conn, canary_id)
@@ -193,7 +222,7 @@ def _serve_in_lineage(conn: Connection, tenant: str, candidate: str) -> None:
         policy_versions.set_version_status(conn, version=candidate, status="serving")
 
 
-def _running(conn: Connection, canary_id: int) -> dict[str, Any]:
+def _running(conn: Connection, canary_id: int) -> CanaryRow:
     canary = get_canary(conn, canary_id)
     if canary is None:
         raise UnknownCanary(f"no canary {canary_id}")
@@ -203,8 +232,8 @@ def _running(conn: Connection, canary_id: int) -> dict[str, Any]:
 
 
 def _close(
-    conn: Connection, canary: dict[str, Any], status: str, *, by: str, reason: str, now: datetime
-) -> dict[str, Any]:
+    conn: Connection, canary: CanaryRow, status: str, *, by: str, reason: str, now: datetime
+) -> CanaryRow:
     changed = conn.execute(
         update(Canary)
         .where(Canary.id == canary["id"], Canary.status == RUNNING)
@@ -232,7 +261,7 @@ def _act(
     by: str,
     reason: str,
     now: datetime,
-    detail: dict[str, Any] | None,
+    detail: JsonObject | None,
 ) -> None:
     conn.execute(
         insert(CanaryAction).values(
@@ -241,8 +270,8 @@ def _act(
     )
 
 
-def _actions(conn: Connection, ids: list[int]) -> dict[int, list[dict[str, Any]]]:
-    found: dict[int, list[dict[str, Any]]] = {}
+def _actions(conn: Connection, ids: list[int]) -> dict[int, list[CanaryActionRow]]:
+    found: dict[int, list[CanaryActionRow]] = {}
     if not ids:
         return found
     a = CanaryAction

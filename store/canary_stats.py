@@ -17,16 +17,64 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from sqlalchemy import Connection, case, func, select
 
 from store.models import Call, Grade, Trajectory, TurnSignal
 
+if TYPE_CHECKING:
+    from store.canaries import CanaryRow
+
 ARMS = ("candidate", "incumbent")
 
 
-def arm_stats(conn: Connection, canary: dict[str, Any], *, now: datetime) -> dict[str, Any]:
+class SignalCounts(TypedDict):
+    negative: int
+    positive: int
+    negative_by_rule: dict[str, int]
+
+
+class ArmSums(TypedDict):
+    """An arm's sums while they are added up."""
+
+    version: str | None
+    calls: int
+    errors: int
+    timed: int  # calls with a latency
+    latency: float
+    graded: int
+    reward_sum: float
+    reward_squares: float
+    signals: SignalCounts
+
+
+class ArmSignals(SignalCounts):
+    negative_per_call: float | None
+
+
+class ArmStats(TypedDict):
+    """How one arm of a canary did."""
+
+    version: str | None
+    calls: int
+    errors: int
+    error_rate: float | None
+    mean_latency_ms: float | None
+    graded: int
+    mean_reward: float | None
+    reward_sd: float | None
+    reward_sum: float
+    reward_squares: float
+    signals: ArmSignals
+
+
+class CanaryArms(TypedDict):
+    candidate: ArmStats
+    incumbent: ArmStats
+
+
+def arm_stats(conn: Connection, canary: CanaryRow, *, now: datetime) -> CanaryArms:
     """{"candidate": {...}, "incumbent": {...}} for a canary as `canaries.get_canary` gives it."""
     window = (canary["started_at"], canary["decided_at"] or now)
     arms = {arm: _empty(canary[arm]) for arm in ARMS}
@@ -43,26 +91,26 @@ def arm_stats(conn: Connection, canary: dict[str, Any], *, now: datetime) -> dic
                 signals["negative_by_rule"][rule] = (
                     signals["negative_by_rule"].get(rule, 0) + negative
                 )
-    return {arm: _finish(stats) for arm, stats in arms.items()}
+    return cast(CanaryArms, {arm: _finish(stats) for arm, stats in arms.items()})
 
 
-def _arm(canary: dict[str, Any], version: str | None) -> str:
+def _arm(canary: CanaryRow, version: str | None) -> str:
     return "candidate" if version == canary["candidate"] else "incumbent"
 
 
-def _in_arms(column: Any, canary: dict[str, Any]) -> Any:
+def _in_arms(column: Any, canary: CanaryRow) -> Any:
     if canary["incumbent"] is None:
         return column.is_not(None)
     return column.in_([canary["candidate"], canary["incumbent"]])
 
 
-def _in_scope(column: Any, canary: dict[str, Any]) -> Any:
+def _in_scope(column: Any, canary: CanaryRow) -> Any:
     tenant = canary["tenant"]
     return column.is_(None) if tenant is None else column == tenant
 
 
 def _calls(
-    conn: Connection, canary: dict[str, Any], window: tuple[datetime, datetime]
+    conn: Connection, canary: CanaryRow, window: tuple[datetime, datetime]
 ) -> dict[str | None, dict[str, float]]:
     failed = func.sum(case((Call.status == "ok", 0), else_=1))
     rows = conn.execute(
@@ -88,7 +136,7 @@ def _calls(
 
 
 def _rewards(
-    conn: Connection, canary: dict[str, Any], window: tuple[datetime, datetime]
+    conn: Connection, canary: CanaryRow, window: tuple[datetime, datetime]
 ) -> dict[str | None, dict[str, float]]:
     first = (
         select(Call.tenant, Call.policy_version)
@@ -119,7 +167,7 @@ def _rewards(
 
 
 def _signals(
-    conn: Connection, canary: dict[str, Any], window: tuple[datetime, datetime]
+    conn: Connection, canary: CanaryRow, window: tuple[datetime, datetime]
 ) -> dict[str | None, dict[str, tuple[int, int]]]:
     rows = conn.execute(
         select(
@@ -143,7 +191,7 @@ def _signals(
     return found
 
 
-def _empty(version: str | None) -> dict[str, Any]:
+def _empty(version: str | None) -> ArmSums:
     return {
         "version": version,
         "calls": 0,
@@ -157,12 +205,12 @@ def _empty(version: str | None) -> dict[str, Any]:
     }
 
 
-def _add(into: dict[str, Any], stats: dict[str, float]) -> None:
+def _add(into: ArmSums, stats: dict[str, float]) -> None:
     for key, value in stats.items():
         into[key] += value
 
 
-def _finish(arm: dict[str, Any]) -> dict[str, Any]:
+def _finish(arm: ArmSums) -> ArmStats:
     """Means and rates from the sums; None where there is nothing to average."""
     calls, graded = arm["calls"], arm["graded"]
     mean = arm["reward_sum"] / graded if graded else None

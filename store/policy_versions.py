@@ -4,16 +4,41 @@ pins. Callers own the transaction."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from datetime import datetime
+from typing import Any, TypedDict, cast
 
 from sqlalchemy import Connection, func, select, update
 
 from store.clock import now
 from store.db import insert_for
+from store.json_types import JsonObject
 from store.models import (
     Call,
     PolicyVersion,
 )
+
+
+class CheckpointVersion(TypedDict):
+    """What checkpoint retention decides a version's checkpoint by."""
+
+    version: str
+    ordinal: int | None  # None: it failed verification
+    parent: str | None
+    status: str
+    checkpoint_path: str | None
+    pinned: bool
+    checkpoint_deleted_at: datetime | None
+    tenant: str | None  # its lineage: None for the shared policy's
+
+
+class PolicyVersionRow(CheckpointVersion):
+    """A row of policy_versions."""
+
+    created_at: datetime
+    swap_seconds: float | None
+    error: str | None
+    metrics: JsonObject | None  # the learner's figures for it
+    probe: JsonObject | None  # what its verification probe found
 
 
 def version_ordinals(conn: Connection) -> dict[str, int]:
@@ -62,7 +87,7 @@ def _lineage(tenant: str | None) -> Any:
     return PolicyVersion.tenant.is_(None) if tenant is None else PolicyVersion.tenant == tenant
 
 
-def serving_version(conn: Connection, tenant: str | None = None) -> dict[str, Any] | None:
+def serving_version(conn: Connection, tenant: str | None = None) -> PolicyVersionRow | None:
     """What serves the shared policy, or (`tenant`) that tenant's calls; one per lineage."""
     row = conn.execute(
         select(PolicyVersion.__table__)
@@ -70,7 +95,7 @@ def serving_version(conn: Connection, tenant: str | None = None) -> dict[str, An
         .order_by(PolicyVersion.ordinal.desc())
         .limit(1)
     ).first()
-    return None if row is None else dict(row._mapping)
+    return None if row is None else cast(PolicyVersionRow, dict(row._mapping))
 
 
 def serving_name(conn: Connection, tenant: str | None = None) -> str | None:
@@ -94,8 +119,8 @@ def add_version(
     status: str,
     swap_seconds: float | None = None,
     error: str | None = None,
-    metrics: dict[str, Any] | None = None,
-    probe: dict[str, Any] | None = None,
+    metrics: JsonObject | None = None,
+    probe: JsonObject | None = None,
     tenant: str | None = None,
 ) -> None:
     """`ordinal`: None for a version that failed verification (it never served anyone).
@@ -120,7 +145,7 @@ def add_version(
     )
 
 
-def set_version_probe(conn: Connection, *, version: str, probe: dict[str, Any]) -> None:
+def set_version_probe(conn: Connection, *, version: str, probe: JsonObject) -> None:
     conn.execute(update(PolicyVersion).where(PolicyVersion.version == version).values(probe=probe))
 
 
@@ -145,7 +170,7 @@ def set_version_status(conn: Connection, *, version: str, status: str) -> None:
 
 
 def set_version_outcome(
-    conn: Connection, *, version: str, status: str, error: str | None, metrics: dict[str, Any]
+    conn: Connection, *, version: str, status: str, error: str | None, metrics: JsonObject
 ) -> None:
     """A version taken out of service after it served (the regression guard)."""
     if status == "serving":
@@ -157,19 +182,19 @@ def set_version_outcome(
     )
 
 
-def version(conn: Connection, *, version: str) -> dict[str, Any] | None:
+def version(conn: Connection, *, version: str) -> PolicyVersionRow | None:
     row = conn.execute(
         select(PolicyVersion.__table__).where(PolicyVersion.version == version)
     ).first()
-    return None if row is None else dict(row._mapping)
+    return None if row is None else cast(PolicyVersionRow, dict(row._mapping))
 
 
-def newest_versions(conn: Connection, *, limit: int) -> list[dict[str, Any]]:
+def newest_versions(conn: Connection, *, limit: int) -> list[PolicyVersionRow]:
     """The `limit` versions of highest ordinal, newest first (then those without one)."""
     rows = conn.execute(
         select(PolicyVersion.__table__).order_by(PolicyVersion.ordinal.desc()).limit(limit)
     )
-    return [dict(r._mapping) for r in rows]
+    return [cast(PolicyVersionRow, dict(r._mapping)) for r in rows]
 
 
 def calls_by_version(conn: Connection) -> dict[str | None, int]:
@@ -178,15 +203,15 @@ def calls_by_version(conn: Connection) -> dict[str | None, int]:
     return {version: int(n) for version, n in rows}
 
 
-def versions_created_order(conn: Connection) -> list[dict[str, Any]]:
+def versions_created_order(conn: Connection) -> list[PolicyVersionRow]:
     """Every version, in the order they were made (one that failed verification has no
     ordinal, so the ordinal cannot order them all)."""
     order = (PolicyVersion.created_at, PolicyVersion.version)
     rows = conn.execute(select(PolicyVersion.__table__).order_by(*order))
-    return [dict(row._mapping) for row in rows]
+    return [cast(PolicyVersionRow, dict(row._mapping)) for row in rows]
 
 
-def versions_with_checkpoints(conn: Connection) -> list[dict[str, Any]]:
+def versions_with_checkpoints(conn: Connection) -> list[CheckpointVersion]:
     """Every version that names a checkpoint, with what retention decides by."""
     rows = conn.execute(
         select(
@@ -200,7 +225,7 @@ def versions_with_checkpoints(conn: Connection) -> list[dict[str, Any]]:
             PolicyVersion.tenant,
         ).where(PolicyVersion.checkpoint_path.is_not(None))
     )
-    return [dict(r._mapping) for r in rows]
+    return [cast(CheckpointVersion, dict(r._mapping)) for r in rows]
 
 
 def mark_checkpoints_deleted(conn: Connection, *, versions: Sequence[str]) -> set[str]:
@@ -254,7 +279,7 @@ def pin(conn: Connection, *, version: str, pinned: bool) -> None:
 
 
 def check_servable(
-    target: dict[str, Any] | None, current: dict[str, Any] | None, name: str, action: str
+    target: PolicyVersionRow | None, current: PolicyVersionRow | None, name: str, action: str
 ) -> None:
     """Refuse what `action` (rollback or promote) cannot serve: `target` is the version
     `name`'s row, `current` the serving one's of the same lineage (a tenant's, or the shared

@@ -16,17 +16,38 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict, cast
 
 from sqlalchemy import Connection, delete, func, select
 
 from store.db import insert_for
 from store.grader_specs import parse_spec
+from store.json_types import JsonObject
 from store.models import Task as TaskRow
 from store.models import Trajectory
 
 MATCH_KINDS = ("exact", "numeric", "regex", "contains")
 _FIELDS = {"id", "prompt", "answer", "match", "tolerance", "grader", "setup", "check", "metadata"}
+
+
+class TaskColumns(TypedDict):
+    """A task as the task table stores it (store.models.Task)."""
+
+    key: str
+    prompt: str | None
+    answer: str | None
+    match: str
+    tolerance: float
+    metadata: JsonObject | None
+    # the rollout's; a reference-only reload leaves them out, and keeps the stored ones
+    grader: NotRequired[str | None]
+    setup: NotRequired[str | None]
+    check: NotRequired[str | None]
+
+
+class TaskStats(TypedDict):
+    trajectories: int
+    mean_reward: float | None  # None: none graded
 
 
 class TaskTableError(ValueError):
@@ -40,12 +61,12 @@ class Task:
     answer: str | None = None
     match: str = "exact"  # one of MATCH_KINDS
     tolerance: float = 1e-6  # absolute, for match="numeric"
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: JsonObject = field(default_factory=dict)  # the task file's, as written
     grader: str | None = None  # a grader SPEC (learner.graders.combine), for this task only
     setup: str | None = None  # shell command preparing a run's working directory
     check: str | None = None  # shell command grading it: exit code or printed number
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> TaskColumns:
         """The task table's row (store.models.Task)."""
         return {
             "key": self.key,
@@ -119,7 +140,7 @@ def _fail(where: str, name: str, message: str) -> TaskTableError:
     return TaskTableError(f"{where}: field {name!r}: {message}")
 
 
-def _key(row: dict[str, Any], where: str) -> str:
+def _key(row: JsonObject, where: str) -> str:
     if "id" not in row:
         raise _fail(where, "id", "missing")
     if not isinstance(row["id"], str) or not row["id"]:
@@ -127,14 +148,14 @@ def _key(row: dict[str, Any], where: str) -> str:
     return row["id"]
 
 
-def _optional_text(row: dict[str, Any], name: str, where: str) -> str | None:
+def _optional_text(row: JsonObject, name: str, where: str) -> str | None:
     value = row.get(name)
     if value is not None and not isinstance(value, str):
         raise _fail(where, name, f"expected a string, got {type(value).__name__}")
     return value
 
 
-def _answer(row: dict[str, Any], where: str) -> str | None:
+def _answer(row: JsonObject, where: str) -> str | None:
     value = row.get("answer")
     # Numbers are accepted as written ("answer": 42) because numeric tasks are common.
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -142,14 +163,14 @@ def _answer(row: dict[str, Any], where: str) -> str | None:
     return _optional_text(row, "answer", where)
 
 
-def _match(row: dict[str, Any], where: str) -> str:
+def _match(row: JsonObject, where: str) -> str:
     value = row.get("match", "exact")
     if value not in MATCH_KINDS:
         raise _fail(where, "match", f"expected one of {list(MATCH_KINDS)}, got {value!r}")
     return value
 
 
-def _tolerance(row: dict[str, Any], where: str) -> float:
+def _tolerance(row: JsonObject, where: str) -> float:
     value = row.get("tolerance", 1e-6)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _fail(where, "tolerance", f"expected a number, got {type(value).__name__}")
@@ -158,7 +179,7 @@ def _tolerance(row: dict[str, Any], where: str) -> float:
     return float(value)
 
 
-def _grader(row: dict[str, Any], where: str) -> str | None:
+def _grader(row: JsonObject, where: str) -> str | None:
     value = _optional_text(row, "grader", where)
     if value is not None:
         try:
@@ -168,14 +189,14 @@ def _grader(row: dict[str, Any], where: str) -> str | None:
     return value
 
 
-def _command(row: dict[str, Any], name: str, where: str) -> str | None:
+def _command(row: JsonObject, name: str, where: str) -> str | None:
     value = _optional_text(row, name, where)
     if value is not None and not value.strip():
         raise _fail(where, name, "expected a shell command, got an empty string")
     return value
 
 
-def _metadata(row: dict[str, Any], where: str) -> dict[str, Any]:
+def _metadata(row: JsonObject, where: str) -> JsonObject:
     value = row.get("metadata", {})
     if not isinstance(value, dict):
         raise _fail(where, "metadata", f"expected an object, got {type(value).__name__}")
@@ -203,17 +224,17 @@ def _check_answer_fits_match(task: Task, where: str) -> None:
 
 def list_tasks(
     conn: Connection, *, after: str | None = None, limit: int | None = None
-) -> list[dict[str, Any]]:
+) -> list[TaskColumns]:
     """The task table's rows, by key: those after the key `after`, at most `limit`."""
     query = select(TaskRow.__table__).order_by(TaskRow.key).limit(limit)
     if after is not None:
         query = query.where(TaskRow.key > after)
-    return [dict(r._mapping) for r in conn.execute(query)]
+    return [cast(TaskColumns, dict(r._mapping)) for r in conn.execute(query)]
 
 
-def task_row(conn: Connection, key: str) -> dict[str, Any] | None:
+def task_row(conn: Connection, key: str) -> TaskColumns | None:
     row = conn.execute(select(TaskRow.__table__).where(TaskRow.key == key)).first()
-    return None if row is None else dict(row._mapping)
+    return None if row is None else cast(TaskColumns, dict(row._mapping))
 
 
 def delete_task(conn: Connection, key: str) -> bool:
@@ -221,7 +242,7 @@ def delete_task(conn: Connection, key: str) -> bool:
     return conn.execute(delete(TaskRow).where(TaskRow.key == key)).rowcount > 0
 
 
-def task_stats(conn: Connection, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+def task_stats(conn: Connection, keys: Sequence[str]) -> dict[str, TaskStats]:
     """Per task key: its trajectories and their mean reward (None: none graded)."""
     if not keys:
         return {}
@@ -254,7 +275,7 @@ def task_table(conn: Connection) -> TaskTable:
     )
 
 
-def upsert_tasks(conn: Connection, tasks: Sequence[dict[str, Any]]) -> None:
+def upsert_tasks(conn: Connection, tasks: Sequence[TaskColumns]) -> None:
     for task in tasks:
         values = {
             "key": task["key"],

@@ -54,6 +54,7 @@ from proxy.state import ProxyState
 from proxy.upstream import http1
 from proxy.upstream.replicas import UPSTREAM_READ_ERRORS, Replica
 from proxy.upstream.sampling import effective as effective_sampling
+from store.json_types import JsonObject
 
 log = logging.getLogger("onthejob.proxy")
 
@@ -172,7 +173,7 @@ class Generation:
             headers=SSE_HEADERS,
         )
 
-    def _canary_candidate(self, api: str, upstream_body: dict[str, Any]) -> str | None:
+    def _canary_candidate(self, api: str, upstream_body: JsonObject) -> str | None:
         """The candidate of the canary running for the call's scope, if the call's session
         (else its conversation's opening, else the call itself) is in its arm
         (proxy/upstream/canary_assignment.py)."""
@@ -182,7 +183,7 @@ class Generation:
         key = conversation_key(record.session_key, api, upstream_body)
         return canaries.candidate_for(record.tenant, key or record.id)
 
-    def _buffer_stream(self, body: dict[str, Any], sticky: str | None) -> bool:
+    def _buffer_stream(self, body: JsonObject, sticky: str | None) -> bool:
         """Stream tool calls from a whole upstream answer where streaming loses their tokens."""
         if self.dialect.capture_api != CHAT or not body.get("tools"):
             return False
@@ -192,7 +193,7 @@ class Generation:
         return mode == "buffer"
 
     async def _open(
-        self, upstream_body: dict[str, Any], sticky: str | None
+        self, upstream_body: JsonObject, sticky: str | None
     ) -> tuple[Replica, http1.Response]:
         """Send the call upstream. For a translated API (whose clients cannot know the served
         model's context) an output limit vLLM refused as too large for the room the prompt
@@ -211,7 +212,7 @@ class Generation:
         compat.detail[limit] = {"asked": asked, "sent": fitting}
         return await self._send(upstream_body, sticky)
 
-    async def _fitting_output_limit(self, upstream_body: dict[str, Any], asked: int) -> int | None:
+    async def _fitting_output_limit(self, upstream_body: JsonObject, asked: int) -> int | None:
         try:
             count = await count_prompt(self.state.pool, upstream_body, self.client_headers)
         except ProxyError as exc:
@@ -222,7 +223,7 @@ class Generation:
         return fitting_output_limit(asked, prompt_tokens=count.tokens, context=count.context)
 
     async def _send(
-        self, upstream_body: dict[str, Any], sticky: str | None
+        self, upstream_body: JsonObject, sticky: str | None
     ) -> tuple[Replica, http1.Response]:
         plain = orjson.dumps(upstream_body)
         requested = upstream_body.get("model")
@@ -263,7 +264,7 @@ class Generation:
 
     async def _read_whole(
         self, response: http1.Response
-    ) -> tuple[dict[str, Any] | None, Response | None]:
+    ) -> tuple[JsonObject | None, Response | None]:
         """(parsed 200 body, None) or (None, the response to send because it failed)."""
         try:
             raw = await self._read(response)
@@ -302,7 +303,7 @@ class Generation:
         return Response(orjson.dumps(body), media_type="application/json")
 
     async def _buffered_stream(
-        self, upstream_body: dict[str, Any], asked: ClientAsked, sticky: str | None
+        self, upstream_body: JsonObject, asked: ClientAsked, sticky: str | None
     ) -> Response:
         try:
             _, response = await self._open(upstream_body, sticky)
@@ -446,9 +447,9 @@ class Generation:
     def _capture(
         self,
         capture: Capture,
-        data: dict[str, Any],
-        respond: Callable[[dict[str, Any], CallRecord], Any],
-    ) -> dict[str, Any]:
+        data: JsonObject,
+        respond: Callable[[JsonObject, CallRecord], Any],
+    ) -> JsonObject:
         """Take the upstream's capture; the upstream response the client's body comes from.
 
         Fanned out, the client's record keeps choice 0 and gets that choice alone as its
@@ -505,6 +506,6 @@ class Generation:
             replica.drops_stream_tool_tokens = True
 
 
-def _choice_response(data: dict[str, Any], index: int, part: Capture) -> dict[str, Any]:
+def _choice_response(data: JsonObject, index: int, part: Capture) -> JsonObject:
     """The response for one fanned-out choice; its usage counts the tokens it sampled."""
     return choice_response(data, index, len(part.choices[0].token_ids))

@@ -15,12 +15,13 @@ from proxy.base.capture import ClientAsked
 from proxy.base.errors import ProxyError
 from proxy.base.record import CallRecord
 from proxy.state import ProxyState
+from store.json_types import JsonObject
 
 
 class StreamWriter(Protocol):
     """Upstream chunks in, bytes for the client out."""
 
-    def feed(self, chunk: dict[str, Any]) -> bytes: ...
+    def feed(self, chunk: JsonObject) -> bytes: ...
     def end(self) -> bytes: ...
     def broken(self, message: str) -> bytes:
         """The stream broke off (our detection): a terminal error for the client."""
@@ -40,8 +41,8 @@ class Dialect(Protocol):
     output_limit: str | None
 
     async def to_upstream(
-        self, body: dict[str, Any], state: ProxyState, record: CallRecord
-    ) -> dict[str, Any]:
+        self, body: JsonObject, state: ProxyState, record: CallRecord
+    ) -> JsonObject:
         """The upstream request body (before capture flags); raises ProxyError."""
         ...
 
@@ -49,12 +50,12 @@ class Dialect(Protocol):
 
     def upstream_error(self, status: int, raw: bytes, content_type: str) -> Response: ...
 
-    def whole(self, data: dict[str, Any], asked: ClientAsked, record: CallRecord) -> Any:
+    def whole(self, data: JsonObject, asked: ClientAsked, record: CallRecord) -> Any:
         """The client's body from a whole upstream response (already captured)."""
         ...
 
     def stream(self, asked: ClientAsked, record: CallRecord) -> StreamWriter: ...
 
-    def streamed(self, assembled: dict[str, Any], writer: StreamWriter, record: CallRecord) -> Any:
+    def streamed(self, assembled: JsonObject, writer: StreamWriter, record: CallRecord) -> Any:
         """What the client got from a stream, as one object (the upstream's assembled)."""
         ...

@@ -13,12 +13,13 @@ from typing import Any
 
 from proxy.base.capture import Capture
 from proxy.generation.dialect import StreamWriter
+from store.json_types import JsonObject
 
 # messages a single-turn request may carry besides its one user message
 _INSTRUCTION_ROLES = ("system", "developer")
 
 
-def fanout_eligible(body: dict[str, Any]) -> bool:
+def fanout_eligible(body: JsonObject) -> bool:
     """Whether a chat-completions request may be fanned out.
 
     Single-turn (optional system/developer messages and exactly one user message, nothing
@@ -62,9 +63,7 @@ def single_usage(usage: Any, completion_tokens: int | None) -> Any:
     return out
 
 
-def choice_response(
-    data: dict[str, Any], index: int, completion_tokens: int | None
-) -> dict[str, Any]:
+def choice_response(data: JsonObject, index: int, completion_tokens: int | None) -> JsonObject:
     """A whole chat response of several choices, as if only choice `index` had been sampled.
 
     The choice becomes the only one, at index 0; usage counts its `completion_tokens`.
@@ -112,7 +111,7 @@ class ChoiceZeroChunks:
     def __init__(self) -> None:
         self.tokens = 0
 
-    def feed(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
+    def feed(self, chunk: JsonObject) -> JsonObject | None:
         """The chunk to pass on (maybe a new dict), or None to drop it."""
         choices = chunk.get("choices")
         if choices:
@@ -135,7 +134,7 @@ class FanoutStream:
         self.inner = inner
         self.chunks = ChoiceZeroChunks()
 
-    def feed(self, chunk: dict[str, Any]) -> bytes:
+    def feed(self, chunk: JsonObject) -> bytes:
         kept = self.chunks.feed(chunk)
         return b"" if kept is None else self.inner.feed(kept)
 

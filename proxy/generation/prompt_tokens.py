@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
 from proxy.base.errors import ProxyError, UpstreamUnavailable, upstream_error_message
 from proxy.upstream.replicas import UPSTREAM_READ_ERRORS, UpstreamPool
+from store.json_types import JsonObject
 
 # the chat request fields that decide the rendered prompt
 _PROMPT_FIELDS = (
@@ -45,7 +45,7 @@ class PromptCount:
     context: int | None
 
 
-def tokenize_body(chat: dict[str, Any]) -> dict[str, Any]:
+def tokenize_body(chat: JsonObject) -> JsonObject:
     """The /tokenize request for a chat request's prompt."""
     body = {key: chat[key] for key in _PROMPT_FIELDS if chat.get(key) is not None}
     body.setdefault("add_generation_prompt", True)
@@ -57,7 +57,7 @@ def tokenize_body(chat: dict[str, Any]) -> dict[str, Any]:
 
 
 async def count_prompt(
-    pool: UpstreamPool, chat: dict[str, Any], client_headers: Mapping[str, str]
+    pool: UpstreamPool, chat: JsonObject, client_headers: Mapping[str, str]
 ) -> PromptCount:
     """The prompt's token count; raises ProxyError (CountRefused for an upstream error)."""
     _, response = await pool.open(

@@ -9,19 +9,20 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.base.capture import REASONING_KEYS, ClientAsked
+from store.json_types import JsonObject
 
 
-def response_to_chunks(data: dict[str, Any], asked: ClientAsked) -> list[dict[str, Any]]:
+def response_to_chunks(data: JsonObject, asked: ClientAsked) -> list[JsonObject]:
     head = {
         "id": data.get("id"),
         "object": "chat.completion.chunk",
         "created": data.get("created"),
         "model": data.get("model"),
     }
-    chunks: list[dict[str, Any]] = []
+    chunks: list[JsonObject] = []
     fingerprint = data.get("system_fingerprint")
 
-    def chunk(choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    def chunk(choice: JsonObject, **extra: Any) -> JsonObject:
         body = {**head, "choices": [choice], **extra}
         chunks.append(body)
         return body
@@ -39,13 +40,13 @@ def response_to_chunks(data: dict[str, Any], asked: ClientAsked) -> list[dict[st
         )
         if asked.token_ids and not chunks[:-1]:
             first["prompt_token_ids"] = data.get("prompt_token_ids")
-        delta: dict[str, Any] = {}
+        delta: JsonObject = {}
         for key in REASONING_KEYS:
             if message.get(key):
                 delta[key] = message[key]
         if message.get("content"):
             delta["content"] = message["content"]
-        body: dict[str, Any] = {
+        body: JsonObject = {
             "index": index,
             "delta": delta,
             "logprobs": None,
