@@ -10,15 +10,17 @@ from typing import Any, Protocol
 import orjson
 from starlette.responses import Response
 
+from proxy.api.translate.shapes import ChatChunk
 from proxy.base.capture import CHAT, ChunkFilter, ClientAsked, strip_response
 from proxy.base.errors import ProxyError, error_response, sse_error_event
 from proxy.base.record import CallRecord
 from proxy.base.requests import check_generation
 from proxy.generation.dialect import StreamWriter
 from proxy.state import ProxyState
+from store.json_types import JsonObject
 
 
-def encode_sse(chunks: list[dict[str, Any]]) -> bytes:
+def encode_sse(chunks: list[JsonObject]) -> bytes:
     return b"".join(b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks)
 
 
@@ -26,7 +28,7 @@ class OpenAIStream:
     def __init__(self, api: str, asked: ClientAsked) -> None:
         self._filter = ChunkFilter(api, asked)
 
-    def feed(self, chunk: dict[str, Any]) -> bytes:
+    def feed(self, chunk: JsonObject) -> bytes:
         return encode_sse(self._filter.feed(chunk))
 
     def end(self) -> bytes:
@@ -42,7 +44,8 @@ class OpenAIStream:
 
 
 class OpenAIDialect:
-    """Chat completions and completions: bodies pass through; vLLM's errors unchanged."""
+    """Chat completions and completions: bodies pass through (open JSON: what the client sent
+    and vLLM answered, fields we do not know included); vLLM's errors unchanged."""
 
     output_limit = None  # vLLM's own API: its clients get its own answer to a limit
 
@@ -52,8 +55,8 @@ class OpenAIDialect:
         self.upstream_path = upstream_path
 
     async def to_upstream(
-        self, body: dict[str, Any], state: ProxyState, record: CallRecord
-    ) -> dict[str, Any]:
+        self, body: JsonObject, state: ProxyState, record: CallRecord
+    ) -> JsonObject:
         check_generation(self.api, body)
         if self.api == CHAT:
             record.chat_messages = body["messages"]
@@ -65,21 +68,21 @@ class OpenAIDialect:
     def upstream_error(self, status: int, raw: bytes, content_type: str) -> Response:
         return Response(raw, status_code=status, media_type=content_type)
 
-    def whole(self, data: dict[str, Any], asked: ClientAsked, record: CallRecord) -> Any:
+    def whole(self, data: JsonObject, asked: ClientAsked, record: CallRecord) -> Any:
         strip_response(self.api, data, asked)
         return data
 
     def stream(self, asked: ClientAsked, record: CallRecord) -> StreamWriter:
         return OpenAIStream(self.api, asked)
 
-    def streamed(self, assembled: dict[str, Any], writer: StreamWriter, record: CallRecord) -> Any:
+    def streamed(self, assembled: JsonObject, writer: StreamWriter, record: CallRecord) -> Any:
         return assembled
 
 
 class TranslatedStream(Protocol):
     """A pure translator of upstream chat chunks into another API's stream events."""
 
-    def feed(self, chunk: dict[str, Any]) -> list[Any]: ...
+    def feed(self, chunk: ChatChunk) -> list[Any]: ...
     def finish(self) -> list[Any]: ...
     def error(self, message: str) -> list[Any]: ...
 
@@ -92,7 +95,7 @@ class TranslatedWriter:
         self._encode = encode
         self._closed = False
 
-    def feed(self, chunk: dict[str, Any]) -> bytes:
+    def feed(self, chunk: ChatChunk) -> bytes:
         return b"" if self._closed else self._encode(self.stream.feed(chunk))
 
     def end(self) -> bytes:

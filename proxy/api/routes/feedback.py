@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import math
-from typing import Any
+from typing import TypedDict
 
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.requests import Request
@@ -27,6 +27,16 @@ from proxy.base.errors import (
 from proxy.base.requests import parse_object, read_body
 from proxy.state import ProxyState
 from store.feedback import add_feedback
+from store.json_types import JsonObject
+
+
+class Feedback(TypedDict):
+    """A checked feedback request: `add_feedback`'s arguments, and what the reply echoes."""
+
+    reward: float
+    trajectory_id: str | None
+    session_key: str | None
+    comment: str | None
 
 
 def _check_token(request: Request, expected: str | None) -> None:
@@ -38,7 +48,7 @@ def _check_token(request: Request, expected: str | None) -> None:
         raise Unauthorized("missing or wrong bearer token for feedback")
 
 
-def _parse(body: dict[str, Any], session: str | None) -> dict[str, Any]:
+def _parse(body: JsonObject, session: str | None) -> Feedback:
     reward = body.get("reward")
     if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
         raise BadRequest("'reward' must be a finite number", param="reward")
