@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypedDict
+from typing import TypedDict
+
+from store.json_types import JsonObject
 
 
 class RecordedChoice(TypedDict):
@@ -53,8 +55,8 @@ class TrajectoryCall:
     error: str | None = None
     stream: bool = False
     started_at: datetime | None = None
-    request: dict[str, Any] | None = None  # the client's body as sent
-    response: dict[str, Any] | None = None  # the body the client received
+    request: JsonObject | None = None  # the client's body as sent
+    response: JsonObject | None = None  # the body the client received
     # the full prompt as vLLM tokenised it; None when unknown (never captured, or its parent
     # call is missing from the store)
     prompt_token_ids: list[int] | None = None
@@ -65,7 +67,7 @@ class TrajectoryCall:
     latency_ms: float | None = None
     ttft_ms: float | None = None
     user_agent: str | None = None
-    compat: dict[str, Any] | None = None  # what the compatibility policy did
+    compat: JsonObject | None = None  # what the compatibility policy did
     key_name: str | None = None  # the client key's name: whose traffic it is
     tenant: str | None = None
     sampling: RecordedSampling | None = None  # None: the replica's defaults were unknown

@@ -19,6 +19,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
+from store.json_types import JsonObject
 from store.models.base import Base
 
 
@@ -32,7 +33,7 @@ class Task(Base):
     answer: Mapped[str | None] = mapped_column(Text)
     match: Mapped[str] = mapped_column(String(16), default="exact")
     tolerance: Mapped[float] = mapped_column(Float, default=1e-6)
-    task_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
+    task_metadata: Mapped[JsonObject | None] = mapped_column("metadata", JSON)
     # rollout runner (learner/rollout): a learner grader SPEC for this task, a shell command
     # preparing a fresh working directory, and one run there afterwards printing the reward
     grader: Mapped[str | None] = mapped_column(String(500))
@@ -54,7 +55,7 @@ class Grade(Base):
 
     trajectory_id: Mapped[str] = mapped_column(ForeignKey("trajectories.id"), primary_key=True)
     reward: Mapped[float | None] = mapped_column(Float)
-    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    detail: Mapped[JsonObject | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
     graded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     # the learner step that trained on it (None: not yet used)
@@ -105,7 +106,7 @@ class TrainingStep(Base):
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     version: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    metrics: Mapped[JsonObject] = mapped_column(JSON)
     # the tenant whose adapter it trained (learn --tenants); null: the shared policy
     tenant: Mapped[str | None] = mapped_column(String(100))
 

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
+from store.json_types import JsonObject
 from store.models.base import Base
 
 
@@ -38,11 +39,11 @@ class RolloutRun(Base):
     stdout: Mapped[str | None] = mapped_column(Text)
     stderr: Mapped[str | None] = mapped_column(Text)
     # the working directory's final state: {relative path: text, or a note for binary/big}
-    workdir: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    workdir: Mapped[JsonObject | None] = mapped_column(JSON)
     policy_version: Mapped[str | None] = mapped_column(String(200), index=True)
     trajectory_ids: Mapped[list[Any] | None] = mapped_column(JSON)
     reward: Mapped[float | None] = mapped_column(Float)
-    grade_detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    grade_detail: Mapped[JsonObject | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -126,5 +127,5 @@ class CurriculumPromotion(Base):
     to_stage: Mapped[str | None] = mapped_column(String(80))
     policy_version: Mapped[str | None] = mapped_column(String(200))
     # {"rule", "value", "evals": [{"rollout_id", "policy_version", "pass_at_1", ...}], ...}
-    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    metrics: Mapped[JsonObject] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -4,7 +4,6 @@ gates, and the tenants whose calls are served by adapters of their own."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -18,6 +17,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
+from store.json_types import JsonObject
 from store.models.base import Base
 
 
@@ -40,10 +40,10 @@ class PolicyVersion(Base):
     status: Mapped[str] = mapped_column(String(16), index=True)
     swap_seconds: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
-    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    metrics: Mapped[JsonObject | None] = mapped_column(JSON)
     # the verified probe: {"token_ids", "logprobs", "tolerance"}; serving this version again
     # is verified against it, so nobody needs to load the model for a rollback
-    probe: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    probe: Mapped[JsonObject | None] = mapped_column(JSON)
     # an operator's pin keeps its checkpoint whatever retention would delete
     # (learner/retention.py); when retention deleted it (the version can serve no more)
     pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
