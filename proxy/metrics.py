@@ -30,7 +30,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.state import ProxyState
-from store import grade_queue, policy_versions, training_steps
+from store import grade_queue, policy_versions, training_steps, watch_alerts
 
 log = logging.getLogger("onthejob.metrics")
 
@@ -158,8 +158,10 @@ def _learner_snapshot(engine: Engine) -> dict[str, Any]:
         step = training_steps.latest_step(conn)
         serving = policy_versions.serving_version(conn)
         ungraded = grade_queue.count_ungraded_finished(conn)
+        watch = watch_alerts.counts(conn)
     metrics = (step["metrics"] if step is not None else None) or {}
     return {
+        "watch": watch,
         "step": None if step is None else step["step"],
         "reward": metrics.get("mean_reward"),
         "step_swap_seconds": metrics.get("swap_seconds"),
@@ -216,6 +218,26 @@ class _StateCollector(Collector):
             value = learner.get(key)
             if isinstance(value, int | float):
                 yield GaugeMetricFamily(f"onthejob_{name}", help_text, value=float(value))
+        yield from _watch(learner["watch"])
+
+
+def _watch(counts: dict[str, watch_alerts.DetectorCount]) -> Any:
+    """The reward-hacking watch, per detector (every one, at 0 when quiet)."""
+    active = GaugeMetricFamily(
+        "onthejob_watch_alerts",
+        "Reward-hacking watch alerts open now (a canary's hold its promotion), by detector",
+        labels=["detector"],
+    )
+    raised = CounterMetricFamily(
+        "onthejob_watch_alerts_raised",
+        "Reward-hacking watch alerts ever raised, by detector",
+        labels=["detector"],
+    )
+    for detector, count in counts.items():
+        active.add_metric([detector], float(count.active))
+        raised.add_metric([detector], float(count.raised))
+    yield active
+    yield raised
 
 
 def _render(state: ProxyState, stats: RequestStats) -> bytes:

@@ -130,7 +130,7 @@ class Canaries:
             active = watch_alerts.counts(conn) if changes.raised or changes.cleared else None
         what = _watched(windows)
         for raised in changes.raised:
-            log.warning("watch: %s: %s", what, raised.reason)
+            log.warning("watch: %s: %s: %s", what, raised.detector, raised.reason)
         for detector in changes.cleared:
             log.info("watch: %s: %s no longer alerts", what, detector)
         if active is not None:

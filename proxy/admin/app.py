@@ -28,6 +28,7 @@ from proxy.admin.routes import (
     tenants,
     trajectories,
     versions,
+    watch,
 )
 from proxy.admin.tokens import Detokenizer
 from proxy.state import ProxyState
@@ -76,6 +77,7 @@ def create_admin_app() -> FastAPI:
         signals,
         tenants,
         canaries,
+        watch,
     )
     for module in modules:
         api.include_router(module.router)

@@ -22,11 +22,12 @@ from sqlalchemy import Engine
 
 from proxy.admin.deps import EngineDep, StateDep
 from proxy.admin.errors import AdminError, not_found
+from proxy.admin.routes.watch import alert_view
 from proxy.admin.schemas import Key, KeyName, Text
 from proxy.admin.swaps import serve_again
 from proxy.state import ProxyState
 from store import canaries as store
-from store import canary_stats, policy_versions, tenants
+from store import canary_stats, policy_versions, tenants, watch_alerts
 from store.clock import iso
 
 router = APIRouter(tags=["canaries"])
@@ -66,7 +67,12 @@ def _who(body: Operator) -> str:
     return "admin" if body.by is None else f"admin:{body.by}"
 
 
-def _view(canary: dict[str, Any], arms: dict[str, Any], state: ProxyState) -> dict[str, Any]:
+def _view(
+    canary: dict[str, Any],
+    arms: dict[str, Any],
+    alerts: list[watch_alerts.StoredAlert],
+    state: ProxyState,
+) -> dict[str, Any]:
     return {
         **canary,
         "started_at": iso(canary["started_at"]),
@@ -76,13 +82,20 @@ def _view(canary: dict[str, Any], arms: dict[str, Any], state: ProxyState) -> di
         # the replicas the candidate's calls reach it on (as this proxy last read them)
         "loaded_on": [r.url for r in state.pool.replicas if canary["candidate"] in r.adapters],
         "arms": arms,
+        # the reward-hacking watch's on its candidate (cleared ones included): an open one
+        # holds its promotion
+        "alerts": [alert_view(a) for a in alerts],
     }
 
 
 def _with_stats(engine: Engine, state: ProxyState, rows: list[dict[str, Any]]) -> list[Any]:
     now = datetime.now(UTC)
     with engine.connect() as conn:
-        return [_view(row, canary_stats.arm_stats(conn, row, now=now), state) for row in rows]
+        alerts = watch_alerts.of_canaries(conn, [row["id"] for row in rows])
+        return [
+            _view(row, canary_stats.arm_stats(conn, row, now=now), alerts.get(row["id"], []), state)
+            for row in rows
+        ]
 
 
 def _found(engine: Engine, state: ProxyState, canary_id: int) -> dict[str, Any]:

@@ -101,7 +101,7 @@ async function guarded(fn) {
 function show(view) {
   state.view = view;
   for (const tab of document.querySelectorAll(".tab")) tab.classList.toggle("active", tab.dataset.view === view);
-  for (const name of ["overview", "trajectories", "versions", "tasks", "types", "harnesses", "curricula", "selfjudge", "signals", "tenants"]) $(`view-${name}`).hidden = name !== view;
+  for (const name of ["overview", "trajectories", "versions", "tasks", "types", "harnesses", "curricula", "selfjudge", "signals", "tenants", "canaries"]) $(`view-${name}`).hidden = name !== view;
   refresh(true);
 }
 
@@ -118,6 +118,7 @@ function refresh(first) {
     selfjudge: loadSelfJudge,
     signals: loadSignals,
     tenants: loadTenants,
+    canaries: loadCanaries,
   }[state.view];
   return guarded(async () => {
     await work();
@@ -635,6 +636,60 @@ async function loadTenants() {
     );
   }
   if (!data.items.length) body.appendChild(el("tr", {}, el("td", { colSpan: 7, class: "muted" }, "no tenants: PUT /admin/api/tenants/NAME defines one")));
+}
+
+// -- canaries: their arms, the test's state, the decision, and the watch's alerts ----------
+const armCell = (arm) => `${arm.calls} / ${arm.graded} / ${arm.mean_reward === null ? "–" : fmt(arm.mean_reward)}`;
+
+function decisionOf(c) {
+  if (c.status !== "running") return `${c.status.replace("_", " ")} by ${c.decided_by}: ${c.reason || "–"}`;
+  const last = c.actions[c.actions.length - 1];
+  if (last && last.action === "hold") return `held by the watch: ${last.reason}`;
+  return `collecting until ${shortTime(c.ends_at)} (then: ${c.default_decision})`;
+}
+
+async function loadCanaries() {
+  const [data, watch] = await Promise.all([api("/canaries"), api("/watch")]);
+  const body = $("canaries-table").tBodies[0];
+  body.replaceChildren();
+  for (const c of data.items) {
+    const open = c.alerts.filter((a) => a.cleared_at === null);
+    body.appendChild(
+      el(
+        "tr",
+        { "data-canary": String(c.id) },
+        el("td", {}, String(c.id)),
+        el("td", {}, c.tenant || "(shared policy)"),
+        el("td", {}, c.candidate),
+        el("td", {}, c.incumbent || "–"),
+        el("td", {}, percent(c.share)),
+        el("td", {}, armCell(c.arms.candidate)),
+        el("td", {}, armCell(c.arms.incumbent)),
+        el("td", {}, c.status.replace("_", " ")),
+        el("td", {}, decisionOf(c)),
+        el("td", { class: open.length ? "error" : "muted" },
+          open.length ? open.map((a) => a.reason).join("; ") : `${c.alerts.length} cleared`),
+      ),
+    );
+  }
+  if (!data.items.length) body.appendChild(el("tr", {}, el("td", { colSpan: 10, class: "muted" }, "no canaries: POST /admin/api/canaries starts one")));
+  const alerts = $("watch-table").tBodies[0];
+  alerts.replaceChildren();
+  for (const a of watch.active) {
+    alerts.appendChild(
+      el(
+        "tr",
+        { "data-alert": String(a.id) },
+        el("td", {}, a.detector),
+        el("td", {}, a.canary_id === null ? `newest version (${a.tenant || "shared policy"})` : `canary ${a.canary_id}`),
+        el("td", {}, a.version),
+        el("td", {}, a.baseline || "the other versions"),
+        el("td", {}, a.reason),
+        el("td", {}, shortTime(a.raised_at)),
+      ),
+    );
+  }
+  if (!watch.active.length) alerts.appendChild(el("tr", {}, el("td", { colSpan: 6, class: "muted" }, "no detector alerts")));
 }
 
 // -- wiring --------------------------------------------------------------------------

@@ -1,0 +1,226 @@
+"""The reward-hacking watch on stored traffic, on SQLite and PostgreSQL: the windows read
+from what the calls recorded (store/watch_windows.py); a canary whose candidate wins on
+reward while its replies collapse or its refusals grow is held, not promoted, with the hold
+and its alerts recorded (learner/loop/canaries.py); without the alert it is promoted; at the
+time limit a held one is rolled back; /metrics and the admin API show the alerts."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import Engine, update
+
+from learner.loop.canaries import Canaries
+from learner.vllm_server import free_port
+from store import canaries, grade_queue, recording, tenants, watch_alerts, watch_windows
+from store.models import Canary
+from store.turn_signals import Stored, save_signals
+from tests.support.inprocess import in_process_client
+
+T0 = time.time() - 600  # the canaries started 10 minutes ago; their calls since
+WORDY = "Here is the change, with the reasons for each part of it. " * 3
+REFUSAL = "I'm sorry, but I can't help with that."
+COLLAPSE = "reply length collapsing"
+
+
+def start(engine: Engine, tenant: str, *, candidate: str, incumbent: str, **changes: Any) -> int:
+    with engine.begin() as conn:
+        now = datetime.now(UTC)
+        tenants.put_tenant(conn, name=tenant, client_keys=[], interaction_types=[], now=now)
+        tenants.set_serving(conn, name=tenant, version=incumbent, now=now)
+        settings: dict[str, Any] = {
+            "share": 0.5, "min_calls": 30, "time_limit": timedelta(hours=1),
+            "default_decision": "rollback", "by": "admin",
+            "now": datetime.fromtimestamp(T0, UTC), **changes,
+        }  # fmt: skip
+        return canaries.start_canary(
+            conn, tenant=tenant, candidate=candidate, incumbent=incumbent, **settings
+        )
+
+
+def serve(
+    engine: Engine,
+    tenant: str,
+    version: str,
+    rewards: list[float],
+    *,
+    text: str = WORDY,
+    tokens: int = 120,
+    complaints: int = 0,
+    tool_arguments: str | None = None,
+    judge: float | None = None,
+) -> list[str]:
+    """One single-call trajectory per reward, answered by `version` with `text` in `tokens`
+    tokens (and a tool call with `tool_arguments`), graded (with a self-judge verdict of
+    `judge` beside the reward as its truth); the first `complaints` corrected. Their ids."""
+    trajectories, calls = [], []
+    for i in range(len(rewards)):
+        at = T0 + 1 + i
+        tid = f"{tenant}-{version}-{i}"
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if tool_arguments is not None:
+            message["tool_calls"] = [{
+                "id": f"{tid}-tool", "type": "function",
+                "function": {"name": "edit", "arguments": tool_arguments},
+            }]  # fmt: skip
+        trajectories.append({"id": tid, "status": "finished", "started_at": at, "last_call_at": at})
+        calls.append({
+            "id": f"{tid}-c", "trajectory_id": tid, "session_key": tid,
+            "api": "chat.completions", "status": "ok", "http_status": 200, "stream": False,
+            "prompt_prefix_len": 0, "capture_complete": True, "started_at": at,
+            "latency_ms": 100.0, "policy_version": version, "tenant": tenant,
+            "response": {"choices": [{"index": 0, "message": message}]},
+            "completion_tokens": tokens,
+        })  # fmt: skip
+    with engine.begin() as conn:
+        recording.write_batch(conn, trajectories=trajectories, calls=calls)
+        for trajectory, reward in zip(trajectories, rewards, strict=True):
+            detail: dict[str, Any] = {}
+            if judge is not None:
+                detail["self_judge"] = {
+                    "type": None, "rubric": "default", "reward": judge, "detail": {},
+                    "shadow": True, "truth": {"source": "reference", "reward": reward},
+                }  # fmt: skip
+            grade_queue.save_grade(
+                conn, trajectory_id=trajectory["id"], reward=reward, detail=detail, error=None
+            )
+        for trajectory in trajectories:
+            tid = trajectory["id"]
+            signal = Stored(f"{tid}-c", 0, -1.0, "corrected", "no, that is wrong", None)
+            approval = Stored(f"{tid}-c", 0, 1.0, "approved", "thanks", None)
+            mine = [signal] if trajectories.index(trajectory) < complaints else [approval]
+            save_signals(conn, trajectory_id=tid, signals=mine, now=datetime.now(UTC))
+    return [t["id"] for t in trajectories]
+
+
+def canary(engine: Engine, canary_id: int) -> dict[str, Any]:
+    with engine.connect() as conn:
+        found = canaries.get_canary(conn, canary_id)
+    assert found is not None
+    return found
+
+
+def look(engine: Engine) -> int:
+    return Canaries(engine).decide_running()
+
+
+def test_the_windows_are_read_from_what_the_calls_recorded(engine: Engine) -> None:
+    canary_id = start(engine, "team", candidate="team-2", incumbent="team-1")
+    after = serve(
+        engine, "team", "team-2", [1.0, 0.0] * 3, text=REFUSAL, tokens=9, complaints=2,
+        tool_arguments='{"path": "a.py"', judge=0.0,
+    )  # fmt: skip
+    before = serve(engine, "team", "team-1", [0.0] * 4, tool_arguments='{"path": "a.py"}')
+    serve(engine, "other", "team-2", [1.0] * 3)  # another scope's: not in the windows
+    with engine.connect() as conn:
+        found = canaries.get_canary(conn, canary_id)
+        assert found is not None
+        windows = watch_windows.canary_windows(
+            conn, canary_id=canary_id, tenant="team", candidate="team-2", incumbent="team-1",
+            since=found["started_at"], until=datetime.now(UTC),
+        )  # fmt: skip
+    assert (windows.scope, windows.version, windows.baseline) == ("team", "team-2", "team-1")
+    assert sorted(s.trajectory_id for s in windows.after) == sorted(after)
+    assert sorted(s.trajectory_id for s in windows.before) == sorted(before)
+    assert windows.signals_recorded
+    by_id = {s.trajectory_id: s for s in windows.after}
+    first, second = by_id["team-team-2-0"], by_id["team-team-2-1"]
+    assert (first.reward, first.graded, first.complained) == (1.0, True, True)
+    assert first.reply_tokens == 9
+    assert [(r.text, r.tool_calls, r.broken_tool_calls) for r in first.replies] == [
+        (REFUSAL, 1, 1)  # its arguments are not JSON: a tool call that fails to parse
+    ]
+    # the self-judge said fail: it disagrees where the truth passed, agrees where it failed
+    assert (first.judge_disagrees, second.judge_disagrees) == (True, False)
+    assert not by_id["team-team-2-5"].complained
+    assert all(r.broken_tool_calls == 0 for s in windows.before for r in s.replies)
+    assert all(s.judge_disagrees is None for s in windows.before)  # no self-judge verdict
+
+
+def test_a_better_reward_with_collapsing_replies_is_held_and_recorded(
+    engine: Engine, db_url: str, tmp_path: Path
+) -> None:
+    held = start(engine, "gamed", candidate="gamed-2", incumbent="gamed-1")
+    serve(engine, "gamed", "gamed-2", [1.0, 1.0, 0.0, 1.0] * 15, text="Done.", tokens=3)
+    serve(engine, "gamed", "gamed-1", [0.0, 0.0, 1.0, 0.0] * 15)
+    refusing = start(engine, "refusing", candidate="refusing-2", incumbent="refusing-1")
+    serve(engine, "refusing", "refusing-2", [1.0, 1.0, 0.0, 1.0] * 15, text=REFUSAL)
+    serve(engine, "refusing", "refusing-1", [0.0, 0.0, 1.0, 0.0] * 15)
+    # the same better reward, nothing else moved: promoted
+    honest = start(engine, "honest", candidate="honest-2", incumbent="honest-1")
+    serve(engine, "honest", "honest-2", [1.0, 1.0, 0.0, 1.0] * 15)
+    serve(engine, "honest", "honest-1", [0.0, 0.0, 1.0, 0.0] * 15)
+
+    assert look(engine) == 1
+    assert look(engine) == 0  # a second look: still held, no second hold recorded
+
+    assert canary(engine, honest)["status"] == "promoted"
+    for canary_id, detector in ((held, COLLAPSE), (refusing, "refusals")):
+        found = canary(engine, canary_id)
+        assert found["status"] == "running"
+        assert [a["action"] for a in found["actions"]] == ["start", "hold"]
+        hold = found["actions"][-1]
+        assert hold["by"] == "learner"
+        assert "reward is better" in hold["reason"] and detector in hold["reason"]
+        assert hold["detail"]["detectors"] == [detector]
+    with engine.connect() as conn:
+        active = watch_alerts.active(conn)
+        tenant_of = {c: canary(engine, c)["tenant"] for c in (held, refusing)}
+        assert sorted((tenant_of[a.canary_id], a.detector) for a in active) == [
+            ("gamed", COLLAPSE),
+            ("refusing", "refusals"),
+        ]
+        assert watch_alerts.counts(conn)[COLLAPSE] == watch_alerts.DetectorCount(1, 1)
+
+    shown = admin_and_metrics(db_url, tmp_path, held)
+    (alert,) = shown["canary"]["alerts"]
+    assert (alert["detector"], alert["version"], alert["baseline"]) == (
+        COLLAPSE, "gamed-2", "gamed-1",
+    )  # fmt: skip
+    assert alert["cleared_at"] is None and "120 -> 3 tokens" in alert["reason"]
+    assert shown["canary"]["actions"][-1]["action"] == "hold"
+    assert {a["detector"] for a in shown["watch"]["active"]} == {COLLAPSE, "refusals"}
+    counts = {d["detector"]: d["active"] for d in shown["watch"]["detectors"]}
+    assert counts[COLLAPSE] == 1 and counts["reply length exploding"] == 0
+    assert shown["metrics"][("onthejob_watch_alerts", COLLAPSE)] == 1
+    assert shown["metrics"][("onthejob_watch_alerts", "refusals")] == 1
+    assert shown["metrics"][("onthejob_watch_alerts", "reply length exploding")] == 0
+    assert shown["metrics"][("onthejob_watch_alerts_raised_total", COLLAPSE)] == 1
+
+    # at the time limit, a held promotion is rolled back; nothing that serves moves
+    with engine.begin() as conn:
+        conn.execute(update(Canary).where(Canary.id == held).values(ends_at=datetime.now(UTC)))
+    assert look(engine) == 1
+    rolled = canary(engine, held)
+    assert (rolled["status"], rolled["decided_by"]) == ("rolled_back", "learner")
+    assert "held its promotion" in rolled["reason"] and COLLAPSE in rolled["reason"]
+    with engine.connect() as conn:
+        pointer = tenants.get_tenant(conn, "gamed")
+        assert pointer is not None and pointer["serving_version"] == "gamed-1"
+        # a decided canary's alerts no longer count as active
+        assert [a.detector for a in watch_alerts.active(conn)] == ["refusals"]
+
+
+def admin_and_metrics(db_url: str, tmp_path: Path, canary_id: int) -> dict[str, Any]:
+    dead = f"http://127.0.0.1:{free_port()}"
+    settings = {"upstreams": [dead], "database_url": db_url, "admin_token": "t"}
+    headers = {"Authorization": "Bearer t"}
+    with in_process_client(spool_path=tmp_path / "spool.jsonl", **settings) as proxy:
+        one = proxy.get(f"/admin/api/canaries/{canary_id}", headers=headers)
+        watch = proxy.get("/admin/api/watch", headers=headers)
+        metrics = proxy.get("/metrics")
+    assert one.status_code == 200 and watch.status_code == 200, (one.text, watch.text)
+    return {
+        "canary": one.json(),
+        "watch": watch.json(),
+        "metrics": {
+            (sample.name, sample.labels.get("detector")): sample.value
+            for family in text_string_to_metric_families(metrics.text)
+            for sample in family.samples
+            if sample.name.startswith("onthejob_watch")
+        },
+    }
