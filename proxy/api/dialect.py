@@ -95,7 +95,9 @@ class TranslatedWriter:
         self._encode = encode
         self._closed = False
 
-    def feed(self, chunk: ChatChunk) -> bytes:
+    def feed(self, chunk: JsonObject) -> bytes:
+        # a StreamWriter takes the upstream's JSON; a translated API's upstream is vLLM's
+        # chat endpoint, so the chunk is a chat chunk
         return b"" if self._closed else self._encode(self.stream.feed(chunk))
 
     def end(self) -> bytes:

@@ -62,7 +62,7 @@ class MessagesDialect:
 
     async def to_upstream(
         self, body: JsonObject, state: ProxyState, record: CallRecord
-    ) -> ChatRequest:
+    ) -> JsonObject:
         compat = record.compat = Compat()
         try:
             chat = translate.messages_to_chat(
@@ -86,7 +86,7 @@ class MessagesDialect:
     def upstream_error(self, status: int, raw: bytes, content_type: str) -> Response:
         return anthropic_error(status, upstream_error_message(raw))
 
-    def whole(self, data: ChatCompletion, asked: ClientAsked, record: CallRecord) -> Any:
+    def whole(self, data: JsonObject, asked: ClientAsked, record: CallRecord) -> Any:
         return _message(data, record)
 
     def stream(self, asked: ClientAsked, record: CallRecord) -> StreamWriter:
@@ -96,7 +96,7 @@ class MessagesDialect:
         )
         return TranslatedWriter(translator, _events)
 
-    def streamed(self, assembled: ChatCompletion, writer: StreamWriter, record: CallRecord) -> Any:
+    def streamed(self, assembled: JsonObject, writer: StreamWriter, record: CallRecord) -> Any:
         return _message(assembled, record)
 
 

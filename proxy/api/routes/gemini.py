@@ -20,7 +20,6 @@ from starlette.routing import BaseRoute, Route
 from proxy.api.dialect import TranslatedWriter
 from proxy.api.translate import gemini as translate
 from proxy.api.translate.messages import TranslationError
-from proxy.api.translate.shapes import ChatCompletion, ChatRequest
 from proxy.base.capture import CHAT, ClientAsked
 from proxy.base.compat_policy import Compat, note_refusal
 from proxy.base.errors import (
@@ -119,7 +118,7 @@ class GeminiDialect:
 
     async def to_upstream(
         self, body: JsonObject, state: ProxyState, record: CallRecord
-    ) -> ChatRequest:
+    ) -> JsonObject:
         # the model and streaming are in the URL, not the body
         record.model = self.model
         record.stream = self.streaming
@@ -143,7 +142,7 @@ class GeminiDialect:
     def upstream_error(self, status: int, raw: bytes, content_type: str) -> Response:
         return gemini_error(status, upstream_error_message(raw))
 
-    def whole(self, data: ChatCompletion, asked: ClientAsked, record: CallRecord) -> Any:
+    def whole(self, data: JsonObject, asked: ClientAsked, record: CallRecord) -> Any:
         return translate.chat_to_gemini(data, model=self.model, thoughts=self.thoughts)
 
     def stream(self, asked: ClientAsked, record: CallRecord) -> StreamWriter:
@@ -152,7 +151,7 @@ class GeminiDialect:
             return TranslatedWriter(translator, SSE())
         return ArrayWriter(translator)
 
-    def streamed(self, assembled: ChatCompletion, writer: StreamWriter, record: CallRecord) -> Any:
+    def streamed(self, assembled: JsonObject, writer: StreamWriter, record: CallRecord) -> Any:
         return translate.chat_to_gemini(assembled, model=self.model, thoughts=self.thoughts)
 
 

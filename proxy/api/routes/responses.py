@@ -17,7 +17,7 @@ from starlette.routing import BaseRoute, Route
 
 from proxy.api.dialect import TranslatedWriter
 from proxy.api.translate import responses as translate
-from proxy.api.translate.shapes import ChatCompletion, ChatMessage, ChatRequest
+from proxy.api.translate.shapes import ChatMessage
 from proxy.base.capture import CHAT, ClientAsked
 from proxy.base.compat_policy import Compat, note_refusal
 from proxy.base.errors import (
@@ -28,7 +28,7 @@ from proxy.base.errors import (
     error_body,
     error_response,
 )
-from proxy.base.record import CallRecord
+from proxy.base.record import CallRecord, StoredResponse
 from proxy.generation.call import Generation
 from proxy.generation.dialect import StreamWriter
 from proxy.state import ProxyState
@@ -50,7 +50,7 @@ class ResponsesDialect:
 
     async def to_upstream(
         self, body: JsonObject, state: ProxyState, record: CallRecord
-    ) -> ChatRequest:
+    ) -> JsonObject:
         compat = record.compat = Compat()
         history = None
         previous = body.get("previous_response_id")
@@ -98,7 +98,7 @@ class ResponsesDialect:
     def upstream_error(self, status: int, raw: bytes, content_type: str) -> Response:
         return Response(raw, status_code=status, media_type=content_type)
 
-    def whole(self, data: ChatCompletion, asked: ClientAsked, record: CallRecord) -> Any:
+    def whole(self, data: JsonObject, asked: ClientAsked, record: CallRecord) -> Any:
         context = record.context
         response = translate.chat_to_response(
             data,
@@ -118,7 +118,7 @@ class ResponsesDialect:
         )
         return TranslatedWriter(translator, _events)
 
-    def streamed(self, assembled: ChatCompletion, writer: StreamWriter, record: CallRecord) -> Any:
+    def streamed(self, assembled: JsonObject, writer: StreamWriter, record: CallRecord) -> Any:
         assert isinstance(writer, TranslatedWriter)
         assert isinstance(writer.stream, translate.ResponsesStream)
         response = writer.stream.response
@@ -131,7 +131,7 @@ class ResponsesDialect:
         context = record.context
         if not context.get("store"):
             return
-        stored = {
+        stored: StoredResponse = {
             "id": response["id"],
             "created_at": float(context["created_at"]),
             "response": response,

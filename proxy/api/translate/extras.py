@@ -6,6 +6,9 @@ served model, e.g. a seed or structured outputs), so the translators forward the
 
 from collections.abc import Callable
 
+from proxy.api.translate.shapes import ChatRequest
+from store.json_types import JsonObject
+
 VLLM_EXTRAS = (
     "seed",
     "min_p",
@@ -20,8 +23,8 @@ VLLM_EXTRAS = (
 
 
 def vllm_extras(
-    body: dict, keys: tuple[str, ...] = VLLM_EXTRAS, spelled: Callable[[str], str] = str
-) -> dict:
+    body: JsonObject, keys: tuple[str, ...] = VLLM_EXTRAS, spelled: Callable[[str], str] = str
+) -> ChatRequest:
     """The extensions `body` gives, under vLLM's names; `spelled`: how the body spells a
     name (Gemini's fields are camelCase once read)."""
     return {key: body[spelled(key)] for key in keys if body.get(spelled(key)) is not None}
