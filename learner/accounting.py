@@ -15,12 +15,42 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 # a step that trains on less than this share of the trajectories it considered is warned of
 LOW_SHARE = 0.25
 
 TRAJECTORIES, CALLS, SAMPLES = "trajectories", "calls", "samples"
+
+
+class Dropped(TypedDict):
+    """One reason a step left something out, with its count (`StepAccount.dropped`)."""
+
+    reason: str  # the key of REASONS (or a call's skip reason)
+    label: str
+    unit: str
+    count: int
+    setting: str
+
+
+class AccountMetrics(TypedDict):
+    """What a step's account adds to its metrics (`StepAccount.metrics`)."""
+
+    considered_trajectories: int
+    signal_trajectories: int
+    waiting_trajectories: int
+    trained_trajectories: int
+    samples_built: int
+    trained_samples: int
+    trained_share: float
+    dropped: list[Dropped]
+
+
+class LastBatch(AccountMetrics):
+    """The last batch a step took, as the heartbeat shows it."""
+
+    step: int
+    trained: bool
 
 
 @dataclass(frozen=True)
@@ -149,7 +179,7 @@ class StepAccount:
             self.trained_trajectories = 0
 
     # -- reading it -------------------------------------------------------------------
-    def dropped(self) -> list[dict[str, Any]]:
+    def dropped(self) -> list[Dropped]:
         """Every reason with a count, biggest first: reason, label, unit, count, setting."""
         entries = []
         for unit, counts in ((TRAJECTORIES, self.trajectories), (CALLS, self.calls)):
@@ -166,7 +196,7 @@ class StepAccount:
     def low(self) -> bool:
         return self.considered > 0 and self.share < LOW_SHARE
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> AccountMetrics:
         """For TrainingStep.metrics (and the version's): the dashboard and export read it."""
         return {
             "considered_trajectories": self.considered,
@@ -210,7 +240,7 @@ class StepAccount:
         )
 
 
-def _entry(key: str, unit: str, count: int) -> dict[str, Any]:
+def _entry(key: str, unit: str, count: int) -> Dropped:
     reason = reason_of(key, unit)
     return {
         "reason": key,

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from sqlalchemy import Connection
 
@@ -36,7 +36,39 @@ from store.learner_state import get_state, set_state
 from store.tasks import task_table
 
 if TYPE_CHECKING:
+    from learner.accounting import LastBatch
     from learner.loop.state import LoopState
+
+
+class Knobs(TypedDict, total=False):
+    """The knobs an operator can turn (store.control.KNOBS), by name."""
+
+    learning_rate: float
+    batch_trajectories: int
+    max_batch_trajectories: int
+    max_staleness: int
+    fresh_wait: float
+
+
+class HeartbeatRecord(TypedDict):
+    """What the learner says of itself every few seconds (HEARTBEAT_KEY): the dashboard,
+    `onthejob status`, the curriculum runner and the next learner read it."""
+
+    at: str  # ISO time
+    paused: bool
+    activity: str
+    step: int
+    serving: str | None  # the shared policy's version
+    learning_rate: float
+    batch_trajectories: int
+    max_batch_trajectories: int
+    max_staleness: int
+    fresh_wait: float
+    poll_interval: float
+    own: Knobs  # as the learner's command line set them
+    own_set_at: dict[str, str]
+    last_batch: LastBatch | None
+
 
 log = logging.getLogger("onthejob.learner")
 
@@ -56,7 +88,7 @@ def follow(learner: LoopState) -> bool:
     return control.paused
 
 
-def own_set_at(own: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, str]:
+def own_set_at(own: Knobs, previous: HeartbeatRecord | None) -> dict[str, str]:
     """When each of the learner's own knobs was set: now if it differs from the previous
     run's (someone changed the command line), else when that run said it was set."""
     previous = previous or {}
@@ -72,12 +104,10 @@ def own_set_at(own: dict[str, Any], previous: dict[str, Any] | None) -> dict[str
     return out
 
 
-def effective_knobs(
-    own: dict[str, Any], own_stamps: dict[str, str], control: Control
-) -> dict[str, Any]:
+def effective_knobs(own: Knobs, own_stamps: dict[str, str], control: Control) -> Knobs:
     """Each knob as it was set last: the operator's value unless the learner's own setting
     is newer (ties go to the operator). Knobs missing from `own` are left out."""
-    wanted: dict[str, Any] = {}
+    wanted: Knobs = {}
     for name in (n for n in KNOBS if n in own):
         operator = getattr(control, name)
         newer_own = own_stamps.get(name, "") > control.set_at.get(name, "")
@@ -115,7 +145,7 @@ def _follow_tasks(learner: LoopState, conn: Connection) -> None:
     log.info("task table reloaded from the store: %d tasks", len(learner.tasks))
 
 
-def heartbeat(learner: LoopState) -> dict[str, Any]:
+def heartbeat(learner: LoopState) -> HeartbeatRecord:
     config = learner.config
     control = learner.applied_control
     serving = learner.shared.serving  # the shared policy's (tenants have their own)

@@ -41,16 +41,19 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.optim.optimizer import StateDict
 
 from learner.trainer import (
     TRAINING_STATE_FORMAT,
     MicroBatch,
     Trainer,
     TrainerConfig,
+    TrainingState,
     checkpoint_layers,
     micro_batches,
 )
 from store.environment import environment
+from store.json_types import JsonObject
 from store.samples import Sample
 
 log = logging.getLogger("onthejob.learner")
@@ -312,7 +315,7 @@ class ShardedTrainer(Trainer):
 
     def step(
         self, samples: list[Sample], advantages: list[float], *, fresh_version: str | None = None
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         self._gathered = None
         return super().step(samples, advantages, fresh_version=fresh_version)
 
@@ -359,7 +362,7 @@ class ShardedTrainer(Trainer):
         trained = {name for name, p in self.model.named_parameters() if p.requires_grad}
         return {name: t for name, t in self._full_state().items() if name in trained}
 
-    def load_training_state(self, state: dict[str, Any] | None) -> None:
+    def load_training_state(self, state: TrainingState | StateDict | None) -> None:
         """Rank 0 passes the state, the others None: rank 0 checks it fits and broadcasts
         it. Raises ValueError on every rank when it does not fit."""
         verdict = self.ranks.share(self._fits(state) if self.ranks.leader else None)
@@ -380,7 +383,7 @@ class ShardedTrainer(Trainer):
             set_model_state_dict(self.model, mine.get("master", {}), options=masters)
         self._gathered = None
 
-    def _fits(self, state: dict[str, Any] | None) -> str:
+    def _fits(self, state: TrainingState | StateDict | None) -> str:
         if state is None or state.get("format") != TRAINING_STATE_FORMAT:
             return "optimizer state saved by an older learner (by parameter index)"
         trained = {name for name, p in self.model.named_parameters() if p.requires_grad}

@@ -39,10 +39,10 @@ import random
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 # RunningBaselines lives beside the type baselines, which keep one too (their ema)
-from learner.type_baselines import Reward, RunningBaselines, TypeBaselines
+from learner.type_baselines import Reward, RunningBaselines, TypeBaselines, TypeBaselinesState
 
 # Rewards closer than this are "equal": subtracting a mean leaves only rounding noise.
 FLAT_TOLERANCE = 1e-9
@@ -92,6 +92,13 @@ class Advantaged:
     group: str
 
 
+class BaselineStates(TypedDict):
+    """`Baselines` as JSON, each under its learner-state key (`Baselines.KEYS`)."""
+
+    baselines: dict[str, float]  # by task
+    type_baselines: TypeBaselinesState
+
+
 @dataclass
 class Baselines:
     """What the learner keeps between batches (and in learner_state, under these keys):
@@ -113,7 +120,7 @@ class Baselines:
             TypeBaselines.from_state(states.get("type_baselines") or {}, type_mode),
         )
 
-    def states(self) -> dict[str, Any]:
+    def states(self) -> BaselineStates:
         return {"baselines": self.tasks.state(), "type_baselines": self.types.state()}
 
     def copy(self) -> Baselines:

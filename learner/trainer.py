@@ -31,21 +31,32 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch.distributed.checkpoint.state_dict import (
+    OptimizerStateType,
     StateDictOptions,
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
+from torch.optim.optimizer import StateDict
 from torch.utils.checkpoint import checkpoint
 
 from learner.loss import LossBatch, LossConfig, policy_loss, sequence_mismatch
+from store.json_types import JsonObject
 from store.samples import Sample, Sampling
 
 PRECISIONS = ("float32", "bfloat16", "autocast")
 TRAINING_STATE_FORMAT = 2  # optimizer state by parameter name, float32 masters beside it
+
+
+class TrainingState(TypedDict, total=False):
+    """What `Trainer.training_state` saves beside a checkpoint (torch.save)."""
+
+    format: int  # TRAINING_STATE_FORMAT
+    optimizer: OptimizerStateType  # by parameter name
+    master: dict[str, torch.Tensor]  # the float32 masters, where checkpoints are bf16
 
 
 @dataclass(frozen=True)
@@ -340,12 +351,12 @@ class Trainer:
             if p.requires_grad
         }
 
-    def training_state(self) -> dict[str, Any]:
+    def training_state(self) -> TrainingState:
         """What a resumed trainer needs besides its checkpoint: AdamW's state by parameter
         name (so any number of ranks can load it) and, when checkpoints are rounded to
         bf16, the float32 master weights (the rounding drops what small steps add up)."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state: dict[str, Any] = {
+        state: TrainingState = {
             "format": TRAINING_STATE_FORMAT,
             "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=options),
         }
@@ -353,7 +364,7 @@ class Trainer:
             state["master"] = self.master_state()
         return state
 
-    def load_training_state(self, state: dict[str, Any]) -> None:
+    def load_training_state(self, state: TrainingState | StateDict) -> None:
         """Load what `training_state` saved (or a bare `optimizer.state_dict()`, as saved
         before names were used). Raises ValueError when it was saved for other parameters."""
         if state.get("format") != TRAINING_STATE_FORMAT:
@@ -474,7 +485,7 @@ class Trainer:
 
     def step(
         self, samples: list[Sample], advantages: list[float], *, fresh_version: str | None = None
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """One optimizer step over all samples (gradient accumulation across micro-batches).
 
         The loss is normalised by the trained tokens that remain after sequences with too
@@ -814,7 +825,7 @@ def _has_adapter(model: torch.nn.Module) -> bool:
 
 
 def _accumulate(
-    sums: dict[str, float], extremes: dict[str, float], metrics: dict[str, Any], tokens: int
+    sums: dict[str, float], extremes: dict[str, float], metrics: dict[str, float], tokens: int
 ) -> None:
     for key, value in metrics.items():
         if key == "tokens" or not isinstance(value, int | float) or not math.isfinite(value):

@@ -23,7 +23,7 @@ version for the versions not yet stale. What a sample is compared with is the ``
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 MODES = ("version", "batch", "ema", "off")
 UNTYPED = "untyped"  # the type of trajectories recorded without one
@@ -63,6 +63,13 @@ class RunningBaselines:
         baselines = cls(decay)
         baselines._values = {str(key): float(value) for key, value in state.items()}
         return baselines
+
+
+class TypeBaselinesState(TypedDict):
+    """`TypeBaselines` as JSON (the learner state's ``type_baselines``)."""
+
+    ema: dict[str, float]  # by interaction type
+    versions: dict[str, dict[str, list[float]]]  # type -> "<version>" -> [count, sum]
 
 
 class TypeBaselines:
@@ -124,7 +131,7 @@ class TypeBaselines:
         count, total = self._versions.get(_name(interaction_type), {}).get(version_index, (0, 0))
         return total / count if count else None
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> TypeBaselinesState:
         """JSON: {"ema": {type: value}, "versions": {type: {"<version>": [count, sum]}}}."""
         return {
             "ema": self._ema.state(),

@@ -9,7 +9,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from learner import retention
 from learner.checkpoint import checkpoint_tensors, save_checkpoint
@@ -19,11 +19,20 @@ from learner.loop.state import LEASE_WAIT, LoopState, Publisher, save_baselines
 from learner.loop.weights import Weights
 from learner.lora import save_adapter
 from learner.swap import lease
-from learner.swap.full_publisher import FullWeightPublisher
+from learner.swap.full_publisher import FullWeightPublisher, PublisherSettings
 from learner.swap.lora_publisher import LoraPublisher, tenant_pointer
-from learner.swap.publisher import HALF_PRECISION_CHECKED_TOLERANCE, Fingerprint, PublishResult
-from learner.swap.transfer import WeightFileTransfer, transfer_publisher
+from learner.swap.publisher import (
+    HALF_PRECISION_CHECKED_TOLERANCE,
+    Fingerprint,
+    PublishResult,
+    SwapMetrics,
+)
+from learner.swap.transfer import TransferMetrics, WeightFileTransfer, transfer_publisher
 from store import grade_queue, policy_versions, training_steps
+from store.json_types import JsonObject
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("onthejob.learner")
 
@@ -38,7 +47,7 @@ class Publishing:
     def publish_step(
         self,
         step: int,
-        metrics: dict[str, Any],
+        metrics: JsonObject,
         considered: list[str],
         baselines: Baselines,
     ) -> PublishResult | None:
@@ -95,7 +104,7 @@ class Publishing:
         target: Path,
         parent: str,
         result: PublishResult,
-        metrics: dict[str, Any],
+        metrics: JsonObject,
         considered: list[str],
         baselines: Baselines,
     ) -> None:
@@ -141,7 +150,7 @@ class Publishing:
         version: str,
         target: Path,
         result: PublishResult,
-        metrics: dict[str, Any],
+        metrics: JsonObject,
         considered: list[str],
         baselines: Baselines,
     ) -> None:
@@ -177,7 +186,7 @@ class Publishing:
         checkpoint: Path,
         version: str,
         record: Any,
-        tensors: dict[str, Any] | None,
+        tensors: dict[str, torch.Tensor] | None,
     ) -> PublishResult:
         lineage = self.state.lineage
         assert lineage.trainer is not None and lineage.publisher is not None
@@ -194,7 +203,7 @@ class Publishing:
             tensors=tensors,
         )
 
-    def served_tensors(self) -> dict[str, Any]:
+    def served_tensors(self) -> dict[str, torch.Tensor]:
         """The weights the replicas are to serve, by checkpoint name: the trainer's own
         tensors, uncopied where no cast is needed (nothing trains while they publish)."""
         trainer = self.state.lineage.trainer
@@ -210,7 +219,7 @@ class Publishing:
             return transport if isinstance(transport, WeightFileTransfer) else None
         return None
 
-    def _transfer_metrics(self) -> dict[str, Any]:
+    def _transfer_metrics(self) -> TransferMetrics:
         transport = self.file_transport()
         if transport is None:
             return {}
@@ -226,7 +235,7 @@ class Publishing:
             ),
         }
 
-    def _save_checkpoint_files(self, step: int, target: Path, metrics: dict[str, Any]) -> None:
+    def _save_checkpoint_files(self, step: int, target: Path, metrics: JsonObject) -> None:
         """The checkpoint, and every --optimizer-state-every steps the optimizer state."""
         saving = time.monotonic()
         checkpoint = self.save(target)
@@ -257,7 +266,7 @@ class Publishing:
         conn: Any,
         step: int,
         version: str | None,
-        metrics: dict[str, Any],
+        metrics: JsonObject,
         considered: list[str],
         baselines: Baselines,
     ) -> None:
@@ -273,7 +282,7 @@ class Publishing:
         assert serving is not None
         # what the replicas hold besides any adapter: the full checkpoint under it
         base = served_base(source)
-        settings: dict[str, Any] = {
+        settings: PublisherSettings = {
             "probe": state.probe,
             "tolerance": state.tolerance,
             "last_good": base,
@@ -330,7 +339,7 @@ class Publishing:
         )
 
 
-def _swap_metrics(result: PublishResult) -> dict[str, Any]:
+def _swap_metrics(result: PublishResult) -> SwapMetrics:
     """What the swap's verification measured, for the version's and the step's records."""
     return {
         "swap_seconds": result.swap_seconds,

@@ -12,12 +12,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Engine
 
 from learner import grading
+from learner.accounting import LastBatch
 from learner.config import LearnerConfig
+from learner.control import Knobs
 from learner.distributed import Ranks
 from learner.fresh_wait import FreshWait
 from learner.grouping import Baselines, GroupingConfig
@@ -118,7 +120,7 @@ class LoopState:
         self.fence = Fence(engine, self.holder, drain_timeout=config.swap_drain_timeout)
         # the knobs as the command line (and config, environment) set them; the operator's
         # live values override them (learner/control.py)
-        self.own_knobs: dict[str, Any] = {name: getattr(config, name) for name in KNOBS}
+        self.own_knobs = cast(Knobs, {name: getattr(config, name) for name in KNOBS})
         self.own_set_at: dict[str, str] = {}
         self.applied_control = Control()  # what operators asked, as last applied
         self.activity = "starting"  # what the heartbeat says the learner is doing
@@ -132,7 +134,7 @@ class LoopState:
             config.model_dump(),
         )
         # the last batch a step took, accounted (StepAccount.metrics): the heartbeat shows it
-        self.last_batch: dict[str, Any] | None = None
+        self.last_batch: LastBatch | None = None
         # what the replicas tell, at start (learner/loop/startup.py)
         self.probe = Probe(prompt_token_ids=[])
         self.hint_frame: HintFrame | str | None = None  # hindsight's; str: why none

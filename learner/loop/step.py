@@ -32,6 +32,7 @@ from learner.step_time import StepTime, median_seconds, training_metrics
 from learner.swap.publisher import PublishResult
 from learner.turn_credit import credited, turn_advantages, turn_values
 from store import clock, grade_queue, policy_versions, turn_signals
+from store.json_types import JsonObject
 from store.samples import Sample, build_samples
 from store.trajectory_loading import load_trajectories
 from store.trajectory_record import Trajectory
@@ -214,7 +215,7 @@ class Stepping:
 
     def _advantages(
         self, scored: list[Scored], current: int
-    ) -> tuple[Baselines, list[Advantaged], dict[str, Any]]:
+    ) -> tuple[Baselines, list[Advantaged], dict[str, float]]:
         """Advantages and grouping metrics of `scored`, with a copy of the baselines that
         has their rewards folded in."""
         baselines = self.state.lineage.baselines.copy()
@@ -232,7 +233,7 @@ class Stepping:
         trajectories: list[Trajectory],
         samples: list[Sample],
         groups: dict[str, str],
-        details: dict[str, dict[str, Any]],
+        details: dict[str, JsonObject],
     ) -> list[Sample]:
         """The samples with per-turn advantages (learner/turn_credit.py): a reply trains on
         its own next-turn signal, a reply nothing judged not at all."""
@@ -246,7 +247,7 @@ class Stepping:
         return [credited(s, per_turn[s.trajectory_id]) for s in samples]
 
     def _corrections(
-        self, ids: list[str], details: dict[str, dict[str, Any]] | None = None
+        self, ids: list[str], details: dict[str, JsonObject] | None = None
     ) -> dict[str, dict[str, str]]:
         """Per trajectory, the corrections people made of its replies: the signals in its
         grade (`details`, read here when not given), else those stored for it."""
@@ -276,7 +277,7 @@ class Stepping:
         ]
 
     def _distil(
-        self, pairs: list[tuple[Sample, float]], details: dict[str, dict[str, Any]]
+        self, pairs: list[tuple[Sample, float]], details: dict[str, JsonObject]
     ) -> tuple[list[tuple[Sample, float]], Distilled]:
         """The pairs with hindsight targets on the corrected replies (learner/hindsight.py)."""
         state, lineage = self.state, self.state.lineage
@@ -375,7 +376,7 @@ class Stepping:
             for sample in build_samples(trajectory, skipped=skipped):
                 samples.append(sample)
                 advantages.append(advantage_of[trajectory.id])
-        details: dict[str, dict[str, Any]] = {}
+        details: dict[str, JsonObject] = {}
         if state.config.turn_credit or state.config.hindsight > 0:
             # what per-turn credit and hindsight read: the batch's grades, read once
             with state.engine.connect() as conn:
@@ -403,7 +404,7 @@ class Stepping:
         truncation = mostly_truncated(sum(s.truncated for s in samples), len(samples))
         return StepBatch(pairs, skipped, hindsight, truncation)
 
-    def _optimize(self, step: int, batch: StepBatch) -> tuple[dict[str, Any], float, int]:
+    def _optimize(self, step: int, batch: StepBatch) -> tuple[JsonObject, float, int]:
         """The optimizer step on the batch: its metrics, the trainer's CPU seconds and
         threads (how much of the cores it had)."""
         assert self.state.lineage.trainer is not None and self.state.lineage.serving is not None
@@ -463,7 +464,7 @@ class Stepping:
         self,
         step: int,
         account: StepAccount,
-        metrics: dict[str, Any],
+        metrics: JsonObject,
         times: StepTime,
         result: PublishResult,
         truncation: str | None,
@@ -503,7 +504,7 @@ class Stepping:
 
 def _step_time(
     group_metrics: dict[str, float],
-    metrics: dict[str, Any],
+    metrics: JsonObject,
     training_cpu: float,
     threads: int,
     swap_seconds: float,

@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import httpx
 
@@ -42,6 +42,18 @@ from learner.swap.publisher import (
 from learner.swap.replicas import Replicas
 
 log = logging.getLogger("onthejob.learner")
+
+
+class PublisherSettings(TypedDict):
+    """What every kind of publisher of a lineage is made with."""
+
+    probe: Probe
+    tolerance: float
+    last_good: Path
+    last_good_fingerprint: Fingerprint | None
+    fence: Fence
+    check_weights: bool
+    checked_probe_tolerance: float | None
 
 
 class WeightTransport(Protocol):

@@ -179,6 +179,14 @@ class FingerprintState(TypedDict):
     tolerance: float
 
 
+class SwapMetrics(TypedDict):
+    """What a swap's verification measured, for the version's and the step's records."""
+
+    swap_seconds: float
+    max_logprob_diff: float | None
+    weight_sums_compared: int
+
+
 @dataclass
 class PublishResult:
     version: str

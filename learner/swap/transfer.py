@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
 import torch
@@ -32,6 +32,15 @@ from learner.swap.publisher import PublishError, failure_reason, server_config
 from learner.swap.replicas import Replicas
 from learner.swap.vllm_plugin import BACKEND
 from learner.swap.weight_file import WeightFile, WriteStats, default_directory, file_for
+
+
+class TransferMetrics(TypedDict, total=False):
+    """What sending the weights from memory took (none where the replicas read files)."""
+
+    transfer_bytes: int
+    transfer_full_syncs: int
+    transfer_write_seconds: float
+    transfer_changed_share: float
 
 
 @dataclass
