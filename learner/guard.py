@@ -25,9 +25,10 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from learner.rollout.taskset import TaskSet, load_task_set
+from store.json_types import JsonObject
 
 METRICS = ("pass_at_1", "mean_reward")
 DEFAULT_MARGIN = 0.10
@@ -95,7 +96,7 @@ class GuardConfig:
         return cls.parse(data, base=path.parent, where=str(path))
 
     @classmethod
-    def parse(cls, data: dict[str, Any], *, base: Path, where: str = "guard") -> GuardConfig:
+    def parse(cls, data: JsonObject, *, base: Path, where: str = "guard") -> GuardConfig:
         unknown = sorted(set(data) - {"proxy", "z", "concurrency", "command", "types", "tenants"})
         if unknown:
             raise GuardFileError(f"{where}: unknown settings {', '.join(unknown)}")
@@ -207,6 +208,55 @@ def _parse_type(name: str, spec: Any, base: Path, default_command: Any, where: s
     )
 
 
+class ScoreState(TypedDict):
+    value: float
+    runs: int
+
+
+class WaiverState(TypedDict):
+    types: list[str] | None  # None: every type that is not protected
+    reason: str
+
+
+class VerdictState(TypedDict):
+    """A `TypeVerdict` as the guard's records and the dashboard show it."""
+
+    type: str
+    protected: bool
+    metric: str
+    before: ScoreState | None
+    after: ScoreState | None
+    drop: float | None
+    allowed: float | None
+    regressed: bool
+    waived: bool
+    note: str
+
+
+class GuardedTypeState(TypedDict):
+    type: str
+    tasks: int
+    samples: int
+    runs: int
+    margin: float
+    protected: bool
+    metric: str
+
+
+class TenantGuardState(TypedDict):
+    types: list[GuardedTypeState]
+    shared: list[str]
+
+
+class GuardConfigState(TypedDict):
+    """What `config_state` says of a guard's configuration."""
+
+    proxy: str
+    z: float
+    types: list[GuardedTypeState]
+    tenants: dict[str, TenantGuardState]
+
+
 @dataclass(frozen=True)
 class Score:
     """One eval of one type by one version: the metric's value over `runs` graded runs."""
@@ -245,7 +295,7 @@ class Waiver:
             return not guarded.protected
         return guarded.name in self.types
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> WaiverState:
         return {"types": self.types, "reason": self.reason}
 
     @classmethod
@@ -275,8 +325,8 @@ class TypeVerdict:
             return None
         return self.before.value - self.after.value
 
-    def state(self) -> dict[str, Any]:
-        def score(s: Score | None) -> dict[str, Any] | None:
+    def state(self) -> VerdictState:
+        def score(s: Score | None) -> ScoreState | None:
             return None if s is None else {"value": s.value, "runs": s.runs}
 
         return {
@@ -358,8 +408,8 @@ def _verdict(
                        regressed=regressed, waived=waived and regressed)  # fmt: skip
 
 
-def config_state(config: GuardConfig) -> dict[str, Any]:
-    def types(guarded: list[GuardedType]) -> list[dict[str, Any]]:
+def config_state(config: GuardConfig) -> GuardConfigState:
+    def types(guarded: list[GuardedType]) -> list[GuardedTypeState]:
         return [
             {"type": t.name, "tasks": len(t.tasks.tasks), "samples": t.samples, "runs": t.runs,
              "margin": t.margin, "protected": t.protected, "metric": t.metric}

@@ -24,6 +24,7 @@ from sqlalchemy import Engine
 
 from learner.graders.selfjudge import SELF_JUDGE, TRUTH_KINDS, DefaultGrader, shadow_share_of
 from store import grade_queue, learner_state
+from store.json_types import JsonObject
 from store.tasks import TaskTable
 from store.trajectory_loading import load_trajectories
 
@@ -35,7 +36,7 @@ EVERY = 2.0  # seconds between passes once caught up
 STOP_WAIT = 5.0  # seconds a stop waits for a pass in flight
 
 
-def truth_source(detail: dict[str, Any]) -> str | None:
+def truth_source(detail: JsonObject) -> str | None:
     """What graded a trajectory, when that is a ground truth (None: not one, or judged
     already). A rollout run's grade (its runner's): its check, its reference answer or a
     python:/command: grader. Organic: every grader that scored it is a truth kind, named as

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from store.conversation import conversation
+from store.json_types import JsonObject
 from store.next_turn import next_turn_signals, open_turns
 from store.trajectory_record import Trajectory
 from store.turn_signals import Stored
@@ -105,7 +106,7 @@ def signals_off(trajectory: Trajectory, weights: SignalWeights) -> str | None:
     return None
 
 
-def as_detail(signals: Iterable[Stored]) -> list[dict[str, Any]]:
+def as_detail(signals: Iterable[Stored]) -> list[JsonObject]:
     return [asdict(s) for s in signals]
 
 

@@ -15,6 +15,8 @@ import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from store.json_types import JsonObject
+
 if TYPE_CHECKING:
     from store.tasks import TaskTable
     from store.trajectory_record import Trajectory
@@ -25,7 +27,7 @@ class Grade:
     """A reward with the record that explains it (stored next to the reward)."""
 
     reward: float | None  # None when the grader could not grade (error, or waiting for feedback)
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: JsonObject = field(default_factory=dict)
     error: str | None = None  # the trajectory is skipped; the loop carries on
     pending: bool = False  # not gradable yet: ask again later
     transient: bool = False  # with `error`: trying again later may succeed

@@ -9,7 +9,6 @@ error is), else any pending component makes it pending.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from learner.graders.base import Grade, Grader
 from learner.graders.command import CommandGrader
@@ -22,6 +21,7 @@ from learner.graders.reference import ReferenceGrader
 from learner.graders.turn_judge import TurnJudge
 from learner.signals import SignalWeights
 from store.grader_specs import FORMS, ORDER, parse_spec
+from store.json_types import JsonObject
 from store.tasks import TaskTable
 from store.trajectory_record import Trajectory
 
@@ -130,7 +130,7 @@ class _Partial:
     """One trajectory's grades so far."""
 
     def __init__(self) -> None:
-        self.detail: dict[str, Any] = {}
+        self.detail: JsonObject = {}
         self.errors: list[str] = []
         self.permanent = False  # some error will not go away by trying again
         self.pending = False
@@ -141,7 +141,7 @@ class _Partial:
         return not self.errors and not self.pending
 
     def add(self, name: str, weight: float, grade: Grade) -> None:
-        entry: dict[str, Any] = {"reward": grade.reward, "weight": weight, "detail": grade.detail}
+        entry: JsonObject = {"reward": grade.reward, "weight": weight, "detail": grade.detail}
         if grade.error is not None:
             entry["error"] = grade.error
             self.errors.append(f"{name}: {grade.error}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from store.json_types import JsonObject
 from store.trajectory_record import Trajectory
 
 # Part types that carry plain text in the three chat-like APIs.
@@ -26,7 +27,7 @@ def final_answer(trajectory: Trajectory) -> str | None:
     return None
 
 
-def reply_text(response: dict[str, Any]) -> str | None:
+def reply_text(response: JsonObject) -> str | None:
     """The assistant text of one response body in any recorded API shape, else None."""
     if isinstance(response.get("choices"), list):
         return _choice_text(response["choices"])

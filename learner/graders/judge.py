@@ -7,8 +7,6 @@ becomes error Grades for that group only, never an exception.
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
 import openai
 
@@ -23,6 +21,7 @@ from learner.graders.judge_prompt import (
     response_format,
 )
 from store.environment import environment
+from store.json_types import JsonObject
 from store.tasks import TaskTable
 from store.trajectory_record import Trajectory
 
@@ -141,7 +140,7 @@ class JudgeGrader:
         messages = build_messages(
             prompt, answers, rubric=self.rubric, max_answer_chars=self.max_answer_chars
         )
-        extra: dict[str, Any] = {} if self.seed is None else {"seed": self.seed}
+        extra: JsonObject = {} if self.seed is None else {"seed": self.seed}
         if self.structured:
             extra["response_format"] = response_format(
                 names, max_reasoning_chars=self.max_reasoning_chars

@@ -12,6 +12,8 @@ import string
 from dataclasses import dataclass
 from typing import Any
 
+from store.json_types import JsonObject
+
 DEFAULT_RUBRIC = (
     "Score each candidate from 0 (wrong, unhelpful or unsafe) to 10 (correct, complete and "
     "clear). Correctness matters most, then completeness, then clarity; length by itself is "
@@ -63,7 +65,7 @@ def build_messages(
     return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
-def response_format(names: list[str], *, max_reasoning_chars: int) -> dict[str, Any]:
+def response_format(names: list[str], *, max_reasoning_chars: int) -> JsonObject:
     """A json_schema response format: servers with structured outputs (vLLM) then emit valid
     JSON even from a weak model. Reasoning comes first so the scores can follow from it."""
     score = {"type": "integer", "minimum": 0, "maximum": int(MAX_SCORE)}
@@ -100,7 +102,7 @@ def parse_verdict(text: str, names: list[str]) -> Verdict:
     return Verdict(scores, reasoning if isinstance(reasoning, str) else json.dumps(reasoning))
 
 
-def _first_object_with(text: str, key: str) -> dict[str, Any]:
+def _first_object_with(text: str, key: str) -> JsonObject:
     # strict=False: weak models put raw control characters inside strings; keep the verdict.
     decoder = json.JSONDecoder(strict=False)
     start = text.find("{")

@@ -15,6 +15,7 @@ from typing import Any
 
 from learner.graders.base import Grade, as_reward
 from store.export import to_export
+from store.json_types import JsonObject
 from store.tasks import TaskTable
 from store.trajectory_record import Trajectory
 
@@ -37,7 +38,7 @@ class PythonGrader:
             return Grade.of_exception(f"{self.name} failed: {type(exc).__name__}: {exc}", exc)
 
 
-def load_callable(target: str) -> Callable[[dict[str, Any]], Any]:
+def load_callable(target: str) -> Callable[[JsonObject], Any]:
     """`package.module:function` (or `module:Class.method`) -> the callable; ValueError if not."""
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:

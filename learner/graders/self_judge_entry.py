@@ -4,9 +4,10 @@ API's /self-judge reads them back: proxy/admin/selfjudge.py)."""
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
 from learner.graders.base import Grade
+from store.json_types import JsonObject
 
 SELF_JUDGE = "self_judge"  # its key in a grade's detail
 
@@ -20,7 +21,7 @@ class SelfJudgeEntry(TypedDict):
     type: str | None  # the trajectory's interaction type
     rubric: str | None  # whose rubric judged it: "type" (its own) or "default"
     reward: float | None
-    detail: dict[str, Any]  # the judge grader's own
+    detail: JsonObject  # the judge grader's own
     error: NotRequired[str]
     transient: NotRequired[bool]  # with `error`: the judge may answer later
     shadow: NotRequired[bool]  # judged beside a ground truth: never the reward
@@ -52,7 +53,7 @@ def shadow_entry(entry: SelfJudgeEntry, truth: Truth) -> SelfJudgeEntry:
 
 def as_grade(entry: SelfJudgeEntry) -> Grade:
     """A self-judge entry as the trajectory's grade."""
-    detail: dict[str, Any] = {SELF_JUDGE: entry}
+    detail: JsonObject = {SELF_JUDGE: entry}
     if "error" in entry:
         error = f"{SELF_JUDGE}: {entry['error']}"
         return Grade(None, detail, error=error, transient=bool(entry.get("transient")))

@@ -14,13 +14,13 @@ import math
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from learner.graders.base import Grade
 from learner.graders.combine import CombinedGrader, build_graders
 from learner.graders.extract import final_answer
 from learner.graders.reference import match
 from learner.rollout.harness import Running, clip, run_process
+from store.json_types import JsonObject
 from store.tasks import Task, TaskTable
 from store.trajectory_record import Trajectory
 
@@ -59,7 +59,7 @@ def run_check(
         timeout=timeout,
         running=running,
     )
-    detail: dict[str, Any] = {
+    detail: JsonObject = {
         "check": task.check,
         "exit_code": result.exit_code,
         "output": clip(result.stdout, DETAIL_CHARS),
