@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from learner.vllm_server import free_port
+from store.json_types import JsonObject
 
 
 class ProxyServer:
@@ -63,11 +64,11 @@ class ProxyServer:
         self.kill()
         raise TimeoutError(f"proxy not up after {timeout}s:\n{self.log_tail()}")
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> JsonObject:
         with urllib.request.urlopen(self.url + "/healthz", timeout=5) as response:
             return json.loads(response.read())
 
-    def wait_for(self, predicate: Any, what: str, timeout: float = 30.0) -> dict[str, Any]:
+    def wait_for(self, predicate: Any, what: str, timeout: float = 30.0) -> JsonObject:
         """Poll /healthz until predicate(health) holds; bounded."""
         deadline = time.monotonic() + timeout
         while True:

@@ -34,7 +34,7 @@ import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from learner.chat_templates import SMOLLM2_TOOLS
 from learner.file_lock import locked
@@ -516,8 +516,22 @@ def check_directory(model: RealModel, directory: Path, *, progress: Progress = p
     progress(f"{model.name}: check passed ({model.check.prompt!r} -> {text.strip()[:60]!r})")
 
 
+class PreparedMarker(TypedDict, total=False):
+    """What a prepared model directory's marker (MARKER) records of how it was made."""
+
+    format: int  # MARKER_FORMAT
+    name: str
+    sources: dict[str, str]  # RealModel.source_hashes()
+    gguf: dict[str, str]  # file name -> sha256
+    licence: str
+    transformers: str | None  # the versions that converted it
+    torch: str | None
+    seconds: float
+    prepared_at: str
+
+
 def _write_marker(model: RealModel, gguf: Path, directory: Path, *, seconds: float) -> None:
-    marker = {
+    marker: PreparedMarker = {
         "format": MARKER_FORMAT,
         "name": model.name,
         "sources": model.source_hashes(),
@@ -531,7 +545,7 @@ def _write_marker(model: RealModel, gguf: Path, directory: Path, *, seconds: flo
     write_marker(directory, marker)
 
 
-def write_marker(directory: Path, marker: dict[str, Any]) -> None:
+def write_marker(directory: Path, marker: PreparedMarker) -> None:
     """Write the marker durably: it is what says the directory may be used."""
     path = directory / MARKER
     with open(path, "w") as f:

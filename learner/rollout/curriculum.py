@@ -42,10 +42,11 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from learner.rollout.taskset import TaskSet, load_task_set
 from store.curricula import CurriculumError
+from store.json_types import JsonObject
 from store.tasks import TaskTable, TaskTableError
 
 METRICS = ("pass_at_1", "mean_reward", "pass_at_k")
@@ -64,6 +65,24 @@ _STAGE_FIELDS = {
 }
 _RULE_FIELDS = {"metric", "at_least", "over_last"}
 _ROUND_DEFAULTS = {"tasks_per_round": 4, "eval_every": 2, "eval_samples": 4}
+
+
+class RuleState(TypedDict):
+    """A promotion rule as the store keeps it (and a promotion's record)."""
+
+    metric: str
+    at_least: float
+    over_last: int
+
+
+class StageState(TypedDict):
+    """A stage as the store keeps it (the admin API shows it)."""
+
+    name: str
+    rule: RuleState
+    replay: float
+    train_tasks: int
+    eval_tasks: int
 
 
 @dataclass(frozen=True)
@@ -103,7 +122,7 @@ class PromotionRule:
         over = "the last eval" if self.over_last == 1 else f"the last {self.over_last} evals"
         return f"{_METRIC_LABELS[self.metric]} >= {self.at_least:g} over {over}"
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> RuleState:
         return {"metric": self.metric, "at_least": self.at_least, "over_last": self.over_last}
 
 
@@ -160,7 +179,7 @@ class Curriculum:
             tasks.update(earlier.tasks.tasks)
         return TaskTable(tasks)
 
-    def state(self) -> list[dict[str, Any]]:
+    def state(self) -> list[StageState]:
         """What the store keeps of the stages (the admin API shows it)."""
         return [
             {
@@ -302,14 +321,14 @@ def _command(raw: Any, where: str) -> list[str] | None:
     return list(raw)
 
 
-def _count(table: dict[str, Any], key: str, where: str, default: int) -> int:
+def _count(table: JsonObject, key: str, where: str, default: int) -> int:
     value = table.get(key, default)
     if type(value) is not int or not 1 <= value <= 10_000:
         raise CurriculumError(f"{where}: field {key!r}: expected an integer 1-10000")
     return value
 
 
-def _unknown(table: dict[str, Any], known: set[str], where: str, prefix: str = "") -> None:
+def _unknown(table: JsonObject, known: set[str], where: str, prefix: str = "") -> None:
     for key in table:
         if key not in known:
             raise CurriculumError(

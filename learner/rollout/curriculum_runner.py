@@ -32,14 +32,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import Engine
 
 from learner.rollout import proxy_store
 from learner.rollout.curriculum import Curriculum, EvalPoint, Stage, metric_label
 from learner.rollout.progress import ProgressBar
-from learner.rollout.report import pass_at_k
+from learner.rollout.report import EvalResult, pass_at_k
 from learner.rollout.runner import RolloutConfig, RolloutSummary, RunResult, run_rollout
 from learner.rollout.taskset import TaskSet
 from store import clock, db, policy_versions, schema, training_steps
@@ -74,6 +74,17 @@ class CurriculumConfig:
             raise ValueError("step_wait must not be negative")
 
 
+class EvalMetrics(TypedDict):
+    """One eval's numbers (`eval_metrics`), as the curriculum's eval record takes them."""
+
+    runs: int
+    k: int
+    pass_at_1: float | None  # None: no run was graded
+    mean_reward: float | None
+    pass_at_k: float | None
+    policy_version: str | None  # the version with most runs
+
+
 @dataclass
 class CurriculumSummary:
     name: str
@@ -94,7 +105,7 @@ class CurriculumSummary:
         return self.stopped_by == "cancelled"
 
 
-def eval_metrics(rows: list[dict[str, Any]], *, k: int) -> dict[str, Any]:
+def eval_metrics(rows: list[EvalResult], *, k: int) -> EvalMetrics:
     """One eval's numbers from its eval_results rows (per task and policy version): runs
     pooled across versions, pass@k per task then averaged, the version with most runs."""
     runs = sum(r["runs"] for r in rows)

@@ -17,7 +17,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
+
+from store.json_types import JsonObject
 
 PROMPT_FIELD = "{prompt}"
 KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL
@@ -178,9 +180,9 @@ def clip(text: str, limit: int = OUTPUT_LIMIT) -> str:
     return text if len(text) <= limit else "[...]" + text[-limit:]
 
 
-def snapshot(root: Path) -> dict[str, Any]:
+def snapshot(root: Path) -> JsonObject:
     """The working directory's final state: {relative path: text or a note}, bounded."""
-    files: dict[str, Any] = {}
+    files: JsonObject = {}
     budget = SNAPSHOT_TOTAL_LIMIT
     for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
         name = path.relative_to(root).as_posix()

@@ -11,7 +11,48 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from math import comb
-from typing import Any
+from typing import TypedDict
+
+
+class GradedRun(TypedDict):
+    """What `summarise` reads of a rollout run (store.rollouts.runs_of's rows)."""
+
+    rollout_id: str
+    task_set: str
+    task_key: str
+    policy_version: str | None
+    reward: float | None
+
+
+class RunOrigin(TypedDict):
+    rollout_id: str
+    task_set: str
+
+
+class EvalResult(RunOrigin):
+    """One row of eval_results: a task's runs by one policy version."""
+
+    policy_version: str | None
+    task_key: str
+    runs: int
+    successes: int
+    mean_reward: float
+    pass_at_1: float
+    k: int
+    pass_at_k: float
+
+
+class VersionSetResult(TypedDict):
+    """A policy version's results on a task set (`eval-report`)."""
+
+    policy_version: str | None
+    task_set: str
+    tasks: int
+    runs: int
+    mean_reward: float
+    pass_at_1: float
+    k: int
+    pass_at_k: float
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -23,17 +64,17 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def summarise(runs: Iterable[dict[str, Any]], *, k: int, threshold: float) -> list[dict[str, Any]]:
+def summarise(runs: Iterable[GradedRun], *, k: int, threshold: float) -> list[EvalResult]:
     """One row per (task, policy version) from rollout runs: the eval_results columns."""
     rewards: dict[tuple[str, str | None], list[float]] = defaultdict(list)
-    meta: dict[tuple[str, str | None], dict[str, Any]] = {}
+    meta: dict[tuple[str, str | None], RunOrigin] = {}
     for run in runs:
         if run["reward"] is None:
             continue
         key = (run["task_key"], run["policy_version"])
         rewards[key].append(float(run["reward"]))
         meta[key] = {"rollout_id": run["rollout_id"], "task_set": run["task_set"]}
-    rows = []
+    rows: list[EvalResult] = []
     for (task_key, version), values in rewards.items():
         n = len(values)
         c = sum(1 for value in values if value >= threshold)
@@ -54,16 +95,16 @@ def summarise(runs: Iterable[dict[str, Any]], *, k: int, threshold: float) -> li
 
 
 def by_version_and_set(
-    results: Iterable[dict[str, Any]], *, order: dict[str, int]
-) -> list[dict[str, Any]]:
+    results: Iterable[EvalResult], *, order: dict[str, int]
+) -> list[VersionSetResult]:
     """eval_results rows combined per (policy version, task set), oldest version first.
 
     mean reward and pass@1 are weighted by runs; pass@k is the mean over tasks.
     """
-    cells: dict[tuple[str | None, str], list[dict[str, Any]]] = defaultdict(list)
+    cells: dict[tuple[str | None, str], list[EvalResult]] = defaultdict(list)
     for row in results:
         cells[(row["policy_version"], row["task_set"])].append(row)
-    out = []
+    out: list[VersionSetResult] = []
     for (version, task_set), rows in cells.items():
         runs = sum(r["runs"] for r in rows)
         out.append(
@@ -89,7 +130,9 @@ def by_version_and_set(
     )
 
 
-def format_table(rows: Sequence[dict[str, Any]], *, per_task: bool = False) -> str:
+def format_table(
+    rows: Sequence[EvalResult] | Sequence[VersionSetResult], *, per_task: bool = False
+) -> str:
     """A plain text table: per version and task set (`eval-report`), or per version and
     task (the end of an eval rollout)."""
     second, third = ("task", "task_key") if per_task else ("task set", "task_set")

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import Engine
 
@@ -39,7 +38,7 @@ from learner.rollout.harness import (
     snapshot,
     substitute_prompt,
 )
-from learner.rollout.report import summarise
+from learner.rollout.report import EvalResult, summarise
 from learner.rollout.taskset import TaskSet, store_tasks
 from learner.signals import signals_in
 from store import db, rollouts, schema
@@ -124,7 +123,7 @@ class RolloutSummary:
     eval: bool
     runs: list[RunResult]
     cancelled: bool
-    eval_rows: list[dict[str, Any]]  # eval mode: per task and policy version
+    eval_rows: list[EvalResult]  # eval mode: per task and policy version
 
     @property
     def mean_reward(self) -> float | None:
@@ -261,7 +260,7 @@ class _Rollout:
             last=last,
         )
 
-    def _eval_results(self) -> list[dict[str, Any]]:
+    def _eval_results(self) -> list[EvalResult]:
         with self.engine.begin() as conn:
             runs = rollouts.runs_of(conn, rollout_id=self.rollout_id)
             rows = summarise(
