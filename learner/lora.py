@@ -42,16 +42,20 @@ class LoraSettings:
             raise ValueError("LoRA needs at least one target module")
 
 
-def wrap(model: PreTrainedModel, settings: LoraSettings) -> PeftModel:
-    """A fresh adapter on ``model``: B starts at zero, so the policy is unchanged at first."""
-    config = LoraConfig(
+def lora_config(settings: LoraSettings) -> LoraConfig:
+    """The peft config of a fresh adapter under ``settings``."""
+    return LoraConfig(
         r=settings.rank,
         lora_alpha=settings.alpha,
         target_modules=list(settings.targets),
         lora_dropout=0.0,  # vLLM samples without dropout: the ratio must compare like with like
         bias="none",
     )
-    return get_peft_model(model, config)
+
+
+def wrap(model: PreTrainedModel, settings: LoraSettings) -> PeftModel:
+    """A fresh adapter on ``model``: B starts at zero, so the policy is unchanged at first."""
+    return get_peft_model(model, lora_config(settings))
 
 
 def load_trainable(adapter_dir: Path, base_dtype: torch.dtype = torch.float32) -> PeftModel:
@@ -69,15 +73,22 @@ def merge(model: PeftModel) -> PreTrainedModel:
 
 
 def save_adapter(model: PeftModel, out_dir: Path, *, base_dir: Path) -> Path:
-    """Write the adapter of ``model`` to the new directory ``out_dir``; return it.
+    """Write the active adapter of ``model`` (its only one, or a tenant's of several on one
+    base: learner/adapter_bank.py) to the new directory ``out_dir``; return it. The files
+    are the same whatever the adapter is called in ``model``.
 
     Raises ``FileExistsError`` if ``out_dir`` exists: a published version is immutable.
     """
     out_dir = Path(out_dir)
+    name = model.active_adapter
     with new_directory(out_dir) as tmp:
         # the base is a local directory, named absolutely: the learner reloads it on resume
-        model.peft_config["default"].base_model_name_or_path = str(Path(base_dir).resolve())
-        model.save_pretrained(str(tmp), safe_serialization=True)
+        model.peft_config[name].base_model_name_or_path = str(Path(base_dir).resolve())
+        model.save_pretrained(str(tmp), safe_serialization=True, selected_adapters=[name])
+        if name != "default":  # peft writes any other adapter into a folder of its name
+            for path in (tmp / name).iterdir():
+                path.rename(tmp / path.name)
+            (tmp / name).rmdir()
         (tmp / "README.md").unlink(missing_ok=True)  # peft's model card template: noise
     return out_dir
 

@@ -103,6 +103,7 @@ class Tenants:
         for gone in set(self.turns) - set(names):
             log.info("tenant %s deleted: its adapter is no longer trained", gone)
             del self.turns[gone]
+            self.weights.release(gone)  # its adapter's slot on the shared base
         if self.swept_for is None or self.swept_for - set(names):
             self._unload_deleted_tenants(set(names))
         if names and set(names) != self.slots_for:

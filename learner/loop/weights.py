@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from learner.adapter_bank import AdapterBanks
+from learner.adapter_trainer import AdapterTrainer
 from learner.checkpoint import load_model
 from learner.layout import adapter_base, is_adapter, served_base
 from learner.loop.state import PROBE_TEXT, LoopState
@@ -26,6 +28,8 @@ class Weights:
 
     def __init__(self, state: LoopState) -> None:
         self.state = state
+        # --tenants: every tenant's adapter on one frozen base (learner/adapter_bank.py)
+        self.banks = AdapterBanks()
 
     def build(self, source: Path) -> Trainer:
         """A trainer holding the checkpoint's weights (no optimizer state yet)."""
@@ -35,6 +39,8 @@ class Weights:
             kl = state.trainer_config.loss.kl_coef > 0
             base = state.checkpoints / "base" if kl else None
             return state.ranks.build(source, state.trainer_config, base)  # type: ignore[return-value]
+        if config.lora and state.tenant is not None:
+            return self.tenant_trainer(source)
         model: torch.nn.Module
         if config.lora:
             # under bf16 the frozen base is loaded as it is served, never in float32
@@ -62,6 +68,27 @@ class Weights:
         if state.trainer_config.loss.kl_coef > 0 and not config.lora:
             reference = load_model(state.checkpoints / "base")
         return Trainer(model, state.trainer_config, config.device, reference)
+
+    def tenant_trainer(self, source: Path) -> Trainer:
+        """The tenant's trainer: an adapter slot of its own on the one frozen base the
+        tenants' adapters share; its old slot, if any, goes once the new one is in."""
+        state, tenant = self.state, self.state.tenant
+        assert tenant is not None
+        bf16 = state.trainer_config.precision == "bfloat16"
+        base_dtype = torch.bfloat16 if bf16 else torch.float32
+        device = trainer_device(state.config.device)
+        bank, slot = self.banks.take(tenant, source, state.lora_settings, base_dtype, device)
+        if len(bank.slots) > 1:
+            log.info(
+                "trainer: tenant %s's adapter is one of %d on one model: its frozen base is shared",
+                tenant,
+                len(bank.slots),
+            )
+        return AdapterTrainer(bank, slot, state.trainer_config, device)
+
+    def release(self, tenant: str) -> None:
+        """A deleted tenant's adapter slot freed."""
+        self.banks.release(tenant)
 
     def load(self, source: Path) -> None:
         """The lineage's trainer on the checkpoint's weights and optimizer state: what serves."""
