@@ -12,17 +12,83 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NotRequired, Protocol, TypedDict, cast
 
 from sqlalchemy import Connection, insert, select, update
 
 from store.clock import now
+from store.json_types import JsonObject
 from store.models import Curriculum as CurriculumRow
 from store.models import CurriculumEval, CurriculumPromotion
 
 
 class CurriculumError(ValueError):
     """A curriculum file that cannot be used; the message names file, stage and field."""
+
+
+class RuleState(TypedDict):
+    """A stage's promotion rule as the store keeps it (learner/rollout/curriculum.py's)."""
+
+    metric: str
+    at_least: float
+    over_last: int
+
+
+class StageState(TypedDict):
+    """A stage as the store keeps it (learner/rollout/curriculum.py writes it; the admin API
+    shows it)."""
+
+    name: str
+    rule: RuleState
+    replay: float
+    train_tasks: int
+    eval_tasks: int
+
+
+class CurriculumState(TypedDict):
+    """A curriculum's row: where it stands."""
+
+    name: str
+    path: str | None
+    stages: list[StageState]
+    stage: str | None  # None: every stage passed
+    stage_index: int | None
+    stage_since: datetime
+    stage_rounds: int
+    last_eval_round: int | None
+    rounds: int
+    started_at: datetime
+    updated_at: datetime
+    completed_at: datetime | None
+
+
+class EvalRow(TypedDict):
+    """One eval of a stage (`id`: once read back)."""
+
+    id: NotRequired[int]
+    curriculum: str
+    stage: str
+    rollout_id: str
+    policy_version: str | None
+    stage_round: int
+    runs: int
+    k: int
+    pass_at_1: float | None
+    mean_reward: float | None
+    pass_at_k: float | None
+    created_at: datetime
+
+
+class PromotionRow(TypedDict):
+    """A promotion (`id`: once read back); `to_stage` None: the last stage was passed."""
+
+    id: NotRequired[int]
+    curriculum: str
+    from_stage: str
+    to_stage: str | None
+    policy_version: str | None
+    metrics: JsonObject
+    created_at: datetime
 
 
 class _Stage(Protocol):
@@ -41,10 +107,16 @@ class CurriculumFile(Protocol):
 
     def stage(self, name: str) -> _Stage | None: ...
 
-    def state(self) -> list[dict[str, Any]]: ...
+    def state(self) -> list[StageState]: ...
 
 
-def begin(conn: Connection, curriculum: CurriculumFile) -> dict[str, Any]:
+class _Changes(TypedDict, total=False):
+    path: str
+    stages: list[StageState]
+    stage_index: int
+
+
+def begin(conn: Connection, curriculum: CurriculumFile) -> CurriculumState:
     """The curriculum's recorded state, made at its first stage if it has none. The stages
     kept are the file's; a recorded stage the file no longer has is a CurriculumError."""
     table = CurriculumRow.__table__
@@ -52,7 +124,7 @@ def begin(conn: Connection, curriculum: CurriculumFile) -> dict[str, Any]:
     at = now()
     if row is None:
         first = curriculum.stages[0]
-        values = {
+        values: CurriculumState = {
             "name": curriculum.name,
             "path": str(curriculum.path),
             "stages": curriculum.state(),
@@ -68,8 +140,8 @@ def begin(conn: Connection, curriculum: CurriculumFile) -> dict[str, Any]:
         }
         conn.execute(insert(table).values(**values))
         return values
-    state = dict(row._mapping)
-    changes: dict[str, Any] = {"path": str(curriculum.path), "stages": curriculum.state()}
+    state = cast(CurriculumState, dict(row._mapping))
+    changes: _Changes = {"path": str(curriculum.path), "stages": curriculum.state()}
     if state["stage"] is not None:
         stage = curriculum.stage(state["stage"])
         if stage is None:
@@ -84,10 +156,10 @@ def begin(conn: Connection, curriculum: CurriculumFile) -> dict[str, Any]:
     return state
 
 
-def state(conn: Connection, name: str) -> dict[str, Any] | None:
+def state(conn: Connection, name: str) -> CurriculumState | None:
     table = CurriculumRow.__table__
     row = conn.execute(select(table).where(table.c.name == name)).first()
-    return None if row is None else dict(row._mapping)
+    return None if row is None else cast(CurriculumState, dict(row._mapping))
 
 
 def record_round(conn: Connection, name: str) -> None:
@@ -99,9 +171,9 @@ def record_round(conn: Connection, name: str) -> None:
     )
 
 
-def record_eval(conn: Connection, name: str, **values: Any) -> dict[str, Any]:
+def record_eval(conn: Connection, name: str, **values: Any) -> EvalRow:
     """An eval of the current stage (`stage`, `stage_round`, `rollout_id`, metrics...)."""
-    row = {"curriculum": name, "created_at": now(), **values}
+    row = cast(EvalRow, {"curriculum": name, "created_at": now(), **values})
     conn.execute(insert(CurriculumEval).values(**row))
     table = CurriculumRow.__table__
     conn.execute(
@@ -112,9 +184,7 @@ def record_eval(conn: Connection, name: str, **values: Any) -> dict[str, Any]:
     return row
 
 
-def stage_evals(
-    conn: Connection, name: str, stage: str, *, since: datetime
-) -> list[dict[str, Any]]:
+def stage_evals(conn: Connection, name: str, stage: str, *, since: datetime) -> list[EvalRow]:
     """The stage's evals since it became the current stage, oldest first."""
     table = CurriculumEval.__table__
     rows = conn.execute(
@@ -122,7 +192,7 @@ def stage_evals(
         .where(table.c.curriculum == name, table.c.stage == stage, table.c.created_at >= since)
         .order_by(table.c.id)
     )
-    return [dict(r._mapping) for r in rows]
+    return [cast(EvalRow, dict(r._mapping)) for r in rows]
 
 
 def promote(
@@ -133,11 +203,11 @@ def promote(
     to_stage: str | None,
     to_index: int | None,
     policy_version: str | None,
-    metrics: dict[str, Any],
-) -> dict[str, Any]:
+    metrics: JsonObject,
+) -> PromotionRow:
     """Record a promotion and move the curriculum to `to_stage` (None: completed)."""
     at = now()
-    row = {
+    row: PromotionRow = {
         "curriculum": name,
         "from_stage": from_stage,
         "to_stage": to_stage,
@@ -163,26 +233,26 @@ def promote(
     return row
 
 
-def curricula(conn: Connection) -> list[dict[str, Any]]:
+def curricula(conn: Connection) -> list[CurriculumState]:
     """Every curriculum's state, the most recently active first."""
     table = CurriculumRow.__table__
     rows = conn.execute(select(table).order_by(table.c.updated_at.desc(), table.c.name))
-    return [dict(r._mapping) for r in rows]
+    return [cast(CurriculumState, dict(r._mapping)) for r in rows]
 
 
-def promotions(conn: Connection, name: str | None = None) -> list[dict[str, Any]]:
+def promotions(conn: Connection, name: str | None = None) -> list[PromotionRow]:
     """Promotions, oldest first (of one curriculum, or of all)."""
     table = CurriculumPromotion.__table__
     query = select(table).order_by(table.c.id)
     if name is not None:
         query = query.where(table.c.curriculum == name)
-    return [dict(r._mapping) for r in conn.execute(query)]
+    return [cast(PromotionRow, dict(r._mapping)) for r in conn.execute(query)]
 
 
-def evals(conn: Connection, name: str, *, limit: int = 1000) -> list[dict[str, Any]]:
+def evals(conn: Connection, name: str, *, limit: int = 1000) -> list[EvalRow]:
     """The curriculum's latest `limit` evals (every stage), oldest first."""
     table = CurriculumEval.__table__
     rows = conn.execute(
         select(table).where(table.c.curriculum == name).order_by(table.c.id.desc()).limit(limit)
     )
-    return [dict(r._mapping) for r in reversed(rows.all())]
+    return [cast(EvalRow, dict(r._mapping)) for r in reversed(rows.all())]

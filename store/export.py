@@ -9,14 +9,65 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
-from typing import IO, Any
+from typing import IO, Any, NotRequired, TypedDict
 
 import orjson
 from sqlalchemy import Engine
 
 from store import clock
+from store.json_types import JsonObject
 from store.trajectory_loading import load_trajectories
-from store.trajectory_record import Trajectory, TrajectoryCall
+from store.trajectory_record import RecordedChoice, RecordedSampling, Trajectory, TrajectoryCall
+
+
+class TrajectoryFields(TypedDict):
+    """What the export formats say of a trajectory besides its id and its calls."""
+
+    session: str | None
+    task_key: str | None
+    group_key: str | None
+    interaction_type: str | None
+    status: str
+    reward: float | None
+    started_at: str | None  # export_time
+    ended_at: str | None
+
+
+class ExportedCall(TypedDict):
+    """A call in the export format (docs/reference/export-format.md)."""
+
+    id: str
+    api: str
+    model: str | None
+    upstream: str | None
+    policy_version: str | None
+    status: str
+    http_status: int | None
+    error: str | None
+    stream: bool
+    started_at: str | None
+    request: JsonObject | None
+    response: JsonObject | None
+    prompt_token_ids: list[int] | None
+    completion_token_ids: list[int] | None
+    completion_logprobs: list[float] | None
+    finish_reason: str | None
+    capture_complete: bool
+    latency_ms: float | None
+    ttft_ms: float | None
+    user_agent: str | None
+    compat: JsonObject | None
+    key_name: str | None
+    tenant: str | None
+    sampling: RecordedSampling | None
+    choices: NotRequired[list[RecordedChoice]]  # every choice's tokens, where recorded
+
+
+class ExportedTrajectory(TrajectoryFields):
+    """One line of the export: `id` first, then the fields, then `calls`."""
+
+    id: str
+    calls: list[ExportedCall]
 
 
 def export_time(value: datetime | None) -> str | None:
@@ -25,7 +76,7 @@ def export_time(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
-def to_export(trajectory: Trajectory) -> dict[str, Any]:
+def to_export(trajectory: Trajectory) -> ExportedTrajectory:
     """The trajectory in the export format."""
     return {
         "id": trajectory.id,
@@ -34,7 +85,7 @@ def to_export(trajectory: Trajectory) -> dict[str, Any]:
     }
 
 
-def trajectory_fields(trajectory: Trajectory) -> dict[str, Any]:
+def trajectory_fields(trajectory: Trajectory) -> TrajectoryFields:
     """What the export formats say of a trajectory besides its id and its calls."""
     return {
         "session": trajectory.session,
@@ -48,8 +99,8 @@ def trajectory_fields(trajectory: Trajectory) -> dict[str, Any]:
     }
 
 
-def export_call(call: TrajectoryCall) -> dict[str, Any]:
-    out = {
+def export_call(call: TrajectoryCall) -> ExportedCall:
+    out: ExportedCall = {
         "id": call.id,
         "api": call.api,
         "model": call.model,
@@ -125,7 +176,7 @@ def iter_trajectories(
     since: datetime | None = None,
     ids: list[str] | None = None,
     interaction_type: str | None = None,
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[ExportedTrajectory]:
     """The matching trajectories in the export format, oldest first."""
     found = load_trajectories(
         engine, session_key=session_key, since=since, ids=ids, interaction_type=interaction_type
@@ -133,7 +184,7 @@ def iter_trajectories(
     return (to_export(t) for t in found)
 
 
-def write_jsonl(rows: Iterator[dict[str, Any]], out: IO[bytes]) -> int:
+def write_jsonl(rows: Iterator[ExportedTrajectory], out: IO[bytes]) -> int:
     count = 0
     for row in rows:
         out.write(orjson.dumps(row, option=orjson.OPT_NAIVE_UTC) + b"\n")

@@ -16,12 +16,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any, Literal, get_args
+from typing import IO, Any, Literal, NotRequired, TypedDict, get_args
 
 import orjson
 
 from store.conversation import Message, conversation
-from store.export import trajectory_fields
+from store.export import TrajectoryFields, trajectory_fields
+from store.json_types import JsonValue
 from store.samples import build_samples
 from store.trajectory_record import Trajectory
 
@@ -30,7 +31,51 @@ FORMATS: tuple[str, ...] = get_args(ExportFormat)
 PARQUET_BATCH = 1024  # rows held in memory before a row group is written
 
 
-def sample_rows(trajectories: Iterable[Trajectory]) -> Iterator[dict[str, Any]]:
+class SampleRow(TrajectoryFields):
+    """A Parquet row: one training sequence (`_schema`'s columns)."""
+
+    trajectory_id: str
+    sample_index: int
+    policy_versions: list[str]
+    token_ids: list[int]
+    loss_mask: list[bool]
+    logprobs: list[float]
+    trained_tokens: int
+    truncated: bool
+    temperature: float
+    top_p: float
+    top_k: int
+
+
+class TrlFunction(TypedDict):
+    name: Any  # as the body gave it
+    arguments: JsonValue  # a mapping where the JSON text parses to one, else the text
+
+
+class TrlToolCall(TypedDict):
+    type: Literal["function"]
+    function: TrlFunction
+
+
+class TrlMessage(TypedDict):
+    role: str
+    content: str
+    tool_calls: NotRequired[list[TrlToolCall]]
+
+
+class TrlRow(TypedDict):
+    """TRL's conversational prompt-completion row, with what we know of it."""
+
+    prompt: list[TrlMessage]
+    completion: list[TrlMessage]
+    reward: float | None
+    trajectory_id: str
+    task_key: str | None
+    interaction_type: str | None
+    policy_versions: list[str]
+
+
+def sample_rows(trajectories: Iterable[Trajectory]) -> Iterator[SampleRow]:
     """One row per training sequence of each trajectory (parquet rows out)."""
     for trajectory in trajectories:
         for index, sample in enumerate(build_samples(trajectory)):
@@ -78,7 +123,7 @@ def _schema() -> Any:
     )
 
 
-def write_parquet(rows: Iterable[dict[str, Any]], path: Path) -> int:
+def write_parquet(rows: Iterable[SampleRow], path: Path) -> int:
     """Rows into one Parquet file, a row group per PARQUET_BATCH rows; how many."""
     try:
         import pyarrow as pa
@@ -90,7 +135,7 @@ def write_parquet(rows: Iterable[dict[str, Any]], path: Path) -> int:
     schema = _schema()
     count = 0
     with pq.ParquetWriter(str(path), schema) as writer:
-        batch: list[dict[str, Any]] = []
+        batch: list[SampleRow] = []
         for row in rows:
             batch.append(row)
             if len(batch) == PARQUET_BATCH:
@@ -102,8 +147,8 @@ def write_parquet(rows: Iterable[dict[str, Any]], path: Path) -> int:
     return count
 
 
-def _trl_message(message: Message) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": message["role"], "content": message["text"]}
+def _trl_message(message: Message) -> TrlMessage:
+    out: TrlMessage = {"role": message["role"], "content": message["text"]}
     if message["tool_calls"]:
         out["tool_calls"] = [
             {
@@ -115,7 +160,7 @@ def _trl_message(message: Message) -> dict[str, Any]:
     return out
 
 
-def _arguments(raw: Any) -> Any:
+def _arguments(raw: str) -> JsonValue:
     # chat templates render arguments from a mapping
     try:
         parsed = json.loads(raw) if isinstance(raw, str) else raw
@@ -124,7 +169,7 @@ def _arguments(raw: Any) -> Any:
     return parsed if isinstance(parsed, dict) else raw
 
 
-def trl_rows(trajectories: Iterable[Trajectory]) -> Iterator[dict[str, Any]]:
+def trl_rows(trajectories: Iterable[Trajectory]) -> Iterator[TrlRow]:
     """TRL's conversational prompt-completion rows: the messages of the trajectory's last
     context (after a restart of the conversation, only what follows it) up to the model's
     last reply as `prompt`, that reply as `completion`."""
@@ -148,7 +193,7 @@ def trl_rows(trajectories: Iterable[Trajectory]) -> Iterator[dict[str, Any]]:
         }
 
 
-def write_lines(rows: Iterable[dict[str, Any]], out: IO[bytes]) -> int:
+def write_lines(rows: Iterable[TrlRow], out: IO[bytes]) -> int:
     count = 0
     for row in rows:
         out.write(orjson.dumps(row) + b"\n")

@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from sqlalchemy import Connection, exists, func, or_, select, true, update
 from sqlalchemy.orm import aliased
 
 from store.clock import now
 from store.db import insert_for
+from store.json_types import JsonObject
 from store.models import (
     Call,
     Grade,
@@ -103,7 +104,7 @@ def stale_ungraded(
     return [r[0] for r in conn.execute(query)]
 
 
-def skip_stale(conn: Connection, *, trajectory_ids: Sequence[str], detail: dict[str, Any]) -> None:
+def skip_stale(conn: Connection, *, trajectory_ids: Sequence[str], detail: JsonObject) -> None:
     """Record these trajectories as not graded because stale: a grade row with neither reward
     nor error (`stale_skipped` finds them for the next step to count)."""
     for trajectory_id in trajectory_ids:
@@ -155,7 +156,7 @@ def count_open(conn: Connection) -> int:
 
 def grade_details_with(
     conn: Connection, key: str, *, since: datetime | None, limit: int
-) -> list[tuple[str, dict[str, Any] | None]]:
+) -> list[tuple[str, JsonObject | None]]:
     """(trajectory id, grade detail) of the newest `limit` grades, graded at or after `since`,
     whose detail holds `key`."""
     query = (
@@ -248,7 +249,7 @@ def save_grade(
     *,
     trajectory_id: str,
     reward: float | None,
-    detail: dict[str, Any],
+    detail: JsonObject,
     error: str | None,
     transient: bool = False,
     retry_at: datetime | None = None,
@@ -286,9 +287,23 @@ def save_grade(
     )
 
 
+class TrainableGrade(TypedDict):
+    """A graded trajectory not yet trained on (`trainable_grades`)."""
+
+    trajectory_id: str
+    task_key: str | None
+    group_key: str | None  # the explicit GRPO group; None for organic ones
+    interaction_type: str | None
+    reward: float
+    policy_version: str | None  # its first call's
+    started_at: datetime
+    last_call_at: datetime
+    graded_at: datetime
+
+
 def trainable_grades(
     conn: Connection, *, keys: Sequence[str] = (), tenant: str | None = None
-) -> list[dict[str, Any]]:
+) -> list[TrainableGrade]:
     """Graded trajectories not yet trained on: id, task_key, group_key, interaction_type,
     reward, policy version, when it started and last called (started_at, last_call_at) and
     was graded (graded_at); with `keys`, only the traffic of those client keys (rollout runs,
@@ -322,10 +337,10 @@ def trainable_grades(
         # a fixed order: the running baselines fold rewards in it, on every run alike
         .order_by(Grade.graded_at, Grade.trajectory_id)
     )
-    return [dict(r._mapping) for r in rows]
+    return [cast(TrainableGrade, dict(r._mapping)) for r in rows]
 
 
-def grade_details(conn: Connection, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+def grade_details(conn: Connection, ids: Sequence[str]) -> dict[str, JsonObject]:
     """The detail of each of these trajectories' grades (what per-turn credit reads)."""
     rows = conn.execute(
         select(Grade.trajectory_id, Grade.detail).where(Grade.trajectory_id.in_(list(ids)))
@@ -381,7 +396,7 @@ def mark_trained(conn: Connection, *, trajectory_ids: Sequence[str], step: int) 
 class RewardedGrade:
     trajectory_id: str
     reward: float
-    detail: dict[str, Any] | None  # what the grader said (JSON, its own shape)
+    detail: JsonObject | None  # what the grader said (JSON, its own shape)
     graded_at: datetime
 
 

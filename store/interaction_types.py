@@ -8,7 +8,7 @@ rollout runner's success threshold, by which pass@1 is counted), over graded tra
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from sqlalchemy import Connection, case, func, select
 
@@ -22,6 +22,30 @@ SUCCESS_AT = 1.0
 MAX_TYPES = 200
 
 
+class Figures(TypedDict):
+    trajectories: int
+    graded: int
+    mean_reward: float | None  # None: none graded
+    successes: int
+    success_rate: float | None
+
+
+class VersionFigures(Figures):
+    policy_version: str | None
+
+
+class TypeFigures(Figures):
+    interaction_type: str | None
+    last_call_at: str | None
+    by_version: list[VersionFigures]
+
+
+class _Entry(TypedDict):
+    interaction_type: str | None
+    versions: list[VersionFigures]
+    last: datetime | None
+
+
 def by_type(
     conn: Connection,
     *,
@@ -29,7 +53,7 @@ def by_type(
     since: datetime | None = None,
     until: datetime | None = None,
     interaction_type: str | None = None,
-) -> list[dict[str, Any]]:
+) -> list[TypeFigures]:
     """Types, most trajectories first (at most MAX_TYPES), each with its versions."""
     version = first_version().label("version")
     graded = Trajectory.reward.is_not(None)
@@ -48,15 +72,17 @@ def by_type(
         query = query.where(Trajectory.started_at < until)
     if interaction_type is not None:
         query = query.where(Trajectory.interaction_type == interaction_type)
-    types: dict[str | None, dict[str, Any]] = {}
+    types: dict[str | None, _Entry] = {}
     for kind, version_name, n, n_graded, mean, successes, last in conn.execute(query):
         entry = types.setdefault(kind, {"interaction_type": kind, "versions": [], "last": None})
         entry["versions"].append(
-            _figures(n, n_graded, mean, successes, policy_version=version_name)
+            cast(
+                VersionFigures, _figures(n, n_graded, mean, successes, policy_version=version_name)
+            )
         )
         if last is not None and (entry["last"] is None or last > entry["last"]):
             entry["last"] = last
-    out = []
+    out: list[TypeFigures] = []
     order = version_order(version_ordinals(conn))
     for entry in types.values():
         versions = sorted(entry["versions"], key=lambda v: order(v["policy_version"]))
@@ -65,12 +91,15 @@ def by_type(
         reward_sum = sum((v["mean_reward"] or 0.0) * v["graded"] for v in versions)
         successes = sum(v["successes"] for v in versions)
         out.append(
-            {
-                "interaction_type": entry["interaction_type"],
-                **_figures(n, n_graded, reward_sum / n_graded if n_graded else None, successes),
-                "last_call_at": iso(entry["last"]),
-                "by_version": versions,
-            }
+            cast(
+                TypeFigures,
+                {
+                    "interaction_type": entry["interaction_type"],
+                    **_figures(n, n_graded, reward_sum / n_graded if n_graded else None, successes),
+                    "last_call_at": iso(entry["last"]),
+                    "by_version": versions,
+                },
+            )
         )
     out.sort(
         key=lambda t: (
@@ -84,13 +113,17 @@ def by_type(
 
 def _figures(
     n: int, n_graded: int, mean: float | None, successes: int | None, **extra: Any
-) -> dict[str, Any]:
+) -> Figures:
+    """The figures, after `extra` (a version's name)."""
     successes = int(successes or 0)
-    return {
-        **extra,
-        "trajectories": int(n),
-        "graded": int(n_graded),
-        "mean_reward": None if mean is None or not n_graded else float(mean),
-        "successes": successes,
-        "success_rate": successes / n_graded if n_graded else None,
-    }
+    return cast(
+        Figures,
+        {
+            **extra,
+            "trajectories": int(n),
+            "graded": int(n_graded),
+            "mean_reward": None if mean is None or not n_graded else float(mean),
+            "successes": successes,
+            "success_rate": successes / n_graded if n_graded else None,
+        },
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import ColumnElement, Connection, Integer, case, cast, func, select
 
@@ -26,6 +26,30 @@ ROUND_SECONDS = (
 )
 MAX_TYPES = 8  # curves drawn in one chart, the types with the most graded trajectories
 Z95 = 1.959964  # the normal quantile of a two-sided 95% interval
+
+
+class CurvePoint(TypedDict):
+    t: str | None  # the bucket's start
+    trajectories: int
+    mean_reward: float
+    low: float | None  # the 95% band; None from a single trajectory
+    high: float | None
+    success_rate: float
+
+
+class Curve(TypedDict):
+    interaction_type: str | None
+    trajectories: int
+    points: list[CurvePoint]
+
+
+class Curves(TypedDict):
+    bucket_seconds: int | None  # None: nothing graded in the window
+    since: str | None
+    until: str | None
+    success_at: float
+    types_total: int
+    types: list[Curve]
 
 
 def bucket_seconds(span: timedelta, buckets: int) -> int:
@@ -86,7 +110,7 @@ def curves(
     success_at: float,
     since: datetime | None = None,
     until: datetime | None = None,
-) -> dict[str, Any]:
+) -> Curves:
     window = _window(conn, since, until)
     if window is None:
         return {
@@ -123,7 +147,7 @@ def curves(
         .group_by(Trajectory.interaction_type, index)
         .order_by(Trajectory.interaction_type, index)
     )
-    by_type: dict[str | None, list[dict[str, Any]]] = {}
+    by_type: dict[str | None, list[CurvePoint]] = {}
     for kind, bucket, n, mean, mean_sq, successes in rows:
         low, high = band(int(n), float(mean), float(mean_sq))
         by_type.setdefault(kind, []).append(

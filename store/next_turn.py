@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TypedDict, cast
 
 from store.conversation import Message
 
@@ -65,6 +65,16 @@ _DOUBT = re.compile(
 )
 
 
+class TurnSignalFields(TypedDict):
+    """A TurnSignal as a dict (the admin API's view of a trajectory)."""
+
+    call_id: str
+    turn: int
+    value: float
+    rule: str
+    evidence: str
+
+
 @dataclass(frozen=True)
 class TurnSignal:
     call_id: str  # the call whose reply the signal judges
@@ -73,8 +83,8 @@ class TurnSignal:
     rule: str  # tool_error | interrupted | retried | corrected | approved
     evidence: str  # what came next that says so, shortened
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def as_dict(self) -> TurnSignalFields:
+        return cast(TurnSignalFields, asdict(self))
 
 
 def quote(text: str) -> str:

@@ -7,7 +7,7 @@ UTC text); percentiles are read with ORDER BY ... OFFSET, which both dialects ru
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import ColumnElement, Connection, case, func, select
 
@@ -18,6 +18,50 @@ from store.version_order import version_order
 
 PERCENTILES = (0.5, 0.9, 0.99)
 TOP_TASKS = 50
+
+
+class TrafficBucket(TypedDict):
+    t: str | None  # the bucket's start
+    calls: int
+    errors: int
+    tokens_in: int
+    tokens_out: int
+    mean_latency_ms: float | None
+
+
+class Traffic(TypedDict):
+    calls: int
+    calls_per_minute: float
+    errors: int
+    error_rate: float
+    tokens_in: int
+    tokens_out: int
+    latency_ms: dict[str, float | None]  # p50, p90, p99 (PERCENTILES); None: no call
+    mean_ttft_ms: float | None
+    series: list[TrafficBucket]
+
+
+class RewardSums(TypedDict):
+    trajectories: int
+    mean_reward: float
+
+
+class VersionReward(RewardSums):
+    version: str | None
+
+
+class TaskReward(RewardSums):
+    task_key: str | None
+
+
+class RewardBucket(RewardSums):
+    t: str | None
+
+
+class Rewards(TypedDict):
+    by_version: list[VersionReward]
+    by_task: list[TaskReward]
+    series: list[RewardBucket]
 
 
 def _bucket(conn: Connection, column: Any, bucket: str) -> ColumnElement[Any]:
@@ -35,7 +79,7 @@ def _bucket_label(value: Any) -> str | None:
     return None
 
 
-def traffic(conn: Connection, *, since: datetime, until: datetime, bucket: str) -> dict[str, Any]:
+def traffic(conn: Connection, *, since: datetime, until: datetime, bucket: str) -> Traffic:
     in_window = (Call.started_at >= since, Call.started_at < until)
     errors = func.sum(case((Call.status != "ok", 1), else_=0))
     total = conn.execute(
@@ -86,10 +130,10 @@ def traffic(conn: Connection, *, since: datetime, until: datetime, bucket: str) 
     }
 
 
-def _percentiles(conn: Connection, column: Any, where: tuple[Any, ...]) -> dict[str, Any]:
+def _percentiles(conn: Connection, column: Any, where: tuple[Any, ...]) -> dict[str, float | None]:
     present = (*where, column.is_not(None))
     n = int(conn.execute(select(func.count()).where(*present)).scalar_one())
-    out: dict[str, Any] = {}
+    out: dict[str, float | None] = {}
     for p in PERCENTILES:
         key = f"p{round(p * 100)}"
         if n == 0:
@@ -114,7 +158,7 @@ def first_version() -> Any:
     )
 
 
-def reward_by_version(conn: Connection) -> dict[str | None, dict[str, Any]]:
+def reward_by_version(conn: Connection) -> dict[str | None, RewardSums]:
     version = first_version().label("version")
     rows = conn.execute(
         select(version, func.count(), func.avg(Trajectory.reward))
@@ -124,7 +168,7 @@ def reward_by_version(conn: Connection) -> dict[str | None, dict[str, Any]]:
     return {row[0]: {"trajectories": int(row[1]), "mean_reward": float(row[2])} for row in rows}
 
 
-def rewards(conn: Connection, *, since: datetime, until: datetime, bucket: str) -> dict[str, Any]:
+def rewards(conn: Connection, *, since: datetime, until: datetime, bucket: str) -> Rewards:
     by_task = conn.execute(
         select(Trajectory.task_key, func.count(), func.avg(Trajectory.reward))
         .where(Trajectory.reward.is_not(None))

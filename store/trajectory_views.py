@@ -4,11 +4,13 @@ the feedback given (proxy/admin/routes/trajectories.py serves them)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypedDict
+from typing import cast as typed
 
 from sqlalchemy import Connection, Select, Text, and_, cast, exists, or_, select
 
 from store.clock import iso
+from store.json_types import JsonObject
 from store.models import Call, Feedback, Grade, Trajectory
 
 
@@ -28,6 +30,77 @@ class TrajectoryConditions(Protocol):
     since: datetime | None
     until: datetime | None
     q: str | None
+
+
+class GradingFailure(TypedDict):
+    state: Literal["retrying", "failed"]
+    error: str | None
+    retry_at: str | None
+
+
+class TrajectorySummary(TypedDict):
+    """A trajectory in a list page."""
+
+    id: str
+    session: str | None
+    task_key: str | None
+    group_key: str | None
+    interaction_type: str | None
+    status: str
+    reward: float | None
+    started_at: str | None
+    last_call_at: str | None
+    ended_at: str | None
+    calls: int
+    errors: int
+    completion_tokens: int
+    policy_versions: list[str | None]
+    grading_failure: GradingFailure | None
+
+
+class GradeView(TypedDict):
+    """A trajectory's grade row, its times as the admin API gives them."""
+
+    trajectory_id: str
+    reward: float | None
+    detail: JsonObject | None
+    error: str | None
+    graded_at: str | None
+    trained_in_step: int | None
+    transient: bool
+    retry_at: str | None
+    attempts: int
+
+
+class FeedbackView(TypedDict):
+    id: int
+    trajectory_id: str | None
+    reward: float
+    comment: str | None
+    created_at: str | None
+    session: str | None  # the column session_key
+
+
+class _ListRow(TypedDict):
+    """LIST_COLUMNS."""
+
+    id: str
+    session_key: str | None
+    task_key: str | None
+    group_key: str | None
+    interaction_type: str | None
+    status: str
+    started_at: datetime
+    last_call_at: datetime
+    ended_at: datetime | None
+    reward: float | None
+
+
+class _CallCounts(TypedDict, total=False):
+    calls: int
+    errors: int
+    completion_tokens: int
+    versions: list[str | None]
 
 
 LIST_COLUMNS = (
@@ -101,7 +174,7 @@ def list_page(
     f: TrajectoryConditions,
     limit: int,
     after: tuple[datetime, str] | None = None,
-) -> tuple[list[dict[str, Any]], tuple[datetime, str] | None]:
+) -> tuple[list[TrajectorySummary], tuple[datetime, str] | None]:
     """Summaries of the newest `limit` matching trajectories started before `after`
     (started_at, id: the last one of the previous page), and the next page's `after`
     (None: this is the last page)."""
@@ -115,7 +188,7 @@ def list_page(
             )
         )
     query = query.order_by(Trajectory.started_at.desc(), Trajectory.id.desc()).limit(limit + 1)
-    rows = [dict(r._mapping) for r in conn.execute(query)]
+    rows = [typed(_ListRow, dict(r._mapping)) for r in conn.execute(query)]
     more = len(rows) > limit
     rows = rows[:limit]
     counts = _call_counts(conn, [r["id"] for r in rows])
@@ -124,10 +197,10 @@ def list_page(
     return items, (rows[-1]["started_at"], rows[-1]["id"]) if more else None
 
 
-def _call_counts(conn: Connection, ids: list[str]) -> dict[str, dict[str, Any]]:
+def _call_counts(conn: Connection, ids: list[str]) -> dict[str, _CallCounts]:
     if not ids:
         return {}
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, _CallCounts] = {}
     rows = conn.execute(
         select(Call.trajectory_id, Call.policy_version, Call.status, Call.completion_tokens)
         .where(Call.trajectory_id.in_(ids))
@@ -145,7 +218,7 @@ def _call_counts(conn: Connection, ids: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _grading_failures(conn: Connection, ids: list[str]) -> dict[str, dict[str, Any]]:
+def _grading_failures(conn: Connection, ids: list[str]) -> dict[str, GradingFailure]:
     """Why the grading of these trajectories failed, where it did."""
     if not ids:
         return {}
@@ -165,8 +238,8 @@ def _grading_failures(conn: Connection, ids: list[str]) -> dict[str, dict[str, A
 
 
 def _summary(
-    row: dict[str, Any], counts: dict[str, Any], failure: dict[str, Any] | None = None
-) -> dict[str, Any]:
+    row: _ListRow, counts: _CallCounts, failure: GradingFailure | None = None
+) -> TrajectorySummary:
     return {
         "id": row["id"],
         "session": row["session_key"],
@@ -193,19 +266,19 @@ def matching_ids(conn: Connection, *, f: TrajectoryConditions) -> list[str]:
     return [r[0] for r in conn.execute(query)]
 
 
-def grade_of(conn: Connection, *, trajectory_id: str) -> dict[str, Any] | None:
+def grade_of(conn: Connection, *, trajectory_id: str) -> GradeView | None:
     row = conn.execute(select(Grade.__table__).where(Grade.trajectory_id == trajectory_id)).first()
     if row is None:
         return None
     grade = dict(row._mapping)
     grade["graded_at"] = iso(grade["graded_at"])
     grade["retry_at"] = iso(grade["retry_at"])
-    return grade
+    return typed(GradeView, grade)
 
 
 def feedback_for(
     conn: Connection, *, trajectory_id: str | None, session_key: str | None, limit: int = 100
-) -> list[dict[str, Any]]:
+) -> list[FeedbackView]:
     conditions = []
     if trajectory_id is not None:
         conditions.append(Feedback.trajectory_id == trajectory_id)
@@ -218,7 +291,7 @@ def feedback_for(
     for row in rows:
         row["created_at"] = iso(row["created_at"])
         row["session"] = row.pop("session_key")
-    return rows
+    return typed(list[FeedbackView], rows)
 
 
 def exists_trajectory(conn: Connection, *, trajectory_id: str) -> bool:

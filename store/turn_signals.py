@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TypedDict, cast
 
 from sqlalchemy import Connection, delete, insert, select
 
@@ -27,6 +27,36 @@ WORD_RULES = frozenset({"corrected", "approved", "retried", "interrupted", "judg
 BURST_MIN = 20
 BURST_SHARE = 0.9
 BURST_GAP = 0.3
+
+
+class StoredSignal(TypedDict):
+    """A trajectory's stored signal as the admin API shows it."""
+
+    call_id: str
+    turn: int
+    value: float
+    weight: float
+    rule: str
+    source: str  # rule | judge
+    evidence: str
+    key_name: str | None
+
+
+class SignalCounts(TypedDict):
+    signals: int
+    good: int
+    bad: int
+    good_share: float | None  # None: no signal
+
+
+class KeySignals(SignalCounts):
+    """A client key's signals in the window (`key_name` None: calls without a key)."""
+
+    key_name: str | None
+    words: SignalCounts
+    rest_words: SignalCounts
+    flagged: bool
+    reason: str | None
 
 
 @dataclass(frozen=True)
@@ -88,14 +118,14 @@ def signals_by_trajectory(conn: Connection, ids: Sequence[str]) -> dict[str, lis
     return found
 
 
-def signals_of(conn: Connection, trajectory_id: str) -> list[dict[str, Any]]:
+def signals_of(conn: Connection, trajectory_id: str) -> list[StoredSignal]:
     t = TurnSignal
     query = select(t.call_id, t.turn, t.value, t.weight, t.rule, t.source, t.evidence, t.key_name)
     rows = conn.execute(query.where(t.trajectory_id == trajectory_id).order_by(t.turn))
-    return [dict(r._mapping) for r in rows]
+    return [cast(StoredSignal, dict(r._mapping)) for r in rows]
 
 
-def _counts(values: list[float]) -> dict[str, Any]:
+def _counts(values: list[float]) -> SignalCounts:
     good = sum(v > 0 for v in values)
     bad = sum(v < 0 for v in values)
     return {
@@ -106,7 +136,7 @@ def _counts(values: list[float]) -> dict[str, Any]:
     }
 
 
-def by_key(conn: Connection, *, since: datetime) -> list[dict[str, Any]]:
+def by_key(conn: Connection, *, since: datetime) -> list[KeySignals]:
     """Per client key (None: calls without one), the signals stored since `since`: all of
     them and the word signals, with the burst flag and its reason."""
     rows = conn.execute(
@@ -115,23 +145,26 @@ def by_key(conn: Connection, *, since: datetime) -> list[dict[str, Any]]:
         )
     ).all()
     keys = sorted({r.key_name for r in rows}, key=lambda k: (k is None, k or ""))
-    result = []
+    result: list[KeySignals] = []
     for key in keys:
         mine = [r for r in rows if r.key_name == key]
         words = [r.value for r in mine if r.rule in WORD_RULES]
         rest = [r.value for r in rows if r.key_name != key and r.rule in WORD_RULES]
-        entry = {
-            "key_name": key,
-            **_counts([r.value for r in mine]),
-            "words": _counts(words),
-            "rest_words": _counts(rest),
-        }
+        entry = cast(
+            KeySignals,
+            {
+                "key_name": key,
+                **_counts([r.value for r in mine]),
+                "words": _counts(words),
+                "rest_words": _counts(rest),
+            },
+        )
         entry["flagged"], entry["reason"] = _burst(entry["words"], entry["rest_words"])
         result.append(entry)
     return result
 
 
-def _burst(words: dict[str, Any], rest: dict[str, Any]) -> tuple[bool, str | None]:
+def _burst(words: SignalCounts, rest: SignalCounts) -> tuple[bool, str | None]:
     if words["signals"] < BURST_MIN:
         return False, None
     share = words["good_share"]

@@ -10,21 +10,43 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import datetime
-from typing import Any
+from typing import TypedDict, cast
 
 from sqlalchemy import Connection
 
 from proxy.base.compat_policy import CATEGORIES
 from store import call_stats
+from store.json_types import JsonValue
 
 # the APIs the compatibility policy translates (the others pass through unchanged)
 TRANSLATED_APIS = ("messages", "responses")
 
 
-def by_harness(conn: Connection, *, since: datetime, until: datetime) -> list[dict[str, Any]]:
+class FeatureCount(TypedDict):
+    feature: str
+    calls: int
+
+
+class Harness(TypedDict):
+    """One harness's calls; a list per policy category (CATEGORIES) of its features."""
+
+    user_agent: str | None
+    calls: int
+    apis: dict[str, int]  # calls by API
+    honoured: list[FeatureCount]
+    ignored: list[FeatureCount]
+    unknown: list[FeatureCount]
+    flattened: list[FeatureCount]
+    left_out: list[FeatureCount]
+    clamped: list[FeatureCount]
+    refused: list[FeatureCount]
+    refusals: list[JsonValue]  # the latest refusal messages, at most 5
+
+
+def by_harness(conn: Connection, *, since: datetime, until: datetime) -> list[Harness]:
     """Per user agent, most calls first: calls by API, then per policy category the features
     and how many calls each was in; `refusals` lists the latest refusal messages."""
-    harnesses: dict[str | None, dict[str, Any]] = {}
+    harnesses: dict[str | None, Harness] = {}
     for user_agent, api, calls in call_stats.calls_by_agent_and_api(conn, since=since, until=until):
         harness = harnesses.setdefault(user_agent, _empty(user_agent))
         harness["calls"] += calls
@@ -54,11 +76,14 @@ def by_harness(conn: Connection, *, since: datetime, until: datetime) -> list[di
     )
 
 
-def _empty(user_agent: str | None) -> dict[str, Any]:
-    return {
-        "user_agent": user_agent,
-        "calls": 0,
-        "apis": {},
-        **{category: [] for category in CATEGORIES},
-        "refusals": [],
-    }
+def _empty(user_agent: str | None) -> Harness:
+    return cast(
+        Harness,
+        {
+            "user_agent": user_agent,
+            "calls": 0,
+            "apis": {},
+            **{category: [] for category in CATEGORIES},
+            "refusals": [],
+        },
+    )

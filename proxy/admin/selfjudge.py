@@ -16,31 +16,64 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
+from typing import TypedDict, cast
 
 from sqlalchemy import Connection
 
 from store import feedback, grade_queue
+from store.json_types import JsonObject, JsonValue
 
 PASS = 0.5
 SELF_JUDGE = "self_judge"
 
 
-def verdicts(conn: Connection, *, since: datetime | None, limit: int) -> list[dict[str, Any]]:
+class VerdictFields(TypedDict):
+    """A self-judge entry of a grade's detail (open JSON: its values as the learner kept
+    them)."""
+
+    type: JsonValue  # the interaction type
+    judge: float | None  # the judge's reward
+    error: JsonValue
+    truth_source: JsonValue  # None: no ground truth; "feedback_later": joined in
+    truth: float | None
+
+
+class Verdict(VerdictFields):
+    trajectory_id: str
+
+
+class Figures(TypedDict):
+    compared: int
+    agreeing: int
+    agreement: float | None
+    judge_pass_rate: float | None
+    truth_pass_rate: float | None
+    correlation: float | None
+
+
+class TypeAgreement(Figures):
+    type: JsonValue
+    self_judged: int
+    self_judged_mean_reward: float | None
+    judge_errors: int
+    by_source: dict[str, Figures]  # per truth source
+
+
+def verdicts(conn: Connection, *, since: datetime | None, limit: int) -> list[Verdict]:
     """The newest `limit` self-judge entries graded at or after `since`: type, judge reward,
     truth (source, reward) or None, error; later feedback joined in as a truth."""
-    rows = []
+    rows: list[Verdict] = []
     for trajectory_id, detail in grade_queue.grade_details_with(
         conn, SELF_JUDGE, since=since, limit=limit
     ):
         entry = (detail or {}).get(SELF_JUDGE)
         if isinstance(entry, dict):
-            rows.append({"trajectory_id": trajectory_id, **_verdict(entry)})
+            rows.append(cast(Verdict, {"trajectory_id": trajectory_id, **_verdict(entry)}))
     _join_later_feedback(conn, rows)
     return rows
 
 
-def _verdict(entry: dict[str, Any]) -> dict[str, Any]:
+def _verdict(entry: JsonObject) -> VerdictFields:
     truth = entry.get("truth") if isinstance(entry.get("truth"), dict) else None
     return {
         "type": entry.get("type"),
@@ -51,7 +84,7 @@ def _verdict(entry: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _join_later_feedback(conn: Connection, rows: list[dict[str, Any]]) -> None:
+def _join_later_feedback(conn: Connection, rows: list[Verdict]) -> None:
     judged = [r for r in rows if r["truth_source"] is None and r["judge"] is not None]
     latest = feedback.latest_rewards(conn, [r["trajectory_id"] for r in judged])
     for row in judged:
@@ -59,35 +92,38 @@ def _join_later_feedback(conn: Connection, rows: list[dict[str, Any]]) -> None:
             row["truth_source"], row["truth"] = "feedback_later", latest[row["trajectory_id"]]
 
 
-def agreement(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def agreement(rows: Iterable[Verdict]) -> list[TypeAgreement]:
     """Per interaction type (None: untyped), most compared first."""
-    by_type: dict[str | None, list[dict[str, Any]]] = {}
+    by_type: dict[JsonValue, list[Verdict]] = {}
     for row in rows:
         by_type.setdefault(row["type"], []).append(row)
-    out = []
+    out: list[TypeAgreement] = []
     for kind, members in by_type.items():
         graded = [r for r in members if r["truth_source"] in (None, "feedback_later")]
         graded = [r for r in graded if r["judge"] is not None]
         compared = [r for r in members if r["truth"] is not None and r["judge"] is not None]
         sources = sorted({r["truth_source"] for r in compared})
         out.append(
-            {
-                "type": kind,
-                "self_judged": len(graded),
-                "self_judged_mean_reward": _mean([r["judge"] for r in graded]),
-                "judge_errors": sum(r["error"] is not None for r in members),
-                **_figures(compared),
-                "by_source": {
-                    source: _figures([r for r in compared if r["truth_source"] == source])
-                    for source in sources
+            cast(
+                TypeAgreement,
+                {
+                    "type": kind,
+                    "self_judged": len(graded),
+                    "self_judged_mean_reward": _mean([r["judge"] for r in graded]),
+                    "judge_errors": sum(r["error"] is not None for r in members),
+                    **_figures(compared),
+                    "by_source": {
+                        source: _figures([r for r in compared if r["truth_source"] == source])
+                        for source in sources
+                    },
                 },
-            }
+            )
         )
     out.sort(key=lambda t: (-t["compared"], str(t["type"])))
     return out
 
 
-def _figures(compared: list[dict[str, Any]]) -> dict[str, Any]:
+def _figures(compared: list[Verdict]) -> Figures:
     judge = [r["judge"] for r in compared]
     truth = [r["truth"] for r in compared]
     agree = sum((j >= PASS) == (t >= PASS) for j, t in zip(judge, truth, strict=True))
@@ -117,7 +153,7 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _number(value: Any) -> float | None:
+def _number(value: JsonValue) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if math.isfinite(value) else None

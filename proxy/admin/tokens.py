@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict, cast
 
 import aiohttp
 
@@ -24,11 +24,37 @@ from store.trajectory_record import Trajectory
 
 log = logging.getLogger("onthejob.admin")
 
+
+class SamplingFields(TypedDict):
+    """store/samples.py's Sampling as a dict."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+
+
+class TokenSequence(TypedDict):
+    """One training sequence of a trajectory, as the admin API shows it."""
+
+    token_ids: list[int]
+    loss_mask: list[bool]
+    logprobs: list[float]
+    trained_tokens: int
+    truncated: bool
+    sampling: SamplingFields
+    policy_versions: list[str]
+    token_text: NotRequired[list[str | None] | None]  # added on request; None: no tokenizer
+
+
 MAX_LOOKUPS = 4096  # distinct ids detokenized for one view, at most
 CONCURRENCY = 16
 
 
-def token_sequences(trajectory: Trajectory) -> list[dict[str, Any]]:
+def token_sequences(trajectory: Trajectory) -> list[TokenSequence]:
     """One entry per training sequence: token_ids, loss_mask, logprobs of equal length."""
     return [
         {
@@ -37,7 +63,7 @@ def token_sequences(trajectory: Trajectory) -> list[dict[str, Any]]:
             "logprobs": s.logprobs,
             "trained_tokens": s.trained_tokens,
             "truncated": s.truncated,
-            "sampling": dataclasses.asdict(s.sampling),
+            "sampling": cast(SamplingFields, dataclasses.asdict(s.sampling)),
             "policy_versions": sorted(v for v in s.policy_versions if v is not None),
         }
         for s in build_samples(trajectory)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated, TypedDict
 
 from fastapi import APIRouter, Query
 
 from proxy.admin import compat
+from proxy.admin.compat import Harness
 from proxy.admin.deps import EngineDep
 from proxy.admin.errors import AdminError
 from proxy.admin.schemas import CompatQuery
@@ -16,10 +17,18 @@ from store.clock import iso
 router = APIRouter(tags=["compat"])
 
 
+class Compat(TypedDict):
+    since: str | None
+    until: str | None
+    harnesses: list[Harness]
+
+
 @router.get(
-    "/compat", summary="What the proxy accepted, honoured, left out or refused, per harness"
+    "/compat",
+    summary="What the proxy accepted, honoured, left out or refused, per harness",
+    response_model=dict,  # serialised as returned (Compat)
 )
-def get_compat(engine: EngineDep, query: Annotated[CompatQuery, Query()]) -> dict[str, Any]:
+def get_compat(engine: EngineDep, query: Annotated[CompatQuery, Query()]) -> Compat:
     """Per harness (User-Agent) in [since, until), default the last 24 h: its calls by API,
     and for the translated APIs (Messages, Responses) the features the compatibility policy
     accepted without forwarding (`ignored`, `unknown`), `honoured`, `flattened`, `left_out`,

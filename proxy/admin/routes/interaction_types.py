@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, TypedDict
 
 from fastapi import APIRouter, Query
 
 from proxy.admin.deps import EngineDep
 from proxy.admin.schemas import TypesQuery
 from store import interaction_types
+from store.interaction_types import TypeFigures
 
 router = APIRouter(tags=["types"])
 
 
-@router.get("/types", summary="Per interaction type and policy version: rewards and success")
-def get_types(engine: EngineDep, query: Annotated[TypesQuery, Query()]) -> dict[str, Any]:
+class Types(TypedDict):
+    success_at: float
+    types: list[TypeFigures]
+
+
+@router.get(
+    "/types",
+    summary="Per interaction type and policy version: rewards and success",
+    response_model=dict,  # serialised as returned (Types)
+)
+def get_types(engine: EngineDep, query: Annotated[TypesQuery, Query()]) -> Types:
     """Every interaction type (X-Onthejob-Type, else the auto: fingerprint; null: recorded
     before types were) with its trajectories, graded ones, mean reward and success rate
     (reward >= `success_at`, over graded ones), overall and by the policy version of each

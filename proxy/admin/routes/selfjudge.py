@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, TypedDict
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from proxy.admin import selfjudge
 from proxy.admin.deps import EngineDep
 from proxy.admin.schemas import Time
+from proxy.admin.selfjudge import TypeAgreement
 from store.clock import iso
 
 router = APIRouter(tags=["self-judge"])
@@ -22,8 +23,19 @@ class SelfJudgeQuery(BaseModel):
     limit: int = Field(10_000, ge=1, le=100_000, description="the newest this many verdicts")
 
 
-@router.get("/self-judge", summary="How well the self-judge agrees with the ground truth")
-def get_self_judge(engine: EngineDep, query: Annotated[SelfJudgeQuery, Query()]) -> dict[str, Any]:
+class SelfJudge(TypedDict):
+    since: str | None
+    pass_threshold: float
+    verdicts: int
+    types: list[TypeAgreement]
+
+
+@router.get(
+    "/self-judge",
+    summary="How well the self-judge agrees with the ground truth",
+    response_model=dict,  # serialised as returned (SelfJudge)
+)
+def get_self_judge(engine: EngineDep, query: Annotated[SelfJudgeQuery, Query()]) -> SelfJudge:
     """Per interaction type: trajectories the served model graded itself (and their mean
     reward), and over those that also have a ground truth (reference answer, check, people's
     feedback) the share where the judge's pass (reward >= 0.5) equals the truth's, with n,

@@ -3,21 +3,31 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated, TypedDict
 
 from fastapi import APIRouter, Query
 
 from proxy.admin.deps import EngineDep
 from store import turn_signals
+from store.turn_signals import KeySignals
 
 router = APIRouter(tags=["signals"])
 
 
-@router.get("/signals", summary="Next-turn signals per client key, one-sided bursts flagged")
+class Signals(TypedDict):
+    since: str
+    keys: list[KeySignals]
+
+
+@router.get(
+    "/signals",
+    summary="Next-turn signals per client key, one-sided bursts flagged",
+    response_model=dict,  # serialised as returned (Signals)
+)
 def get_signals(
     engine: EngineDep,
     hours: Annotated[float, Query(gt=0, le=24 * 365, description="the window")] = 24.0,
-) -> dict[str, Any]:
+) -> Signals:
     """Per client key (null: calls without one), the next-turn signals the learner stored
     for the trajectories it graded in the last `hours`: all of them (`signals`, `good`,
     `bad`, `good_share`), the word signals a person types (`words`: corrections, approvals,

@@ -3,7 +3,7 @@ learning curves per interaction type."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, TypedDict
 
 from fastapi import APIRouter, Query
 
@@ -12,12 +12,26 @@ from proxy.admin.schemas import CurvesQuery, StatsQuery
 from proxy.admin.stats import window
 from store import learning_curves, traffic_stats
 from store.clock import iso
+from store.learning_curves import Curves
+from store.traffic_stats import Rewards, Traffic
 
 router = APIRouter(tags=["stats"])
 
 
-@router.get("/stats", summary="Traffic and reward statistics in a time window")
-def get_stats(engine: EngineDep, query: Annotated[StatsQuery, Query()]) -> dict[str, Any]:
+class Stats(TypedDict):
+    since: str | None
+    until: str | None
+    bucket: str  # hour | day
+    traffic: Traffic
+    rewards: Rewards
+
+
+@router.get(
+    "/stats",
+    summary="Traffic and reward statistics in a time window",
+    response_model=dict,  # serialised as returned (Stats)
+)
+def get_stats(engine: EngineDep, query: Annotated[StatsQuery, Query()]) -> Stats:
     """Traffic within [since, until) in hour or day buckets (UTC); rewards by policy
     version and by task over all time, and over the window by when trajectories ended."""
     since, until = window(query.since, query.until, query.bucket)
@@ -31,10 +45,12 @@ def get_stats(engine: EngineDep, query: Annotated[StatsQuery, Query()]) -> dict[
         }
 
 
-@router.get("/learning-curves", summary="Mean reward per interaction type over time, with a band")
-def get_learning_curves(
-    engine: EngineDep, query: Annotated[CurvesQuery, Query()]
-) -> dict[str, Any]:
+@router.get(
+    "/learning-curves",
+    summary="Mean reward per interaction type over time, with a band",
+    response_model=dict,  # serialised as returned (Curves)
+)
+def get_learning_curves(engine: EngineDep, query: Annotated[CurvesQuery, Query()]) -> Curves:
     """Per interaction type (the 8 with the most graded trajectories), graded trajectories in
     time buckets by when they ended: their count, mean reward with a 95% confidence band
     (mean ± 1.96 standard errors; null for a single one) and success rate (reward >=

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated, Any, TypedDict
 
 import orjson
 from fastapi import APIRouter, Path, Query
@@ -14,22 +14,43 @@ from proxy.admin.deps import DetokenizerDep, EngineDep
 from proxy.admin.errors import not_found
 from proxy.admin.page_cursor import decode_cursor, encode_cursor
 from proxy.admin.schemas import TrajectoryFilter, TrajectoryPage
-from proxy.admin.tokens import token_sequences
+from proxy.admin.tokens import TokenSequence, token_sequences
 from store import trajectory_views, turn_signals
-from store.conversation import conversation
-from store.export import iter_trajectories, to_export
-from store.next_turn import next_turn_signals
+from store.conversation import Message, conversation
+from store.export import ExportedTrajectory, iter_trajectories, to_export
+from store.next_turn import TurnSignalFields, next_turn_signals
 from store.trajectory_loading import load_trajectories
+from store.trajectory_views import FeedbackView, GradeView, TrajectorySummary
+from store.turn_signals import StoredSignal
 
 router = APIRouter(tags=["trajectories"])
 EXPORT_CHUNK = 200
 TrajectoryId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
 
 
-@router.get("/trajectories", summary="List trajectories, newest first")
+class TrajectoryList(TypedDict):
+    items: list[TrajectorySummary]
+    next_cursor: str | None  # None: the last page
+
+
+class TrajectoryDetail(ExportedTrajectory):
+    """The export format plus what the admin API adds."""
+
+    grade: GradeView | None
+    feedback: list[FeedbackView]
+    messages: list[Message]
+    signals: list[StoredSignal] | list[TurnSignalFields]
+    tokens: list[TokenSequence]
+
+
+@router.get(
+    "/trajectories",
+    summary="List trajectories, newest first",
+    response_model=dict,  # serialised as returned (TrajectoryList)
+)
 def list_trajectories(
     engine: EngineDep, page: Annotated[TrajectoryPage, Query()]
-) -> dict[str, Any]:
+) -> TrajectoryList:
     """A page of trajectories matching every filter given; pass `next_cursor` back as
     `cursor` for the next page (null on the last one)."""
     after = None if page.cursor is None else decode_cursor(page.cursor)
@@ -41,7 +62,7 @@ def list_trajectories(
     }
 
 
-def _detail(engine: Any, trajectory_id: str) -> dict[str, Any]:
+def _detail(engine: Any, trajectory_id: str) -> TrajectoryDetail:
     found = list(load_trajectories(engine, ids=[trajectory_id]))
     if not found:
         raise not_found("trajectory", trajectory_id)
@@ -66,13 +87,17 @@ def _detail(engine: Any, trajectory_id: str) -> dict[str, Any]:
     }
 
 
-@router.get("/trajectories/{trajectory_id}", summary="One trajectory in full")
+@router.get(
+    "/trajectories/{trajectory_id}",
+    summary="One trajectory in full",
+    response_model=dict,  # serialised as returned (TrajectoryDetail)
+)
 async def get_trajectory(
     engine: EngineDep,
     detokenizer: DetokenizerDep,
     trajectory_id: TrajectoryId,
     token_text: Annotated[bool, Query(description="add each token's text (asks vLLM)")] = True,
-) -> dict[str, Any]:
+) -> TrajectoryDetail:
     """The trajectory in the export format plus its grade, feedback, conversation
     (`messages`), next-turn `signals` (per assistant turn, by what came right after it: a
     tool error, an interruption, a word-for-word retry, a correction or an approval; `turn`
