@@ -42,10 +42,10 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from learner.rollout.taskset import TaskSet, load_task_set
-from store.curricula import CurriculumError
+from store.curricula import CurriculumError, RuleState, StageState
 from store.json_types import JsonObject
 from store.tasks import TaskTable, TaskTableError
 
@@ -65,24 +65,6 @@ _STAGE_FIELDS = {
 }
 _RULE_FIELDS = {"metric", "at_least", "over_last"}
 _ROUND_DEFAULTS = {"tasks_per_round": 4, "eval_every": 2, "eval_samples": 4}
-
-
-class RuleState(TypedDict):
-    """A promotion rule as the store keeps it (and a promotion's record)."""
-
-    metric: str
-    at_least: float
-    over_last: int
-
-
-class StageState(TypedDict):
-    """A stage as the store keeps it (the admin API shows it)."""
-
-    name: str
-    rule: RuleState
-    replay: float
-    train_tasks: int
-    eval_tasks: int
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,8 @@ from learner.rollout.taskset import TaskSet
 from store import clock, db, policy_versions, schema, training_steps
 from store import curricula as cstore
 from store.control import read_heartbeat
+from store.curricula import CurriculumState, EvalRow, PromotionRow
+from store.json_types import JsonObject
 from store.tasks import Task, TaskTable
 
 log = logging.getLogger("onthejob.curriculum")
@@ -91,8 +93,8 @@ class CurriculumSummary:
     started_at_stage: str | None  # None: it was complete already
     stage: str | None  # where it stands now; None: every stage passed
     rounds: int  # training rounds in this invocation
-    evals: list[dict[str, Any]] = field(default_factory=list)
-    promotions: list[dict[str, Any]] = field(default_factory=list)
+    evals: list[EvalRow] = field(default_factory=list)
+    promotions: list[PromotionRow] = field(default_factory=list)
     runs: list[RunResult] = field(default_factory=list)
     stopped_by: str = ""  # complete | max_rounds | minutes | cancelled
 
@@ -243,7 +245,7 @@ class _Run:
     def _time_up(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
-    def _state(self) -> dict[str, Any]:
+    def _state(self) -> CurriculumState:
         with self.engine.connect() as conn:
             state = cstore.state(conn, self.curriculum.name)
         assert state is not None  # made by begin(); never deleted
@@ -275,7 +277,7 @@ class _Run:
         own = [stage.tasks.tasks[k] for k in self.rng.sample(own_keys, own_n)]
         return own, replayed
 
-    def _round(self, stage: Stage, state: dict[str, Any], summary: CurriculumSummary) -> bool:
+    def _round(self, stage: Stage, state: CurriculumState, summary: CurriculumSummary) -> bool:
         own, replayed = self._pick(stage)
         by_command: dict[tuple[str, ...], dict[str, Task]] = {}
         for task in own:
@@ -335,7 +337,7 @@ class _Run:
         return True
 
     # -- an eval --------------------------------------------------------------------------------
-    def _eval(self, stage: Stage, state: dict[str, Any], summary: CurriculumSummary) -> Any:
+    def _eval(self, stage: Stage, state: CurriculumState, summary: CurriculumSummary) -> Any:
         result = self._rollout(
             stage.eval,
             self._command(stage),
@@ -443,7 +445,7 @@ class _Run:
 _CANCELLED = object()
 
 
-def _eval_state(row: dict[str, Any]) -> dict[str, Any]:
+def _eval_state(row: EvalRow) -> JsonObject:
     keep = ("rollout_id", "policy_version", "stage_round", "runs", "k")
     out = {key: row[key] for key in keep}
     out.update({m: row[m] for m in ("pass_at_1", "mean_reward", "pass_at_k")})
