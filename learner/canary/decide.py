@@ -128,6 +128,5 @@ def decide(
 def watch_reasons(alerts: Sequence[Alert]) -> str:
     """Each alert's reason, named by its detector where the reason does not start so."""
     return "; ".join(
-        a.reason if a.reason.startswith(a.detector) else f"{a.detector}: {a.reason}"
-        for a in alerts
+        a.reason if a.reason.startswith(a.detector) else f"{a.detector}: {a.reason}" for a in alerts
     )

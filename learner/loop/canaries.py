@@ -12,13 +12,14 @@ policy's candidate needs every replica swapped: the learner does not do that fro
 yet, and says once that an operator can (POST /admin/api/canaries/{id}/promote). A rollback
 changes nothing that serves, in either scope.
 
-At each look the reward-hacking watch (learner/canary/watch.py) reads each running canary's
-arms (store/watch_windows.py) and records its alerts (store/watch_alerts.py): while any
-detector alerts, a promotion is held (recorded as a `hold` action with the alerts, once per
-change) and, at the time limit, becomes a rollback (learner/canary/decide.py). Where no
-canary runs for the shared policy, its newest version is watched against the one before,
-every `WATCH_NEWEST_EVERY` seconds; those alerts hold nothing. A raised or cleared alert is
-logged and goes to the trackers.
+The reward-hacking watch (learner/canary/watch.py) reads each running canary's arms
+(store/watch_windows.py) every `WATCH_EVERY` seconds, and again before a decision its alerts
+could change, and records its alerts (store/watch_alerts.py): while any detector alerts, a
+promotion is held (recorded as a `hold` action with the alerts, once per change) and, at
+the time limit, becomes a rollback (learner/canary/decide.py). Where no canary runs for the
+shared policy, its newest version is watched against the one before, every
+`WATCH_NEWEST_EVERY` seconds; those alerts hold nothing. A raised or cleared alert is logged
+and goes to the trackers.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from store.canary_stats import arm_stats
 log = logging.getLogger("onthejob.learner")
 
 LOOK_EVERY = 10.0  # seconds between looks at the running canaries
+WATCH_EVERY = 60.0  # seconds between the watch's reads of a canary's arms
 WATCH_NEWEST_EVERY = 60.0  # seconds between looks at the newest version without a canary
 BY = "learner"
 
@@ -62,55 +64,79 @@ class Canaries:
         self.last_look = float("-inf")
         self.last_newest = float("-inf")
         self.told: set[int] = set()  # shared canaries whose promotion was left to an operator
+        self.watched: dict[int, tuple[float, list[Alert]]] = {}  # per canary: when, what
 
     def decide_running(self) -> int:
         """Look at every running canary (at most every LOOK_EVERY s); how many were decided."""
         if time.monotonic() - self.last_look < LOOK_EVERY:
             return 0
         self.last_look = time.monotonic()
-        engine, decided = self.engine, 0
-        with engine.connect() as conn:
+        with self.engine.connect() as conn:
             running = store.list_canaries(conn, status=store.RUNNING)
-        for canary in running:
-            now = clock.now()
-            with engine.connect() as conn:
-                arms = arm_stats(conn, canary, now=now)
-                windows = watch_windows.canary_windows(
-                    conn,
-                    canary_id=canary["id"],
-                    tenant=canary["tenant"],
-                    candidate=canary["candidate"],
-                    incumbent=canary["incumbent"],
-                    since=canary["started_at"],
-                    until=now,
-                )
-            alerts = self._watch(windows, now)
-            decision = decide(canary, arms, now=now, alerts=alerts)
-            if decision is None:
-                continue
-            if decision.action == "hold":
-                self._hold(canary, decision, alerts, now)
-                continue
-            if decision.action == "promote" and canary["tenant"] is None:
-                self._leave_to_operator(canary["id"], decision.reason)
-                continue
-            act = store.promote if decision.action == "promote" else store.roll_back
-            try:
-                with engine.begin() as conn:
-                    act(conn, canary_id=canary["id"], by=BY, reason=decision.reason, now=now)
-            except store.CanaryError as exc:  # decided meanwhile by an operator, or gone
-                log.info("canary %s: not decided by the learner: %s", canary["id"], exc)
-                continue
-            decided += 1
-            scope = canary["tenant"] or "the shared policy"
-            log.info(
-                "canary %s (%s, %s against %s): %s: %s",
-                *(canary["id"], scope, canary["candidate"], canary["incumbent"]),
-                *("promoted" if decision.action == "promote" else "rolled back", decision.reason),
-            )
+        decided = sum(self._look(canary) for canary in running)
         if not any(c["tenant"] is None for c in running):
             self._watch_newest()
         return decided
+
+    def _look(self, canary: dict[str, Any]) -> bool:
+        """Decide one canary from its arms and the watch's alerts; whether it was decided."""
+        now = clock.now()
+        with self.engine.connect() as conn:
+            arms = arm_stats(conn, canary, now=now)
+        alerts, fresh = self._canary_alerts(canary, now, force=False)
+        decision = decide(canary, arms, now=now, alerts=alerts)
+        ending = decision is not None and (
+            decision.action == "promote" or (bool(alerts) and now >= canary["ends_at"])
+        )
+        if ending and not fresh:
+            # nothing is promoted, or rolled back for the watch, on what it said a minute ago
+            alerts, _ = self._canary_alerts(canary, now, force=True)
+            decision = decide(canary, arms, now=now, alerts=alerts)
+        if decision is None:
+            return False
+        if decision.action == "hold":
+            self._hold(canary, decision, alerts, now)
+            return False
+        if decision.action == "promote" and canary["tenant"] is None:
+            self._leave_to_operator(canary["id"], decision.reason)
+            return False
+        act = store.promote if decision.action == "promote" else store.roll_back
+        try:
+            with self.engine.begin() as conn:
+                act(conn, canary_id=canary["id"], by=BY, reason=decision.reason, now=now)
+        except store.CanaryError as exc:  # decided meanwhile by an operator, or gone
+            log.info("canary %s: not decided by the learner: %s", canary["id"], exc)
+            return False
+        scope = canary["tenant"] or "the shared policy"
+        log.info(
+            "canary %s (%s, %s against %s): %s: %s",
+            *(canary["id"], scope, canary["candidate"], canary["incumbent"]),
+            *("promoted" if decision.action == "promote" else "rolled back", decision.reason),
+        )
+        return True
+
+    def _canary_alerts(
+        self, canary: dict[str, Any], now: datetime, *, force: bool
+    ) -> tuple[list[Alert], bool]:
+        """The watch's alerts on the canary's candidate, and whether they were read now: at
+        most every WATCH_EVERY s (it reads every call of up to 2 x 1,000 trajectories), or
+        `force`; in between, what the last read found."""
+        last = self.watched.get(canary["id"])
+        if not force and last is not None and time.monotonic() - last[0] < WATCH_EVERY:
+            return last[1], False
+        with self.engine.connect() as conn:
+            windows = watch_windows.canary_windows(
+                conn,
+                canary_id=canary["id"],
+                tenant=canary["tenant"],
+                candidate=canary["candidate"],
+                incumbent=canary["incumbent"],
+                since=canary["started_at"],
+                until=now,
+            )
+        alerts = self._watch(windows, now)
+        self.watched[canary["id"]] = (time.monotonic(), alerts)
+        return alerts, True
 
     def _watch(self, windows: watch_windows.WatchWindows, now: datetime) -> list[Alert]:
         """The watch's alerts on `windows`, recorded; a raised or cleared one logged and

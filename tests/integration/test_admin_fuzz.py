@@ -67,6 +67,7 @@ OPERATIONS = [
     "POST /canaries/{canary_id}/promote",
     "POST /canaries/{canary_id}/rollback",
     "POST /canaries/{canary_id}/extend",
+    "GET /watch",
 ]
 
 

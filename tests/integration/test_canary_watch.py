@@ -53,12 +53,14 @@ def serve(
     complaints: int = 0,
     tool_arguments: str | None = None,
     judge: float | None = None,
+    first: int = 0,
 ) -> list[str]:
     """One single-call trajectory per reward, answered by `version` with `text` in `tokens`
     tokens (and a tool call with `tool_arguments`), graded (with a self-judge verdict of
-    `judge` beside the reward as its truth); the first `complaints` corrected. Their ids."""
+    `judge` beside the reward as its truth); the first `complaints` corrected. Their ids,
+    numbered from `first`."""
     trajectories, calls = [], []
-    for i in range(len(rewards)):
+    for i in range(first, first + len(rewards)):
         at = T0 + 1 + i
         tid = f"{tenant}-{version}-{i}"
         message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -224,3 +226,25 @@ def admin_and_metrics(db_url: str, tmp_path: Path, canary_id: int) -> dict[str, 
             if sample.name.startswith("onthejob_watch")
         },
     }
+
+
+def test_a_promotion_is_never_taken_on_an_old_reading_of_the_watch(engine: Engine) -> None:
+    canary_id = start(engine, "team", candidate="team-2", incumbent="team-1")
+    serve(engine, "team", "team-2", [1.0] * 20)
+    serve(engine, "team", "team-1", [0.0] * 20)
+    learner = Canaries(engine)
+    assert learner.decide_running() == 0  # too few calls; the watch read nothing to say
+    assert learner.watched[canary_id][1] == []
+    # the candidate's replies collapse while its reward wins; the watch's reading is recent,
+    # yet a promotion makes it read again
+    with engine.begin() as conn:
+        conn.execute(update(Canary).where(Canary.id == canary_id).values(min_calls=60))
+    later = [1.0, 1.0, 0.0, 1.0] * 10
+    serve(engine, "team", "team-2", later, text="Done.", tokens=3, first=20)
+    serve(engine, "team", "team-1", [1.0 - r for r in later], first=20)
+    learner.last_look = float("-inf")
+    assert learner.decide_running() == 0
+    found = canary(engine, canary_id)
+    assert found["status"] == "running"
+    assert found["actions"][-1]["action"] == "hold"
+    assert COLLAPSE in found["actions"][-1]["reason"]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from learner.config import LearnerConfig
-from learner.trackers import flatten, run_config
+from learner.trackers import Reporter, flatten, run_config
 
 
 def test_metrics_are_flattened_to_numbers() -> None:
@@ -53,3 +54,33 @@ def test_report_to_names_known_trackers() -> None:
     assert LearnerConfig(model="m", report_to="none").report_to == []
     with pytest.raises(ValueError, match="unknown tracker comet"):
         LearnerConfig(model="m", report_to=["comet"])
+
+
+class Recorded:
+    name = "recorded"
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[int, dict[str, float]]] = []
+
+    def log(self, step: int, values: Mapping[str, float]) -> None:
+        self.lines.append((step, dict(values)))
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_watch_goes_to_the_trackers_as_numbers_per_detector(tmp_path: Path) -> None:
+    reporter = Reporter([], tmp_path, "run", {})
+    tracker = Recorded()
+    reporter.trackers.append(tracker)
+    reporter.watch(7, {"reply length collapsing": 1, "reward up, complaints up": 0}, {3: True})
+    assert tracker.lines == [
+        (
+            7,
+            {
+                "watch/reply_length_collapsing": 1.0,
+                "watch/reward_up_complaints_up": 0.0,
+                "watch/held/3": 1.0,
+            },
+        )
+    ]
