@@ -14,10 +14,11 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from sqlalchemy import Connection
 
+from store.json_types import JsonObject
 from store.learner_state import get_state, set_state
 
 CONTROL_KEY = "control"
@@ -30,6 +31,18 @@ KNOBS = (
     "max_staleness",
     "fresh_wait",
 )
+
+
+class ControlState(TypedDict):
+    """Control as the store keeps it (`Control.state`)."""
+
+    paused: bool
+    learning_rate: float | None
+    batch_trajectories: int | None
+    max_batch_trajectories: int | None
+    max_staleness: int | None
+    fresh_wait: float | None
+    set_at: dict[str, str]  # knob -> ISO time it was set
 
 
 @dataclass(frozen=True)
@@ -85,8 +98,8 @@ class Control:
         except (TypeError, ValueError):
             return cls()  # a hand-edited row must not stop the learner
 
-    def state(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def state(self) -> ControlState:
+        return cast(ControlState, dataclasses.asdict(self))
 
 
 def read_control(conn: Connection) -> Control:
@@ -97,6 +110,7 @@ def write_control(conn: Connection, control: Control) -> None:
     set_state(conn, CONTROL_KEY, control.state())
 
 
-def read_heartbeat(conn: Connection) -> dict[str, Any] | None:
+def read_heartbeat(conn: Connection) -> JsonObject | None:
+    """The learner's heartbeat (open JSON: what learner/control.py reports)."""
     value = get_state(conn, HEARTBEAT_KEY)
     return value if isinstance(value, dict) else None

@@ -13,12 +13,36 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TypedDict, cast
 
 from sqlalchemy import Connection, delete, select, update
 
 from store.db import insert_for
 from store.models import ProxyInstance, SwapGate
+
+
+class InstanceRow(TypedDict):
+    """A live proxy's row."""
+
+    id: str
+    host: str
+    started_at: datetime
+    seen_at: datetime
+    upstreams: list[str]
+    acks: dict[str, int]  # {upstream: gate epoch}
+    routes: dict[str, str] | None  # {tenant: version}
+
+
+class GateRow(TypedDict):
+    """An upstream's swap gate."""
+
+    upstream: str
+    epoch: int
+    closed: bool
+    version: str | None
+    holder: str | None
+    updated_at: datetime
+
 
 # a proxy that has not reported for this long is gone (killed, or cut off from the store)
 PROXY_TTL = timedelta(seconds=10)
@@ -61,11 +85,11 @@ def forget(conn: Connection, *, instance_id: str) -> None:
     conn.execute(delete(ProxyInstance).where(ProxyInstance.id == instance_id))
 
 
-def live_instances(conn: Connection, *, now: datetime) -> list[dict[str, Any]]:
+def live_instances(conn: Connection, *, now: datetime) -> list[InstanceRow]:
     rows = conn.execute(
         select(ProxyInstance.__table__).where(ProxyInstance.seen_at >= now - PROXY_TTL)
     )
-    return [dict(r._mapping) for r in rows]
+    return [cast(InstanceRow, dict(r._mapping)) for r in rows]
 
 
 def routed_everywhere(conn: Connection, *, tenant: str, version: str, now: datetime) -> bool:
@@ -75,10 +99,10 @@ def routed_everywhere(conn: Connection, *, tenant: str, version: str, now: datet
     )
 
 
-def read_gates(conn: Connection) -> dict[str, dict[str, Any]]:
+def read_gates(conn: Connection) -> dict[str, GateRow]:
     """upstream -> {"epoch", "closed", "version", "holder"}."""
     rows = conn.execute(select(SwapGate.__table__))
-    return {r.upstream: dict(r._mapping) for r in rows}
+    return {r.upstream: cast(GateRow, dict(r._mapping)) for r in rows}
 
 
 def close_gate(conn: Connection, *, upstream: str, holder: str, now: datetime) -> int:
@@ -105,5 +129,5 @@ def open_gate(conn: Connection, *, upstream: str, version: str | None, now: date
     )
 
 
-def closed_gates(conn: Connection) -> list[dict[str, Any]]:
+def closed_gates(conn: Connection) -> list[GateRow]:
     return [g for g in read_gates(conn).values() if g["closed"]]

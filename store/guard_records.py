@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import Connection, Select, select
 
 from store import policy_versions
+from store.json_types import JsonObject
 from store.learner_state import get_state, set_state
 from store.models import Grade, Trajectory
 
@@ -30,11 +31,13 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat()
 
 
-def decisions(conn: Connection) -> list[dict[str, Any]]:
+def decisions(conn: Connection) -> list[JsonObject]:
+    """Every decision, oldest first: open JSON, as the learner (learner/guard_run.py) or an
+    operator's acceptance (the admin API) recorded it."""
     return list(get_state(conn, DECISIONS) or [])
 
 
-def guard_decision(conn: Connection, version: str) -> dict[str, Any]:
+def guard_decision(conn: Connection, version: str) -> JsonObject:
     """The latest decision on `version` (KeyError: none)."""
     for entry in reversed(decisions(conn)):
         if entry.get("version") == version:
@@ -42,7 +45,7 @@ def guard_decision(conn: Connection, version: str) -> dict[str, Any]:
     raise KeyError(version)
 
 
-def append_decision(conn: Connection, entry: dict[str, Any]) -> None:
+def append_decision(conn: Connection, entry: JsonObject) -> None:
     set_state(conn, DECISIONS, [*decisions(conn), entry][-MAX_DECISIONS:])
 
 
@@ -51,9 +54,7 @@ def protected_overrides(conn: Connection) -> dict[str, bool]:
     return {str(k): bool(v) for k, v in value.items()}
 
 
-def mark_rolled_back(
-    conn: Connection, *, version: str, serving: str, decision: dict[str, Any]
-) -> None:
+def mark_rolled_back(conn: Connection, *, version: str, serving: str, decision: JsonObject) -> None:
     """The rejected version: status rolled_back, why, and the decision in its metrics (the
     dashboard and the versions API show them)."""
     row = policy_versions.version(conn, version=version)

@@ -7,11 +7,20 @@ transaction.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TypedDict, cast
 
 from sqlalchemy import Connection, select, update
 
 from store.models import ClientKey
+
+
+class KeyRow(TypedDict):
+    """A client key as listed: never its digest."""
+
+    id: str
+    name: str
+    created_at: datetime
+    revoked_at: datetime | None
 
 
 def add_key(conn: Connection, *, key_id: str, name: str, digest: str, now: datetime) -> None:
@@ -31,13 +40,13 @@ def active_keys(conn: Connection) -> dict[str, tuple[str, str]]:
     return {key_id: (name, digest) for key_id, name, digest in rows}
 
 
-def list_keys(conn: Connection, *, include_revoked: bool) -> list[dict[str, Any]]:
+def list_keys(conn: Connection, *, include_revoked: bool) -> list[KeyRow]:
     """Newest first; never the digest."""
     query = select(ClientKey.id, ClientKey.name, ClientKey.created_at, ClientKey.revoked_at)
     if not include_revoked:
         query = query.where(ClientKey.revoked_at.is_(None))
     rows = conn.execute(query.order_by(ClientKey.created_at.desc(), ClientKey.id))
-    return [dict(r._mapping) for r in rows]
+    return [cast(KeyRow, dict(r._mapping)) for r in rows]
 
 
 def revoke_key(conn: Connection, *, name: str, now: datetime) -> str | None:

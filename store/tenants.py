@@ -11,12 +11,35 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TypedDict, cast
 
 from sqlalchemy import Connection, delete, func, select, true, update
 
 from store import policy_versions
 from store.models import Call, Grade, PolicyVersion, Tenant, Trajectory
+
+
+class TenantRow(TypedDict):
+    name: str
+    client_keys: list[str]
+    interaction_types: list[str]
+    serving_version: str | None  # None: the shared policy answers its calls
+    created_at: datetime
+    updated_at: datetime
+
+
+class VersionTraffic(TypedDict):
+    version: str | None
+    trajectories: int
+    mean_reward: float | None
+
+
+class TenantTraffic(TypedDict):
+    """A tenant's graded trajectories, how many a step trained on, per serving version."""
+
+    graded: int
+    trained: int
+    by_version: list[VersionTraffic]
 
 
 @dataclass(frozen=True)
@@ -50,7 +73,7 @@ def rules(conn: Connection) -> list[TenantRule]:
     ]
 
 
-def list_tenants(conn: Connection, name: str | None = None) -> list[dict[str, Any]]:
+def list_tenants(conn: Connection, name: str | None = None) -> list[TenantRow]:
     """Every tenant by name (or the one named), with when it was made and last changed."""
     query = select(Tenant.__table__).order_by(Tenant.name)
     if name is not None:
@@ -59,10 +82,10 @@ def list_tenants(conn: Connection, name: str | None = None) -> list[dict[str, An
     for row in rows:
         row["client_keys"] = list(row["client_keys"] or ())
         row["interaction_types"] = list(row["interaction_types"] or ())
-    return rows
+    return cast(list[TenantRow], rows)
 
 
-def get_tenant(conn: Connection, name: str) -> dict[str, Any] | None:
+def get_tenant(conn: Connection, name: str) -> TenantRow | None:
     found = list_tenants(conn, name)
     return found[0] if found else None
 
@@ -143,7 +166,7 @@ def orphaned_versions(conn: Connection, versions: Iterable[str]) -> set[str]:
     return {version for (version,) in rows}
 
 
-def tenant_stats(conn: Connection, name: str | None = None) -> dict[str, dict[str, Any]]:
+def tenant_stats(conn: Connection, name: str | None = None) -> dict[str, TenantTraffic]:
     """Per tenant (by the tenant of a trajectory's first call): its graded trajectories, how
     many a step trained on, and per version that served them (the version of the first
     call, in the order versions served; never-verified labels first) their count and mean
@@ -171,7 +194,7 @@ def tenant_stats(conn: Connection, name: str | None = None) -> dict[str, dict[st
         .group_by(tenant, version)
     ).all()
     ordinals = {v: o for v, o in conn.execute(select(PolicyVersion.version, PolicyVersion.ordinal))}
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, TenantTraffic] = {}
     for row in rows:
         if row.tenant is None:
             continue

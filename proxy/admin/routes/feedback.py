@@ -8,7 +8,7 @@ only shows the new reward.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, TypedDict
 
 from fastapi import APIRouter, Query
 
@@ -17,12 +17,32 @@ from proxy.admin.errors import not_found
 from proxy.admin.schemas import FeedbackIn, Key
 from store import trajectory_views
 from store.feedback import add_feedback, correct_reward, feedback_targets
+from store.trajectory_views import FeedbackView
 
 router = APIRouter(tags=["rewards"])
 
 
-@router.post("/feedback", status_code=201, summary="Post or correct a reward")
-def post_feedback(engine: EngineDep, body: FeedbackIn) -> dict[str, Any]:
+class FeedbackPosted(TypedDict):
+    ok: bool
+    reward: float
+    comment: str | None
+    trajectory_id: str | None
+    session: str | None
+    trajectories: list[str]  # the trajectories it is for
+    grades_corrected: list[str]  # those whose grade no step trained on yet
+
+
+class FeedbackList(TypedDict):
+    items: list[FeedbackView]
+
+
+@router.post(
+    "/feedback",
+    status_code=201,
+    summary="Post or correct a reward",
+    response_model=dict,  # serialised as returned (FeedbackPosted)
+)
+def post_feedback(engine: EngineDep, body: FeedbackIn) -> FeedbackPosted:
     """Give exactly one of `trajectory_id` or `session` (all its trajectories)."""
     with engine.begin() as conn:
         targets = feedback_targets(conn, trajectory_id=body.trajectory_id, session_key=body.session)
@@ -52,13 +72,17 @@ def post_feedback(engine: EngineDep, body: FeedbackIn) -> dict[str, Any]:
     }
 
 
-@router.get("/feedback", summary="Recent feedback")
+@router.get(
+    "/feedback",
+    summary="Recent feedback",
+    response_model=dict,  # serialised as returned (FeedbackList)
+)
 def list_feedback(
     engine: EngineDep,
     trajectory_id: Annotated[Key | None, Query()] = None,
     session: Annotated[Key | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-) -> dict[str, Any]:
+) -> FeedbackList:
     with engine.connect() as conn:
         items = trajectory_views.feedback_for(
             conn, trajectory_id=trajectory_id, session_key=session, limit=limit

@@ -10,7 +10,7 @@ See learner/guard.py for the rule and learner/guard_records.py for where it is k
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, TypedDict
 
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,6 +20,7 @@ from proxy.admin.errors import AdminError, not_found
 from proxy.admin.schemas import Key, Text
 from proxy.admin.swaps import serve_again
 from store import guard_records, learner_state, policy_versions
+from store.json_types import JsonObject
 
 router = APIRouter(tags=["guard"])
 
@@ -34,16 +35,43 @@ class WaiverIn(BaseModel):
     reason: Text = Field("", max_length=2000)
 
 
+class Waiver(TypedDict):
+    """The waiver as kept for the next version (the learner consumes it)."""
+
+    types: list[str] | None  # None: every unprotected type
+    reason: str
+    at: str
+
+
+class GuardView(TypedDict):
+    config: JsonObject | None  # what the running learner guards with (learner/guard.py)
+    protected: dict[str, bool]  # type -> pinned protected (or not), over the file
+    waiver: Waiver | None
+    decisions: list[JsonObject]  # newest first, as recorded
+
+
+class WaiverChanged(TypedDict):
+    ok: bool
+    waiver: Waiver | None
+
+
+class ProtectedChanged(TypedDict):
+    ok: bool
+    protected: dict[str, bool]
+
+
 class ProtectedIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     protected: bool = Field(description="no drop beyond the eval's noise is let through")
 
 
-@router.get("/guard", summary="The regression guard: settings, waiver, decisions")
-def get_guard(
-    engine: EngineDep, limit: Annotated[int, Query(ge=1, le=500)] = 100
-) -> dict[str, Any]:
+@router.get(
+    "/guard",
+    summary="The regression guard: settings, waiver, decisions",
+    response_model=dict,  # serialised as returned (GuardView)
+)
+def get_guard(engine: EngineDep, limit: Annotated[int, Query(ge=1, le=500)] = 100) -> GuardView:
     """`decisions`: newest first; `outcome` is kept, rolled_back, waived or accepted. `config`
     is null until a learner ran with --guard."""
     with engine.connect() as conn:
@@ -55,25 +83,37 @@ def get_guard(
         }
 
 
-@router.put("/guard/waiver", summary="Let the next version through the guard")
-def put_waiver(engine: EngineDep, waiver: WaiverIn) -> dict[str, Any]:
-    state = {"types": waiver.types, "reason": waiver.reason, "at": guard_records.now_iso()}
+@router.put(
+    "/guard/waiver",
+    summary="Let the next version through the guard",
+    response_model=dict,  # serialised as returned (WaiverChanged)
+)
+def put_waiver(engine: EngineDep, waiver: WaiverIn) -> WaiverChanged:
+    state: Waiver = {"types": waiver.types, "reason": waiver.reason, "at": guard_records.now_iso()}
     with engine.begin() as conn:
         learner_state.set_state(conn, guard_records.WAIVER, state)
     return {"ok": True, "waiver": state}
 
 
-@router.delete("/guard/waiver", summary="Withdraw the waiver")
-def delete_waiver(engine: EngineDep) -> dict[str, Any]:
+@router.delete(
+    "/guard/waiver",
+    summary="Withdraw the waiver",
+    response_model=dict,  # serialised as returned (WaiverChanged)
+)
+def delete_waiver(engine: EngineDep) -> WaiverChanged:
     with engine.begin() as conn:
         learner_state.set_state(conn, guard_records.WAIVER, None)
     return {"ok": True, "waiver": None}
 
 
-@router.put("/guard/types/{name}/protected", summary="Pin a type protected, or unpin it")
+@router.put(
+    "/guard/types/{name}/protected",
+    summary="Pin a type protected, or unpin it",
+    response_model=dict,  # serialised as returned (ProtectedChanged)
+)
 def put_protected(
     engine: EngineDep, name: Annotated[Key, Path()], body: ProtectedIn
-) -> dict[str, Any]:
+) -> ProtectedChanged:
     """Overrides the guard file's `protected` for this type from the next decision on."""
     with engine.begin() as conn:
         overrides = guard_records.protected_overrides(conn)
@@ -82,8 +122,12 @@ def put_protected(
     return {"ok": True, "protected": overrides}
 
 
-@router.delete("/guard/types/{name}/protected", summary="Back to the guard file's setting")
-def delete_protected(engine: EngineDep, name: Annotated[Key, Path()]) -> dict[str, Any]:
+@router.delete(
+    "/guard/types/{name}/protected",
+    summary="Back to the guard file's setting",
+    response_model=dict,  # serialised as returned (ProtectedChanged)
+)
+def delete_protected(engine: EngineDep, name: Annotated[Key, Path()]) -> ProtectedChanged:
     with engine.begin() as conn:
         overrides = guard_records.protected_overrides(conn)
         if name not in overrides:

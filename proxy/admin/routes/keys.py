@@ -8,7 +8,7 @@ creates a key ever contains it.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, TypedDict
 
 from fastapi import APIRouter, Path, Query, Response
 from sqlalchemy.exc import IntegrityError
@@ -19,11 +19,31 @@ from proxy.admin.schemas import ClientKeyIn, KeyName
 from proxy.base import keys
 from store import keys as store
 from store.clock import iso
+from store.keys import KeyRow
 
 router = APIRouter(tags=["keys"])
 
 
-def _row(row: dict[str, Any]) -> dict[str, Any]:
+class KeyView(TypedDict):
+    name: str
+    id: str
+    created_at: str | None
+    revoked_at: str | None
+
+
+class KeyList(TypedDict):
+    required: bool  # whether calls need a key
+    items: list[KeyView]
+
+
+class NewKey(TypedDict):
+    name: str
+    id: str
+    key: str  # shown this once
+    created_at: str | None
+
+
+def _row(row: KeyRow) -> KeyView:
     return {
         "name": row["name"],
         "id": row["id"],
@@ -32,19 +52,28 @@ def _row(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@router.get("/keys", summary="List client keys (never the keys themselves)")
+@router.get(
+    "/keys",
+    summary="List client keys (never the keys themselves)",
+    response_model=dict,  # serialised as returned (KeyList)
+)
 def list_keys(
     engine: EngineDep,
     state: StateDep,
     revoked: Annotated[bool, Query(description="also list revoked keys")] = False,
-) -> dict[str, Any]:
+) -> KeyList:
     with engine.connect() as conn:
         rows = store.list_keys(conn, include_revoked=revoked)
     return {"required": state.keys.required, "items": [_row(r) for r in rows]}
 
 
-@router.post("/keys", status_code=201, summary="Create a client key (shown once)")
-def create_key(engine: EngineDep, state: StateDep, body: ClientKeyIn) -> dict[str, Any]:
+@router.post(
+    "/keys",
+    status_code=201,
+    summary="Create a client key (shown once)",
+    response_model=dict,  # serialised as returned (NewKey)
+)
+def create_key(engine: EngineDep, state: StateDep, body: ClientKeyIn) -> NewKey:
     """The answer holds the key; the store keeps only its SHA-256, so it cannot be shown
     again. Clients send it as `Authorization: Bearer <key>` or `x-api-key: <key>`; every call
     made with it records `name`. 409 while `name` has a key that is not revoked."""

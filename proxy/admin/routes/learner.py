@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from fastapi import APIRouter
 from sqlalchemy import Connection
@@ -15,13 +15,50 @@ from proxy.admin.deps import EngineDep, StateDep
 from proxy.admin.schemas import KnobsIn
 from store import gates, grade_queue, policy_versions, training_steps
 from store.clock import iso
-from store.control import KNOBS, Control, read_control, read_heartbeat, write_control
+from store.control import (
+    KNOBS,
+    Control,
+    ControlState,
+    read_control,
+    read_heartbeat,
+    write_control,
+)
+from store.json_types import JsonObject
 
 router = APIRouter(tags=["learner"])
 ALIVE_POLLS = 5  # a heartbeat older than this many poll intervals (at least 15 s): stopped
 
 
-def _age(heartbeat: dict[str, Any] | None) -> float | None:
+class Queue(TypedDict):
+    open: int
+    ungraded_finished: int
+    graded_untrained: int
+    grading_retrying: int
+    grading_failed: int
+
+
+class LastStep(TypedDict):
+    step: int
+    version: str | None
+    created_at: str | None
+    metrics: JsonObject
+    tenant: str | None
+
+
+class LearnerStatus(TypedDict):
+    state: str  # running | paused | stopped | never_seen
+    pause_requested: bool
+    control: ControlState
+    heartbeat: JsonObject | None
+    heartbeat_age_s: float | None
+    last_step: LastStep | None
+    serving: str | None
+    queue: Queue
+    fenced: list[str]  # replicas held for a weight swap
+    fanout: int
+
+
+def _age(heartbeat: JsonObject | None) -> float | None:
     if not heartbeat or not isinstance(heartbeat.get("at"), str):
         return None
     try:
@@ -31,7 +68,7 @@ def _age(heartbeat: dict[str, Any] | None) -> float | None:
     return (datetime.now(UTC) - at).total_seconds()
 
 
-def _queue(conn: Connection) -> dict[str, int]:
+def _queue(conn: Connection) -> Queue:
     failures = grade_queue.grading_failures(conn)
     return {
         "open": grade_queue.count_open(conn),
@@ -43,14 +80,14 @@ def _queue(conn: Connection) -> dict[str, int]:
     }
 
 
-def _last_step(conn: Connection) -> dict[str, Any] | None:
+def _last_step(conn: Connection) -> LastStep | None:
     step = training_steps.latest_step(conn)
     if step is not None:
-        step["created_at"] = iso(step["created_at"])
-    return step
+        cast(LastStep, step)["created_at"] = iso(step["created_at"])
+    return cast(LastStep | None, step)
 
 
-def status(conn: Connection, fanout: int) -> dict[str, Any]:
+def status(conn: Connection, fanout: int) -> LearnerStatus:
     control = read_control(conn)
     heartbeat = read_heartbeat(conn)
     age = _age(heartbeat)
@@ -76,8 +113,12 @@ def status(conn: Connection, fanout: int) -> dict[str, Any]:
     }
 
 
-@router.get("/learner", summary="Learner status, queue and knobs")
-def get_status(engine: EngineDep, state: StateDep) -> dict[str, Any]:
+@router.get(
+    "/learner",
+    summary="Learner status, queue and knobs",
+    response_model=dict,  # serialised as returned (LearnerStatus)
+)
+def get_status(engine: EngineDep, state: StateDep) -> LearnerStatus:
     """`state`: running, paused, stopped (no heartbeat lately) or never_seen."""
     with engine.connect() as conn:
         return status(conn, state.settings.fanout)
@@ -95,20 +136,32 @@ def _set(engine: Any, **changes: Any) -> Control:
     return control
 
 
-@router.post("/learner/pause", summary="Pause learning (grading and training)")
-def pause(engine: EngineDep, state: StateDep) -> dict[str, Any]:
+@router.post(
+    "/learner/pause",
+    summary="Pause learning (grading and training)",
+    response_model=dict,  # serialised as returned (LearnerStatus)
+)
+def pause(engine: EngineDep, state: StateDep) -> LearnerStatus:
     _set(engine, paused=True)
     return get_status(engine, state)
 
 
-@router.post("/learner/resume", summary="Resume learning")
-def resume(engine: EngineDep, state: StateDep) -> dict[str, Any]:
+@router.post(
+    "/learner/resume",
+    summary="Resume learning",
+    response_model=dict,  # serialised as returned (LearnerStatus)
+)
+def resume(engine: EngineDep, state: StateDep) -> LearnerStatus:
     _set(engine, paused=False)
     return get_status(engine, state)
 
 
-@router.patch("/learner/knobs", summary="Change knobs live")
-def knobs(engine: EngineDep, state: StateDep, body: KnobsIn) -> dict[str, Any]:
+@router.patch(
+    "/learner/knobs",
+    summary="Change knobs live",
+    response_model=dict,  # serialised as returned (LearnerStatus)
+)
+def knobs(engine: EngineDep, state: StateDep, body: KnobsIn) -> LearnerStatus:
     """Only the fields sent change; null returns a knob to the learner's own setting.
     `fanout` is this proxy's (applied at once); the others the learner applies at its next
     iteration."""

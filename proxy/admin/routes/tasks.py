@@ -8,7 +8,7 @@ reloads its table from the store (learner/control.py).
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, TypedDict
 
 from fastapi import APIRouter, Path, Query, Response
 from sqlalchemy import Connection
@@ -19,14 +19,39 @@ from proxy.admin.schemas import TaskKeyText, TasksIn
 from store import learner_state
 from store import tasks as task_store
 from store.control import TASKS_REVISION_KEY
+from store.json_types import JsonObject
 from store.tasks import Task as TaskSpec
-from store.tasks import TaskTableError, parse_task, upsert_tasks
+from store.tasks import TaskColumns, TaskStats, TaskTableError, parse_task, upsert_tasks
 
 router = APIRouter(tags=["tasks"])
 TaskKey = Annotated[TaskKeyText, Path()]
 
 
-def _row(task: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
+class TaskView(TypedDict):
+    key: str
+    prompt: str | None
+    answer: str | None
+    match: str
+    tolerance: float
+    metadata: JsonObject | None
+    grader: str | None
+    setup: str | None
+    check: str | None
+    trajectories: int
+    mean_reward: float | None
+
+
+class TaskList(TypedDict):
+    items: list[TaskView]
+    next_after: str | None  # None: the last page
+
+
+class Loaded(TypedDict):
+    loaded: int
+    keys: list[str]  # the first 1000
+
+
+def _row(task: TaskColumns, stats: TaskStats) -> TaskView:
     return {
         "key": task["key"],
         "prompt": task["prompt"],
@@ -49,12 +74,16 @@ def _bump(conn: Connection) -> None:
     learner_state.set_state(conn, TASKS_REVISION_KEY, {"revision": revision + 1})
 
 
-@router.get("/tasks", summary="List tasks, by key")
+@router.get(
+    "/tasks",
+    summary="List tasks, by key",
+    response_model=dict,  # serialised as returned (TaskList)
+)
 def list_tasks(
     engine: EngineDep,
     after: Annotated[TaskKeyText | None, Query(description="last key of the previous page")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-) -> dict[str, Any]:
+) -> TaskList:
     with engine.connect() as conn:
         rows = task_store.list_tasks(conn, after=after, limit=limit + 1)
         more = len(rows) > limit
@@ -89,8 +118,13 @@ def _parse(body: TasksIn) -> list[TaskSpec]:
     return list(out.values())
 
 
-@router.post("/tasks", status_code=201, summary="Load (add or replace) tasks")
-def load_tasks(engine: EngineDep, body: TasksIn) -> dict[str, Any]:
+@router.post(
+    "/tasks",
+    status_code=201,
+    summary="Load (add or replace) tasks",
+    response_model=dict,  # serialised as returned (Loaded)
+)
+def load_tasks(engine: EngineDep, body: TasksIn) -> Loaded:
     """Objects like the lines of a task file: {"id", "prompt"?, "answer"?, "match"?,
     "tolerance"?, "metadata"?, "grader"?, "setup"?, "check"?}. All are checked first; one
     bad task loads none."""
@@ -102,8 +136,12 @@ def load_tasks(engine: EngineDep, body: TasksIn) -> dict[str, Any]:
     return {"loaded": len(rows), "keys": [r["key"] for r in rows][:1000]}
 
 
-@router.get("/tasks/{key:path}", summary="One task")
-def get_task(engine: EngineDep, key: TaskKey) -> dict[str, Any]:
+@router.get(
+    "/tasks/{key:path}",
+    summary="One task",
+    response_model=dict,  # serialised as returned (TaskView)
+)
+def get_task(engine: EngineDep, key: TaskKey) -> TaskView:
     with engine.connect() as conn:
         row = task_store.task_row(conn, key)
         if row is None:

@@ -9,7 +9,7 @@ and within `key_poll_interval` seconds in every other proxy on the same store.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypedDict
 
 from fastapi import APIRouter, Path, Response
 
@@ -19,17 +19,35 @@ from proxy.admin.schemas import KeyName, TenantIn, TenantServingIn
 from store import policy_versions
 from store import tenants as store
 from store.clock import iso
+from store.tenants import TenantRow, TenantTraffic
 
 router = APIRouter(tags=["tenants"])
 TenantName = Annotated[KeyName, Path()]
 
 
-NO_TRAFFIC = {"graded": 0, "trained": 0, "by_version": []}
+NO_TRAFFIC: TenantTraffic = {"graded": 0, "trained": 0, "by_version": []}
+
+
+class TenantView(TypedDict):
+    name: str
+    client_keys: list[str]
+    interaction_types: list[str]
+    serving_version: str | None
+    lineage_version: str | None
+    steered_by_hand: bool
+    loaded_on: list[str]
+    created_at: str | None
+    updated_at: str | None
+    traffic: TenantTraffic
+
+
+class TenantList(TypedDict):
+    items: list[TenantView]
 
 
 def _row(
-    row: dict[str, Any], state: Any, stats: dict[str, Any] | None, lineage: str | None
-) -> dict[str, Any]:
+    row: TenantRow, state: Any, stats: TenantTraffic | None, lineage: str | None
+) -> TenantView:
     version = row["serving_version"]
     return {
         "name": row["name"],
@@ -50,7 +68,7 @@ def _row(
     }
 
 
-def _found(engine: Any, state: Any, name: str) -> dict[str, Any]:
+def _found(engine: Any, state: Any, name: str) -> TenantView:
     with engine.connect() as conn:
         row = store.get_tenant(conn, name)
         if row is None:
@@ -60,8 +78,12 @@ def _found(engine: Any, state: Any, name: str) -> dict[str, Any]:
     return _row(row, state, stats, lineage)
 
 
-@router.get("/tenants", summary="List tenants: their adapters, where loaded, their traffic")
-def list_tenants(engine: EngineDep, state: StateDep) -> dict[str, Any]:
+@router.get(
+    "/tenants",
+    summary="List tenants: their adapters, where loaded, their traffic",
+    response_model=dict,  # serialised as returned (TenantList)
+)
+def list_tenants(engine: EngineDep, state: StateDep) -> TenantList:
     with engine.connect() as conn:
         rows = store.list_tenants(conn)
         stats = store.tenant_stats(conn)
@@ -69,15 +91,23 @@ def list_tenants(engine: EngineDep, state: StateDep) -> dict[str, Any]:
     return {"items": [_row(r, state, stats.get(r["name"]), lineages[r["name"]]) for r in rows]}
 
 
-@router.get("/tenants/{name}", summary="One tenant")
-def get_tenant(engine: EngineDep, state: StateDep, name: TenantName) -> dict[str, Any]:
+@router.get(
+    "/tenants/{name}",
+    summary="One tenant",
+    response_model=dict,  # serialised as returned (TenantView)
+)
+def get_tenant(engine: EngineDep, state: StateDep, name: TenantName) -> TenantView:
     return _found(engine, state, name)
 
 
-@router.put("/tenants/{name}", summary="Create a tenant, or change which calls are its")
+@router.put(
+    "/tenants/{name}",
+    summary="Create a tenant, or change which calls are its",
+    response_model=dict,  # serialised as returned (TenantView)
+)
 def put_tenant(
     engine: EngineDep, state: StateDep, name: TenantName, body: TenantIn, response: Response
-) -> dict[str, Any]:
+) -> TenantView:
     """201 when created, 200 when changed (its serving adapter stays). 409 when another
     tenant lists one of its client keys or interaction types: a call has one tenant."""
     try:
@@ -97,10 +127,14 @@ def put_tenant(
     return _found(engine, state, name)
 
 
-@router.put("/tenants/{name}/serving", summary="Point a tenant's calls at an adapter")
+@router.put(
+    "/tenants/{name}/serving",
+    summary="Point a tenant's calls at an adapter",
+    response_model=dict,  # serialised as returned (TenantView)
+)
 def set_serving(
     engine: EngineDep, state: StateDep, name: TenantName, body: TenantServingIn
-) -> dict[str, Any]:
+) -> TenantView:
     """The adapter must be loaded on a replica for calls to reach it (`loaded_on`); until
     then, and where it is not, the shared policy answers them."""
     with engine.begin() as conn:
