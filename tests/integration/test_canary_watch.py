@@ -16,7 +16,15 @@ from sqlalchemy import Engine, update
 
 from learner.loop.canaries import Canaries
 from learner.vllm_server import free_port
-from store import canaries, grade_queue, recording, tenants, watch_alerts, watch_windows
+from store import (
+    canaries,
+    grade_queue,
+    policy_versions,
+    recording,
+    tenants,
+    watch_alerts,
+    watch_windows,
+)
 from store.models import Canary
 from store.turn_signals import Stored, save_signals
 from tests.support.inprocess import in_process_client
@@ -248,3 +256,71 @@ def test_a_promotion_is_never_taken_on_an_old_reading_of_the_watch(engine: Engin
     assert found["status"] == "running"
     assert found["actions"][-1]["action"] == "hold"
     assert COLLAPSE in found["actions"][-1]["reason"]
+
+
+def test_an_alert_is_raised_kept_and_cleared_and_the_newest_version_watched(
+    engine: Engine,
+) -> None:
+    t0 = datetime.now(UTC)
+    collapse = watch_alerts.Found(COLLAPSE, "median reply 120 -> 3 tokens")
+    refusals = watch_alerts.Found("refusals", "refusals: 0% -> 50%")
+    with engine.begin() as conn:
+        for version in ("base-1", "base-2"):
+            policy_versions.add_version(
+                conn, version=version, ordinal=int(version[-1]), parent=None,
+                checkpoint_path="/c", status="serving",
+            )  # fmt: skip
+
+    def record(version: str, found: list[watch_alerts.Found], at: datetime) -> Any:
+        with engine.begin() as conn:
+            return watch_alerts.record(
+                conn, scope="*", version=version, baseline="base-1", canary_id=None,
+                found=found, now=at,
+            )  # fmt: skip
+
+    first = record("base-2", [collapse], t0)
+    assert (first.raised, first.cleared) == ([collapse], [])
+    kept = record("base-2", [collapse, refusals], t0 + timedelta(minutes=1))
+    assert (kept.raised, kept.cleared) == ([refusals], [])
+    gone = record("base-2", [refusals], t0 + timedelta(minutes=2))
+    assert (gone.raised, gone.cleared) == ([], [COLLAPSE])
+    # a newer version: the older one's alerts no longer stand
+    newer = record("base-3", [], t0 + timedelta(minutes=3))
+    assert newer.cleared == ["refusals"]
+    with engine.connect() as conn:
+        assert watch_alerts.active(conn) == []
+        counts = watch_alerts.counts(conn)
+    assert counts[COLLAPSE] == watch_alerts.DetectorCount(0, 1)
+    assert counts["refusals"] == watch_alerts.DetectorCount(0, 1)
+
+    # the shared policy's newest version against the one before, from their calls
+    serve_shared = [("base-2", "Done.", 3), ("base-1", WORDY, 120)]
+    for version, text, tokens in serve_shared:
+        serve_untenanted(engine, version, text=text, tokens=tokens)
+    learner = Canaries(engine)
+    assert learner.decide_running() == 0
+    with engine.connect() as conn:
+        (alert,) = watch_alerts.active(conn)
+    assert (alert.canary_id, alert.version, alert.baseline) == (None, "base-2", "base-1")
+    assert alert.detector == COLLAPSE
+
+
+def serve_untenanted(engine: Engine, version: str, *, text: str, tokens: int) -> None:
+    """60 calls of no tenant answered by `version` just now (the newest-version watch
+    reads the last day)."""
+    now = time.time()
+    trajectories, calls = [], []
+    for i in range(60):
+        tid = f"shared-{version}-{i}"
+        trajectories.append(
+            {"id": tid, "status": "finished", "started_at": now, "last_call_at": now}
+        )
+        calls.append({
+            "id": f"{tid}-c", "trajectory_id": tid, "session_key": tid,
+            "api": "chat.completions", "status": "ok", "http_status": 200, "stream": False,
+            "prompt_prefix_len": 0, "capture_complete": True, "started_at": now,
+            "policy_version": version, "completion_tokens": tokens,
+            "response": {"choices": [{"message": {"role": "assistant", "content": text}}]},
+        })  # fmt: skip
+    with engine.begin() as conn:
+        recording.write_batch(conn, trajectories=trajectories, calls=calls)
