@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from sqlalchemy import Connection, select, update
 
 from store.clock import now
 from store.db import insert_for
+from store.json_types import JsonObject
 from store.models import (
     Feedback,
     Grade,
@@ -77,7 +77,7 @@ def correct_reward(
     conn.execute(update(Trajectory).where(Trajectory.id == trajectory_id).values(reward=reward))
     if grade is None or grade.trained_in_step is not None:
         return False
-    detail: dict[str, Any] = dict(grade.detail or {})
+    detail: JsonObject = dict(grade.detail or {})
     detail["operator"] = {"reward": reward, "comment": comment, "was": grade.reward}
     conn.execute(
         update(Grade)

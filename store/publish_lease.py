@@ -5,13 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TypedDict
 
 from sqlalchemy import Engine, or_, select, update
 
 from store import clock
 from store.db import insert_for
 from store.models import PublishLease
+
+
+class LeaseHolder(TypedDict):
+    holder: str
+    acquired_at: datetime | None
+    expires_at: datetime
+
 
 NAME = "publish"
 
@@ -65,7 +72,7 @@ def release(engine: Engine, holder: str) -> None:
         )
 
 
-def holder(engine: Engine) -> dict[str, Any] | None:
+def holder(engine: Engine) -> LeaseHolder | None:
     """The current holder, unless the lease is free or expired."""
     with engine.connect() as conn:
         row = conn.execute(select(PublishLease.__table__).where(PublishLease.name == NAME)).first()

@@ -12,13 +12,58 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from sqlalchemy import Connection, func, insert, select, update
 
 from store import grade_queue, turn_signals
+from store.json_types import JsonObject
 from store.models import Call, EvalResult, RolloutRun, Trajectory
 from store.turn_signals import Stored
+
+
+class RunRow(TypedDict):
+    """A rollout run's row (store.models.RolloutRun)."""
+
+    id: str
+    rollout_id: str
+    task_set: str
+    task_key: str
+    epoch: int
+    sample: int
+    session_key: str
+    group_key: str | None
+    eval: bool
+    status: str  # running | ok | failed | timeout | cancelled
+    command: list[str] | None
+    exit_code: int | None
+    stdout: str | None
+    stderr: str | None
+    workdir: JsonObject | None  # {relative path: text, or a note}
+    policy_version: str | None
+    trajectory_ids: list[str] | None
+    reward: float | None
+    grade_detail: JsonObject | None
+    error: str | None
+    started_at: datetime
+    ended_at: datetime | None
+
+
+class EvalResultRow(TypedDict):
+    """Success of one version on one task of a task set (`id`, `created_at`: once stored)."""
+
+    id: NotRequired[int]
+    rollout_id: str
+    task_set: str
+    policy_version: str | None
+    task_key: str
+    runs: int
+    successes: int
+    mean_reward: float
+    pass_at_1: float
+    k: int
+    pass_at_k: float
+    created_at: NotRequired[datetime]
 
 
 def now() -> datetime:
@@ -85,7 +130,7 @@ def save_grades(
     *,
     ids: list[str],
     reward: float | None,
-    detail: dict[str, Any],
+    detail: JsonObject,
     error: str | None,
     trainable: bool,
     signals: Sequence[Stored] | None = None,
@@ -122,20 +167,20 @@ def cancel_unfinished(conn: Connection, *, rollout_id: str) -> int:
     return int(result.rowcount or 0)
 
 
-def runs_of(conn: Connection, *, rollout_id: str) -> list[dict[str, Any]]:
+def runs_of(conn: Connection, *, rollout_id: str) -> list[RunRow]:
     rows = conn.execute(
         select(RolloutRun.__table__)
         .where(RolloutRun.rollout_id == rollout_id)
         .order_by(RolloutRun.started_at)
     )
-    return [dict(r._mapping) for r in rows]
+    return [cast(RunRow, dict(r._mapping)) for r in rows]
 
 
-def add_eval_results(conn: Connection, rows: list[dict[str, Any]]) -> None:
+def add_eval_results(conn: Connection, rows: list[EvalResultRow]) -> None:
     if rows:
         conn.execute(insert(EvalResult), [{**row, "created_at": now()} for row in rows])
 
 
-def eval_results(conn: Connection) -> list[dict[str, Any]]:
+def eval_results(conn: Connection) -> list[EvalResultRow]:
     rows = conn.execute(select(EvalResult.__table__).order_by(EvalResult.id))
-    return [dict(r._mapping) for r in rows]
+    return [cast(EvalResultRow, dict(r._mapping)) for r in rows]

@@ -9,12 +9,31 @@ happening behind their back.
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import TypedDict, cast
 
 from sqlalchemy import Connection, insert, select, update
 
 from store.clock import now
 from store.models import SwapRequest
+
+
+class SwapRequestRow(TypedDict):
+    """An operator's request to serve a version again, and how it went."""
+
+    id: int
+    version: str
+    action: str  # rollback | promote
+    lease_wait: float
+    status: str
+    requested_at: datetime
+    claimed_by: str | None
+    claimed_at: datetime | None
+    finished_at: datetime | None
+    serving: str | None  # the label it serves as, once done
+    error: str | None
+    error_status: int | None  # the HTTP status of a failure
+
 
 PENDING, RUNNING, DONE, FAILED, ABANDONED = "pending", "running", "done", "failed", "abandoned"
 
@@ -33,7 +52,7 @@ def request(conn: Connection, *, version: str, action: str, lease_wait: float) -
     return int(result.inserted_primary_key[0])
 
 
-def claim_next(conn: Connection, *, holder: str) -> dict[str, Any] | None:
+def claim_next(conn: Connection, *, holder: str) -> SwapRequestRow | None:
     """The oldest pending request, now running under `holder`; None if there is none."""
     pending = conn.execute(
         select(SwapRequest.id).where(SwapRequest.status == PENDING).order_by(SwapRequest.id)
@@ -81,6 +100,6 @@ def abandon(conn: Connection, request_id: int) -> bool:
     return result.rowcount == 1
 
 
-def get(conn: Connection, request_id: int) -> dict[str, Any] | None:
+def get(conn: Connection, request_id: int) -> SwapRequestRow | None:
     row = conn.execute(select(SwapRequest.__table__).where(SwapRequest.id == request_id)).first()
-    return None if row is None else dict(row._mapping)
+    return None if row is None else cast(SwapRequestRow, dict(row._mapping))

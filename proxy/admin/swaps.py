@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 from sqlalchemy import Engine
 
 from proxy.admin.errors import AdminError
 from store import policy_versions, swap_requests
+from store.swap_requests import SwapRequestRow
 
 # A publish holds the lease while its replicas drain (up to gate_wait) and then swaps and
 # verifies: an operator's rollback queues behind it that long rather than failing with 409
@@ -71,7 +71,7 @@ def _check_and_request(engine: Engine, version: str, action: str, lease_wait: fl
         return swap_requests.request(conn, version=version, action=action, lease_wait=lease_wait)
 
 
-def _read(engine: Engine, request_id: int) -> dict[str, Any]:
+def _read(engine: Engine, request_id: int) -> SwapRequestRow:
     with engine.connect() as conn:
         request = swap_requests.get(conn, request_id)
     assert request is not None
