@@ -45,7 +45,7 @@ class CanaryRule:
 class CanaryActionRow(TypedDict):
     """One action taken on a canary, oldest first."""
 
-    action: str  # start | promote | rollback | extend
+    action: str  # start | promote | rollback | extend | hold (the watch held its promotion)
     by: str
     reason: str
     at: datetime

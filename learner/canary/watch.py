@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from store.watch_windows import FlaggedKey
 
 
 @dataclass(frozen=True)
@@ -158,11 +160,10 @@ def length_shift(before: list[int], after: list[int], limits: Thresholds) -> Ale
     )
 
 
-def dominant_keys(by_key: Sequence[Mapping[str, object]]) -> list[Alert]:
-    """One key's feedback dominating: the keys store/turn_signals.by_key flags as one-sided
-    bursts, each an alert."""
+def dominant_keys(flagged: Sequence[FlaggedKey]) -> list[Alert]:
+    """One key's feedback dominating: each key store/turn_signals.by_key flags as a
+    one-sided burst (store/watch_windows.py reads them), an alert."""
     return [
-        Alert("one key's feedback dominating", f"key {entry['key_name']}: {entry['reason']}")
-        for entry in by_key
-        if entry.get("flagged")
+        Alert("one key's feedback dominating", f"key {key.key_name}: {key.reason}")
+        for key in flagged
     ]

@@ -54,12 +54,7 @@ def alerts_of(windows: WatchWindows, limits: Thresholds | None = None) -> list[A
         window_of(windows.after, signals_recorded=windows.signals_recorded),
         limits,
     )
-    keys = dominant_keys(
-        [
-            {"key_name": k.key_name, "flagged": True, "reason": k.reason}
-            for k in windows.flagged_keys
-        ]
-    )
+    keys = dominant_keys(windows.flagged_keys)
     if keys:
         found.append(Alert(keys[0].detector, "; ".join(alert.reason for alert in keys)))
     return found

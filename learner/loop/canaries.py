@@ -28,7 +28,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import Engine
 
@@ -78,7 +77,7 @@ class Canaries:
             self._watch_newest()
         return decided
 
-    def _look(self, canary: dict[str, Any]) -> bool:
+    def _look(self, canary: store.CanaryRow) -> bool:
         """Decide one canary from its arms and the watch's alerts; whether it was decided."""
         now = clock.now()
         with self.engine.connect() as conn:
@@ -116,7 +115,7 @@ class Canaries:
         return True
 
     def _canary_alerts(
-        self, canary: dict[str, Any], now: datetime, *, force: bool
+        self, canary: store.CanaryRow, now: datetime, *, force: bool
     ) -> tuple[list[Alert], bool]:
         """The watch's alerts on the canary's candidate, and whether they were read now: at
         most every WATCH_EVERY s (it reads every call of up to 2 x 1,000 trajectories), or
@@ -174,7 +173,7 @@ class Canaries:
             self._watch(windows, now)
 
     def _hold(
-        self, canary: dict[str, Any], decision: Decision, alerts: Sequence[Alert], now: datetime
+        self, canary: store.CanaryRow, decision: Decision, alerts: Sequence[Alert], now: datetime
     ) -> None:
         """The promotion the watch holds: recorded as the canary's `hold` once per change."""
         found = [watch_alerts.Found(a.detector, a.reason) for a in alerts]

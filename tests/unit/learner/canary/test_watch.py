@@ -14,6 +14,7 @@ from learner.canary.watch import (
     is_refusal,
     watch,
 )
+from store.watch_windows import FlaggedKey
 
 N = 100
 
@@ -107,10 +108,6 @@ def test_what_counts_as_a_refusal_or_a_clarifying_question() -> None:
 
 
 def test_the_bursts_the_store_flags_are_alerts() -> None:
-    entries = [
-        {"key_name": "ci-bot", "flagged": True, "reason": "60 word signals, 95% bad"},
-        {"key_name": "alice", "flagged": False, "reason": None},
-    ]
-    (alert,) = dominant_keys(entries)
+    (alert,) = dominant_keys([FlaggedKey("ci-bot", "60 word signals, 95% bad")])
     assert alert.detector == "one key's feedback dominating"
     assert alert.reason == "key ci-bot: 60 word signals, 95% bad"
