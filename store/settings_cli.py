@@ -19,7 +19,7 @@ import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar, cast
 
 from pydantic import Field, ValidationError
 from pydantic.fields import FieldInfo
@@ -65,7 +65,7 @@ def setting(
     (``-o``); ``repeat``: a list given by repeating the flag (else comma-separated);
     ``positional``: an argument, named by ``metavar`` (else NAME), not a flag;
     ``cli=False``: environment or file only."""
-    extra = {
+    extra: CliExtra = {
         "flag": flag,
         "short": short,
         "metavar": metavar,
@@ -83,9 +83,30 @@ def setting(
     return Field(default, description=help, json_schema_extra=extra, **field_kwargs)
 
 
-def cli_extra(info: FieldInfo) -> dict[str, Any]:
+class CliExtra(TypedDict, total=False):
+    """How a settings field's flag looks (`setting`'s arguments, kept in the field)."""
+
+    flag: str | None
+    short: str | None
+    metavar: str | None
+    repeat: bool
+    positional: bool
+    cli: bool
+
+
+class ArgumentOptions(TypedDict, total=False):
+    """What `add_argument` is given for a field, besides its names."""
+
+    help: str
+    metavar: str
+    type: Callable[[str], Any]
+    action: type[argparse.Action] | str
+    choices: list[str]
+
+
+def cli_extra(info: FieldInfo) -> CliExtra:
     extra = info.json_schema_extra
-    return dict(extra) if isinstance(extra, dict) else {"cli": True}
+    return cast(CliExtra, dict(extra)) if isinstance(extra, dict) else {"cli": True}
 
 
 def flag_name(name: str, info: FieldInfo) -> str | None:
@@ -165,7 +186,7 @@ def _problem(error: Any) -> str:  # pydantic's ErrorDetails
     return f"{where}: {what}" if where else what
 
 
-def _positional(name: str, info: FieldInfo) -> dict[str, Any]:
+def _positional(name: str, info: FieldInfo) -> ArgumentOptions:
     argument = _argument(info, metavar=name)
     # always typed, so a default (or the environment) could never apply
     if "action" in argument or not info.is_required():
@@ -173,14 +194,14 @@ def _positional(name: str, info: FieldInfo) -> dict[str, Any]:
     return argument
 
 
-def _argument(info: FieldInfo, *, metavar: str | None = None) -> dict[str, Any]:
+def _argument(info: FieldInfo, *, metavar: str | None = None) -> ArgumentOptions:
     extra = cli_extra(info)
     kind = _unwrapped(info.annotation)
     help_text = info.description or ""
     default = shown_default(info)
     if default is not None:
         help_text += f" (default {default})"
-    argument: dict[str, Any] = {"help": help_text.replace("%", "%%")}
+    argument: ArgumentOptions = {"help": help_text.replace("%", "%%")}
     if metavar or extra.get("metavar"):
         argument["metavar"] = metavar or extra["metavar"]
     origin = typing.get_origin(kind)
