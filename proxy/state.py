@@ -4,7 +4,7 @@ and canaries."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from proxy.base.keys import KeyRing
 from proxy.recording.recorder import Recorder
@@ -13,6 +13,13 @@ from proxy.settings import Settings
 from proxy.upstream.canaries import CanaryTable
 from proxy.upstream.replicas import UpstreamPool
 from proxy.upstream.tenants import TenantTable
+
+
+class StoreIdentity(TypedDict):
+    """The store a proxy records to (store/identity.py)."""
+
+    id: str | None  # None until read
+    url: str | None  # public_url: its password hidden
 
 
 @dataclass
@@ -24,5 +31,5 @@ class ProxyState:
     keys: KeyRing
     tenants: TenantTable
     canaries: CanaryTable
-    # the store it records to: {"id", "url"} (store/identity.py); id None until read
-    store: dict[str, Any] = field(default_factory=lambda: {"id": None, "url": None})
+    # the store it records to
+    store: StoreIdentity = field(default_factory=lambda: {"id": None, "url": None})
