@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from bench import demo_seeds as bench
@@ -92,3 +95,27 @@ def test_a_run_on_tuned_seeds_warns_before_it_starts(
 def test_the_tiny_model_is_the_demos_tiny_flag() -> None:
     assert model_args("tiny") == ["--tiny"]
     assert model_args("smollm2-135m") == ["--model", "smollm2-135m"]
+
+
+def test_the_exit_status_is_the_bar_and_the_json_has_every_run_with_its_verdict(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = tmp_path / "rows.json"
+
+    def fake_demo(seed: int, control: bool, args: object, extra: list[str]) -> Run:
+        if seed == 4:
+            raise bench.DemoFailed("seed-4: the demo exited 1; its last lines:\n...")
+        return run(seed, 0.25, 0.32 if control else 0.75, control=control)
+
+    monkeypatch.setattr(bench, "run_demo", fake_demo)
+    assert bench.main(["--seeds", "3", "--json", str(rows)]) == 1  # the control gained 5+
+    written = json.loads(rows.read_text())
+    assert [(r["seed"], r["control"], r["meets"]) for r in written] == [
+        (3, False, True),
+        (3, True, False),
+    ]
+    assert written[0]["gain"] == pytest.approx(0.5)
+    assert bench.main(["--seeds", "3,4", "--no-control", "--json", str(rows)]) == 1
+    assert "runs that gave no summary: seed-4" in capsys.readouterr().out
+    assert [r["seed"] for r in json.loads(rows.read_text())] == [3]
+    assert bench.main(["--seeds", "3", "--no-control"]) == 0
