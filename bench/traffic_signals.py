@@ -38,9 +38,17 @@ headline: the ``--headline`` arm's share (default turn_credit, what `--grader ne
 trains with), beside its ``:clean`` arm's. Seeds the settings were chosen on (TUNED_ON)
 are flagged: not a learning figure.
 
+A smaller run (a smoke test: tests/e2e/test_traffic_signals_bench.py) takes the demo's own
+settings: ``--heldout-tasks`` and ``--eval-samples`` (the held-out evaluation, before and
+after: default the demo's 50 tasks x 3 runs), ``--train-tasks``, ``--tasks-per-round`` and
+``--group-size`` (the training rounds) and ``--model-cache`` (where the tiny demo's warmed-up
+model is cached: default the demo's).
+
 Run: .venv/bin/python -m bench.traffic_signals [--steps 10] [--model smollm2-135m]
      [--seeds 3,4,5] [--arms reference,self_judge,next_turn,turn_credit,turn_credit:clean]
      [--noise 0.15] [--silent 0.1] [--hindsight 1] [--json out.json]
+     [--heldout-tasks 50 --eval-samples 3 --train-tasks 200 --tasks-per-round 4
+      --group-size 8 --model-cache DIR]
 """
 
 from __future__ import annotations
@@ -69,6 +77,8 @@ DEFAULT_SEEDS = "3,4,5"
 # by path: the rollout runner starts harnesses in a directory of their own, where the
 # bench package is not importable (the learner package is installed)
 USER = [sys.executable, str(Path(__file__).with_name("simulated_user.py")), "{prompt}"]
+# the demo's settings a smaller run may change (flags of the same names; None: the demo's)
+DEMO_SIZES = ("heldout_tasks", "eval_samples", "train_tasks", "tasks_per_round", "group_size")
 
 
 @dataclass
@@ -112,6 +122,11 @@ def arm_config(arm: str, seed: int, args: argparse.Namespace, workdir: Path) -> 
         max_steps=args.steps,
         band_check=False,  # every arm starts from the same model: compare, do not stop
     )
+    for name in DEMO_SIZES:
+        if getattr(args, name, None) is not None:
+            setattr(config, name, getattr(args, name))
+    if getattr(args, "model_cache", None) is not None:
+        config.model_cache = args.model_cache
     base = arm.removesuffix(CLEAN)
     if base == "reference":
         return config
@@ -269,6 +284,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--minutes", type=float, default=30.0, help="at most, per arm")
     parser.add_argument("--port", type=int, default=8093)
+    for name in DEMO_SIZES:
+        parser.add_argument(
+            "--" + name.replace("_", "-"), type=int, help="the demo's (default: its own)"
+        )
+    parser.add_argument(
+        "--model-cache", type=Path, help="the tiny demo's warm-up cache (default: the demo's)"
+    )
     parser.add_argument("--workdir", type=Path, help="kept; default: a temporary directory")
     parser.add_argument("--json", type=Path, help="write the results here too")
     args = parser.parse_args(argv)

@@ -126,3 +126,45 @@ def test_a_plain_run_measures_every_default_arm_on_every_fresh_seed(
             "next-turn signals, percent of the reference-graded gain: turn_credit (user noise 0.15"
         )
     )
+
+
+def test_a_smaller_run_takes_the_demos_own_sizes_and_cache(tmp_path: Path) -> None:
+    """The flags of a smoke run reach the demo; left out, the demo's defaults stand."""
+    from learner.demo.run import DemoConfig
+
+    given = {
+        "heldout_tasks": 8, "eval_samples": 2, "train_tasks": 24, "tasks_per_round": 2,
+        "group_size": 4, "model_cache": tmp_path / "cache",
+    }  # fmt: skip
+    args = argparse.Namespace(
+        model="tiny", port=8093, minutes=30.0, steps=1, noise=0.15, silent=0.1, hindsight=1.0
+    )
+    for arm in ("reference", "turn_credit"):
+        config = arm_config(arm, 0, argparse.Namespace(**vars(args), **given), tmp_path)
+        assert {name: getattr(config, name) for name in given} == given
+    plain = arm_config("reference", 0, args, tmp_path)
+    default = DemoConfig()
+    assert {name: getattr(plain, name) for name in given} == {
+        name: getattr(default, name) for name in given
+    }
+
+
+def test_the_demos_sizes_are_flags_and_default_to_the_demos(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    seen: list[argparse.Namespace] = []
+
+    def fake_run(arm: str, seed: int, args: argparse.Namespace, root: Path) -> ArmResult:
+        seen.append(args)
+        return ArmResult(arm, seed, before=0.1, after=0.4, steps=args.steps, minutes=0.1)
+
+    monkeypatch.setattr(bench, "run_arm", fake_run)
+    flags = ["--arms", "reference", "--seeds", "3"]
+    assert bench.main(flags) == 0
+    assert all(getattr(seen[0], name) is None for name in (*bench.DEMO_SIZES, "model_cache"))
+    sizes = ["--heldout-tasks", "8", "--eval-samples", "2", "--train-tasks", "24"]
+    sizes += ["--tasks-per-round", "2", "--group-size", "4", "--model-cache", str(tmp_path)]
+    assert bench.main(flags + sizes) == 0
+    assert (seen[1].heldout_tasks, seen[1].eval_samples, seen[1].train_tasks) == (8, 2, 24)
+    assert (seen[1].tasks_per_round, seen[1].group_size) == (2, 4)
+    assert seen[1].model_cache == tmp_path
