@@ -1,8 +1,9 @@
 """One copy of a LoRA model's frozen base, shared by every trainer on that base.
 
-`learn --tenants` keeps a trainer per tenant, each an adapter on the same base, and each
-loaded the base again: SmolLM2 is 270 MB a tenant in bf16, a 7B model 15 GB, so the base,
-not the adapters, bounded how many tenants one GPU could hold. The base never changes (its
+A trainer built while another on the same base lives (the shared policy's, rebuilt; the
+tenants' one model of adapters, learner/adapter_bank.py, beside the shared policy's
+trainer) would load the base again: SmolLM2 is 270 MB in bf16, a 7B model 15 GB. (Each
+tenant's trainer was such a model of its own before issue 46.) The base never changes (its
 parameters are frozen, and a checkpoint directory is immutable once written), so a model
 loaded on a base another live model holds takes that model's tensors in place of its own,
 which it then drops. Nothing is kept alive by this: the registry holds its parameters
