@@ -50,6 +50,7 @@ class CallColumns(CallTokens):
     compat: JsonObject | None  # {category: [feature, ...], "detail": {...}}
     key_name: str | None
     tenant: str | None
+    teacher: str | None  # the teacher that answered instead of the served policy
     sampling: RecordedSampling | None
 
 

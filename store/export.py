@@ -59,6 +59,7 @@ class ExportedCall(TypedDict):
     compat: JsonObject | None
     key_name: str | None
     tenant: str | None
+    teacher: str | None
     sampling: RecordedSampling | None
     choices: NotRequired[list[RecordedChoice]]  # every choice's tokens, where recorded
 
@@ -124,6 +125,7 @@ def export_call(call: TrajectoryCall) -> ExportedCall:
         "compat": call.compat,
         "key_name": call.key_name,
         "tenant": call.tenant,
+        "teacher": call.teacher,
         "sampling": call.sampling,
     }
     if call.choices is not None:

@@ -76,6 +76,7 @@ def call_record(row: Mapping[str, Any], prompt: list[int] | None) -> TrajectoryC
         compat=row.get("compat"),
         key_name=row.get("key_name"),
         tenant=row.get("tenant"),
+        teacher=row.get("teacher"),
         sampling=row.get("sampling"),
         # the first choice's tokens are above; the export lists all only where there are more
         choices=choices if len(choices) > 1 else None,

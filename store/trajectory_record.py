@@ -70,6 +70,9 @@ class TrajectoryCall:
     compat: JsonObject | None = None  # what the compatibility policy did
     key_name: str | None = None  # the client key's name: whose traffic it is
     tenant: str | None = None
+    # the teacher that answered instead of the served policy (its name; policy_version is
+    # None): a supervised example for the student, never an on-policy sample
+    teacher: str | None = None
     sampling: RecordedSampling | None = None  # None: the replica's defaults were unknown
     # every choice, only where the call asked for several (n > 1)
     choices: list[RecordedChoice] | None = None

@@ -62,6 +62,7 @@ class CallEntry(TypedDict):
     compat: NotRequired[JsonObject | None]
     key_name: NotRequired[str | None]
     tenant: NotRequired[str | None]
+    teacher: NotRequired[str | None]
     # only where the conversation is not the request's own `messages`
     chat_messages: NotRequired[list[JsonValue] | None]
     stored_response: NotRequired[StoredResponse]
@@ -114,3 +115,6 @@ class CallRecord:
     key_name: str | None = None
     # the tenant the call belongs to (proxy/upstream/tenants.py), whatever answered it
     tenant: str | None = None
+    # the teacher that answered it instead of the served policy (proxy/upstream/teacher.py);
+    # then policy_version is None
+    teacher: str | None = None

@@ -74,6 +74,7 @@ def entry_of(record: CallRecord) -> CallEntry:
         "compat": record.compat.as_record() if record.compat is not None else None,
         "key_name": record.key_name,
         "tenant": record.tenant,
+        "teacher": record.teacher,
     }
     if capture is not None:
         choices = capture.choices
@@ -272,6 +273,7 @@ def bare_row(entry: CallEntry) -> CallRow:
         "compat": entry.get("compat"),
         "key_name": entry.get("key_name"),
         "tenant": entry.get("tenant"),
+        "teacher": entry.get("teacher"),
         "sampling": entry.get("sampling"),
     }
 
@@ -330,6 +332,7 @@ def call_columns(
         "compat": entry.get("compat"),
         "key_name": entry.get("key_name"),
         "tenant": entry.get("tenant"),
+        "teacher": entry.get("teacher"),
         "sampling": entry.get("sampling"),
     }
 

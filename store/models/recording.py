@@ -108,6 +108,9 @@ class Call(Base):
     key_name: Mapped[str | None] = mapped_column(String(100))
     # the tenant the call was routed for (store/tenants.py); null: none
     tenant: Mapped[str | None] = mapped_column(String(100))
+    # the teacher that answered it instead of the served policy (`serve --teacher-url`;
+    # its policy_version is null); null: the served policy answered
+    teacher: Mapped[str | None] = mapped_column(String(200))
     # the sampling parameters vLLM applied: the request's, else the replica's defaults
     # (proxy/upstream/sampling.py), with "constraints" naming other logits processing; null when
     # the replica's defaults were unknown

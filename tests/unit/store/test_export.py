@@ -32,6 +32,7 @@ CALL: dict[str, Any] = {
     "compat": None,
     "key_name": "ci",
     "tenant": None,
+    "teacher": None,
     "sampling": {"temperature": 1.0},
     "choices": [{"index": 0, "token_ids": [3]}, {"index": 1, "token_ids": [4]}],
 }
