@@ -579,6 +579,40 @@ class Trainer:
             "step_seconds": time.monotonic() - started,
         }
 
+    def supervised_step(self, samples: list[Sample]) -> JsonObject:
+        """One optimizer step of cross-entropy on the samples' masked tokens (the supervised
+        stage, learner/supervised/): the mean of -log p over every masked token of the batch,
+        at temperature 1 with nothing processed (the samples were rendered, not sampled).
+        The same passes, precision, adapters, clipping and masters as `step`."""
+        started = time.monotonic()
+        self.compute.eval()
+        total = sum(sum(s.loss_mask[1:]) for s in samples)  # position 0 predicts nothing
+        if total == 0:
+            return {"tokens": 0, "skipped": "no trainable tokens"}
+        totals = {"loss": 0.0}
+        for batch, counts in self._micro_batches(samples, [0.0] * len(samples)):
+            tensors = self._tensors(batch)
+            logprobs = self.token_logprobs(batch, tensors)
+            loss = -(logprobs * tensors["mask"]).sum() / total
+            if not counts:
+                loss = loss * 0.0  # a pass that only keeps the other ranks company
+            loss.backward()
+            self._fold_grads()
+            if counts:
+                totals["loss"] += float(loss.detach())
+        self._reduce(totals, {})
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.config.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._refresh_compute()
+        return {
+            "loss": totals["loss"],
+            "samples": len(samples),
+            "trained_tokens": total,
+            "grad_norm": _item(grad_norm),
+            "step_seconds": time.monotonic() - started,
+        }
+
     def apply_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """One step of `optimizer` (over `parameters`) on the gradients a caller's own loss
         left on the compute copy (a bench's bare loop): folded into the masters, stepped,
