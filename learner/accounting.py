@@ -94,6 +94,8 @@ CALL_SETTINGS: dict[str, str] = {
     "failed": "no setting: the call failed",
     "incomplete capture": "no setting: tokens not captured",
     "no completion": "no setting: nothing sampled",
+    # another model answered (serve --teacher-url): learn --supervised-from teacher uses it
+    "teacher answered": "no setting: not the student's tokens",
 }
 # any other reason names logits processing the client asked for (logit_bias, response_format...)
 CONSTRAINT_SETTING = "the client's request: not reproducible"

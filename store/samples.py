@@ -5,8 +5,8 @@ within a trajectory, a call's prompt + completion is merged with the next call w
 call's prompt starts with exactly those tokens (the next turn extends the conversation);
 otherwise a new sample starts. Loss is only on tokens the model sampled (completions);
 prompt, tool output and environment tokens are masked. A call whose capture is incomplete
-or failed, or whose sampling the trainer cannot reproduce, contributes no trainable tokens
-and breaks the chain.
+or failed, or whose sampling the trainer cannot reproduce, or that a teacher answered (not
+the student's tokens), contributes no trainable tokens and breaks the chain.
 """
 
 from __future__ import annotations
@@ -126,6 +126,9 @@ def call_sampling(call: TrajectoryCall) -> Sampling | str:
 
 
 def _capture_problem(call: TrajectoryCall) -> str | None:
+    if call.teacher is not None:
+        # another model's tokens: the supervised stage renders them again for the student
+        return "teacher answered"
     if call.status != "ok":
         return "failed"
     if not call.capture_complete or call.prompt_token_ids is None:

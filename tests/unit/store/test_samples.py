@@ -137,3 +137,21 @@ def test_each_call_s_completion_is_where_its_penalties_count_output() -> None:
     calls = [call([1, 2], [3, 4]), call([1, 2, 3, 4, 5], [6])]
     (sample,) = build_samples(Trajectory("t", tuple(calls)))
     assert sample.completions == [(2, 4), (5, 6)]
+
+
+def test_a_call_a_teacher_answered_is_never_trained_and_counted() -> None:
+    # even captured token-exact with a known version: its tokens are another model's
+    trajectory = Trajectory(
+        "t",
+        (
+            call([1], [2]),
+            call([1, 2, 3], [4], teacher="big-model"),
+            call([1, 2, 3, 4, 5], [6]),
+        ),
+    )
+    skipped: Counter[str] = Counter()
+    first, second = build_samples(trajectory, skipped=skipped)
+    assert skipped == {"teacher answered": 1}
+    assert first.token_ids == [1, 2]
+    assert second.token_ids == [1, 2, 3, 4, 5, 6] and second.loss_mask[3] is False
+    assert second.trained_tokens == 1
