@@ -273,6 +273,39 @@ class LearnerConfig(BaseSettings):
     )
     kl_coef: float = setting(0.0, "weight of a KL penalty to the sampling policy", ge=0.0)
 
+    # -- the supervised stage (learner/supervised/) ---------------------------------------
+    supervised_steps: int = setting(
+        0,
+        "before GRPO, N supervised steps on recorded trajectories (--supervised-from), each "
+        "rendered again with the served model's own chat template and tokenizer, "
+        "cross-entropy on its assistant turns; then one verified swap, and GRPO goes on "
+        "from the model's own traffic. Runs once: a learner restarted after it goes on with "
+        "GRPO. 0: no stage",
+        metavar="N",
+        ge=0,
+    )
+    supervised_from: Literal["passed", "teacher"] = setting(
+        "passed",
+        "what the supervised stage trains on, newest first: passed, the finished trajectories "
+        "graded with a reward of at least --supervised-min-reward; teacher, those whose last "
+        "reply a teacher answered (`serve --teacher-url`), graded or not",
+    )
+    supervised_min_reward: float = setting(
+        1.0, "the reward a trajectory needs to count as passed", metavar="REWARD"
+    )
+    supervised_batch: int = setting(
+        8,
+        "trajectories in one supervised step; the stage starts once this many are there",
+        metavar="N",
+        ge=1,
+    )
+    supervised_learning_rate: float = setting(
+        2e-5,
+        "AdamW learning rate of the supervised steps (GRPO's is --learning-rate); not "
+        "measured yet on a real model",
+        gt=0.0,
+    )
+
     # -- how the trainer computes ---------------------------------------------------------
     precision: Literal["auto", "float32", "bfloat16", "autocast"] = setting(
         "auto",
@@ -406,6 +439,12 @@ class LearnerConfig(BaseSettings):
     def _tenants_train_adapters(self) -> LearnerConfig:
         if self.tenants and not self.lora:
             raise ValueError("--tenants trains each tenant's LoRA adapter: it needs --lora")
+        return self
+
+    @model_validator(mode="after")
+    def _supervised_stage_of_the_shared_policy(self) -> LearnerConfig:
+        if self.tenants and self.supervised_steps:
+            raise ValueError("--supervised-steps trains the shared policy: not with --tenants")
         return self
 
     @model_validator(mode="after")

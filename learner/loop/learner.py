@@ -32,6 +32,7 @@ from learner.loop.publish import Publishing
 from learner.loop.startup import StartUp
 from learner.loop.state import LoopState, RestoreFailed
 from learner.loop.step import Stepping
+from learner.loop.supervised import Supervising
 from learner.loop.tenants import Tenants
 from learner.loop.weights import Weights
 from learner.swap.requests import SwapRequestWorker
@@ -53,6 +54,8 @@ class Learner:
         (learner/distributed.py); everything else is this process's alone."""
         if ranks is not None and config.lora:
             raise ValueError("--lora trains on one device: launch it without torchrun")
+        if ranks is not None and config.supervised_steps:
+            raise ValueError("--supervised-steps trains on one device: launch it without torchrun")
         _set_threads(config, sharded=ranks is not None)
         if ranks is not None:
             log.info("training sharded over %d ranks (FSDP2) on %s", ranks.world, ranks.device)
@@ -70,6 +73,7 @@ class Learner:
         self.publishing = Publishing(state, self.weights)
         self.guarding = Guarding(state, self.weights)
         self.stepping = Stepping(state, self.weights, self.publishing, self.guarding)
+        self.supervising = Supervising(state, self.weights, self.publishing)
         self.startup = StartUp(state, self.weights, self.publishing, self.guarding)
         self.tenants = Tenants(state, self.weights, self.publishing, self.guarding, self.stepping)
         self.canaries = Canaries(engine, state.reporter, lambda: state.step)
@@ -83,9 +87,12 @@ class Learner:
         return self.grading.grade_finished()
 
     def maybe_train(self) -> bool:
-        """At most one step: the shared policy's, or (--tenants) one tenant's."""
+        """At most one step: the shared policy's, or (--tenants) one tenant's; the
+        supervised stage (--supervised-steps) before the shared policy's first."""
         if self.state.config.tenants:
             return self.tenants.train()
+        if self.supervising.pending():
+            return self.supervising.maybe_train()
         return self.stepping.maybe_train()
 
     def run(self) -> None:
