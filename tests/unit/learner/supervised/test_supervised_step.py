@@ -68,3 +68,22 @@ def test_no_masked_token_is_no_step(model: torch.nn.Module) -> None:
     trainer = Trainer(copy.deepcopy(model), TrainerConfig(), device="cpu")
     metrics = trainer.supervised_step([_sample(IDS, [True] + [False] * 7)])
     assert metrics == {"tokens": 0, "skipped": "no trainable tokens"}
+
+
+def test_under_lora_it_trains_the_adapter_alone(model: torch.nn.Module) -> None:
+    from learner.lora import LoraSettings, wrap
+
+    trainer = Trainer(
+        wrap(copy.deepcopy(model), LoraSettings(rank=4, alpha=8)),
+        TrainerConfig(learning_rate=1e-2),
+        device="cpu",
+    )
+    frozen = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    losses = [float(trainer.supervised_step([_sample(IDS, MASK)])["loss"]) for _ in range(5)]
+    assert losses[-1] < losses[0], losses
+    moved = {
+        name
+        for name, parameter in trainer.model.named_parameters()
+        if not torch.equal(parameter.detach(), frozen[name])
+    }
+    assert moved and all("lora_" in name for name in moved)  # the base never moves
