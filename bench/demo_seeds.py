@@ -138,7 +138,7 @@ def table_lines(runs: list[Run]) -> tuple[list[str], bool]:
         f"{'run':<16}{'before':>8}{'after':>8}{'gain':>8}{'swaps':>7}{'learn min':>11}"
         f"{'steps/min':>11}  verdict"
     ]
-    ok_all = True
+    ok_all = bool(runs)  # no run gave a summary: nothing met the bar
     for run in runs:
         ok, why = run.verdict()
         ok_all &= ok

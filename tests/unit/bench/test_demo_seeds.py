@@ -119,3 +119,7 @@ def test_the_exit_status_is_the_bar_and_the_json_has_every_run_with_its_verdict(
     assert "runs that gave no summary: seed-4" in capsys.readouterr().out
     assert [r["seed"] for r in json.loads(rows.read_text())] == [3]
     assert bench.main(["--seeds", "3", "--no-control"]) == 0
+    capsys.readouterr()
+    # no run gave a summary: the bar is not met over none (it said "met over 0 runs")
+    assert bench.main(["--seeds", "4", "--no-control"]) == 1
+    assert "bar NOT met over 0 runs" in capsys.readouterr().out.splitlines()
