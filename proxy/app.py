@@ -32,6 +32,7 @@ from proxy.state import ProxyState
 from proxy.upstream.canaries import CanaryTable
 from proxy.upstream.gates import GateKeeper
 from proxy.upstream.replicas import UpstreamPool
+from proxy.upstream.teacher import Teacher
 from proxy.upstream.tenants import TenantTable
 from store import db, schema
 from store.identity import ensure_store_id, public_url
@@ -64,6 +65,7 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
     """
 
     settings.check_exposure()
+    settings.check_teacher()
     admin = create_admin_app()
 
     @contextlib.asynccontextmanager
@@ -99,7 +101,10 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
             segment_bytes=settings.log_segment_bytes,
             check_schema=not schema_checked,
         )
+        teacher = Teacher(settings) if settings.teacher_url is not None else None
         await pool.start()
+        if teacher is not None:
+            await teacher.start()
         # what the replicas serve, and sample with, known before the first call is recorded
         await pool.poll()
         await recorder.start()
@@ -120,6 +125,7 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
             keys=keys,
             tenants=tenants,
             canaries=canaries,
+            teacher=teacher,
             store={"id": None, "url": public_url(settings.database_url)},
         )
         await _learn_store_id(app.state.proxy, engine)
@@ -135,6 +141,8 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
             await gatekeeper.stop()
             await recorder.close()
             await pool.close()
+            if teacher is not None:
+                await teacher.close()
             engine.dispose()
 
     request_stats = metrics.RequestStats()
@@ -220,6 +228,14 @@ async def healthz(request: Request) -> Response:
                 }
                 for r in state.pool.replicas
             ],
+            # the teacher (`serve --teacher-url`): where, which model, whether it answers
+            "teacher": None
+            if state.teacher is None
+            else {
+                "url": state.teacher.replica.url,
+                "model": state.teacher.model,
+                "healthy": state.teacher.replica.healthy,
+            },
             "recording": state.recorder.status(),
             # which store: a runner checks it records where this proxy does
             "store": state.store,

@@ -5,8 +5,9 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import field_validator
+from pydantic import SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from store.settings_cli import setting
@@ -144,6 +145,47 @@ class Settings(BaseSettings):
     admin_token: str | None = setting(
         None, "bearer token of the admin API and dashboard; environment only", cli=False
     )
+    # a teacher: a stronger upstream that answers chosen traffic instead of the served
+    # policy (proxy/upstream/teacher.py); its calls are recorded with `teacher` set
+    teacher_url: str | None = setting(
+        None,
+        "an OpenAI-compatible base URL (another vLLM serving a bigger model, or a hosted "
+        "API) that answers the traffic --teacher-keys and --teacher-share choose; its calls "
+        "are recorded as usual, marked with the teacher, for the learner's supervised stage",
+        metavar="URL",
+    )
+    teacher_model: str | None = setting(
+        None,
+        "the model name sent to the teacher (required with --teacher-url); recorded on its "
+        "calls as `teacher`",
+        metavar="NAME",
+    )
+    # SecretStr: masked in the settings' repr and in validation errors
+    teacher_api_key: SecretStr | None = setting(
+        None,
+        "sent to the teacher as its bearer token (environment only: never logged, stored or "
+        "sent elsewhere); unset: the teacher gets no Authorization header",
+        cli=False,
+    )
+    teacher_keys: Annotated[list[str], NoDecode] = setting(
+        default_factory=list,
+        help="the names of the client keys whose calls the teacher answers; repeat for "
+        "several (environment: comma-separated)",
+        flag="--teacher-key",
+        metavar="NAME",
+        repeat=True,
+    )
+    teacher_share: float = setting(
+        0.0,
+        "the share of conversations (by conversation key: a conversation never changes side) "
+        "the teacher answers, besides --teacher-key's; 0 to 1",
+        metavar="FRACTION",
+    )
+    teacher_hosted: bool = setting(
+        False,
+        "the teacher is a hosted API, not vLLM: vLLM's own request fields (token ids, chat "
+        "template arguments) are left out, and its calls are recorded with text, no tokens",
+    )
 
     @field_validator("upstreams", mode="before")
     @classmethod
@@ -166,6 +208,29 @@ class Settings(BaseSettings):
                 raise ValueError(f"upstream must be an http(s) URL: {url!r}")
             out.append(url)
         return out
+
+    @field_validator("teacher_keys", mode="before")
+    @classmethod
+    def _split_teacher_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+    @field_validator("teacher_url")
+    @classmethod
+    def _normalise_teacher_url(cls, value: str | None) -> str | None:
+        # checked in check_teacher: a validation error here would echo the URL
+        if value is None:
+            return None
+        url = value.strip().rstrip("/")
+        return url[: -len("/v1")] if url.endswith("/v1") else url
+
+    @field_validator("teacher_share")
+    @classmethod
+    def _check_teacher_share(cls, value: float) -> float:
+        if not 0.0 <= value <= 1.0:
+            raise ValueError("teacher_share must be between 0 and 1")
+        return value
 
     @field_validator("tokenizer")
     @classmethod
@@ -193,6 +258,31 @@ class Settings(BaseSettings):
     def keys_required(self) -> bool:
         """Every call needs a client key: always off loopback, on loopback when asked."""
         return self.require_keys or not is_loopback(self.host)
+
+    def check_teacher(self) -> None:
+        """The teacher's settings hang together (checked when the app is made, not by a
+        model validator: pydantic's errors echo every input, the teacher's key included)."""
+        routed = bool(self.teacher_keys) or self.teacher_share > 0
+        if self.teacher_url is None:
+            if routed or self.teacher_model is not None:
+                raise ValueError(
+                    "--teacher-key, --teacher-share and --teacher-model need --teacher-url"
+                )
+            return
+        parts = urlsplit(self.teacher_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("--teacher-url must be an http(s) URL")
+        if parts.username is not None or parts.password is not None:
+            # the URL is logged and recorded on every teacher call
+            raise ValueError(
+                "--teacher-url must not hold credentials: set ONTHEJOB_TEACHER_API_KEY instead"
+            )
+        if not self.teacher_model:
+            raise ValueError("--teacher-url needs --teacher-model: the model name to send it")
+        if not routed:
+            raise ValueError(
+                "--teacher-url answers nothing without --teacher-key or --teacher-share"
+            )
 
     def check_exposure(self) -> None:
         """Refuse to serve on a non-loopback address without an admin token: the admin API

@@ -1,5 +1,5 @@
-"""What the running proxy holds: settings, the upstream pool, the recorder, keys, tenants
-and canaries."""
+"""What the running proxy holds: settings, the upstream pool, the recorder, keys, tenants,
+canaries and the teacher."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from proxy.recording.response_store import ResponseStore
 from proxy.settings import Settings
 from proxy.upstream.canaries import CanaryTable
 from proxy.upstream.replicas import UpstreamPool
+from proxy.upstream.teacher import Teacher
 from proxy.upstream.tenants import TenantTable
 
 
@@ -31,5 +32,7 @@ class ProxyState:
     keys: KeyRing
     tenants: TenantTable
     canaries: CanaryTable
+    # the stronger upstream that answers chosen traffic (`serve --teacher-url`); None: none
+    teacher: Teacher | None = None
     # the store it records to
     store: StoreIdentity = field(default_factory=lambda: {"id": None, "url": None})

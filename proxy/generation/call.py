@@ -52,8 +52,9 @@ from proxy.recording.interaction import explicit_type
 from proxy.recording.stitching import new_id
 from proxy.state import ProxyState
 from proxy.upstream import http1
-from proxy.upstream.replicas import UPSTREAM_READ_ERRORS, Replica
+from proxy.upstream.replicas import UPSTREAM_READ_ERRORS, Replica, UpstreamPool
 from proxy.upstream.sampling import effective as effective_sampling
+from proxy.upstream.teacher import Teacher
 from store.json_types import JsonObject
 
 log = logging.getLogger("onthejob.proxy")
@@ -85,6 +86,11 @@ class Generation:
         self.tenant_adapter: str | None = None
         # the canary candidate the call is assigned to (None: no canary, or not its arm)
         self.candidate: str | None = None
+        # the teacher the call is routed to (None: the served policy's), and the pool the
+        # upstream response came from (released there)
+        self.teacher: Teacher | None = None
+        self.pool: UpstreamPool = self.state.pool
+        self.asked = _EVERYTHING  # what the client asked for of the capture's fields
 
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1000.0
@@ -145,9 +151,17 @@ class Generation:
             return self.fail(BadRequest(f"malformed request body: {exc}", code="invalid_body"))
         api = self.dialect.capture_api
         upstream_body, asked = prepare_upstream_body(api, upstream_body)
-        self.candidate = self._canary_candidate(api, upstream_body)
+        self.asked = asked
+        self.teacher = self._teacher_for(api, upstream_body)
+        if self.teacher is None:  # a teacher's call is in no canary arm, nor fanned out
+            self.candidate = self._canary_candidate(api, upstream_body)
         fanout = self.state.settings.fanout
-        if fanout > 1 and self.dialect.api == CHAT and fanout_eligible(body):
+        if (
+            fanout > 1
+            and self.teacher is None
+            and self.dialect.api == CHAT
+            and fanout_eligible(body)
+        ):
             self.fanout = upstream_body["n"] = fanout
         sticky = (
             conversation_key(record.session_key, api, upstream_body)
@@ -183,6 +197,14 @@ class Generation:
         key = conversation_key(record.session_key, api, upstream_body)
         return canaries.candidate_for(record.tenant, key or record.id)
 
+    def _teacher_for(self, api: str, upstream_body: JsonObject) -> Teacher | None:
+        """The teacher, if it answers this call (proxy/upstream/teacher_assignment.py)."""
+        teacher, record = self.state.teacher, self.record
+        if teacher is None:
+            return None  # the hot path: no key is hashed
+        key = conversation_key(record.session_key, api, upstream_body)
+        return teacher if teacher.answers(record.key_name, key or record.id) else None
+
     def _buffer_stream(self, body: JsonObject, sticky: str | None) -> bool:
         """Stream tool calls from a whole upstream answer where streaming loses their tokens."""
         if self.dialect.capture_api != CHAT or not body.get("tools"):
@@ -197,7 +219,14 @@ class Generation:
     ) -> tuple[Replica, http1.Response]:
         """Send the call upstream. For a translated API (whose clients cannot know the served
         model's context) an output limit vLLM refused as too large for the room the prompt
-        leaves is lowered to what fits, and the call sent again; the record says so."""
+        leaves is lowered to what fits, and the call sent again; the record says so.
+
+        A teacher's call goes to the teacher; where it is down or answers with an error,
+        the served policy answers instead, and the call is recorded as the policy's."""
+        if self.teacher is not None:
+            opened = await self._open_teacher(self.teacher, upstream_body)
+            if opened is not None:
+                return opened
         replica, response = await self._send(upstream_body, sticky)
         limit, asked = self.dialect.output_limit, upstream_body.get("max_tokens")
         if response.status != 400 or limit is None or not isinstance(asked, int):
@@ -205,12 +234,53 @@ class Generation:
         fitting = await self._fitting_output_limit(upstream_body, asked)
         if fitting is None:
             return replica, response  # refused for another reason: the client hears why
-        await self.state.pool.release(response)
+        await self.pool.release(response)
         upstream_body["max_tokens"] = fitting
         compat = self.record.compat = self.record.compat or Compat()
         compat.note("clamped", limit)
         compat.detail[limit] = {"asked": asked, "sent": fitting}
         return await self._send(upstream_body, sticky)
+
+    async def _open_teacher(
+        self, teacher: Teacher, upstream_body: JsonObject
+    ) -> tuple[Replica, http1.Response] | None:
+        """The teacher's answer, opened; None where it cannot give one (down, or an error
+        status), before anything reached the client: then the served policy answers."""
+        if not teacher.available():
+            return self._without_teacher(teacher, "it is down")
+        try:
+            replica, response = await teacher.pool.open(
+                "POST",
+                self.dialect.upstream_path,
+                body=teacher.body(upstream_body, self.asked),
+                headers=teacher.headers(),
+                sticky_key=None,
+            )
+        except ProxyError as exc:
+            return self._without_teacher(teacher, exc.message)
+        if response.status != 200:
+            # its body is not logged: a hosted API's error may quote the key it was sent
+            await teacher.pool.release(response)
+            return self._without_teacher(teacher, f"it answered {response.status}")
+        record = self.record
+        record.upstream, record.teacher = replica.url, teacher.model
+        record.policy_version = record.sampling = None  # no policy version answered it
+        self.pool = teacher.pool
+        requested = upstream_body.get("model")
+        # the client sees the model it asked for, as with an adapter
+        self.renamed = (teacher.model, requested) if isinstance(requested, str) else None
+        return replica, response
+
+    def _without_teacher(self, teacher: Teacher, why: str) -> None:
+        log.warning(
+            "%s %s: teacher %s did not answer (%s); the served policy answers instead",
+            self.dialect.api,
+            self.record.id,
+            teacher.replica.url,
+            why,
+        )
+        self.teacher = None
+        return None
 
     async def _fitting_output_limit(self, upstream_body: JsonObject, asked: int) -> int | None:
         try:
@@ -260,7 +330,7 @@ class Generation:
                 raise UpstreamTimeout(f"upstream {url} timed out") from exc
             raise UpstreamUnavailable(f"upstream {url} broke off its answer: {exc}") from exc
         finally:
-            await self.state.pool.release(response)
+            await self.pool.release(response)
 
     async def _read_whole(
         self, response: http1.Response
@@ -366,7 +436,7 @@ class Generation:
                 if outgoing and self.record.ttft_ms is None and assembler.saw_output:
                     self.record.ttft_ms = self.elapsed_ms()
                 if done:
-                    await self.state.pool.release(response)
+                    await self.pool.release(response)
                     if upstream_error is not None:
                         record("error", 200, upstream_error)
                     else:
@@ -378,19 +448,19 @@ class Generation:
                     yield outgoing
             error = f"upstream {replica.url} ended the stream before [DONE]"
             tail = writer.broken(error)
-            await self.state.pool.release(response)
+            await self.pool.release(response)
             record("error", 502, error)
             yield tail
         except UPSTREAM_READ_ERRORS as exc:
             error = f"upstream {replica.url} broke off the stream: {exc or type(exc).__name__}"
             tail = writer.broken(error)
-            await self.state.pool.release(response)
+            await self.pool.release(response)
             record("error", 502, error)
             yield tail
         finally:
             if not recorded:
                 # the client left mid-stream (or the relay itself failed)
-                await self.state.pool.release(response)
+                await self.pool.release(response)
                 record("cancelled", 499, "client disconnected mid-stream")
 
     def _finish_stream(
@@ -410,7 +480,8 @@ class Generation:
             lambda part, record: self.dialect.streamed(part, writer, record),
         )
         self.record.response = self.dialect.streamed(assembled, writer, self.record)
-        self._learn_tool_token_drop(replica, has_tools, capture)
+        if self.record.teacher is None:  # what the served model's replicas do, not a teacher
+            self._learn_tool_token_drop(replica, has_tools, capture)
         self.finish(status=status, http_status=http_status, error=error)
 
     def _relay_event(

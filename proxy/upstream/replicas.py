@@ -88,6 +88,7 @@ class UpstreamPool:
         retry_after: float,
         api_key: str | None = None,
         gate_wait: float = 60.0,
+        learn_sampling: bool = True,
     ) -> None:
         self.replicas = [Replica(url) for url in urls]
         self._connect_timeout = connect_timeout
@@ -95,6 +96,8 @@ class UpstreamPool:
         self._retry_after = retry_after
         self._api_key = api_key
         self._gate_wait = gate_wait
+        # False: never ask the replicas for sampling defaults (a teacher: none may be vLLM)
+        self._learn_sampling_defaults = learn_sampling
         self._round_robin = itertools.count()
         self._session: aiohttp.ClientSession | None = None  # the proxy's own calls
         self._client: http1.Client | None = None  # calls made for clients: the hot path
@@ -379,7 +382,7 @@ class UpstreamPool:
                 log.debug("sampling defaults of %s unknown: %r", replica.url, exc)
 
     def _defaults_due(self, replica: Replica) -> bool:
-        if replica.sampling_defaults is not None:
+        if replica.sampling_defaults is not None or not self._learn_sampling_defaults:
             return False
         asked = replica.defaults_asked_at
         return asked is None or time.monotonic() - asked >= DEFAULTS_RETRY

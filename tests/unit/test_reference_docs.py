@@ -107,7 +107,7 @@ def test_every_setting_has_its_flag_and_every_flag_is_a_setting(
         for n, i in settings.model_fields.items()
         if flag_name(n, i) is None and argument_name(n, i) is None
     }
-    assert secrets <= {"upstream_api_key", "feedback_token", "admin_token"}
+    assert secrets <= {"upstream_api_key", "feedback_token", "admin_token", "teacher_api_key"}
 
 
 LEARNER_DB = {"database_url"}
