@@ -12,7 +12,7 @@ import bisect
 import itertools
 import logging
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.state import ProxyState
 from store import grade_queue, policy_versions, training_steps, watch_alerts
+from store.json_types import JsonValue
 
 log = logging.getLogger("onthejob.metrics")
 
@@ -153,7 +154,19 @@ def middleware(stats: RequestStats) -> Middleware:
     return Middleware(MetricsMiddleware, stats=stats)
 
 
-def _learner_snapshot(engine: Engine) -> dict[str, Any]:
+class LearnerSnapshot(TypedDict):
+    """The learner's figures a scrape shows, as the store has them."""
+
+    watch: dict[str, watch_alerts.DetectorCount]
+    step: int | None  # the last step recorded
+    reward: JsonValue  # its metrics' mean_reward
+    step_swap_seconds: JsonValue  # its metrics' swap_seconds
+    serving_ordinal: int | None
+    serving_swap_seconds: float | None
+    ungraded: int
+
+
+def _learner_snapshot(engine: Engine) -> LearnerSnapshot:
     with engine.connect() as conn:
         step = training_steps.latest_step(conn)
         serving = policy_versions.serving_version(conn)
@@ -173,7 +186,7 @@ def _learner_snapshot(engine: Engine) -> dict[str, Any]:
 
 class _StateCollector(Collector):
     def __init__(
-        self, state: ProxyState, stats: RequestStats, learner: dict[str, Any] | None
+        self, state: ProxyState, stats: RequestStats, learner: LearnerSnapshot | None
     ) -> None:
         self.state = state
         self.stats = stats
@@ -242,7 +255,7 @@ def _watch(counts: dict[str, watch_alerts.DetectorCount]) -> Any:
 
 def _render(state: ProxyState, stats: RequestStats) -> bytes:
     try:
-        learner: dict[str, Any] | None = _learner_snapshot(state.recorder.engine)
+        learner: LearnerSnapshot | None = _learner_snapshot(state.recorder.engine)
     except SQLAlchemyError as exc:
         log.warning("metrics without learner figures: database error %s", exc)
         learner = None

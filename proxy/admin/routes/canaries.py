@@ -19,20 +19,60 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine
+from typing_extensions import TypedDict
 
 from proxy.admin.deps import EngineDep, StateDep
 from proxy.admin.errors import AdminError, not_found
-from proxy.admin.routes.watch import alert_view
+from proxy.admin.routes.watch import AlertView, alert_view
 from proxy.admin.schemas import Key, KeyName, Text
 from proxy.admin.swaps import serve_again
 from proxy.state import ProxyState
 from store import canaries as store
 from store import canary_stats, policy_versions, tenants, watch_alerts
 from store.clock import iso
+from store.json_types import JsonObject
 
 router = APIRouter(tags=["canaries"])
 CanaryId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 YEAR = 365 * 24 * 3600.0
+
+
+class CanaryActionView(TypedDict):
+    """One action taken on a canary (store.CanaryActionRow), its time in ISO 8601."""
+
+    action: str
+    by: str
+    reason: str
+    at: str | None
+    detail: JsonObject | None
+
+
+class CanaryView(TypedDict):
+    """A canary as the routes answer it: its row (store.CanaryRow, times in ISO 8601), the
+    replicas its candidate is loaded on, how each arm did and the watch's alerts."""
+
+    id: int
+    candidate: str
+    incumbent: str | None
+    share: float
+    min_calls: int
+    default_decision: str
+    status: str  # running | promoted | rolled_back
+    started_by: str
+    started_at: str | None
+    ends_at: str | None
+    decided_by: str | None
+    decided_at: str | None
+    reason: str | None
+    tenant: str | None  # None: the shared policy's
+    actions: list[CanaryActionView]
+    loaded_on: list[str]
+    arms: canary_stats.CanaryArms
+    alerts: list[AlertView]
+
+
+class CanaryList(TypedDict):
+    items: list[CanaryView]
 
 
 class Operator(BaseModel):
@@ -68,11 +108,11 @@ def _who(body: Operator) -> str:
 
 
 def _view(
-    canary: dict[str, Any],
-    arms: dict[str, Any],
+    canary: store.CanaryRow,
+    arms: canary_stats.CanaryArms,
     alerts: list[watch_alerts.StoredAlert],
     state: ProxyState,
-) -> dict[str, Any]:
+) -> CanaryView:
     return {
         **canary,
         "started_at": iso(canary["started_at"]),
@@ -88,7 +128,7 @@ def _view(
     }
 
 
-def _with_stats(engine: Engine, state: ProxyState, rows: list[dict[str, Any]]) -> list[Any]:
+def _with_stats(engine: Engine, state: ProxyState, rows: list[store.CanaryRow]) -> list[CanaryView]:
     now = datetime.now(UTC)
     with engine.connect() as conn:
         alerts = watch_alerts.of_canaries(conn, [row["id"] for row in rows])
@@ -98,7 +138,7 @@ def _with_stats(engine: Engine, state: ProxyState, rows: list[dict[str, Any]]) -
         ]
 
 
-def _found(engine: Engine, state: ProxyState, canary_id: int) -> dict[str, Any]:
+def _found(engine: Engine, state: ProxyState, canary_id: int) -> CanaryView:
     with engine.connect() as conn:
         row = store.get_canary(conn, canary_id)
     if row is None:
@@ -106,13 +146,17 @@ def _found(engine: Engine, state: ProxyState, canary_id: int) -> dict[str, Any]:
     return _with_stats(engine, state, [row])[0]
 
 
-@router.get("/canaries", summary="List canaries, newest first, with how each arm did")
+@router.get(
+    "/canaries",
+    summary="List canaries, newest first, with how each arm did",
+    response_model=dict,  # serialised as returned (CanaryList)
+)
 def list_canaries(
     engine: EngineDep,
     state: StateDep,
     status: Annotated[Literal["running", "promoted", "rolled_back"] | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-) -> dict[str, Any]:
+) -> CanaryList:
     """`arms`: per arm (the candidate, the incumbent) the calls its version answered in the
     canary's scope since it started (until its decision): errors, latency, graded
     trajectories and their rewards, next-turn signals."""
@@ -121,13 +165,22 @@ def list_canaries(
     return {"items": _with_stats(engine, state, rows)}
 
 
-@router.get("/canaries/{canary_id}", summary="One canary")
-def get_canary(engine: EngineDep, state: StateDep, canary_id: CanaryId) -> dict[str, Any]:
+@router.get(
+    "/canaries/{canary_id}",
+    summary="One canary",
+    response_model=dict,  # serialised as returned (CanaryView)
+)
+def get_canary(engine: EngineDep, state: StateDep, canary_id: CanaryId) -> CanaryView:
     return _found(engine, state, canary_id)
 
 
-@router.post("/canaries", status_code=201, summary="Start a canary")
-def start_canary(engine: EngineDep, state: StateDep, body: CanaryIn) -> dict[str, Any]:
+@router.post(
+    "/canaries",
+    status_code=201,
+    summary="Start a canary",
+    response_model=dict,  # serialised as returned (CanaryView)
+)
+def start_canary(engine: EngineDep, state: StateDep, body: CanaryIn) -> CanaryView:
     """The candidate must be loaded on a replica for calls to reach it (`loaded_on`); its
     arm's calls go to the incumbent elsewhere, and count for it. 409 while a canary runs for
     the scope, or where the candidate already serves it; 404 for an unknown tenant."""
@@ -169,10 +222,14 @@ def _incumbent(conn: Any, state: ProxyState, tenant: str | None) -> str | None:
     return reported[0] if reported else None
 
 
-@router.post("/canaries/{canary_id}/promote", summary="Promote: the candidate serves its scope")
+@router.post(
+    "/canaries/{canary_id}/promote",
+    summary="Promote: the candidate serves its scope",
+    response_model=dict,  # serialised as returned (CanaryView)
+)
 async def promote(
     engine: EngineDep, state: StateDep, canary_id: CanaryId, body: Operator | None = None
-) -> dict[str, Any]:
+) -> CanaryView:
     """A tenant's: its calls go to the candidate from now on. The shared policy's: every
     replica is swapped to the candidate first (a running learner does it; 503 without one,
     404 where the candidate is no recorded version), and the canary runs on if that fails."""
@@ -185,20 +242,26 @@ async def promote(
     return await asyncio.to_thread(_found, engine, state, canary_id)
 
 
-@router.post("/canaries/{canary_id}/rollback", summary="Roll back: the canary ends, nothing moves")
+@router.post(
+    "/canaries/{canary_id}/rollback",
+    summary="Roll back: the canary ends, nothing moves",
+    response_model=dict,  # serialised as returned (CanaryView)
+)
 def roll_back(
     engine: EngineDep, state: StateDep, canary_id: CanaryId, body: Operator | None = None
-) -> dict[str, Any]:
+) -> CanaryView:
     """Its scope's calls all go to the incumbent again; what serves it is not changed."""
     _decide(engine, store.roll_back, canary_id, body or Operator())
     state.canaries.reload()
     return _found(engine, state, canary_id)
 
 
-@router.post("/canaries/{canary_id}/extend", summary="Give a running canary more time")
-def extend(
-    engine: EngineDep, state: StateDep, canary_id: CanaryId, body: ExtendIn
-) -> dict[str, Any]:
+@router.post(
+    "/canaries/{canary_id}/extend",
+    summary="Give a running canary more time",
+    response_model=dict,  # serialised as returned (CanaryView)
+)
+def extend(engine: EngineDep, state: StateDep, canary_id: CanaryId, body: ExtendIn) -> CanaryView:
     """The time limit moves `seconds` later (from now, where it has passed)."""
     try:
         with engine.begin() as conn:
@@ -215,7 +278,7 @@ def extend(
     return _found(engine, state, canary_id)
 
 
-def _running(engine: Engine, canary_id: int) -> dict[str, Any]:
+def _running(engine: Engine, canary_id: int) -> store.CanaryRow:
     with engine.connect() as conn:
         canary = store.get_canary(conn, canary_id)
     if canary is None:
