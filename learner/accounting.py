@@ -15,7 +15,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TypedDict
+
+from store.json_types import JsonValue
 
 # a step that trains on less than this share of the trajectories it considered is warned of
 LOW_SHARE = 0.25
@@ -168,7 +170,7 @@ class StepAccount:
         self.trained_trajectories = trajectories
         self.trained_samples = samples - sum(self.samples.values())
 
-    def trained(self, step_metrics: Mapping[str, Any]) -> None:
+    def trained(self, step_metrics: Mapping[str, JsonValue]) -> None:
         """What the trainer's step said: sequences it dropped for their mismatch, or that
         nothing had a token to train on."""
         mismatch = int(step_metrics.get("dropped_mismatch", 0) or 0)

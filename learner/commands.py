@@ -7,11 +7,14 @@ import argparse
 import faulthandler
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from learner.command_settings import PinSettings, RegradeSettings, RollbackSettings
 from store.schema import SchemaBehind
 from store.settings_cli import add_flags, given, settings_from
+
+if TYPE_CHECKING:
+    from store.publish_lease import LeaseHolder
 
 
 def register(commands: Any) -> None:
@@ -144,7 +147,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
-def _say_lease_wait(current: dict[str, Any]) -> None:
+def _say_lease_wait(current: LeaseHolder) -> None:
     until = current["expires_at"].astimezone().strftime("%H:%M:%S")
     print(
         f"onthejob rollback: waiting for the publish lease, held by {current['holder']} "

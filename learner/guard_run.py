@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from sqlalchemy import Engine
 
@@ -33,6 +32,7 @@ from store.guard_records import (
     recorded_types,
     trained_types,
 )
+from store.policy_versions import PolicyVersionRow
 
 log = logging.getLogger("onthejob.guard")
 
@@ -114,7 +114,7 @@ class Guard:
             )
         self.recorded_as[name] = recorded
 
-    def evaluate(self, version: dict[str, Any]) -> dict[str, Score]:
+    def evaluate(self, version: PolicyVersionRow) -> dict[str, Score]:
         """Every guarded type by `version`, remembered for its checkpoint."""
         scores: dict[str, Score] = {}
         for guarded in self.config.types:
@@ -129,7 +129,7 @@ class Guard:
             learner_state.set_state(conn, EVALS, evals)
         return scores
 
-    def known(self, version: dict[str, Any]) -> dict[str, Score] | None:
+    def known(self, version: PolicyVersionRow) -> dict[str, Score] | None:
         with self.engine.connect() as conn:
             evals = learner_state.get_state(conn, EVALS) or {}
         state = evals.get(self._evals_key(version))
@@ -137,7 +137,7 @@ class Guard:
             return None
         return {n: Score(float(s["value"]), int(s["runs"])) for n, s in state.items()}
 
-    def _evals_key(self, version: dict[str, Any]) -> str:
+    def _evals_key(self, version: PolicyVersionRow) -> str:
         """Scores are the weights' (a rollback serves the same ones under a new name), for
         the evals of the shared policy or of one tenant."""
         path = str(version["checkpoint_path"])
@@ -146,7 +146,7 @@ class Guard:
     def _for(self) -> str:
         return "" if self.tenant is None else f" for tenant {self.tenant}"
 
-    def baseline(self, version: dict[str, Any]) -> dict[str, Score]:
+    def baseline(self, version: PolicyVersionRow) -> dict[str, Score]:
         """The kept version's scores: remembered for its weights, else evaluated now."""
         known = self.known(version)
         if known is not None and set(known) >= {t.name for t in self.config.types}:
@@ -156,7 +156,7 @@ class Guard:
 
     # -- the decision -----------------------------------------------------------------------
     def check(
-        self, candidate: dict[str, Any], kept: dict[str, Any], *, step: int | None = None
+        self, candidate: PolicyVersionRow, kept: PolicyVersionRow, *, step: int | None = None
     ) -> Decision:
         """Evaluate the serving `candidate` against the last `kept` version, decide, and
         record the decision (the caller rolls back a rejected version)."""

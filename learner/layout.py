@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from store.json_types import JsonObject
+
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
@@ -36,7 +38,7 @@ def served_base(checkpoint: Path) -> Path:
     return adapter_base(checkpoint) if is_adapter(checkpoint) else Path(checkpoint)
 
 
-def read_adapter_config(adapter_dir: Path) -> dict[str, object]:
+def read_adapter_config(adapter_dir: Path) -> JsonObject:
     try:
         config = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
     except (OSError, ValueError) as exc:

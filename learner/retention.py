@@ -25,13 +25,13 @@ import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 from sqlalchemy import Engine
 
 from learner.layout import CheckpointError, is_adapter, served_base
 from store import policy_versions
+from store.policy_versions import CheckpointVersion
 
 log = logging.getLogger("onthejob.learner")
 
@@ -47,7 +47,7 @@ class Plan:
 
 
 def plan(
-    versions: Iterable[dict[str, Any]],
+    versions: Iterable[CheckpointVersion],
     *,
     checkpoints: Path,
     keep_last: int,

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from store.conversation import conversation
-from store.json_types import JsonObject
+from store.json_types import JsonObject, JsonValue
 from store.next_turn import next_turn_signals, open_turns
 from store.trajectory_record import Trajectory
 from store.turn_signals import Stored
@@ -110,7 +110,7 @@ def as_detail(signals: Iterable[Stored]) -> list[JsonObject]:
     return [asdict(s) for s in signals]
 
 
-def signals_in(detail: Mapping[str, Any] | None) -> list[Stored] | None:
+def signals_in(detail: Mapping[str, JsonValue] | None) -> list[Stored] | None:
     """The signals a grade's detail holds: the next_turn grader's own, or its entry in a
     combination (learner/graders/combine.py); None when it holds none."""
     if not detail:

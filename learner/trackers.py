@@ -16,13 +16,28 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from sqlalchemy.engine import make_url
 
 from store.environment import environment
+from store.json_types import JsonValue
+
+if TYPE_CHECKING:
+    from learner.guard import VerdictState
 
 log = logging.getLogger("onthejob.learner")
+
+# a setting as a tracker stores it (`run_config`): the learner's settings are numbers, flags,
+# text, paths and lists of text (those two as text)
+RunSetting = str | int | float | bool | None
+
+
+class GuardReport(TypedDict):
+    """The guard's decision on a version, as `Reporter.guard` hears it."""
+
+    outcome: str  # kept | rolled_back | waived
+    types: list[VerdictState]
 
 
 class Tracker(Protocol):
@@ -33,7 +48,7 @@ class Tracker(Protocol):
     def close(self) -> None: ...
 
 
-def flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+def flatten(metrics: Mapping[str, JsonValue], prefix: str = "") -> dict[str, float]:
     """The numbers of a metrics dict as `a/b` keys; booleans as 0/1; NaN, text and lists
     (the drop reasons come as their counts: `dropped/<reason>`) left out."""
     out: dict[str, float] = {}
@@ -53,9 +68,9 @@ def flatten(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     return out
 
 
-def run_config(config: Mapping[str, Any]) -> dict[str, Any]:
+def run_config(config: Mapping[str, Any]) -> dict[str, RunSetting]:
     """The settings as a tracker stores them: plain values, no password."""
-    out: dict[str, Any] = {}
+    out: dict[str, RunSetting] = {}
     for key, value in config.items():
         if key == "database_url" and isinstance(value, str):
             value = make_url(value).render_as_string(hide_password=True)
@@ -70,7 +85,7 @@ def run_config(config: Mapping[str, Any]) -> dict[str, Any]:
 class TensorBoard:
     name = "tensorboard"
 
-    def __init__(self, directory: Path, run: str, config: Mapping[str, Any]) -> None:
+    def __init__(self, directory: Path, run: str, config: Mapping[str, RunSetting]) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(directory / "tensorboard" / run))
@@ -89,7 +104,7 @@ class TensorBoard:
 class WandB:
     name = "wandb"
 
-    def __init__(self, directory: Path, run: str, config: Mapping[str, Any]) -> None:
+    def __init__(self, directory: Path, run: str, config: Mapping[str, RunSetting]) -> None:
         import wandb
 
         directory.mkdir(parents=True, exist_ok=True)
@@ -114,7 +129,7 @@ class WandB:
 class MLflow:
     name = "mlflow"
 
-    def __init__(self, directory: Path, run: str, config: Mapping[str, Any]) -> None:
+    def __init__(self, directory: Path, run: str, config: Mapping[str, RunSetting]) -> None:
         from mlflow.tracking import MlflowClient
 
         # a local SQLite file: MLflow's plain-file store is frozen and refused by default
@@ -176,10 +191,10 @@ class Reporter:
                     " (pip install 'onthejob[trackers]')" if isinstance(exc, ImportError) else "",
                 )
 
-    def step(self, step: int, metrics: Mapping[str, Any]) -> None:
+    def step(self, step: int, metrics: Mapping[str, JsonValue]) -> None:
         self._each(lambda t: t.log(step, flatten(metrics)))
 
-    def guard(self, step: int, decision: Mapping[str, Any]) -> None:
+    def guard(self, step: int, decision: GuardReport) -> None:
         """The guard's verdict: kept (1) or rolled back (0), and each type's before/after."""
         values = {"guard/kept": float(decision.get("outcome") != "rolled_back")}
         for kind in decision.get("types") or []:

@@ -18,13 +18,13 @@ import statistics
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 from learner.signals import signals_in
+from store.json_types import JsonValue
 from store.samples import Sample
 
 
-def turn_values(detail: Mapping[str, Any] | None) -> dict[str, float]:
+def turn_values(detail: Mapping[str, JsonValue] | None) -> dict[str, float]:
     """The weighed next-turn signal of each judged reply (call id -> value x weight) in a
     grade's detail; a signal of weight 0 (its key's signals are off) credits nothing."""
     return {s.call_id: s.value * s.weight for s in signals_in(detail) or [] if s.weight > 0}

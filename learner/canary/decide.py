@@ -32,6 +32,8 @@ from typing import Any, Literal
 
 from learner.canary.sequential import Arm, Comparison, Rule, Verdict
 from learner.canary.watch import Alert
+from store.canaries import CanaryRow
+from store.canary_stats import ArmStats, CanaryArms
 
 Action = Literal["promote", "rollback", "hold"]
 # three measures, each at a third of 5%: alike arms get a verdict at most 5% of the time
@@ -54,7 +56,7 @@ class Measures:
 
 
 def comparisons(
-    arms: dict[str, Any], *, min_calls: int, measures: Measures | None = None
+    arms: CanaryArms, *, min_calls: int, measures: Measures | None = None
 ) -> dict[str, Comparison]:
     """Each measure's comparison of the candidate's arm with the incumbent's."""
     measures = measures or Measures()
@@ -84,14 +86,14 @@ def comparisons(
     }
 
 
-def _complained(arm: dict[str, Any]) -> Arm:
+def _complained(arm: ArmStats) -> Arm:
     complained = min(arm["signals"]["negative"], arm["calls"])
     return Arm.from_sums(arm["calls"], complained, complained)
 
 
 def decide(
-    canary: dict[str, Any],
-    arms: dict[str, Any],
+    canary: CanaryRow,
+    arms: CanaryArms,
     *,
     now: datetime,
     measures: Measures | None = None,

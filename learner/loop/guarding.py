@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from learner.guard import GuardConfig
 from learner.guard_run import Guard, publish_config
@@ -18,6 +17,7 @@ from learner.swap.routing import wait_routed
 from learner.swap.versions import serve_version
 from store import policy_versions, tenants
 from store.guard_records import guard_decision, mark_rolled_back
+from store.policy_versions import PolicyVersionRow
 
 log = logging.getLogger("onthejob.learner")
 
@@ -77,7 +77,7 @@ class Guarding:
         else:
             guard.baseline(lineage.serving)
 
-    def _parent(self) -> dict[str, Any] | None:
+    def _parent(self) -> PolicyVersionRow | None:
         lineage = self.state.lineage
         assert lineage.serving is not None
         if not lineage.serving["parent"]:
@@ -156,7 +156,7 @@ class Guarding:
         log.info("guard: tenant %s answered by the shared policy again", state.tenant)
         return str(shared["version"])
 
-    def _await_routed(self, version: dict[str, Any]) -> None:
+    def _await_routed(self, version: PolicyVersionRow) -> None:
         """A tenant's evals must be answered by the version they judge: an adapter of its
         own serves once every proxy routes the tenant's calls to it (every replica has it
         loaded); the shared policy's version answers it at once."""

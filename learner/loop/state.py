@@ -40,6 +40,7 @@ from learner.traffic import TrafficYield, yielding_to
 from learner.trainer import Trainer, TrainerConfig
 from store import learner_state
 from store.control import KNOBS, Control
+from store.policy_versions import PolicyVersionRow
 from store.tasks import TaskTable
 
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
@@ -59,7 +60,7 @@ class Lineage:
     """A policy's own state: the shared policy's, or one tenant's (`tenant`)."""
 
     tenant: str | None
-    serving: dict[str, Any] | None  # the version that serves it, as recorded
+    serving: PolicyVersionRow | None  # the version that serves it, as recorded
     baselines: Baselines
     fresh: FreshWait  # a ready step waits for the serving version's samples (--fresh-wait)
     traffic: TrafficYield  # and for busy replicas to go idle (--yield-to-traffic)
@@ -73,7 +74,7 @@ class Lineage:
 
     @classmethod
     def fresh_for(
-        cls, config: LearnerConfig, tenant: str | None, serving: dict[str, Any] | None = None
+        cls, config: LearnerConfig, tenant: str | None, serving: PolicyVersionRow | None = None
     ) -> Lineage:
         return cls(
             tenant=tenant,

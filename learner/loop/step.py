@@ -7,7 +7,6 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -32,6 +31,7 @@ from learner.step_time import StepTime, median_seconds, training_metrics
 from learner.swap.publisher import PublishResult
 from learner.turn_credit import credited, turn_advantages, turn_values
 from store import clock, grade_queue, policy_versions, turn_signals
+from store.grade_queue import TrainableGrade
 from store.json_types import JsonObject
 from store.samples import Sample, build_samples
 from store.trajectory_loading import load_trajectories
@@ -129,7 +129,7 @@ class Stepping:
         self._train(advantaged, considered, group_metrics, baselines, waiting=len(waiting))
         return True
 
-    def _trainable_rows(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    def _trainable_rows(self) -> tuple[list[TrainableGrade], dict[str, int]]:
         """The graded trajectories a step may take (whole groups only), and the lineage's
         version ordinals."""
         with self.state.engine.connect() as conn:
@@ -146,7 +146,7 @@ class Stepping:
         return rows, ordinals
 
     def _scored(
-        self, rows: list[dict[str, Any]], ordinals: dict[str, int]
+        self, rows: list[TrainableGrade], ordinals: dict[str, int]
     ) -> tuple[list[Scored], list[str]]:
         """The rows as rewards to group, and the ids of those no verified version answered:
         traffic of an unknown label, or recorded before the proxy knew the version, is not
@@ -524,7 +524,7 @@ def _step_time(
     )
 
 
-def _lags(rows: list[dict[str, Any]], advantaged: list[Advantaged]) -> dict[str, float]:
+def _lags(rows: list[TrainableGrade], advantaged: list[Advantaged]) -> dict[str, float]:
     """The median grading lag (last call -> graded) and sample age (started -> now) of the
     trajectories a step trains on, in seconds (absent where unknown)."""
     row_of = {r["trajectory_id"]: r for r in rows}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -19,6 +18,7 @@ from learner.lora import load_trainable, merge, wrap
 from learner.shared_base import share_frozen
 from learner.swap.publisher import ExpectedLogprobs, Fingerprint, Probe
 from learner.trainer import Trainer, TrainerConfig, trainer_device
+from store.policy_versions import PolicyVersionRow
 
 log = logging.getLogger("onthejob.learner")
 
@@ -104,7 +104,7 @@ class Weights:
         assert serving is not None
         self.load(Path(serving["checkpoint_path"]))
 
-    def follow(self, serving: dict[str, Any], by: str = "an operator") -> None:
+    def follow(self, serving: PolicyVersionRow, by: str = "an operator") -> None:
         """What serves changed under us (an operator, the guard): the trainer and the
         publisher's idea of the last good weights move to it."""
         log.info("now serving %s (changed by %s); training from it", serving["version"], by)

@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import httpx
 
@@ -41,6 +41,9 @@ from learner.swap.publisher import (
 )
 from learner.swap.replicas import Replicas
 
+if TYPE_CHECKING:
+    import torch
+
 log = logging.getLogger("onthejob.learner")
 
 
@@ -60,7 +63,9 @@ class WeightTransport(Protocol):
     """How a checkpoint's weights reach one paused replica. Weights that were not staged
     for a directory (a rollback, a restore, a repair) come from its files."""
 
-    def stage(self, directory: Path, version: str, tensors: Mapping[str, Any] | None) -> None:
+    def stage(
+        self, directory: Path, version: str, tensors: Mapping[str, torch.Tensor] | None
+    ) -> None:
         """The publish about to start: ``directory``'s weights as ``tensors`` in memory, where
         the caller has them (None: read them from the directory)."""
 
@@ -99,7 +104,9 @@ class DiskReload:
     def __init__(self, check_files: bool = True) -> None:
         self.check_files = check_files
 
-    def stage(self, directory: Path, version: str, tensors: Mapping[str, Any] | None) -> None:
+    def stage(
+        self, directory: Path, version: str, tensors: Mapping[str, torch.Tensor] | None
+    ) -> None:
         pass
 
     def preflight(self, directory: Path, like: Path | None) -> None:
@@ -198,7 +205,7 @@ class FullWeightPublisher:
         *,
         expected: ExpectedLogprobs,
         commit: Commit | None = None,
-        tensors: Mapping[str, Any] | None = None,
+        tensors: Mapping[str, torch.Tensor] | None = None,
     ) -> PublishResult:
         """Swap ``checkpoint_dir`` into every replica as ``version`` and verify each.
         ``tensors``: its weights in memory, for a transport that sends them from there (the

@@ -21,11 +21,11 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import Engine
 
 from store import publish_lease
+from store.publish_lease import LeaseHolder
 
 TTL = timedelta(seconds=60)
 # a wait this long outlasts the lease of a holder that was killed holding it
@@ -93,7 +93,7 @@ def acquire(
     *,
     wait: float,
     steal_prefix: str | None = None,
-    on_wait: Callable[[dict[str, Any]], None] | None = None,
+    on_wait: Callable[[LeaseHolder], None] | None = None,
 ) -> None:
     """Take the lease, waiting up to `wait` seconds for it; `on_wait` hears once who holds
     it when we have to wait (someone waiting a minute should know why)."""
@@ -120,7 +120,7 @@ def release(engine: Engine, holder: str) -> None:
     publish_lease.release(engine, holder)
 
 
-def who(engine: Engine) -> dict[str, Any] | None:
+def who(engine: Engine) -> LeaseHolder | None:
     """The current holder, unless the lease is free or expired."""
     return publish_lease.holder(engine)
 
@@ -132,7 +132,7 @@ def held(
     *,
     wait: float,
     steal_prefix: str | None = None,
-    on_wait: Callable[[dict[str, Any]], None] | None = None,
+    on_wait: Callable[[LeaseHolder], None] | None = None,
 ) -> Iterator[None]:
     """Hold the lease for the block, renewed in the background (a swap may outlast TTL)."""
     acquire(engine, holder, wait=wait, steal_prefix=steal_prefix, on_wait=on_wait)

@@ -12,12 +12,23 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from typing import TypedDict
 
 from sqlalchemy import Engine
 
 from learner.swap import lease
 from learner.swap.versions import VersionError, serve_version
 from store import swap_requests
+
+
+class SwapOutcome(TypedDict, total=False):
+    """What `swap_requests.finish` records of a request: `serving` (done), or `error` and
+    its HTTP status (failed)."""
+
+    serving: str
+    error: str
+    error_status: int
+
 
 log = logging.getLogger("onthejob.learner")
 
@@ -72,7 +83,7 @@ class SwapRequestWorker:
             return False
         version, action = request["version"], request["action"]
         log.info("%s of %s asked through the admin API", action, version)
-        outcome: dict[str, object]
+        outcome: SwapOutcome
         try:
             label = serve_version(
                 self.engine,
@@ -91,12 +102,12 @@ class SwapRequestWorker:
         self._finish(request["id"], outcome)
         return True
 
-    def _finish(self, request_id: int, outcome: dict[str, object]) -> None:
+    def _finish(self, request_id: int, outcome: SwapOutcome) -> None:
         """Record the outcome; while the store is away, try again (the swap happened)."""
         for _ in range(FINISH_TRIES):
             try:
                 with self.engine.begin() as conn:
-                    swap_requests.finish(conn, request_id, **outcome)  # type: ignore[arg-type]
+                    swap_requests.finish(conn, request_id, **outcome)
                 return
             except Exception as exc:
                 log.warning("swap request %d: recording its outcome failed: %s", request_id, exc)

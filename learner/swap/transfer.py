@@ -77,7 +77,9 @@ class WeightFileTransfer:
         self.last_phases: dict[str, TransferPhases] = {}
         self._staged: tuple[Path, str, Mapping[str, torch.Tensor]] | None = None
 
-    def stage(self, directory: Path, version: str, tensors: Mapping[str, Any] | None) -> None:
+    def stage(
+        self, directory: Path, version: str, tensors: Mapping[str, torch.Tensor] | None
+    ) -> None:
         if tensors is None:
             self._staged = None
             return

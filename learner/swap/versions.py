@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import Engine
 
@@ -38,6 +37,7 @@ from learner.swap.publisher import (
 )
 from store import policy_versions
 from store.policy_versions import UnknownVersion, VersionError
+from store.publish_lease import LeaseHolder
 
 __all__ = [
     "PublishFailed",
@@ -69,7 +69,7 @@ def serve_version(
     expected_for: ExpectedFor | None = None,
     tolerance: float | None = None,
     drain_timeout: float = 60.0,
-    on_lease_wait: Callable[[dict[str, Any]], None] | None = None,
+    on_lease_wait: Callable[[LeaseHolder], None] | None = None,
 ) -> str:
     """Serve `version` again; the new version's name. `action` "rollback" refuses a version
     newer than the serving one (that is "promote"). `tolerance` only applies to a version

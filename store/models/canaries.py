@@ -4,11 +4,11 @@ that serves the rest, until it is promoted or rolled back (store/canaries.py).""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
+from store.json_types import JsonObject
 from store.models.base import Base
 
 
@@ -62,7 +62,7 @@ class CanaryAction(Base):
     by: Mapped[str] = mapped_column(String(200))
     reason: Mapped[str] = mapped_column(Text)
     at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    detail: Mapped[JsonObject | None] = mapped_column(JSON)
 
 
 class WatchAlert(Base):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("cli", "proxy", "learner", "store")
-LIMIT = 100
+LIMIT = 21
 MAPPINGS = {"dict", "Dict", "Mapping", "MutableMapping"}
 ANYTHING = {"Any", "object"}
 
