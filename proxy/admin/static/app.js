@@ -4,7 +4,7 @@
 
 const API = "api";
 const POLL_MS = 5000;
-const state = { token: sessionStorage.getItem("onthejob-token"), view: "overview", cursor: null, open: null, timer: null };
+const state = { token: sessionStorage.getItem("onthejob-token"), view: "overview", cursor: null, open: null, timer: null, openHistories: new Set() };
 const $ = (id) => document.getElementById(id);
 
 function el(tag, attrs, ...children) {
@@ -669,10 +669,12 @@ async function loadCanaries() {
         el("td", {}, decisionOf(c)),
         el("td", { class: open.length ? "error" : "muted" },
           open.length ? open.map((a) => a.reason).join("; ") : `${c.alerts.length} cleared`),
+        historyCell(c),
+        canaryButtons(c),
       ),
     );
   }
-  if (!data.items.length) body.appendChild(el("tr", {}, el("td", { colSpan: 10, class: "muted" }, "no canaries: POST /admin/api/canaries starts one")));
+  if (!data.items.length) body.appendChild(el("tr", {}, el("td", { colSpan: 12, class: "muted" }, "no canaries: POST /admin/api/canaries starts one")));
   const alerts = $("watch-table").tBodies[0];
   alerts.replaceChildren();
   for (const a of watch.active) {
@@ -692,6 +694,74 @@ async function loadCanaries() {
   if (!watch.active.length) alerts.appendChild(el("tr", {}, el("td", { colSpan: 6, class: "muted" }, "no detector alerts")));
 }
 
+// every action taken on the canary, oldest first; open ones stay open through the polling
+function historyCell(c) {
+  const until = (a) => (a.action === "extend" && a.detail && a.detail.ends_at ? ` (until ${shortTime(a.detail.ends_at)})` : "");
+  const items = c.actions.map((a) => el("li", { "data-action": a.action }, `${shortTime(a.at)} · ${a.action}${until(a)} · ${a.by}${a.reason ? ` — ${a.reason}` : ""}`));
+  const last = c.actions[c.actions.length - 1];
+  const summary = last ? `${c.actions.length}, last: ${last.action} by ${last.by}` : "none";
+  const details = el("details", { open: state.openHistories.has(c.id) }, el("summary", {}, summary), el("ol", {}, ...items));
+  details.addEventListener("toggle", () => (details.open ? state.openHistories.add(c.id) : state.openHistories.delete(c.id)));
+  return el("td", { class: "history" }, details);
+}
+
+// -- an operator's actions on a running canary, recorded as admin:NAME (admin without a name)
+const OPERATOR_KEY = "onthejob-operator";
+const scopeName = (c) => (c.tenant ? `tenant ${c.tenant}` : "the shared policy");
+const CANARY_ACTIONS = {
+  promote: {
+    label: "Promote",
+    done: "promoted",
+    ask: (c) => `Promote ${c.candidate}? It serves ${scopeName(c)} from now on` + (c.tenant ? "." : " (every replica is swapped to it)."),
+  },
+  rollback: {
+    label: "Roll back",
+    done: "rolled back",
+    ask: (c) => `Roll back canary ${c.id}? Every call of ${scopeName(c)} goes to ${c.incumbent || "the incumbent"} again.`,
+  },
+  extend: { label: "Extend", done: "extended" },
+};
+
+function canaryButtons(c) {
+  const cell = el("td", { class: "canary-actions" });
+  if (c.status !== "running") return cell;
+  for (const [action, spec] of Object.entries(CANARY_ACTIONS)) {
+    const button = el("button", { class: action, "data-action": action, title: action === "extend" ? "by the seconds above" : "" }, spec.label);
+    button.addEventListener("click", () => actOnCanary(c, action));
+    cell.appendChild(button);
+  }
+  return cell;
+}
+
+function operatorBody(extra) {
+  const name = $("operator").value.trim();
+  return JSON.stringify({ ...(name ? { by: name } : {}), reason: $("canary-reason").value.trim(), ...extra });
+}
+
+async function actOnCanary(c, action) {
+  const spec = CANARY_ACTIONS[action];
+  const extra = {};
+  if (action === "extend") {
+    extra.seconds = Number($("extend-seconds").value);
+    if (!(extra.seconds > 0)) return say("Extend by how many seconds? Give a number above 0.", true);
+  } else if (!window.confirm(spec.ask(c))) return;
+  say(`${spec.label}: canary ${c.id}…`);
+  await guarded(async () => {
+    const after = await api(`/canaries/${c.id}/${action}`, { method: "POST", body: operatorBody(extra) });
+    const last = after.actions[after.actions.length - 1];
+    const until = action === "extend" ? ` until ${shortTime(after.ends_at)}` : "";
+    say(`Canary ${c.id} ${spec.done}${until} by ${last.by}.`);
+    $("canary-reason").value = "";
+    await loadCanaries();
+  });
+}
+
+function rememberOperator() {
+  const name = $("operator").value.trim();
+  if (name) localStorage.setItem(OPERATOR_KEY, name);
+  else localStorage.removeItem(OPERATOR_KEY);
+}
+
 // -- wiring --------------------------------------------------------------------------
 document.addEventListener("DOMContentLoaded", () => {
   $("login-form").addEventListener("submit", login);
@@ -703,5 +773,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("more").addEventListener("click", () => guarded(() => loadTrajectories(false)));
   $("thumbs-up").addEventListener("click", () => feedback(1));
   $("thumbs-down").addEventListener("click", () => feedback(0));
+  $("operator").value = localStorage.getItem(OPERATOR_KEY) || "";
+  $("operator").addEventListener("change", rememberOperator);
   if (state.token) start();
 });
