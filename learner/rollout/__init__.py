@@ -33,7 +33,8 @@ Modules: taskset (task sets, the task table), harness (one bounded process), gra
 reward of a run), runner (the pool; its database writes are store/rollouts.py), report (eval
 numbers), progress (the bar), curriculum (curriculum files and promotion rules),
 curriculum_runner (`rollout --curriculum`: stages, rounds, evals, promotions; where a
-curriculum stands is store/curricula.py), cli.
+curriculum stands is store/curricula.py), cli; tool_tasks, a bundled task family for agents
+(multi-turn tool tasks with their tools, grader, stand-in teacher and agent).
 """
 
 from __future__ import annotations
