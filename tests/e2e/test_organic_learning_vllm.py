@@ -61,7 +61,7 @@ def test_unique_prompt_traffic_trains_against_its_type_baseline(
     command = [
         *(sys.executable, "-m", "cli", "learn", "--db", db_url, "--upstream", vllm.url),
         *("--model", str(tiny_model), "--checkpoints", str(tmp_path / "checkpoints")),
-        *("--grader", "python:bench.letter_toy:share_of_a_reward"),
+        *("--grader", "python:learner.toys.letter:share_of_a_reward"),
         *("--batch-trajectories", "16", "--learning-rate", "3e-3", "--max-steps", str(STEPS)),
         *("--truncated", "train", "--poll-interval", "0.2"),
         # the reward is the python grader's alone: no self-judge calls slowing grading

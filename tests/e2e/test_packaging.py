@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from learner.vllm_server import free_port
 from store import db
 from store.models import Call
+from tests.support.fake_vllm import ANSWER, FakeVLLM
 from tests.support.paths import ROOT
 
 HEAVY = ("torch", "transformers", "vllm", "matplotlib", "peft")
@@ -43,10 +44,14 @@ def test_the_core_dependencies_leave_out_the_learner_and_the_demo() -> None:
 
 
 def test_the_proxy_serves_and_records_without_the_heavy_packages(tmp_path: Path) -> None:
-    upstream_port, proxy_port = free_port(), free_port()
-    upstream = subprocess.Popen(
-        [sys.executable, "-m", "bench.fake_upstream", "--port", str(upstream_port)], cwd=ROOT
-    )
+    with FakeVLLM() as upstream:
+        _serve_one_call(upstream.url, tmp_path)
+
+
+def _serve_one_call(upstream: str, tmp_path: Path) -> None:
+    """`onthejob serve` without the heavy packages answers a chat call from ``upstream``
+    (the fake vLLM, a thread of this process) and records it."""
+    proxy_port = free_port()
     db_url = f"sqlite:///{tmp_path / 'core.db'}"
     command = [
         sys.executable,
@@ -54,7 +59,7 @@ def test_the_proxy_serves_and_records_without_the_heavy_packages(tmp_path: Path)
         SERVE_WITHOUT_HEAVY.format(heavy=HEAVY),
         "serve",
         "--upstream",
-        f"http://127.0.0.1:{upstream_port}",
+        upstream,
         "--port",
         str(proxy_port),
         "--db",
@@ -77,12 +82,10 @@ def test_the_proxy_serves_and_records_without_the_heavy_packages(tmp_path: Path)
         )
         with urllib.request.urlopen(request, timeout=10) as answer:
             body = json.loads(answer.read())
-        assert body["choices"][0]["message"]["content"] == "The answer is forty-two."
+        assert body["choices"][0]["message"]["content"] == ANSWER
     finally:
         proxy.terminate()
         assert proxy.wait(timeout=30) in (0, -15), log.read_text()[-2000:]
-        upstream.terminate()
-        upstream.wait(timeout=10)
     engine = db.make_engine(db_url)
     try:
         with engine.connect() as conn:

@@ -403,7 +403,7 @@ TIME_CLAUSE = re.compile(
 
 
 def _bf16_is_native() -> bool:
-    from learner.demo.run import serving_dtype
+    from learner.vllm_server import serving_dtype
 
     return serving_dtype("auto") == "bfloat16"
 
@@ -426,7 +426,7 @@ def test_the_learner_on_its_defaults_under_continuous_traffic_steps_and_accounts
     launch = [
         *(sys.executable, "-m", "cli", "learn", "--db", db_url, "--upstream", real_vllm.url),
         *("--model", str(smollm2), "--checkpoints", str(tmp_path / "checkpoints")),
-        *("--grader", "python:bench.letter_toy:share_of_a_reward", "--max-steps", "2"),
+        *("--grader", "python:learner.toys.letter:share_of_a_reward", "--max-steps", "2"),
     ]
     engine = db.make_engine(db_url)
     stop = threading.Event()

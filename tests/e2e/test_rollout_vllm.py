@@ -306,7 +306,7 @@ def test_calls_recorded_after_the_run_ended_are_picked_up(vllm, start_proxy, tmp
         {
             "id": "late",
             "prompt": "LATE",
-            "grader": "python:bench.letter_toy:share_of_a_reward",
+            "grader": "python:learner.toys.letter:share_of_a_reward",
         },
         {"id": "wait", "prompt": "WAIT", "answer": "x"},
     ]

@@ -35,7 +35,7 @@ from store.control import read_heartbeat
 from store.models import Call, Grade, PolicyVersion, SwapGate, TrainingStep, Trajectory
 
 TASK = "drill"
-GRADER = "python:bench.letter_toy:share_of_a_reward"
+GRADER = "python:learner.toys.letter:share_of_a_reward"
 DRILL_TOKEN = "drill-token"
 # the proxy follows the swap gates quickly, so drills wait for swaps briefly
 FAST_GATES = {"ONTHEJOB_GATE_POLL_INTERVAL": "0.05", "ONTHEJOB_ADMIN_TOKEN": DRILL_TOKEN}

@@ -24,7 +24,7 @@ def learner_command(
     return [
         *("learn", "--db", db_url, "--upstream", vllm.url, "--model", str(tiny_model)),
         *("--checkpoints", str(checkpoints), "--batch-trajectories", "32"),
-        *("--grader", "python:bench.letter_toy:share_of_a_reward"),
+        *("--grader", "python:learner.toys.letter:share_of_a_reward"),
         *("--learning-rate", "3e-3", "--max-steps", str(steps), "--poll-interval", "0.2"),
         *("--self-judge-shadow", "0"),  # no judge calls beside the measured steps
         "--truncated",

@@ -10,7 +10,7 @@ from pathlib import Path
 import openai
 from sqlalchemy import func, select
 
-from bench.letter_toy import share_of_a
+from learner.toys.letter import share_of_a
 from store.models import TrainingStep
 
 PROMPTS = [f"Write something, take {i}." for i in range(4)]

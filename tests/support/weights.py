@@ -1,4 +1,5 @@
-"""A trainer's expected probe logprobs and a modified checkpoint: what the swap tests share."""
+"""A trainer's expected probe logprobs, a modified checkpoint, and weights loaded into a replica
+unverified: what the swap tests share."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from learner.checkpoint import (
 )
 from learner.swap.full_publisher import FullWeightPublisher
 from learner.swap.publisher import ExpectedLogprobs, Probe, current_version
+from learner.swap.replicas import Replicas
 
 # what the swap tests sample and probe with
 PROMPT = "<|im_start|>user\nhello, what is the weather today?<|im_end|>\n<|im_start|>assistant\n"
@@ -50,3 +52,17 @@ def serve_again(upstream: str, model_dir: Path, probe: Probe, version: str) -> N
     result = restore.rollback(model_dir, version, expected=trainer_logprobs(model_dir))
     assert result.ok, result.error
     assert current_version(upstream) == version
+
+
+def load_unverified(upstream: str, directory: Path) -> None:
+    """Reload ``directory`` into ``upstream`` as it is, nothing verified (a stand-in for a
+    replica that did not load what it was given), by the publisher's own calls on a replica:
+    pause, reload, reset the prefix cache, resume."""
+    replicas = Replicas([upstream], probe=Probe(prompt_token_ids=[]), timeout=120)
+    with replicas.client() as client:
+        replicas.pause(client, upstream)
+        try:
+            replicas.reload(client, upstream, directory)
+            replicas.reset_prefix_cache(client, upstream)
+        finally:
+            replicas.resume(client, upstream, replicas.retries)

@@ -1,8 +1,11 @@
-"""The tests mirror the code in three tiers, and share helpers only through tests/support/."""
+"""The tests mirror the code in three tiers, share helpers only through tests/support/, and
+use neither the benches nor the demo as a library: what a test shares with them lives in the
+product, which they all import."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -45,7 +48,7 @@ def test_every_test_module_is_in_a_tier() -> None:
 
 def test_bench_does_not_import_the_tests() -> None:
     """Benchmarks are tools a user runs from a clone: what they share with the tests lives
-    in bench/ or the product, and the tests import it from there."""
+    in the product (learner/vllm_server.py, learner/toys/, ...), and both import it there."""
     bench = TESTS.parent / "bench"
     offenders = {
         str(path.relative_to(bench)): sorted(
@@ -54,4 +57,73 @@ def test_bench_does_not_import_the_tests() -> None:
         for path in bench.rglob("*.py")
     }
     offenders = {k: v for k, v in offenders.items() if v}
-    assert not offenders, f"move what they share into bench/: {offenders}"
+    assert not offenders, f"move what they share into the product: {offenders}"
+
+
+# a module named in a string: a grader (python:MODULE:FUNCTION), `python -m MODULE`
+NAMED_MODULE = re.compile(r"(?:python:)?([a-z_]\w*(?:\.\w+)+)(?::\w+)?")
+
+
+def of_the_benches(path: Path) -> bool:
+    """A test of a bench: it mirrors bench/ or is named for one (test_bench_*.py,
+    test_*_bench.py)."""
+    return path.is_relative_to(TESTS / "unit" / "bench") or "bench" in path.stem
+
+
+def of_the_demo(path: Path) -> bool:
+    """A test of `onthejob demo`: it mirrors learner/demo/ or is named for it (test_demo*.py)."""
+    return path.is_relative_to(TESTS / "unit" / "learner" / "demo") or path.stem.startswith(
+        "test_demo"
+    )
+
+
+# who may import each: its own tests; the demo's also the benches' tests, as the benches
+# measure the demo and their tests check how they drive it
+MAY_IMPORT = {
+    "bench": (of_the_benches,),
+    "learner.demo": (of_the_demo, of_the_benches),
+}
+
+
+def named_modules(path: Path) -> set[str]:
+    found = imported_modules(path)
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if match := NAMED_MODULE.fullmatch(node.value):
+                found.add(match.group(1))
+    return found
+
+
+def test_the_tests_use_neither_the_benches_nor_the_demo_as_a_library() -> None:
+    """A toy task, the vLLM launcher, a fake upstream: what a test needs of them lives in the
+    product or tests/support/, so that a bench or the demo changes without breaking a test
+    of something else. Only their own tests import them (by an import, a python: grader or
+    `python -m`)."""
+    offenders = {}
+    for path in TESTS.rglob("*.py"):
+        if path == Path(__file__).resolve():
+            continue  # it names them
+        wrong = {
+            name
+            for name in named_modules(path)
+            for package, allowed in MAY_IMPORT.items()
+            if (name == package or name.startswith(package + "."))
+            and not any(may(path) for may in allowed)
+        }
+        if wrong:
+            offenders[str(path.relative_to(TESTS))] = sorted(wrong)
+    assert not offenders, f"import what they share from the product instead: {offenders}"
+
+
+def test_a_grader_or_a_module_run_by_name_counts_as_an_import(tmp_path: Path) -> None:
+    module = tmp_path / "test_uses_a_bench.py"
+    module.write_text(
+        'GRADER = "python:bench.toy:reward"\n'
+        'COMMAND = ["python", "-m", "learner.demo.harnesses.calc_agent"]\n'
+        "from learner import demo\n"
+    )
+    assert named_modules(module) >= {
+        "bench.toy",
+        "learner.demo.harnesses.calc_agent",
+        "learner.demo",
+    }

@@ -20,11 +20,11 @@ from learner.command_settings import (
     RollbackSettings,
 )
 from learner.config import LearnerConfig
-from learner.demo.settings import DemoSettings
 from learner.rollout.settings import RolloutSettings
 from proxy.commands.settings import ExportSettings, SpoolReplaySettings
 from proxy.settings import Settings
-from store.settings_cli import argument_name, flag_name
+from store.settings_cli import argument_name
+from tests.support.flags import check_flags, flags_from, flags_of
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATOR = ROOT / "docs" / "reference" / "generate.py"
@@ -42,15 +42,6 @@ def generator() -> ModuleType:
 def commands() -> dict[str, argparse.ArgumentParser]:
     parser = build_parser()
     return {name: sub for name, sub in generator()._subcommands(parser)}
-
-
-def flags_of(parser: argparse.ArgumentParser) -> set[str]:
-    return {
-        flag
-        for action in parser._actions
-        for flag in action.option_strings
-        if flag.startswith("--") and flag != "--help"
-    }
 
 
 def test_the_configuration_page_is_the_one_the_settings_generate() -> None:
@@ -72,24 +63,11 @@ def test_the_cli_page_has_every_command_with_exactly_its_flags() -> None:
         assert shown >= flags_of(sub), f"`{name}`: {sorted(flags_of(sub) - shown)}; {FIX}"
 
 
-def flags_from(settings: type, only: set[str] | None = None) -> set[str]:
-    """The flags a settings class gives (a bool setting also takes --no-NAME)."""
-    fields = {n: i for n, i in settings.model_fields.items() if only is None or n in only}
-    flags = {str(flag_name(n, i)) for n, i in fields.items() if flag_name(n, i)}
-    negated = {
-        "--no-" + str(flag_name(n, i)).removeprefix("--")
-        for n, i in fields.items()
-        if i.annotation is bool and flag_name(n, i)
-    }
-    return flags | negated
-
-
 @pytest.mark.parametrize(
     ("command", "settings", "extra"),
     [
         ("serve", Settings, set()),
         ("learn", LearnerConfig, {"--config"}),
-        ("demo", DemoSettings, set()),
         ("rollout", RolloutSettings, set()),
         ("export", ExportSettings, set()),
         ("spool replay", SpoolReplaySettings, set()),
@@ -100,14 +78,8 @@ def flags_from(settings: type, only: set[str] | None = None) -> set[str]:
 def test_every_setting_has_its_flag_and_every_flag_is_a_setting(
     command: str, settings: type, extra: set[str]
 ) -> None:
-    parser = commands()[command]
-    assert flags_of(parser) == flags_from(settings) | extra
-    secrets = {
-        n
-        for n, i in settings.model_fields.items()
-        if flag_name(n, i) is None and argument_name(n, i) is None
-    }
-    assert secrets <= {"upstream_api_key", "feedback_token", "admin_token", "teacher_api_key"}
+    """`onthejob demo`'s: tests/unit/learner/demo/test_demo_model_choice.py."""
+    check_flags(commands()[command], settings, extra)
 
 
 LEARNER_DB = {"database_url"}

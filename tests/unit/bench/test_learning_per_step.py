@@ -18,9 +18,9 @@ from bench.learning_per_step import (
     serving_at,
     steps_to_measure,
 )
-from bench.letter_toy import HELDOUT_PROMPTS, PROMPTS
 from bench.organic_traffic import unique_prompt
 from bench.stats import seeds_are_fresh
+from learner.toys.letter import HELDOUT_PROMPTS, PROMPTS
 
 
 def run(

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from bench import tenants as bench
-from bench.tenant_toy import SPLITS, TOYS
 from bench.tenants import ArmResult, choose_arms, report, shares_vs_alone, slower_tenant
+from learner.toys.tenants import SPLITS, TOYS
 
 YES, NO = TOYS["yesno"]
 

@@ -53,18 +53,6 @@ def test_the_trainer_s_threads_come_from_the_flag_or_the_environment(
         LearnerConfig.load(config_file=None, overrides={"model": "m"})
 
 
-def test_the_demo_runs_its_real_model_learner_on_the_defaults() -> None:
-    """The reading recipe passes no learning rate, no truncation rule and no threads: the
-    learner's defaults, as a user runs it."""
-    from learner.demo.run import RECIPES, _learning_rate, _threads
-
-    reading = RECIPES["reading"]
-    assert reading.learning_rate is None and reading.learner_args == ()
-    assert _learning_rate(None) == [] and _threads(None) == []
-    assert _threads(3) == ["--torch-threads", "3"]
-    assert _learning_rate(RECIPES["calculator"].learning_rate) == ["--learning-rate", "0.0001"]
-
-
 def test_per_turn_credit_is_the_default_for_next_turn_grades_only() -> None:
     def load(**overrides: object) -> LearnerConfig:
         return LearnerConfig.load(config_file=None, overrides={"model": "m", **overrides})

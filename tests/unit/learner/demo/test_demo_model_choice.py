@@ -9,12 +9,19 @@ import argparse
 import pytest
 
 from learner.demo import cli, settings
+from tests.support.flags import check_flags
 
 
 def parsed(*args: str) -> settings.DemoSettings:
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers())
     return cli.demo_settings(parser.parse_args(["demo", *args]))
+
+
+def test_every_setting_has_its_flag_and_every_flag_is_a_setting() -> None:
+    commands = argparse.ArgumentParser().add_subparsers()
+    cli.register(commands)
+    check_flags(commands.choices["demo"], settings.DemoSettings, set())
 
 
 @pytest.mark.parametrize(

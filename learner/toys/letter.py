@@ -24,5 +24,5 @@ def share_of_a(text: str) -> float:
 
 
 def share_of_a_reward(trajectory: dict[str, Any]) -> float:
-    """Python grader (python:bench.letter_toy:share_of_a_reward)."""
+    """Python grader (python:learner.toys.letter:share_of_a_reward)."""
     return share_of_a(reply_text(trajectory))

@@ -1,4 +1,5 @@
-"""The dtype vLLM is started in is the one asked for (the demo's, a bench's bf16)."""
+"""The dtype vLLM is started in is the one asked for (the demo's, a bench's bf16), and "auto"
+is the one the CPU computes natively."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from learner.demo.run import DemoConfig, serving_dtype
-from learner.vllm_server import VLLMServer
+from learner.vllm_server import VLLMServer, serving_dtype
 
 
 def test_the_server_command_carries_the_dtype(tmp_path: Path) -> None:
@@ -18,10 +18,9 @@ def test_the_server_command_carries_the_dtype(tmp_path: Path) -> None:
     assert default[default.index("--dtype") + 1] == "float32"
 
 
-def test_the_demo_serves_bf16_where_the_cpu_computes_it_natively(
+def test_auto_serves_bf16_where_the_cpu_computes_it_natively(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert DemoConfig().dtype == "auto"
     assert serving_dtype("float32") == "float32"
     for native, expected in ((True, "bfloat16"), (False, "float32")):
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda n=native: n)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from bench.letter_toy import reply_text, share_of_a
+from learner.toys.letter import reply_text, share_of_a
 
 MORE_A, FEWER_A = "more-a", "fewer-a"
 LOWER, NOT_LOWER = "lower", "not-lower"
@@ -94,7 +94,7 @@ def reward_for(tenant: str, text: str) -> float:
 
 
 def tenant_reward(trajectory: dict[str, Any]) -> float:
-    """Python grader (python:bench.tenant_toy:tenant_reward): by the calls' client key, whose
+    """Python grader (python:learner.toys.tenants:tenant_reward): by the calls' client key, whose
     name is the tenant's."""
     key = trajectory["calls"][-1].get("key_name")
     if key not in REWARDS:
