@@ -150,7 +150,7 @@ def _build_weights(out_dir: Path, vocab_size: int, eos_id: int, pad_id: int, see
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(torch.float32).eval()
     # Write tensors ourselves: save_pretrained drops lm_head.weight when tied,
-    # and vLLM's reload_weights then leaves the LM head stale (VLLM_CPU.md).
+    # and vLLM's reload_weights then leaves the LM head stale (docs/learner/publishing.md).
     # Clone each tensor: safetensors refuses tensors that share memory.
     tensors = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
     tensors["lm_head.weight"] = model.get_input_embeddings().weight.detach().clone()

@@ -1,6 +1,6 @@
 """Curricula (`onthejob rollout --curriculum`): where each stands, and its stage over time.
 
-Read from the curriculum tables (learner/rollout/curricula.py): the current stage,
+Read from the curriculum tables (store/curricula.py): the current stage,
 every promotion (from, to, the version that answered the eval that passed, the metrics
 that passed the rule), a timeline of the stages with when each began and ended, and the
 evals of every stage.

@@ -5,7 +5,7 @@ the drop allowed, regressed, waived), the waiver waiting for the next version an
 an operator pinned. Write: a waiver for the next version, a type pinned protected (or not),
 and the acceptance of a version the guard rolled back (it is served again, like promote,
 and its scores become the baseline the next version is judged against).
-See learner/guard.py for the rule and learner/guard_records.py for where it is kept.
+See learner/guard.py for the rule and store/guard_records.py for where it is kept.
 """
 
 from __future__ import annotations

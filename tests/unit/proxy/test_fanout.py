@@ -202,7 +202,7 @@ def _usage(completion: int) -> dict[str, Any]:
 
 
 def _n2_stream() -> list[dict[str, Any]]:
-    """Shaped like vLLM 0.32's n=2 stream with the proxy's flags (see notes_vllm_shapes.md)."""
+    """Shaped like vLLM 0.32's n=2 stream with the proxy's flags."""
     return [
         _role(0),
         _role(1),
