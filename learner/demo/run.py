@@ -29,6 +29,7 @@ import logging
 import os
 import random
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -262,17 +263,24 @@ def run_demo(config: DemoConfig) -> DemoResult:
         )
         say(f"chart: {chart}; numbers: {summary}")
         say(f"dashboard: {proxy_url}/admin (token {admin_token}) while the demo runs;")
-        say(
-            f"  to look again later: ONTHEJOB_ADMIN_TOKEN={admin_token} onthejob serve --db "
-            f"{db_url} --tokenizer {model_dir}, then {LATER_DASHBOARD}/admin with that token"
-            " (the dashboard, token texts included; vLLM need not run), or onthejob export"
-            " --db " + db_url
-        )
+        say(look_again_hint(admin_token=admin_token, db_url=db_url, model_dir=model_dir))
         return DemoResult(before, after, steps, table, chart, summary)
 
 
 # where `onthejob serve` listens by default (proxy/settings.py: host and port)
 LATER_DASHBOARD = "http://127.0.0.1:8080"
+
+
+def look_again_hint(*, admin_token: str, db_url: str, model_dir: Path) -> str:
+    """The demo's last line: the whole command that shows its store once it has ended, run as
+    printed. The token is set, since without ONTHEJOB_ADMIN_TOKEN the admin API is off and
+    the dashboard shows a login page nobody can pass."""
+    db, tokenizer = shlex.quote(db_url), shlex.quote(str(model_dir))
+    return (
+        f"  to look again later: ONTHEJOB_ADMIN_TOKEN={shlex.quote(admin_token)} onthejob serve"
+        f" --db {db} --tokenizer {tokenizer}, then {LATER_DASHBOARD}/admin with that token"
+        f" (the dashboard, token texts included; vLLM need not run), or onthejob export --db {db}"
+    )
 
 
 def _learning_rate(value: float | None) -> list[str]:
