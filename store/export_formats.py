@@ -1,7 +1,7 @@
 """`onthejob export --format parquet | trl`: what we recorded, for the tools people train with.
 
-- **parquet** (docs/reference/export-format.md#parquet): one row per training sequence, as the
-  learner itself builds them (store/samples.py: a trajectory's calls stitched into one
+- **parquet** (docs/reference/export-format.md, "Parquet"): one row per training sequence, as
+  the learner itself builds them (store/samples.py: a trajectory's calls stitched into one
   sequence where each call's prompt extends the last): token ids, the loss mask (true on the
   tokens vLLM sampled), their logprobs, the trajectory's reward, interaction type and policy
   versions. `datasets.load_dataset("parquet", data_files=...)` reads it.
