@@ -192,7 +192,8 @@ def channel_comparison(nbytes: int) -> None:
     memory (what the `onthejob_shm` engine's learner side does)."""
     import torch.multiprocessing as mp
 
-    from learner.swap.weight_file import WeightFile, default_directory
+    from learner.swap.shared_memory import default_directory
+    from learner.swap.weight_file import WeightFile
     from learner.vllm_server import free_port
 
     elements = nbytes // 2

@@ -371,6 +371,14 @@ class LearnerConfig(BaseSettings):
         help="the modules that get an adapter",
         metavar="NAME,NAME",
     )
+    lora_load_from: Literal["auto", "memory", "disk"] = setting(
+        "auto",
+        "where vLLM loads each adapter version from: memory (a copy in /dev/shm, so a publish "
+        "never waits on the disk; the replicas must see this machine's /dev/shm: the same "
+        "host, or containers with ipc: host), disk (the checkpoint directory), auto: memory "
+        "where /dev/shm is writable, and the disk from the first replica that cannot read "
+        "it. The checkpoint is written to the disk either way (rollbacks, restores, resumes)",
+    )
 
     # -- swaps ----------------------------------------------------------------------------
     verify_tolerance: float | None = setting(

@@ -80,17 +80,25 @@ def save_adapter(model: PeftModel, out_dir: Path, *, base_dir: Path) -> Path:
     Raises ``FileExistsError`` if ``out_dir`` exists: a published version is immutable.
     """
     out_dir = Path(out_dir)
-    name = model.active_adapter
     with new_directory(out_dir) as tmp:
-        # the base is a local directory, named absolutely: the learner reloads it on resume
-        model.peft_config[name].base_model_name_or_path = str(Path(base_dir).resolve())
-        model.save_pretrained(str(tmp), safe_serialization=True, selected_adapters=[name])
-        if name != "default":  # peft writes any other adapter into a folder of its name
-            for path in (tmp / name).iterdir():
-                path.rename(tmp / path.name)
-            (tmp / name).rmdir()
-        (tmp / "README.md").unlink(missing_ok=True)  # peft's model card template: noise
+        write_adapter(model, tmp, base_dir=base_dir)
     return out_dir
+
+
+def write_adapter(model: PeftModel, directory: Path, *, base_dir: Path) -> None:
+    """The files of ``save_adapter``, written into the empty ``directory`` as they are: the
+    caller stages and renames it (a checkpoint, or the memory copy vLLM loads:
+    learner/swap/adapter_memory.py)."""
+    directory = Path(directory)
+    name = model.active_adapter
+    # the base is a local directory, named absolutely: the learner reloads it on resume
+    model.peft_config[name].base_model_name_or_path = str(Path(base_dir).resolve())
+    model.save_pretrained(str(directory), safe_serialization=True, selected_adapters=[name])
+    if name != "default":  # peft writes any other adapter into a folder of its name
+        for path in (directory / name).iterdir():
+            path.rename(directory / path.name)
+        (directory / name).rmdir()
+    (directory / "README.md").unlink(missing_ok=True)  # peft's model card template: noise
 
 
 def validate_adapter(adapter_dir: Path, *, max_rank: int | None = None) -> None:

@@ -17,8 +17,9 @@ from learner.grouping import Baselines
 from learner.layout import served_base
 from learner.loop.state import LEASE_WAIT, LoopState, Publisher, save_baselines
 from learner.loop.weights import Weights
-from learner.lora import save_adapter
-from learner.swap import lease
+from learner.lora import save_adapter, write_adapter
+from learner.swap import lease, orphan_adapters
+from learner.swap.adapter_memory import AdapterWrite
 from learner.swap.full_publisher import FullWeightPublisher, PublisherSettings
 from learner.swap.lora_publisher import LoraPublisher, tenant_pointer
 from learner.swap.publisher import (
@@ -69,7 +70,10 @@ class Publishing:
             # transfer: the replicas load the trainer's tensors from memory, and the
             # checkpoint is written once the version serves (rollbacks and resumes read it)
             tensors = self.served_tensors() if self.file_transport() is not None else None
-            if tensors is None:
+            # an adapter: the publisher writes it (into memory first where vLLM loads it
+            # from there, learner/swap/adapter_memory.py), its checkpoint before the record
+            write = self._adapter_writer(metrics) if self.adapter_publisher() else None
+            if tensors is None and write is None:
                 self._save_checkpoint_files(step, target, metrics)
             parent = lineage.serving["version"]
 
@@ -82,7 +86,7 @@ class Publishing:
             # a stop asked for from here on comes once the outcome is recorded (stopping.py)
             with state.stopping.swap():
                 try:
-                    result = self._publish(target, version, record, tensors)
+                    result = self._publish(target, version, record, tensors, write)
                 except BaseException:
                     lineage.needs_restore = True  # the replicas may still be fenced off
                     raise
@@ -90,6 +94,8 @@ class Publishing:
                     if tensors is not None:
                         # whatever happened: the version's record names this directory
                         self._save_checkpoint_files(step, target, metrics)
+                    elif write is not None and target.is_dir():
+                        self._save_optimizer_state(step, target, metrics)
                 if result.ok:
                     lineage.needs_restore = not result.opened
                     self._prune()
@@ -187,9 +193,19 @@ class Publishing:
         version: str,
         record: Any,
         tensors: dict[str, torch.Tensor] | None,
+        write: AdapterWrite | None = None,
     ) -> PublishResult:
         lineage = self.state.lineage
         assert lineage.trainer is not None and lineage.publisher is not None
+        if write is not None:
+            assert isinstance(lineage.publisher, LoraPublisher)
+            return lineage.publisher.publish(
+                checkpoint,
+                version,
+                expected=lineage.trainer.logprobs_of,
+                commit=record,
+                write=write,
+            )
         if tensors is None:
             return lineage.publisher.publish(
                 checkpoint, version, expected=lineage.trainer.logprobs_of, commit=record
@@ -209,6 +225,10 @@ class Publishing:
         trainer = self.state.lineage.trainer
         assert trainer is not None
         return checkpoint_tensors(trainer.model, state=trainer.checkpoint_state(), copy=False)
+
+    def adapter_publisher(self) -> bool:
+        """Whether the lineage publishes adapters (--lora): its publisher writes them."""
+        return self.state.config.lora and isinstance(self.state.lineage.publisher, LoraPublisher)
 
     def file_transport(self) -> WeightFileTransfer | None:
         """The publisher's transport where it sends the trainer's tensors from memory
@@ -239,14 +259,30 @@ class Publishing:
         """The checkpoint, and every --optimizer-state-every steps the optimizer state."""
         saving = time.monotonic()
         checkpoint = self.save(target)
-        saved = time.monotonic()
+        metrics["save_seconds"] = round(time.monotonic() - saving, 3)
+        self._save_optimizer_state(step, checkpoint, metrics)
+
+    def _save_optimizer_state(self, step: int, checkpoint: Path, metrics: JsonObject) -> None:
+        """Every --optimizer-state-every steps, the optimizer state beside the checkpoint."""
+        saving = time.monotonic()
         every = self.state.config.optimizer_state_every
         if every > 0 and step % every == 0:
             self.weights.save_optimizer(checkpoint)
-        metrics.update(
-            save_seconds=round(saved - saving, 3),
-            optimizer_state_seconds=round(time.monotonic() - saved, 3),
-        )
+        metrics["optimizer_state_seconds"] = round(time.monotonic() - saving, 3)
+
+    def _adapter_writer(self, metrics: JsonObject) -> AdapterWrite:
+        """Fills an empty directory with the lineage's adapter, as `save` writes it; the
+        time it took is the step's save_seconds (into memory, where it goes there)."""
+
+        trainer, base_dir = self.state.lineage.trainer, self._adapter_base()
+        assert trainer is not None
+
+        def write(directory: Path) -> None:
+            saving = time.monotonic()
+            write_adapter(trainer.served_model, directory, base_dir=base_dir)  # type: ignore[arg-type]
+            metrics["save_seconds"] = round(time.monotonic() - saving, 3)
+
+        return write
 
     def _prune(self) -> None:
         """Checkpoint retention, under the publish lease the caller holds."""
@@ -260,6 +296,9 @@ class Publishing:
             )
         except OSError as exc:
             log.warning("checkpoint retention failed (tried again next step): %s", exc)
+        if state.adapter_memory is not None:
+            # the memory copies of the adapters the replicas no longer list
+            orphan_adapters.sweep_memory_copies(state.adapter_memory, state.config.upstreams)
 
     def _record_step(
         self,
@@ -312,6 +351,8 @@ class Publishing:
             label=None if tenant is None else tenant_pointer(state.engine, tenant),
             # the window covers the lineage's adapters an earlier learner or a rollback loaded
             lineage=self._lineage_newest_first(tenant),
+            # vLLM loads the adapters' memory copies (--lora-load-from; None: the disk's)
+            memory=state.adapter_memory,
             **settings,
         )
 
@@ -329,14 +370,19 @@ class Publishing:
         if self.state.config.lora:
             # the adapter vLLM is to serve: under bf16 the copy the trainer scores with (its
             # float32 masters go beside, in the training state)
-            base_dir = served_base(Path(serving["checkpoint_path"]))
-            return save_adapter(trainer.served_model, target, base_dir=base_dir)  # type: ignore[arg-type]
+            return save_adapter(trainer.served_model, target, base_dir=self._adapter_base())  # type: ignore[arg-type]
         return save_checkpoint(
             trainer.model,
             target,
             source_dir=self.state.model_dir,
             state=trainer.checkpoint_state(),
         )
+
+    def _adapter_base(self) -> Path:
+        """The full checkpoint under the lineage's adapters: the serving version's."""
+        serving = self.state.lineage.serving
+        assert serving is not None
+        return served_base(Path(serving["checkpoint_path"]))
 
 
 def _swap_metrics(result: PublishResult) -> SwapMetrics:

@@ -17,6 +17,7 @@ from learner.loop.publish import Publishing
 from learner.loop.state import LEARNER, LEASE_WAIT, PROBE_TEXT, LoopState, RestoreFailed
 from learner.loop.weights import Weights
 from learner.swap import lease
+from learner.swap.adapter_memory import adapter_memory
 from learner.swap.full_publisher import FullWeightPublisher
 from learner.swap.publisher import (
     HALF_PRECISION_CHECKED_TOLERANCE,
@@ -69,6 +70,8 @@ class StartUp:
             state.trainer_config, precision=self._precision(dtypes)
         )
         state.transport = self._transport()
+        if state.config.lora:
+            state.adapter_memory = adapter_memory(state.config.lora_load_from, state.checkpoints)
         # a learner killed mid-publish left its lease behind: take it over at once
         with lease.held(state.engine, state.holder, wait=LEASE_WAIT, steal_prefix=LEARNER):
             self._serve_parent_if_unsaved()

@@ -31,6 +31,7 @@ from learner.loss import LossConfig
 from learner.signals import SignalWeights
 from learner.stopping import GracefulStop
 from learner.swap import lease
+from learner.swap.adapter_memory import AdapterMemory
 from learner.swap.fence import Fence
 from learner.swap.full_publisher import FullWeightPublisher
 from learner.swap.lora_publisher import LoraPublisher
@@ -142,6 +143,8 @@ class LoopState:
         self.tolerance = 0.0
         self.weights_checked = False
         self.transport = "disk"  # how full weights reach the replicas: disk or transfer
+        # the adapters' memory copies vLLM loads (--lora-load-from); None: from the disk
+        self.adapter_memory: AdapterMemory | None = None
         self.last_step_end = time.monotonic()  # the first step's time counts from here
         self.said_no_signal = False  # said why no step is ready (learner/cannot_learn.py)
 

@@ -139,7 +139,9 @@ class Tenants:
         state = self.state
         try:
             with lease.held(state.engine, state.holder, wait=LEASE_WAIT):
-                unloaded = unload_orphaned_adapters(state.engine, state.config.upstreams)
+                unloaded = unload_orphaned_adapters(
+                    state.engine, state.config.upstreams, memory=state.adapter_memory
+                )
         except (SQLAlchemyError, lease.LeaseBusy) as exc:
             log.warning("deleted tenants' adapters not unloaded yet: %s", exc)
             return

@@ -9,6 +9,11 @@ order is what makes it safe: load -> probe under the adapter's name -> record (`
 and a failed publish needs no repair and no fence: the previous version never stopped
 serving.
 
+Where adapters load from memory (learner/swap/adapter_memory.py), a new adapter is written
+into shared memory and the replicas load that copy, while its checkpoint is copied to the
+disk beside; the checkpoint is whole before ``commit`` records the version. A recorded one
+(a rollback, a restore) is copied from its checkpoint into memory first.
+
 Full checkpoints still go through the full reload (a base that changed, a rollback to
 full weights); a rollback to the base already loaded only relabels it, and reloads it
 when the probe shows the weights are not that base after all.
@@ -29,6 +34,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from learner.layout import CheckpointError, is_adapter
+from learner.swap.adapter_memory import AdapterFiles, AdapterMemory, AdapterWrite, UnreadableCopy
 from learner.swap.full_publisher import FullWeightPublisher
 from learner.swap.publisher import (
     DEFAULT_TOLERANCE,
@@ -79,7 +85,9 @@ class LoraPublisher:
     (a tenant's adapter: the proxies route the tenant's calls to it). ``lineage``: the
     versions of the lineage this publisher serves, newest first (the store's); with it, the
     window covers every adapter of that lineage the replicas list, also those an earlier
-    learner or a rollback loaded, which this publisher's own memory never saw."""
+    learner or a rollback loaded, which this publisher's own memory never saw.
+    ``memory``: where adapters load from memory, their copies there (None: from the
+    checkpoint directories, on the disk)."""
 
     def __init__(
         self,
@@ -99,6 +107,7 @@ class LoraPublisher:
         keep: int = 3,
         label: Label | None = None,
         lineage: Callable[[], list[str]] | None = None,
+        memory: AdapterMemory | None = None,
     ) -> None:
         self.full = FullWeightPublisher(
             upstreams,
@@ -120,6 +129,7 @@ class LoraPublisher:
         self.keep = max(keep, 1)
         self.label = label
         self.lineage = lineage
+        self.memory = memory
         self._loaded: deque[str] = deque()
 
     @property
@@ -164,8 +174,12 @@ class LoraPublisher:
         *,
         expected: ExpectedLogprobs,
         commit: Commit | None = None,
+        write: AdapterWrite | None = None,
     ) -> PublishResult:
-        if not is_adapter(checkpoint_dir):
+        """``write``: fills an empty directory with the new adapter's files; given it, the
+        publisher writes ``checkpoint_dir`` itself (into memory first where adapters load
+        from there), else ``checkpoint_dir`` holds the files already."""
+        if write is None and not is_adapter(checkpoint_dir):
             return self.full.publish(checkpoint_dir, version, expected=expected, commit=commit)
         result = PublishResult(version, False, 0.0, None, None, [])
         try:
@@ -173,7 +187,8 @@ class LoraPublisher:
         except PublishError as exc:
             result.error = failure_reason(exc)
             return result
-        return self._publish_adapter(Path(checkpoint_dir), result, commit, fresh=True)
+        files = AdapterFiles(self.memory, Path(checkpoint_dir).resolve(), version, write)
+        return self._publish_adapter(files, result, commit, fresh=True)
 
     def rollback(
         self,
@@ -193,7 +208,8 @@ class LoraPublisher:
                 return PublishResult(previous_version, False, 0.0, None, failure_reason(exc))
         result = PublishResult(previous_version, False, 0.0, None, None, [], reference)
         if is_adapter(previous_dir):
-            return self._publish_adapter(previous_dir, result, commit, fresh=False)
+            files = AdapterFiles(self.memory, previous_dir.resolve(), previous_version)
+            return self._publish_adapter(files, result, commit, fresh=False)
         if self.last_good is not None and previous_dir.resolve() == self.last_good:
             relabelled = self._relabel(result, commit)
             if relabelled.ok:
@@ -208,28 +224,34 @@ class LoraPublisher:
         )
 
     def _publish_adapter(
-        self, directory: Path, result: PublishResult, commit: Commit | None, *, fresh: bool
+        self,
+        files: AdapterFiles,
+        result: PublishResult,
+        commit: Commit | None,
+        *,
+        fresh: bool,
     ) -> PublishResult:
-        directory = directory.resolve()
         version = result.version
-        with self.replicas.client() as client:
+        with self.replicas.client() as client, files:
             try:
+                directory = files.prepare()
                 if self.check_files:
                     from learner.lora import validate_adapter  # torch: only here
 
                     validate_adapter(directory, max_rank=self.max_rank)
                 start = time.perf_counter()
-                for upstream in self.upstreams:
-                    self._load(client, upstream, version, directory)
+                directory = self._load_all(client, files)
                 loaded = time.perf_counter() - start
                 if result.fingerprint is not None:
                     self._verify_adapter(client, directory, result)
+                files.checkpoint_written()  # on the disk before any record names it
                 if commit is not None:
                     commit(result)
             except BaseException as exc:
                 result.error = failure_reason(exc)
                 if fresh:  # never served: nothing may route to it later by mistake
                     self._unload(client, version)
+                    files.discard()
                 if not isinstance(exc, (httpx.HTTPError, PublishError, CheckpointError)):
                     raise
                 return result
@@ -295,16 +317,37 @@ class LoraPublisher:
             result.opened = False
             result.error = f"verified and recorded, but not yet serving: {failure_reason(exc)}"
 
-    def _load(self, client: httpx.Client, upstream: str, name: str, directory: Path) -> None:
-        """Load ``directory`` as adapter ``name``. Never ``load_inplace``: vLLM keeps that flag
-        on the adapter's request, and every engine step that serves the adapter then reads
-        it from disk again (64 tokens of SmolLM2 took 7.2 s against 5.7 s), and fails once
-        retention has removed its directory. A name that holds other files (a resumed
+    def _load_all(self, client: httpx.Client, files: AdapterFiles) -> Path:
+        """Every replica loads ``files``' adapter; the directory they loaded it from (the
+        checkpoint's, where a replica could not read the memory copy and auto falls back)."""
+        same = (files.loads, files.checkpoint)  # one version's files, wherever they lie
+        try:
+            for upstream in self.upstreams:
+                self._load(client, upstream, files.name, files.loads, same)
+        except UnreadableCopy as exc:
+            files.from_disk(exc)
+            for upstream in self.upstreams:
+                self._load(client, upstream, files.name, files.loads, same)
+        return files.loads
+
+    def _load(
+        self,
+        client: httpx.Client,
+        upstream: str,
+        name: str,
+        directory: Path,
+        same: tuple[Path, ...] = (),
+    ) -> None:
+        """Load ``directory`` as adapter ``name`` (already loaded from it or from one of
+        ``same``, which hold the same files: kept). Never ``load_inplace``: vLLM keeps that
+        flag on the adapter's request, and every engine step that serves the adapter then
+        reads it from disk again (64 tokens of SmolLM2 took 7.2 s against 5.7 s), and fails
+        once retention has removed its directory. A name that holds other files (a resumed
         learner's) is unloaded first, so the load gives it a new id: requests running on
         the old one finish on its weights, which the replica keeps in memory."""
         try:
             loaded = adapter_paths(self.replicas.call(client, "GET", upstream + "/v1/models"))
-            if loaded.get(name) == str(directory):
+            if loaded.get(name) in {str(p) for p in (directory, *same)}:
                 return  # these files, under this name, already: the probe verifies them
             if name in loaded:
                 body = {"lora_name": name}
@@ -312,7 +355,11 @@ class LoraPublisher:
             body = {"lora_name": name, "lora_path": str(directory)}
             self.replicas.call(client, "POST", upstream + "/v1/load_lora_adapter", json=body)
         except httpx.HTTPStatusError as exc:
-            if exc.response.status_code in (404, 405):
+            status, text = exc.response.status_code, exc.response.text
+            if status == 404 and self.memory is not None and self.memory.holds(directory):
+                if "No adapter found" in text:  # vLLM's LoRAAdapterNotFoundError
+                    raise UnreadableCopy(f"{upstream} cannot read {directory}") from exc
+            if status in (404, 405):
                 raise PublishError(f"{upstream}: {NO_RUNTIME_LORA}") from exc
             raise
 

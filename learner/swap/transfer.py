@@ -30,8 +30,9 @@ from learner.layout import CheckpointError
 from learner.swap.full_publisher import DiskReload, FullWeightPublisher
 from learner.swap.publisher import PublishError, failure_reason, server_config
 from learner.swap.replicas import Replicas
+from learner.swap.shared_memory import default_directory
 from learner.swap.vllm_plugin import BACKEND
-from learner.swap.weight_file import WeightFile, WriteStats, default_directory, file_for
+from learner.swap.weight_file import WeightFile, WriteStats, file_for
 
 
 class TransferMetrics(TypedDict, total=False):

@@ -13,7 +13,6 @@ import contextlib
 import hashlib
 import math
 import os
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -79,14 +78,6 @@ class WriteStats:
             f"({share:.1%}), {self.changed:,} of {self.elements:,} elements changed, "
             f"written in {self.seconds:.2f}s"
         )
-
-
-def default_directory() -> Path:
-    """Shared memory where the machine has it, else the temporary directory."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm
-    return Path(tempfile.gettempdir())
 
 
 def file_for(directory: Path, upstream: str) -> Path:

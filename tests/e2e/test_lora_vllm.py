@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -25,9 +26,11 @@ from sqlalchemy import func, select
 from learner.checkpoint import load_model
 from learner.layout import ADAPTER_WEIGHTS
 from learner.lora import load_trainable
+from learner.swap.adapter_memory import memory_root
 from learner.swap.lora_publisher import LoraPublisher, tenant_pointer
-from learner.swap.publisher import Probe, served_dtype, tolerance_for
+from learner.swap.publisher import Probe, adapter_paths, served_dtype, tolerance_for
 from learner.swap.routing import wait_routed
+from learner.swap.shared_memory import shared_memory_problem
 from learner.trainer import Trainer, TrainerConfig
 from learner.vllm_server import VLLMServer
 from store import db, policy_versions
@@ -42,6 +45,14 @@ from tests.support.traffic import traffic, traffic_until_step
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 REUSE_URL = os.environ.get("ONTHEJOB_TEST_LORA_VLLM_URL")  # quick local iterations
+# the learners' checkpoint directories: their adapters' memory copies in /dev/shm go once the
+# servers that may still read them have stopped (learner/swap/adapter_memory.py)
+LEARNERS_CHECKPOINTS: list[Path] = []
+
+
+def remove_memory_copies() -> None:
+    for checkpoints in LEARNERS_CHECKPOINTS:
+        shutil.rmtree(memory_root(checkpoints), ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +66,7 @@ def lora_vllm(tiny_model: Path) -> Iterator[VLLMServer]:
     log = ARTIFACTS / "vllm-lora.log"
     with VLLMServer(tiny_model, log_path=log, max_lora_rank=RANK) as server:
         yield server
+    remove_memory_copies()
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +76,7 @@ def lora_bf16_vllm(tiny_model: Path) -> Iterator[VLLMServer]:
     bf16 = ["--dtype", "bfloat16"]
     with VLLMServer(tiny_model, log_path=log, max_lora_rank=RANK, extra_args=bf16) as server:
         yield server
+    remove_memory_copies()
 
 
 def weight_version(server: VLLMServer) -> str:
@@ -389,6 +402,7 @@ def lora_learner_command(
     server: VLLMServer, tiny_model: Path, db_url: str, checkpoints: Path, steps: int
 ) -> list[str]:
     """`onthejob learn --lora` on the letter-'a' reward, one step per 32 graded calls."""
+    LEARNERS_CHECKPOINTS.append(checkpoints)
     return [
         *(sys.executable, "-m", "cli", "learn", "--db", db_url, "--upstream", server.url),
         *("--model", str(tiny_model), "--checkpoints", str(checkpoints)),
@@ -452,6 +466,17 @@ def test_the_learner_trains_and_hot_swaps_lora_adapters(
         deleted = [row for row in versions[1:] if row.checkpoint_deleted_at is not None]
         assert [row.version for row in deleted] == published[:1]
         assert not Path(deleted[0].checkpoint_path).exists()
+        if shared_memory_problem() is None:
+            # vLLM loaded each adapter from its copy in shared memory, the checkpoint's files
+            # byte for byte; a copy goes once vLLM no longer lists its adapter
+            copies = memory_root(checkpoints)
+            paths = adapter_paths(httpx.get(lora_vllm.url + "/v1/models"))
+            assert {paths[v] for v in published[-3:]} == {str(copies / v) for v in published[-3:]}
+            assert {p.name for p in copies.iterdir()} == set(published[-3:])
+            for version in published[-3:]:
+                for name in ("adapter_config.json", ADAPTER_WEIGHTS):
+                    on_disk = (checkpoints / version / name).read_bytes()
+                    assert (copies / version / name).read_bytes() == on_disk
 
         wait_until_proxy_serves(proxy.url, latest)
         # the served policy is the trained adapter: its probe logprobs are not the base's

@@ -24,6 +24,7 @@ from learner.lora import (
     save_adapter,
     validate_adapter,
     wrap,
+    write_adapter,
 )
 from learner.loss import LossConfig
 from learner.tiny_model import build_tiny_model
@@ -98,6 +99,20 @@ def test_an_adapter_checkpoint_reloads_to_the_same_policy(base_dir: Path, tmp_pa
     assert plain.logprobs_of(PROMPT, COMPLETION) == pytest.approx(expected, abs=1e-5)
     with pytest.raises(FileExistsError):
         save_adapter(trainer.model, out, base_dir=base_dir)  # type: ignore[arg-type]
+
+
+def test_write_adapter_fills_a_directory_with_the_files_save_adapter_writes(
+    base_dir: Path, tmp_path: Path
+) -> None:
+    """What the memory copy vLLM loads holds (learner/swap/adapter_memory.py): the checkpoint's
+    files, byte for byte."""
+    model = trained(base_dir, steps=1).model
+    saved = save_adapter(model, tmp_path / "saved", base_dir=base_dir)  # type: ignore[arg-type]
+    (tmp_path / "written").mkdir()
+    write_adapter(model, tmp_path / "written", base_dir=base_dir)  # type: ignore[arg-type]
+    assert {p.name: p.read_bytes() for p in (tmp_path / "written").iterdir()} == {
+        p.name: p.read_bytes() for p in saved.iterdir()
+    }
 
 
 def test_adapters_vllm_could_not_load_are_refused(base_dir: Path, tmp_path: Path) -> None:
