@@ -10,7 +10,8 @@ counts go to stderr as one line, `tool_agent: {"turns": ..., "tool_calls": ...,
 run. It knows only OPENAI_BASE_URL (the proxy, under the run's session key), OPENAI_API_KEY
 (sent as a bearer token) and the model name; ONTHEJOB_TASK, when set, goes as the
 X-Onthejob-Task header (the task key the grader finds the task by). Exit 0 whenever the
-model was reached, answer or not; 1 if it could not be.
+model was reached, answer or not; 1 if it could not be, or did not answer with a chat
+completion (stderr: `tool_agent: the model failed: ...`, saying what it got).
 
 Standard library only, as the demo's calculator agent: a rollout starts it once a run.
 
@@ -21,6 +22,7 @@ Run: onthejob rollout --proxy URL --tasks tools-train.jsonl -- \\
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import sys
@@ -58,15 +60,34 @@ def http_chat(
             with urllib.request.urlopen(request, timeout=300) as answer:
                 reply = json.loads(answer.read())
         except urllib.error.HTTPError as exc:
-            raise ModelError(f"HTTP {exc.code}: {exc.read()[:300]!r}") from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise ModelError(str(exc)) from None
-        try:
-            return dict(reply["choices"][0]["message"])
-        except (KeyError, IndexError, TypeError):
-            raise ModelError(f"not a chat completion: {str(reply)[:300]}") from None
+            raise ModelError(f"{url} answered HTTP {exc.code}: {exc.read()[:300]!r}") from None
+        except urllib.error.URLError as exc:
+            raise ModelError(f"{url} could not be reached: {exc.reason}") from None
+        except (OSError, http.client.HTTPException) as exc:  # e.g. a reply cut short
+            raise ModelError(f"{url} broke off: {type(exc).__name__}: {exc}") from None
+        except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deep
+            raise ModelError(f"{url} answered something not JSON: {exc}") from None
+        return reply_message(reply, url)
 
     return complete
+
+
+def reply_message(reply: JsonValue, url: str) -> JsonObject:
+    """The assistant message of a chat completion `url` answered; ModelError if `reply` is
+    not one."""
+    choices = reply.get("choices") if isinstance(reply, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    message = first.get("message") if isinstance(first, dict) else None
+    if not isinstance(message, dict):
+        raise ModelError(f"{url} answered no chat completion: {_brief(reply)}")
+    return dict(message)
+
+
+def _brief(value: JsonValue) -> str:
+    try:
+        return json.dumps(value)[:300]
+    except (ValueError, RecursionError):  # nested deeper than json.loads could still read
+        return f"a JSON {type(value).__name__} nested too deep to show"
 
 
 @dataclass

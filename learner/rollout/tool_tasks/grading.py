@@ -5,7 +5,8 @@ the task's reference.
 - 0.5 (rounded): it is the reference rounded to fewer decimals than the reference has, e.g.
   "27.6" or "28" for 27.56 (right as far as it goes; an integer reference has no such
   answer);
-- 0.0 (wrong): another number, no number, or no final answer (the run ended on a tool call).
+- 0.0 (wrong): another number, no number, or no final answer (the run ended on a reply
+  that calls a tool, whatever text it holds beside the call).
 
 Used as `python:learner.rollout.tool_tasks.grading:grade` (every task row names it), which
 gets the trajectory in the export format: the task comes from its task key alone
@@ -25,6 +26,7 @@ from learner.rollout.tool_tasks.tasks import TOLERANCE, task_by_key
 
 if TYPE_CHECKING:
     from store.export import ExportedTrajectory
+    from store.json_types import JsonObject
 
 RIGHT, ROUNDED, WRONG = 1.0, 0.5, 0.0
 # a number as people write it: sign, thousands separators, decimals
@@ -61,16 +63,37 @@ def _decimals(number: str) -> int:
 
 
 def final_text(trajectory: ExportedTrajectory) -> str | None:
-    """The text of the last reply of the trajectory's last answered call ("" when that reply
-    only called tools); None when no call was answered."""
+    """The text of the trajectory's last answered reply; "" when that reply calls a tool, even
+    with text beside the call (the run ended on a tool call: no final answer); None when no
+    call was answered."""
     for call in reversed(trajectory["calls"]):
         response = call["response"]
         if call["status"] != "ok" or not isinstance(response, dict):
             continue
         text = reply_text(response)
         if text is not None:
-            return text
+            return "" if calls_tools(response) else text
     return None
+
+
+def calls_tools(response: JsonObject) -> bool:
+    """Whether a response body calls a tool, in each shape `reply_text` reads: chat
+    completions' `tool_calls`, Responses' `function_call` items, Anthropic's `tool_use`
+    blocks (a text completion calls none)."""
+    choices = response.get("choices")
+    if isinstance(choices, list):
+        first = choices[0] if choices and isinstance(choices[0], dict) else {}
+        message = first.get("message")
+        return isinstance(message, dict) and bool(message.get("tool_calls"))
+    output = response.get("output")
+    if isinstance(output, list):
+        return any(_is_type(item, "function_call") for item in output)
+    content = response.get("content")
+    return isinstance(content, list) and any(_is_type(block, "tool_use") for block in content)
+
+
+def _is_type(item: object, kind: str) -> bool:
+    return isinstance(item, dict) and item.get("type") == kind
 
 
 def grade(trajectory: ExportedTrajectory) -> float:

@@ -21,6 +21,7 @@ Splits: a task belongs to the held-out split when the hash of its gold calls say
 quarter of all tasks), so the two splits never share a question, nor two phrasings of
 one. Each split is its own seeded stream: `make_task_sets(seed, n, m)` gives the first n and
 m of them, the same for the same seed, and a longer set starts with a shorter one's tasks.
+A split holds SPLIT_SIZES tasks (518 train, 178 held-out) for any seed 0 to MAX_SEED.
 Hence a task id (`tools-<seed>-<split>-<index>`) names its task for good, and the grader
 (grading.py) finds a task from its id alone (`task_by_key`).
 
@@ -37,7 +38,9 @@ import hashlib
 import itertools
 import json
 import random
+import re
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +58,12 @@ HELDOUT_BUCKETS = 64  # of 256: a quarter of all tasks are held out
 GRADER = "python:learner.rollout.tool_tasks.grading:grade"
 TOLERANCE = 0.005  # answers are rounded to 2 decimals, as the tools round them
 MAX_DRAWS = 5000  # tries for a task not yet drawn in its split before the kind is used up
+# How many tasks each split holds, whatever the seed: a split ends where its first kind runs
+# out of tasks not yet drawn (lookup in train, lookup_convert in held-out), and which tasks
+# a kind has in a split is fixed by the hash of their gold calls, not by the seed.
+SPLIT_SIZES = {"train": 518, "heldout": 178}
+MAX_SEED = 2**32 - 1
+MAX_STREAMS = 8  # (seed, split) streams task_by_key keeps, the last used
 
 
 class GoldCall(TypedDict):
@@ -115,14 +124,18 @@ class ToolTask:
         }
 
     @classmethod
-    def from_row(cls, row: JsonObject) -> ToolTask:
+    def from_row(cls, row: JsonValue) -> ToolTask:
         """A task from its row (a task file's line); ValueError if it is not one of ours."""
+        if not isinstance(row, dict):
+            raise ValueError(f"not a task row: {row!r:.200}")
         metadata = row.get("metadata")
         if not isinstance(metadata, dict) or metadata.get("family") != FAMILY:
-            raise ValueError(f"task {row.get('id')!r} is not a {FAMILY} task")
+            raise ValueError(f"task {row.get('id')!r:.80} is not a {FAMILY} task")
+        _require(row, ("id", "prompt", "answer"), f"task {row.get('id')!r:.80}")
+        _require(metadata, ("kind", "split"), f"the metadata of task {row['id']!r:.80}")
         gold = metadata.get("gold")
         if not isinstance(gold, list) or not gold:
-            raise ValueError(f"task {row.get('id')!r} has no gold calls")
+            raise ValueError(f"task {row['id']!r:.80} has no gold calls")
         return cls(
             id=str(row["id"]),
             prompt=str(row["prompt"]),
@@ -133,11 +146,17 @@ class ToolTask:
         )
 
 
+def _require(fields: JsonObject, keys: tuple[str, ...], what: str) -> None:
+    missing = [key for key in keys if key not in fields]
+    if missing:
+        raise ValueError(f"{what} lacks {', '.join(missing)}")
+
+
 def _gold_call(call: JsonValue) -> GoldCall:
-    if not isinstance(call, dict) or not isinstance(call.get("arguments"), dict):
-        raise ValueError(f"not a gold call: {call!r:.200}")
-    arguments = call["arguments"]
-    assert isinstance(arguments, dict)
+    arguments = call.get("arguments") if isinstance(call, dict) else None
+    if not isinstance(call, dict) or not isinstance(arguments, dict):
+        raise ValueError(f"not a gold call (name, arguments, result): {call!r:.200}")
+    _require(call, ("name", "result"), f"the gold call {call!r:.200}")
     return {"name": str(call["name"]), "arguments": arguments, "result": str(call["result"])}
 
 
@@ -151,8 +170,11 @@ class _Gold:
         self.calls: list[GoldCall] = []
 
     def call(self, tool: str, /, **arguments: JsonValue) -> str:
+        """The tool's result; RuntimeError if it failed (a kind that draws a bad call is a bug
+        here, never a task)."""
         result = run_tool(tool, arguments)
-        assert result.error is None, f"a gold call failed: {tool} {arguments}: {result.content}"
+        if result.error is not None:
+            raise RuntimeError(f"a gold call failed: {tool} {arguments}: {result.content}")
         self.calls.append({"name": tool, "arguments": arguments, "result": result.content})
         return result.content
 
@@ -329,10 +351,12 @@ def task_id(seed: int, split: str, index: int) -> str:
 
 
 def generate(seed: int, split: str) -> Iterator[ToolTask]:
-    """The split's tasks in order, without end until a kind has no new task left
-    (ValueError then)."""
+    """The split's tasks in order, until a kind has no new task left (ValueError then, after
+    SPLIT_SIZES[split] tasks); ValueError for a seed outside 0..MAX_SEED."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"the seed must be 0 to {MAX_SEED}, not {seed}")
     rng = random.Random(f"onthejob-tool-tasks-{seed}-{split}")
     seen: set[str] = set()
     for index in itertools.count():
@@ -363,34 +387,58 @@ def make_task_sets(
 
 
 class _Streams:
-    """The tasks generated so far per (seed, split), for finding a task by its id."""
+    """The tasks generated so far per (seed, split), for finding a task by its id: the
+    `max_streams` used last are kept (any client may name any seed in its task key)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_streams: int = MAX_STREAMS) -> None:
         self._lock = threading.Lock()
-        self._made: dict[tuple[int, str], tuple[list[ToolTask], Iterator[ToolTask]]] = {}
+        self._max = max_streams
+        self._made: OrderedDict[tuple[int, str], tuple[list[ToolTask], Iterator[ToolTask]]]
+        self._made = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._made)
 
     def task(self, seed: int, split: str, index: int) -> ToolTask:
+        """The split's task `index`; ValueError past the split's end, however often asked."""
         with self._lock:
-            made, stream = self._made.setdefault((seed, split), ([], generate(seed, split)))
-            while len(made) <= index:
-                made.append(next(stream))
+            made, stream = self._stream(seed, split)
+            try:
+                while len(made) <= index:
+                    made.append(next(stream))
+            except (StopIteration, ValueError) as exc:  # StopIteration: it ended before
+                name = task_id(seed, split, index)
+                message = f"no task {name}: the {split} split ends after {len(made)} tasks"
+                raise ValueError(message) from exc
             return made[index]
+
+    def _stream(self, seed: int, split: str) -> tuple[list[ToolTask], Iterator[ToolTask]]:
+        key = (seed, split)
+        if key not in self._made:
+            self._made[key] = ([], generate(seed, split))
+            while len(self._made) > self._max:
+                self._made.popitem(last=False)
+        self._made.move_to_end(key)
+        return self._made[key]
 
 
 _STREAMS = _Streams()
-MAX_INDEX = 100_000
+_KEY = re.compile(rf"{FAMILY}-(\d{{1,10}})-({'|'.join(SPLITS)})-(\d{{1,6}})", re.ASCII)
 
 
 def task_by_key(key: str) -> ToolTask:
-    """The task a `tools-<seed>-<split>-<index>` id names; ValueError for any other id."""
-    family, _, rest = key.partition("-")
-    seed, _, rest = rest.partition("-")
-    split, _, index = rest.partition("-")
-    if family != FAMILY or split not in SPLITS or not seed.isdigit() or not index.isdigit():
-        raise ValueError(f"{key!r} is not a {FAMILY} task id ({FAMILY}-SEED-SPLIT-INDEX)")
-    if int(index) >= MAX_INDEX:
-        raise ValueError(f"{key!r}: index above {MAX_INDEX}")
-    return _STREAMS.task(int(seed), split, int(index))
+    """The task a `tools-<seed>-<split>-<index>` id names; ValueError for any other id, a
+    seed above MAX_SEED or an index past its split's end (SPLIT_SIZES)."""
+    match = _KEY.fullmatch(key)
+    if match is None:
+        raise ValueError(f"{key!r:.80} is not a {FAMILY} task id ({FAMILY}-SEED-SPLIT-INDEX)")
+    seed, split, index = int(match[1]), match[2], int(match[3])
+    if seed > MAX_SEED:
+        raise ValueError(f"{key!r}: the seed must be 0 to {MAX_SEED}")
+    if index >= SPLIT_SIZES[split]:
+        size = SPLIT_SIZES[split]
+        raise ValueError(f"{key!r}: the {split} split has {size} tasks (index 0 to {size - 1})")
+    return _STREAMS.task(seed, split, index)
 
 
 # ---- files

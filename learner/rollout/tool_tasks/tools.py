@@ -123,7 +123,7 @@ def run_tool(name: str | None, arguments: str | Mapping[str, JsonValue] | None) 
         tool = _IMPLEMENTATIONS.get(name or "")
         if tool is None:
             known = ", ".join(_IMPLEMENTATIONS)
-            raise ToolError(f"unknown tool {name!r}; the tools are {known}", MALFORMED)
+            raise ToolError(f"unknown tool {name!r:.80}; the tools are {known}", MALFORMED)
         return ToolResult(tool(checked_arguments(str(name), arguments)))
     except ToolError as exc:
         return ToolResult(f"Error: {exc}", exc.kind)
@@ -148,7 +148,7 @@ def checked_arguments(name: str, arguments: str | Mapping[str, JsonValue] | None
     expected = ", ".join(properties)
     for key in parsed:
         if key not in properties:
-            message = f"{name} takes no argument {key!r} (its arguments: {expected})"
+            message = f"{name} takes no argument {key!r:.80} (its arguments: {expected})"
             raise ToolError(message, MALFORMED)
     for key, spec in properties.items():
         assert isinstance(spec, dict)
@@ -162,21 +162,31 @@ def checked_arguments(name: str, arguments: str | Mapping[str, JsonValue] | None
 def _checked_value(tool: str, key: str, spec: JsonObject, value: JsonValue) -> JsonValue:
     if spec["type"] == "number":
         if isinstance(value, bool) or not isinstance(value, int | float):
-            got = f"{_json_type(value)} {json.dumps(value)[:40]}"
+            got = _described(value)
             raise ToolError(f"{tool}'s {key!r} must be a number, got {got}", MALFORMED)
         if abs(value) > _MAX_MAGNITUDE or not math.isfinite(value):
             raise ToolError(f"{tool}'s {key!r} must be at most {_MAX_MAGNITUDE:g}", MALFORMED)
         return value
     if not isinstance(value, str):
-        got = f"{_json_type(value)} {json.dumps(value)[:40]}"
+        got = _described(value)
         raise ToolError(f"{tool}'s {key!r} must be a string, got {got}", MALFORMED)
     allowed = spec.get("enum")
     if isinstance(allowed, list):
         value = value.strip().lower()
         if value not in allowed:
             choices = ", ".join(str(a) for a in allowed)
-            raise ToolError(f"{tool}'s {key!r} must be one of {choices}; got {value!r}", MALFORMED)
+            message = f"{tool}'s {key!r} must be one of {choices}; got {value!r:.80}"
+            raise ToolError(message, MALFORMED)
     return value
+
+
+def _described(value: JsonValue) -> str:
+    """A value's JSON type, and the value itself when a scalar: an array or object is never
+    serialised, so one nested past the recursion limit cannot raise here."""
+    kind = _json_type(value)
+    if isinstance(value, list | dict):
+        return kind
+    return f"{kind} {json.dumps(value)[:40]}"
 
 
 def _json_type(value: object) -> str:
@@ -230,7 +240,7 @@ def _entry(name: str) -> str:
             return entry
     close = difflib.get_close_matches(name.strip(), list(FACTS), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ToolError(f"no entry named {name!r} in the database{hint}")
+    raise ToolError(f"no entry named {name!r:.80} in the database{hint}")
 
 
 _IMPLEMENTATIONS: dict[str, Callable[[JsonObject], str]] = {
@@ -238,12 +248,23 @@ _IMPLEMENTATIONS: dict[str, Callable[[JsonObject], str]] = {
     "convert": convert,
     "lookup": lookup,
 }
-_SPECS: dict[str, JsonObject] = {}
-for _tool in TOOLS:
-    _spec = _tool["function"]
-    assert isinstance(_spec, dict) and isinstance(_spec["name"], str)
-    assert isinstance(_spec["parameters"], dict)
-    _SPECS[_spec["name"]] = _spec["parameters"]
+
+
+def _parameters_by_name(tools: list[JsonObject]) -> dict[str, JsonObject]:
+    """Each tool's `parameters` (what `checked_arguments` checks a call against) by its name."""
+    specs: dict[str, JsonObject] = {}
+    for tool in tools:
+        function = tool["function"]
+        if not isinstance(function, dict):
+            raise TypeError(f"not an OpenAI function tool: {tool!r:.200}")
+        name, parameters = function["name"], function["parameters"]
+        if not isinstance(name, str) or not isinstance(parameters, dict):
+            raise TypeError(f"not an OpenAI function tool: {tool!r:.200}")
+        specs[name] = parameters
+    return specs
+
+
+_SPECS = _parameters_by_name(TOOLS)
 
 
 def convert_units(value: float, source: str, target: str) -> float:

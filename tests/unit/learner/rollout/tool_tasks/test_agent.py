@@ -186,3 +186,51 @@ def test_a_model_it_cannot_reach_exits_1(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
     code, out, err = _main(["What is 1?"])
     assert (code, out) == (1, "") and "tool_agent: the model failed:" in err
+
+
+class _Broken(BaseHTTPRequestHandler):
+    """A server that answers every request with `body`, announcing `length` bytes."""
+
+    body = b""
+    length = 0
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(self.length))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("body", "length", "error"),
+    [
+        (b'{"choices": [', 100, "broke off: IncompleteRead"),  # the reply cut short
+        (b"<html>busy</html>", None, "answered something not JSON"),
+        (b"[" * 100_000, None, "answered something not JSON: maximum recursion depth"),
+        (b'{"choices": [{"message": "hi"}]}', None, 'answered no chat completion: {"choices"'),
+        (b'{"choices": [{"message": ["ab"]}]}', None, "answered no chat completion"),
+        (b'{"choices": []}', None, "answered no chat completion"),
+        (b"null", None, "answered no chat completion: null"),
+    ],
+)
+def test_a_model_that_answers_wrong_exits_1_saying_what_failed(
+    body: bytes, length: int | None, error: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_Broken, "body", body)
+    monkeypatch.setattr(_Broken, "length", len(body) if length is None else length)
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Broken)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv("OPENAI_BASE_URL", f"http://127.0.0.1:{httpd.server_address[1]}/v1")
+        code, out, err = _main(["What is 1?"])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert (code, out) == (1, "")
+    assert err.startswith("tool_agent: the model failed: http://127.0.0.1:") and error in err, err

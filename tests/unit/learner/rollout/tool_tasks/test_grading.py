@@ -3,17 +3,27 @@ and the grader as the learner's `python:` grader and the rollout runner's task g
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from typing import Any
 
 import pytest
 
 from learner.graders.python import PythonGrader
 from learner.rollout.grading import SpecGraders, grade_run
-from learner.rollout.tool_tasks.grading import final_text, grade, score
+from learner.rollout.tool_tasks.grading import calls_tools, final_text, grade, score
 from learner.rollout.tool_tasks.tasks import GRADER, make_task_sets
 from store.export import to_export
 from store.tasks import TaskTable, parse_task
-from tests.support.trajectories import chat_call, failed_call, trajectory
+from store.trajectory_record import TrajectoryCall
+from tests.support.trajectories import (
+    chat_call,
+    completions_call,
+    failed_call,
+    messages_call,
+    responses_call,
+    trajectory,
+)
 
 # "What is 322 times 72, plus 542?" -> 23726; "Convert 82.7 meters to feet." -> 271.33
 (TASK, CONVERT), _ = make_task_sets(0, 2, 0)
@@ -67,6 +77,53 @@ def test_the_python_grader_finds_the_task_by_its_key() -> None:
 def test_a_failed_last_call_leaves_the_answer_before_it() -> None:
     export = to_export(trajectory(chat_call("23726"), failed_call(), task_key=TASK.id))
     assert final_text(export) == "23726" and grade(export) == 1.0
+
+
+def _with_a_tool_call(call: TrajectoryCall) -> TrajectoryCall:
+    """`call` whose reply, its text kept, also calls the calculator, in the call's API shape."""
+    response: Any = json.loads(json.dumps(call.response))
+    arguments = '{"expression": "322 * 72 + 542"}'
+    if call.api == "chat.completions":
+        response["choices"][0]["message"]["tool_calls"] = [
+            {
+                "id": "t1",
+                "type": "function",
+                "function": {"name": "calculator", "arguments": arguments},
+            }
+        ]
+    elif call.api == "responses":
+        response["output"].append(
+            {"type": "function_call", "call_id": "c1", "name": "calculator", "arguments": arguments}
+        )
+    return dataclasses.replace(call, response=response)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        _with_a_tool_call(chat_call("The answer is 23726")),
+        _with_a_tool_call(responses_call("The answer is 23726")),
+        messages_call("The answer is 23726"),  # a tool_use block between its two texts
+    ],
+    ids=["chat", "responses", "messages"],
+)
+def test_a_run_that_ends_on_a_tool_call_scores_0_whatever_text_is_beside_it(
+    call: TrajectoryCall,
+) -> None:
+    export = to_export(trajectory(chat_call(None), call, task_key=TASK.id))
+    assert call.response is not None and calls_tools(call.response)
+    assert final_text(export) == "" and grade(export) == 0.0
+
+
+@pytest.mark.parametrize(
+    "call",
+    [chat_call("The answer is 23726"), responses_call("23726"), completions_call("23726")],
+    ids=["chat", "responses", "completions"],
+)
+def test_a_reply_without_a_tool_call_is_the_final_answer(call: TrajectoryCall) -> None:
+    export = to_export(trajectory(chat_call(None), call, task_key=TASK.id))
+    assert call.response is not None and not calls_tools(call.response)
+    assert grade(export) == 1.0
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import pytest
 from learner.rollout.tool_tasks.tools import (
     FAILED,
     MALFORMED,
+    MAX_EXPRESSION,
     TOOLS,
     format_number,
     run_tool,
@@ -211,13 +212,83 @@ def test_a_bad_call_gets_an_error_result_saying_what_is_wrong(
         "[" * 100_000,
         '{"value": 1e999, "from_unit": "m", "to_unit": "ft"}',
         f'{{"value": 1{"0" * 400}, "from_unit": "m", "to_unit": "ft"}}',
-        f'{{"expression": "{"(" * 150}1{")" * 150}"}}',
+        f'{{"expression": "{"(" * 150}1{")" * 150}"}}',  # too long (nesting: below)
     ],
 )
 def test_nothing_the_model_sends_raises(arguments: JsonValue) -> None:
     for name in ("calculator", "convert", "lookup", "", "calculator "):
         result = run_tool(name, arguments if isinstance(arguments, str) else None)
         assert result.error in (MALFORMED, FAILED)
+
+
+@pytest.mark.parametrize(
+    ("expression", "result"),
+    [
+        ("(" * 99 + "7" + ")" * 99, "7"),  # 199 characters
+        ("-" * 199 + "7", "-7"),  # 200
+        ("(" * 49 + "-" * 50 + "7" + ")" * 49, "7"),
+    ],
+)
+def test_the_deepest_nesting_under_the_length_limit_computes(expression: str, result: str) -> None:
+    """The length limit bounds the nesting: Python's parser refuses 200 levels of
+    parentheses ('too many nested parentheses'), more than 200 characters can hold, and the
+    evaluator's recursion is as deep, far from Python's limit; 150 levels are too long."""
+    assert len(expression) <= MAX_EXPRESSION
+    assert _run("calculator", {"expression": expression}) == (result, None)
+    too_deep = "(" * 150 + "7" + ")" * 150
+    assert _run("calculator", {"expression": too_deep}) == (
+        f"Error: the expression is longer than {MAX_EXPRESSION} characters",
+        FAILED,
+    )
+
+
+HUGE = "Q" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "message"),
+    [
+        (HUGE, "{}", "Error: unknown tool 'QQQ"),
+        ("lookup", {"name": HUGE, "field": "population"}, "Error: no entry named 'QQQ"),
+        ("lookup", {"name": "Varnholt", "field": HUGE}, "Error: lookup's 'field' must be one of"),
+        ("calculator", {HUGE: "1"}, "Error: calculator takes no argument 'QQQ"),
+    ],
+)
+def test_an_error_result_shows_at_most_80_characters_of_what_the_model_sent(
+    name: str, arguments: str | JsonObject, message: str
+) -> None:
+    content, error = _run(name, arguments)
+    assert error in (MALFORMED, FAILED) and content.startswith(message), content
+    # 80 characters of its repr: the quote and 79 (an enum value is read in lower case)
+    assert "q" * 79 in content.lower() and "q" * 80 not in content.lower()
+    assert len(content) < 400
+
+
+def _nested(depth: int) -> JsonValue:
+    value: JsonValue = 1
+    for _ in range(depth):
+        value = {"a": [value]}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "message"),
+    [
+        ("calculator", {"expression": _nested(5000)}, "'expression' must be a string, got object"),
+        (
+            "convert",
+            {"value": _nested(5000), "from_unit": "m", "to_unit": "ft"},
+            "'value' must be a number, got object",
+        ),
+        ("lookup", {"name": [_nested(5000)], "field": "population"}, "got array"),
+    ],
+)
+def test_arguments_nested_past_the_recursion_limit_get_an_error_result(
+    name: str, arguments: JsonObject, message: str
+) -> None:
+    """Arguments the harness parsed itself may be nested deeper than json.dumps can write."""
+    content, error = _run(name, arguments)
+    assert error == MALFORMED and content.startswith("Error: ") and message in content, content
 
 
 @pytest.mark.parametrize(
