@@ -272,14 +272,18 @@ LATER_DASHBOARD = "http://127.0.0.1:8080"
 
 
 def look_again_hint(*, admin_token: str, db_url: str, model_dir: Path) -> str:
-    """The demo's last line: the whole command that shows its store once it has ended, run as
-    printed. The token is set, since without ONTHEJOB_ADMIN_TOKEN the admin API is off and
-    the dashboard shows a login page nobody can pass."""
+    """The demo's last lines: the whole command that shows its store once it has ended, run as
+    printed, each command on a line of its own so that it copies clean. The token is set,
+    since without ONTHEJOB_ADMIN_TOKEN the admin API is off and the dashboard shows a login
+    page nobody can pass."""
     db, tokenizer = shlex.quote(db_url), shlex.quote(str(model_dir))
     return (
-        f"  to look again later: ONTHEJOB_ADMIN_TOKEN={shlex.quote(admin_token)} onthejob serve"
-        f" --db {db} --tokenizer {tokenizer}, then {LATER_DASHBOARD}/admin with that token"
-        f" (the dashboard, token texts included; vLLM need not run), or onthejob export --db {db}"
+        "  to look again later, run\n"
+        f"    ONTHEJOB_ADMIN_TOKEN={shlex.quote(admin_token)} onthejob serve"
+        f" --db {db} --tokenizer {tokenizer}\n"
+        f"  then open {LATER_DASHBOARD}/admin with that token (the dashboard, token texts"
+        " included; vLLM need not run), or export the store with\n"
+        f"    onthejob export --db {db}"
     )
 
 
