@@ -410,6 +410,33 @@ class LearnerConfig(BaseSettings):
         ge=0.0,
     )
 
+    # -- canaries (docs/tenants.md) -------------------------------------------------------
+    canary_share: float = setting(
+        0.0,
+        "with --lora, each new verified version first serves this share of its scope's "
+        "sessions (a tenant's, or the shared policy's) as a canary beside the version that "
+        "serves the rest, and the scope trains no step until the canary promotes it or rolls "
+        "it back; full weights serve at once, as with 0: off. A tenant's own setting "
+        "(PUT /admin/api/tenants/NAME/canary) overrides it",
+        metavar="SHARE",
+        ge=0.0,
+        lt=1.0,
+    )
+    canary_min_calls: int = setting(
+        100, "calls each arm of the learner's canary needs before any decision", metavar="N", ge=1
+    )
+    canary_time_limit: float = setting(
+        24 * 3600.0,
+        "seconds the learner's canary runs at most; then its default decision",
+        metavar="SECONDS",
+        gt=0.0,
+    )
+    canary_default: Literal["promote", "rollback"] = setting(
+        "rollback",
+        "the learner's canary's decision at its time limit, when the test has not decided "
+        "(a promotion the reward-hacking watch holds is rolled back)",
+    )
+
     # -- reporting ------------------------------------------------------------------------
     report_to: Annotated[list[str], NoDecode] = setting(
         default_factory=list,

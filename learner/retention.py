@@ -1,11 +1,11 @@
 """Checkpoint retention: the disk the learner uses stays bounded over any number of steps.
 
 Kept: every checkpoint a version that can still serve or be rolled back to needs: the
-serving version, its parent, the last `keep_last` verified versions, and the versions an
-operator pinned (`onthejob pin`), with the full weights an adapter among them sits on. The
-rest is deleted: failed versions, and verified ones that fell out of the window. Only
-checkpoints the learner wrote in its own directory are ever deleted; `base` (version 0 and
-the KL anchor) never is.
+serving version, its parent, a canary's candidate, the last `keep_last` verified versions,
+and the versions an operator pinned (`onthejob pin`), with the full weights an adapter
+among them sits on. The rest is deleted: failed versions, and verified ones that fell out
+of the window. Only checkpoints the learner wrote in its own directory are ever deleted;
+`base` (version 0 and the KL anchor) never is.
 
 Invariant: a checkpoint is deleted only once no replica can still load it, and never once
 its version is pinned. Pruning runs under the publish lease, so no publish or rollback is
@@ -64,6 +64,8 @@ def plan(
     kept = {v["version"] for v in verified[-keep_last:] if keep_last > 0}
     kept |= {v["version"] for v in rows if v["version"] in parents or v.get("pinned")}
     kept |= {v["version"] for v in serving}
+    # a canary's candidate: its promotion serves it, and trains on from it
+    kept |= {v["version"] for v in verified if v["status"] == policy_versions.CANARY}
     keep = {Path(v["checkpoint_path"]) for v in rows if v["version"] in kept}
     keep |= {_base(path, base_of) for path in keep}
     keep.add(checkpoints / BASE)

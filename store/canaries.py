@@ -10,6 +10,8 @@ makes it its lineage's serving version where it is one of its lineage's, so the 
 trains on from it); the shared policy's candidate is served by a swap of every replica,
 which the caller has done before it records the promotion. A rollback changes nothing that
 serves: the calls the candidate answered go back to the incumbent once the proxies read it.
+A candidate the learner recorded for its canary (status `canary`) leaves that status at the
+decision: serving, superseded (served under another name) or rolled back.
 Callers own the transaction.
 """
 
@@ -103,9 +105,10 @@ def start_canary(
     by: str,
     now: datetime,
     reason: str = "",
+    detail: JsonObject | None = None,
 ) -> int:
     """Record a running canary; its id. CanaryError: one runs for the scope already, or the
-    candidate is what serves it."""
+    candidate is what serves it. `detail`: kept with the start action, beside its limit."""
     if default_decision not in DECISIONS:
         raise ValueError(f"default_decision must be one of {sorted(DECISIONS)}")
     if not 0.0 < share < 1.0:
@@ -131,8 +134,24 @@ def start_canary(
         canary_id = int(conn.execute(insert(Canary).values(**values)).inserted_primary_key[0])
     except IntegrityError as exc:  # started meanwhile by another process
         raise CanaryError(f"a canary runs for {_scope_name(tenant)} already") from exc
-    _act(conn, canary_id, "start", by, reason, now, {"ends_at": iso(values["ends_at"])})
+    started = {**(detail or {}), "ends_at": iso(values["ends_at"])}
+    _act(conn, canary_id, "start", by, reason, now, started)
     return canary_id
+
+
+def running_for(conn: Connection, tenant: str | None) -> int | None:
+    """The id of the canary that runs for the scope (a tenant's, None: the shared policy's)."""
+    return _running_id(conn, scope_of(tenant))
+
+
+def serving_now(conn: Connection, tenant: str | None) -> str | None:
+    """What serves the scope, as recorded: the tenant's pointer, else (no pointer, or the
+    shared policy's scope) the shared policy's serving version. A canary's incumbent."""
+    if tenant is not None:
+        found = tenants.get_tenant(conn, tenant)
+        if found is not None and found["serving_version"] is not None:
+            return found["serving_version"]
+    return policy_versions.serving_name(conn)
 
 
 def running(conn: Connection) -> list[CanaryRule]:
@@ -183,6 +202,8 @@ def promote(conn: Connection, *, canary_id: int, by: str, reason: str, now: date
         if not tenants.set_serving(conn, name=tenant, version=canary["candidate"], now=now):
             raise CanaryError(f"tenant {tenant!r} no longer exists: roll the canary back")
         _serve_in_lineage(conn, tenant, canary["candidate"])
+    # the shared policy's serves under the swap's name (VERSION+rollback-N)
+    policy_versions.end_canary(conn, version=canary["candidate"], status="superseded")
     return _close(conn, canary, PROMOTED, by=by, reason=reason, now=now)
 
 
@@ -190,7 +211,9 @@ def roll_back(
     conn: Connection, *, canary_id: int, by: str, reason: str, now: datetime
 ) -> CanaryRow:
     """The canary ends; what serves its scope stays as it is."""
-    return _close(conn, _running(conn, canary_id), ROLLED_BACK, by=by, reason=reason, now=now)
+    canary = _running(conn, canary_id)
+    policy_versions.end_canary(conn, version=canary["candidate"], status="rolled_back")
+    return _close(conn, canary, ROLLED_BACK, by=by, reason=reason, now=now)
 
 
 def extend(

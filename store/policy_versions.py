@@ -17,6 +17,9 @@ from store.models import (
     PolicyVersion,
 )
 
+# a verified version that serves a canary's share of its scope, not the scope
+CANARY = "canary"
+
 
 class CheckpointVersion(TypedDict):
     """What checkpoint retention decides a version's checkpoint by."""
@@ -166,6 +169,16 @@ def set_version_status(conn: Connection, *, version: str, status: str) -> None:
         supersede_serving(conn, lineage)
     conn.execute(
         update(PolicyVersion).where(PolicyVersion.version == version).values(status=status)
+    )
+
+
+def end_canary(conn: Connection, *, version: str, status: str) -> None:
+    """A canary's candidate that the canary did not make serve (rolled back, or served
+    under another name): `status` instead of CANARY. Any other status stays."""
+    conn.execute(
+        update(PolicyVersion)
+        .where(PolicyVersion.version == version, PolicyVersion.status == CANARY)
+        .values(status=status)
     )
 
 

@@ -19,6 +19,17 @@ from store import policy_versions
 from store.models import Call, Grade, PolicyVersion, Tenant, Trajectory
 
 
+class CanaryOverrides(TypedDict, total=False):
+    """A tenant's own canary settings, each over the learner's `--canary-*` (left out: the
+    learner's); learner/canary/settings.py resolves them."""
+
+    share: float  # of the tenant's sessions a new version serves first; 0: no canary
+    min_calls: int  # per arm, before any decision
+    time_limit_s: float  # then the default decision
+    default_decision: str  # promote | rollback
+    watch: dict[str, float]  # the reward-hacking watch's thresholds (watch.py Thresholds)
+
+
 class TenantRow(TypedDict):
     name: str
     client_keys: list[str]
@@ -26,6 +37,7 @@ class TenantRow(TypedDict):
     serving_version: str | None  # None: the shared policy answers its calls
     created_at: datetime
     updated_at: datetime
+    canary: CanaryOverrides | None  # None: the learner's canary settings
 
 
 class VersionTraffic(TypedDict):
@@ -128,6 +140,22 @@ def set_serving(conn: Connection, *, name: str, version: str | None, now: dateti
         update(Tenant).where(Tenant.name == name).values(serving_version=version, updated_at=now)
     )
     return bool(changed.rowcount)
+
+
+def set_canary(
+    conn: Connection, *, name: str, overrides: CanaryOverrides | None, now: datetime
+) -> bool:
+    """The tenant's own canary settings (None or empty: the learner's); False: no tenant."""
+    changed = conn.execute(
+        update(Tenant).where(Tenant.name == name).values(canary=overrides or None, updated_at=now)
+    )
+    return bool(changed.rowcount)
+
+
+def canary_overrides(conn: Connection, name: str) -> CanaryOverrides | None:
+    """The tenant's own canary settings; None: none (or no such tenant)."""
+    found = conn.execute(select(Tenant.canary).where(Tenant.name == name)).scalar()
+    return cast(CanaryOverrides, found) if found else None
 
 
 def steered_by_hand(pointer: str | None, lineage_serving: str | None) -> bool:

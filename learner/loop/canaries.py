@@ -1,23 +1,28 @@
 """The running canaries, decided by the learner (learner/canary/decide.py).
 
-A canary is started by an operator (the admin API) with its share, minimum and time limit;
-while it runs, every proxy splits its scope's sessions between the candidate and the
-incumbent. After each grading pass (at most every `LOOK_EVERY` seconds) the learner reads
-each arm's stats from the store and rolls the candidate back where it is worse on any
-measure, promotes it where its reward is better and nothing is worse, or takes the default
-decision at the time limit. Each decision is recorded as the learner's, with its reason.
+A canary is started by an operator (the admin API), or by the learner for each new version
+of a scope its canary settings give a share (learner/canary/starts.py), with its share,
+minimum and time limit; while it runs, every proxy splits its scope's sessions between the
+candidate and the incumbent. After each grading pass (at most every `LOOK_EVERY` seconds)
+the learner reads each arm's stats from the store and rolls the candidate back where it is
+worse on any measure, promotes it where its reward is better and nothing is worse, or takes
+the default decision at the time limit. Each decision is recorded as the learner's, with
+its reason.
 
 A tenant's candidate is promoted here: the tenant's adapter pointer moves to it. The shared
-policy's candidate needs every replica swapped: the learner does not do that from a canary
-yet, and says once that an operator can (POST /admin/api/canaries/{id}/promote). A rollback
-changes nothing that serves, in either scope.
+policy's candidate needs every replica swapped: given the replicas, the learner serves it
+on each (learner/swap/versions.py, as the admin API's promote does: VERSION+rollback-N),
+then records the promotion; without them, or where the swap fails, it says once that an
+operator can (POST /admin/api/canaries/{id}/promote). A rollback changes nothing that
+serves, in either scope.
 
 The reward-hacking watch (learner/canary/watch.py) reads each running canary's arms
 (store/watch_windows.py) every `WATCH_EVERY` seconds, and again before a decision its alerts
-could change, and records its alerts (store/watch_alerts.py): while any detector alerts, a
-promotion is held (recorded as a `hold` action with the alerts, once per change) and, at
-the time limit, becomes a rollback (learner/canary/decide.py). Where no canary runs for the
-shared policy, its newest version is watched against the one before, every
+could change, at the thresholds of the canary's tenant where it sets its own
+(learner/canary/settings.py), and records its alerts (store/watch_alerts.py): while any
+detector alerts, a promotion is held (recorded as a `hold` action with the alerts, once per
+change) and, at the time limit, becomes a rollback (learner/canary/decide.py). Where no
+canary runs for the shared policy, its newest version is watched against the one before, every
 `WATCH_NEWEST_EVERY` seconds; those alerts hold nothing. A raised or cleared alert is logged
 and goes to the trackers.
 """
@@ -29,14 +34,18 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from learner.canary.decide import Decision, decide
-from learner.canary.watch import Alert
+from learner.canary.settings import watch_thresholds
+from learner.canary.starts import BY
+from learner.canary.watch import Alert, Thresholds
 from learner.canary.windows import alerts_of
+from learner.loop.state import LEASE_WAIT
+from learner.swap.versions import VersionError, serve_version
 from learner.trackers import Reporter
 from store import canaries as store
-from store import clock, watch_alerts, watch_windows
+from store import clock, tenants, watch_alerts, watch_windows
 from store.canary_stats import arm_stats
 
 log = logging.getLogger("onthejob.learner")
@@ -44,7 +53,6 @@ log = logging.getLogger("onthejob.learner")
 LOOK_EVERY = 10.0  # seconds between looks at the running canaries
 WATCH_EVERY = 60.0  # seconds between the watch's reads of a canary's arms
 WATCH_NEWEST_EVERY = 60.0  # seconds between looks at the newest version without a canary
-BY = "learner"
 
 
 class Canaries:
@@ -55,11 +63,18 @@ class Canaries:
         engine: Engine,
         reporter: Reporter | None = None,
         step: Callable[[], int] = lambda: 0,
+        *,
+        upstreams: Sequence[str] = (),
+        drain_timeout: float = 60.0,
     ) -> None:
-        """`reporter`, `step`: the trackers the watch's alerts go to, at the learner's step."""
+        """`reporter`, `step`: the trackers the watch's alerts go to, at the learner's step.
+        `upstreams`: the replicas a shared policy's candidate is swapped into when promoted
+        (none: an operator promotes it)."""
         self.engine = engine
         self.reporter = reporter
         self.step = step
+        self.upstreams = list(upstreams)
+        self.drain_timeout = drain_timeout
         self.last_look = float("-inf")
         self.last_newest = float("-inf")
         self.told: set[int] = set()  # shared canaries whose promotion was left to an operator
@@ -97,8 +112,8 @@ class Canaries:
             self._hold(canary, decision, alerts, now)
             return False
         if decision.action == "promote" and canary["tenant"] is None:
-            self._leave_to_operator(canary["id"], decision.reason)
-            return False
+            if not self._serve_shared(canary, decision.reason):
+                return False
         act = store.promote if decision.action == "promote" else store.roll_back
         try:
             with self.engine.begin() as conn:
@@ -133,14 +148,23 @@ class Canaries:
                 since=canary["started_at"],
                 until=now,
             )
-        alerts = self._watch(windows, now)
+            limits = self._thresholds(conn, canary["tenant"])
+        alerts = self._watch(windows, now, limits)
         self.watched[canary["id"]] = (time.monotonic(), alerts)
         return alerts, True
 
-    def _watch(self, windows: watch_windows.WatchWindows, now: datetime) -> list[Alert]:
-        """The watch's alerts on `windows`, recorded; a raised or cleared one logged and
-        sent to the trackers."""
-        alerts = alerts_of(windows)
+    @staticmethod
+    def _thresholds(conn: Connection, tenant: str | None) -> Thresholds | None:
+        """The watch's thresholds on a canary of the scope: its tenant's, where it sets any."""
+        overrides = None if tenant is None else tenants.canary_overrides(conn, tenant)
+        return None if overrides is None else watch_thresholds(overrides)
+
+    def _watch(
+        self, windows: watch_windows.WatchWindows, now: datetime, limits: Thresholds | None = None
+    ) -> list[Alert]:
+        """The watch's alerts on `windows` (at `limits`, else the code's), recorded; a raised
+        or cleared one logged and sent to the trackers."""
+        alerts = alerts_of(windows, limits)
         found = [watch_alerts.Found(a.detector, a.reason) for a in alerts]
         with self.engine.begin() as conn:
             changes = watch_alerts.record(
@@ -189,16 +213,43 @@ class Canaries:
         if self.reporter is not None:
             self.reporter.watch(self.step(), active, held)
 
-    def _leave_to_operator(self, canary_id: int, reason: str) -> None:
+    def _serve_shared(self, canary: store.CanaryRow, reason: str) -> bool:
+        """The shared policy's candidate served on every replica, verified against its
+        recorded probe, before its promotion is recorded; False: left to an operator (no
+        replicas given, or the swap failed once: not tried again at every look)."""
+        if not self.upstreams or canary["id"] in self.told:
+            self._leave_to_operator(canary["id"], reason, "the learner was given no replicas")
+            return False
+        try:
+            served = serve_version(
+                self.engine,
+                self.upstreams,
+                canary["candidate"],
+                action="promote",
+                lease_wait=LEASE_WAIT,
+                drain_timeout=self.drain_timeout,
+            )
+        except VersionError as exc:
+            self._leave_to_operator(canary["id"], reason, f"the learner's swap failed: {exc}")
+            return False
+        log.info(
+            "canary %s: the shared policy's candidate %s serves every replica as %s",
+            canary["id"],
+            canary["candidate"],
+            served,
+        )
+        return True
+
+    def _leave_to_operator(self, canary_id: int, reason: str, why: str) -> None:
         if canary_id in self.told:
             return
         self.told.add(canary_id)
         log.warning(
             "canary %s: %s; the shared policy's candidate is served by a swap of every "
-            "replica, which the learner does not do from a canary yet: an operator can "
-            "promote it (POST /admin/api/canaries/%s/promote)",
+            "replica, and %s: an operator can promote it (POST /admin/api/canaries/%s/promote)",
             canary_id,
             reason,
+            why,
             canary_id,
         )
 

@@ -76,7 +76,13 @@ class Learner:
         self.supervising = Supervising(state, self.weights, self.publishing)
         self.startup = StartUp(state, self.weights, self.publishing, self.guarding)
         self.tenants = Tenants(state, self.weights, self.publishing, self.guarding, self.stepping)
-        self.canaries = Canaries(engine, state.reporter, lambda: state.step)
+        self.canaries = Canaries(
+            engine,
+            state.reporter,
+            lambda: state.step,
+            upstreams=config.upstreams,
+            drain_timeout=config.swap_drain_timeout,
+        )
         self.heartbeat = control.Heartbeat(state)
 
     # -- the loop ---------------------------------------------------------------------

@@ -1,5 +1,8 @@
 """Publishing a step: checkpoint, verified hot-swap and the record, at once, under the publish
-lease; retention after it."""
+lease; retention after it. Where the scope's canary settings give it a share (learner/canary/
+starts.py), an adapter is loaded and verified but serves only a canary's share of the scope:
+it is recorded as the canary's candidate, its canary started in the same transaction, and
+what serves the scope stays as it was until the canary is decided (learner/loop/step.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import Connection
+
 from learner import retention
+from learner.canary.settings import CanarySettings
+from learner.canary.starts import CanaryStarts
 from learner.checkpoint import checkpoint_tensors, save_checkpoint
 from learner.grouping import Baselines
 from learner.layout import served_base
@@ -25,11 +32,12 @@ from learner.swap.lora_publisher import LoraPublisher, tenant_pointer
 from learner.swap.publisher import (
     HALF_PRECISION_CHECKED_TOLERANCE,
     Fingerprint,
+    PublishError,
     PublishResult,
     SwapMetrics,
 )
 from learner.swap.transfer import TransferMetrics, WeightFileTransfer, transfer_publisher
-from store import grade_queue, policy_versions, training_steps
+from store import canaries, clock, grade_queue, policy_versions, training_steps
 from store.json_types import JsonObject
 
 if TYPE_CHECKING:
@@ -44,6 +52,7 @@ class Publishing:
     def __init__(self, state: LoopState, weights: Weights) -> None:
         self.state = state
         self.weights = weights
+        self.canary_starts = CanaryStarts(state.engine, state.config)
 
     def publish_step(
         self,
@@ -67,6 +76,7 @@ class Publishing:
                 self.weights.follow(serving)
                 return None
             version, target = self._new_version(step)
+            canary = self._canary()
             # transfer: the replicas load the trainer's tensors from memory, and the
             # checkpoint is written once the version serves (rollbacks and resumes read it)
             tensors = self.served_tensors() if self.file_transport() is not None else None
@@ -80,13 +90,13 @@ class Publishing:
             def record(result: PublishResult) -> None:
                 """Verified, not yet serving: the version, the step and its batch, at once."""
                 self._record_published(
-                    step, version, target, parent, result, metrics, considered, baselines
+                    step, version, target, parent, result, metrics, considered, baselines, canary
                 )
 
             # a stop asked for from here on comes once the outcome is recorded (stopping.py)
             with state.stopping.swap():
                 try:
-                    result = self._publish(target, version, record, tensors, write)
+                    result = self._publish(target, version, record, tensors, write, canary)
                 except BaseException:
                     lineage.needs_restore = True  # the replicas may still be fenced off
                     raise
@@ -98,6 +108,7 @@ class Publishing:
                         self._save_optimizer_state(step, target, metrics)
                 if result.ok:
                     lineage.needs_restore = not result.opened
+                    self._keep_candidate_state(target, version, canary)
                     self._prune()
                     return result
                 self._record_failed(step, version, target, result, metrics, considered, baselines)
@@ -113,9 +124,11 @@ class Publishing:
         metrics: JsonObject,
         considered: list[str],
         baselines: Baselines,
+        canary: CanarySettings | None = None,
     ) -> None:
-        """A verified version, about to serve: it, its step and its batch recorded at once;
-        the learner follows the record as soon as it commits."""
+        """A verified version, about to serve (`canary`: a canary's share of its scope, the
+        canary started with it): it, its step and its batch recorded at once; the learner
+        follows the record as soon as it commits."""
         state, lineage = self.state, self.state.lineage
         metrics.update(_swap_metrics(result), **self._transfer_metrics())
         with state.engine.begin() as conn:
@@ -125,7 +138,7 @@ class Publishing:
                 ordinal=policy_versions.next_ordinal(conn),
                 parent=parent,
                 checkpoint_path=str(target),
-                status="serving",
+                status="serving" if canary is None else policy_versions.CANARY,
                 swap_seconds=result.swap_seconds,
                 metrics=metrics,
                 probe=None if result.fingerprint is None else result.fingerprint.state(),
@@ -133,8 +146,53 @@ class Publishing:
             )
             self._record_step(conn, step, version, metrics, considered, baselines)
             recorded = policy_versions.version(conn, version=version)
-        state.step, lineage.serving, lineage.baselines = step, recorded, baselines
+            canary_id = None if canary is None else self._start_canary(conn, version, step, canary)
+        state.step, lineage.baselines = step, baselines
+        if canary_id is not None:
+            # what serves stays; the trainer holds the candidate until the canary is decided
+            lineage.canary = canary_id
+            return
+        lineage.serving = recorded
         lineage.trainer_is_serving = True
+
+    def _start_canary(
+        self, conn: Connection, version: str, step: int, canary: CanarySettings
+    ) -> int:
+        """The canary of the version being recorded; one that an operator started for the
+        scope meanwhile fails the publish (the version serves nobody, the step is spent)."""
+        try:
+            return self.canary_starts.start(
+                conn,
+                tenant=self.state.tenant,
+                candidate=version,
+                step=step,
+                settings=canary,
+                now=clock.now(),
+            )
+        except canaries.CanaryError as exc:
+            raise PublishError(f"not started as a canary: {exc}") from exc
+
+    def _canary(self) -> CanarySettings | None:
+        """The settings of the canary the lineage's new version starts (None: it serves
+        its whole scope at once); a canary's candidate is an adapter."""
+        adapter = isinstance(self.state.lineage.publisher, LoraPublisher)
+        return self.canary_starts.settings_for(self.state.tenant, adapter=adapter)
+
+    def _keep_candidate_state(
+        self, target: Path, version: str, canary: CanarySettings | None
+    ) -> None:
+        """A canary's candidate: its optimizer state beside it, whatever
+        --optimizer-state-every says, so a promotion trains on from exactly this step."""
+        if canary is None:
+            return
+        if not Weights.optimizer_path(target).exists():
+            self.weights.save_optimizer(target)
+        log.info(
+            "%s serves a canary's share of %s: %s",
+            version,
+            "the shared policy" if self.state.tenant is None else f"tenant {self.state.tenant}",
+            canary.summary(),
+        )
 
     def _new_version(self, step: int) -> tuple[str, Path]:
         """The new version's name and checkpoint directory (emptied)."""
@@ -194,9 +252,13 @@ class Publishing:
         record: Any,
         tensors: dict[str, torch.Tensor] | None,
         write: AdapterWrite | None = None,
+        canary: CanarySettings | None = None,
     ) -> PublishResult:
+        """`canary`: the version is a canary's candidate, loaded and verified beside what
+        serves, which it does not replace."""
         lineage = self.state.lineage
         assert lineage.trainer is not None and lineage.publisher is not None
+        assert canary is None or write is not None, "a canary's candidate is an adapter"
         if write is not None:
             assert isinstance(lineage.publisher, LoraPublisher)
             return lineage.publisher.publish(
@@ -205,6 +267,7 @@ class Publishing:
                 expected=lineage.trainer.logprobs_of,
                 commit=record,
                 write=write,
+                serve=canary is None,
             )
         if tensors is None:
             return lineage.publisher.publish(
@@ -344,8 +407,9 @@ class Publishing:
             config.upstreams,
             max_rank=config.lora_rank,
             # every version a sample may still be trained from stays loaded, so a request
-            # in flight finishes on the adapter it started with
-            keep=config.max_staleness + 1,
+            # in flight finishes on the adapter it started with; at least two: what serves
+            # and a canary's candidate beside it
+            keep=max(config.max_staleness + 1, 2),
             # a tenant's version serves its calls by the tenant's pointer, not as the
             # replicas' weight version (learner/loop/tenants.py)
             label=None if tenant is None else tenant_pointer(state.engine, tenant),
@@ -358,8 +422,12 @@ class Publishing:
 
     def _lineage_newest_first(self, tenant: str | None) -> Callable[[], list[str]]:
         def newest_first() -> list[str]:
+            """What serves first: canaries rolled back are newer, and must not push it out
+            of the adapters kept loaded."""
             with self.state.engine.connect() as conn:
-                return policy_versions.lineage_newest_first(conn, tenant)
+                found = policy_versions.lineage_newest_first(conn, tenant)
+                serving = policy_versions.serving_name(conn, tenant)
+            return [v for v in found if v == serving] + [v for v in found if v != serving]
 
         return newest_first
 

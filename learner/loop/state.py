@@ -72,6 +72,9 @@ class Lineage:
     # step nobody recorded, nor a model half loaded): only then may a stop save it
     trainer_is_serving: bool = False
     needs_restore: bool = False  # the replicas may not serve what the store says
+    # the canary the learner started for the lineage's newest version: until it is decided
+    # the trainer holds that candidate, not what serves (learner/loop/step.py follows)
+    canary: int | None = None
 
     @classmethod
     def fresh_for(

@@ -1,5 +1,11 @@
 """A step: the graded batch, its advantages and bound, one optimizer step on its exact tokens,
-the step line; and following what an operator or the guard made serve."""
+the step line; and following what an operator, the guard or a canary made serve.
+
+While a canary runs for the lineage's scope, the learner's or one an operator started, the
+lineage trains no step: a version published meanwhile would change what serves under the
+comparison, and one trained from an undecided candidate could descend from a version that
+is rolled back. What is graded meanwhile, on both arms, waits for the step after the
+decision, which trains from the candidate where it was promoted, else from what served."""
 
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ from learner.signals import signals_in
 from learner.step_time import StepTime, median_seconds, training_metrics
 from learner.swap.publisher import PublishResult
 from learner.turn_credit import credited, turn_advantages, turn_values
-from store import clock, grade_queue, policy_versions, turn_signals
+from store import canaries, clock, grade_queue, policy_versions, turn_signals
 from store.grade_queue import TrainableGrade
 from store.json_types import JsonObject
 from store.samples import Sample, build_samples
@@ -63,17 +69,52 @@ class Stepping:
         self.guarding = guarding
 
     def follow_operator(self) -> None:
-        """`onthejob rollback` may have changed what serves: train on from there."""
+        """`onthejob rollback`, or the decision of the lineage's canary, may have changed
+        what serves: train on from there."""
         lineage = self.state.lineage
         assert lineage.serving is not None
         with self.state.engine.connect() as conn:
             serving = policy_versions.serving_version(conn, lineage.tenant)
-        if serving is not None and serving["version"] != lineage.serving["version"]:
+            decided = (
+                lineage.canary is not None
+                and canaries.running_for(conn, lineage.tenant) != lineage.canary
+            )
+        if decided:
+            self._canary_decided(serving)
+        elif serving is not None and serving["version"] != lineage.serving["version"]:
             self.weights.follow(serving)
+
+    def _canary_decided(self, serving: policy_versions.PolicyVersionRow | None) -> None:
+        """The trainer held the candidate: promoted, it trains on from what serves now (the
+        candidate, or its weights under the swap's name); rolled back, from what served."""
+        lineage = self.state.lineage
+        assert lineage.serving is not None
+        canary, lineage.canary = lineage.canary, None
+        if serving is not None and serving["version"] != lineage.serving["version"]:
+            self.weights.follow(serving, by=f"canary {canary}'s promotion")
+            return
+        log.info(
+            "canary %s rolled back: training from %s again", canary, lineage.serving["version"]
+        )
+        self.weights.reload()
+
+    def _waits_for_canary(self) -> bool:
+        """Whether a canary runs for the lineage's scope: then no step (see the module)."""
+        lineage = self.state.lineage
+        with self.state.engine.connect() as conn:
+            running = canaries.running_for(conn, lineage.tenant)
+        if running is None:
+            return False
+        scope = "the shared policy" if lineage.tenant is None else f"tenant {lineage.tenant}"
+        self.state.activity = f"no step of {scope} while canary {running} runs"
+        self._not_ready()
+        return True
 
     def maybe_train(self) -> bool:
         state, lineage = self.state, self.state.lineage
         self.follow_operator()
+        if self._waits_for_canary():
+            return False
         rows, ordinals = self._trainable_rows()
         if not rows:
             self._not_ready()
@@ -359,7 +400,8 @@ class Stepping:
         metrics.update(times.metrics())
         self._log_step(step, account, metrics, times, result, batch.truncation)
         state.reporter.step(step, {**metrics, "published": result.ok})
-        if result.ok and lineage.guard is not None:
+        # the guard judges a version that serves its scope; a canary's candidate, its canary
+        if result.ok and lineage.guard is not None and lineage.canary is None:
             self.guarding.check(step)
 
     def _build_batch(self, advantaged: list[Advantaged], account: StepAccount) -> StepBatch:
@@ -498,8 +540,15 @@ class Stepping:
             result.weight_sums_compared,
             result.max_logprob_diff if result.max_logprob_diff is not None else float("nan"),
             warnings,
-            result.version if result.ok else f"NOT PUBLISHED ({result.error})",
+            _published(result, self.state.lineage.canary),
         )
+
+
+def _published(result: PublishResult, canary: int | None) -> str:
+    """The step line's end: the version it published (as a canary's candidate), or why not."""
+    if not result.ok:
+        return f"NOT PUBLISHED ({result.error})"
+    return result.version if canary is None else f"{result.version} (canary {canary})"
 
 
 def _step_time(

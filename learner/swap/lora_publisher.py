@@ -175,10 +175,13 @@ class LoraPublisher:
         expected: ExpectedLogprobs,
         commit: Commit | None = None,
         write: AdapterWrite | None = None,
+        serve: bool = True,
     ) -> PublishResult:
         """``write``: fills an empty directory with the new adapter's files; given it, the
         publisher writes ``checkpoint_dir`` itself (into memory first where adapters load
-        from there), else ``checkpoint_dir`` holds the files already."""
+        from there), else ``checkpoint_dir`` holds the files already. ``serve`` False: the
+        adapter is loaded, verified and recorded, but not labelled: it serves only the calls
+        sent to it by name (a canary's candidate, store/canaries.py)."""
         if write is None and not is_adapter(checkpoint_dir):
             return self.full.publish(checkpoint_dir, version, expected=expected, commit=commit)
         result = PublishResult(version, False, 0.0, None, None, [])
@@ -188,7 +191,7 @@ class LoraPublisher:
             result.error = failure_reason(exc)
             return result
         files = AdapterFiles(self.memory, Path(checkpoint_dir).resolve(), version, write)
-        return self._publish_adapter(files, result, commit, fresh=True)
+        return self._publish_adapter(files, result, commit, fresh=True, serve=serve)
 
     def rollback(
         self,
@@ -230,6 +233,7 @@ class LoraPublisher:
         commit: Commit | None,
         *,
         fresh: bool,
+        serve: bool = True,
     ) -> PublishResult:
         version = result.version
         with self.replicas.client() as client, files:
@@ -257,7 +261,10 @@ class LoraPublisher:
                 return result
             result.ok = True
             start = time.perf_counter()
-            self._label_all(client, result, adapter=True)
+            if serve:
+                self._label_all(client, result, adapter=True)
+            else:
+                result.replicas.extend(self.upstreams)  # loaded on each, serving nobody yet
             result.swap_seconds = loaded + time.perf_counter() - start
             self._remember(client, version)
         return result

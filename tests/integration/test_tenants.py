@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import Engine, select
 
 from proxy.recording.interaction import fingerprint
-from store import gates
+from store import gates, tenants
 from store.models import Call, PolicyVersion
 from tests.support.adapter_proxy import adapters_read, admin, settings
 from tests.support.fake_vllm import FakeVLLM
@@ -253,6 +253,43 @@ def test_tenant_definitions_are_checked(
         assert "no tenant 'nobody'" in out[case].json()["error"]["message"]
     assert out["no token"].status_code == 401
     assert [t["name"] for t in out["list"].json()["items"]] == ["one", "two"]
+
+
+def test_a_tenant_s_own_canary_settings_are_set_shown_and_cleared(
+    fake_vllm: FakeVLLM, db_url: str, engine: Engine, tmp_path: Path
+) -> None:
+    own = {"share": 0.3, "min_calls": 20, "watch": {"length_low": 0.2}}
+
+    async def scenario() -> dict[str, Any]:
+        async with in_process_proxy(**settings(fake_vllm, db_url, tmp_path)) as proxy:
+            out: dict[str, Any] = {}
+            await admin(proxy, "PUT", "/tenants/one", json={"interaction_types": ["a"]})
+            out["fresh"] = await admin(proxy, "GET", "/tenants/one")
+            out["set"] = await admin(proxy, "PUT", "/tenants/one/canary", json=own)
+            out["kept"] = await admin(  # a new definition keeps them
+                proxy, "PUT", "/tenants/one", json={"interaction_types": ["b"]}
+            )
+            for case, body in (
+                ("share 1", {"share": 1.0}),
+                ("unknown", {"weight": 2}),
+                ("unknown threshold", {"watch": {"no_such": 1}}),
+                ("bad decision", {"default_decision": "wait"}),
+            ):
+                out[case] = await admin(proxy, "PUT", "/tenants/one/canary", json=body)
+            out["no such"] = await admin(proxy, "PUT", "/tenants/nobody/canary", json={})
+            out["cleared"] = await admin(proxy, "PUT", "/tenants/one/canary", json={})
+            return out
+
+    out = asyncio.run(scenario())
+    assert out["fresh"].json()["canary"] is None  # the learner's
+    assert out["set"].status_code == 200 and out["set"].json()["canary"] == own
+    assert out["kept"].json()["canary"] == own
+    for case in ("share 1", "unknown", "unknown threshold", "bad decision"):
+        assert out[case].status_code == 400, (case, out[case].text)
+    assert out["no such"].status_code == 404
+    assert out["cleared"].status_code == 200 and out["cleared"].json()["canary"] is None
+    with engine.connect() as conn:
+        assert tenants.canary_overrides(conn, "one") is None
 
 
 def test_each_lineage_has_its_own_serving_version_and_staleness_order(engine: Engine) -> None:

@@ -2,8 +2,10 @@
 
 A call is the tenant's that lists its client key, else the one that lists its interaction
 type. Its calls go to the tenant's serving adapter on every replica that has it loaded, and
-record the tenant and the version that answered. A change takes effect at once in this proxy
-and within `key_poll_interval` seconds in every other proxy on the same store.
+record the tenant and the version that answered. A change takes effect at once in this
+proxy and within `key_poll_interval` seconds in every other proxy on the same store. A
+tenant may set its own canary settings (`canary`), which the learner reads when it starts a
+canary of one of its versions and when its watch looks at a canary of the tenant's calls.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from fastapi import APIRouter, Path, Response
 
 from proxy.admin.deps import EngineDep, StateDep
 from proxy.admin.errors import AdminError, not_found
-from proxy.admin.schemas import KeyName, TenantIn, TenantServingIn
+from proxy.admin.schemas import KeyName, TenantCanaryIn, TenantIn, TenantServingIn
 from store import policy_versions
 from store import tenants as store
 from store.clock import iso
-from store.tenants import TenantRow, TenantTraffic
+from store.tenants import CanaryOverrides, TenantRow, TenantTraffic
 
 router = APIRouter(tags=["tenants"])
 TenantName = Annotated[KeyName, Path()]
@@ -36,6 +38,7 @@ class TenantView(TypedDict):
     lineage_version: str | None
     steered_by_hand: bool
     loaded_on: list[str]
+    canary: CanaryOverrides | None
     created_at: str | None
     updated_at: str | None
     traffic: TenantTraffic
@@ -60,6 +63,8 @@ def _row(
         "steered_by_hand": store.steered_by_hand(version, lineage),
         # the replicas its calls reach the adapter on (as this proxy last read them)
         "loaded_on": [r.url for r in state.pool.replicas if version in r.adapters],
+        # its own canary settings over the learner's (null: the learner's)
+        "canary": row["canary"],
         "created_at": iso(row["created_at"]),
         "updated_at": iso(row["updated_at"]),
         # its graded trajectories, how many a step trained on, and their mean reward per
@@ -142,6 +147,25 @@ def set_serving(
     if not found:
         raise not_found("tenant", name)
     state.tenants.reload()
+    return _found(engine, state, name)
+
+
+@router.put(
+    "/tenants/{name}/canary",
+    summary="Set a tenant's own canary settings",
+    response_model=dict,  # serialised as returned (TenantView)
+)
+def set_canary(
+    engine: EngineDep, state: StateDep, name: TenantName, body: TenantCanaryIn
+) -> TenantView:
+    """Replaces them: each setting left out is the learner's (`learn --canary-share`, ...;
+    the watch's thresholds, the code's), and {} gives it the learner's again. The share
+    and the others apply to the canaries the learner starts from then on; the watch's
+    thresholds at its next look at any canary of the tenant's calls."""
+    with engine.begin() as conn:
+        found = store.set_canary(conn, name=name, overrides=body.overrides(), now=datetime.now(UTC))
+    if not found:
+        raise not_found("tenant", name)
     return _found(engine, state, name)
 
 

@@ -622,6 +622,7 @@ async function loadTenants() {
         el("td", { class: t.loaded_on.length ? "" : "muted" }, loaded),
         el("td", {}, String(t.traffic.graded)),
         el("td", {}, String(t.traffic.trained)),
+        el("td", { class: t.canary ? "" : "muted" }, canarySettings(t.canary)),
       ),
     );
     const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
@@ -635,7 +636,19 @@ async function loadTenants() {
       { xLabel: "policy version (that served the trajectory's first call)", yLabel: "mean reward" },
     );
   }
-  if (!data.items.length) body.appendChild(el("tr", {}, el("td", { colSpan: 7, class: "muted" }, "no tenants: PUT /admin/api/tenants/NAME defines one")));
+  if (!data.items.length) body.appendChild(el("tr", {}, el("td", { colSpan: 8, class: "muted" }, "no tenants: PUT /admin/api/tenants/NAME defines one")));
+}
+
+// a tenant's own canary settings, each over the learner's (null: all the learner's)
+function canarySettings(c) {
+  if (!c) return "the learner's";
+  const parts = [];
+  if (c.share !== undefined) parts.push(c.share > 0 ? `share ${c.share}` : "no canary");
+  if (c.min_calls !== undefined) parts.push(`${c.min_calls} calls an arm`);
+  if (c.time_limit_s !== undefined) parts.push(`${c.time_limit_s} s`);
+  if (c.default_decision !== undefined) parts.push(`then ${c.default_decision}`);
+  for (const [name, value] of Object.entries(c.watch || {})) parts.push(`watch ${name} ${value}`);
+  return parts.join(", ") + "; else the learner's";
 }
 
 // -- canaries: their arms, the test's state, the decision, and the watch's alerts ----------
