@@ -175,8 +175,15 @@ class Publishing:
     def _canary(self) -> CanarySettings | None:
         """The settings of the canary the lineage's new version starts (None: it serves
         its whole scope at once); a canary's candidate is an adapter."""
-        adapter = isinstance(self.state.lineage.publisher, LoraPublisher)
-        return self.canary_starts.settings_for(self.state.tenant, adapter=adapter)
+        publisher = self.state.lineage.publisher
+        adapter = isinstance(publisher, LoraPublisher)
+        settings = self.canary_starts.settings_for(self.state.tenant, adapter=adapter)
+        if isinstance(publisher, LoraPublisher):
+            # read at each publish, as a tenant's own settings may change while it runs: a
+            # candidate is loaded beside what serves (kept first), so it needs a slot more,
+            # and without a canary none is held for it (--max-loras is sized without)
+            publisher.keep = self.state.config.max_staleness + 1 + int(settings is not None)
+        return settings
 
     def _keep_candidate_state(
         self, target: Path, version: str, canary: CanarySettings | None
@@ -407,9 +414,9 @@ class Publishing:
             config.upstreams,
             max_rank=config.lora_rank,
             # every version a sample may still be trained from stays loaded, so a request
-            # in flight finishes on the adapter it started with; at least two: what serves
-            # and a canary's candidate beside it
-            keep=max(config.max_staleness + 1, 2),
+            # in flight finishes on the adapter it started with (one more while a canary's
+            # candidate is published beside what serves: _canary)
+            keep=config.max_staleness + 1,
             # a tenant's version serves its calls by the tenant's pointer, not as the
             # replicas' weight version (learner/loop/tenants.py)
             label=None if tenant is None else tenant_pointer(state.engine, tenant),

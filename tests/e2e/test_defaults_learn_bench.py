@@ -40,4 +40,6 @@ def test_the_smallest_setting_runs_both_arms_and_ends_with_the_verdict_line(
     assert set(rows) == {"live", "bare"}
     assert rows["bare"]["steps"] >= 1 and rows["live"]["calls"] > 0
     for row in rows.values():
-        assert 0.4 < row["minutes"] < 1.5 and 0.0 <= row["after"] <= 1.0
+        # the live arm ends once the learner has finished the step it is in (SIGTERM: the
+        # bench waits up to 2 minutes); beside the suite's other worker that took 1.53
+        assert 0.4 < row["minutes"] < 0.5 + 2.0 + 0.5 and 0.0 <= row["after"] <= 1.0

@@ -269,8 +269,15 @@ class LoadingAnother(LoraPublisher):
 
     instead: Path | None = None
 
-    def _load(self, client: httpx.Client, upstream: str, name: str, directory: Path) -> None:
-        super()._load(client, upstream, name, self.instead or directory)
+    def _load(
+        self,
+        client: httpx.Client,
+        upstream: str,
+        name: str,
+        directory: Path,
+        same: tuple[Path, ...] = (),
+    ) -> None:
+        super()._load(client, upstream, name, self.instead or directory, same)
 
 
 def test_an_adapter_served_one_element_off_fails_the_exact_check_the_probe_misses(
