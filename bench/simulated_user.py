@@ -38,8 +38,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from learner.demo.harnesses.calc_agent import Complete, ModelError, http_chat, run_tool
+from learner.demo.harnesses.calc_agent import TIMEOUT_S, run_tool
 from learner.demo.tasks import CALCULATOR_TOOL
+from learner.harness_client import Complete, ModelError, http_chat
 
 # the first four of each pool open with words the rules read as certain, the rest are left
 # to a judge (tests/unit/bench/test_simulated_user.py checks the split); none gives the
@@ -159,6 +160,7 @@ def main() -> int:
     complete = http_chat(
         base_url,
         args.model,
+        timeout_s=TIMEOUT_S,
         api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
         headers={"X-Onthejob-Task": key} if key else None,
     )

@@ -158,11 +158,12 @@ def test_harness_through_the_proxy_gets_what_the_probe_recorded(
 def test_in_process_episodes_agree_with_the_served_model(demo_vllm, demo_model, demo_tasks):
     """`sample_episodes` (the offline estimate) plays the same policy and protocol as the
     harness against vLLM: greedy answers agree (float32 on both sides), number for number."""
-    from learner.demo.harnesses.calc_agent import http_chat, solve
+    from learner.demo.harnesses.calc_agent import TIMEOUT_S, solve
+    from learner.harness_client import http_chat
 
     _, heldout = demo_tasks
     offline = sample_episodes(demo_model, heldout, temperature=0)
-    chat = http_chat(demo_vllm.url + "/v1", demo_vllm.model_name)
+    chat = http_chat(demo_vllm.url + "/v1", demo_vllm.model_name, timeout_s=TIMEOUT_S)
     served = [solve(chat, t["prompt"], temperature=0).strip() for t in heldout]
 
     def outcome(answer: str) -> str:

@@ -11,7 +11,8 @@ got an answer, right or wrong; 1 if the model could not be reached.
 
 Standard library only, on purpose: the demo starts it hundreds of times, and importing the
 openai SDK cost 0.6 s of CPU per start on 2 cores, a third of the demo's rounds. The suite
-drives the proxy with the official SDKs elsewhere.
+drives the proxy with the official SDKs elsewhere. The HTTP client and the reading of the
+question and the environment are learner/harness_client.py, shared with the other harnesses.
 
 Run: python -m learner.demo.harnesses.calc_agent "How many minutes are in 3 hours?"
 """
@@ -22,53 +23,15 @@ import argparse
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from learner.demo.tasks import CALCULATOR_TOOL, calculate, format_number
+from learner.harness_client import Complete, ModelError, connect, question
 
 if TYPE_CHECKING:  # standard library only at run time
     from store.json_types import JsonObject
 
-Complete = Callable[..., "JsonObject"]  # (messages, **sampling) -> the reply's message
-
-
-class ModelError(RuntimeError):
-    """The model could not be reached, or answered with an error."""
-
-
-def http_chat(
-    base_url: str, model: str, *, api_key: str = "not-needed", headers: dict[str, str] | None = None
-) -> Complete:
-    """A `Complete` that POSTs to ``base_url``/chat/completions."""
-    url = base_url.rstrip("/") + "/chat/completions"
-    sent = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"}
-    sent.update(headers or {})
-
-    def complete(messages: list[JsonObject], **sampling: Any) -> JsonObject:
-        body = json.dumps({"model": model, "messages": messages, **sampling}).encode()
-        request = urllib.request.Request(url, data=body, headers=sent, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=120) as answer:
-                reply = json.loads(answer.read())
-        except urllib.error.HTTPError as exc:
-            raise ModelError(f"HTTP {exc.code}: {exc.read()[:300]!r}") from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise ModelError(str(exc)) from None
-        try:
-            return dict(reply["choices"][0]["message"])
-        except (KeyError, IndexError, TypeError):
-            raise ModelError(f"not a chat completion: {str(reply)[:300]}") from None
-
-    return complete
-
-
-def question(args: argparse.Namespace) -> str:
-    if args.prompt:
-        return str(args.prompt)
-    return os.environ.get("ONTHEJOB_PROMPT") or sys.stdin.read()
+TIMEOUT_S = 120  # seconds a model call may take
 
 
 def run_tool(name: str, arguments: str) -> str:
@@ -117,19 +80,8 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
     args = parser.parse_args()
-    prompt = question(args).strip()
-    if not prompt:
-        parser.error("no question given (argument, ONTHEJOB_PROMPT or stdin)")
-    task = os.environ.get("ONTHEJOB_TASK")
-    base_url = os.environ.get("OPENAI_BASE_URL")
-    if not base_url:
-        parser.error("OPENAI_BASE_URL is not set (the proxy's URL, e.g. http://127.0.0.1:8080/v1)")
-    complete = http_chat(
-        base_url,
-        args.model,
-        api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
-        headers={"X-Onthejob-Task": task} if task else None,
-    )
+    prompt = question(parser, args.prompt, os.environ)
+    complete = connect(parser, args.model, os.environ, timeout_s=TIMEOUT_S)
     try:
         answer = solve(
             complete,

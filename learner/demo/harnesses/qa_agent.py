@@ -24,8 +24,9 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from learner.demo.harnesses.calc_agent import Complete, ModelError, http_chat, question, run_tool
+from learner.demo.harnesses.calc_agent import TIMEOUT_S, run_tool
 from learner.demo.tasks import CALCULATOR_TOOL
+from learner.harness_client import Complete, ModelError, connect, question
 
 if TYPE_CHECKING:  # standard library only at run time
     from store.json_types import JsonObject
@@ -67,19 +68,8 @@ def main() -> int:
         help="offer no calculator: the reply's text is the answer (the real-model demo)",
     )
     args = parser.parse_args()
-    prompt = question(args).strip()
-    if not prompt:
-        parser.error("no question given (argument, ONTHEJOB_PROMPT or stdin)")
-    base_url = os.environ.get("OPENAI_BASE_URL")
-    if not base_url:
-        parser.error("OPENAI_BASE_URL is not set (the proxy's URL, e.g. http://127.0.0.1:8080/v1)")
-    task = os.environ.get("ONTHEJOB_TASK")
-    complete = http_chat(
-        base_url,
-        args.model,
-        api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
-        headers={"X-Onthejob-Task": task} if task else None,
-    )
+    prompt = question(parser, args.prompt, os.environ)
+    complete = connect(parser, args.model, os.environ, timeout_s=TIMEOUT_S)
     try:
         reply = answer(
             complete,

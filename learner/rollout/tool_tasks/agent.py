@@ -13,7 +13,8 @@ X-Onthejob-Task header (the task key the grader finds the task by). Exit 0 whene
 model was reached, answer or not; 1 if it could not be, or did not answer with a chat
 completion (stderr: `tool_agent: the model failed: ...`, saying what it got).
 
-Standard library only, as the demo's calculator agent: a rollout starts it once a run.
+Standard library only, as the demo's calculator agent: a rollout starts it once a run. The
+HTTP client and the reading of the question and the environment are learner/harness_client.py.
 
 Run: onthejob rollout --proxy URL --tasks tools-train.jsonl -- \\
          python -m learner.rollout.tool_tasks.agent "{prompt}"
@@ -22,72 +23,20 @@ Run: onthejob rollout --proxy URL --tasks tools-train.jsonl -- \\
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from learner.harness_client import Complete, ModelError, connect, question
 from learner.rollout.tool_tasks.tools import FAILED, MALFORMED, TOOLS, run_tool
 
 if TYPE_CHECKING:  # standard library only at run time
     from store.json_types import JsonObject, JsonValue
 
-Complete = Callable[..., "JsonObject"]  # (messages, **request fields) -> the reply's message
 SUMMARY_PREFIX = "tool_agent: "
-
-
-class ModelError(RuntimeError):
-    """The model could not be reached, or answered with an error."""
-
-
-def http_chat(
-    base_url: str, model: str, *, api_key: str = "not-needed", headers: dict[str, str] | None = None
-) -> Complete:
-    """A `Complete` that POSTs to `base_url`/chat/completions."""
-    url = base_url.rstrip("/") + "/chat/completions"
-    sent = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"}
-    sent.update(headers or {})
-
-    def complete(messages: list[JsonObject], **fields: JsonValue) -> JsonObject:
-        body = json.dumps({"model": model, "messages": messages, **fields}).encode()
-        request = urllib.request.Request(url, data=body, headers=sent, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=300) as answer:
-                reply = json.loads(answer.read())
-        except urllib.error.HTTPError as exc:
-            raise ModelError(f"{url} answered HTTP {exc.code}: {exc.read()[:300]!r}") from None
-        except urllib.error.URLError as exc:
-            raise ModelError(f"{url} could not be reached: {exc.reason}") from None
-        except (OSError, http.client.HTTPException) as exc:  # e.g. a reply cut short
-            raise ModelError(f"{url} broke off: {type(exc).__name__}: {exc}") from None
-        except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deep
-            raise ModelError(f"{url} answered something not JSON: {exc}") from None
-        return reply_message(reply, url)
-
-    return complete
-
-
-def reply_message(reply: JsonValue, url: str) -> JsonObject:
-    """The assistant message of a chat completion `url` answered; ModelError if `reply` is
-    not one."""
-    choices = reply.get("choices") if isinstance(reply, dict) else None
-    first = choices[0] if isinstance(choices, list) and choices else None
-    message = first.get("message") if isinstance(first, dict) else None
-    if not isinstance(message, dict):
-        raise ModelError(f"{url} answered no chat completion: {_brief(reply)}")
-    return dict(message)
-
-
-def _brief(value: JsonValue) -> str:
-    try:
-        return json.dumps(value)[:300]
-    except (ValueError, RecursionError):  # nested deeper than json.loads could still read
-        return f"a JSON {type(value).__name__} nested too deep to show"
+TIMEOUT_S = 300  # seconds a model call may take
 
 
 @dataclass
@@ -151,12 +100,6 @@ def run_call(call: JsonValue, fallback_id: str, outcome: Outcome) -> JsonObject:
     }
 
 
-def question(prompt: str | None) -> str:
-    if prompt:
-        return prompt
-    return os.environ.get("ONTHEJOB_PROMPT") or sys.stdin.read()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m learner.rollout.tool_tasks.agent",
@@ -169,19 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--system", help="a system prompt (none by default)")
     args = parser.parse_args(argv)
-    prompt = question(args.prompt).strip()
-    if not prompt:
-        parser.error("no question given (argument, ONTHEJOB_PROMPT or stdin)")
-    base_url = os.environ.get("OPENAI_BASE_URL")
-    if not base_url:
-        parser.error("OPENAI_BASE_URL is not set (the proxy's URL, e.g. http://127.0.0.1:8080/v1)")
-    task = os.environ.get("ONTHEJOB_TASK")
-    complete = http_chat(
-        base_url,
-        args.model,
-        api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
-        headers={"X-Onthejob-Task": task} if task else None,
-    )
+    prompt = question(parser, args.prompt, os.environ)
+    complete = connect(parser, args.model, os.environ, timeout_s=TIMEOUT_S)
     try:
         outcome = solve(
             complete,
