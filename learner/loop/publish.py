@@ -179,11 +179,16 @@ class Publishing:
         adapter = isinstance(publisher, LoraPublisher)
         settings = self.canary_starts.settings_for(self.state.tenant, adapter=adapter)
         if isinstance(publisher, LoraPublisher):
-            # read at each publish, as a tenant's own settings may change while it runs: a
-            # candidate is loaded beside what serves (kept first), so it needs a slot more,
-            # and without a canary none is held for it (--max-loras is sized without)
-            publisher.keep = self.state.config.max_staleness + 1 + int(settings is not None)
+            # read at each publish, as a tenant's own settings may change while it runs
+            publisher.keep = self._adapters_kept(canary=settings is not None)
         return settings
+
+    def _adapters_kept(self, *, canary: bool) -> int:
+        """Adapters a lineage keeps loaded: every version a sample may still be trained
+        from, so a request in flight finishes on the adapter it started with; and a slot more
+        for a canary's candidate, loaded beside what serves (kept first). Without a canary
+        none is held for it: --max-loras is sized without."""
+        return self.state.config.max_staleness + 1 + int(canary)
 
     def _keep_candidate_state(
         self, target: Path, version: str, canary: CanarySettings | None
@@ -413,10 +418,7 @@ class Publishing:
         return LoraPublisher(
             config.upstreams,
             max_rank=config.lora_rank,
-            # every version a sample may still be trained from stays loaded, so a request
-            # in flight finishes on the adapter it started with (one more while a canary's
-            # candidate is published beside what serves: _canary)
-            keep=config.max_staleness + 1,
+            keep=self._adapters_kept(canary=False),  # _canary sets it at each publish
             # a tenant's version serves its calls by the tenant's pointer, not as the
             # replicas' weight version (learner/loop/tenants.py)
             label=None if tenant is None else tenant_pointer(state.engine, tenant),
