@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Engine
 
 from learner.loop.canaries import Canaries
-from store import canaries, grade_queue, recording, tenants
-from store.turn_signals import Stored, save_signals
+from store import canaries, tenants
+from tests.support import canary_traffic
 
 T0 = time.time() - 600  # the canaries started 10 minutes ago; their calls since
 
@@ -31,41 +32,9 @@ def start(engine: Engine, tenant: str | None, *, candidate: str, incumbent: str)
         )  # fmt: skip
 
 
-def serve(
-    engine: Engine,
-    tenant: str | None,
-    version: str,
-    rewards: list[float],
-    *,
-    complaints: int = 0,
-) -> None:
-    """One single-call trajectory per reward, answered by `version`, graded; the first
-    `complaints` of them with a correction on their call."""
-    trajectories, calls = [], []
-    for i in range(len(rewards)):
-        at = T0 + 1 + i
-        tid = f"{tenant}-{version}-{i}"
-        trajectories.append({"id": tid, "status": "finished", "started_at": at, "last_call_at": at})
-        calls.append({
-            "id": f"{tid}-c", "trajectory_id": tid, "session_key": tid,
-            "api": "chat.completions", "status": "ok", "http_status": 200, "stream": False,
-            "prompt_prefix_len": 0, "capture_complete": True, "started_at": at,
-            "latency_ms": 100.0, "policy_version": version, "tenant": tenant,
-        })  # fmt: skip
-    with engine.begin() as conn:
-        recording.write_batch(conn, trajectories=trajectories, calls=calls)
-        for trajectory, reward in zip(trajectories, rewards, strict=True):
-            grade_queue.save_grade(
-                conn, trajectory_id=trajectory["id"], reward=reward, detail={}, error=None
-            )
-        for trajectory in trajectories[:complaints]:
-            tid = trajectory["id"]
-            save_signals(
-                conn,
-                trajectory_id=tid,
-                signals=[Stored(f"{tid}-c", 0, -1.0, "corrected", "no, that is wrong", None)],
-                now=datetime.now(UTC),
-            )
+# one single-call trajectory per reward, answered by a version after T0, graded; the first
+# `complaints` of them with a correction on their call
+serve = partial(canary_traffic.serve, at=T0 + 1)
 
 
 def state_of(engine: Engine, canary_id: int) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +20,13 @@ from learner.loop.canaries import Canaries
 from learner.vllm_server import free_port
 from store import (
     canaries,
-    grade_queue,
     policy_versions,
-    recording,
     tenants,
     watch_alerts,
     watch_windows,
 )
 from store.models import Canary
-from store.turn_signals import Stored, save_signals
+from tests.support import canary_traffic
 from tests.support.inprocess import in_process_client
 
 T0 = time.time() - 600  # the canaries started 10 minutes ago; their calls since
@@ -51,61 +50,10 @@ def start(engine: Engine, tenant: str, *, candidate: str, incumbent: str, **chan
         )
 
 
-def serve(
-    engine: Engine,
-    tenant: str,
-    version: str,
-    rewards: list[float],
-    *,
-    text: str = WORDY,
-    tokens: int = 120,
-    complaints: int = 0,
-    tool_arguments: str | None = None,
-    judge: float | None = None,
-    first: int = 0,
-) -> list[str]:
-    """One single-call trajectory per reward, answered by `version` with `text` in `tokens`
-    tokens (and a tool call with `tool_arguments`), graded (with a self-judge verdict of
-    `judge` beside the reward as its truth); the first `complaints` corrected. Their ids,
-    numbered from `first`."""
-    trajectories, calls = [], []
-    for i in range(first, first + len(rewards)):
-        at = T0 + 1 + i
-        tid = f"{tenant}-{version}-{i}"
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        if tool_arguments is not None:
-            message["tool_calls"] = [{
-                "id": f"{tid}-tool", "type": "function",
-                "function": {"name": "edit", "arguments": tool_arguments},
-            }]  # fmt: skip
-        trajectories.append({"id": tid, "status": "finished", "started_at": at, "last_call_at": at})
-        calls.append({
-            "id": f"{tid}-c", "trajectory_id": tid, "session_key": tid,
-            "api": "chat.completions", "status": "ok", "http_status": 200, "stream": False,
-            "prompt_prefix_len": 0, "capture_complete": True, "started_at": at,
-            "latency_ms": 100.0, "policy_version": version, "tenant": tenant,
-            "response": {"choices": [{"index": 0, "message": message}]},
-            "completion_tokens": tokens,
-        })  # fmt: skip
-    with engine.begin() as conn:
-        recording.write_batch(conn, trajectories=trajectories, calls=calls)
-        for trajectory, reward in zip(trajectories, rewards, strict=True):
-            detail: dict[str, Any] = {}
-            if judge is not None:
-                detail["self_judge"] = {
-                    "type": None, "rubric": "default", "reward": judge, "detail": {},
-                    "shadow": True, "truth": {"source": "reference", "reward": reward},
-                }  # fmt: skip
-            grade_queue.save_grade(
-                conn, trajectory_id=trajectory["id"], reward=reward, detail=detail, error=None
-            )
-        for trajectory in trajectories:
-            tid = trajectory["id"]
-            signal = Stored(f"{tid}-c", 0, -1.0, "corrected", "no, that is wrong", None)
-            approval = Stored(f"{tid}-c", 0, 1.0, "approved", "thanks", None)
-            mine = [signal] if trajectories.index(trajectory) < complaints else [approval]
-            save_signals(conn, trajectory_id=tid, signals=mine, now=datetime.now(UTC))
-    return [t["id"] for t in trajectories]
+# one single-call trajectory per reward, answered by a version after T0 with a reply
+# (WORDY in 120 tokens unless told), graded; the first `complaints` corrected, the others
+# approved
+serve = partial(canary_traffic.serve, at=T0 + 1, text=WORDY, approve_others=True)
 
 
 def canary(engine: Engine, canary_id: int) -> dict[str, Any]:
@@ -329,20 +277,8 @@ def test_an_alert_is_raised_kept_and_cleared_and_the_newest_version_watched(
 
 def serve_untenanted(engine: Engine, version: str, *, text: str, tokens: int) -> None:
     """60 calls of no tenant answered by `version` just now (the newest-version watch
-    reads the last day)."""
-    now = time.time()
-    trajectories, calls = [], []
-    for i in range(60):
-        tid = f"shared-{version}-{i}"
-        trajectories.append(
-            {"id": tid, "status": "finished", "started_at": now, "last_call_at": now}
-        )
-        calls.append({
-            "id": f"{tid}-c", "trajectory_id": tid, "session_key": tid,
-            "api": "chat.completions", "status": "ok", "http_status": 200, "stream": False,
-            "prompt_prefix_len": 0, "capture_complete": True, "started_at": now,
-            "policy_version": version, "completion_tokens": tokens,
-            "response": {"choices": [{"message": {"role": "assistant", "content": text}}]},
-        })  # fmt: skip
-    with engine.begin() as conn:
-        recording.write_batch(conn, trajectories=trajectories, calls=calls)
+    reads the last day), not graded."""
+    at = time.time()
+    canary_traffic.serve(
+        engine, None, version, [None] * 60, at=at, spacing=0, text=text, tokens=tokens
+    )

@@ -1,7 +1,7 @@
 """The learner's own canaries (learner/canary/starts.py, learner/loop/publish.py, step.py), on
 SQLite and PostgreSQL, on the tiny model's trainer, publishing into a fake replica that
-loads adapters and answers the probe (tests/support/fake_replica.py; what a real vLLM
-serves is tests/e2e's):
+loads adapters and answers the probe (FakeReplica, tests/support/fake_vllm.py; what a real
+vLLM serves is tests/e2e's):
 
 - with a canary share, a tenant's new version is loaded beside what serves and started as
   the learner's canary; the tenant's pointer does not move, and the tenant trains no step
@@ -33,11 +33,11 @@ from learner.loop.state import Lineage
 from learner.loop.tenants import TenantTurn
 from learner.swap.publisher import Probe, PublishResult
 from learner.trainer import Trainer
-from store import canaries, grade_queue, policy_versions, recording, tenants
+from store import canaries, policy_versions, tenants
 from store.canaries import CanaryRow
 from store.samples import Sample
-from tests.support.fake_replica import FakeReplica
-from tests.support.fake_vllm import VERSION
+from tests.support.canary_traffic import serve
+from tests.support.fake_vllm import VERSION, FakeReplica
 
 PROMPT = [1, 10, 20, 30]
 
@@ -275,8 +275,8 @@ def test_the_shared_policy_s_canary_is_promoted_by_the_learner_s_swap(
         assert policy_versions.serving_name(conn) == "base"
 
     # the candidate's arm is better on reward, nothing worse: the learner promotes it
-    _serve(engine, candidate, [1.0, 1.0, 0.0, 1.0] * 15)
-    _serve(engine, "base", [0.0, 0.0, 1.0, 0.0] * 15)
+    serve(engine, None, candidate, [1.0, 1.0, 0.0, 1.0] * 15, at=time.time(), spacing=0)
+    serve(engine, None, "base", [0.0, 0.0, 1.0, 0.0] * 15, at=time.time(), spacing=0)
     assert learner.canaries.decide_running() == 1
 
     (canary,) = _canaries(engine)
@@ -314,25 +314,3 @@ def test_full_weights_are_served_at_once_and_the_learner_says_so_once(
         "as a canary: a canary's candidate serves beside the incumbent as an adapter (--lora), "
         "and full weights would need replicas of their own (not built yet)"
     ]
-
-
-def _serve(engine: Engine, version: str, rewards: list[float]) -> None:
-    """One single-call trajectory of the shared policy per reward, answered by `version`
-    after the canary started, graded."""
-    at = time.time()
-    trajectories, calls = [], []
-    for i in range(len(rewards)):
-        tid = f"{version}-{i}"
-        trajectories.append({"id": tid, "status": "finished", "started_at": at, "last_call_at": at})
-        calls.append({
-            "id": f"{tid}-c", "trajectory_id": tid, "session_key": tid,
-            "api": "chat.completions", "status": "ok", "http_status": 200, "stream": False,
-            "prompt_prefix_len": 0, "capture_complete": True, "started_at": at,
-            "latency_ms": 100.0, "policy_version": version, "tenant": None,
-        })  # fmt: skip
-    with engine.begin() as conn:
-        recording.write_batch(conn, trajectories=trajectories, calls=calls)
-        for trajectory, reward in zip(trajectories, rewards, strict=True):
-            grade_queue.save_grade(
-                conn, trajectory_id=trajectory["id"], reward=reward, detail={}, error=None
-            )

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -23,90 +20,16 @@ from learner.swap.adapter_memory import AdapterMemory, AdapterWrite, LoadFrom, a
 from learner.swap.lora_publisher import LoraPublisher
 from learner.swap.orphan_adapters import sweep_memory_copies
 from learner.swap.publisher import Fingerprint, Probe, PublishResult
+from tests.support.fake_vllm import FakeReplica
 
 PROBE = [5, 6, 7, 8]
 BASE = "base-model"
 
 
-class FakeLoraVllm:
-    """vLLM's LoRA endpoints as the publisher uses them. An adapter answers the probe with
-    the logprob its config names (read at load, as vLLM reads the files then); a path under
-    ``unreadable`` does not exist for it (a replica on another machine); a name in
-    ``refuse`` fails to load (500)."""
-
-    def __init__(self) -> None:
-        self.paths: dict[str, str] = {}  # loaded adapter -> the path it was loaded from
-        self.logprobs: dict[str, float] = {}
-        self.unreadable: list[Path] = []
-        self.refuse: set[str] = set()
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                models = [{"id": BASE, "root": "/models/base", "parent": None}]
-                models += [{"id": n, "root": p, "parent": BASE} for n, p in fake.paths.items()]
-                self.answer(200, {"object": "list", "data": models})
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
-                status, answer = fake.handle(self.path, body)
-                self.answer(status, answer)
-
-            def answer(self, status: int, body: object) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def handle(self, path: str, body: dict[str, Any]) -> tuple[int, object]:
-        if path == "/v1/load_lora_adapter":
-            return self.load(body["lora_name"], Path(body["lora_path"]))
-        if path == "/v1/unload_lora_adapter":
-            if self.paths.pop(body["lora_name"], None) is None:
-                return 404, error("NotFoundError", "cannot be found")
-            return 200, "Success"
-        if path == "/v1/completions":
-            logprob = self.logprobs.get(body["model"], -9.0)
-            entries = [None] + [{str(t): {"logprob": logprob}} for t in body["prompt"][1:]]
-            return 200, {"choices": [{"text": "", "prompt_logprobs": entries}]}
-        return 404, {"detail": "Not Found"}
-
-    def load(self, name: str, path: Path) -> tuple[int, object]:
-        if name in self.paths:
-            return 400, error(
-                "InvalidUserInput", f"The lora adapter '{name}' has already been loaded"
-            )
-        if not path.is_dir() or any(path.is_relative_to(u) for u in self.unreadable):
-            message = f"Loading lora {name} failed: No adapter found for {path}"
-            return 404, error("NotFoundError", message)
-        if name in self.refuse:
-            return 500, error("InternalServerError", "engine refused the adapter")
-        config = json.loads((path / ADAPTER_CONFIG).read_text())
-        self.paths[name] = str(path)
-        self.logprobs[name] = float(config["probe_logprob"])
-        return 200, "Success"
-
-
-def error(kind: str, message: str) -> dict[str, object]:
-    return {"error": {"message": message, "type": kind, "param": None, "code": 404}}
-
-
 @pytest.fixture
-def vllm() -> Iterator[FakeLoraVllm]:
-    fake = FakeLoraVllm()
-    yield fake
-    fake.server.shutdown()
-    fake.server.server_close()
+def vllm() -> Iterator[FakeReplica]:
+    with FakeReplica(model=BASE) as fake:
+        yield fake
 
 
 @pytest.fixture
@@ -125,7 +48,7 @@ def memory_of(checkpoints: Path, tmp_path: Path, load_from: LoadFrom = "auto") -
 
 
 def adapter(checkpoints: Path, logprob: float) -> AdapterWrite:
-    """Writes an adapter whose probe logprob (on the fake) is ``logprob``."""
+    """Writes an adapter whose probe logprob (on the fake replica) is ``logprob``."""
 
     def write(directory: Path) -> None:
         config = {
@@ -144,7 +67,7 @@ def adapter(checkpoints: Path, logprob: float) -> AdapterWrite:
 class Lineage:
     """A publisher and the record of what serves (the tenant's pointer, the store's rows)."""
 
-    def __init__(self, vllm: FakeLoraVllm, memory: AdapterMemory | None, keep: int = 3) -> None:
+    def __init__(self, vllm: FakeReplica, memory: AdapterMemory | None, keep: int = 3) -> None:
         self.vllm = vllm
         self.serving: list[str] = []
         self.recorded: list[str] = []
@@ -188,7 +111,7 @@ def staging_left(*directories: Path) -> list[Path]:
 
 
 def test_the_replica_loads_the_memory_copy_and_the_checkpoint_is_on_disk_before_the_record(
-    vllm: FakeLoraVllm, checkpoints: Path, tmp_path: Path
+    vllm: FakeReplica, checkpoints: Path, tmp_path: Path
 ) -> None:
     memory = memory_of(checkpoints, tmp_path)
     one = Lineage(vllm, memory)
@@ -201,7 +124,7 @@ def test_the_replica_loads_the_memory_copy_and_the_checkpoint_is_on_disk_before_
 
 
 def test_a_load_refused_leaves_the_serving_adapter_and_no_directory_under_the_new_name(
-    vllm: FakeLoraVllm, checkpoints: Path, tmp_path: Path
+    vllm: FakeReplica, checkpoints: Path, tmp_path: Path
 ) -> None:
     memory = memory_of(checkpoints, tmp_path)
     one = Lineage(vllm, memory)
@@ -217,7 +140,7 @@ def test_a_load_refused_leaves_the_serving_adapter_and_no_directory_under_the_ne
 
 
 def test_a_probe_that_fails_unloads_the_new_adapter_and_its_copy(
-    vllm: FakeLoraVllm, checkpoints: Path, tmp_path: Path
+    vllm: FakeReplica, checkpoints: Path, tmp_path: Path
 ) -> None:
     memory = memory_of(checkpoints, tmp_path)
     one = Lineage(vllm, memory)
@@ -230,7 +153,7 @@ def test_a_probe_that_fails_unloads_the_new_adapter_and_its_copy(
 
 
 def test_memory_that_cannot_take_the_adapter_fails_the_publish_when_asked_for(
-    vllm: FakeLoraVllm, checkpoints: Path, tmp_path: Path
+    vllm: FakeReplica, checkpoints: Path, tmp_path: Path
 ) -> None:
     memory = memory_of(checkpoints, tmp_path, "memory")
     one = Lineage(vllm, memory)
@@ -243,7 +166,7 @@ def test_memory_that_cannot_take_the_adapter_fails_the_publish_when_asked_for(
 
 
 def test_auto_publishes_from_the_disk_when_memory_cannot_take_the_adapter(
-    vllm: FakeLoraVllm, checkpoints: Path, tmp_path: Path
+    vllm: FakeReplica, checkpoints: Path, tmp_path: Path
 ) -> None:
     memory = memory_of(checkpoints, tmp_path)
     one = Lineage(vllm, memory)
@@ -253,7 +176,7 @@ def test_auto_publishes_from_the_disk_when_memory_cannot_take_the_adapter(
 
 
 def test_a_replica_that_cannot_read_memory_gets_the_disk_from_then_on(
-    vllm: FakeLoraVllm, checkpoints: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    vllm: FakeReplica, checkpoints: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     memory = memory_of(checkpoints, tmp_path)
     vllm.unreadable.append(memory.root)  # vLLM runs in a container of its own
@@ -267,7 +190,7 @@ def test_a_replica_that_cannot_read_memory_gets_the_disk_from_then_on(
 
 
 def test_a_replica_that_cannot_read_memory_asked_for_fails_the_publish(
-    vllm: FakeLoraVllm, checkpoints: Path, tmp_path: Path
+    vllm: FakeReplica, checkpoints: Path, tmp_path: Path
 ) -> None:
     memory = memory_of(checkpoints, tmp_path, "memory")
     one = Lineage(vllm, memory)
@@ -279,7 +202,7 @@ def test_a_replica_that_cannot_read_memory_asked_for_fails_the_publish(
 
 
 def test_copies_of_adapters_the_replicas_no_longer_list_are_swept(
-    vllm: FakeLoraVllm, checkpoints: Path, tmp_path: Path
+    vllm: FakeReplica, checkpoints: Path, tmp_path: Path
 ) -> None:
     memory = memory_of(checkpoints, tmp_path)
     one = Lineage(vllm, memory, keep=2)
@@ -298,7 +221,7 @@ def test_copies_of_adapters_the_replicas_no_longer_list_are_swept(
 
 
 def test_a_rollback_loads_a_memory_copy_of_its_checkpoint(
-    vllm: FakeLoraVllm, checkpoints: Path, tmp_path: Path
+    vllm: FakeReplica, checkpoints: Path, tmp_path: Path
 ) -> None:
     memory = memory_of(checkpoints, tmp_path)
     one = Lineage(vllm, memory)
@@ -313,7 +236,7 @@ def test_a_rollback_loads_a_memory_copy_of_its_checkpoint(
 
 
 def test_without_memory_the_checkpoint_is_what_vllm_loads(
-    vllm: FakeLoraVllm, checkpoints: Path
+    vllm: FakeReplica, checkpoints: Path
 ) -> None:
     one = Lineage(vllm, None)
     assert one.publish(checkpoints, "v1", -1.0).ok

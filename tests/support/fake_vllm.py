@@ -17,6 +17,9 @@ the answer to a chat request with `reply`, a function of the request's body givi
 `down()` refuses new connections and cuts open ones, as when a replica dies; `up()` listens
 again on the same port. `requests` and `headers` keep every generation request it got.
 
+FakeReplica adds the endpoints the learner publishes through (LoRA adapters loaded and
+unloaded, a full reload, the version's label, the verification probe).
+
 Raw asyncio rather than a web framework: the faults are on the wire, so the sockets must be
 in hand. For what a real engine can show, tests use the real vLLM server.
 """
@@ -30,10 +33,12 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from enum import Enum
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any, Self
 
 import orjson
 
+from learner.layout import ADAPTER_CONFIG
 from learner.vllm_server import free_port
 from proxy.upstream.sampling import NEUTRAL
 
@@ -480,3 +485,107 @@ class ToolLoopUpstream(FakeVLLM):
 
     def _ids(self, text_: str) -> list[int]:
         return list(self.tokenizer(text_, add_special_tokens=False)["input_ids"])
+
+
+# ---- a replica the learner publishes into
+
+PROBE_LOGPROB = -1.0  # every probe token's logprob, unless an adapter's config names another
+
+
+class FakeReplica(FakeVLLM):
+    """FakeVLLM with the endpoints the learner's publishers call, for learner tests without an
+    engine: LoRA adapters loaded and unloaded at runtime by name, as vLLM does (listed with
+    the directory they came from; a name loaded already, a directory it cannot read, refused),
+    a full reload (pause, reload_weights, reset_prefix_cache, resume), the weight version's
+    label, and the verification probe. It holds no model: the probe's every token has
+    PROBE_LOGPROB, or for an adapter the `probe_logprob` its adapter_config.json names (read
+    at load, as vLLM reads the files then), so a test that publishes through it sets the
+    learner's tolerance wide enough for any probe to pass, or writes the logprob it means.
+    No exact weight check (a vLLM started without the extension); what a real engine
+    verifies is tests/e2e's.
+
+    `paths`: each loaded adapter's directory (`adapters`: their names); `loads`: every
+    adapter name loaded, in order; `reloads`: every full checkpoint reloaded; `version`: the
+    label it serves; a directory under one of `unreadable` does not exist for it (a replica
+    on another machine); a name in `refuse` fails to load (500)."""
+
+    def __init__(self, *, model: str = MODEL) -> None:
+        super().__init__(model=model)  # its `adapters = []` starts `paths`
+        self.logprobs: dict[str, float] = {}
+        self.loads: list[str] = []
+        self.reloads: list[str] = []
+        self.unreadable: list[Path] = []
+        self.refuse: set[str] = set()
+
+    @property
+    def adapters(self) -> list[str]:
+        """What it has loaded: `paths`' names (one record, so a test can drop either)."""
+        return list(self.paths)
+
+    @adapters.setter
+    def adapters(self, names: list[str]) -> None:
+        self.paths: dict[str, str] = {name: f"/adapters/{name}" for name in names}
+
+    def _route(self, method: str, path: str, headers: dict[str, str], raw: bytes) -> Reply:
+        body: Any = orjson.loads(raw) if raw else {}
+        if method == "POST" and path == "/v1/load_lora_adapter":
+            return self._load(body["lora_name"], Path(body["lora_path"]))
+        if method == "POST" and path == "/v1/unload_lora_adapter":
+            if self.paths.pop(body["lora_name"], None) is None:
+                message = f"The lora adapter '{body['lora_name']}' cannot be found."
+                return vllm_error("NotFoundError", message, 404)
+            return Whole({})
+        if method == "POST" and path == "/v1/completions" and "prompt_logprobs" in body:
+            return Whole(self._probe_answer(body))
+        if method == "POST" and path == "/update_weight_version":
+            self.version = body["new_version"]
+            return Whole({})
+        if method == "POST" and path == "/collective_rpc":
+            if body["method"] != "reload_weights":  # a vLLM without the weight check's extension
+                return Whole({"error": {"message": f"no method {body['method']}"}}, 400)
+            self.reloads.append(body["kwargs"]["weights_path"])
+            return Whole({"results": [None]})
+        if method == "POST" and path == "/reset_prefix_cache":
+            return Whole({"success": True})
+        if method == "POST" and path in ("/pause", "/resume", "/abort_requests"):
+            return Whole({})
+        return super()._route(method, path, headers, raw)
+
+    def _load(self, name: str, path: Path) -> Reply:
+        if name in self.paths:
+            message = f"The lora adapter '{name}' has already been loaded."
+            return vllm_error("InvalidUserInput", message, 400)
+        if not path.is_dir() or any(path.is_relative_to(u) for u in self.unreadable):
+            message = f"Loading lora {name} failed: No adapter found for {path}"
+            return vllm_error("NotFoundError", message, 404)
+        if name in self.refuse:
+            return vllm_error("InternalServerError", "engine refused the adapter", 500)
+        config = path / ADAPTER_CONFIG
+        named = json.loads(config.read_text()).get("probe_logprob") if config.is_file() else None
+        self.logprobs[name] = PROBE_LOGPROB if named is None else float(named)
+        self.paths[name] = str(path)
+        self.loads.append(name)
+        return Whole({})
+
+    def _models(self) -> dict[str, Any]:
+        models = super()._models()
+        for model in models["data"]:
+            if model["id"] in self.paths:
+                model["root"] = self.paths[model["id"]]
+        return models
+
+    def _probe_answer(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A text completion with `prompt_logprobs` for the probe's tokens (none for the
+        first), as the model or adapter it names scores them."""
+        logprob = self.logprobs.get(body.get("model", ""), PROBE_LOGPROB)
+        entries: list[Any] = [None]
+        entries += [{str(t): {"logprob": logprob, "rank": 1}} for t in list(body["prompt"])[1:]]
+        choice = {"index": 0, "text": "", "finish_reason": "length", "prompt_logprobs": entries}
+        return {"id": "cmpl-probe", "object": "text_completion", "choices": [choice]}
+
+
+def vllm_error(kind: str, message: str, status: int) -> Whole:
+    """An error as vLLM's OpenAI server answers it."""
+    return Whole(
+        {"error": {"message": message, "type": kind, "param": None, "code": status}}, status
+    )
