@@ -336,6 +336,13 @@ class LearnerConfig(BaseSettings):
         metavar="N",
         ge=0,
     )
+    time_slice: Literal["auto", "off"] = setting(
+        "auto",
+        "auto: where the trainer computes on the CPU of a host whose vLLM replicas serve, it "
+        "pauses them (requests kept, resumed after) while it computes a step, on every core "
+        "or --torch-threads: steps several times as often, and the clients wait out each "
+        "step's compute (docs/measurements/defaults.md); off: it computes beside them",
+    )
     optimizer_state_every: int = setting(
         10,
         "write the optimizer state (AdamW moments, bf16's float32 master weights: 12 bytes a "

@@ -37,6 +37,7 @@ from learner.loop.tenants import Tenants
 from learner.loop.weights import Weights
 from learner.swap.requests import SwapRequestWorker
 from learner.threads import choose_threads
+from learner.time_slice import TimeSlice, resume_left_paused
 from store import db, schema
 
 log = logging.getLogger("onthejob.learner")
@@ -65,6 +66,7 @@ class Learner:
         # grading: a step never waits on them
         grader = grading.learner_grader(config, engine, shadow_inline=False)
         self.state = state = LoopState(config, ranks, engine, grader)
+        state.time_slice = _time_slice(config, sharded=ranks is not None)
         state.checkpoints.mkdir(parents=True, exist_ok=True)
         if config.turn_credit:
             _say_turn_credit(config)
@@ -175,6 +177,21 @@ def _set_threads(config: LearnerConfig, *, sharded: bool) -> None:
     if threads.threads:
         torch.set_num_threads(threads.threads)
     log.info("trainer threads: %s", threads.why)
+
+
+def _time_slice(config: LearnerConfig, *, sharded: bool) -> TimeSlice:
+    """Whether the trainer pauses the replicas on its host while it computes (--time-slice),
+    said once; a learner killed mid-step may have left them paused: resumed here."""
+    chosen = TimeSlice.choose(
+        "off" if sharded else config.time_slice,
+        config.upstreams,
+        cores=os.cpu_count() or 1,
+        on_gpu=_trains_on_gpu(config.device),
+        requested_threads=config.torch_threads,
+    )
+    log.info("time slice: %s", chosen.why())
+    resume_left_paused(chosen)
+    return chosen
 
 
 def _say_turn_credit(config: LearnerConfig) -> None:

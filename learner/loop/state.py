@@ -36,6 +36,7 @@ from learner.swap.fence import Fence
 from learner.swap.full_publisher import FullWeightPublisher
 from learner.swap.lora_publisher import LoraPublisher
 from learner.swap.publisher import Probe
+from learner.time_slice import TimeSlice
 from learner.trackers import Reporter
 from learner.traffic import TrafficYield, yielding_to
 from learner.trainer import Trainer, TrainerConfig
@@ -118,6 +119,7 @@ class LoopState:
         self.tasks = TaskTable()
         self.tasks_revision: Any = None  # the store's task table revision last loaded
         self.shared = Lineage.fresh_for(config, None)
+        self.time_slice = TimeSlice([], 0)  # the learner's choice (learner/time_slice.py)
         self.lineage = self.shared  # whose lineage the parts work on now
         self.guard_config: GuardConfig | None = None  # --tenants: each tenant's guard's
         self.step = 0

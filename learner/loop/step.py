@@ -35,6 +35,7 @@ from learner.loop.weights import Weights
 from learner.signals import signals_in
 from learner.step_time import StepTime, median_seconds, training_metrics
 from learner.swap.publisher import PublishResult
+from learner.time_slice import TimeSlice
 from learner.turn_credit import credited, turn_advantages, turn_values
 from store import canaries, clock, grade_queue, policy_versions, turn_signals
 from store.grade_queue import TrainableGrade
@@ -455,14 +456,17 @@ class Stepping:
         # state loaded from a checkpoint says
         self.state.lineage.trainer.set_learning_rate(self.state.config.learning_rate)
         self.state.lineage.trainer_is_serving = False  # until a record says what it holds
-        cpu_before = time.process_time()
-        metrics = self.state.lineage.trainer.step(
-            [s for s, _ in batch.pairs],
-            [a for _, a in batch.pairs],
-            fresh_version=self.state.lineage.serving["version"],
-        )
-        training_cpu = time.process_time() - cpu_before
-        threads = torch.get_num_threads()
+        # the replicas on this host paused while the trainer computes, where it has work
+        computes = self.state.time_slice if batch.pairs else TimeSlice([], 0)
+        with computes.training():
+            cpu_before = time.process_time()
+            metrics = self.state.lineage.trainer.step(
+                [s for s, _ in batch.pairs],
+                [a for _, a in batch.pairs],
+                fresh_version=self.state.lineage.serving["version"],
+            )
+            training_cpu = time.process_time() - cpu_before
+            threads = torch.get_num_threads()
         metrics.update(
             training_metrics(float(metrics.get("step_seconds", 0.0)), training_cpu, threads)
         )

@@ -505,7 +505,8 @@ class FakeReplica(FakeVLLM):
     verifies is tests/e2e's.
 
     `paths`: each loaded adapter's directory (`adapters`: their names); `loads`: every
-    adapter name loaded, in order; `reloads`: every full checkpoint reloaded; `version`: the
+    adapter name loaded, in order; `controls`: every pause, resume and abort (the next
+    `refuse_controls` of them answer 500); `reloads`: every full checkpoint reloaded; `version`: the
     label it serves; a directory under one of `unreadable` does not exist for it (a replica
     on another machine); a name in `refuse` fails to load (500)."""
 
@@ -516,6 +517,8 @@ class FakeReplica(FakeVLLM):
         self.reloads: list[str] = []
         self.unreadable: list[Path] = []
         self.refuse: set[str] = set()
+        self.controls: list[str] = []  # every pause, resume and abort, in order
+        self.refuse_controls = 0  # so many of the next of them answer 500
 
     @property
     def adapters(self) -> list[str]:
@@ -548,6 +551,10 @@ class FakeReplica(FakeVLLM):
         if method == "POST" and path == "/reset_prefix_cache":
             return Whole({"success": True})
         if method == "POST" and path in ("/pause", "/resume", "/abort_requests"):
+            self.controls.append(path.lstrip("/"))
+            if self.refuse_controls:
+                self.refuse_controls -= 1
+                return vllm_error("InternalServerError", "engine busy", 500)
             return Whole({})
         return super()._route(method, path, headers, raw)
 
