@@ -30,6 +30,7 @@ class StepTime:
     swap: float
     grading_lag: float | None  # median seconds from a trained trajectory's last call to its grade
     sample_age: float | None  # median seconds from a trained trajectory's first call to the step
+    paused: int = 0  # replicas on this host paused while the trainer computed (--time-slice)
 
     @property
     def total(self) -> float:
@@ -75,7 +76,8 @@ class StepTime:
                 f" ({self.threads} thread{'s' if self.threads != 1 else ''} computed "
                 f"{100 * share:.0f}% of the time"
             )
-            training += ": the rest went to other processes on its cores)" if share < 0.8 else ")"
+            training += ": the rest went to other processes on its cores" if share < 0.8 else ""
+            training += f", {self.paused} replica(s) on this host paused)" if self.paused else ")"
         return (
             f"time {self.total:.1f}s since the last step: {gathered}, "
             f"{self.fresh_wait:.1f}s waiting for fresh samples, {self.yield_wait:.1f}s for "

@@ -7,6 +7,8 @@ cores a step of 20 SmolLM2 replies took 92 s on 2 threads under continuous traff
 15.0 s on 1 thread and 25.8 s on 2. So where a replica serves from this host and the trainer
 computes on its CPU, the trainer takes half the cores (at least one) and leaves the rest to
 vLLM; where every replica is elsewhere, or the trainer has a GPU, torch keeps its default.
+While it computes a step under --time-slice auto (the default), the replicas on its host are
+paused and the trainer takes every core instead (learner/time_slice.py).
 """
 
 from __future__ import annotations

@@ -75,12 +75,13 @@ class TimeSlice:
         )
 
     @contextmanager
-    def training(self) -> Iterator[None]:
-        """Pause the replicas, hand torch the cores, and give both back after."""
-        if not self.active:
-            yield
-            return
+    def training(self) -> Iterator[list[str]]:
+        """Pause the replicas, hand torch the cores, and give both back after; yields the
+        replicas it paused."""
         paused: list[str] = []
+        if not self.active:
+            yield paused
+            return
         threads_before = torch.get_num_threads()
         with httpx.Client(timeout=self.timeout, headers={"Connection": "close"}) as client:
             for upstream in self.replicas:
@@ -89,7 +90,7 @@ class TimeSlice:
             if paused:
                 torch.set_num_threads(self.threads)
             try:
-                yield
+                yield paused
             finally:
                 torch.set_num_threads(threads_before)
                 for upstream in paused:

@@ -458,7 +458,7 @@ class Stepping:
         self.state.lineage.trainer_is_serving = False  # until a record says what it holds
         # the replicas on this host paused while the trainer computes, where it has work
         computes = self.state.time_slice if batch.pairs else TimeSlice([], 0)
-        with computes.training():
+        with computes.training() as paused:
             cpu_before = time.process_time()
             metrics = self.state.lineage.trainer.step(
                 [s for s, _ in batch.pairs],
@@ -467,6 +467,8 @@ class Stepping:
             )
             training_cpu = time.process_time() - cpu_before
             threads = torch.get_num_threads()
+        if paused:
+            metrics["replicas_paused"] = len(paused)
         metrics.update(
             training_metrics(float(metrics.get("step_seconds", 0.0)), training_cpu, threads)
         )
@@ -574,6 +576,7 @@ def _step_time(
         swap=swap_seconds,
         grading_lag=group_metrics.get("grading_lag_seconds"),
         sample_age=group_metrics.get("sample_age_seconds"),
+        paused=int(metrics.get("replicas_paused", 0)),
     )
 
 

@@ -42,9 +42,9 @@ def test_the_replica_is_paused_while_the_step_computes_on_every_core() -> None:
     threads_before = torch.get_num_threads()
     with FakeReplica() as replica:
         slice_ = TimeSlice([replica.url], threads_before + 1)
-        with slice_.training():
-            seen = (list(replica.controls), torch.get_num_threads())
-        assert seen == (["pause"], threads_before + 1)
+        with slice_.training() as paused:
+            seen = (list(replica.controls), torch.get_num_threads(), list(paused))
+        assert seen == (["pause"], threads_before + 1, [replica.url])
         assert replica.controls == ["pause", "resume"]
     assert torch.get_num_threads() == threads_before
 

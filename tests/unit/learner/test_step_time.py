@@ -52,3 +52,9 @@ def test_median_seconds_skips_unknown_pairs() -> None:
     pairs = [(t, t + timedelta(seconds=s)) for s in (1, 3, 10)] + [(None, t), (t, None)]
     assert median_seconds(pairs) == 3.0
     assert median_seconds([(None, None)]) is None
+
+
+def test_replicas_paused_for_the_step_are_named_in_the_line() -> None:
+    line = _time(training=15.0, training_cpu=27.0, threads=2, paused=1).summary()
+    assert "(2 threads computed 90% of the time, 1 replica(s) on this host paused)" in line
+    assert "paused" not in _time().summary()
