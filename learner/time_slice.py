@@ -9,14 +9,17 @@ dropped; new requests wait), computes the step on every core, and resumes them. 
 see the step's compute time as latency once a step; the step is done in a fraction of the
 time. Replicas on other hosts, and a trainer on a GPU, are left alone.
 
-A replica left paused would answer no one: resuming is retried, a learner's start resumes
-the replicas on its host (a previous learner may have been killed mid-step), and a replica
+A replica left paused would answer no one: resuming is retried; before the first pause a
+guard process starts beside the learner and resumes the replicas once the learner is gone,
+however it ended (learner/resume_guard.py); a learner's start resumes them too; a replica
 that cannot be paused (no dev mode, an old vLLM) is said once and trained beside.
 """
 
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -41,6 +44,7 @@ class TimeSlice:
     threads: int
     timeout: float = 10.0
     unpausable: set[str] = field(default_factory=set)  # said once, then trained beside
+    guard: subprocess.Popen[bytes] | None = None  # learner/resume_guard.py, once started
 
     @classmethod
     def choose(
@@ -82,6 +86,7 @@ class TimeSlice:
         if not self.active:
             yield paused
             return
+        self._guarded()
         threads_before = torch.get_num_threads()
         with httpx.Client(timeout=self.timeout, headers={"Connection": "close"}) as client:
             for upstream in self.replicas:
@@ -95,6 +100,29 @@ class TimeSlice:
                 torch.set_num_threads(threads_before)
                 for upstream in paused:
                     resume(client, upstream)
+
+    def _guarded(self) -> None:
+        """The guard that resumes the replicas when this process is gone, started once (and
+        again, should it have died)."""
+        if self.guard is not None and self.guard.poll() is None:
+            return
+        self.guard = subprocess.Popen(
+            [sys.executable, "-m", "learner.resume_guard", *self.replicas],
+            stdin=subprocess.PIPE,
+            start_new_session=True,  # a signal to the learner's process group spares it
+        )
+
+    def close(self) -> None:
+        """A clean stop: the guard resumes the replicas (nothing is paused now) and exits."""
+        guard, self.guard = self.guard, None
+        if guard is not None:
+            assert guard.stdin is not None
+            guard.stdin.close()
+            try:
+                guard.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                guard.kill()
+                guard.wait()
 
     def _pause(self, client: httpx.Client, upstream: str) -> bool:
         try:

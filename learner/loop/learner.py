@@ -140,6 +140,7 @@ class Learner:
             self.weights.save_optimizer_at_stop()
             self.tenants.save_at_stop()
             state.reporter.close()
+            state.time_slice.close()  # its guard resumes the replicas and exits
             if state.shared.publisher is not None:
                 state.shared.publisher.close()  # a transfer's weight files: a model's size
 

@@ -3,15 +3,17 @@ and in the middle of a training step; and stopped (SIGTERM) in the middle of a p
 
 Mid-publish, it dies holding the publish lease, with the replica fenced off and a checkpoint
 written but nothing recorded. Mid-step, it dies with its optimizer stepped and nothing
-written at all. Either way the next learner (in the test process, to save a second start-up)
-restores the serving version (verified; after a publish it takes the lease over and lets the
-waiting clients through) and trains the same batch again: one step.
+written at all, the replica paused for its compute (--time-slice): its guard resumes it.
+Either way the next learner (in the test process, to save a second start-up) restores the
+serving version (verified; after a publish it takes the lease over and lets the waiting
+clients through) and trains the same batch again: one step.
 """
 
 from __future__ import annotations
 
 import signal
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -172,9 +174,13 @@ def test_a_learner_killed_mid_step_trains_its_batch_once_after_a_restart(
         # its optimizer stepped: the new weights exist only in the learner's memory
         wait_until(held.exists, "the learner holds in step 1", 60)
         wait_until(lambda: heartbeat(engine).get("activity") == "training step 1", "step 1")
-        during = traffic.batch("during", 2)
-        first.kill()
-        first.wait()
+        # the replica is paused while the step computes (--time-slice): these calls wait,
+        # and once the learner is killed its guard (learner/resume_guard.py) resumes it
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(traffic.batch, "during", 2)
+            first.kill()
+            first.wait()
+            during = waiting.result(timeout=120)
         orphaned = traffic.batch("orphaned", 2)  # no learner at all: the replica serves on
 
         second = drill_learner(db_url, vllm, tiny_model, tmp_path, max_steps=1)

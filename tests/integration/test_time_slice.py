@@ -5,12 +5,38 @@ threads handed over and given back, a replica that cannot be paused trained besi
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 
 from learner.time_slice import TimeSlice, resume_left_paused
 from tests.support.fake_vllm import FakeReplica, FakeVLLM
+
+
+@pytest.fixture
+def slices() -> Iterator[Callable[..., TimeSlice]]:
+    """TimeSlice(...) whose guard process is stopped at the test's end (a test closes it
+    while its replica still listens: a guard retries a replica that is away)."""
+    made: list[TimeSlice] = []
+
+    def make(replicas: list[str], threads: int) -> TimeSlice:
+        made.append(TimeSlice(replicas, threads))
+        return made[-1]
+
+    yield make
+    for slice_ in made:
+        slice_.close()
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def test_auto_takes_the_replicas_on_this_host_and_every_core() -> None:
@@ -38,42 +64,48 @@ def test_nothing_is_paused_where_the_cores_are_not_shared(
     assert chosen.why() == "off"
 
 
-def test_the_replica_is_paused_while_the_step_computes_on_every_core() -> None:
+def test_the_replica_is_paused_while_the_step_computes_on_every_core(
+    slices: Callable[..., TimeSlice],
+) -> None:
     threads_before = torch.get_num_threads()
     with FakeReplica() as replica:
-        slice_ = TimeSlice([replica.url], threads_before + 1)
+        slice_ = slices([replica.url], threads_before + 1)
         with slice_.training() as paused:
             seen = (list(replica.controls), torch.get_num_threads(), list(paused))
         assert seen == (["pause"], threads_before + 1, [replica.url])
         assert replica.controls == ["pause", "resume"]
+        slice_.close()
     assert torch.get_num_threads() == threads_before
 
 
-def test_a_failed_step_still_resumes_the_replica() -> None:
+def test_a_failed_step_still_resumes_the_replica(slices: Callable[..., TimeSlice]) -> None:
     with FakeReplica() as replica:
-        slice_ = TimeSlice([replica.url], 1)
+        slice_ = slices([replica.url], 1)
         with pytest.raises(RuntimeError, match="out of memory"), slice_.training():
             raise RuntimeError("out of memory")
         assert replica.controls == ["pause", "resume"]
+        slice_.close()
 
 
-def test_resume_is_retried_until_the_replica_answers() -> None:
+def test_resume_is_retried_until_the_replica_answers(slices: Callable[..., TimeSlice]) -> None:
     with FakeReplica() as replica:
-        slice_ = TimeSlice([replica.url], 1)
+        slice_ = slices([replica.url], 1)
         with slice_.training():
             replica.refuse_controls = 2  # the next two (resumes) answer 500
         assert replica.controls == ["pause", "resume", "resume", "resume"]
+        slice_.close()
 
 
 def test_a_replica_that_cannot_be_paused_is_said_once_and_trained_beside(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, slices: Callable[..., TimeSlice]
 ) -> None:
     threads_before = torch.get_num_threads()
     with FakeVLLM() as replica, caplog.at_level(logging.WARNING, "onthejob.learner"):
-        slice_ = TimeSlice([replica.url], threads_before + 1)
+        slice_ = slices([replica.url], threads_before + 1)
         for _ in range(2):
             with slice_.training():
                 assert torch.get_num_threads() == threads_before  # nothing was handed over
+        slice_.close()
     warnings = [r.getMessage() for r in caplog.records if "cannot be paused" in r.getMessage()]
     assert len(warnings) == 1
     assert "VLLM_SERVER_DEV_MODE=1" in warnings[0]
@@ -93,9 +125,11 @@ def test_torch_threads_set_by_hand_are_what_the_trainer_computes_on() -> None:
     assert chosen.threads == 3
 
 
-def test_a_replica_away_for_now_is_tried_again_at_the_next_step() -> None:
+def test_a_replica_away_for_now_is_tried_again_at_the_next_step(
+    slices: Callable[..., TimeSlice],
+) -> None:
     with FakeReplica() as replica:
-        slice_ = TimeSlice([replica.url], 1)
+        slice_ = slices([replica.url], 1)
         replica.down()
         with slice_.training():
             pass
@@ -104,3 +138,40 @@ def test_a_replica_away_for_now_is_tried_again_at_the_next_step() -> None:
             pass
         assert replica.controls == ["pause", "resume"]
         assert not slice_.unpausable
+        slice_.close()
+
+
+def test_a_clean_stop_has_the_guard_resume_and_exit(slices: Callable[..., TimeSlice]) -> None:
+    with FakeReplica() as replica:
+        slice_ = slices([replica.url], 1)
+        with slice_.training():
+            pass
+        guard = slice_.guard
+        assert guard is not None and guard.poll() is None  # it waits on the learner
+        slice_.close()
+        assert guard.returncode == 0
+        assert replica.controls == ["pause", "resume", "resume"]
+
+
+KILLED_MID_STEP = """
+import sys, time
+from learner.time_slice import TimeSlice
+held = TimeSlice([sys.argv[1]], 1).training()  # kept: a collected one would resume
+held.__enter__()
+print("paused", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_learner_killed_mid_step_leaves_no_replica_paused() -> None:
+    with FakeReplica() as replica:
+        learner = subprocess.Popen(
+            [sys.executable, "-c", KILLED_MID_STEP, replica.url], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert learner.stdout is not None and learner.stdout.readline() == "paused\n"
+            assert replica.controls == ["pause"]
+        finally:
+            learner.kill()
+            learner.wait()
+        wait_for(lambda: replica.controls == ["pause", "resume"], "the guard's resume")
