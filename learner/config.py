@@ -330,8 +330,9 @@ class LearnerConfig(BaseSettings):
     torch_threads: int = setting(
         0,
         "torch's threads for training; 0: half the cores where a vLLM replica serves from "
-        "this host and the trainer computes on the CPU (learner/threads.py), else torch's "
-        "default, one per core. A GRPO step of SmolLM2 beside one busy core took 15.0 s on 1 "
+        "this host and the trainer computes on the CPU (learner/threads.py), every core while "
+        "a step computes with the replicas paused (--time-slice), else torch's default, one "
+        "per core. A GRPO step of SmolLM2 beside one busy core took 15.0 s on 1 "
         "thread and 25.8 s on 2",
         metavar="N",
         ge=0,
@@ -339,9 +340,9 @@ class LearnerConfig(BaseSettings):
     time_slice: Literal["auto", "off"] = setting(
         "auto",
         "auto: where the trainer computes on the CPU of a host whose vLLM replicas serve, it "
-        "pauses them (requests kept, resumed after) while it computes a step, on every core "
-        "or --torch-threads: steps several times as often, and the clients wait out each "
-        "step's compute (docs/measurements/defaults.md); off: it computes beside them",
+        "pauses them (requests kept, resumed after, 60 s at most) while it computes a step, "
+        "on every core or --torch-threads: steps several times as often, and the clients "
+        "wait out each step's compute (docs/learner/run.md); off: it computes beside them",
     )
     optimizer_state_every: int = setting(
         10,

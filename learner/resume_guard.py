@@ -4,9 +4,11 @@
 learner killed while it computes a step (SIGKILL, the OOM killer, a crash in native code)
 runs no ``finally``: the replicas it paused would answer no one until another learner
 starts. The learner starts this process beside it, in a session of its own (a signal to the
-learner's group does not reach it), and holds the pipe's other end. When the pipe closes (the
-learner exited, however, or closed it at a clean stop), it resumes every URL (a replica that
-is not paused is left as it is) and exits.
+learner's group does not reach it; it ignores SIGINT, SIGTERM and SIGHUP, which a service
+manager may send to every process of the learner's unit), and holds the pipe's other end;
+only SIGKILL ends it early. When the pipe closes (the learner exited, however, or closed it
+at a clean stop), it resumes every URL (a replica that is not paused is left as it is) and
+exits.
 
 Only the standard library: it must start fast and stay small.
 """
@@ -24,7 +26,8 @@ TIMEOUT_S = 10.0
 
 
 def resume(url: str) -> bool:
-    """POST URL/resume, a few tries; True once it answered 2xx."""
+    """POST URL/resume, a few tries; False only when it stayed unanswered or answered 5xx
+    (a 4xx, or nothing listening, is a replica with nothing of ours paused)."""
     for attempt in range(ATTEMPTS):
         request = urllib.request.Request(url.rstrip("/") + "/resume", method="POST", data=b"")
         try:
@@ -32,8 +35,11 @@ def resume(url: str) -> bool:
                 return True
         except urllib.error.HTTPError as exc:
             if exc.code < 500:
-                return False  # it answered: nothing a retry would change
-        except (urllib.error.URLError, OSError):
+                return True  # no such route (no dev mode): nothing was paused there
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, ConnectionRefusedError):
+                return True  # stopped: a replica that starts again is not paused
+        except OSError:
             pass
         time.sleep(0.25 * 2**attempt)
     return False
@@ -43,7 +49,11 @@ def main(argv: list[str]) -> int:
     if not argv:
         print("usage: python -m learner.resume_guard URL... (stdin: a pipe)", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the learner
+    # Signals meant for the learner (a Ctrl-C, a service manager's stop of the whole unit):
+    # this process ends once the learner's end of the pipe closes, and a clean stop kills it
+    # if it does not.
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
     while sys.stdin.buffer.read(4096):  # until the learner's end of the pipe is closed
         pass
     failed = [url for url in argv if not resume(url)]

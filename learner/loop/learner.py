@@ -133,6 +133,7 @@ class Learner:
                     log.warning("%s; trying again in %gs", _first_line(exc), wait)
                     state.stopping.wait(wait)
         finally:
+            state.time_slice.close()  # first: its guard resumes any replica a signal left paused
             requests.stop()
             if shadow is not None:
                 shadow.stop()
@@ -140,7 +141,6 @@ class Learner:
             self.weights.save_optimizer_at_stop()
             self.tenants.save_at_stop()
             state.reporter.close()
-            state.time_slice.close()  # its guard resumes the replicas and exits
             if state.shared.publisher is not None:
                 state.shared.publisher.close()  # a transfer's weight files: a model's size
 
@@ -150,6 +150,7 @@ class Learner:
         state = self.state
         if state.ranks is not None:
             state.ranks.keepalive()
+        state.time_slice.retry_owed()  # a replica whose resume failed serves no one
         if state.shared.needs_restore or self.startup.gates_left_closed():
             self.startup.restore()
         if control.follow(state):  # operator pause and live knobs (admin API)
@@ -186,7 +187,7 @@ def _time_slice(config: LearnerConfig, *, sharded: bool) -> TimeSlice:
     chosen = TimeSlice.choose(
         "off" if sharded else config.time_slice,
         config.upstreams,
-        cores=os.cpu_count() or 1,
+        cores=len(os.sched_getaffinity(0)),  # what this process may run on (taskset, cgroups)
         on_gpu=_trains_on_gpu(config.device),
         requested_threads=config.torch_threads,
     )

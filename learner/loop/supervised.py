@@ -136,7 +136,8 @@ class Supervising:
         for k in range(config.supervised_steps):
             state.activity = f"supervised step {k + 1} of {config.supervised_steps}"
             taken = [order[(k * batch + j) % len(order)] for j in range(batch)]
-            step = trainer.supervised_step(taken)
+            with state.time_slice.training():  # the replicas on this host paused meanwhile
+                step = trainer.supervised_step(taken)
             losses.append(_number(step.get("loss")))
             tokens += int(_number(step.get("trained_tokens")))
             if (k + 1) % max(1, config.supervised_steps // 10) == 0:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -139,8 +140,12 @@ def test_postgres_stopped_during_a_step(
         assert step.reached.wait(60), "step 1 never trained"
 
         pg.stop()  # the optimizer stepped; nothing records the step yet
-        during = traffic.batch("during", 2)  # the proxy answers on, recording into its spool
-        step.released.set()  # the step ends into a store that is away
+        # the proxy answers on, recording into its spool: once the step is done, as the
+        # replica is paused while the step computes (--time-slice)
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(traffic.batch, "during", 2)
+            step.released.set()  # the step ends into a store that is away
+            during = waiting.result(timeout=120)
         wait_until(lambda: "retrying" in learner.state.activity, "the learner waits for the store")
 
         pg.start()

@@ -74,6 +74,8 @@ def test_the_replica_is_paused_while_the_step_computes_on_every_core(
             seen = (list(replica.controls), torch.get_num_threads(), list(paused))
         assert seen == (["pause"], threads_before + 1, [replica.url])
         assert replica.controls == ["pause", "resume"]
+        # frozen, not restarted: vLLM's pause clears the caches unless told not to
+        assert "POST /pause?mode=keep&clear_cache=false" in replica.targets
         slice_.close()
     assert torch.get_num_threads() == threads_before
 
@@ -93,6 +95,45 @@ def test_resume_is_retried_until_the_replica_answers(slices: Callable[..., TimeS
         with slice_.training():
             replica.refuse_controls = 2  # the next two (resumes) answer 500
         assert replica.controls == ["pause", "resume", "resume", "resume"]
+        assert not slice_.owed
+        slice_.close()
+
+
+def test_a_resume_that_keeps_failing_is_owed_and_retried_at_the_next_look(
+    slices: Callable[..., TimeSlice],
+) -> None:
+    with FakeReplica() as replica:
+        slice_ = slices([replica.url], 1)
+        with slice_.training():
+            replica.refuse_controls = 4  # every try of this resume answers 500
+        assert slice_.owed == {replica.url}
+        slice_.retry_owed()
+        assert replica.controls == ["pause"] + ["resume"] * 5
+        assert not slice_.owed
+        slice_.close()
+
+
+def test_a_pause_answered_with_an_error_is_resumed_all_the_same(
+    slices: Callable[..., TimeSlice],
+) -> None:
+    with FakeReplica() as replica:
+        slice_ = slices([replica.url], 1)
+        replica.refuse_controls = 1  # the pause answers 500, and may have paused it
+        with slice_.training() as paused:
+            assert paused == []
+        assert replica.controls == ["pause", "resume"]
+        assert not slice_.unpausable  # tried again next step
+        slice_.close()
+
+
+def test_a_step_longer_than_the_limit_has_the_replicas_resumed_early(
+    slices: Callable[..., TimeSlice],
+) -> None:
+    with FakeReplica() as replica:
+        slice_ = slices([replica.url], 1)
+        slice_.max_pause = 0.2
+        with slice_.training():
+            wait_for(lambda: replica.controls == ["pause", "resume"], "the early resume")
         slice_.close()
 
 
@@ -133,6 +174,7 @@ def test_a_replica_away_for_now_is_tried_again_at_the_next_step(
         replica.down()
         with slice_.training():
             pass
+        assert slice_.guard is None and not slice_.owed  # nothing reached: nothing owed
         replica.up()
         with slice_.training():
             pass

@@ -256,6 +256,7 @@ class FakeVLLM:
         # every chat or text completion request: its body, and its headers (names lower case)
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.targets: list[str] = []  # every request's method and target, query included
         self.hung_up = threading.Event()  # a client hung up on a held answer
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -321,6 +322,7 @@ class FakeVLLM:
                     headers[name.strip().lower()] = value.strip()
                 assert "transfer-encoding" not in headers, "a chunked request: not read here"
                 raw = await reader.readexactly(int(headers.get("content-length", 0)))
+                self.targets.append(f"{method} {target}")
                 reply = self._route(method, target.split("?")[0], headers, raw)
                 if not await self._send(reply, reader, writer):
                     return  # the fault ended the connection
