@@ -61,7 +61,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -752,7 +752,9 @@ def model_dirs(args: argparse.Namespace, work: Path) -> list[tuple[str, Path]]:
     ]
 
 
-def run(args: argparse.Namespace) -> list[ArmRow]:
+def run(args: argparse.Namespace, measured: Callable[[list[ArmRow]], None]) -> list[ArmRow]:
+    """Every cell's rows; `measured` gets the rows so far after each cell (a run that stops
+    midway keeps what it measured)."""
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
@@ -762,12 +764,15 @@ def run(args: argparse.Namespace) -> list[ArmRow]:
         for label, model_dir in model_dirs(args, work):
             with serving(args.upstream, model_dir, work, dtype=args.dtype) as url:
                 served = Served(url, model_dir, work)
+                # the bare arm's every step is a checkpoint: 12 cells of Gemma filled the disk
+                served.keep_every_checkpoint = False
                 endpoint = Endpoint(url, served.name, has_chat_template(model_dir), args.max_tokens)
                 if not endpoint.chat:
                     print(f"{label}: no chat template, so /v1/completions", flush=True)
                 for family in args.families:
                     for seed_index in range(len(args.seeds)):
                         rows += measure_cell(served, endpoint, label, family, seed_index, args)
+                        measured(rows)
     return rows
 
 
@@ -852,15 +857,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: a tuning run, not the defaults: learn {' '.join(args.learner_args)}")
     payloads = [(str(path), json.loads(path.read_text())) for path in args.rows]
     if not args.report_only:
-        rows = run(args)
         settings = {k: v for k, v in vars(args).items() if k not in ("json", "rows", "report_only")}
-        payload = {
-            "rows": [asdict(r) for r in rows],
-            "settings": settings,
-            "provenance": provenance(),
-        }
-        if args.json:
-            args.json.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        payload: dict[str, Any] = {"rows": [], "settings": settings, "provenance": provenance()}
+
+        def measured(rows: list[ArmRow]) -> None:
+            payload["rows"] = [asdict(r) for r in rows]
+            if args.json:
+                args.json.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+
+        measured(run(args, measured))
         payloads.append(("this run", json.loads(json.dumps(payload, default=str))))
     rows, lines = merged_rows(payloads)
     if args.rows:

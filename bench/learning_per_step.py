@@ -75,6 +75,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -181,6 +182,9 @@ class Served:
         self.tolerance = tolerance_for(served_dtype(self.url))
         self.count = 0
         self.last_checkpoint: Path | None = None  # what the last `publish` swapped in
+        # False: a publish deletes the checkpoint it replaces (a bench that never serves an
+        # older one again: a step's checkpoint is a model's size, Gemma's 0.5 GB)
+        self.keep_every_checkpoint = True
 
     def publisher(self) -> FullWeightPublisher:
         return FullWeightPublisher(
@@ -197,7 +201,9 @@ class Served:
         result = publisher.publish(checkpoint, version, expected=trainer.logprobs_of)
         if not result.ok:
             raise RuntimeError(f"publish of {version} failed: {result.error}")
-        self.last_checkpoint = checkpoint
+        previous, self.last_checkpoint = self.last_checkpoint, checkpoint
+        if not self.keep_every_checkpoint and previous is not None and previous != checkpoint:
+            shutil.rmtree(previous, ignore_errors=True)
         return result.swap_seconds
 
     def serve(self, checkpoint: Path, version: str) -> None:
