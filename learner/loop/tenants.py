@@ -84,6 +84,11 @@ class Tenants:
         with engine.connect() as conn:
             rules = tenants.rules(conn)
             own = {rule.name: policy_versions.serving_name(conn, rule.name) for rule in rules}
+            # A tenant deleted between the two reads above reads as its pointer on the shared
+            # policy and its lineage serving nothing: no operator's hand, so it would be
+            # started and trained. Only those still defined after `own` was read count.
+            still = {rule.name for rule in tenants.rules(conn)}
+        rules = [rule for rule in rules if rule.name in still]
         names = [rule.name for rule in rules]
         steered = {
             rule.name: rule.serving_version
