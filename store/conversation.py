@@ -4,7 +4,8 @@ Each message is `{role, text, tool_calls, tool_call_id, call_id, is_error}`; `ca
 the call whose reply it is (None for what the client sent); `is_error` marks a tool result
 the harness flagged as an error (Messages' `is_error`). A call whose request repeats the
 conversation so far adds only its new messages; one that does not starts over, marked by a
-`context` message. Recorded requests may be malformed (refused calls are recorded too), so
+`context` message (tool-call arguments count by what they mean: a client may send them back
+re-serialised). Recorded requests may be malformed (refused calls are recorded too), so
 nothing here assumes a shape: what cannot be read is skipped.
 """
 
@@ -15,6 +16,7 @@ from typing import Any, TypedDict
 
 import orjson
 
+from store.tool_arguments import canonical_arguments
 from store.trajectory_record import TrajectoryCall
 
 
@@ -255,13 +257,20 @@ def reply_messages(api: str, response: Any, call_id: str) -> list[Message]:
 
 
 def _same(a: Message, b: Message) -> bool:
-    """The same message, whichever call it came in (`call_id`) and however flagged."""
-    return (a["role"], a["text"], a["tool_calls"], a["tool_call_id"]) == (
+    """The same message, whichever call it came in (`call_id`) and however flagged, and
+    however the client spelt its tool calls' arguments back (store/tool_arguments.py)."""
+    return (a["role"], a["text"], a["tool_call_id"]) == (
         b["role"],
         b["text"],
-        b["tool_calls"],
         b["tool_call_id"],
+    ) and (  # parsed only when the text differs: the usual echo is byte for byte
+        a["tool_calls"] == b["tool_calls"]
+        or _calls_meant(a["tool_calls"]) == _calls_meant(b["tool_calls"])
     )
+
+
+def _calls_meant(calls: list[ToolCall]) -> list[tuple[Any, Any, Any]]:
+    return [(c["id"], c["name"], canonical_arguments(c["arguments"])) for c in calls]
 
 
 def conversation(calls: Sequence[TrajectoryCall]) -> list[Message]:

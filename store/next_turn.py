@@ -5,8 +5,9 @@ the tool result its call produced, the user's next message. Only the rules that 
 are here (pure functions over a conversation, store/conversation.py):
 
 - **tool_error**: a tool result of the turn's calls is an error: flagged by the harness
-  (Messages' `is_error`), a Python traceback, a non-zero exit code, `command not found`,
-  or a result that starts with `Error:`;
+  (Messages' `is_error`, or a result that is only `{"error": ...}`, pydantic-ai's flag on
+  chat completions), a Python traceback, a non-zero exit code, `command not found`, or a
+  result that starts with `Error:`;
 - **interrupted**: the user stopped the turn (Claude Code records "[Request interrupted by
   user]");
 - **retried**: the user's next message repeats the one the turn answered, word for word;
@@ -29,6 +30,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, replace
 from typing import TypedDict, cast
+
+import orjson
 
 from store.conversation import Message
 
@@ -96,7 +99,22 @@ def quote(text: str) -> str:
 def tool_failed(message: Message) -> bool:
     if message.get("is_error"):
         return True
-    return any(p.search(message["text"]) for p in _TOOL_ERRORS)
+    text = message["text"]
+    return any(p.search(text) for p in _TOOL_ERRORS) or _error_object(text)
+
+
+def _error_object(text: str) -> bool:
+    """A result that is a JSON object holding only a non-empty `error`: how pydantic-ai
+    sends a failed or turned-down call's result on an API without an error flag (chat
+    completions), e.g. `{"error": [{"type": "json_invalid", ...}]}`."""
+    text = text.strip()
+    if not (text.startswith("{") and text.endswith("}")):
+        return False
+    try:
+        parsed = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(parsed, dict) and list(parsed) == ["error"] and bool(parsed["error"])
 
 
 def user_verdict(text: str) -> float | None:

@@ -22,6 +22,7 @@ import orjson
 
 from proxy.base.capture import ReplyMessage
 from store.json_types import JsonObject
+from store.tool_arguments import canonical_arguments
 
 _ID_PREFIX = os.urandom(8).hex()
 _id_counter = itertools.count(int.from_bytes(os.urandom(4), "big"))
@@ -53,22 +54,12 @@ def _text_of(content: Any) -> str:
     return str(content)
 
 
-def _canonical_arguments(arguments: Any) -> Any:
-    """Tool arguments as parsed JSON: a harness that re-serialises them (or an API
-    translation, e.g. Anthropic's `input` object) changes whitespace, not meaning."""
-    if isinstance(arguments, str):
-        try:
-            return orjson.loads(arguments)
-        except orjson.JSONDecodeError:
-            return arguments
-    return arguments
-
-
 def normalise_message(message: Any) -> Any:
     """The parts of a message that identify it, independent of how a client echoes it back.
 
     Clients re-send the assistant reply with small differences (content None vs "", extra
-    keys, tool-call ids); role, text, tool name/arguments and tool_call_id are what count.
+    keys, tool-call ids, arguments re-serialised: store/tool_arguments.py); role, text, tool
+    name/arguments and tool_call_id are what count.
     """
     if not isinstance(message, dict):
         return message
@@ -81,7 +72,7 @@ def normalise_message(message: Any) -> Any:
         normal["tool_calls"] = [
             [
                 (call.get("function") or {}).get("name"),
-                _canonical_arguments((call.get("function") or {}).get("arguments")),
+                canonical_arguments((call.get("function") or {}).get("arguments")),
             ]
             for call in tool_calls
             if isinstance(call, dict)

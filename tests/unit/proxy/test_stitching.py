@@ -353,6 +353,22 @@ def test_tool_arguments_compare_as_json_not_text() -> None:
     assert normalise_message(broken)["tool_calls"] == [["add", '{"x": 1']]
 
 
+def test_arguments_sent_back_in_the_invalid_json_wrapper_are_the_model_s_text() -> None:
+    # pydantic-ai sends back arguments that were not a JSON object wrapped, re-serialised
+    for raw, wrapped in (
+        ('{"x": 1', '{"INVALID_JSON":"{\\"x\\": 1"}'),
+        ("[1, 2]", '{"INVALID_JSON":"[1, 2]"}'),
+    ):
+        sent = {"role": "assistant", "tool_calls": [_call("a", arguments=raw)]}
+        back = {"role": "assistant", "tool_calls": [_call("a", arguments=wrapped)]}
+        assert normalise_message(back) == normalise_message(sent), raw
+    other = {
+        "role": "assistant",
+        "tool_calls": [_call("a", arguments='{"INVALID_JSON": "x", "y": 1}')],
+    }
+    assert normalise_message(other)["tool_calls"] == [["add", {"INVALID_JSON": "x", "y": 1}]]
+
+
 def test_a_failed_call_gives_its_continuation_point_back_for_the_retry() -> None:
     tracker = TrajectoryTracker(idle_timeout=60)
     first = [{"role": "user", "content": "hi"}]

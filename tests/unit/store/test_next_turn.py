@@ -87,6 +87,50 @@ def test_anthropic_is_error_results_count_and_ordinary_ones_do_not() -> None:
         assert tool_failed({**ok, "text": text})
 
 
+def test_a_reply_sent_back_re_serialised_still_gets_its_tool_error() -> None:
+    # pydantic-ai on chat completions: arguments re-sent as compact JSON, arguments that were
+    # not JSON wrapped as {"INVALID_JSON": ...}, and a turned-down call answered {"error": ...}
+    asked = [{"role": "user", "content": "How tall is Varnholt in feet?"}]
+    bad = calls_tool("t1")
+    bad["tool_calls"][0]["function"]["arguments"] = '{"name": "Varnholt"'
+    bad_back = calls_tool("t1")
+    bad_back["tool_calls"][0]["function"]["arguments"] = (
+        '{"INVALID_JSON":"{\\"name\\": \\"Varnholt\\""}'
+    )
+    good = calls_tool("t2")
+    good["tool_calls"][0]["function"]["arguments"] = '{"name": "Varnholt", "field": "elevation_m"}'
+    good_back = calls_tool("t2")
+    good_back["tool_calls"][0]["function"]["arguments"] = (
+        '{"field":"elevation_m","name":"Varnholt"}'
+    )
+    refused = '{"error":[{"type":"json_invalid","loc":[],"msg":"Invalid JSON: EOF"}]}'
+    history = [*asked, bad_back, {"role": "tool", "tool_call_id": "t1", "content": refused}]
+    calls = [
+        chat_call("a", asked, bad),
+        chat_call("b", history, good),
+        chat_call("c", [*history, good_back,
+                        {"role": "tool", "tool_call_id": "t2", "content": "Error: no entry"}],
+                  say("I could not find it.")),
+    ]  # fmt: skip
+    messages = conversation(calls)
+    assert "context" not in [m["role"] for m in messages]  # one conversation, not three
+    first, second = next_turn_signals(messages)
+    assert (first.call_id, first.rule, first.evidence) == ("a", "tool_error", refused)
+    assert (second.call_id, second.rule, second.evidence) == ("b", "tool_error", "Error: no entry")
+
+
+def test_only_an_object_holding_just_a_non_empty_error_is_an_error_result() -> None:
+    def result(text: str) -> Any:
+        return {"role": "tool", "text": text, "tool_calls": [], "tool_call_id": None,
+                "call_id": None, "is_error": False}  # fmt: skip
+
+    for text in ('{"error": "not found"}', ' {"error": [{"type": "missing"}]} '):
+        assert tool_failed(result(text)), text
+    others = ('{"error": null}', '{"error": ""}', '{"error": "x", "value": 3}', '{"errors": 0}')
+    for text in (*others, '{"error": "x"', '[{"error": "x"}]', "the error: none"):
+        assert not tool_failed(result(text)), text
+
+
 def test_a_user_saying_the_answer_was_wrong_or_right_judges_the_agent_s_turn() -> None:
     asked = [{"role": "user", "content": "How many days are in 3 weeks?"}]
     calls = [
