@@ -1,7 +1,7 @@
 """The environment is read by the settings alone (issue 43): proxy/settings.py,
 learner/config.py and store/environment.py. Elsewhere in the product `os.environ` may only be
 passed on whole to a child process (`{**os.environ, ...}`); the demo's harnesses and the tool
-tasks' bundled agent are black-box programs of their own, which read their protocol from their
+tasks' harnesses are black-box programs of their own, which read their protocol from their
 environment."""
 
 from __future__ import annotations
@@ -12,7 +12,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("cli", "proxy", "learner", "store")
 SETTINGS = {"proxy/settings.py", "learner/config.py", "store/environment.py"}
-HARNESSES = ("learner/demo/harnesses/", "learner/rollout/tool_tasks/agent.py")
+HARNESSES = (
+    "learner/demo/harnesses/",
+    "learner/rollout/tool_tasks/agent.py",
+    # the third-party frameworks' harnesses and what they share
+    "learner/rollout/tool_tasks/frameworks.py",
+    "learner/rollout/tool_tasks/pydantic_ai_agent.py",
+    "learner/rollout/tool_tasks/openai_agents_agent.py",
+)
 
 
 def environment_reads(source: str) -> list[int]:

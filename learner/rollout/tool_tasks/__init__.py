@@ -8,7 +8,9 @@ Modules: tools (the tool definitions in the OpenAI `tools` format, their impleme
 clear errors for malformed calls), facts (the lookup database), tasks (the seeded tasks,
 splits, reference answers and gold calls; the task-set rows), grading (the `python:`
 grader), teacher (the scripted stand-in teacher: the gold trajectory of a task), agent (the
-bundled harness for `onthejob rollout`). `python -m learner.rollout.tool_tasks` writes the
-task sets. Invariant: a task's reference answer is the result of its gold calls as the
-tools compute it, so the gold sequence solves every task.
+bundled harness for `onthejob rollout`), pydantic_ai_agent and openai_agents_agent (the same
+tasks driven by third-party frameworks, unchanged; what they share: frameworks).
+`python -m learner.rollout.tool_tasks` writes the task sets. Invariant: a task's reference
+answer is the result of its gold calls as the tools compute it, so the gold sequence solves
+every task.
 """
