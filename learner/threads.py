@@ -14,6 +14,7 @@ paused and the trainer takes every core instead (learner/time_slice.py).
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +27,14 @@ LOCAL_NAMES = {"localhost", "0.0.0.0", ""}
 class ThreadChoice:
     threads: int  # 0: leave torch's default (one per core)
     why: str  # for the learner's start line
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (taskset, cgroups' cpusets), not the host's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def is_this_host(url: str) -> bool:

@@ -21,6 +21,11 @@ A replica left paused would answer no one, so:
   resumes them too;
 - a replica without the route (404/405: no VLLM_SERVER_DEV_MODE) is said once and trained
   beside.
+
+The learner's other hand on the replicas, the swaps the admin API asks for
+(learner/swap/requests.py), holds ``control`` while it swaps, as a sliced step does from
+its pause to its resume: a rollback arriving mid-step would otherwise wait out its drain on
+requests the slice froze, and its resume would end the slice early.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ class TimeSlice:
     unpausable: set[str] = field(default_factory=set)  # said once, then trained beside
     owed: set[str] = field(default_factory=set)  # resumes that failed: retried at each look
     guard: subprocess.Popen[bytes] | None = None  # learner/resume_guard.py, once started
+    control: threading.Lock = field(default_factory=threading.Lock)  # pause..resume, or a swap
     _stop_guard: Callable[[], None] | None = None
 
     @classmethod
@@ -107,6 +113,7 @@ class TimeSlice:
         sent: list[str] = []  # every replica a pause may have reached: each is resumed
         early = threading.Timer(self.max_pause, self._resume_early, args=(sent,))
         early.daemon = True
+        self.control.acquire()  # an admin swap under way ends first
         try:
             with self._client() as client:
                 for upstream in pausable:
@@ -123,7 +130,10 @@ class TimeSlice:
         finally:
             early.cancel()
             torch.set_num_threads(threads_before)
-            self._resume(sent)
+            try:
+                self._resume(sent)
+            finally:
+                self.control.release()
 
     def retry_owed(self) -> None:
         """Resume the replicas whose resume failed (the learner calls this at each look)."""

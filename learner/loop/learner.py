@@ -17,7 +17,6 @@ and the checkpoints.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 from sqlalchemy.exc import DBAPIError
@@ -36,7 +35,7 @@ from learner.loop.supervised import Supervising
 from learner.loop.tenants import Tenants
 from learner.loop.weights import Weights
 from learner.swap.requests import SwapRequestWorker
-from learner.threads import choose_threads
+from learner.threads import choose_threads, usable_cores
 from learner.time_slice import TimeSlice, resume_left_paused
 from store import db, schema
 
@@ -109,7 +108,10 @@ class Learner:
         self.heartbeat.start()
         # the admin API's rollbacks and promotes: the learner carries out every swap
         requests = SwapRequestWorker(
-            state.engine, state.config.upstreams, drain_timeout=state.config.swap_drain_timeout
+            state.engine,
+            state.config.upstreams,
+            drain_timeout=state.config.swap_drain_timeout,
+            replica_control=state.time_slice.control,  # never mid-step, while paused
         ).start()
         shadow = None
         if shadow_judging.judges_in_shadow(state.grader):
@@ -172,7 +174,7 @@ def _set_threads(config: LearnerConfig, *, sharded: bool) -> None:
     threads = choose_threads(
         config.torch_threads,
         config.upstreams,
-        cores=os.cpu_count() or 1,
+        cores=usable_cores(),
         on_gpu=_trains_on_gpu(config.device),
         sharded=sharded,
     )
@@ -187,7 +189,7 @@ def _time_slice(config: LearnerConfig, *, sharded: bool) -> TimeSlice:
     chosen = TimeSlice.choose(
         "off" if sharded else config.time_slice,
         config.upstreams,
-        cores=len(os.sched_getaffinity(0)),  # what this process may run on (taskset, cgroups)
+        cores=usable_cores(),
         on_gpu=_trains_on_gpu(config.device),
         requested_threads=config.torch_threads,
     )

@@ -9,6 +9,7 @@ new serving version as it follows any operator's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Sequence
@@ -46,8 +47,12 @@ class SwapRequestWorker:
         *,
         drain_timeout: float = 60.0,
         poll_interval: float = POLL_INTERVAL,
+        replica_control: contextlib.AbstractContextManager[object] | None = None,
     ) -> None:
+        """``replica_control``: held while a swap runs, so that it never overlaps the
+        learner's time slice (learner/time_slice.py: its ``control``)."""
         self.engine = engine
+        self.replica_control = replica_control or contextlib.nullcontext()
         self.upstreams = list(upstreams)
         self.drain_timeout = drain_timeout
         self.poll_interval = poll_interval
@@ -85,14 +90,15 @@ class SwapRequestWorker:
         log.info("%s of %s asked through the admin API", action, version)
         outcome: SwapOutcome
         try:
-            label = serve_version(
-                self.engine,
-                self.upstreams,
-                version,
-                action=action,
-                lease_wait=request["lease_wait"],
-                drain_timeout=self.drain_timeout,
-            )
+            with self.replica_control:  # a sliced step's paused replicas resumed first
+                label = serve_version(
+                    self.engine,
+                    self.upstreams,
+                    version,
+                    action=action,
+                    lease_wait=request["lease_wait"],
+                    drain_timeout=self.drain_timeout,
+                )
             outcome = {"serving": label}
         except VersionError as exc:
             outcome = {"error": str(exc), "error_status": exc.status}

@@ -13,6 +13,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -431,6 +432,55 @@ def test_a_rollback_is_the_learners_to_carry_out(
         statuses = conn.execute(select(SwapRequest.status).order_by(SwapRequest.id)).scalars()
         assert statuses.all() == ["abandoned", "failed"]
         assert policy_versions.serving_version(conn)["version"] == "v1"
+
+
+class HeldControl:
+    """The time slice's control (learner/time_slice.py) held, as a sliced step holds it from
+    its pause to its resume; says when a swap has come to wait on it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.waiting = threading.Event()
+
+    def __enter__(self) -> None:
+        self.waiting.set()
+        self.lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def test_a_rollback_waits_for_the_sliced_step_to_resume_the_replicas(
+    api: httpx.Client, engine: Engine, nobody: str
+) -> None:
+    """A swap during a sliced step would wait out its drain on requests the slice froze, and
+    its resume would end the slice early: the worker takes the slice's control first."""
+    with engine.begin() as conn:
+        for ordinal, name in enumerate(("v0", "v1")):
+            policy_versions.add_version(
+                conn,
+                version=name,
+                ordinal=ordinal,
+                parent=None,
+                checkpoint_path=f"/checkpoints/{name}",
+                status="serving" if name == "v1" else "superseded",
+            )
+    control = HeldControl()
+    worker = SwapRequestWorker(engine, [nobody], replica_control=control).start()
+    answers: list[httpx.Response] = []
+    asking = threading.Thread(target=lambda: answers.append(api.post("/versions/v0/rollback")))
+    try:
+        asking.start()
+        assert control.waiting.wait(30), "the swap never came to the slice's control"
+        with engine.connect() as conn:
+            (status,) = conn.execute(select(SwapRequest.status)).scalars().all()
+        assert status == "running" and not answers  # claimed, waiting, not carried out
+        control.lock.release()  # the step's compute ends, the replicas are resumed
+        asking.join(60)
+    finally:
+        worker.stop()
+    assert "no recorded probe" in error_of(answers[0], 409)
 
 
 def test_learner_pause_and_knobs_reach_the_learner(

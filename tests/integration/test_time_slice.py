@@ -4,6 +4,7 @@ threads handed over and given back, a replica that cannot be paused trained besi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import subprocess
 import sys
@@ -86,6 +87,25 @@ def test_a_failed_step_still_resumes_the_replica(slices: Callable[..., TimeSlice
         with pytest.raises(RuntimeError, match="out of memory"), slice_.training():
             raise RuntimeError("out of memory")
         assert replica.controls == ["pause", "resume"]
+        slice_.close()
+
+
+def test_the_replicas_control_is_held_from_pause_to_resume(
+    slices: Callable[..., TimeSlice],
+) -> None:
+    """An admin swap (learner/swap/requests.py) takes the same control, so it never runs on
+    replicas the slice froze, and never resumes them mid-step."""
+    with FakeReplica() as replica:
+        slice_ = slices([replica.url], 1)
+        for fails in (False, True):
+            with contextlib.suppress(RuntimeError), slice_.training():
+                held = not slice_.control.acquire(blocking=False)
+                if fails:
+                    raise RuntimeError("out of memory")
+            assert held
+            assert slice_.control.acquire(blocking=False)  # given back, after the resume
+            slice_.control.release()
+        assert replica.controls == ["pause", "resume"] * 2
         slice_.close()
 
 

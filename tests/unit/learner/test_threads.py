@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 
-from learner.threads import choose_threads, is_this_host
+from learner.threads import choose_threads, is_this_host, usable_cores
 
 
 def test_replicas_on_loopback_or_this_hosts_name_are_on_this_host() -> None:
@@ -32,3 +35,16 @@ def test_remote_replicas_a_gpu_a_sharded_trainer_or_a_flag_leave_it_to_others() 
     assert choose_threads(3, local, cores=2, on_gpu=False).threads == 3
     # one local replica among remote ones still shares this host's cores
     assert choose_threads(0, [*remote, *local], cores=4, on_gpu=False).threads == 2
+
+
+def test_the_cores_counted_are_those_the_process_may_run_on_not_the_hosts() -> None:
+    one = min(os.sched_getaffinity(0))
+    counted = subprocess.run(
+        [sys.executable, "-c", "from learner.threads import usable_cores; print(usable_cores())"],
+        preexec_fn=lambda: os.sched_setaffinity(0, {one}),  # as `taskset -c` would
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert counted.stdout.strip() == "1"
+    assert usable_cores() == len(os.sched_getaffinity(0))
