@@ -49,12 +49,7 @@ class AdapterTrainer(Trainer):
         self.model = named_module(
             [(saved_name(n, slot), m) for (n, _), m in zip(named, masters, strict=True)]
         )
-        self.optimizer = torch.optim.AdamW(
-            self.parameters,
-            lr=config.learning_rate,
-            betas=config.betas,
-            weight_decay=config.weight_decay,
-        )
+        self._start_optimizer(config)
 
     @property
     def served_model(self) -> torch.nn.Module:

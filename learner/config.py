@@ -260,6 +260,13 @@ class LearnerConfig(BaseSettings):
         "traffic on SmolLM2-135M and Gemma 3 270M in docs/measurements/defaults.md",
         gt=0.0,
     )
+    step_kl: float = setting(
+        0.02,
+        "how far one GRPO step aims to move the policy, in nats a token (KL, measured on the "
+        "samples of the version it trained from): the learning rate is scaled down from "
+        "--learning-rate until a step moves it about this far; 0: --learning-rate as given",
+        ge=0.0,
+    )
     max_grad_norm: float = setting(1.0, "gradients are clipped to this norm", gt=0.0)
     clip_low: float = setting(0.2, "the loss clips ratios below 1 - CLIP_LOW", ge=0.0)
     clip_high: float = setting(0.28, "the loss clips ratios above 1 + CLIP_HIGH", ge=0.0)

@@ -314,10 +314,17 @@ class ShardedTrainer(Trainer):
         return values
 
     def step(
-        self, samples: list[Sample], advantages: list[float], *, fresh_version: str | None = None
+        self,
+        samples: list[Sample],
+        advantages: list[float],
+        *,
+        fresh_version: str | None = None,
+        previous_version: str | None = None,
     ) -> JsonObject:
         self._gathered = None
-        return super().step(samples, advantages, fresh_version=fresh_version)
+        return super().step(
+            samples, advantages, fresh_version=fresh_version, previous_version=previous_version
+        )
 
     def _micro_batches(
         self, samples: list[Sample], advantages: list[float]

@@ -44,6 +44,7 @@ from torch.optim.optimizer import StateDict
 from torch.utils.checkpoint import checkpoint
 
 from learner.loss import LossBatch, LossConfig, policy_loss, sequence_mismatch
+from learner.step_size import StepSize
 from store.json_types import JsonObject
 from store.samples import Sample, Sampling
 
@@ -78,6 +79,9 @@ class TrainerConfig:
     # replies cut at max_tokens (learner/config.py's --truncated): "last" trains those that
     # are their trajectory's last reply, "train" all, "mask" none
     truncated: str = "last"
+    # nats a token one step aims to move the policy (learner/step_size.py): the learning
+    # rate is scaled down from `learning_rate` to it; 0: the learning rate as given
+    step_kl: float = 0.0
     loss: LossConfig = field(default_factory=LossConfig)
     # "float32", "bfloat16" (bf16 compute, float32 master weights and AdamW state) or
     # "autocast" (float32 weights, bf16 matmuls); see the module docstring
@@ -308,12 +312,18 @@ class Trainer:
             for p, c in zip(self.model.parameters(), self.compute.parameters(), strict=True)
             if p.requires_grad and c is not p
         ]
+        self._start_optimizer(config)
+
+    def _start_optimizer(self, config: TrainerConfig) -> None:
+        """AdamW over the trained parameters, and the scale of its rate (--step-kl)."""
         self.optimizer = torch.optim.AdamW(
             self.parameters,
             lr=config.learning_rate,
             betas=config.betas,
             weight_decay=config.weight_decay,
         )
+        self.learning_rate = config.learning_rate  # the most a GRPO step takes
+        self.step_size = StepSize(config.step_kl)
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -391,6 +401,10 @@ class Trainer:
         }
 
     def set_learning_rate(self, value: float) -> None:
+        self.learning_rate = value
+        self._use_learning_rate(value)
+
+    def _use_learning_rate(self, value: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = value
 
@@ -484,7 +498,12 @@ class Trainer:
         here): `totals` are summed, `extremes` taken by their min or max."""
 
     def step(
-        self, samples: list[Sample], advantages: list[float], *, fresh_version: str | None = None
+        self,
+        samples: list[Sample],
+        advantages: list[float],
+        *,
+        fresh_version: str | None = None,
+        previous_version: str | None = None,
     ) -> JsonObject:
         """One optimizer step over all samples (gradient accumulation across micro-batches).
 
@@ -493,7 +512,9 @@ class Trainer:
         means over micro-batches, except minima and maxima. With `fresh_version` (the
         version the trainer's weights are), the samples all of whose calls it served get
         their own figures (`fresh_*`): their ratio is trainer-vs-vLLM numerics alone, with
-        no policy lag in it.
+        no policy lag in it. With `previous_version` (the one it was trained from), the
+        samples that version produced measure how far the last step moved the policy, and
+        the learning rate of this one follows (learner/step_size.py).
         """
         started = time.monotonic()
         # no dropout: the ratio compares against vLLM, which samples without it
@@ -532,6 +553,8 @@ class Trainer:
                 self._fold_grads()
             if counts and fresh_version is not None:
                 _fresh_figures(totals, extremes, batch, logprobs, tensors, mask, fresh_version)
+            if counts and previous_version is not None:
+                _movement(totals, batch, logprobs, tensors, previous_version)
             if counts:  # also where the whole micro-batch was dropped
                 totals["dropped"] += int(off.sum())
             if counts and tokens:
@@ -552,7 +575,14 @@ class Trainer:
                     parameter.grad.mul_(total_tokens / kept)
             loss_sum *= total_tokens / kept
         grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.config.max_grad_norm)
+        # totals are every rank's by now: each rank scales alike
+        self.step_size.observe(
+            totals.get("movement_k3", 0.0), int(totals.get("movement_tokens", 0))
+        )
+        used_learning_rate = self.step_size.learning_rate(self.learning_rate)
+        self._use_learning_rate(used_learning_rate)
         self.optimizer.step()
+        self._use_learning_rate(self.learning_rate)
         self.optimizer.zero_grad(set_to_none=True)
         self._refresh_compute()
         means = {
@@ -567,9 +597,14 @@ class Trainer:
                 "fresh_mismatch_kl": totals["fresh_k3"] / totals["fresh_tokens"],
                 "fresh_ratio_mean": totals["fresh_ratio"] / totals["fresh_tokens"],
             }
+        moved: dict[str, float] = {"learning_rate_used": used_learning_rate}
+        if totals.get("movement_tokens"):  # the last step's, on its version's samples
+            moved["movement_tokens"] = int(totals["movement_tokens"])
+            moved["movement_kl"] = totals["movement_k3"] / totals["movement_tokens"]
         return {
             **means,
             **fresh,
+            **moved,
             **extremes,
             "loss": loss_sum,
             "samples": len(samples),
@@ -691,6 +726,27 @@ def _fresh_figures(
     low, high = float(ratio.min()), float(ratio.max())
     extremes["fresh_ratio_min"] = min(extremes.get("fresh_ratio_min", low), low)
     extremes["fresh_ratio_max"] = max(extremes.get("fresh_ratio_max", high), high)
+
+
+def _movement(
+    totals: dict[str, float],
+    batch: MicroBatch,
+    logprobs: torch.Tensor,
+    tensors: dict[str, torch.Tensor],
+    version: str,
+) -> None:
+    """Add the k3 estimate of KL between vLLM's logprobs and the trainer's on every trained
+    token of the samples `version` alone produced (dropped as mismatched or not: those are
+    the ones a large step moved most) to the step's totals."""
+    produced = torch.tensor([s.policy_versions == {version} for s in batch.samples])
+    where = tensors["mask"] & produced.to(tensors["mask"].device).unsqueeze(-1)
+    n = int(where.sum())
+    if not n:
+        return
+    log_ratio = (logprobs.detach() - tensors["behaviour"])[where].double()
+    totals["movement_tokens"] = totals.get("movement_tokens", 0.0) + n
+    k3 = float((log_ratio.exp() - 1 - log_ratio).sum())
+    totals["movement_k3"] = totals.get("movement_k3", 0.0) + k3
 
 
 @torch.no_grad()

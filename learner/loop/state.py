@@ -168,6 +168,7 @@ def trainer_config(config: LearnerConfig) -> TrainerConfig:
         activation_checkpointing=config.activation_checkpointing,
         truncated=config.truncated,
         max_sequence_mismatch=config.max_sequence_mismatch,
+        step_kl=config.step_kl,
         loss=LossConfig(
             clip_low=config.clip_low,
             clip_high=config.clip_high,

@@ -9,6 +9,7 @@ decision, which trains from the candidate where it was promoted, else from what 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from learner import step_size
 from learner.accounting import StepAccount
 from learner.cannot_learn import mostly_truncated, no_signal, slow_to_finish
 from learner.grouping import (
@@ -330,16 +332,20 @@ class Stepping:
             return pairs, stats
         hints = self._corrections(list(details), details)
         coef = state.config.hindsight
-        out = [
-            (
-                distilled(
-                    sample, advantage, hints[sample.trajectory_id], frame,
-                    lineage.trainer.logprobs_of, coef, stats,
-                ),
-                advantage,
-            )
-            for sample, advantage in pairs
-        ]  # fmt: skip
+        hinted = any(hints[sample.trajectory_id] for sample, _ in pairs)
+        # the teacher's forward passes are the trainer's compute too: the replicas on this
+        # host paused for them, as for the optimizer step
+        with state.time_slice.training() if hinted else contextlib.nullcontext():
+            out = [
+                (
+                    distilled(
+                        sample, advantage, hints[sample.trajectory_id], frame,
+                        lineage.trainer.logprobs_of, coef, stats,
+                    ),
+                    advantage,
+                )
+                for sample, advantage in pairs
+            ]  # fmt: skip
         return out, stats
 
     def _batch_limit(self) -> int:
@@ -460,10 +466,12 @@ class Stepping:
         computes = self.state.time_slice if batch.pairs else TimeSlice([], 0)
         with computes.training() as paused:
             cpu_before = time.process_time()
+            serving = self.state.lineage.serving
             metrics = self.state.lineage.trainer.step(
                 [s for s, _ in batch.pairs],
                 [a for _, a in batch.pairs],
-                fresh_version=self.state.lineage.serving["version"],
+                fresh_version=serving["version"],
+                previous_version=serving["parent"],  # its samples: how far the last step went
             )
             training_cpu = time.process_time() - cpu_before
             threads = torch.get_num_threads()
@@ -523,7 +531,7 @@ class Stepping:
             f"; {w}" for w in (truncation, slow_to_finish(times.grading_lag)) if w is not None
         )
         log.info(
-            "step %d: %s; %d tokens, reward %.3f, lr %.3g, loss %.4f, clip %.3f "
+            "step %d: %s; %d tokens, reward %.3f, %s, loss %.4f, clip %.3f "
             "(behaviour %.3f), ratio %.4f [%.4f, %.4f], mismatch-kl %.2e (fresh %.2e over %d "
             "tokens); %s (optimizer state %.1fs); swap verified: %d weight sums exact, probe "
             "within %.3g%s -> %s",
@@ -531,7 +539,12 @@ class Stepping:
             account.summary(),
             int(metrics.get("trained_tokens", 0)),
             metrics.get("mean_reward", float("nan")),
-            self.state.config.learning_rate,
+            step_size.describe(
+                float(metrics.get("learning_rate_used", self.state.config.learning_rate)),
+                self.state.config.learning_rate,
+                self.state.config.step_kl,
+                self._movement(),
+            ),
             metrics.get("loss", float("nan")),
             metrics.get("clip_fraction", float("nan")),
             metrics.get("behaviour_clip_fraction", float("nan")),
@@ -548,6 +561,10 @@ class Stepping:
             warnings,
             _published(result, self.state.lineage.canary),
         )
+
+    def _movement(self) -> float | None:
+        trainer = self.state.lineage.trainer
+        return None if trainer is None else trainer.step_size.last_movement
 
 
 def _published(result: PublishResult, canary: int | None) -> str:

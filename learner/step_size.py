@@ -1,0 +1,66 @@
+"""How far one step may move the policy: the learning rate scaled to a KL target per step.
+
+One learning rate does not suit every model. At lr 5e-5 a step of SmolLM2-135M moved the
+policy about 5e-3 nats a token (the demo's step lines) and learned fast; a step of Gemma 3
+270M moved it 0.4-0.6 nats a token, its samples a version behind were dropped as sequence
+mismatches, and on arithmetic it collapsed within 6 steps into replies of "=====" (issue
+42; docs/measurements/defaults.md). At 1e-5 Gemma moved 4e-3 to 6e-2 and learned.
+
+So `--learning-rate` is the most a step takes, and `--step-kl` the movement aimed at. How
+far the last step moved the policy is measured for free in the next one: the trainer
+recomputes the logprobs of samples the previous version produced (the serving version's
+parent), and their k3 estimate of KL against vLLM's recorded logprobs is that step's
+movement (plus numerics, about 1e-3). The scale follows KL ~ lr^2 (what Gemma showed between
+1e-5 and 5e-5): scale *= sqrt(target / movement), at most halved twice or doubled per step,
+never above 1 (the learning rate given) nor below 1/64. A step whose batch holds no such
+samples leaves the scale as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MIN_SCALE = 1 / 64
+MOST_SHRINK, MOST_GROWTH = 0.25, 2.0  # per step: one noisy measure never swings it far
+MIN_TOKENS = 16  # fewer tokens of the previous version: no measure
+
+
+@dataclass
+class StepSize:
+    """The learning rate's scale; ``target`` 0: off (the learning rate as given)."""
+
+    target: float
+    scale: float = 1.0
+    last_movement: float | None = None  # nats a token, the last measure taken
+
+    def observe(self, k3_sum: float, tokens: int) -> None:
+        """The last step's movement over ``tokens`` tokens of the previous version."""
+        if self.target <= 0 or tokens < MIN_TOKENS:
+            return
+        movement = k3_sum / tokens
+        if not math.isfinite(movement):
+            return
+        self.last_movement = movement
+        factor = math.sqrt(self.target / max(movement, 1e-12))
+        factor = min(MOST_GROWTH, max(MOST_SHRINK, factor))
+        self.scale = min(1.0, max(MIN_SCALE, self.scale * factor))
+
+    def learning_rate(self, most: float) -> float:
+        return most if self.target <= 0 else most * self.scale
+
+
+def describe(learning_rate_used: float, most: float, target: float, movement: float | None) -> str:
+    """The step line's learning rate: what this step used, and why."""
+    said = f"lr {learning_rate_used:.3g}"
+    if target <= 0:
+        return said
+    scaled = (
+        f"x{learning_rate_used / most:.2g} of {most:.3g}, " if learning_rate_used < most else ""
+    )
+    moved = (
+        f"the last step moved the policy {movement:.2e} nats a token"
+        if movement is not None
+        else "no measure of the last step yet"
+    )
+    return f"{said} ({scaled}{moved}; --step-kl {target:g})"

@@ -1,0 +1,111 @@
+"""The learning rate scaled to how far a step moves the policy (learner/step_size.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from learner.step_size import MIN_SCALE, MIN_TOKENS, StepSize, describe
+from learner.trainer import Trainer, TrainerConfig
+from store.samples import Sample
+
+
+def test_a_step_that_moved_too_far_shrinks_the_next_and_one_within_the_target_keeps_it() -> None:
+    size = StepSize(0.02)
+    size.observe(0.02 * 4 * 100, 100)  # 4x the target: KL ~ lr^2, so half the rate
+    assert math.isclose(size.scale, 0.5)
+    size.observe(0.005 * 100, 100)  # a quarter of the target: doubled, never above 1
+    assert size.scale == 1.0
+    size.observe(0.001 * 100, 100)
+    assert size.scale == 1.0 and size.last_movement == pytest.approx(0.001)
+
+
+def test_one_measure_never_swings_the_scale_by_more_than_its_bounds() -> None:
+    size = StepSize(0.02)
+    size.observe(50.0 * 100, 100)  # a collapse-sized step: shrunk by at most 4
+    assert size.scale == 0.25
+    for _ in range(10):
+        size.observe(50.0 * 100, 100)
+    assert size.scale == MIN_SCALE
+    size.observe(1e-9 * 100, 100)  # a still step: grows by at most 2
+    assert size.scale == 2 * MIN_SCALE
+
+
+def test_no_measure_where_too_few_tokens_or_none_finite_and_off_at_zero() -> None:
+    size = StepSize(0.02)
+    size.observe(100.0, MIN_TOKENS - 1)
+    size.observe(float("nan"), 100)
+    assert size.scale == 1.0 and size.last_movement is None
+    off = StepSize(0.0)
+    off.observe(100.0, 100)
+    assert off.learning_rate(5e-5) == 5e-5
+
+
+def test_the_scale_settles_where_a_step_moves_the_policy_by_the_target() -> None:
+    size = StepSize(0.02)
+    for _ in range(12):  # a model where a step at the full rate moves it 0.5 nats a token
+        size.observe(0.5 * size.scale**2 * 1000, 1000)
+    assert math.isclose(0.5 * size.scale**2, 0.02, rel_tol=0.05)
+
+
+def test_the_step_line_says_the_rate_used_and_why() -> None:
+    assert describe(5e-5, 5e-5, 0.0, None) == "lr 5e-05"
+    assert describe(5e-5, 5e-5, 0.02, None) == (
+        "lr 5e-05 (no measure of the last step yet; --step-kl 0.02)"
+    )
+    assert describe(1.25e-5, 5e-5, 0.02, 0.44) == (
+        "lr 1.25e-05 (x0.25 of 5e-05, the last step moved the policy 4.40e-01 nats a token; "
+        "--step-kl 0.02)"
+    )
+
+
+def _sampled(trainer: Trainer, version: str) -> Sample:
+    prompt, completion = [1, 10, 20, 30], [40, 50, 60, 70, 80, 90, 100, 110, 120, 130]
+    return Sample(
+        trajectory_id=f"t-{version}",
+        token_ids=prompt + completion,
+        loss_mask=[False] * len(prompt) + [True] * len(completion),
+        logprobs=[0.0] * len(prompt) + trainer.logprobs_of(prompt, completion),
+        policy_versions={version},
+    )
+
+
+@pytest.mark.parametrize("step_kl", [0.02, 0.0])
+def test_the_trainer_measures_the_last_steps_move_on_its_samples_and_scales_this_one(
+    step_kl: float, tmp_path: Path
+) -> None:
+    from learner.checkpoint import load_model
+    from learner.tiny_model import build_tiny_model
+
+    model = load_model(build_tiny_model(tmp_path / "m", seed=0))
+    trainer = Trainer(model, TrainerConfig(learning_rate=1e-2, step_kl=step_kl), "cpu")
+    # two samples v0 produced: more than MIN_TOKENS trained tokens between them
+    before = [
+        _sampled(trainer, "v0"),
+        dataclasses.replace(_sampled(trainer, "v0"), trajectory_id="u"),
+    ]
+    first = trainer.step(before, [1.0, 1.0], fresh_version="v0")
+    assert first["learning_rate_used"] == 1e-2 and "movement_kl" not in first
+    # what that step moved the policy on v0's tokens, by hand
+    completion = before[0].token_ids[4:]
+    now = torch.tensor(
+        trainer.logprobs_of(before[0].token_ids[:4], completion), dtype=torch.float64
+    )
+    then = torch.tensor(before[0].logprobs[4:], dtype=torch.float64)
+    moved = float((now - then).exp().sub(1).sub(now - then).mean())
+    second = trainer.step(
+        [*before, _sampled(trainer, "v1")],
+        [1.0, -1.0, 1.0],
+        fresh_version="v1",
+        previous_version="v0",
+    )
+    assert second["movement_tokens"] == 20
+    assert second["movement_kl"] == pytest.approx(moved, rel=1e-3)
+    assert moved > 0.08  # lr 1e-2 moves this model far: 4x the target or more
+    expected = 1e-2 if step_kl == 0 else 1e-2 * max(0.25, math.sqrt(0.02 / moved))
+    assert second["learning_rate_used"] == pytest.approx(expected, rel=1e-3)
+    assert trainer.optimizer.param_groups[0]["lr"] == 1e-2  # the most, for the next
