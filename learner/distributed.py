@@ -288,12 +288,7 @@ class ShardedTrainer(Trainer):
             )
         self.parameters = [p for p in model.parameters() if p.requires_grad]
         self._copies = []
-        self.optimizer = torch.optim.AdamW(
-            self.parameters,
-            lr=config.learning_rate,
-            betas=config.betas,
-            weight_decay=config.weight_decay,
-        )
+        self._start_optimizer(config)
         self._gathered: dict[str, torch.Tensor] | None = None  # full float32, rank 0
 
     def _run(self, work: Callable[[torch.nn.Module], Any]) -> Any:
@@ -320,10 +315,15 @@ class ShardedTrainer(Trainer):
         *,
         fresh_version: str | None = None,
         previous_version: str | None = None,
+        previous_scale: float | None = None,
     ) -> JsonObject:
         self._gathered = None
         return super().step(
-            samples, advantages, fresh_version=fresh_version, previous_version=previous_version
+            samples,
+            advantages,
+            fresh_version=fresh_version,
+            previous_version=previous_version,
+            previous_scale=previous_scale,
         )
 
     def _micro_batches(

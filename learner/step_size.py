@@ -14,6 +14,13 @@ movement (plus numerics, about 1e-3). The scale follows KL ~ lr^2 (what Gemma sh
 1e-5 and 5e-5): scale *= sqrt(target / movement), at most halved twice or doubled per step,
 never above 1 (the learning rate given) nor below 1/64. A step whose batch holds no such
 samples leaves the scale as it is.
+
+The scale a step took is recorded with the version it publishes (`step_scale`), and the
+next measure goes on from it: a restarted learner, or a trainer rebuilt after a failed
+publish, does not go back to the full rate. Only a version a GRPO step published is
+measured (its parent is what that step trained from); after a rollback, the supervised
+stage or on the first step the scale goes on as it was (1 on a new learner: the first step
+takes the full rate).
 """
 
 from __future__ import annotations
@@ -32,10 +39,19 @@ class StepSize:
 
     target: float
     scale: float = 1.0
-    last_movement: float | None = None  # nats a token, the last measure taken
+    last_movement: float | None = None  # nats a token, this step's measure (None: none)
+
+    def follow(self, scale_then: float | None, k3_sum: float, tokens: int) -> None:
+        """Go on from ``scale_then``, the scale the measured step took as recorded with the
+        version it published (None: none recorded, this object's own scale), by that step's
+        movement over ``tokens`` tokens of the version it trained from."""
+        if scale_then is not None and math.isfinite(scale_then) and scale_then > 0:
+            self.scale = min(1.0, max(MIN_SCALE, scale_then))
+        self.observe(k3_sum, tokens)
 
     def observe(self, k3_sum: float, tokens: int) -> None:
         """The last step's movement over ``tokens`` tokens of the previous version."""
+        self.last_movement = None
         if self.target <= 0 or tokens < MIN_TOKENS:
             return
         movement = k3_sum / tokens
@@ -61,6 +77,6 @@ def describe(learning_rate_used: float, most: float, target: float, movement: fl
     moved = (
         f"the last step moved the policy {movement:.2e} nats a token"
         if movement is not None
-        else "no measure of the last step yet"
+        else "no measure of the last step"
     )
     return f"{said} ({scaled}{moved}; --step-kl {target:g})"

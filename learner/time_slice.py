@@ -113,27 +113,26 @@ class TimeSlice:
         sent: list[str] = []  # every replica a pause may have reached: each is resumed
         early = threading.Timer(self.max_pause, self._resume_early, args=(sent,))
         early.daemon = True
-        self.control.acquire()  # an admin swap under way ends first
-        try:
-            with self._client() as client:
-                for upstream in pausable:
-                    answer = self._pause(client, upstream)
-                    if answer != "not reached":
-                        sent.append(upstream)
-                    if answer == "paused":
-                        self._guarded(pausable)
-                        paused.append(upstream)
-            if paused:
-                torch.set_num_threads(self.threads)
-                early.start()
-            yield paused
-        finally:
-            early.cancel()
-            torch.set_num_threads(threads_before)
+        # an admin swap under way ends first; released however this ends (a signal's
+        # KeyboardInterrupt included: a stopping learner joins the swap worker)
+        with self.control:
             try:
-                self._resume(sent)
+                with self._client() as client:
+                    for upstream in pausable:
+                        answer = self._pause(client, upstream)
+                        if answer != "not reached":
+                            sent.append(upstream)
+                        if answer == "paused":
+                            self._guarded(pausable)
+                            paused.append(upstream)
+                if paused:
+                    torch.set_num_threads(self.threads)
+                    early.start()
+                yield paused
             finally:
-                self.control.release()
+                early.cancel()
+                torch.set_num_threads(threads_before)
+                self._resume(sent)
 
     def retry_owed(self) -> None:
         """Resume the replicas whose resume failed (the learner calls this at each look)."""

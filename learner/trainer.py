@@ -504,6 +504,7 @@ class Trainer:
         *,
         fresh_version: str | None = None,
         previous_version: str | None = None,
+        previous_scale: float | None = None,
     ) -> JsonObject:
         """One optimizer step over all samples (gradient accumulation across micro-batches).
 
@@ -512,9 +513,10 @@ class Trainer:
         means over micro-batches, except minima and maxima. With `fresh_version` (the
         version the trainer's weights are), the samples all of whose calls it served get
         their own figures (`fresh_*`): their ratio is trainer-vs-vLLM numerics alone, with
-        no policy lag in it. With `previous_version` (the one it was trained from), the
-        samples that version produced measure how far the last step moved the policy, and
-        the learning rate of this one follows (learner/step_size.py).
+        no policy lag in it. With `previous_version` (the version the last step trained
+        from) and `previous_scale` (the scale of the rate it took), the samples that version
+        produced measure how far that step moved the policy, and the rate of this one
+        follows (learner/step_size.py).
         """
         started = time.monotonic()
         # no dropout: the ratio compares against vLLM, which samples without it
@@ -564,6 +566,13 @@ class Trainer:
         totals.update({f"sum:{key}": value for key, value in sums.items()})
         self._reduce(totals, extremes)
         kept, dropped = int(totals["kept"]), int(totals["dropped"])
+        # totals are every rank's by now: each rank scales alike; measured also when every
+        # sequence was dropped (the ones the last step moved most)
+        self.step_size.follow(
+            previous_scale,
+            totals.get("movement_k3", 0.0),
+            int(totals.get("movement_tokens", 0)),
+        )
         if kept == 0:
             self.optimizer.zero_grad(set_to_none=True)
             return {"tokens": 0, "dropped_mismatch": dropped, "skipped": "all sequences dropped"}
@@ -575,14 +584,12 @@ class Trainer:
                     parameter.grad.mul_(total_tokens / kept)
             loss_sum *= total_tokens / kept
         grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.config.max_grad_norm)
-        # totals are every rank's by now: each rank scales alike
-        self.step_size.observe(
-            totals.get("movement_k3", 0.0), int(totals.get("movement_tokens", 0))
-        )
         used_learning_rate = self.step_size.learning_rate(self.learning_rate)
         self._use_learning_rate(used_learning_rate)
-        self.optimizer.step()
-        self._use_learning_rate(self.learning_rate)
+        try:
+            self.optimizer.step()
+        finally:
+            self._use_learning_rate(self.learning_rate)
         self.optimizer.zero_grad(set_to_none=True)
         self._refresh_compute()
         means = {
@@ -597,7 +604,10 @@ class Trainer:
                 "fresh_mismatch_kl": totals["fresh_k3"] / totals["fresh_tokens"],
                 "fresh_ratio_mean": totals["fresh_ratio"] / totals["fresh_tokens"],
             }
-        moved: dict[str, float] = {"learning_rate_used": used_learning_rate}
+        moved: dict[str, float] = {
+            "learning_rate_used": used_learning_rate,
+            "step_scale": self.step_size.scale,  # recorded with the version: the next measure
+        }
         if totals.get("movement_tokens"):  # the last step's, on its version's samples
             moved["movement_tokens"] = int(totals["movement_tokens"])
             moved["movement_kl"] = totals["movement_k3"] / totals["movement_tokens"]

@@ -467,11 +467,16 @@ class Stepping:
         with computes.training() as paused:
             cpu_before = time.process_time()
             serving = self.state.lineage.serving
+            # a version a GRPO step published records the scale it took; the samples of its
+            # parent (what that step trained from) say how far it moved the policy
+            scale = (serving.get("metrics") or {}).get("step_scale")
+            measured = isinstance(scale, int | float) and serving["parent"] is not None
             metrics = self.state.lineage.trainer.step(
                 [s for s, _ in batch.pairs],
                 [a for _, a in batch.pairs],
                 fresh_version=serving["version"],
-                previous_version=serving["parent"],  # its samples: how far the last step went
+                previous_version=serving["parent"] if measured else None,
+                previous_scale=float(scale) if measured else None,
             )
             training_cpu = time.process_time() - cpu_before
             threads = torch.get_num_threads()
@@ -543,7 +548,7 @@ class Stepping:
                 float(metrics.get("learning_rate_used", self.state.config.learning_rate)),
                 self.state.config.learning_rate,
                 self.state.config.step_kl,
-                self._movement(),
+                metrics.get("movement_kl"),
             ),
             metrics.get("loss", float("nan")),
             metrics.get("clip_fraction", float("nan")),
@@ -561,10 +566,6 @@ class Stepping:
             warnings,
             _published(result, self.state.lineage.canary),
         )
-
-    def _movement(self) -> float | None:
-        trainer = self.state.lineage.trainer
-        return None if trainer is None else trainer.step_size.last_movement
 
 
 def _published(result: PublishResult, canary: int | None) -> str:

@@ -94,7 +94,10 @@ class Weights:
         """The lineage's trainer on the checkpoint's weights and optimizer state: what serves."""
         lineage = self.state.lineage
         lineage.trainer_is_serving = False
+        before = lineage.trainer
         lineage.trainer = self.build(source)
+        if before is not None:  # the rate's scale is the lineage's, not these weights'
+            lineage.trainer.step_size = before.step_size
         self.load_optimizer(source)
         lineage.trainer_is_serving = True
 

@@ -45,6 +45,16 @@ def test_no_measure_where_too_few_tokens_or_none_finite_and_off_at_zero() -> Non
     assert off.learning_rate(5e-5) == 5e-5
 
 
+def test_a_measure_goes_on_from_the_scale_the_measured_step_took_as_recorded() -> None:
+    restarted = StepSize(0.02)  # a new trainer: 1, where the recorded step took 1/8
+    restarted.follow(0.125, 0.02 * 100, 100)  # that step moved it by the target
+    assert restarted.scale == 0.125
+    restarted.follow(None, 0.08 * 100, 100)  # nothing recorded: from its own
+    assert restarted.scale == 0.0625
+    restarted.follow(0.125, 0.0, 0)  # no measure: the recorded scale all the same
+    assert restarted.scale == 0.125 and restarted.last_movement is None
+
+
 def test_the_scale_settles_where_a_step_moves_the_policy_by_the_target() -> None:
     size = StepSize(0.02)
     for _ in range(12):  # a model where a step at the full rate moves it 0.5 nats a token
@@ -55,7 +65,7 @@ def test_the_scale_settles_where_a_step_moves_the_policy_by_the_target() -> None
 def test_the_step_line_says_the_rate_used_and_why() -> None:
     assert describe(5e-5, 5e-5, 0.0, None) == "lr 5e-05"
     assert describe(5e-5, 5e-5, 0.02, None) == (
-        "lr 5e-05 (no measure of the last step yet; --step-kl 0.02)"
+        "lr 5e-05 (no measure of the last step; --step-kl 0.02)"
     )
     assert describe(1.25e-5, 5e-5, 0.02, 0.44) == (
         "lr 1.25e-05 (x0.25 of 5e-05, the last step moved the policy 4.40e-01 nats a token; "
@@ -102,10 +112,30 @@ def test_the_trainer_measures_the_last_steps_move_on_its_samples_and_scales_this
         [1.0, -1.0, 1.0],
         fresh_version="v1",
         previous_version="v0",
+        previous_scale=1.0,
     )
     assert second["movement_tokens"] == 20
     assert second["movement_kl"] == pytest.approx(moved, rel=1e-3)
     assert moved > 0.08  # lr 1e-2 moves this model far: 4x the target or more
     expected = 1e-2 if step_kl == 0 else 1e-2 * max(0.25, math.sqrt(0.02 / moved))
     assert second["learning_rate_used"] == pytest.approx(expected, rel=1e-3)
+    assert second["step_scale"] == pytest.approx(expected / 1e-2, rel=1e-3)
     assert trainer.optimizer.param_groups[0]["lr"] == 1e-2  # the most, for the next
+
+
+def test_a_step_whose_every_sequence_was_dropped_still_measures_the_last_one(
+    tmp_path: Path,
+) -> None:
+    """The sequences the last step moved most are the ones dropped as mismatched: their
+    measure must not go with them."""
+    from learner.checkpoint import load_model
+    from learner.tiny_model import build_tiny_model
+
+    model = load_model(build_tiny_model(tmp_path / "m", seed=0))
+    config = TrainerConfig(learning_rate=1e-2, step_kl=0.02, max_sequence_mismatch=1e-9)
+    trainer = Trainer(model, config, "cpu")
+    far = [_sampled(trainer, "v0"), dataclasses.replace(_sampled(trainer, "v0"), trajectory_id="u")]
+    far = [dataclasses.replace(s, logprobs=[lp - 1.0 for lp in s.logprobs]) for s in far]
+    metrics = trainer.step(far, [1.0, 1.0], previous_version="v0", previous_scale=1.0)
+    assert metrics.get("skipped") == "all sequences dropped"
+    assert trainer.step_size.last_movement is not None and trainer.step_size.scale == 0.25
