@@ -470,7 +470,11 @@ class Stepping:
             # a version a GRPO step published records the scale it took; the samples of its
             # parent (what that step trained from) say how far it moved the policy
             scale = (serving.get("metrics") or {}).get("step_scale")
-            measured = isinstance(scale, int | float) and serving["parent"] is not None
+            measured = (
+                isinstance(scale, int | float)
+                and serving["parent"] is not None
+                and serving.get("tenant") == self.state.tenant  # not the shared one it starts from
+            )
             metrics = self.state.lineage.trainer.step(
                 [s for s, _ in batch.pairs],
                 [a for _, a in batch.pairs],
