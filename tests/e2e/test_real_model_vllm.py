@@ -474,6 +474,10 @@ def test_the_learner_on_its_defaults_under_continuous_traffic_steps_and_accounts
         assert 0 < step.metrics["trainer_cpu_share"] <= 1 and step.metrics["trainer_threads"] >= 1
         # the step's record holds what the line says
         assert step.metrics["gathering_seconds"] == pytest.approx(parts[0], abs=0.1), step.metrics
+        # the rate it took, scaled to how far the last step moved the policy (--step-kl)
+        scale = step.metrics["step_scale"]
+        assert 0 < scale <= 1 and "; --step-kl 0.02)" in line, line
+        assert step.metrics["learning_rate_used"] == pytest.approx(5e-5 * scale), step.metrics
     # the first transfer of a learner writes the whole weight file: 326 MB of bf16
     first = steps[0].metrics
     assert first["transfer_full_syncs"] == 1 and first["transfer_bytes"] > 300e6, first
