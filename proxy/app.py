@@ -94,6 +94,7 @@ def create_app(settings: Settings, *, database_checked: bool | None = None) -> S
             engine,
             settings.spool_path,
             idle_timeout=settings.idle_timeout,
+            answered_idle_timeout=settings.answered_idle_timeout,
             flush_interval=settings.flush_interval,
             batch_calls=settings.flush_batch_size,
             batch_bytes=settings.flush_batch_bytes,

@@ -35,6 +35,7 @@ class Recorder:
         *,
         idle_timeout: float,
         flush_interval: float,
+        answered_idle_timeout: float | None = None,
         batch_calls: int = 500,
         batch_bytes: int = 8 << 20,
         fsync_interval: float = 0.1,
@@ -48,7 +49,9 @@ class Recorder:
             log_directory(spool_path), fsync_interval=fsync_interval, segment_bytes=segment_bytes
         )
         self.rejected_path = rejected_path(spool_path)
-        self.tracker = TrajectoryTracker(idle_timeout, max_open=max_open)
+        self.tracker = TrajectoryTracker(
+            idle_timeout, max_open=max_open, answered_timeout=answered_idle_timeout
+        )
         self.idle_timeout = idle_timeout
         self.flush_interval = flush_interval
         self.batch_calls = batch_calls

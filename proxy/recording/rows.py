@@ -11,7 +11,7 @@ from array import array
 from collections.abc import Callable
 from typing import TypedDict
 
-from proxy.base.record import CallEntry, CallRecord
+from proxy.base.record import CallEntry, CallRecord, CaptureEntry
 from proxy.recording.interaction import type_of
 from proxy.recording.stitching import (
     PrefixHasher,
@@ -188,9 +188,11 @@ class RowBuilder:
                 sequence = array("q")  # nothing to store the next prompt against
             else:
                 sequence.extend(completion)
-            tracker.touch(state, ended, entry["id"], sequence)
+            tracker.touch(state, ended, entry["id"], sequence, answered=answered(entry, capture))
         else:
-            tracker.touch(state, ended, state.last_call_id or "", last_sequence)
+            tracker.touch(
+                state, ended, state.last_call_id or "", last_sequence, answered(entry, capture)
+            )
         row = call_columns(entry, state.id, parent_id, prefix_len, suffix, digest)
         trajectory: TrajectoryRow = {
             "id": state.id,
@@ -343,3 +345,12 @@ def text(value: str | None, limit: int | None = None) -> str | None:
         return None
     value = value.replace("\x00", "\ufffd")
     return value if limit is None else value[:limit]
+
+
+def answered(entry: CallEntry, capture: CaptureEntry | None) -> bool:
+    """The call ended with an answer: answered in full, no reply asking for a tool (vLLM's
+    finish reason `tool_calls`, whatever API the client spoke). Then no harness is running
+    a tool; only a next message from a person can continue the trajectory."""
+    if entry["status"] != "ok" or capture is None or not capture["choices"]:
+        return False
+    return all(c.get("finish_reason") != "tool_calls" for c in capture["choices"])

@@ -135,6 +135,8 @@ class TrajectoryState:
     # prompt + first completion of the last call: the base the next prompt is stored against
     # (empty once shed for memory: the next prompt is then stored whole)
     last_sequence: Sequence[int] = field(default_factory=lambda: array("q"))
+    # its last call ended with an answer, no tool call pending: `answered_timeout` finishes it
+    answered: bool = False
 
 
 def token_array(*parts: Sequence[int]) -> array[int] | None:
@@ -165,9 +167,18 @@ class TrajectoryTracker:
     """
 
     def __init__(
-        self, idle_timeout: float, max_open: int = 100_000, max_tokens: int = 4_000_000
+        self,
+        idle_timeout: float,
+        max_open: int = 100_000,
+        max_tokens: int = 4_000_000,
+        answered_timeout: float | None = None,
     ) -> None:
         self.idle_timeout = idle_timeout
+        # a trajectory whose last call answered (no tool call pending) is finished sooner:
+        # its harness runs no tool, only a person's next message can continue it
+        self.answered_timeout = min(
+            idle_timeout, idle_timeout if answered_timeout is None else answered_timeout
+        )
         self.max_open = max_open
         self.max_tokens = max_tokens
         self._by_session: dict[str, TrajectoryState] = {}
@@ -182,6 +193,8 @@ class TrajectoryTracker:
         self._prune_at: dict[str, int] = {}
         # trajectories holding a last sequence, least recently touched first
         self._holding: OrderedDict[str, TrajectoryState] = OrderedDict()
+        # answered trajectories, least recently active first: they expire on their own clock
+        self._answered: OrderedDict[str, TrajectoryState] = OrderedDict()
         self.tokens = 0
         self.taken: str | None = None
         self.evicted = 0  # forgotten for the cap while not idle (left open in the database)
@@ -252,12 +265,22 @@ class TrajectoryTracker:
             self._prune_at.pop(oldest, None)
 
     def touch(
-        self, state: TrajectoryState, ended: float, call_id: str, sequence: Sequence[int]
+        self,
+        state: TrajectoryState,
+        ended: float,
+        call_id: str,
+        sequence: Sequence[int],
+        answered: bool = False,
     ) -> None:
         """A call of `state` ended at `ended`: idle time counts from the end of a call, so a
-        long call and the tool time after it do not split a session."""
+        long call and the tool time after it do not split a session. `answered`: it ended
+        with an answer, no tool call pending (`answered_timeout` applies)."""
         state.last_call_at = max(state.last_call_at, ended)
         state.last_call_id = call_id
+        state.answered = answered
+        self._answered.pop(state.id, None)
+        if answered:
+            self._answered[state.id] = state
         self.tokens += len(sequence) - len(state.last_sequence)
         state.last_sequence = sequence
         self._by_id.move_to_end(state.id)
@@ -279,27 +302,38 @@ class TrajectoryTracker:
         the proxy's process, at any rate of new trajectories past the cap (issue 16).
         """
         idle: list[TrajectoryState] = []
+        while self._answered:  # on the shorter clock: not always at the front of _by_id
+            state = next(iter(self._answered.values()))
+            if self._alive(state, now):
+                break
+            self._forget(state)
+            idle.append(state)
         while self._by_id:
             state = next(iter(self._by_id.values()))
             alive = self._alive(state, now)
             if alive and len(self._by_id) <= self.max_open:
                 break
-            self._by_id.popitem(last=False)
-            if state.session_key is not None and self._by_session.get(state.session_key) is state:
-                del self._by_session[state.session_key]
-            if self._holding.pop(state.id, None) is not None:
-                self.tokens -= len(state.last_sequence)
+            self._forget(state)
             if alive:
                 self.evicted += 1
             else:
                 idle.append(state)
         return idle
 
+    def _forget(self, state: TrajectoryState) -> None:
+        self._by_id.pop(state.id, None)
+        self._answered.pop(state.id, None)
+        if state.session_key is not None and self._by_session.get(state.session_key) is state:
+            del self._by_session[state.session_key]
+        if self._holding.pop(state.id, None) is not None:
+            self.tokens -= len(state.last_sequence)
+
     def get(self, trajectory_id: str) -> TrajectoryState | None:
         return self._by_id.get(trajectory_id)
 
     def _alive(self, state: TrajectoryState, now: float) -> bool:
-        return now - state.last_call_at < self.idle_timeout
+        timeout = self.answered_timeout if state.answered else self.idle_timeout
+        return now - state.last_call_at < timeout
 
     def _open(self, session_key: str | None, now: float) -> TrajectoryState:
         state = TrajectoryState(new_id(), session_key, now, now)

@@ -298,7 +298,7 @@ class Writer:
 
     # -- trajectories that went idle -----------------------------------------------------
     def _sweep_every(self) -> float:
-        return min(self.tracker.idle_timeout, 5.0) / 2
+        return min(self.tracker.answered_timeout, 5.0) / 2
 
     def _sweep(self) -> None:
         """Finish trajectories idle past the timeout: those this process tracks, and (by

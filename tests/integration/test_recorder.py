@@ -205,6 +205,39 @@ def test_idle_time_counts_from_the_end_of_a_call_not_its_start(
     assert last_call_at.timestamp() == pytest.approx(started + 130.5, abs=1e-3)
 
 
+def test_a_trajectory_that_ended_with_an_answer_is_finished_on_the_shorter_clock(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """A call answered in full (no tool call pending) is finished after
+    --answered-idle-timeout; one whose reply asked for a tool keeps --idle-timeout: its
+    harness may be running the tool."""
+    answered, asks_tool = call(0, session_key="answered"), call(1, session_key="tool")
+    assert asks_tool.capture is not None
+    asks_tool.capture.choices[0].finish_reason = "tool_calls"
+
+    def statuses() -> dict[str | None, str]:
+        with engine.connect() as conn:
+            rows = conn.execute(select(Trajectory.session_key, Trajectory.status)).all()
+        return {key: status for key, status in rows}
+
+    async def body() -> None:
+        rec = Recorder(
+            engine,
+            tmp_path / "spool.jsonl",
+            idle_timeout=300,
+            answered_idle_timeout=0.5,
+            flush_interval=0.01,
+        )
+        await rec.start()
+        rec.record(answered)
+        rec.record(asks_tool)
+        await until(lambda: statuses().get("answered") == "finished", "the answer finished")
+        await rec.close()
+
+    run(body)
+    assert statuses() == {"answered": "finished", "tool": "open"}
+
+
 def test_a_spool_left_by_an_older_proxy_is_written_once_then_emptied(
     engine: Engine, tmp_path: Path
 ) -> None:

@@ -441,3 +441,29 @@ def test_one_conversation_sent_again_and_again_holds_no_more_than_its_open_traje
     # the open ones are still there to be continued, oldest first
     continued, new = tracker.resolve(session_key=None, messages=[USER, REPLY, NEXT], now=1e4)
     assert not new and tracker.get(continued.id) is continued
+
+
+def test_an_answered_trajectory_expires_on_its_own_shorter_clock() -> None:
+    """After an answer no harness runs a tool: only a person's next message could continue
+    it, so it is finished after `answered_timeout`; one waiting on a tool keeps the long
+    one, and a later tool call puts an answered one back on it."""
+    tracker = TrajectoryTracker(idle_timeout=300, answered_timeout=60)
+    tool, _ = tracker.resolve(session_key="tool", messages=[USER], now=0)
+    tracker.touch(tool, 1, "call-1", [1], answered=False)  # asked for a tool: least recent
+    answer, _ = tracker.resolve(session_key=None, messages=[USER], now=2)
+    tracker.touch(answer, 3, "call-2", [1], answered=True)
+    again, _ = tracker.resolve(session_key="again", messages=[USER], now=4)
+    tracker.touch(again, 5, "call-3", [1], answered=True)
+    tracker.touch(again, 6, "call-4", [1, 2], answered=False)  # then a tool call
+
+    assert tracker.expire(now=62.9) == []
+    assert tracker.expire(now=63) == [answer]  # behind an older one still open
+    alive, new = tracker.resolve(session_key="tool", messages=[USER], now=64)
+    assert (alive is tool, new) == (True, False)  # a tool's result, a minute on
+    assert tracker.expire(now=300.9) == []
+    assert tracker.expire(now=306) == [tool, again]
+
+
+def test_the_answered_clock_is_never_longer_than_the_idle_timeout() -> None:
+    assert TrajectoryTracker(idle_timeout=10, answered_timeout=60).answered_timeout == 10
+    assert TrajectoryTracker(idle_timeout=10).answered_timeout == 10
