@@ -30,7 +30,8 @@ class ProxyServer:
         port: int | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
-        self.env = {**os.environ, **(env or {})}
+        # a proxy stuck in its start dumps every thread's stack on SIGABRT (see start)
+        self.env = {**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})}
         self.upstreams = upstreams
         self.db_url = db_url
         self.spool = spool
@@ -47,7 +48,7 @@ class ProxyServer:
         cmd += ["--port", str(self.port), "--db", self.db_url, "--spool", str(self.spool)]
         return cmd + self.args
 
-    def start(self, timeout: float = 60.0) -> ProxyServer:
+    def start(self, timeout: float = 120.0) -> ProxyServer:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.env
@@ -61,6 +62,12 @@ class ProxyServer:
                 return self
             except (urllib.error.URLError, OSError):
                 time.sleep(0.1)
+        # where it is stuck: Python's fault handler writes the stacks into its log
+        self.proc.send_signal(signal.SIGABRT)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
         self.kill()
         raise TimeoutError(f"proxy not up after {timeout}s:\n{self.log_tail()}")
 
