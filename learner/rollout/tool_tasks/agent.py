@@ -100,17 +100,22 @@ def run_call(call: JsonValue, fallback_id: str, outcome: Outcome) -> JsonObject:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m learner.rollout.tool_tasks.agent",
-        description=(__doc__ or "").splitlines()[0],
-    )
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command line every tool-task harness takes (this one, and frameworks.py's)."""
     parser.add_argument("prompt", nargs="?", help="the question (else $ONTHEJOB_PROMPT or stdin)")
     parser.add_argument("--model", default=os.environ.get("ONTHEJOB_MODEL", "default"))
     parser.add_argument("--max-turns", type=int, default=6, help="model calls at most")
     parser.add_argument("--max-tokens", type=int, default=128, help="per model call")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--system", help="a system prompt (none by default)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m learner.rollout.tool_tasks.agent",
+        description=(__doc__ or "").splitlines()[0],
+    )
+    add_run_arguments(parser)
     args = parser.parse_args(argv)
     prompt = question(parser, args.prompt, os.environ)
     complete = connect(parser, args.model, os.environ, timeout_s=TIMEOUT_S)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from openai import AsyncOpenAI
 
 from learner.harness_client import question
+from learner.rollout.tool_tasks.agent import add_run_arguments
 from learner.rollout.tool_tasks.tools import FAILED, MALFORMED, TOOLS, run_tool
 
 if TYPE_CHECKING:
@@ -100,12 +101,7 @@ def settings(prog: str, description: str, argv: list[str] | None) -> Settings:
     """The command line of agent.py; a usage error (exit 2) without a question or without
     OPENAI_BASE_URL."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("prompt", nargs="?", help="the question (else $ONTHEJOB_PROMPT or stdin)")
-    parser.add_argument("--model", default=os.environ.get("ONTHEJOB_MODEL", "default"))
-    parser.add_argument("--max-turns", type=int, default=6, help="model calls at most")
-    parser.add_argument("--max-tokens", type=int, default=128, help="per model call")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--system", help="a system prompt (none by default)")
+    add_run_arguments(parser)
     args = parser.parse_args(argv)
     if args.max_turns < 1 or args.max_tokens < 1:
         parser.error("--max-turns and --max-tokens must be at least 1")
