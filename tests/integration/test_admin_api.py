@@ -400,11 +400,8 @@ def test_versions_listed_with_rewards_and_guarded(api: httpx.Client, engine: Eng
     assert "deleted already" in error_of(api.put("/versions/v1/pin"), 409)
 
 
-def test_a_rollback_is_the_learners_to_carry_out(
-    api: httpx.Client, engine: Engine, nobody: str
-) -> None:
-    """The admin API records the request; a learner's worker claims it and answers through
-    the store. With no learner running nobody claims it: 503, and it is never carried out."""
+def _v1_serving_after_v0(engine: Engine) -> None:
+    """Two recorded versions without probes: v1 serves, v0 superseded."""
     with engine.begin() as conn:
         for ordinal, name in enumerate(("v0", "v1")):
             policy_versions.add_version(
@@ -415,6 +412,14 @@ def test_a_rollback_is_the_learners_to_carry_out(
                 checkpoint_path=f"/checkpoints/{name}",
                 status="serving" if name == "v1" else "superseded",
             )
+
+
+def test_a_rollback_is_the_learners_to_carry_out(
+    api: httpx.Client, engine: Engine, nobody: str
+) -> None:
+    """The admin API records the request; a learner's worker claims it and answers through
+    the store. With no learner running nobody claims it: 503, and it is never carried out."""
+    _v1_serving_after_v0(engine)
     message = error_of(api.post("/versions/v0/rollback"), 503)
     assert "no learner is running" in message and "onthejob rollback v0" in message
     with engine.connect() as conn:
@@ -456,16 +461,7 @@ def test_a_rollback_waits_for_the_sliced_step_to_resume_the_replicas(
 ) -> None:
     """A swap during a sliced step would wait out its drain on requests the slice froze, and
     its resume would end the slice early: the worker takes the slice's control first."""
-    with engine.begin() as conn:
-        for ordinal, name in enumerate(("v0", "v1")):
-            policy_versions.add_version(
-                conn,
-                version=name,
-                ordinal=ordinal,
-                parent=None,
-                checkpoint_path=f"/checkpoints/{name}",
-                status="serving" if name == "v1" else "superseded",
-            )
+    _v1_serving_after_v0(engine)
     control = HeldControl()
     worker = SwapRequestWorker(engine, [nobody], replica_control=control).start()
     answers: list[httpx.Response] = []
