@@ -262,7 +262,28 @@ class WeightCheck:
         lora_manager = getattr(self.model_runner, "lora_manager", None)
         if lora_manager is None:
             return {"protocol": PROTOCOL, "error": "this replica runs without --enable-lora"}
+        failed = read_again_if_evicted(lora_manager, str(name))
+        if failed is not None:
+            return {"protocol": PROTOCOL, "error": failed}
         return adapter_sums(lora_manager._adapter_manager, str(name), int(seed))
+
+
+def read_again_if_evicted(worker_manager: Any, name: str) -> str | None:
+    """An adapter this worker loaded and has since evicted from its CPU cache (calls for
+    more adapters than --max-cpu-loras came between its load and its check) is read again
+    from the directory it was loaded from, as vLLM does for the next request that names
+    it: what is checked is what that request gets. The error, where it cannot be read."""
+    found = _ADAPTERS.get(name)
+    if found is None or found[0] in worker_manager.list_adapters():
+        return None
+    from vllm.lora.request import LoRARequest
+
+    lora_id, path = found
+    try:
+        worker_manager.add_adapter(LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path))
+    except Exception as exc:  # vLLM's loaders raise many kinds; each says why
+        return f"adapter {name!r} was evicted and cannot be read again from {path}: {exc}"
+    return None
 
 
 def _record_adapter_loads() -> None:

@@ -27,6 +27,7 @@ from sqlalchemy import func, select
 from learner.checkpoint import load_model
 from learner.layout import ADAPTER_WEIGHTS
 from learner.lora import load_trainable
+from learner.swap.adapter_check import AdapterReference
 from learner.swap.adapter_memory import memory_root
 from learner.swap.lora_publisher import LoraPublisher, tenant_pointer
 from learner.swap.publisher import Probe, adapter_paths, served_dtype, tolerance_for
@@ -312,6 +313,32 @@ def test_an_adapter_served_one_element_off_fails_the_exact_check_the_probe_misse
     checked.instead = None
     right = checked.publish(tmp_path / "good", "right-checked", expected=adapter.logprobs_of)
     assert right.ok and right.weight_sums_compared > 0, right.error
+
+
+def test_an_adapter_evicted_before_its_check_is_read_again_and_checked(
+    lora_vllm: VLLMServer, tiny_model: Path, tmp_path: Path
+) -> None:
+    """The replica's CPU cache holds one adapter (vLLM's --max-cpu-loras defaults to
+    --max-loras, 1 here): a call for another adapter between a load and its check evicts
+    it. The check reads it again from where it was loaded, as the next call for it would
+    (in CI, 2026-12-07, a tenant's second canary failed its publish on 'no longer
+    registered')."""
+    for name, seed in (("evict-one", 1), ("evict-two", 2)):
+        trained_adapter(tiny_model, tmp_path / name, seed=seed)
+        body = {"lora_name": name, "lora_path": str(tmp_path / name)}
+        loaded = httpx.post(lora_vllm.url + "/v1/load_lora_adapter", json=body, timeout=60)
+        assert loaded.status_code == 200, loaded.text
+    try:
+        adapter_logprobs(lora_vllm, "evict-one")  # in the one slot: evict-two evicted
+        with httpx.Client(timeout=60) as client:
+            report = AdapterReference(tmp_path / "evict-two", "evict-two").verify(
+                client, lora_vllm.url
+            )
+            assert report.ok and report.compared > 0, report.summary()
+            assert report.max_relative == 0.0  # float32 on both sides: exactly
+    finally:
+        for name in ("evict-one", "evict-two"):
+            httpx.post(lora_vllm.url + "/v1/unload_lora_adapter", json={"lora_name": name})
 
 
 def test_each_tenants_calls_are_answered_by_its_own_adapter(
