@@ -22,8 +22,9 @@ seeded train and held-out splits, which share no prompt):
 
 Between arms the original weights are swapped back, verified. Arms run bare first for the
 1st, 3rd, ... seed and live first for the others, so slow drift of the host favours neither.
-The proxy gets ``--idle-timeout`` (a serve setting; its default of 300 s would finish no
-single-call trajectory inside a few minutes): the flags that go untouched are the learner's.
+The proxy runs on its defaults too (`onthejob serve --db --upstream`): a call answered
+without tool calls ends its trajectory after ``--answered-idle-timeout`` (60 s), as for
+any user; ``--proxy-arg`` changes that for a tuning run.
 A model without a chat template (Gemma 3 270M, a base model) is sent ``/v1/completions``
 with "Q: <prompt>\\nA:" instead of chat, by both arms and the evaluation.
 
@@ -299,7 +300,7 @@ COMPARED_SETTINGS = (
     "bare_prompts",
     "bare_group",
     "bare_lr",
-    "idle_timeout",
+    "proxy_args",
     "dtype",
     "learner_args",
 )
@@ -601,7 +602,7 @@ def run_live(cell: Cell, args: argparse.Namespace) -> ArmRun:
     work = Path(tempfile.mkdtemp(prefix="live-arm-", dir=served.work))
     db_url = f"sqlite:///{work / 'onthejob.db'}"
     db.upgrade(db_url)
-    proxy = _proxy(served.url, db_url, work, args.idle_timeout)
+    proxy = _proxy(served.url, db_url, work, args.proxy_args)
     command = [
         *(sys.executable, "-m", "cli", "learn", "--db", db_url),
         *("--upstream", served.url, "--model", str(served.model_dir)),
@@ -646,7 +647,7 @@ def run_live(cell: Cell, args: argparse.Namespace) -> ArmRun:
     return run
 
 
-def _proxy(upstream: str, db_url: str, work: Path, idle_timeout: float) -> Any:
+def _proxy(upstream: str, db_url: str, work: Path, proxy_args: list[str]) -> Any:
     from learner.proxy_process import ProxyServer
 
     return ProxyServer(
@@ -654,7 +655,7 @@ def _proxy(upstream: str, db_url: str, work: Path, idle_timeout: float) -> Any:
         db_url=db_url,
         spool=work / "spool.jsonl",
         log_path=work / "proxy.log",
-        args=["--idle-timeout", str(idle_timeout)],
+        args=proxy_args,
     ).start()
 
 
@@ -800,7 +801,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--bare-prompts", type=int, default=8, help="train prompts a step")
     parser.add_argument("--bare-group", type=int, default=4, help="replies per prompt a step")
     parser.add_argument("--bare-lr", type=float, default=1e-5)
-    parser.add_argument("--idle-timeout", type=float, default=2.0, help="proxy: s to finish")
     parser.add_argument("--upstream", help="a vLLM (dev mode) serving the one --models DIR")
     parser.add_argument("--tiny", action="store_true", help="the tiny random model (smoke run)")
     parser.add_argument("--json", type=Path, help="write every row here")
@@ -836,6 +836,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="ARG",
         help="a flag for the live arm's learner: a tuning run, not the defaults (repeat)",
     )
+    parser.add_argument(
+        "--proxy-arg",
+        dest="proxy_args",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="a flag for the live arm's proxy (onthejob serve): a tuning run, not the "
+        "defaults (repeat)",
+    )
     args = parser.parse_args(argv)
     if args.dtype == "auto":
         args.dtype = serving_dtype("auto")
@@ -855,6 +864,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: seeds {tuned} were used to tune the defaults", flush=True)
     if args.learner_args:
         print(f"warning: a tuning run, not the defaults: learn {' '.join(args.learner_args)}")
+    if args.proxy_args:
+        print(f"warning: a tuning run, not the defaults: serve {' '.join(args.proxy_args)}")
     payloads = [(str(path), json.loads(path.read_text())) for path in args.rows]
     if not args.report_only:
         settings = {k: v for k, v in vars(args).items() if k not in ("json", "rows", "report_only")}
