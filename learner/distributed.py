@@ -26,7 +26,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
@@ -314,7 +314,7 @@ class ShardedTrainer(Trainer):
         advantages: list[float],
         *,
         fresh_version: str | None = None,
-        previous_version: str | None = None,
+        previous_versions: Mapping[str, int] | None = None,
         previous_scale: float | None = None,
     ) -> JsonObject:
         self._gathered = None
@@ -322,7 +322,7 @@ class ShardedTrainer(Trainer):
             samples,
             advantages,
             fresh_version=fresh_version,
-            previous_version=previous_version,
+            previous_versions=previous_versions,
             previous_scale=previous_scale,
         )
 

@@ -10,23 +10,32 @@ So `--learning-rate` is the most a step takes, and `--step-kl` the movement aime
 far the last step moved the policy is measured for free in the next one: the trainer
 recomputes the logprobs of samples the previous version produced (the serving version's
 parent), and their k3 estimate of KL against vLLM's recorded logprobs is that step's
-movement (plus numerics, about 1e-3). The scale follows KL ~ lr^2 (what Gemma showed between
-1e-5 and 5e-5): scale *= sqrt(target / movement), at most halved twice or doubled per step,
-never above 1 (the learning rate given) nor below 1/64. A step whose batch holds no such
-samples leaves the scale as it is.
+movement (plus numerics, about 1e-3). Samples of older versions count too, their KL shared
+out over the steps since (KL grows at least in proportion to them, so the share errs on the
+large side, the rate on the small): under live traffic most trajectories finish a few versions after
+their calls (a call answered without tool calls ends its trajectory a minute later), and
+the parent's alone measured 1 step in 22 (docs/measurements/defaults.md).
+
+The scale follows KL ~ lr^2 (what Gemma showed between 1e-5 and 5e-5): scale *=
+sqrt(target / movement), at most halved twice or doubled per step, never above 1 (the
+learning rate given) nor below 1/64. A step whose batch holds no such samples leaves the
+scale as it is.
 
 The scale a step took is recorded with the version it publishes (`step_scale`), and the
 next measure goes on from it: a restarted learner, or a trainer rebuilt after a failed
-publish, does not go back to the full rate. Only a version a GRPO step published is
-measured (its parent is what that step trained from); after a rollback, the supervised
-stage or on the first step the scale goes on as it was (1 on a new learner: the first step
-takes the full rate).
+publish, does not go back to the full rate. Only versions GRPO steps published are
+measured (`measured_from`: their ancestors are what those steps trained from); after a
+rollback, the supervised stage or on the first step the scale goes on as it was (1 on a
+new learner: the first step takes the full rate).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 MIN_SCALE = 1 / 64
 MOST_SHRINK, MOST_GROWTH = 0.25, 2.0  # per step: one noisy measure never swings it far
@@ -64,6 +73,21 @@ class StepSize:
 
     def learning_rate(self, most: float) -> float:
         return most if self.target <= 0 else most * self.scale
+
+
+def measured_from(chain: Sequence[Mapping[str, Any]], tenant: str | None) -> dict[str, int]:
+    """The versions whose samples measure how far a step moves the policy, each with the
+    number of steps between it and the first of ``chain`` (the trainer's version, then its
+    ancestors, nearest first): a version counts while every step after it was a GRPO step
+    of ``tenant``'s lineage (each recorded the scale it took). Not after a rollback, the
+    supervised stage, or across a tenant's start from the shared policy."""
+    found: dict[str, int] = {}
+    for steps, (child, parent) in enumerate(itertools.pairwise(chain), start=1):
+        scale = (child.get("metrics") or {}).get("step_scale")
+        if not isinstance(scale, int | float) or child.get("tenant") != tenant:
+            break
+        found[str(parent["version"])] = steps
+    return found
 
 
 def describe(learning_rate_used: float, most: float, target: float, movement: float | None) -> str:

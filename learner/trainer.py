@@ -29,7 +29,7 @@ import copy
 import functools
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -503,7 +503,7 @@ class Trainer:
         advantages: list[float],
         *,
         fresh_version: str | None = None,
-        previous_version: str | None = None,
+        previous_versions: Mapping[str, int] | None = None,
         previous_scale: float | None = None,
     ) -> JsonObject:
         """One optimizer step over all samples (gradient accumulation across micro-batches).
@@ -513,10 +513,11 @@ class Trainer:
         means over micro-batches, except minima and maxima. With `fresh_version` (the
         version the trainer's weights are), the samples all of whose calls it served get
         their own figures (`fresh_*`): their ratio is trainer-vs-vLLM numerics alone, with
-        no policy lag in it. With `previous_version` (the version the last step trained
-        from) and `previous_scale` (the scale of the rate it took), the samples that version
-        produced measure how far that step moved the policy, and the rate of this one
-        follows (learner/step_size.py).
+        no policy lag in it. With `previous_versions` (the versions the last steps trained
+        from, each with the number of steps between it and the trainer's weights: 1, the
+        version the last step started from) and `previous_scale` (the scale of the rate the
+        last step took), the samples those versions produced measure how far a step moved
+        the policy, and the rate of this one follows (learner/step_size.py).
         """
         started = time.monotonic()
         # no dropout: the ratio compares against vLLM, which samples without it
@@ -555,8 +556,8 @@ class Trainer:
                 self._fold_grads()
             if counts and fresh_version is not None:
                 _fresh_figures(totals, extremes, batch, logprobs, tensors, mask, fresh_version)
-            if counts and previous_version is not None:
-                _movement(totals, batch, logprobs, tensors, previous_version)
+            if counts and previous_versions:
+                _movement(totals, batch, logprobs, tensors, previous_versions)
             if counts:  # also where the whole micro-batch was dropped
                 totals["dropped"] += int(off.sum())
             if counts and tokens:
@@ -743,20 +744,36 @@ def _movement(
     batch: MicroBatch,
     logprobs: torch.Tensor,
     tensors: dict[str, torch.Tensor],
-    version: str,
+    versions: Mapping[str, int],
 ) -> None:
     """Add the k3 estimate of KL between vLLM's logprobs and the trainer's on every trained
-    token of the samples `version` alone produced (dropped as mismatched or not: those are
-    the ones a large step moved most) to the step's totals."""
-    produced = torch.tensor([s.policy_versions == {version} for s in batch.samples])
-    where = tensors["mask"] & produced.to(tensors["mask"].device).unsqueeze(-1)
+    token of the samples one of `versions` alone produced (dropped as mismatched or not:
+    those are the ones a large step moved most) to the step's totals, per step: a token of
+    a version n steps back counts 1/n of its k3. Under trainer-served traffic most samples
+    are a few versions old by the time their trajectories finish; KL grows at least in
+    proportion to the steps taken, so the per-step share errs on the large side."""
+    steps = [_steps_back(s.policy_versions, versions) for s in batch.samples]
+    device = tensors["mask"].device
+    produced = torch.tensor([back > 0 for back in steps], device=device)
+    where = tensors["mask"] & produced.unsqueeze(-1)
     n = int(where.sum())
     if not n:
         return
-    log_ratio = (logprobs.detach() - tensors["behaviour"])[where].double()
+    per_step = torch.tensor(
+        [1.0 / max(back, 1) for back in steps], dtype=torch.float64, device=device
+    )
+    log_ratio = (logprobs.detach() - tensors["behaviour"]).double()
+    k3 = (log_ratio.exp() - 1 - log_ratio) * per_step.unsqueeze(-1)
     totals["movement_tokens"] = totals.get("movement_tokens", 0.0) + n
-    k3 = float((log_ratio.exp() - 1 - log_ratio).sum())
-    totals["movement_k3"] = totals.get("movement_k3", 0.0) + k3
+    totals["movement_k3"] = totals.get("movement_k3", 0.0) + float(k3[where].sum())
+
+
+def _steps_back(produced_by: set[str], versions: Mapping[str, int]) -> int:
+    """How many steps back the one version that produced a sample is (0: none of
+    ``versions``, or several versions produced it)."""
+    if len(produced_by) != 1:
+        return 0
+    return versions.get(next(iter(produced_by)), 0)
 
 
 @torch.no_grad()

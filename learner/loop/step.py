@@ -453,6 +453,15 @@ class Stepping:
         truncation = mostly_truncated(sum(s.truncated for s in samples), len(samples))
         return StepBatch(pairs, skipped, hindsight, truncation)
 
+    def _measured_from(self, serving: policy_versions.PolicyVersionRow) -> dict[str, int]:
+        """The versions whose samples in the batch measure the steps that led to
+        ``serving`` (those kept as fresh enough: --max-staleness back at most)."""
+        with self.state.engine.connect() as conn:
+            older = policy_versions.ancestors(
+                conn, of=serving["version"], most=self.state.grouping.max_staleness
+            )
+        return step_size.measured_from([serving, *older], self.state.tenant)
+
     def _optimize(self, step: int, batch: StepBatch) -> tuple[JsonObject, float, int]:
         """The optimizer step on the batch: its metrics, the trainer's CPU seconds and
         threads (how much of the cores it had)."""
@@ -468,19 +477,16 @@ class Stepping:
             cpu_before = time.process_time()
             serving = self.state.lineage.serving
             # a version a GRPO step published records the scale it took; the samples of its
-            # parent (what that step trained from) say how far it moved the policy
+            # ancestors (what that step and the ones before trained from) say how far a
+            # step moved the policy
+            measured = self._measured_from(serving)
             scale = (serving.get("metrics") or {}).get("step_scale")
-            measured = (
-                isinstance(scale, int | float)
-                and serving["parent"] is not None
-                and serving.get("tenant") == self.state.tenant  # not the shared one it starts from
-            )
             metrics = self.state.lineage.trainer.step(
                 [s for s, _ in batch.pairs],
                 [a for _, a in batch.pairs],
                 fresh_version=serving["version"],
-                previous_version=serving["parent"] if measured else None,
-                previous_scale=float(scale) if measured else None,
+                previous_versions=measured or None,
+                previous_scale=float(scale) if measured and scale is not None else None,
             )
             training_cpu = time.process_time() - cpu_before
             threads = torch.get_num_threads()

@@ -6,6 +6,7 @@ a W&B offline run and an MLflow store in a local file (--report-to)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -491,3 +492,26 @@ def test_a_failing_tracker_is_switched_off_once_and_the_learner_goes_on(
     assert other.trackers == []
     assert len([r for r in caplog.records if "could not start" in r.getMessage()]) == 2
     other.close()
+
+
+def test_the_steps_are_measured_on_the_samples_of_every_version_a_grpo_step_led_from(
+    db_url: str, engine: Engine, tmp_path: Path
+) -> None:
+    """v5 serves; v2..v5 were published by GRPO steps (each recorded its scale), v1 by
+    something else (a rollback): the samples of v4, v3, v2 and v1 measure the steps, each
+    with its distance, up to --max-staleness back; v0's are not."""
+    learner = _learner(db_url, tmp_path, max_staleness=4)
+    with engine.begin() as conn:
+        for ordinal in range(6):
+            policy_versions.add_version(
+                conn, version=f"v{ordinal}", ordinal=ordinal,
+                parent=f"v{ordinal - 1}" if ordinal else None,
+                checkpoint_path=None, status="serving",
+                metrics={"step_scale": 0.5} if ordinal >= 2 else {},
+            )  # fmt: skip
+        serving = policy_versions.version(conn, version="v5")
+    assert serving is not None
+    measured = learner.stepping._measured_from(serving)
+    assert measured == {"v4": 1, "v3": 2, "v2": 3, "v1": 4}
+    learner.state.grouping = dataclasses.replace(learner.state.grouping, max_staleness=2)
+    assert learner.stepping._measured_from(serving) == {"v4": 1, "v3": 2}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from learner.step_size import MIN_SCALE, MIN_TOKENS, StepSize, describe
+from learner.step_size import MIN_SCALE, MIN_TOKENS, StepSize, describe, measured_from
 from learner.trainer import Trainer, TrainerConfig
 from store.samples import Sample
 
@@ -73,6 +73,22 @@ def test_the_step_line_says_the_rate_used_and_why() -> None:
     )
 
 
+def _version(name: str, scale: float | None, tenant: str | None = None) -> dict:
+    metrics = {} if scale is None else {"step_scale": scale}
+    return {"version": name, "metrics": metrics, "tenant": tenant}
+
+
+def test_versions_count_back_while_each_step_after_them_was_a_grpo_step_of_the_lineage() -> None:
+    # v3 <- v2 <- v1 <- v0 (the trainer's version first): v1's record lacks a scale (a
+    # rollback, the supervised stage), so the chain ends at its parent
+    chain = [_version("v3", 0.5), _version("v2", 0.25), _version("v1", None), _version("v0", 1)]
+    assert measured_from(chain, None) == {"v2": 1, "v1": 2}
+    assert measured_from(chain[:1], None) == {}
+    assert measured_from([_version("v3", 0.5), _version("v2", 1)], "t") == {}  # not t's step
+    tenant = [_version("t-2", 0.5, "t"), _version("t-1", 1, "t"), _version("base", 1)]
+    assert measured_from(tenant, "t") == {"t-1": 1, "base": 2}
+
+
 def _sampled(trainer: Trainer, version: str) -> Sample:
     prompt, completion = [1, 10, 20, 30], [40, 50, 60, 70, 80, 90, 100, 110, 120, 130]
     return Sample(
@@ -111,7 +127,7 @@ def test_the_trainer_measures_the_last_steps_move_on_its_samples_and_scales_this
         [*before, _sampled(trainer, "v1")],
         [1.0, -1.0, 1.0],
         fresh_version="v1",
-        previous_version="v0",
+        previous_versions={"v0": 1},
         previous_scale=1.0,
     )
     assert second["movement_tokens"] == 20
@@ -136,6 +152,33 @@ def test_a_step_whose_every_sequence_was_dropped_still_measures_the_last_one(
     trainer = Trainer(model, config, "cpu")
     far = [_sampled(trainer, "v0"), dataclasses.replace(_sampled(trainer, "v0"), trajectory_id="u")]
     far = [dataclasses.replace(s, logprobs=[lp - 1.0 for lp in s.logprobs]) for s in far]
-    metrics = trainer.step(far, [1.0, 1.0], previous_version="v0", previous_scale=1.0)
+    metrics = trainer.step(far, [1.0, 1.0], previous_versions={"v0": 1}, previous_scale=1.0)
     assert metrics.get("skipped") == "all sequences dropped"
     assert trainer.step_size.last_movement is not None and trainer.step_size.scale == 0.25
+
+
+def test_a_version_two_steps_back_counts_half_its_kl_to_the_measure(tmp_path: Path) -> None:
+    """A sample of a version n steps back moved n steps' worth: its share per step is 1/n
+    of its KL. Samples of versions not named are not measured."""
+    from learner.checkpoint import load_model
+    from learner.tiny_model import build_tiny_model
+
+    model = load_model(build_tiny_model(tmp_path / "m", seed=0))
+    trainer = Trainer(model, TrainerConfig(learning_rate=1e-2, step_kl=0.02), "cpu")
+    before = [
+        _sampled(trainer, "v0"),
+        dataclasses.replace(_sampled(trainer, "v0"), trajectory_id="u"),
+    ]
+    trainer.step(before, [1.0, 1.0], fresh_version="v0")
+    prompt, completion = before[0].token_ids[:4], before[0].token_ids[4:]
+    now = torch.tensor(trainer.logprobs_of(prompt, completion), dtype=torch.float64)
+    then = torch.tensor(before[0].logprobs[4:], dtype=torch.float64)
+    moved = float((now - then).exp().sub(1).sub(now - then).mean())
+    second = trainer.step(
+        [*before, _sampled(trainer, "v9")],
+        [1.0, -1.0, 1.0],
+        previous_versions={"v0": 2},
+        previous_scale=1.0,
+    )
+    assert second["movement_tokens"] == 20  # v9's sample: not a version named
+    assert second["movement_kl"] == pytest.approx(moved / 2, rel=1e-3)
