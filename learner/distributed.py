@@ -314,7 +314,7 @@ class ShardedTrainer(Trainer):
         advantages: list[float],
         *,
         fresh_version: str | None = None,
-        previous_versions: Mapping[str, int] | None = None,
+        previous_versions: Mapping[str, float] | None = None,
         previous_scale: float | None = None,
     ) -> JsonObject:
         self._gathered = None

@@ -29,9 +29,17 @@ class ProxyServer:
         args: list[str] | None = None,
         port: int | None = None,
         env: dict[str, str] | None = None,
+        settings_from_environment: bool = True,
     ) -> None:
+        # False: no ONTHEJOB_* setting of this process's environment reaches the proxy (a
+        # bench of the defaults runs it on its defaults whatever the shell exported)
+        inherited = {
+            k: v
+            for k, v in os.environ.items()
+            if settings_from_environment or not k.startswith("ONTHEJOB_")
+        }
         # a proxy stuck in its start dumps every thread's stack on SIGABRT (see start)
-        self.env = {**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})}
+        self.env = {**inherited, "PYTHONFAULTHANDLER": "1", **(env or {})}
         self.upstreams = upstreams
         self.db_url = db_url
         self.spool = spool

@@ -10,11 +10,12 @@ So `--learning-rate` is the most a step takes, and `--step-kl` the movement aime
 far the last step moved the policy is measured for free in the next one: the trainer
 recomputes the logprobs of samples the previous version produced (the serving version's
 parent), and their k3 estimate of KL against vLLM's recorded logprobs is that step's
-movement (plus numerics, about 1e-3). Samples of older versions count too, their KL shared
-out over the steps since (KL grows at least in proportion to them, so the share errs on the
-large side, the rate on the small): under live traffic most trajectories finish a few versions after
-their calls (a call answered without tool calls ends its trajectory a minute later), and
-the parent's alone measured 1 step in 22 (docs/measurements/defaults.md).
+movement (plus numerics, about 1e-3). Samples of older versions count too, with the last
+step's share of their KL (`measured_from`: by the squares of the recorded scales of the
+steps since; more KL where steps go the same way, so the share errs on the large side, the
+rate on the small): under live traffic most trajectories finish a few versions after their
+calls (a call answered without tool calls ends its trajectory a minute later), and the
+parent's alone measured 1 step in 22 (docs/measurements/defaults.md).
 
 The scale follows KL ~ lr^2 (what Gemma showed between 1e-5 and 5e-5): scale *=
 sqrt(target / movement), at most halved twice or doubled per step, never above 1 (the
@@ -23,10 +24,10 @@ scale as it is.
 
 The scale a step took is recorded with the version it publishes (`step_scale`), and the
 next measure goes on from it: a restarted learner, or a trainer rebuilt after a failed
-publish, does not go back to the full rate. Only versions GRPO steps published are
-measured (`measured_from`: their ancestors are what those steps trained from); after a
-rollback, the supervised stage or on the first step the scale goes on as it was (1 on a
-new learner: the first step takes the full rate).
+publish, does not go back to the full rate. A version's samples measure only where every
+step after it was a GRPO step of the lineage; after a rollback, the supervised stage or on
+the first step the scale goes on as it was (1 on a new learner: the first step takes the
+full rate).
 """
 
 from __future__ import annotations
@@ -75,18 +76,30 @@ class StepSize:
         return most if self.target <= 0 else most * self.scale
 
 
-def measured_from(chain: Sequence[Mapping[str, Any]], tenant: str | None) -> dict[str, int]:
-    """The versions whose samples measure how far a step moves the policy, each with the
-    number of steps between it and the first of ``chain`` (the trainer's version, then its
-    ancestors, nearest first): a version counts while every step after it was a GRPO step
-    of ``tenant``'s lineage (each recorded the scale it took). Not after a rollback, the
-    supervised stage, or across a tenant's start from the shared policy."""
-    found: dict[str, int] = {}
-    for steps, (child, parent) in enumerate(itertools.pairwise(chain), start=1):
-        scale = (child.get("metrics") or {}).get("step_scale")
-        if not isinstance(scale, int | float) or child.get("tenant") != tenant:
+def stepped(version: Mapping[str, Any], tenant: str | None) -> bool:
+    """Whether a GRPO step of ``tenant``'s lineage published ``version`` (it recorded the
+    scale it took)."""
+    scale = (version.get("metrics") or {}).get("step_scale")
+    return isinstance(scale, int | float) and version.get("tenant") == tenant
+
+
+def measured_from(chain: Sequence[Mapping[str, Any]], tenant: str | None) -> dict[str, float]:
+    """The versions whose samples measure how far the last step moved the policy, each with
+    the share of its samples' KL that is that step's. ``chain``: the trainer's version, then
+    its ancestors, nearest first. A version counts while every step after it was a GRPO
+    step of ``tenant``'s lineage; the steps between moved it by their scales s_1 (the last)
+    .. s_n, and KL adds up over steps as their squares (KL ~ lr^2; more where steps go the
+    same way, so the share errs on the large side): the last step's share is s_1^2 / sum
+    s_k^2. Not across a rollback, the supervised stage, or a tenant's start from the shared
+    policy's ancestors."""
+    found: dict[str, float] = {}
+    squares = 0.0
+    for child, parent in itertools.pairwise(chain):
+        if not stepped(child, tenant):
             break
-        found[str(parent["version"])] = steps
+        scale = float(child["metrics"]["step_scale"])
+        squares += scale**2
+        found[str(parent["version"])] = float(chain[0]["metrics"]["step_scale"]) ** 2 / squares
     return found
 
 

@@ -503,7 +503,7 @@ class Trainer:
         advantages: list[float],
         *,
         fresh_version: str | None = None,
-        previous_versions: Mapping[str, int] | None = None,
+        previous_versions: Mapping[str, float] | None = None,
         previous_scale: float | None = None,
     ) -> JsonObject:
         """One optimizer step over all samples (gradient accumulation across micro-batches).
@@ -514,10 +514,10 @@ class Trainer:
         version the trainer's weights are), the samples all of whose calls it served get
         their own figures (`fresh_*`): their ratio is trainer-vs-vLLM numerics alone, with
         no policy lag in it. With `previous_versions` (the versions the last steps trained
-        from, each with the number of steps between it and the trainer's weights: 1, the
-        version the last step started from) and `previous_scale` (the scale of the rate the
-        last step took), the samples those versions produced measure how far a step moved
-        the policy, and the rate of this one follows (learner/step_size.py).
+        from, each with the last step's share of the KL since it: 1 for the version that
+        step started from; learner/step_size.py measured_from) and `previous_scale` (the
+        scale of the rate the last step took), the samples those versions produced measure
+        how far the last step moved the policy, and the rate of this one follows.
         """
         started = time.monotonic()
         # no dropout: the ratio compares against vLLM, which samples without it
@@ -744,36 +744,33 @@ def _movement(
     batch: MicroBatch,
     logprobs: torch.Tensor,
     tensors: dict[str, torch.Tensor],
-    versions: Mapping[str, int],
+    shares: Mapping[str, float],
 ) -> None:
     """Add the k3 estimate of KL between vLLM's logprobs and the trainer's on every trained
-    token of the samples one of `versions` alone produced (dropped as mismatched or not:
-    those are the ones a large step moved most) to the step's totals, per step: a token of
-    a version n steps back counts 1/n of its k3. Under trainer-served traffic most samples
-    are a few versions old by the time their trajectories finish; KL grows at least in
-    proportion to the steps taken, so the per-step share errs on the large side."""
-    steps = [_steps_back(s.policy_versions, versions) for s in batch.samples]
+    token of the samples one of `shares`' versions alone produced (dropped as mismatched or
+    not: those are the ones a large step moved most) to the step's totals, each token's k3
+    times its version's share (the last step's part of the steps since that version:
+    learner/step_size.py measured_from)."""
+    share = [_share(s.policy_versions, shares) for s in batch.samples]
     device = tensors["mask"].device
-    produced = torch.tensor([back > 0 for back in steps], device=device)
+    produced = torch.tensor([part > 0 for part in share], device=device)
     where = tensors["mask"] & produced.unsqueeze(-1)
     n = int(where.sum())
     if not n:
         return
-    per_step = torch.tensor(
-        [1.0 / max(back, 1) for back in steps], dtype=torch.float64, device=device
-    )
+    weights = torch.tensor(share, dtype=torch.float64, device=device).unsqueeze(-1)
     log_ratio = (logprobs.detach() - tensors["behaviour"]).double()
-    k3 = (log_ratio.exp() - 1 - log_ratio) * per_step.unsqueeze(-1)
+    k3 = (log_ratio.exp() - 1 - log_ratio) * weights
     totals["movement_tokens"] = totals.get("movement_tokens", 0.0) + n
     totals["movement_k3"] = totals.get("movement_k3", 0.0) + float(k3[where].sum())
 
 
-def _steps_back(produced_by: set[str], versions: Mapping[str, int]) -> int:
-    """How many steps back the one version that produced a sample is (0: none of
-    ``versions``, or several versions produced it)."""
+def _share(produced_by: set[str], shares: Mapping[str, float]) -> float:
+    """The share of the one version that produced a sample (0: none of ``shares``, or
+    several versions produced it)."""
     if len(produced_by) != 1:
-        return 0
-    return versions.get(next(iter(produced_by)), 0)
+        return 0.0
+    return shares.get(next(iter(produced_by)), 0.0)
 
 
 @torch.no_grad()

@@ -202,17 +202,6 @@ def version(conn: Connection, *, version: str) -> PolicyVersionRow | None:
     return None if row is None else cast(PolicyVersionRow, dict(row._mapping))
 
 
-def ancestors(conn: Connection, *, of: str, most: int) -> list[PolicyVersionRow]:
-    """Version ``of``'s parent, its parent, ... (at most ``most`` of them), nearest first."""
-    found: list[PolicyVersionRow] = []
-    row = version(conn, version=of)
-    while row is not None and row["parent"] is not None and len(found) < most:
-        row = version(conn, version=row["parent"])
-        if row is not None:
-            found.append(row)
-    return found
-
-
 def newest_versions(conn: Connection, *, limit: int) -> list[PolicyVersionRow]:
     """The `limit` versions of highest ordinal, newest first (then those without one)."""
     rows = conn.execute(

@@ -453,14 +453,22 @@ class Stepping:
         truncation = mostly_truncated(sum(s.truncated for s in samples), len(samples))
         return StepBatch(pairs, skipped, hindsight, truncation)
 
-    def _measured_from(self, serving: policy_versions.PolicyVersionRow) -> dict[str, int]:
-        """The versions whose samples in the batch measure the steps that led to
-        ``serving`` (those kept as fresh enough: --max-staleness back at most)."""
+    def _measured_from(self, serving: policy_versions.PolicyVersionRow) -> dict[str, float]:
+        """The versions whose samples in the batch measure the last step, with its share of
+        their KL: ``serving``'s ancestors while GRPO steps of this lineage led from them,
+        --max-staleness back at most (older samples are dropped as stale)."""
+        chain = [serving]
+        tenant = self.state.tenant
         with self.state.engine.connect() as conn:
-            older = policy_versions.ancestors(
-                conn, of=serving["version"], most=self.state.grouping.max_staleness
-            )
-        return step_size.measured_from([serving, *older], self.state.tenant)
+            while len(chain) <= self.state.grouping.max_staleness:
+                child = chain[-1]
+                if child["parent"] is None or not step_size.stepped(child, tenant):
+                    break
+                parent = policy_versions.version(conn, version=child["parent"])
+                if parent is None:
+                    break
+                chain.append(parent)
+        return step_size.measured_from(chain, tenant)
 
     def _optimize(self, step: int, batch: StepBatch) -> tuple[JsonObject, float, int]:
         """The optimizer step on the batch: its metrics, the trainer's CPU seconds and
@@ -472,21 +480,21 @@ class Stepping:
         self.state.lineage.trainer.set_learning_rate(self.state.config.learning_rate)
         self.state.lineage.trainer_is_serving = False  # until a record says what it holds
         # the replicas on this host paused while the trainer computes, where it has work
+        serving = self.state.lineage.serving
+        # a version a GRPO step published records the scale it took (the next goes on from
+        # it); the samples of its ancestors say how far that step moved the policy
+        measured = self._measured_from(serving)
+        scale = (serving.get("metrics") or {}).get("step_scale")
+        recorded = float(scale) if step_size.stepped(serving, self.state.tenant) else None
         computes = self.state.time_slice if batch.pairs else TimeSlice([], 0)
         with computes.training() as paused:
             cpu_before = time.process_time()
-            serving = self.state.lineage.serving
-            # a version a GRPO step published records the scale it took; the samples of its
-            # ancestors (what that step and the ones before trained from) say how far a
-            # step moved the policy
-            measured = self._measured_from(serving)
-            scale = (serving.get("metrics") or {}).get("step_scale")
             metrics = self.state.lineage.trainer.step(
                 [s for s, _ in batch.pairs],
                 [a for _, a in batch.pairs],
                 fresh_version=serving["version"],
                 previous_versions=measured or None,
-                previous_scale=float(scale) if measured and scale is not None else None,
+                previous_scale=recorded,
             )
             training_cpu = time.process_time() - cpu_before
             threads = torch.get_num_threads()

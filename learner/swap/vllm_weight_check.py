@@ -296,10 +296,11 @@ def _record_adapter_loads() -> None:
 
     def recording(manager: Any, lora_request: Any) -> Any:
         model = load(manager, lora_request)
-        _ADAPTERS[str(lora_request.lora_name)] = (
-            int(lora_request.lora_int_id),
-            str(lora_request.lora_path),
-        )
+        name, lora_id = str(lora_request.lora_name), int(lora_request.lora_int_id)
+        # a name loaded again gets a new, higher id; a request still running on the old
+        # one may read it again (evicted): the name keeps meaning the newest
+        if lora_id >= _ADAPTERS.get(name, (-1, ""))[0]:
+            _ADAPTERS[name] = (lora_id, str(lora_request.lora_path))
         return model
 
     recording.onthejob_records = True  # type: ignore[attr-defined]

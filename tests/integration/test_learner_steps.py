@@ -497,9 +497,10 @@ def test_a_failing_tracker_is_switched_off_once_and_the_learner_goes_on(
 def test_the_steps_are_measured_on_the_samples_of_every_version_a_grpo_step_led_from(
     db_url: str, engine: Engine, tmp_path: Path
 ) -> None:
-    """v5 serves; v2..v5 were published by GRPO steps (each recorded its scale), v1 by
-    something else (a rollback): the samples of v4, v3, v2 and v1 measure the steps, each
-    with its distance, up to --max-staleness back; v0's are not."""
+    """v5 serves; v2..v5 were published by GRPO steps (each recorded its scale, the same
+    one), v1 by something else (a rollback): the samples of v4, v3, v2 and v1 measure the
+    last step, each with its share (1/n, n steps back), up to --max-staleness back; v0's
+    are not."""
     learner = _learner(db_url, tmp_path, max_staleness=4)
     with engine.begin() as conn:
         for ordinal in range(6):
@@ -512,6 +513,6 @@ def test_the_steps_are_measured_on_the_samples_of_every_version_a_grpo_step_led_
         serving = policy_versions.version(conn, version="v5")
     assert serving is not None
     measured = learner.stepping._measured_from(serving)
-    assert measured == {"v4": 1, "v3": 2, "v2": 3, "v1": 4}
+    assert measured == pytest.approx({"v4": 1, "v3": 1 / 2, "v2": 1 / 3, "v1": 1 / 4})
     learner.state.grouping = dataclasses.replace(learner.state.grouping, max_staleness=2)
-    assert learner.stepping._measured_from(serving) == {"v4": 1, "v3": 2}
+    assert learner.stepping._measured_from(serving) == pytest.approx({"v4": 1, "v3": 1 / 2})

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from learner.step_size import MIN_SCALE, MIN_TOKENS, StepSize, describe, measured_from
+from learner.step_size import (
+    MIN_SCALE,
+    MIN_TOKENS,
+    StepSize,
+    describe,
+    measured_from,
+    stepped,
+)
 from learner.trainer import Trainer, TrainerConfig
 from store.samples import Sample
 
@@ -80,13 +87,23 @@ def _version(name: str, scale: float | None, tenant: str | None = None) -> dict:
 
 def test_versions_count_back_while_each_step_after_them_was_a_grpo_step_of_the_lineage() -> None:
     # v3 <- v2 <- v1 <- v0 (the trainer's version first): v1's record lacks a scale (a
-    # rollback, the supervised stage), so the chain ends at its parent
+    # rollback, the supervised stage), so the chain ends at its parent. v2's samples moved
+    # by the last step alone (share 1); v1's by it (scale 0.5) and the one before (0.25):
+    # KL adds up as the squares, the last step's share 0.25 / (0.25 + 0.0625)
     chain = [_version("v3", 0.5), _version("v2", 0.25), _version("v1", None), _version("v0", 1)]
-    assert measured_from(chain, None) == {"v2": 1, "v1": 2}
+    assert measured_from(chain, None) == pytest.approx({"v2": 1.0, "v1": 0.8})
     assert measured_from(chain[:1], None) == {}
     assert measured_from([_version("v3", 0.5), _version("v2", 1)], "t") == {}  # not t's step
     tenant = [_version("t-2", 0.5, "t"), _version("t-1", 1, "t"), _version("base", 1)]
-    assert measured_from(tenant, "t") == {"t-1": 1, "base": 2}
+    assert measured_from(tenant, "t") == pytest.approx({"t-1": 1.0, "base": 0.2})
+    assert stepped(tenant[0], "t") and not stepped(tenant[2], "t")
+
+
+def test_equal_steps_share_an_old_version_s_kl_equally() -> None:
+    chain = [_version(f"v{i}", 0.5) for i in range(4, -1, -1)]
+    assert measured_from(chain, None) == pytest.approx(
+        {"v3": 1, "v2": 1 / 2, "v1": 1 / 3, "v0": 1 / 4}
+    )
 
 
 def _sampled(trainer: Trainer, version: str) -> Sample:
@@ -127,7 +144,7 @@ def test_the_trainer_measures_the_last_steps_move_on_its_samples_and_scales_this
         [*before, _sampled(trainer, "v1")],
         [1.0, -1.0, 1.0],
         fresh_version="v1",
-        previous_versions={"v0": 1},
+        previous_versions={"v0": 1.0},
         previous_scale=1.0,
     )
     assert second["movement_tokens"] == 20
@@ -152,14 +169,14 @@ def test_a_step_whose_every_sequence_was_dropped_still_measures_the_last_one(
     trainer = Trainer(model, config, "cpu")
     far = [_sampled(trainer, "v0"), dataclasses.replace(_sampled(trainer, "v0"), trajectory_id="u")]
     far = [dataclasses.replace(s, logprobs=[lp - 1.0 for lp in s.logprobs]) for s in far]
-    metrics = trainer.step(far, [1.0, 1.0], previous_versions={"v0": 1}, previous_scale=1.0)
+    metrics = trainer.step(far, [1.0, 1.0], previous_versions={"v0": 1.0}, previous_scale=1.0)
     assert metrics.get("skipped") == "all sequences dropped"
     assert trainer.step_size.last_movement is not None and trainer.step_size.scale == 0.25
 
 
-def test_a_version_two_steps_back_counts_half_its_kl_to_the_measure(tmp_path: Path) -> None:
-    """A sample of a version n steps back moved n steps' worth: its share per step is 1/n
-    of its KL. Samples of versions not named are not measured."""
+def test_a_version_s_samples_count_its_share_of_their_kl_to_the_measure(tmp_path: Path) -> None:
+    """A sample of a version two equal steps back: the last step's share of its KL is a
+    half. Samples of versions not named are not measured."""
     from learner.checkpoint import load_model
     from learner.tiny_model import build_tiny_model
 
@@ -177,7 +194,7 @@ def test_a_version_two_steps_back_counts_half_its_kl_to_the_measure(tmp_path: Pa
     second = trainer.step(
         [*before, _sampled(trainer, "v9")],
         [1.0, -1.0, 1.0],
-        previous_versions={"v0": 2},
+        previous_versions={"v0": 0.5},
         previous_scale=1.0,
     )
     assert second["movement_tokens"] == 20  # v9's sample: not a version named
