@@ -22,9 +22,11 @@ seeded train and held-out splits, which share no prompt):
 
 Between arms the original weights are swapped back, verified. Arms run bare first for the
 1st, 3rd, ... seed and live first for the others, so slow drift of the host favours neither.
-The proxy runs on its defaults too (`onthejob serve --db --upstream`): a call answered
-without tool calls ends its trajectory after ``--answered-idle-timeout`` (60 s), as for
-any user; ``--proxy-arg`` changes that for a tuning run.
+The proxy runs on its defaults too (`onthejob serve --db --upstream`, nor ONTHEJOB_*
+setting): a call answered without tool calls ends its trajectory after
+``--answered-idle-timeout`` (60 s), as for any user; ``--proxy-arg`` changes that for a
+tuning run. Runs before fcfa939 gave the proxy ``--idle-timeout 2`` (their rows' settings
+say ``idle_timeout``; the report reads it as that flag).
 A model without a chat template (Gemma 3 270M, a base model) is sent ``/v1/completions``
 with "Q: <prompt>\\nA:" instead of chat, by both arms and the evaluation.
 
@@ -335,11 +337,20 @@ def rows_from_json(payload: dict[str, Any]) -> list[ArmRow]:
 
 def settings_differences(first: dict[str, Any], other: dict[str, Any]) -> list[str]:
     """The compared settings where two runs differ, as "name (a vs b)"."""
+    first, other = _compared(first), _compared(other)
     return [
         f"{key} ({first.get(key)!r} vs {other.get(key)!r})"
         for key in COMPARED_SETTINGS
         if first.get(key) != other.get(key)
     ]
+
+
+def _compared(settings: dict[str, Any]) -> dict[str, Any]:
+    """A run's settings as compared: an earlier run's ``idle_timeout`` (it gave the proxy
+    that flag) read as the proxy's flags."""
+    if "proxy_args" in settings or settings.get("idle_timeout") is None:
+        return settings
+    return {**settings, "proxy_args": ["--idle-timeout", str(settings["idle_timeout"])]}
 
 
 def merged_rows(
@@ -656,6 +667,7 @@ def _proxy(upstream: str, db_url: str, work: Path, proxy_args: list[str]) -> Any
         spool=work / "spool.jsonl",
         log_path=work / "proxy.log",
         args=proxy_args,
+        settings_from_environment=False,  # its defaults, whatever the shell exported
     ).start()
 
 
@@ -834,7 +846,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="ARG",
-        help="a flag for the live arm's learner: a tuning run, not the defaults (repeat)",
+        help="a flag for the live arm's learner, written with '=' "
+        "(--learner-arg=--max-staleness=8): a tuning run, not the defaults (repeat)",
     )
     parser.add_argument(
         "--proxy-arg",
@@ -842,8 +855,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="ARG",
-        help="a flag for the live arm's proxy (onthejob serve): a tuning run, not the "
-        "defaults (repeat)",
+        help="a flag for the live arm's proxy (onthejob serve), written with '=' "
+        "(--proxy-arg=--answered-idle-timeout=15): a tuning run, not the defaults (repeat)",
     )
     args = parser.parse_args(argv)
     if args.dtype == "auto":

@@ -232,6 +232,12 @@ def test_a_merged_run_with_other_settings_is_warned_of() -> None:
     ]
 
 
+def test_an_earlier_run_s_proxy_idle_timeout_is_compared_as_the_flag_it_gave() -> None:
+    earlier, now = {"idle_timeout": 2.0}, {"proxy_args": []}
+    assert settings_differences(earlier, now) == ["proxy_args (['--idle-timeout', '2.0'] vs [])"]
+    assert settings_differences(earlier, {"proxy_args": ["--idle-timeout", "2.0"]}) == []
+
+
 def test_provenance_names_the_commit_and_the_host() -> None:
     made = provenance()
     assert re.fullmatch(r"[0-9a-f]{7,}|unknown", made["commit"])
