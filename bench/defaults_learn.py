@@ -24,7 +24,7 @@ Between arms the original weights are swapped back, verified. Arms run bare firs
 1st, 3rd, ... seed and live first for the others, so slow drift of the host favours neither.
 The proxy runs on its defaults too (`onthejob serve --db --upstream`, nor ONTHEJOB_*
 setting): a call answered without tool calls ends its trajectory after
-``--answered-idle-timeout`` (60 s), as for any user; ``--proxy-arg`` changes that for a
+``--answered-idle-timeout`` (15 s), as for any user; ``--proxy-arg`` changes that for a
 tuning run. Runs before fcfa939 gave the proxy ``--idle-timeout 2`` (their rows' settings
 say ``idle_timeout``; the report reads it as that flag).
 A model without a chat template (Gemma 3 270M, a base model) is sent ``/v1/completions``

@@ -55,10 +55,10 @@ class Settings(BaseSettings):
         300.0, "a trajectory with no call for this long is finished", metavar="SECONDS"
     )
     answered_idle_timeout: float = setting(
-        60.0,
+        15.0,
         "a trajectory whose last call ended with an answer (no tool call pending) is "
         "finished after this long without a call (at most --idle-timeout): single calls "
-        "reach the learner within a minute; raise it where people's next messages, slower "
+        "reach the learner within seconds; raise it where people's next messages, slower "
         "than that, should stay in the same trajectory (next-turn signals)",
         metavar="SECONDS",
     )
