@@ -31,13 +31,12 @@ class ProxyServer:
         env: dict[str, str] | None = None,
         settings_from_environment: bool = True,
     ) -> None:
-        # False: no ONTHEJOB_* setting of this process's environment reaches the proxy (a
-        # bench of the defaults runs it on its defaults whatever the shell exported)
-        inherited = {
-            k: v
-            for k, v in os.environ.items()
-            if settings_from_environment or not k.startswith("ONTHEJOB_")
-        }
+        inherited = {**os.environ}
+        if not settings_from_environment:
+            # no ONTHEJOB_* setting of this process's environment reaches the proxy (a bench
+            # of the defaults runs it on its defaults whatever the shell exported)
+            for key in [k for k in inherited if k.startswith("ONTHEJOB_")]:
+                del inherited[key]
         # a proxy stuck in its start dumps every thread's stack on SIGABRT (see start)
         self.env = {**inherited, "PYTHONFAULTHANDLER": "1", **(env or {})}
         self.upstreams = upstreams

@@ -32,3 +32,15 @@ def test_a_proxy_stuck_in_its_start_is_stopped_with_its_stacks_in_the_error(
     assert "Fatal Python error: Aborted" in str(raised.value)
     assert 'File "' in str(raised.value)  # the stack of the thread it was stuck in
     assert proxy.proc is None or proxy.proc.poll() is not None
+
+
+def test_a_proxy_run_on_its_defaults_gets_no_setting_from_the_shell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ONTHEJOB_ANSWERED_IDLE_TIMEOUT", "2")
+    where = {"db_url": "sqlite://", "spool": tmp_path / "s", "log_path": tmp_path / "l"}
+    inherits = ProxyServer(["http://127.0.0.1:9"], **where)
+    own = ProxyServer(["http://127.0.0.1:9"], **where, settings_from_environment=False)
+    assert inherits.env["ONTHEJOB_ANSWERED_IDLE_TIMEOUT"] == "2"
+    assert "ONTHEJOB_ANSWERED_IDLE_TIMEOUT" not in own.env
+    assert own.env["PATH"] == inherits.env["PATH"]  # the rest is passed on
