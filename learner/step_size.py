@@ -14,7 +14,7 @@ movement (plus numerics, about 1e-3). Samples of older versions count too, with 
 step's share of their KL (`measured_from`: by the squares of the recorded scales of the
 steps since; more KL where steps go the same way, so the share errs on the large side, the
 rate on the small): under live traffic most trajectories finish a few versions after their
-calls (a call answered without tool calls ends its trajectory a minute later), and the
+calls (a call answered without tool calls ends its trajectory 15 s later), and the
 parent's alone measured 1 step in 22 (docs/measurements/defaults.md).
 
 The scale follows KL ~ lr^2 (what Gemma showed between 1e-5 and 5e-5): scale *=
@@ -76,11 +76,13 @@ class StepSize:
         return most if self.target <= 0 else most * self.scale
 
 
-def stepped(version: Mapping[str, Any], tenant: str | None) -> bool:
-    """Whether a GRPO step of ``tenant``'s lineage published ``version`` (it recorded the
-    scale it took)."""
+def recorded_scale(version: Mapping[str, Any], tenant: str | None) -> float | None:
+    """The scale a GRPO step of ``tenant``'s lineage took when it published ``version``
+    (None: no such step published it)."""
     scale = (version.get("metrics") or {}).get("step_scale")
-    return isinstance(scale, int | float) and version.get("tenant") == tenant
+    if not isinstance(scale, int | float) or version.get("tenant") != tenant:
+        return None
+    return float(scale)
 
 
 def measured_from(chain: Sequence[Mapping[str, Any]], tenant: str | None) -> dict[str, float]:
@@ -93,13 +95,14 @@ def measured_from(chain: Sequence[Mapping[str, Any]], tenant: str | None) -> dic
     s_k^2. Not across a rollback, the supervised stage, or a tenant's start from the shared
     policy's ancestors."""
     found: dict[str, float] = {}
-    squares = 0.0
+    last = squares = 0.0
     for child, parent in itertools.pairwise(chain):
-        if not stepped(child, tenant):
+        scale = recorded_scale(child, tenant)
+        if scale is None:
             break
-        scale = float(child["metrics"]["step_scale"])
+        last = last or scale**2  # the first child's: the last step's
         squares += scale**2
-        found[str(parent["version"])] = float(chain[0]["metrics"]["step_scale"]) ** 2 / squares
+        found[str(parent["version"])] = last / squares
     return found
 
 

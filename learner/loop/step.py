@@ -462,7 +462,7 @@ class Stepping:
         with self.state.engine.connect() as conn:
             while len(chain) <= self.state.grouping.max_staleness:
                 child = chain[-1]
-                if child["parent"] is None or not step_size.stepped(child, tenant):
+                if child["parent"] is None or step_size.recorded_scale(child, tenant) is None:
                     break
                 parent = policy_versions.version(conn, version=child["parent"])
                 if parent is None:
@@ -484,8 +484,7 @@ class Stepping:
         # a version a GRPO step published records the scale it took (the next goes on from
         # it); the samples of its ancestors say how far that step moved the policy
         measured = self._measured_from(serving)
-        scale = (serving.get("metrics") or {}).get("step_scale")
-        recorded = float(scale) if step_size.stepped(serving, self.state.tenant) else None
+        recorded = step_size.recorded_scale(serving, self.state.tenant)
         computes = self.state.time_slice if batch.pairs else TimeSlice([], 0)
         with computes.training() as paused:
             cpu_before = time.process_time()

@@ -15,7 +15,7 @@ from learner.step_size import (
     StepSize,
     describe,
     measured_from,
-    stepped,
+    recorded_scale,
 )
 from learner.trainer import Trainer, TrainerConfig
 from store.samples import Sample
@@ -96,7 +96,7 @@ def test_versions_count_back_while_each_step_after_them_was_a_grpo_step_of_the_l
     assert measured_from([_version("v3", 0.5), _version("v2", 1)], "t") == {}  # not t's step
     tenant = [_version("t-2", 0.5, "t"), _version("t-1", 1, "t"), _version("base", 1)]
     assert measured_from(tenant, "t") == pytest.approx({"t-1": 1.0, "base": 0.2})
-    assert stepped(tenant[0], "t") and not stepped(tenant[2], "t")
+    assert recorded_scale(tenant[0], "t") == 0.5 and recorded_scale(tenant[2], "t") is None
 
 
 def test_equal_steps_share_an_old_version_s_kl_equally() -> None:
