@@ -29,7 +29,7 @@ The fingerprint runs once per trajectory, for its first call (proxy/recording/ro
 thread), on at most RAW_CHARS of system prompt whatever the size of the request; the
 normalised prompt's digest is cached by the raw text, as a harness sends the same system
 prompt again and again (Claude Code: every trajectory of one working directory and day).
-Measured (tests/unit/proxy/test_interaction.py prints it): ~5-10 us a trajectory when the
+Measured (tests/unit/proxy/recording/test_interaction.py prints it): ~5-10 us a trajectory when the
 prompt was seen before, ~60-120 us when not, on a Claude-Code-sized request.
 """
 

@@ -1,6 +1,6 @@
 """The compatibility policy end to end: the official SDKs, the proxy, the real vLLM server.
 
-What the unit tests (tests/unit/proxy/translate/test_policy.py) show on the translation alone is
+What the unit tests (tests/unit/proxy/api/translate/test_policy.py) show on the translation alone is
 shown here on the wire: what the client gets, what vLLM was sent (the recorded prompt
 tokens), and what the call's record says (`compat`, `user_agent`).
 """

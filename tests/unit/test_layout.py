@@ -127,3 +127,38 @@ def test_a_grader_or_a_module_run_by_name_counts_as_an_import(tmp_path: Path) ->
         "learner.demo.harnesses.calc_agent",
         "learner.demo",
     }
+
+
+def misplaced_unit_tests(tests: Path, product: Path) -> dict[str, str]:
+    """Unit test modules named after one product module (test_X.py for X.py or the package X)
+    that sit elsewhere than that module's mirror under tests/unit: {test: where it belongs}.
+    A name that several modules of the package share is left alone (the test says which)."""
+    misplaced = {}
+    for test in sorted((tests / "unit").rglob("test_*.py")):
+        mirror = test.parent.relative_to(tests / "unit")
+        if not mirror.parts:
+            continue  # the repo-wide rules sit at the top
+        stem = test.stem.removeprefix("test_")
+        package = product / mirror.parts[0]
+        homes = {
+            path.parent.relative_to(product)
+            for path in [*package.rglob(f"{stem}.py"), *package.rglob(f"{stem}/__init__.py")]
+        }
+        if len(homes) == 1 and mirror not in homes:
+            misplaced[str(test.relative_to(tests))] = f"tests/unit/{homes.pop()}/"
+    return misplaced
+
+
+def test_unit_tests_mirror_the_packages() -> None:
+    misplaced = misplaced_unit_tests(TESTS, TESTS.parent)
+    assert not misplaced, f"move each unit test beside its module's mirror: {misplaced}"
+
+
+def test_a_unit_test_away_from_its_module_s_mirror_is_found(tmp_path: Path) -> None:
+    (tmp_path / "proxy" / "recording").mkdir(parents=True)
+    (tmp_path / "proxy" / "recording" / "spool.py").write_text("")
+    (tmp_path / "tests" / "unit" / "proxy" / "recording").mkdir(parents=True)
+    (tmp_path / "tests" / "unit" / "proxy" / "test_spool.py").write_text("")
+    (tmp_path / "tests" / "unit" / "proxy" / "recording" / "test_other.py").write_text("")
+    found = misplaced_unit_tests(tmp_path / "tests", tmp_path)
+    assert found == {"unit/proxy/test_spool.py": "tests/unit/proxy/recording/"}
