@@ -29,11 +29,6 @@ WRITE_TOOL = {
 }
 
 
-@pytest.fixture
-def proxy(vllm, db_url, engine, start_proxy):
-    return start_proxy([vllm.url], db_url)
-
-
 def claude(proxy: Any) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=proxy.url, api_key="sk-ant-test", max_retries=0)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -13,7 +12,6 @@ import pytest
 from sqlalchemy import Engine
 
 from learner.proxy_process import ProxyServer
-from learner.vllm_server import VLLMServer
 from tests.support.records import export, wait_for_calls
 
 pytestmark = [pytest.mark.vllm]
@@ -28,8 +26,8 @@ def same_text(decoded: str, received: str) -> bool:
 
 
 @pytest.fixture
-def proxy(vllm: VLLMServer, db_url: str, engine: Engine, start_proxy: Callable[..., ProxyServer]):
-    return start_proxy([vllm.url], db_url, args=["--fanout", str(FANOUT)])
+def proxy_args() -> list[str]:
+    return ["--fanout", str(FANOUT)]
 
 
 def client(proxy: ProxyServer) -> openai.OpenAI:

@@ -18,11 +18,6 @@ ADD_TOOL = {
 }
 
 
-@pytest.fixture
-def proxy(vllm, db_url, engine, start_proxy):
-    return start_proxy([vllm.url], db_url)
-
-
 def client(proxy, session: str | None = None) -> anthropic.Anthropic:
     base = f"{proxy.url}/s/{session}" if session else proxy.url
     return anthropic.Anthropic(base_url=base, api_key="sk-ant-test", max_retries=0)

@@ -5,16 +5,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import select
 
 from learner.proxy_process import ProxyServer
-from learner.vllm_server import VLLMServer
 from store.models import Call
 from tests.support.records import export, wait_for_calls
 
@@ -27,11 +25,6 @@ QUESTIONS = ["hello there", "what is 2 plus 3", "and times 4", "say the word blu
 def same_text(decoded: str, received: str) -> bool:
     """vLLM withholds a trailing incomplete UTF-8 character that decode() shows as U+FFFD."""
     return decoded == received or decoded.rstrip("\ufffd") == received
-
-
-@pytest.fixture
-def proxy(vllm: VLLMServer, db_url: str, engine: Engine, start_proxy: Callable[..., ProxyServer]):
-    return start_proxy([vllm.url], db_url)
 
 
 def client(proxy: ProxyServer, session: str | None = None) -> openai.OpenAI:

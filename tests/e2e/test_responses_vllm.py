@@ -20,11 +20,6 @@ ADD_TOOL = {
 }
 
 
-@pytest.fixture
-def proxy(vllm, db_url, engine, start_proxy):
-    return start_proxy([vllm.url], db_url)
-
-
 def client(proxy) -> openai.OpenAI:
     return openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
 

@@ -63,20 +63,6 @@ def rows(engine: Engine, table: Any) -> list[dict[str, Any]]:
         return [dict(r._mapping) for r in conn.execute(select(table.__table__))]
 
 
-@pytest.fixture
-def proxy(vllm, db_url, start_proxy):
-    db.upgrade(db_url)
-    return start_proxy([vllm.url], db_url)
-
-
-@pytest.fixture
-def engine(db_url: str):
-    db.upgrade(db_url)
-    engine = db.make_engine(db_url)
-    yield engine
-    engine.dispose()
-
-
 def test_rollout_groups_grades_and_eval(proxy, db_url, engine, tmp_path):
     task_set = load_task_set(write_tasks(tmp_path / "small.jsonl", TASKS))
     seen = []

@@ -10,10 +10,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from sqlalchemy import select
 
 from learner.proxy_process import ProxyServer
@@ -21,7 +19,6 @@ from learner.rollout import Progress, RolloutConfig, load_task_set, run_rollout
 from store import db
 from store.models import RolloutRun
 from store.rollouts import runs_of
-from tests.support.fake_vllm import FakeVLLM
 
 # one call to the model through the proxy, as any harness makes
 CALL = (
@@ -41,14 +38,6 @@ TASKS = [
     {"id": "setup", "prompt": "x", "setup": "echo broken >&2; exit 3", "answer": "x"},
     {"id": "fail", "prompt": "x", "answer": "x"},
 ]
-
-
-@pytest.fixture
-def proxy(db_url: str, start_proxy) -> Iterator[ProxyServer]:  # type: ignore[no-untyped-def]
-    """The proxy recording to `db_url`, in front of a constant fake model."""
-    db.upgrade(db_url)
-    with FakeVLLM() as upstream:
-        yield start_proxy([upstream.url], db_url)
 
 
 def config(db_url: str, tmp_path: Path, proxy: ProxyServer, **overrides) -> RolloutConfig:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from store.rollouts import runs_of
 from store.tasks import TaskTable
 from store.trajectory_loading import load_trajectories
 from store.trajectory_record import Trajectory
-from tests.support.fake_vllm import FakeVLLM, Whole, completion
+from tests.support.fake_vllm import Replier, Whole, completion
 
 TASKS, _ = make_task_sets(0, 6, 0)  # one of each kind
 MALFORMED_TASK = TASKS[4]  # lookup, then convert
@@ -69,10 +68,8 @@ def _completion(message: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture
-def proxy(db_url: str, start_proxy) -> Iterator[ProxyServer]:  # type: ignore[no-untyped-def]
-    db.upgrade(db_url)
-    with FakeVLLM(_reply) as upstream:
-        yield start_proxy([upstream.url], db_url)
+def fake_reply() -> Replier:
+    return _reply
 
 
 def _rollout(harness: str, proxy: ProxyServer, db_url: str, tmp_path: Path) -> dict[str, Any]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from learner.rollout.tool_tasks.tasks import make_task_sets, write_jsonl
 from learner.rollout.tool_tasks.teacher import ScriptedTeacher
 from store import db
 from store.rollouts import runs_of
-from tests.support.fake_vllm import FakeVLLM, Whole, completion
+from tests.support.fake_vllm import Replier, Whole, completion
 
 TASKS, _ = make_task_sets(0, 6, 0)  # one of each kind
 FLAWED = TASKS[4]  # lookup, then convert
@@ -58,10 +57,8 @@ def _completion(message: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture
-def proxy(db_url: str, start_proxy) -> Iterator[ProxyServer]:  # type: ignore[no-untyped-def]
-    db.upgrade(db_url)
-    with FakeVLLM(_reply) as upstream:
-        yield start_proxy([upstream.url], db_url)
+def fake_reply() -> Replier:
+    return _reply
 
 
 def test_the_agent_solves_the_tool_tasks_through_the_proxy(
