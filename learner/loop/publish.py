@@ -22,7 +22,7 @@ from learner.canary.starts import CanaryStarts
 from learner.checkpoint import checkpoint_tensors, save_checkpoint
 from learner.grouping import Baselines
 from learner.layout import served_base
-from learner.loop.state import LEASE_WAIT, LoopState, Publisher, save_baselines
+from learner.loop.state import LEASE_WAIT, LoopState, save_baselines
 from learner.loop.weights import Weights
 from learner.lora import save_adapter, write_adapter
 from learner.swap import lease, orphan_adapters
@@ -35,6 +35,7 @@ from learner.swap.publisher import (
     PublishError,
     PublishResult,
     SwapMetrics,
+    WeightPublisher,
 )
 from learner.swap.transfer import TransferMetrics, WeightFileTransfer, transfer_publisher
 from store import canaries, clock, grade_queue, policy_versions, training_steps
@@ -390,7 +391,7 @@ class Publishing:
         grade_queue.mark_trained(conn, trajectory_ids=considered, step=step)
         save_baselines(conn, baselines, self.state.tenant)
 
-    def publisher_for(self, source: Path) -> Publisher:
+    def publisher_for(self, source: Path) -> WeightPublisher:
         """The lineage's publisher, its last good version the one that serves (`source`)."""
         state, serving, config = self.state, self.state.lineage.serving, self.state.config
         assert serving is not None

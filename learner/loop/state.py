@@ -33,9 +33,7 @@ from learner.stopping import GracefulStop
 from learner.swap import lease
 from learner.swap.adapter_memory import AdapterMemory
 from learner.swap.fence import Fence
-from learner.swap.full_publisher import FullWeightPublisher
-from learner.swap.lora_publisher import LoraPublisher
-from learner.swap.publisher import Probe
+from learner.swap.publisher import Probe, WeightPublisher
 from learner.time_slice import TimeSlice
 from learner.trackers import Reporter
 from learner.traffic import TrafficYield, yielding_to
@@ -48,9 +46,6 @@ from store.tasks import TaskTable
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog."
 LEASE_WAIT = 300.0  # seconds the learner waits for an operator's rollback to finish
 LEARNER = "learner@"  # holder prefix: one learner per database, a restart takes over
-
-# the two ways a version reaches the replicas: whole weights, or an adapter on top of them
-Publisher = FullWeightPublisher | LoraPublisher
 
 
 class RestoreFailed(RuntimeError):
@@ -67,7 +62,7 @@ class Lineage:
     fresh: FreshWait  # a ready step waits for the serving version's samples (--fresh-wait)
     traffic: TrafficYield  # and for busy replicas to go idle (--yield-to-traffic)
     trainer: Trainer | None = None
-    publisher: Publisher | None = None
+    publisher: WeightPublisher | None = None
     guard: Guard | None = None
     # the trainer holds exactly the serving checkpoint's weights and optimizer state (not a
     # step nobody recorded, nor a model half loaded): only then may a stop save it

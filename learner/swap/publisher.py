@@ -208,7 +208,19 @@ class PublishResult:
 
 
 class WeightPublisher(Protocol):
-    """A way to put a checkpoint into the serving replicas (full reload, or LoRA adapter)."""
+    """A way to put a checkpoint into the serving replicas (full reload, or LoRA adapter):
+    what the learner's loop asks of any publisher. What one kind alone has (a LoRA
+    publisher's adapters kept, a full one's transport) the loop asks after an isinstance."""
+
+    # the full checkpoint the replicas hold now (a LoRA publisher's adapters go on top of it)
+    # and its probe's fingerprint; the loop moves both when what serves changes under it
+    last_good: Path | None
+    last_good_fingerprint: Fingerprint | None
+
+    @property
+    def upstreams(self) -> list[str]: ...
+
+    def close(self) -> None: ...
 
     def publish(
         self,

@@ -38,12 +38,28 @@ def test_no_publisher_or_transport_inherits_another_class() -> None:
         assert bases in ([], [Protocol]), (cls, bases)  # a protocol names what it asks
 
 
-def test_each_publisher_has_what_the_protocol_asks() -> None:
-    for publisher in PUBLISHERS:
+def test_each_publisher_has_what_the_protocol_asks(tmp_path: Path) -> None:
+    """The loop holds a publisher as a WeightPublisher: every member it names, on each kind."""
+    asked = {
+        name
+        for name in [*vars(WeightPublisher), *WeightPublisher.__annotations__]
+        if not name.startswith("_")
+    }
+    assert asked >= {"publish", "rollback", "upstreams", "close", "last_good"}
+    built = [
+        FullWeightPublisher(["http://127.0.0.1:9"], probe=Probe([1, 2]), last_good=tmp_path),
+        LoraPublisher(["http://127.0.0.1:9"], probe=Probe([1, 2]), last_good=tmp_path),
+    ]
+    for publisher in built:
+        assert type(publisher) in PUBLISHERS
+        for name in asked:
+            assert hasattr(publisher, name), (type(publisher), name)
         for method in ("publish", "rollback"):
             ours = inspect.signature(getattr(publisher, method))
-            asked = inspect.signature(getattr(WeightPublisher, method))
-            assert set(asked.parameters) <= set(ours.parameters), (publisher, method)
+            wanted = inspect.signature(getattr(WeightPublisher, method))
+            assert set(wanted.parameters) - {"self"} <= set(ours.parameters), (publisher, method)
+        assert publisher.upstreams == ["http://127.0.0.1:9"]
+        assert publisher.last_good == tmp_path.resolve()
 
 
 def test_the_transfer_publisher_is_a_full_publisher_holding_the_weight_file_transport(
