@@ -1,5 +1,5 @@
 """The settings of the learner's smaller commands (`rollback`, `pin`/`unpin`, `regrade`,
-`models`): their flags and arguments are generated from these (store/settings_cli.py), and
+`models`, `tasks load`) and of `--config`: their flags and arguments are generated from these (store/settings_cli.py), and
 each flag can come from the environment too (ONTHEJOB_<COMMAND>_*). Where they open the
 store or reach vLLM, they take the learner's own settings as well (learner/config.py)."""
 
@@ -71,4 +71,25 @@ class ModelsSettings(BaseSettings):
 class ModelPrepareSettings(ModelsSettings):
     name: ModelName = setting(
         help=f"{', '.join(MODEL_NAMES)} (see `models list`)", positional=True, metavar="NAME"
+    )
+
+
+class ConfigFileSettings(BaseSettings):
+    """Where `learn`'s and `regrade`'s other settings may come from besides the environment."""
+
+    model_config = command_config("ONTHEJOB_LEARN_")
+
+    config: Path | None = setting(None, "TOML file with settings", metavar="FILE")
+
+
+class TasksLoadSettings(BaseSettings):
+    """`onthejob tasks load FILE`; its database is the `--db` every store command takes."""
+
+    model_config = command_config("ONTHEJOB_TASKS_")
+
+    file: Path = setting(help="a JSONL task set", positional=True, metavar="FILE")
+    migrate: bool = setting(
+        False,
+        "upgrade the database schema first; without it a schema that is behind stops the "
+        "command with what to run (`onthejob db upgrade`)",
     )

@@ -9,7 +9,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from learner.command_settings import PinSettings, RegradeSettings, RollbackSettings
+from learner.command_settings import (
+    ConfigFileSettings,
+    PinSettings,
+    RegradeSettings,
+    RollbackSettings,
+)
 from store.schema import SchemaBehind
 from store.settings_cli import add_flags, given, settings_from
 
@@ -56,7 +61,7 @@ def _add_learn(commands: Any) -> None:
         "ONTHEJOB_LEARN_<NAME> environment < flags. Every flag below is one setting "
         "(docs/reference/configuration.md).",
     )
-    learn.add_argument("--config", type=Path, metavar="FILE", help="TOML file with settings")
+    add_flags(learn, ConfigFileSettings)
     _add_settings(learn)
     learn.set_defaults(func=cmd_learn)
 
@@ -71,7 +76,7 @@ def _add_regrade(commands: Any) -> None:
         "settings as for `onthejob learn`.",
     )
     add_flags(regrade, RegradeSettings)
-    regrade.add_argument("--config", type=Path, metavar="FILE", help="TOML file with settings")
+    add_flags(regrade, ConfigFileSettings)
     _add_settings(
         regrade,
         only=(

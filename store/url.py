@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from pydantic_settings import BaseSettings
+
 from store.environment import environment
-from store.settings_cli import setting
+from store.settings_cli import add_flags, setting
 
 DATABASE_URL_ENV = "ONTHEJOB_DATABASE_URL"
 DEFAULT_SQLITE_URL = "sqlite:///onthejob.db"
@@ -29,11 +31,19 @@ def database_url(explicit: str | None = None) -> str:
     return given_database_url(explicit) or DEFAULT_SQLITE_URL
 
 
-def add_db(parser: argparse.ArgumentParser) -> None:
-    """The `--db` flag every command that opens the store takes."""
-    parser.add_argument("--db", metavar="URL", help=DB_HELP)
-
-
 def database_setting() -> Any:
     """The `--db` setting of a command's settings class: None resolves as ``database_url``."""
     return setting(None, DB_HELP, flag="--db", metavar="URL")
+
+
+class DatabaseFlag(BaseSettings):
+    """The flag of the commands whose one setting is the database (`db`, `eval-report`,
+    `tasks`): read as ``args.db`` and resolved by ``database_url``, which also reads the
+    environment."""
+
+    db: str | None = database_setting()
+
+
+def add_db(parser: argparse.ArgumentParser) -> None:
+    """The `--db` flag every command that opens the store takes."""
+    add_flags(parser, DatabaseFlag)

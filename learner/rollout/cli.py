@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from learner.command_settings import TasksLoadSettings
 from learner.rollout.settings import CURRICULUM_ONLY, RolloutSettings
 from store.schema import SchemaBehind
 from store.settings_cli import add_flags, given
@@ -54,22 +55,12 @@ def register(commands: Any) -> None:
     tasks = commands.add_parser("tasks", help="the task table (task sets for rollouts)")
     actions = tasks.add_subparsers(dest="tasks_command", required=True, metavar="ACTION")
     load = actions.add_parser("load", help="validate a JSONL task set and load it")
-    load.add_argument("file", metavar="FILE")
     add_db(load)
-    _add_migrate(load)
+    add_flags(load, TasksLoadSettings)
     load.set_defaults(func=cmd_tasks_load)
     listing = actions.add_parser("list", help="list the task table")
     add_db(listing)
     listing.set_defaults(func=cmd_tasks_list)
-
-
-def _add_migrate(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--migrate",
-        action="store_true",
-        help="upgrade the database schema first; without it a schema that is behind stops "
-        "the command with what to run (`onthejob db upgrade`)",
-    )
 
 
 def _add_rollout(commands: Any) -> None:
@@ -265,7 +256,7 @@ def cmd_tasks_load(args: argparse.Namespace) -> int:
         raise SystemExit(f"onthejob tasks load: {exc}") from exc
     url = database_url(args.db)
     try:
-        schema.require(url, migrate=args.migrate, who="`tasks load`")
+        schema.require(url, migrate=bool(args.migrate), who="`tasks load`")
     except schema.SchemaBehind as exc:
         raise SystemExit(f"onthejob tasks load: {exc}") from None
     engine = db.make_engine(url)

@@ -171,3 +171,44 @@ def test_the_database_url_comes_from_the_flag_then_either_environment_variable(
     from learner.commands import learner_config
 
     assert learner_config(args).database_url == "sqlite:///flag.db"
+
+
+# Arguments written by hand, each for a reason; every other flag and argument of a command is
+# generated from a settings field (store/settings_cli.py is the generator)
+HAND_WRITTEN_ARGUMENTS = {
+    "cli/main.py": 1,  # --log-level: `onthejob`'s own, before any command
+    "learner/rollout/cli.py": 1,  # `-- COMMAND ARGS`: the harness rollout runs, as typed
+    "store/settings_cli.py": 2,  # the generator
+}
+# programs of their own that rollouts and the demo run as harnesses, not onthejob commands
+HARNESS_PROGRAMS = ("learner/demo/harnesses/", "learner/rollout/tool_tasks/")
+
+
+def hand_written_arguments(root: Path) -> dict[str, int]:
+    """`add_argument` calls in the product's modules, by file (harness programs aside)."""
+    found: dict[str, int] = {}
+    for package in ("cli", "proxy", "learner", "store"):
+        for path in sorted((root / package).rglob("*.py")):
+            name = str(path.relative_to(root))
+            if name.startswith(HARNESS_PROGRAMS):
+                continue
+            calls = len(re.findall(r"\.add_argument\(", path.read_text()))
+            if calls:
+                found[name] = calls
+    return found
+
+
+def test_every_command_s_flags_come_from_settings() -> None:
+    found = hand_written_arguments(ROOT)
+    assert found == HAND_WRITTEN_ARGUMENTS, (
+        "declare the flag as a settings field (store/settings_cli.py `setting`) and add it "
+        f"with add_flags; hand-written now: {found}"
+    )
+
+
+def test_a_hand_written_flag_is_found(tmp_path: Path) -> None:
+    (tmp_path / "proxy").mkdir()
+    (tmp_path / "proxy" / "cmd.py").write_text('parser.add_argument("--x")\n')
+    (tmp_path / "learner" / "demo" / "harnesses").mkdir(parents=True)
+    (tmp_path / "learner" / "demo" / "harnesses" / "a.py").write_text("p.add_argument('y')\n")
+    assert hand_written_arguments(tmp_path) == {"proxy/cmd.py": 1}
