@@ -1,7 +1,8 @@
 """The settings of the learner's smaller commands (`rollback`, `pin`/`unpin`, `regrade`,
-`models`, `tasks load`) and of `--config`: their flags and arguments are generated from these (store/settings_cli.py), and
-each flag can come from the environment too (ONTHEJOB_<COMMAND>_*). Where they open the
-store or reach vLLM, they take the learner's own settings as well (learner/config.py)."""
+`models`, `tasks load`) and of `--config`: their flags and arguments are generated from these
+(store/settings_cli.py), and each flag can come from the environment too
+(ONTHEJOB_<COMMAND>_*). Where they open the store or reach vLLM, they take the learner's own
+settings as well (learner/config.py)."""
 
 from __future__ import annotations
 
