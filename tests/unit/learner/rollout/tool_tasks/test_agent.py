@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -20,6 +18,7 @@ from learner.rollout.tool_tasks.tasks import make_task_sets
 from learner.rollout.tool_tasks.teacher import ScriptedTeacher, tool_call_message
 from learner.rollout.tool_tasks.tools import TOOLS
 from store.json_types import JsonObject, JsonValue
+from tests.support.fake_vllm import FakeVLLM, Raw, Whole
 
 TRAIN, HELDOUT = make_task_sets(0, 24, 12)
 TEACHER = ScriptedTeacher(TRAIN + HELDOUT)
@@ -117,36 +116,15 @@ def test_a_system_prompt_goes_first() -> None:
     ]
 
 
-class _Teacher(BaseHTTPRequestHandler):
-    """A chat-completions server whose model is the stand-in teacher."""
-
-    seen: list[tuple[str | None, str | None, JsonObject]] = []
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.seen.append((self.headers["Authorization"], self.headers["X-Onthejob-Task"], body))
-        message = TEACHER.reply(body["messages"])
-        reply = json.dumps({"choices": [{"index": 0, "message": message}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(reply)))
-        self.end_headers()
-        self.wfile.write(reply)
-
-    def log_message(self, *args: object) -> None:
-        pass
+def _teacher_answers(body: JsonObject) -> Whole:
+    """The stand-in teacher as the model behind a chat-completions server."""
+    return Whole({"choices": [{"index": 0, "message": TEACHER.reply(body["messages"])}]})
 
 
 @pytest.fixture
-def server() -> Iterator[str]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Teacher)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+def server() -> Iterator[FakeVLLM]:
+    with FakeVLLM(_teacher_answers) as upstream:
+        yield upstream
 
 
 def _main(argv: list[str]) -> tuple[int, str, str]:
@@ -156,11 +134,10 @@ def _main(argv: list[str]) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def test_the_command_over_http(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("OPENAI_BASE_URL", server)
+def test_the_command_over_http(server: FakeVLLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", server.url + "/v1")
     monkeypatch.setenv("OPENAI_API_KEY", "k")
     monkeypatch.setenv("ONTHEJOB_TASK", DENSITY.id)
-    _Teacher.seen.clear()
     code, out, err = _main([DENSITY.prompt, "--model", "m", "--max-tokens", "64"])
     assert (code, out) == (0, DENSITY.answer + "\n")
     summary = json.loads(err.strip().removeprefix("tool_agent: "))
@@ -172,9 +149,9 @@ def test_the_command_over_http(server: str, monkeypatch: pytest.MonkeyPatch) -> 
         "failed": 0,
         "answered": True,
     }
-    assert len(_Teacher.seen) == 4
-    auth, task, body = _Teacher.seen[-1]
-    assert (auth, task) == ("Bearer k", DENSITY.id)
+    assert len(server.requests) == 4
+    body, headers = server.requests[-1], server.headers[-1]
+    assert (headers["authorization"], headers["x-onthejob-task"]) == ("Bearer k", DENSITY.id)
     assert (body["model"], body["max_tokens"], body["temperature"]) == ("m", 64, 1.0)
     assert body["tools"] == TOOLS
     # the prompt may come from the environment instead
@@ -186,24 +163,6 @@ def test_a_model_it_cannot_reach_exits_1(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
     code, out, err = _main(["What is 1?"])
     assert (code, out) == (1, "") and "tool_agent: the model failed:" in err
-
-
-class _Broken(BaseHTTPRequestHandler):
-    """A server that answers every request with `body`, announcing `length` bytes."""
-
-    body = b""
-    length = 0
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(self.length))
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 @pytest.mark.parametrize(
@@ -221,16 +180,8 @@ class _Broken(BaseHTTPRequestHandler):
 def test_a_model_that_answers_wrong_exits_1_saying_what_failed(
     body: bytes, length: int | None, error: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_Broken, "body", body)
-    monkeypatch.setattr(_Broken, "length", len(body) if length is None else length)
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Broken)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        monkeypatch.setenv("OPENAI_BASE_URL", f"http://127.0.0.1:{httpd.server_address[1]}/v1")
+    with FakeVLLM(lambda request: Raw(body, length)) as upstream:
+        monkeypatch.setenv("OPENAI_BASE_URL", upstream.url + "/v1")
         code, out, err = _main(["What is 1?"])
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
     assert (code, out) == (1, "")
     assert err.startswith("tool_agent: the model failed: http://127.0.0.1:") and error in err, err
