@@ -1,8 +1,9 @@
 """The `onthejob` command line: the top-level parser and the command groups it is made of.
 
-Each group is a module whose ``register(commands)`` adds its sub-commands; the proxy's live
-in `proxy/commands/`, the learner's in the learner package. They import what their commands
-run only when one runs (torch, vLLM's client), so building the parser stays quick.
+Each group is a module of this package whose ``register(commands)`` adds its sub-commands,
+their flags generated from the settings (cli/flags.py). They import what their commands run
+only when one runs (torch, vLLM's client), so building the parser stays quick and `serve`
+runs without the learner's dependencies.
 """
 
 from __future__ import annotations
@@ -12,24 +13,24 @@ import logging
 import sys
 from types import ModuleType
 
-import learner.commands
-import learner.demo.cli
-import learner.models_cli
-import learner.rollout.cli
-import proxy.commands.db
-import proxy.commands.export
-import proxy.commands.serve
-import proxy.commands.spool
+import cli.db
+import cli.demo
+import cli.export
+import cli.learn
+import cli.models
+import cli.rollout
+import cli.serve
+import cli.spool
 
 COMMAND_GROUPS: tuple[ModuleType, ...] = (
-    proxy.commands.serve,  # serve
-    proxy.commands.db,  # db upgrade | current
-    proxy.commands.export,  # export
-    proxy.commands.spool,  # spool replay
-    learner.commands,  # learn, rollback, regrade
-    learner.demo.cli,  # demo
-    learner.rollout.cli,  # rollout, eval-report, tasks
-    learner.models_cli,  # models prepare | list
+    cli.serve,  # serve
+    cli.db,  # db upgrade | current
+    cli.export,  # export
+    cli.spool,  # spool replay
+    cli.learn,  # learn, rollback, regrade
+    cli.demo,  # demo
+    cli.rollout,  # rollout, eval-report, tasks
+    cli.models,  # models prepare | list
 )
 
 

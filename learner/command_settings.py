@@ -1,6 +1,6 @@
 """The settings of the learner's smaller commands (`rollback`, `pin`/`unpin`, `regrade`,
 `models`, `tasks load`) and of `--config`: their flags and arguments are generated from these
-(store/settings_cli.py), and each flag can come from the environment too
+(cli/flags.py), and each flag can come from the environment too
 (ONTHEJOB_<COMMAND>_*). Where they open the store or reach vLLM, they take the learner's own
 settings as well (learner/config.py)."""
 
@@ -13,7 +13,7 @@ from pydantic import field_validator
 from pydantic_settings import BaseSettings, NoDecode
 
 from learner import real_models
-from store.settings_cli import comma_list, command_config, setting
+from store.settings_fields import comma_list, command_config, setting
 
 MODEL_NAMES = tuple(sorted(real_models.MODELS))
 ModelName = Literal[MODEL_NAMES]  # type: ignore[valid-type]  # the names `models list` shows

@@ -1,7 +1,7 @@
 """Learner settings: defaults < TOML file (--config) < ONTHEJOB_LEARN_* env < flags.
 
 Each setting is written once, here: `onthejob learn`'s flags are generated from these fields
-(store/settings_cli.py), and a test checks `.env.example` and docs/reference/configuration.md
+(cli/flags.py), and a test checks `.env.example` and docs/reference/configuration.md
 against them.
 """
 
@@ -20,7 +20,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from store.settings_cli import comma_list, setting
+from store.settings_fields import comma_list, setting
 from store.url import DATABASE_URL_ENV, DEFAULT_SQLITE_URL
 
 # The --config file of the settings being built (a source is chosen per class, not per call).

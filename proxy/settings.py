@@ -10,12 +10,12 @@ from urllib.parse import urlsplit
 from pydantic import SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from store.settings_cli import setting
+from store.settings_fields import setting
 from store.url import DEFAULT_SQLITE_URL
 
 
 class Settings(BaseSettings):
-    """`onthejob serve`'s settings: flags (generated from these fields, store/settings_cli.py)
+    """`onthejob serve`'s settings: flags (generated from these fields, cli/flags.py)
     over ONTHEJOB_<NAME> environment variables over the defaults."""
 
     model_config = SettingsConfigDict(env_prefix="ONTHEJOB_", extra="ignore")

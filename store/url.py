@@ -6,13 +6,10 @@ SQLite in the working directory, the embedded default.
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
-from pydantic_settings import BaseSettings
-
 from store.environment import environment
-from store.settings_cli import add_flags, setting
+from store.settings_fields import setting
 
 DATABASE_URL_ENV = "ONTHEJOB_DATABASE_URL"
 DEFAULT_SQLITE_URL = "sqlite:///onthejob.db"
@@ -34,16 +31,3 @@ def database_url(explicit: str | None = None) -> str:
 def database_setting() -> Any:
     """The `--db` setting of a command's settings class: None resolves as ``database_url``."""
     return setting(None, DB_HELP, flag="--db", metavar="URL")
-
-
-class DatabaseFlag(BaseSettings):
-    """The flag of the commands whose one setting is the database (`db`, `eval-report`,
-    `tasks`): read as ``args.db`` and resolved by ``database_url``, which also reads the
-    environment."""
-
-    db: str | None = database_setting()
-
-
-def add_db(parser: argparse.ArgumentParser) -> None:
-    """The `--db` flag every command that opens the store takes."""
-    add_flags(parser, DatabaseFlag)

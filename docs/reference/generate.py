@@ -4,7 +4,7 @@
 - configuration.md: every setting of the proxy (proxy/settings.py), of the learner
   (learner/config.py), of the demo (learner/demo/settings.py), of rollouts
   (learner/rollout/settings.py) and of the smaller commands (learner/command_settings.py,
-  proxy/commands/settings.py), with its environment variable, flag, default and help text.
+  proxy/command_settings.py), with its environment variable, flag, default and help text.
 
 `tests/unit/test_reference_docs.py` fails when a page differs from what this writes, so a
 setting or flag cannot exist in the code without its line here, nor the other way round.
@@ -26,7 +26,7 @@ CONFIGURATION_INTRO = """\
 # Configuration
 
 Generated from `proxy/settings.py`, `learner/config.py`, `learner/demo/settings.py`,
-`learner/rollout/settings.py`, `learner/command_settings.py` and `proxy/commands/settings.py` by
+`learner/rollout/settings.py`, `learner/command_settings.py` and `proxy/command_settings.py` by
 `make docs`; do not edit the tables by hand. The flags as the commands print them:
 [cli.md](cli.md). In the compose deployment every setting goes in `.env` (`.env.example` lists
 them all): see [Deployment](../operations.md#deployment).
@@ -67,7 +67,7 @@ comma-separated, from the TOML file as arrays. The live knobs and which value wi
 
 
 def settings_table(settings: type) -> str:
-    from store.settings_cli import shown_default
+    from store.settings_fields import shown_default
 
     lines = [
         "| setting | environment | flag | default | what it does |",
@@ -86,7 +86,7 @@ def settings_table(settings: type) -> str:
 
 def _env_and_flag(settings: type, name: str, info: Any) -> tuple[str, str]:
     """The environment and flag columns; an argument is always typed, so it has no variable."""
-    from store.settings_cli import argument_name, cli_extra, env_name, flag_name
+    from store.settings_fields import argument_name, cli_extra, env_name, flag_name
 
     argument = argument_name(name, info)
     if argument is not None:
@@ -162,7 +162,7 @@ def configuration_page() -> str:
     from learner.config import LearnerConfig
     from learner.demo.settings import DemoSettings
     from learner.rollout.settings import RolloutSettings
-    from proxy.commands.settings import ExportSettings, SpoolReplaySettings
+    from proxy.command_settings import ExportSettings, SpoolReplaySettings
     from proxy.settings import Settings
 
     return "\n".join(

@@ -1,4 +1,4 @@
-"""`onthejob demo`'s settings: its flags are generated from these (store/settings_cli.py), and
+"""`onthejob demo`'s settings: its flags are generated from these (cli/flags.py), and
 each can come from the environment (ONTHEJOB_DEMO_*) too."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic_settings import BaseSettings
 
-from store.settings_cli import command_config, setting
+from store.settings_fields import command_config, setting
 
 # the real pretrained model the demo learns on by default: it met the bar over three seeds
 # and a control (docs/measurements/real-models.md) in 10 minutes of learning on 2 cores

@@ -1,7 +1,7 @@
 """The rollout runner: learn from a closed harness *command* over a set of known tasks.
 
 Command line: `onthejob rollout`, `onthejob eval-report`, `onthejob tasks load|list`
-(learner/rollout/cli.py). As a library::
+(cli/rollout.py). As a library::
 
     from learner.rollout import RolloutConfig, load_task_set, run_rollout
 

@@ -1,4 +1,4 @@
-"""`onthejob rollout`'s settings: its flags are generated from these (store/settings_cli.py),
+"""`onthejob rollout`'s settings: its flags are generated from these (cli/flags.py),
 and each can come from the environment (ONTHEJOB_ROLLOUT_*) too."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from pydantic import field_validator
 from pydantic_settings import BaseSettings
 
-from store.settings_cli import FlagParse, command_config, setting
+from store.settings_fields import FlagParse, command_config, setting
 
 # only with --curriculum, and their values that mean "not given"
 CURRICULUM_ONLY = {"max_rounds": None, "minutes": None, "step_wait": 0.0}

@@ -25,7 +25,7 @@ from learner.config import LearnerConfig
 from learner.swap.publisher import WEIGHT_CHECK_EXTENSION
 from learner.swap.vllm_plugin import BACKEND
 from proxy.settings import Settings
-from store.settings_cli import env_name
+from store.settings_fields import env_name
 from tests.support.paths import ROOT
 
 GPU_FILE = ROOT / "docker-compose.yml"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from store.settings_cli import argument_name, flag_name
+from store.settings_fields import argument_name, flag_name
 
 # settings read from the environment or a file only: a flag would show them to everyone who
 # can list processes

@@ -119,14 +119,14 @@ def test_sql_is_written_in_the_store_alone(tmp_path: Path) -> None:
 
 def test_the_learner_importing_the_command_line_breaks_its_layers(tmp_path: Path) -> None:
     root = _copy(tmp_path)
-    commands = root / "learner" / "commands.py"
-    commands.write_text(commands.read_text() + "\nfrom cli import main  # noqa\n")
+    config = root / "learner" / "config.py"
+    config.write_text(config.read_text() + "\nfrom cli import main  # noqa\n")
     result = _lint_imports(root)
     assert result.returncode == 1
     assert "the command line above the proxy and the learner, the store below them BROKEN" in (
         result.stdout
     )
-    assert "learner.commands -> cli.main" in result.stdout
+    assert "learner.config -> cli.main" in result.stdout
 
 
 def test_a_part_of_the_loop_importing_its_caller_breaks_the_loops_layers(tmp_path: Path) -> None:

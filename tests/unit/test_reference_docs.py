@@ -21,9 +21,9 @@ from learner.command_settings import (
 )
 from learner.config import LearnerConfig
 from learner.rollout.settings import RolloutSettings
-from proxy.commands.settings import ExportSettings, SpoolReplaySettings
+from proxy.command_settings import ExportSettings, SpoolReplaySettings
 from proxy.settings import Settings
-from store.settings_cli import argument_name
+from store.settings_fields import argument_name
 from tests.support.flags import check_flags, flags_from, flags_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,7 +131,7 @@ def test_flags_beat_the_environment_which_beats_the_toml_file(
     args = build_parser().parse_args(
         ["learn", "--config", str(file), "--model", "m", "--learning-rate", "1e-3", "--no-lora"]
     )
-    from learner.commands import learner_config
+    from cli.learn import learner_config
 
     config = learner_config(args)
     assert config.learning_rate == 1e-3 and config.lora is False  # the flags
@@ -168,17 +168,17 @@ def test_the_database_url_comes_from_the_flag_then_either_environment_variable(
         "sqlite:///learner.db"
     )
     args = build_parser().parse_args(["learn", "--model", "m", "--db", "sqlite:///flag.db"])
-    from learner.commands import learner_config
+    from cli.learn import learner_config
 
     assert learner_config(args).database_url == "sqlite:///flag.db"
 
 
 # Arguments written by hand, each for a reason; every other flag and argument of a command is
-# generated from a settings field (store/settings_cli.py is the generator)
+# generated from a settings field (cli/flags.py is the generator)
 HAND_WRITTEN_ARGUMENTS = {
     "cli/main.py": 1,  # --log-level: `onthejob`'s own, before any command
-    "learner/rollout/cli.py": 1,  # `-- COMMAND ARGS`: the harness rollout runs, as typed
-    "store/settings_cli.py": 2,  # the generator
+    "cli/flags.py": 2,  # the generator
+    "cli/rollout.py": 1,  # `-- COMMAND ARGS`: the harness rollout runs, as typed
 }
 # programs of their own that rollouts and the demo run as harnesses, not onthejob commands
 HARNESS_PROGRAMS = ("learner/demo/harnesses/", "learner/rollout/tool_tasks/")
@@ -201,7 +201,7 @@ def hand_written_arguments(root: Path) -> dict[str, int]:
 def test_every_command_s_flags_come_from_settings() -> None:
     found = hand_written_arguments(ROOT)
     assert found == HAND_WRITTEN_ARGUMENTS, (
-        "declare the flag as a settings field (store/settings_cli.py `setting`) and add it "
+        "declare the flag as a settings field (store/settings_fields.py `setting`) and add it "
         f"with add_flags; hand-written now: {found}"
     )
 

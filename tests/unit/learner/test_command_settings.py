@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from cli.flags import settings_from
 from cli.main import build_parser
 from learner.command_settings import (
     ModelPrepareSettings,
@@ -16,7 +17,6 @@ from learner.command_settings import (
     RegradeSettings,
     RollbackSettings,
 )
-from store.settings_cli import settings_from
 
 
 def test_rollback_and_pin_take_the_version_as_an_argument() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from cli.learn import learner_config
 from cli.main import build_parser
-from learner.commands import learner_config
 from learner.config import LearnerConfig
 
 

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from learner.rollout import cli
+from cli import rollout as cli
 from learner.rollout.settings import RolloutSettings, reward_or_none
 
 

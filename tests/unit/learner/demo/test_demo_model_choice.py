@@ -8,7 +8,8 @@ import argparse
 
 import pytest
 
-from learner.demo import cli, settings
+from cli import demo as cli
+from learner.demo import settings
 from tests.support.flags import check_flags
 
 

@@ -1,5 +1,5 @@
 """`onthejob export` and `onthejob spool replay`: their flags come from
-proxy/commands/settings.py (and ONTHEJOB_EXPORT_* / ONTHEJOB_SPOOL_*), and the command lines
+proxy/command_settings.py (and ONTHEJOB_EXPORT_* / ONTHEJOB_SPOOL_*), and the command lines
 people type still parse as they did."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from cli.flags import settings_from
 from cli.main import build_parser
-from proxy.commands.settings import ExportSettings, SpoolReplaySettings
-from store.settings_cli import settings_from
+from proxy.command_settings import ExportSettings, SpoolReplaySettings
 
 
 def export(*argv: str) -> ExportSettings:

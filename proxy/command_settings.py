@@ -1,5 +1,5 @@
 """`onthejob export`'s and `onthejob spool replay`'s settings: their flags are generated from
-these (store/settings_cli.py), and each can come from the environment too (ONTHEJOB_EXPORT_*,
+these (cli/flags.py), and each can come from the environment too (ONTHEJOB_EXPORT_*,
 ONTHEJOB_SPOOL_*)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pydantic_settings import BaseSettings
 
 from proxy.settings import Settings
 from store.export_formats import ExportFormat
-from store.settings_cli import command_config, setting
+from store.settings_fields import command_config, setting
 from store.url import database_setting
 
 

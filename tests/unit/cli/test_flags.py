@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from store.settings_cli import add_flags, argument_name, flag_name, setting, settings_from
+from cli.flags import add_flags, settings_from
+from store.settings_fields import argument_name, flag_name, setting
 
 
 class Example(BaseSettings):

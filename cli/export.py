@@ -8,8 +8,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from proxy.commands.settings import ExportSettings
-from store.settings_cli import add_flags, settings_from
+from cli.flags import add_flags, settings_from
+from proxy.command_settings import ExportSettings
 from store.url import database_url
 
 

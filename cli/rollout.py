@@ -13,11 +13,11 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from cli.flags import add_db, add_flags, given
 from learner.command_settings import TasksLoadSettings
 from learner.rollout.settings import CURRICULUM_ONLY, RolloutSettings
 from store.schema import SchemaBehind
-from store.settings_cli import add_flags, given
-from store.url import add_db, database_url, given_database_url
+from store.url import database_url, given_database_url
 
 
 @contextlib.contextmanager

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from proxy.commands.settings import SpoolReplaySettings
-from store.settings_cli import add_flags, settings_from
+from cli.flags import add_flags, settings_from
+from proxy.command_settings import SpoolReplaySettings
 from store.url import database_url
 
 

@@ -6,8 +6,8 @@ import argparse
 import dataclasses
 from typing import Any
 
+from cli.flags import add_flags, given
 from learner.demo.settings import REAL_MODEL_MINUTES, TINY_MINUTES, DemoSettings
-from store.settings_cli import add_flags, given
 
 
 def register(commands: Any) -> None:

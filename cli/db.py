@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from proxy.commands import add_db, proxy_settings
+from cli.flags import add_db
+from cli.serve import proxy_settings
 
 
 def register(commands: Any) -> None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cli.flags import add_flags, given, settings_from
 from learner.command_settings import (
     ConfigFileSettings,
     PinSettings,
@@ -16,7 +17,6 @@ from learner.command_settings import (
     RollbackSettings,
 )
 from store.schema import SchemaBehind
-from store.settings_cli import add_flags, given, settings_from
 
 if TYPE_CHECKING:
     from store.publish_lease import LeaseHolder

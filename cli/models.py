@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cli.flags import add_flags, settings_from
 from learner import real_models
 from learner.command_settings import ModelPrepareSettings, ModelsSettings
-from store.settings_cli import add_flags, settings_from
 
 
 def register(commands: Any) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from proxy.commands import proxy_settings
+from pydantic import ValidationError
+
+from cli.flags import add_flags, given
 from proxy.settings import Settings
-from store.settings_cli import add_flags
 
 
 def register(commands: Any) -> None:
@@ -52,3 +53,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=30,
     )
     return 0
+
+
+def proxy_settings(args: argparse.Namespace) -> Settings:
+    """Settings from the environment, overridden by the flags given (None = not given):
+    `serve`'s flags are the settings' own, other commands take only `--db`."""
+    values = given(args, Settings)
+    if getattr(args, "db", None):
+        values["database_url"] = args.db
+    try:
+        return Settings(**values)
+    except ValidationError as exc:
+        problems = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+        raise SystemExit(f"onthejob {args.command}: {problems}") from None
