@@ -1,8 +1,9 @@
 """The settings of the learner's smaller commands (`rollback`, `pin`/`unpin`, `regrade`,
 `models`, `tasks load`) and of `--config`: their flags and arguments are generated from these
-(cli/flags.py), and each flag can come from the environment too
-(ONTHEJOB_<COMMAND>_*). Where they open the store or reach vLLM, they take the learner's own
-settings as well (learner/config.py)."""
+(cli/flags.py), and the flags of rollback, pin, regrade and models can come from the
+environment too (ONTHEJOB_<COMMAND>_*); --config and tasks load's are flags only. Where
+they open the store or reach vLLM, they take the learner's own settings as well
+(learner/config.py)."""
 
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ class ModelPrepareSettings(ModelsSettings):
 
 
 class ConfigFileSettings(BaseSettings):
-    """Where `learn`'s and `regrade`'s other settings may come from besides the environment."""
+    """Where `learn`'s and `regrade`'s other settings may come from besides the environment;
+    a flag only (the command reads it from its arguments)."""
 
     model_config = command_config("ONTHEJOB_LEARN_")
 
@@ -84,7 +86,8 @@ class ConfigFileSettings(BaseSettings):
 
 
 class TasksLoadSettings(BaseSettings):
-    """`onthejob tasks load FILE`; its database is the `--db` every store command takes."""
+    """`onthejob tasks load FILE`, flags only (the command reads them from its arguments);
+    its database is the `--db` every store command takes."""
 
     model_config = command_config("ONTHEJOB_TASKS_")
 

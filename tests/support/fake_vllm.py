@@ -13,7 +13,8 @@ the answer to a chat request with `reply`, a function of the request's body givi
   or `CUT` the connection mid-answer (the replica dies);
 - `DROP`: the connection closed once the request is read, unanswered;
 - `Raw(body, length)`: bytes as they are (not JSON, say), announcing `length` of them; more
-  announced than sent cuts the answer short;
+  announced than sent cuts the answer short (a length that is not the body's closes the
+  connection after it);
 - None: the default answer.
 
 `down()` refuses new connections and cuts open ones, as when a replica dies; `up()` listens
@@ -83,7 +84,7 @@ DROP = Drop()
 @dataclass(frozen=True)
 class Raw:
     body: bytes  # sent as it is
-    length: int | None = None  # announced in content-length (None: the body's); more: cut
+    length: int | None = None  # announced in content-length (None: the body's)
 
 
 Reply = Whole | Stream | Drop | Raw
@@ -382,8 +383,9 @@ class FakeVLLM:
             announced = len(reply.body) if reply.length is None else reply.length
             writer.write(_head(200, "application/json", announced) + reply.body)
             await writer.drain()
-            if announced > len(reply.body):
-                writer.transport.abort()  # the rest never comes
+            if announced != len(reply.body):
+                # more announced: the rest never comes; less: what follows is no answer
+                writer.transport.abort()
                 return False
             return True
         if isinstance(reply, Whole):

@@ -129,23 +129,51 @@ def test_a_grader_or_a_module_run_by_name_counts_as_an_import(tmp_path: Path) ->
     }
 
 
+# tests/unit's own top level: the repo-wide rules, each about no one module
+REPO_WIDE = {
+    "test_docs_paragraphs.py",
+    "test_environment_reads.py",
+    "test_layering.py",
+    "test_layout.py",
+    "test_open_dicts.py",
+    "test_reference_docs.py",
+}
+PACKAGES = ("cli", "proxy", "learner", "store", "migrations", "bench")
+
+
+def module_homes(modules: list[Path], stem: str) -> set[Path]:
+    """Where a test named test_<stem>.py may sit, relative to tests/unit, given the
+    product's modules (relative paths): beside the modules named <stem> (test_main also for
+    __main__), and for a package named so, inside it too."""
+    homes: set[Path] = set()
+    for path in modules:
+        if path.stem in (stem, f"__{stem}__"):
+            homes.add(path.parent)
+        if path.name == "__init__.py" and path.parent.name == stem:
+            homes.update({path.parent, path.parent.parent})
+    return homes
+
+
 def misplaced_unit_tests(tests: Path, product: Path) -> dict[str, str]:
-    """Unit test modules named after one product module (test_X.py for X.py or the package X)
-    that sit elsewhere than that module's mirror under tests/unit: {test: where it belongs}.
-    A name that several modules of the package share is left alone (the test says which)."""
+    """Unit test modules named after product modules (test_X.py for X.py, or the package X)
+    that sit beside none of them, under tests/unit's mirror of the product: {test: where
+    it may go}. A test named after no module is left alone (it says what it tests)."""
+    modules = [
+        path.relative_to(product)
+        for package in PACKAGES
+        for path in (product / package).rglob("*.py")
+    ]
     misplaced = {}
     for test in sorted((tests / "unit").rglob("test_*.py")):
         mirror = test.parent.relative_to(tests / "unit")
         if not mirror.parts:
-            continue  # the repo-wide rules sit at the top
-        stem = test.stem.removeprefix("test_")
-        package = product / mirror.parts[0]
-        homes = {
-            path.parent.relative_to(product)
-            for path in [*package.rglob(f"{stem}.py"), *package.rglob(f"{stem}/__init__.py")]
-        }
-        if len(homes) == 1 and mirror not in homes:
-            misplaced[str(test.relative_to(tests))] = f"tests/unit/{homes.pop()}/"
+            if test.name not in REPO_WIDE:
+                misplaced[str(test.relative_to(tests))] = "beside the module it tests"
+            continue
+        homes = module_homes(modules, test.stem.removeprefix("test_"))
+        if homes and mirror not in homes:
+            where = " or ".join(f"tests/unit/{home}/" for home in sorted(homes))
+            misplaced[str(test.relative_to(tests))] = where
     return misplaced
 
 
@@ -155,10 +183,16 @@ def test_unit_tests_mirror_the_packages() -> None:
 
 
 def test_a_unit_test_away_from_its_module_s_mirror_is_found(tmp_path: Path) -> None:
-    (tmp_path / "proxy" / "recording").mkdir(parents=True)
-    (tmp_path / "proxy" / "recording" / "spool.py").write_text("")
-    (tmp_path / "tests" / "unit" / "proxy" / "recording").mkdir(parents=True)
-    (tmp_path / "tests" / "unit" / "proxy" / "test_spool.py").write_text("")
-    (tmp_path / "tests" / "unit" / "proxy" / "recording" / "test_other.py").write_text("")
-    found = misplaced_unit_tests(tmp_path / "tests", tmp_path)
-    assert found == {"unit/proxy/test_spool.py": "tests/unit/proxy/recording/"}
+    for module in ("proxy/recording/spool.py", "proxy/base/keys.py", "proxy/admin/keys.py"):
+        (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / module).write_text("")
+    unit = tmp_path / "tests" / "unit"
+    for test in ("proxy/test_spool.py", "proxy/test_keys.py", "proxy/recording/test_other.py",
+                 "proxy/base/test_keys.py", "test_spool.py", "test_layout.py"):  # fmt: skip
+        (unit / test).parent.mkdir(parents=True, exist_ok=True)
+        (unit / test).write_text("")
+    assert misplaced_unit_tests(tmp_path / "tests", tmp_path) == {
+        "unit/proxy/test_spool.py": "tests/unit/proxy/recording/",
+        "unit/proxy/test_keys.py": "tests/unit/proxy/admin/ or tests/unit/proxy/base/",
+        "unit/test_spool.py": "beside the module it tests",
+    }
