@@ -103,32 +103,29 @@ def trainers_child(base: Path, tenants: int, dtype_name: str, steps: int) -> dic
     """Build ``tenants`` trainers on one bank, step each once; PSS, then tenant 0's steps."""
     import torch
 
+    from bench.tenant_trainer_memory import trainer_for
     from learner.adapter_bank import AdapterBanks
-    from learner.adapter_trainer import AdapterTrainer
-    from learner.lora import LoraSettings
-    from learner.trainer import TrainerConfig
     from store.samples import Sample
 
     torch.manual_seed(0)
-    settings, config = LoraSettings(rank=8, alpha=16), TrainerConfig(precision="bfloat16")
     dtype, banks = getattr(torch, dtype_name), AdapterBanks()
     trainers, built = [], []
     batch: list[Sample] = []
     for n in range(tenants):
         started = time.monotonic()
-        bank, slot = banks.take(f"tenant{n}", base, settings, dtype, "cpu")
-        trainer = AdapterTrainer(bank, slot, config, "cpu")
+        trainer = trainer_for("bank", base, dtype, banks, n)  # as `learn --tenants` builds it
         built.append(time.monotonic() - started)
         if not batch:
             batch = _batch(trainer, torch.Generator().manual_seed(0))
-        trainer.step(batch, [1.0, -1.0] * (len(batch) // 2))
+            advantages = [1.0, -1.0] * (len(batch) // 2)
+        trainer.step(batch, advantages)
         trainers.append(trainer)
     gc.collect()
     pss, rss = memory_mb("Pss"), memory_mb("Rss")
     seconds = []
     for _ in range(steps):
         started = time.perf_counter()
-        trainers[0].step(batch, [1.0, -1.0] * (len(batch) // 2))
+        trainers[0].step(batch, advantages)
         seconds.append(time.perf_counter() - started)
     tokens = sum(sum(sample.loss_mask) for sample in batch)
     return {"tenants": tenants, "pss_mb": pss, "rss_mb": rss, "step_seconds": seconds,
@@ -188,19 +185,16 @@ def measure_publishes(base: Path, work: Path, args: argparse.Namespace) -> dict[
     import torch
     from transformers import AutoTokenizer
 
+    from bench.tenant_trainer_memory import SETTINGS, trainer_for
     from learner.adapter_bank import AdapterBanks
-    from learner.adapter_trainer import AdapterTrainer
-    from learner.lora import LoraSettings, write_adapter
+    from learner.lora import write_adapter
     from learner.swap.adapter_memory import adapter_memory, memory_root
     from learner.swap.lora_publisher import LoraPublisher
     from learner.swap.publisher import Probe, served_dtype, tolerance_for
-    from learner.trainer import TrainerConfig
     from learner.vllm_server import VLLMServer
 
-    rank = 8
-    bank, slot = AdapterBanks().take("tenant0", base, LoraSettings(rank=rank, alpha=16),
-                                     getattr(torch, args.dtype), "cpu")  # fmt: skip
-    trainer = AdapterTrainer(bank, slot, TrainerConfig(precision="bfloat16"), "cpu")
+    rank = SETTINGS.rank
+    trainer = trainer_for("bank", base, getattr(torch, args.dtype), AdapterBanks(), 0)
     probe = Probe(list(AutoTokenizer.from_pretrained(str(base))("Tell me a story.")["input_ids"]))
     memory_dir = memory_root(work / "checkpoints")
     try:
