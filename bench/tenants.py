@@ -29,7 +29,8 @@ The default arms are both tenants alone and shared, and per_tenant too with ``--
 It prints a row per seed, arm and tenant, each arm's gain per tenant over the seeds, each
 tenant's gain in the shared and per-tenant arms as a share of its gain alone on the same
 seed, and the slower tenant's share per seed, each as a mean with a 95% interval
-(bench/stats.py); last `per-tenant gain vs alone, the slower tenant: ...`.
+(bench/stats.py); last `per-tenant gain vs alone, the slower tenant: ...` (without a
+per_tenant arm, the shared arm's: `shared policy gain vs alone, ...`).
 
 Steps: ``--steps`` per learner. The per-tenant learner's steps are shared by the tenants
 (``--max-steps`` counts all of them), so its arm runs 2 x ``--steps``: each tenant gets as
@@ -339,7 +340,8 @@ def report(results: list[ArmResult], tenants: tuple[str, ...]) -> tuple[list[str
             lines.append(
                 f"  {arm:<16} {tenant:<10} {gain_summary(results, arm, tenant).format('+.3f')}"
             )
-    headline = "per-tenant gain vs alone, the slower tenant: not measured (no per_tenant arm)"
+    # the headline: the per-tenant arm's line, else (no --lora) the shared arm's, named
+    headline = "gain vs alone, the slower tenant: not measured (no shared or per_tenant arm)"
     for arm, label in (("shared", "shared policy"), ("per_tenant", "per-tenant")):
         shares = shares_vs_alone(results, arm)
         if not shares:
@@ -357,7 +359,7 @@ def report(results: list[ArmResult], tenants: tuple[str, ...]) -> tuple[list[str
         if left_out:
             text += f" (left out, no gain alone: seeds {', '.join(map(str, left_out))})"
         line = f"{label} gain vs alone, the slower tenant: {text}"
-        if arm == "per_tenant":
+        if arm == "per_tenant" or "per_tenant" not in {r.arm for r in results}:
             headline = line
         else:
             lines.append(line)

@@ -32,8 +32,10 @@ phrasings open with words the rules are certain of. An arm with the suffix ``:cl
 printed beside the noisy one.
 
 Prints a row per seed and arm (before, after, gain, steps, minutes), every arm's gain over
-the seeds and each user arm's share of the reference arm's gain (per seed, on the seeds
-where the reference gained), as a mean with a 95% interval (bench/stats.py), and last the
+the seeds, each user arm's share of the reference arm's gain (per seed, on the seeds
+where the reference gained) and every arm's gain per minute of learning (the demo's
+training rounds: the arms at equal wall-clock, as the steps make them equal in steps),
+each as a mean with a 95% interval (bench/stats.py), and last the
 headline: the ``--headline`` arm's share (default turn_credit, what `--grader next_turn`
 trains with), beside its ``:clean`` arm's. Seeds the settings were chosen on (TUNED_ON)
 are flagged: not a learning figure.
@@ -89,6 +91,8 @@ class ArmResult:
     after: float
     steps: int
     minutes: float
+    # the demo's training rounds alone (its summary's learning_seconds): equal wall-clock
+    learning_minutes: float = 0.0
 
     @property
     def gain(self) -> float:
@@ -155,6 +159,7 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, root: Path) -> ArmRes
     started = time.monotonic()
     workdir = root / f"seed-{seed}" / arm.replace(":", "-")
     result = run_demo(arm_config(arm, seed, args, workdir))
+    summary = json.loads(result.summary.read_text())
     return ArmResult(
         arm,
         seed,
@@ -162,6 +167,7 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, root: Path) -> ArmRes
         after=result.after.success_rate,
         steps=result.steps,
         minutes=(time.monotonic() - started) / 60,
+        learning_minutes=float(summary["learning_seconds"]) / 60,
     )
 
 
@@ -173,6 +179,17 @@ def gain_summary(rows: list[ArmResult], arm: str) -> Summary:
     """The arm's gain in points of held-out success, over its seeds."""
     mine = sorted((r for r in rows if r.arm == arm), key=lambda r: r.seed)
     return summarise([100 * r.gain for r in mine], [r.seed for r in mine])
+
+
+def per_minute_summary(rows: list[ArmResult], arm: str) -> Summary | None:
+    """The arm's gain per minute of learning (points), over the seeds whose rows know their
+    learning minutes: the arms compared at equal wall-clock, as they are at equal steps."""
+    mine = sorted(
+        (r for r in rows if r.arm == arm and r.learning_minutes > 0), key=lambda r: r.seed
+    )
+    if not mine:
+        return None
+    return summarise([100 * r.gain / r.learning_minutes for r in mine], [r.seed for r in mine])
 
 
 def share_summary(rows: list[ArmResult], arm: str) -> tuple[Summary | None, list[int]]:
@@ -231,6 +248,12 @@ def report(
             text += f" (left out: seeds {', '.join(map(str, left_out))})"
         lines.append(f"  {arm:<18} {text}")
         out.setdefault("shares", {})[arm] = summary_json(shares[arm])
+    lines.append("gain per minute of learning, points (equal wall-clock; the steps are equal):")
+    for arm in arms_in_order(rows):
+        per_minute = per_minute_summary(rows, arm)
+        text = "not measured" if per_minute is None else per_minute.format("+.2f") + note
+        lines.append(f"  {arm:<18} {text}")
+        out.setdefault("gain_per_minute", {})[arm] = summary_json(per_minute)
     lines.append(headline_line(shares, headline, noise=noise, silent=silent) + note)
     return lines, out
 

@@ -82,6 +82,13 @@ def test_the_smallest_setting_reports_its_arm_and_ends_with_the_headline(
     assert lines[at + 4] == "share of the reference arm's gain, percent (seeds where it gained):"
     assert lines[at + 5] == f"  {ARM:<18} none (left out: seeds 0)"
     assert data["shares"] == {ARM: None}
-    assert lines[at + 6 :] == [
+    assert lines[at + 6] == (
+        "gain per minute of learning, points (equal wall-clock; the steps are equal):"
+    )
+    assert re.fullmatch(
+        rf"  {ARM} +[+-]\d+\.\d\d \(seed 0: no interval\){re.escape(NOTE)}", lines[at + 7]
+    ), lines[at + 7]
+    assert 0 < row["learning_minutes"] < row["minutes"]
+    assert lines[at + 8 :] == [
         f"next-turn signals ({ARM}): not measured (no {ARM} arm, or no reference gain){NOTE}"
     ]

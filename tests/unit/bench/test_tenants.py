@@ -76,10 +76,14 @@ def test_a_seed_where_a_tenant_gained_nothing_alone_is_left_out_and_named() -> N
     assert "not a learning figure" in lines[-1]
 
 
-def test_without_a_per_tenant_arm_the_headline_says_so() -> None:
+def test_without_a_per_tenant_arm_the_headline_is_the_shared_arms() -> None:
     rows = [r for r in run() if r.arm != "per_tenant"]
     lines, _ = report(rows, (YES, NO))
-    assert lines[-1].endswith("not measured (no per_tenant arm)")
+    assert lines[-1] == (
+        "shared policy gain vs alone, the slower tenant: -0.50 [-0.50, -0.50] (seeds 3, 4, 5)"
+    )
+    alone = [r for r in rows if r.arm.startswith("alone:")]
+    assert report(alone, (YES, NO))[0][-1].endswith("not measured (no shared or per_tenant arm)")
 
 
 def test_the_default_arms_are_consistent_and_the_per_tenant_arm_implies_lora() -> None:

@@ -23,7 +23,9 @@ from bench.traffic_signals import (
 def rows(gains: dict[str, list[float]], seeds: tuple[int, ...] = (3, 4, 5)) -> list[ArmResult]:
     """One row per seed and arm, from 0.10 before to 0.10 + gain after."""
     return [
-        ArmResult(arm, seed, before=0.10, after=0.10 + gain, steps=10, minutes=3.0)
+        ArmResult(
+            arm, seed, before=0.10, after=0.10 + gain, steps=10, minutes=3.0, learning_minutes=2.0
+        )
         for seed_index, seed in enumerate(seeds)
         for arm, by_seed in gains.items()
         for gain in [by_seed[seed_index]]
@@ -74,7 +76,7 @@ def test_seeds_that_chose_settings_are_flagged_on_every_figure() -> None:
     run = rows({"reference": [0.4, 0.2, 0.3], "turn_credit": [0.2, 0.1, 0.15]}, seeds=(0, 1, 3))
     lines, _ = report(run, noise=0.15, silent=0.1)
     flagged = [line for line in lines if "seeds 0, 1 chose settings: NOT a learning figure" in line]
-    assert len(flagged) == 4  # two gains, one share, the headline
+    assert len(flagged) == 6  # two gains, one share, two gains a minute, the headline
     assert set(TUNED_ON) == {0, 1, 2}
 
 
@@ -168,3 +170,24 @@ def test_the_demos_sizes_are_flags_and_default_to_the_demos(
     assert (seen[1].heldout_tasks, seen[1].eval_samples, seen[1].train_tasks) == (8, 2, 24)
     assert (seen[1].tasks_per_round, seen[1].group_size) == (2, 4)
     assert seen[1].model_cache == tmp_path
+
+
+def test_every_arm_is_compared_at_equal_wall_clock_too() -> None:
+    """The steps are equal by construction; the gain per minute of learning puts the arms
+    side by side on the clock (a judge's grading costs minutes)."""
+    slow = [
+        ArmResult(r.arm, r.seed, r.before, r.after, r.steps, r.minutes, learning_minutes=8.0)
+        if r.arm == "next_turn"
+        else r
+        for r in RUN
+    ]
+    lines, out = report(slow, noise=0.15, silent=0.1)
+    at = lines.index("gain per minute of learning, points (equal wall-clock; the steps are equal):")
+    # reference gains 40, 20 and 30 points in 2 minutes each; next_turn 10, 10, 30 in 8
+    assert lines[at + 1].split()[:2] == ["reference", "+15.00"]
+    assert lines[at + 2].split()[:2] == ["next_turn", "+2.08"]
+    assert out["gain_per_minute"]["next_turn"]["seeds"] == (3, 4, 5)
+    unknown = [ArmResult(r.arm, r.seed, r.before, r.after, r.steps, r.minutes) for r in RUN]
+    lines, out = report(unknown, noise=0.15, silent=0.1)
+    assert f"  {'reference':<18} not measured" in lines
+    assert out["gain_per_minute"]["reference"] is None
