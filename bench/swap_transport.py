@@ -24,8 +24,9 @@ old, and those swaps' seconds.
 What is measured (issue 42): the wall-clock seconds (time.monotonic) from the end of the
 optimizer step to the first answer, around everything the arm does on that path, the
 phases both arms share included (the trainer's forward on the probe, the verification).
-Each arm's median and the ratio are the figure; the phases (timed inside it, and "other":
-what no phase covers) are printed as detail.
+Each arm's median and the ratio are the figure, with each round's own ratio (its two swaps
+ran back to back) for the spread; the phases (timed inside it, and "other": what no phase
+covers) are printed as detail.
 
 Without vLLM (a GPU machine with torch only): the same comparison with a receiver process that
 holds the model on the device instead of vLLM: `disk` saves a bf16 safetensors file that the
@@ -134,6 +135,16 @@ def speedup(rows: list[dict[str, Any]]) -> float:
     return medians["disk"] / medians["transfer"]
 
 
+def round_ratios(rows: list[dict[str, Any]]) -> list[float]:
+    """Per measured round, its disk seconds over its transfer seconds: the two swaps of a
+    round ran back to back, so the spread of these is the figure's own."""
+    walls: dict[int, dict[str, float]] = {}
+    for row in rows:
+        if not row["warmup"]:
+            walls.setdefault(row["round"], {})[row["arm"]] = float(row["wall_s"])
+    return [w["disk"] / w["transfer"] for _, w in sorted(walls.items()) if len(w) == 2]
+
+
 def speedup_line(ratio: float) -> str:
     return f"swap speed-up, transfer vs disk: {ratio:.1f}x"
 
@@ -160,6 +171,12 @@ def report_lines(rows: list[dict[str, Any]], end: str = "step end -> first answe
             lines.append(f"  {name:<34} {statistics.median(values):8.3f}")
         other = [r["wall_s"] - phase_total(r["phases"]) for r in mine]
         lines.append(f"  {'other (in no phase)':<34} {statistics.median(other):8.3f}")
+    paired = round_ratios(rows)
+    if paired:
+        lines.append(
+            f"transfer vs disk, round by round: {', '.join(f'{r:.2f}x' for r in paired)} "
+            f"(min {min(paired):.2f}x, max {max(paired):.2f}x)"
+        )
     return lines
 
 

@@ -34,3 +34,5 @@ def test_the_smallest_setting_ends_in_a_wall_clock_ratio(tiny_model: Path) -> No
             and "of 1 swaps (after 1 warm-up)" in line
             for line in lines
         ), lines
+    assert any(re.fullmatch(r"transfer vs disk, round by round: \d+\.\d\dx \(min .*\)", line)
+               for line in lines), lines  # fmt: skip

@@ -14,6 +14,7 @@ from bench.swap_transport import (
     replaced,
     report_lines,
     round_order,
+    round_ratios,
     speedup,
     speedup_line,
     swap_row,
@@ -50,6 +51,15 @@ def test_the_arms_take_turns_going_first() -> None:
 def test_the_figure_is_the_median_wall_clock_of_the_measured_swaps() -> None:
     assert arm_medians(rows()) == {"disk": 1.5, "transfer": 0.5}
     assert speedup(rows()) == pytest.approx(3.0)
+
+
+def test_each_rounds_own_ratio_gives_the_spread() -> None:
+    assert round_ratios(rows()) == pytest.approx([3.0, 3.0, 2.0 / 0.6])
+    assert report_lines(rows())[-1] == (
+        "transfer vs disk, round by round: 3.00x, 3.00x, 3.33x (min 3.00x, max 3.33x)"
+    )
+    unpaired = [r for r in rows() if not (r["round"] == 2 and r["arm"] == "disk")]
+    assert round_ratios(unpaired) == pytest.approx([3.0, 2.0 / 0.6])
 
 
 def test_the_last_line_stays_a_ratio() -> None:
