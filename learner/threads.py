@@ -14,13 +14,16 @@ paused and the trainer takes every core instead (learner/time_slice.py).
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 LOCAL_NAMES = {"localhost", "0.0.0.0", ""}
+OWN_CGROUPS = Path("/proc/self/cgroup")
 
 
 @dataclass(frozen=True)
@@ -29,12 +32,70 @@ class ThreadChoice:
     why: str  # for the learner's start line
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (taskset, cgroups' cpusets), not the host's count."""
+def usable_cores(cgroups: Path = Path("/sys/fs/cgroup"), own: Path = OWN_CGROUPS) -> int:
+    """The cores this process may run on (taskset, cgroups' cpusets), not the host's count,
+    and no more than its CPU quota allows (`docker run --cpus 2`, compose's `cpus`): a
+    container on a 64-core host with a quota of 2 has 2 cores' worth of time."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cpu_quota(cgroups, own)
+    return cores if quota is None else max(1, min(cores, math.ceil(quota)))
+
+
+def cpu_quota(cgroups: Path, own: Path) -> float | None:
+    """Cores' worth of CPU time the process's cgroup allows (quota / period), or None when
+    unlimited or unknown. cgroup v2 (`cpu.max`: "max 100000" or "200000 100000") first,
+    then v1 (`cpu.cfs_quota_us`, -1 unlimited, over `cpu.cfs_period_us`)."""
+    try:
+        lines = own.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.count(":") < 2:
+            continue
+        _, controllers, path = line.split(":", 2)
+        relative = path.lstrip("/")
+        if controllers == "":  # v2's unified hierarchy
+            quota = _ratio(cgroups / relative / "cpu.max", cgroups / "cpu.max")
+        elif "cpu" in controllers.split(","):
+            folder = cgroups / controllers
+            quota = _ratio_v1(folder / relative, folder)
+        else:
+            continue
+        if quota is not None:
+            return quota
+    return None
+
+
+def _ratio(*candidates: Path) -> float | None:
+    for path in candidates:
+        try:
+            limit, period = path.read_text().split()[:2]
+        except (OSError, ValueError):
+            continue
+        return None if limit == "max" else _divided(limit, period)
+    return None
+
+
+def _ratio_v1(*folders: Path) -> float | None:
+    for folder in folders:
+        try:
+            limit = (folder / "cpu.cfs_quota_us").read_text().strip()
+            period = (folder / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            continue
+        return None if limit.startswith("-") else _divided(limit, period)
+    return None
+
+
+def _divided(limit: str, period: str) -> float | None:
+    try:
+        value = int(limit) / int(period)
+    except (ValueError, ZeroDivisionError):
+        return None
+    return value if value > 0 else None
 
 
 def is_this_host(url: str) -> bool:

@@ -6,8 +6,11 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
-from learner.threads import choose_threads, is_this_host, usable_cores
+import pytest
+
+from learner.threads import choose_threads, cpu_quota, is_this_host, usable_cores
 
 
 def test_replicas_on_loopback_or_this_hosts_name_are_on_this_host() -> None:
@@ -48,3 +51,42 @@ def test_the_cores_counted_are_those_the_process_may_run_on_not_the_hosts() -> N
     )
     assert counted.stdout.strip() == "1"
     assert usable_cores() == len(os.sched_getaffinity(0))
+
+
+def cgroup_tree(tmp_path: Path, own: str, files: dict[str, str]) -> tuple[Path, Path]:
+    """A /sys/fs/cgroup under tmp_path holding `files`, and a /proc/self/cgroup of `own`."""
+    root = tmp_path / "cgroup"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    (tmp_path / "self").write_text(own)
+    return root, tmp_path / "self"
+
+
+@pytest.mark.parametrize(
+    ("own", "files", "quota"),
+    [
+        ("0::/\n", {"cpu.max": "150000 100000\n"}, 1.5),  # v2, inside a container
+        ("0::/box\n", {"box/cpu.max": "200000 100000\n"}, 2.0),  # v2, a nested group
+        ("0::/\n", {"cpu.max": "max 100000\n"}, None),  # v2, unlimited
+        ("3:cpu,cpuacct:/\n", {"cpu,cpuacct/cpu.cfs_quota_us": "100000",
+                               "cpu,cpuacct/cpu.cfs_period_us": "100000"}, 1.0),  # v1
+        ("3:cpu,cpuacct:/\n", {"cpu,cpuacct/cpu.cfs_quota_us": "-1",
+                               "cpu,cpuacct/cpu.cfs_period_us": "100000"}, None),
+        ("0::/\n", {}, None),  # no controller files: not limited as far as we know
+    ],
+)  # fmt: skip
+def test_a_cgroup_cpu_quota_is_read_in_either_version(
+    tmp_path: Path, own: str, files: dict[str, str], quota: float | None
+) -> None:
+    assert cpu_quota(*cgroup_tree(tmp_path, own, files)) == quota
+
+
+def test_a_quota_caps_the_cores_counted(tmp_path: Path) -> None:
+    """A container with `cpus: 1.5` on this host counts 2 cores' worth at most, 1 at least."""
+    affinity = len(os.sched_getaffinity(0))
+    capped = usable_cores(*cgroup_tree(tmp_path, "0::/\n", {"cpu.max": "150000 100000"}))
+    assert capped == min(affinity, 2)
+    tiny = usable_cores(*cgroup_tree(tmp_path / "t", "0::/\n", {"cpu.max": "10000 100000"}))
+    assert tiny == 1
+    assert usable_cores(tmp_path / "none", tmp_path / "missing") == affinity
