@@ -93,12 +93,30 @@ def write_adapter(model: PeftModel, directory: Path, *, base_dir: Path) -> None:
     name = model.active_adapter
     # the base is a local directory, named absolutely: the learner reloads it on resume
     model.peft_config[name].base_model_name_or_path = str(Path(base_dir).resolve())
-    model.save_pretrained(str(directory), safe_serialization=True, selected_adapters=[name])
+    model.save_pretrained(
+        str(directory),
+        safe_serialization=True,
+        selected_adapters=[name],
+        state_dict=adapter_tensors(model, name),
+    )
     if name != "default":  # peft writes any other adapter into a folder of its name
         for path in (directory / name).iterdir():
             path.rename(directory / path.name)
         (directory / name).rmdir()
     (directory / "README.md").unlink(missing_ok=True)  # peft's model card template: noise
+
+
+def adapter_tensors(model: PeftModel, name: str) -> dict[str, torch.Tensor]:
+    """The adapter `name`'s tensors under their state-dict names: what peft would pick out of
+    the whole state dict itself, in Python, key by key against every adapter's name (270 ms
+    of a 300 ms write on a SmolLM2 bank, whose state dict holds the base and every tenant's
+    adapter)."""
+    picked = {}
+    for key, value in model.state_dict(keep_vars=True).items():
+        parts = key.split(".")
+        if name in parts and any(part.startswith("lora_") for part in parts):
+            picked[key] = value.detach()
+    return picked
 
 
 def validate_adapter(adapter_dir: Path, *, max_rank: int | None = None) -> None:

@@ -14,7 +14,7 @@ import torch
 from learner.adapter_bank import AdapterBanks
 from learner.adapter_trainer import AdapterTrainer
 from learner.checkpoint import load_model
-from learner.lora import LoraSettings, load_trainable, save_adapter, wrap
+from learner.lora import LoraSettings, adapter_tensors, load_trainable, save_adapter, wrap
 from learner.tiny_model import build_tiny_model
 from learner.trainer import Trainer, TrainerConfig
 from store.samples import Sample
@@ -166,6 +166,32 @@ def test_a_slot_trains_saves_and_publishes_as_an_adapter_of_its_own_model(
     step(fresh)
     step(back)
     assert same(_trained(back), fresh.model)
+
+
+def test_an_adapter_is_written_as_peft_writes_it_from_the_whole_model(
+    tiny_model: Path, adapter_dir: Path, tmp_path: Path
+) -> None:
+    """write_adapter hands peft the slot's tensors alone (peft picking them out of a bank's
+    whole state dict cost most of a publish): the files are those peft writes unaided, the
+    other tenants' adapters left out."""
+    banks = AdapterBanks()
+    tenant(banks, "other", adapter_dir, "bfloat16")
+    slot = tenant(banks, "a", adapter_dir, "bfloat16")
+    step(slot)
+    model = slot.served_model
+    ours = save_adapter(model, tmp_path / "ours", base_dir=tiny_model)
+    name = model.active_adapter
+    picked = adapter_tensors(model, name)
+    assert picked and all(f".{name}." in key for key in picked)
+    unaided = tmp_path / "unaided"
+    model.save_pretrained(str(unaided), safe_serialization=True, selected_adapters=[name])
+    written = unaided / name if name != "default" else unaided
+    weights = "adapter_model.safetensors"
+    assert (ours / weights).read_bytes() == (written / weights).read_bytes()
+    configs = [json.loads((d / "adapter_config.json").read_text()) for d in (ours, written)]
+    for config in configs:
+        config["target_modules"] = sorted(config["target_modules"])
+    assert configs[0] == configs[1]
 
 
 def _trained(trainer: Trainer) -> dict[str, torch.Tensor]:
