@@ -204,6 +204,7 @@ def measure_publishes(base: Path, work: Path, args: argparse.Namespace) -> dict[
         memory = None
     seconds: dict[str, list[float]] = {"memory": [], "disk": []} if memory else {"disk": []}
     loading: dict[str, list[float]] = {way: [] for way in seconds}  # the replicas' load alone
+    parts: dict[str, list[dict[str, float]]] = {way: [] for way in seconds}
     extra = ["--max-loras", "2", "--max-cpu-loras", "4"]
     print(f"publishing: vLLM-CPU on {base} with LoRA ...", flush=True)
     try:
@@ -223,17 +224,28 @@ def measure_publishes(base: Path, work: Path, args: argparse.Namespace) -> dict[
                 for way in seconds
             }
 
+            spent: dict[str, float] = {}  # this publish's seconds in each timed part
+
             def write(directory: Path) -> None:
+                started = time.perf_counter()
                 write_adapter(trainer.served_model, directory, base_dir=base)
+                spent["write"] = time.perf_counter() - started
+
+            def expected(prompt: list[int], completion: list[int]) -> list[float]:
+                started = time.perf_counter()
+                logprobs = trainer.logprobs_of(prompt, completion)
+                spent["probe"] = time.perf_counter() - started
+                return logprobs
 
             ways = list(seconds)
             for k in range(args.publishes + 1):  # the first round warms every way up
                 for way in ways if k % 2 else ways[::-1]:
                     version = f"tenant0-{way}-{k}"
                     started = time.perf_counter()
+                    spent.clear()
                     result = publishers[way].publish(
                         work / "checkpoints" / version, version,
-                        expected=trainer.logprobs_of, write=write,
+                        expected=expected, write=write,
                     )  # fmt: skip
                     took = time.perf_counter() - started
                     if not result.ok:
@@ -241,6 +253,7 @@ def measure_publishes(base: Path, work: Path, args: argparse.Namespace) -> dict[
                     if k:
                         seconds[way].append(took)
                         loading[way].append(result.swap_seconds)
+                        parts[way].append(dict(spent))
     finally:
         shutil.rmtree(memory_dir, ignore_errors=True)
     for way, measured in seconds.items():
@@ -249,6 +262,14 @@ def measure_publishes(base: Path, work: Path, args: argparse.Namespace) -> dict[
             f"min {min(measured) * 1000:.0f}, max {max(measured) * 1000:.0f} "
             f"({len(measured)} publishes, verified); of it the replica's load "
             f"{statistics.median(loading[way]) * 1000:.0f} ms median",
+            flush=True,
+        )
+        probe, written = (
+            statistics.median(p.get(name, 0.0) for p in parts[way]) for name in ("probe", "write")
+        )
+        print(
+            f"    of it (medians): the trainer's forward on the probe {probe * 1000:.0f} ms, "
+            f"the adapter's files written {written * 1000:.0f} ms",
             flush=True,
         )
     return seconds

@@ -31,6 +31,8 @@ def test_the_smallest_setting_prints_every_figure_and_its_last_line(
     for n in (1, 8):
         assert any(re.match(rf"\s+{n} tenant\(s\): PSS \d+ MB", line) for line in lines), lines
     assert any(line.startswith("  from disk: median ") for line in lines), lines
+    parts = r"    of it \(medians\): the trainer's forward on the probe \d+ ms, the adapter's files"
+    assert any(re.match(parts, line) for line in lines), lines
     assert re.fullmatch(
         r"tenants: 8 -> \d+\.\d\dx memory of 1, 32 -> not measured; "
         r"adapter publish (\d+ ms|not measured) \(disk \d+ ms\)",
