@@ -899,10 +899,12 @@ def heldout_report(
     reference: str | None,
     tuned_on: Sequence[int],
     samples: int,
+    headline: str | None = None,
 ) -> tuple[list[str], dict[str, Any]]:
     """The lines that report held-out learning (every arm, per seed, then its mean gain with
     a 95% interval over the seeds, at equal steps and at equal wall-clock, against the
-    ``reference`` arm), and the same as data. A pure function of `gain_rows`' rows."""
+    ``reference`` arm), and the same as data; last, where `headline` names an arm, that
+    arm's line (a named arm, never the best one). A pure function of `gain_rows`' rows."""
     seeds = list(dict.fromkeys(int(r["seed"]) for r in rows))
     arms = list(dict.fromkeys(str(r["arm"]) for r in rows))
     prompts = len(HELDOUT_PROMPTS)
@@ -933,11 +935,19 @@ def heldout_report(
             line, data = arm_summary(rows, arm, key, reference)
             lines.append(f"  {arm}: {line}")
             results["arms"].setdefault(arm, {})[key] = data
-    if not seeds_are_fresh(seeds, tuned_on):
+    fresh = seeds_are_fresh(seeds, tuned_on)
+    if not fresh:
         used = sorted(set(seeds) & set(tuned_on))
         lines.append(
             f"seed(s) {', '.join(map(str, used))} chose this bench's settings: "
             "not a learning figure (issue 42); run fresh --seeds"
+        )
+    if headline is not None and headline in arms:
+        wall, _ = arm_summary(rows, headline, "gain_seconds", reference)
+        steps, _ = arm_summary(rows, headline, "gain_steps", reference)
+        lines.append(
+            f"headline, {headline}: held-out gain at equal wall-clock {wall}; at equal steps "
+            f"{steps}" + ("" if fresh else " -- NOT a learning figure (tuned seeds)")
         )
     return lines, results
 
@@ -1201,8 +1211,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\nseed {seed}:")
                 results["by_seed"][seed] = print_curves(curves)
                 runs += [as_run(seed, label, c) for label, c in zip(labels, curves, strict=True)]
+    # the headline: the live learner's arm (what a user runs), else the last arm named
+    headline = next(
+        (lab for lab, arm in zip(labels, arms, strict=True) if arm.kind == "learner"), labels[-1]
+    )
     lines, results["heldout"] = heldout_report(
-        gain_rows(runs), reference=reference, tuned_on=TUNED_SEEDS, samples=args.heldout_samples
+        gain_rows(runs),
+        reference=reference,
+        tuned_on=TUNED_SEEDS,
+        samples=args.heldout_samples,
+        headline=headline,
     )
     print("\n" + "\n".join(lines))
     results["settings"] = {k: v for k, v in vars(args).items() if k not in ("json", "model")}

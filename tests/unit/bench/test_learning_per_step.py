@@ -123,6 +123,13 @@ def test_the_report_prints_every_arm_of_every_seed_and_each_arm_summarised() -> 
     assert results["arms"]["[2] learner"]["gain_steps"]["ratio_to_reference"] == pytest.approx(2)
     assert "best" not in text
     assert "not a learning figure" not in text
+    assert lines[-1] == text.splitlines()[-1]
+    named, _ = heldout_report(
+        three_seeds(), reference="[1] bare", tuned_on=TUNED_SEEDS, samples=16, headline="[1] bare"
+    )
+    assert named[:-1] == lines  # the named arm's line comes last, whatever its rank
+    assert named[-1].startswith("headline, [1] bare: held-out gain at equal wall-clock +")
+    assert "; at equal steps +0.300 [" in named[-1]
 
 
 def test_tuned_seeds_and_too_few_seeds_are_called_what_they_are() -> None:
