@@ -17,10 +17,12 @@ from learner.swap.vllm_idle_spin import ENV, PATCHED, SPIN_S, install, spin_seco
 
 @pytest.fixture
 def condition(monkeypatch: pytest.MonkeyPatch) -> type:
-    """vLLM's SpinCondition, its own __init__ put back after the test."""
-    monkeypatch.setattr(
-        shm_broadcast.SpinCondition, "__init__", shm_broadcast.SpinCondition.__init__
-    )
+    """vLLM's SpinCondition with its own __init__ (unwrapped, had anything installed the fix in
+    this process already), put back as it was after the test."""
+    init = shm_broadcast.SpinCondition.__init__
+    if getattr(init, PATCHED, False):
+        init = init.__wrapped__
+    monkeypatch.setattr(shm_broadcast.SpinCondition, "__init__", init)
     return shm_broadcast.SpinCondition
 
 
