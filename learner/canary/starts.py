@@ -4,8 +4,10 @@ serves the rest, where its settings (learner/canary/settings.py) give it a share
 
 The candidate must serve beside the incumbent: an adapter (--lora), loaded under its own
 name, which the proxies send the candidate's arm to. Full weights would need replicas of
-their own (a canary on a subset of the replicas is not built): such a version serves its
-whole scope at once, as without a canary, and the learner says so once per scope.
+their own: the proxies route a candidate that some replicas serve to those replicas
+(proxy/upstream/canaries.py), but publishing a version to a subset of the replicas is not
+built, so such a version serves its whole scope at once, as without a canary, and the
+learner says so once per scope.
 
 The canary is started in the transaction that records the version (learner/loop/publish.py),
 by `learner`, with why; from then on it is decided like any other (learner/loop/canaries.py).

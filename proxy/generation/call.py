@@ -317,6 +317,8 @@ class Generation:
             body=body_for,
             headers=self.state.pool.headers(self.client_headers),
             sticky_key=sticky,
+            # a full-weight canary's arms, each to its own replicas (proxy/upstream/canaries.py)
+            prefer=self.state.canaries.replica_preference(candidate),
         )
         self.record.upstream = replica.url
         return replica, response

@@ -5,9 +5,12 @@ a share of that scope's sessions is sent to its candidate (proxy/upstream/canary
 sticky per session, at random across sessions). The candidate is a LoRA adapter: a call of
 its arm goes to it only on a replica that has it loaded (the pool reads the replicas'
 adapters while one is wanted), elsewhere to what serves the scope, and the record says which
-version answered. A candidate that is full weights is loaded on no replica as an adapter, so
-every call goes to the incumbent: the canary of full weights on a subset of the replicas is
-not built yet.
+version answered. A candidate of full weights serves as the policy version of some of the
+replicas: the calls of its arm go to those replicas first, and every other call (any scope's)
+to the others first (`replica_preference`); a call goes to a replica of the other side only
+where none of its own is open, and is recorded as the version that answered it. Nothing
+publishes full weights to a subset of the replicas yet (learner/canary/starts.py): until
+then a full-weight candidate is no replica's version and every call goes to the incumbent.
 
 Followed from the store like the tenants (proxy/base/followed.py): every `poll_interval`
 seconds, at once after a change through this process's admin API.
@@ -15,11 +18,13 @@ seconds, at once after a change through this process's admin API.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlalchemy import Engine
 
 from proxy.base.followed import Followed
 from proxy.upstream.canary_assignment import in_candidate_arm
-from proxy.upstream.replicas import UpstreamPool
+from proxy.upstream.replicas import Replica, UpstreamPool
 from store import canaries as store
 from store.canaries import CanaryRule
 
@@ -36,6 +41,21 @@ class CanaryTable(Followed[list[CanaryRule]]):
     def runs_for(self, tenant: str | None) -> bool:
         """Whether a canary runs for the scope; cheap (the hot path)."""
         return tenant in self._by_tenant
+
+    def replica_preference(self, candidate: str | None) -> Callable[[Replica], bool] | None:
+        """Which replicas a call should go to first while a candidate of full weights serves on
+        some of the replicas (its policy version, not an adapter): the candidate's arm to
+        those, every other call to the rest. None (any replica) when no running canary's
+        candidate is a replica's policy version; cheap when no canary runs (the hot path)."""
+        if not self.rules:
+            return None
+        serving = {r.policy_version for r in self.pool.replicas}
+        full = {rule.candidate for rule in self.rules} & serving
+        if not full:
+            return None
+        if candidate in full:
+            return lambda replica: replica.policy_version == candidate
+        return lambda replica: replica.policy_version not in full
 
     def candidate_for(self, tenant: str | None, key: str) -> str | None:
         """The candidate adapter the call with this sticky key goes to, or None (no canary

@@ -153,9 +153,12 @@ class UpstreamPool:
         assert self._session is not None, "UpstreamPool.start() not called"
         return self._session
 
-    def candidates(self, sticky_key: str | None) -> list[Replica]:
+    def candidates(
+        self, sticky_key: str | None, prefer: Callable[[Replica], bool] | None = None
+    ) -> list[Replica]:
         """Replicas in the order to try: the sticky one first, unhealthy ones last, gated
-        ones never."""
+        ones never; with `prefer`, the replicas it prefers before the others in each of the
+        two (a canary's arm: proxy/upstream/canaries.py)."""
         open_ = [r for r in self.replicas if r.gate_epoch is None]
         if len(open_) <= 1:
             return open_
@@ -166,7 +169,11 @@ class UpstreamPool:
             start = next(self._round_robin) % len(open_)
             ordered = open_[start:] + open_[:start]
         usable = [r for r in ordered if r.eligible(now)]
-        return usable + [r for r in ordered if not r.eligible(now)]
+        resting = [r for r in ordered if not r.eligible(now)]
+        if prefer is None:
+            return usable + resting
+        return [r for group in (usable, resting) for wanted in (True, False)
+                for r in group if prefer(r) is wanted]  # fmt: skip
 
     # -- swap gates (driven by proxy/upstream/gates.py) -------------------------------------------
     def close_gate(self, replica: Replica, epoch: int) -> None:
@@ -194,10 +201,12 @@ class UpstreamPool:
             if r.gate_epoch is not None and r.in_flight == 0
         }
 
-    async def _open_replicas(self, sticky_key: str | None) -> list[Replica]:
+    async def _open_replicas(
+        self, sticky_key: str | None, prefer: Callable[[Replica], bool] | None = None
+    ) -> list[Replica]:
         """The candidates; while every replica is gated, wait (bounded) for one to open."""
         deadline = time.monotonic() + self._gate_wait
-        while not (found := self.candidates(sticky_key)):
+        while not (found := self.candidates(sticky_key, prefer)):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise UpstreamBusy(
@@ -243,8 +252,10 @@ class UpstreamPool:
         body: bytes | Callable[[Replica], bytes] | None,
         headers: Mapping[str, str],
         sticky_key: str | None,
+        prefer: Callable[[Replica], bool] | None = None,
     ) -> tuple[Replica, http1.Response]:
-        """Send a request to the first replica that answers it.
+        """Send a request to the first replica that answers it (those `prefer` prefers
+        first, see `candidates`).
 
         The caller must release the response. A replica that refuses the connection, or
         drops it before any response byte, is marked down and the next one is tried: a
@@ -254,7 +265,7 @@ class UpstreamPool:
         ``body`` may depend on the replica (the LoRA adapter it serves).
         """
         failures: list[str] = []
-        for replica in await self._open_replicas(sticky_key):
+        for replica in await self._open_replicas(sticky_key, prefer):
             if replica.sampling_defaults is None:  # no coroutine on the hot path
                 await self._know_defaults(replica)
             # a dropped connection is tried once more on the same replica: it may have been

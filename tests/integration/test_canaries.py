@@ -285,3 +285,36 @@ def test_the_canary_api_needs_the_token_and_answers_errors_in_its_shape(
     assert out["rolled back"].status_code == 200
     assert out["twice"].status_code == 409 and "rolled_back already" in out["twice"].text
     assert out["extend decided"].status_code == 409
+
+
+def test_a_full_weight_candidate_answers_its_arm_from_the_replicas_that_serve_it(
+    fake_vllm: FakeVLLM, db_url: str, engine: Engine, tmp_path: Path
+) -> None:
+    """The shared policy's candidate is full weights on one replica of two (its policy
+    version there): its arm's sessions are answered by that replica, every other session by
+    the incumbent's, each recorded as the version that answered it."""
+    with FakeVLLM(version="step-9") as candidate_replica:
+
+        async def scenario() -> dict[str, Any]:
+            options = settings(fake_vllm, db_url, tmp_path)
+            options["upstreams"] = [fake_vllm.url, candidate_replica.url]
+            async with in_process_proxy(**options) as proxy:
+                started = await admin(
+                    proxy, "POST", "/canaries", json={"candidate": "step-9", "share": 0.5}
+                )
+                assert started.status_code == 201, started.text
+                for k in range(40):
+                    await ask(proxy, f"s{k}", user("hi"))
+                return started.json()
+
+        canary = asyncio.run(scenario())
+    wait_for_calls(engine, 40)
+    with engine.connect() as conn:
+        rows = conn.execute(select(Call.session_key, Call.policy_version, Call.upstream)).all()
+    arm = {f"s{k}": in_candidate_arm(canary["id"], f"s:s{k}", 0.5) for k in range(40)}
+    assert 0 < sum(arm.values()) < 40
+    for session, version, upstream in rows:
+        if arm[session]:
+            assert (version, upstream) == ("step-9", candidate_replica.url), session
+        else:
+            assert (version, upstream) == ("fake-v1", fake_vllm.url), session

@@ -67,3 +67,19 @@ def test_with_every_replica_gated_a_request_waits_for_one_to_open() -> None:
     replicas.close_gate(replica, epoch=2)
     with pytest.raises(UpstreamBusy, match="held for a weight swap"):
         asyncio.run(replicas._open_replicas(None))
+
+
+def test_preferred_replicas_go_first_and_the_rest_stay_in_order() -> None:
+    """A canary's arm to its replicas: preferred ones first, in the sticky order, healthy
+    before resting, the others after them (never dropped: a call is answered)."""
+    replicas = pool(["http://a", "http://b", "http://c", "http://d"])
+    first = [r.url for r in replicas.candidates("s:one")]
+    candidate = {first[1], first[3]}
+    ordered = [r.url for r in replicas.candidates("s:one", lambda r: r.url in candidate)]
+    assert ordered == [first[1], first[3], first[0], first[2]]
+    replicas.mark_failed(next(r for r in replicas.replicas if r.url == first[1]))
+    ordered = [r.url for r in replicas.candidates("s:one", lambda r: r.url in candidate)]
+    assert ordered == [first[3], first[0], first[2], first[1]]
+    assert [r.url for r in replicas.candidates("s:one", lambda r: False)] == [
+        u for u in first if u != first[1]
+    ] + [first[1]]
