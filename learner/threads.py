@@ -17,7 +17,7 @@ import ipaddress
 import math
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -45,49 +45,54 @@ def usable_cores(cgroups: Path = Path("/sys/fs/cgroup"), own: Path = OWN_CGROUPS
 
 
 def cpu_quota(cgroups: Path, own: Path) -> float | None:
-    """Cores' worth of CPU time the process's cgroup allows (quota / period), or None when
-    unlimited or unknown. cgroup v2 (`cpu.max`: "max 100000" or "200000 100000") first,
-    then v1 (`cpu.cfs_quota_us`, -1 unlimited, over `cpu.cfs_period_us`)."""
+    """Cores' worth of CPU time the process's cgroups allow (quota / period): the smallest
+    over its own group and every group above it (a systemd slice's CPUQuota binds the
+    scopes under it), or None when none is limited or nothing can be read. cgroup v2
+    (`cpu.max`: "max 100000" or "200000 100000") and v1 (`cpu.cfs_quota_us`, -1 unlimited,
+    over `cpu.cfs_period_us`)."""
     try:
         lines = own.read_text().splitlines()
     except OSError:
         return None
+    found: list[float] = []
     for line in lines:
         if line.count(":") < 2:
             continue
         _, controllers, path = line.split(":", 2)
-        relative = path.lstrip("/")
         if controllers == "":  # v2's unified hierarchy
-            quota = _ratio(cgroups / relative / "cpu.max", cgroups / "cpu.max")
+            found += _quotas(cgroups, path, _ratio_v2)
         elif "cpu" in controllers.split(","):
-            folder = cgroups / controllers
-            quota = _ratio_v1(folder / relative, folder)
-        else:
-            continue
-        if quota is not None:
-            return quota
-    return None
+            # the v1 controller's folder: named as the line names it, or plain "cpu"
+            mount = next(
+                (m for m in (cgroups / controllers, cgroups / "cpu") if m.is_dir()),
+                cgroups / controllers,
+            )
+            found += _quotas(mount, path, _ratio_v1)
+    return min(found) if found else None
 
 
-def _ratio(*candidates: Path) -> float | None:
-    for path in candidates:
-        try:
-            limit, period = path.read_text().split()[:2]
-        except (OSError, ValueError):
-            continue
-        return None if limit == "max" else _divided(limit, period)
-    return None
+def _quotas(mount: Path, path: str, read: Callable[[Path], float | None]) -> list[float]:
+    """The quotas set on the group at `path` under `mount` and on every group above it."""
+    parts = [part for part in path.split("/") if part]
+    folders = [mount.joinpath(*parts[:depth]) for depth in range(len(parts), -1, -1)]
+    return [q for q in (read(folder) for folder in folders) if q is not None]
 
 
-def _ratio_v1(*folders: Path) -> float | None:
-    for folder in folders:
-        try:
-            limit = (folder / "cpu.cfs_quota_us").read_text().strip()
-            period = (folder / "cpu.cfs_period_us").read_text().strip()
-        except OSError:
-            continue
-        return None if limit.startswith("-") else _divided(limit, period)
-    return None
+def _ratio_v2(folder: Path) -> float | None:
+    try:
+        limit, period = (folder / "cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" else _divided(limit, period)
+
+
+def _ratio_v1(folder: Path) -> float | None:
+    try:
+        limit = (folder / "cpu.cfs_quota_us").read_text().strip()
+        period = (folder / "cpu.cfs_period_us").read_text().strip()
+    except OSError:
+        return None
+    return None if limit.startswith("-") else _divided(limit, period)
 
 
 def _divided(limit: str, period: str) -> float | None:

@@ -292,7 +292,9 @@ def start_proxy_then_vllm(
     The proxy binds its port before vLLM's minute of start-up: a port asked for stays the
     demo's, one in use fails at once rather than after vLLM has loaded, and vLLM's start-up
     (which takes free ports of its own) cannot take a port that was free only a moment ago.
-    The proxy waits for its upstream as it would for one that restarts."""
+    The proxy waits for its upstream as it would for one that restarts; this returns once
+    it has read what vLLM serves (so no call is recorded without its policy version). The
+    proxy is stopped before vLLM, so no call in flight meets a vanished upstream."""
     vllm_port = free_port()
     proxy_url = f"http://127.0.0.1:{config.port}"
     proxy = _start(
@@ -307,6 +309,14 @@ def start_proxy_then_vllm(
     say(f"proxy on {proxy_url}, recording to {db_url}")
     vllm = start_demo_vllm(model_dir, here / "vllm.log", config.dtype, port=vllm_port)
     cleanup.callback(vllm.stop)
+    cleanup.callback(_stop, proxy)  # first, now: a second stop of it does nothing
+    deadline = time.monotonic() + 60
+    while proxy_version(proxy_url) is None:
+        if proxy.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the proxy never read vLLM's policy version; see {here / 'proxy.log'}"
+            )
+        time.sleep(0.2)
     return proxy_url, vllm
 
 

@@ -10,10 +10,13 @@ from the trainer after every request: a SmolLM2 forward pass on the publish's pr
 idle (bench/tenant_scale.py, 2 cores): torch's threads wait on each other while one of
 them has lost its core to the spinning reader.
 
-On CPUs the readers spin for `SPIN_S` instead (ONTHEJOB_VLLM_SPIN_S overrides it): long
-enough that a replica in steady decoding (a read every few milliseconds) never leaves the
-spin, short enough that an idle one gives its core back at once. Waking from the socket
-costs a notification the writer sends anyway.
+On CPUs the readers spin for `SPIN_S` instead (ONTHEJOB_VLLM_SPIN_S lowers it; vLLM's
+own second stays the most): an idle replica gives its cores back at once. A reader that
+waits longer than that for its next message (the engine waiting out a forward pass of tens
+of milliseconds) sleeps on the socket and is woken by the notification the writer sends
+with every message anyway; what that costs the replica's own decoding speed is not
+measured yet (docs/learner/transports.md). vLLM's optional spin extension
+(VLLM_USE_SPINLOOP_EXT, off by default) spins apart from this and is not shortened.
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ def test_the_cores_counted_are_those_the_process_may_run_on_not_the_hosts() -> N
         check=True,
     )
     assert counted.stdout.strip() == "1"
-    assert usable_cores() == len(os.sched_getaffinity(0))
+    # without cgroup files to read (a quota on this machine would cap the count)
+    assert usable_cores(Path("/nonexistent"), Path("/nonexistent")) == len(os.sched_getaffinity(0))
 
 
 def cgroup_tree(tmp_path: Path, own: str, files: dict[str, str]) -> tuple[Path, Path]:
@@ -74,6 +75,13 @@ def cgroup_tree(tmp_path: Path, own: str, files: dict[str, str]) -> tuple[Path, 
         ("3:cpu,cpuacct:/\n", {"cpu,cpuacct/cpu.cfs_quota_us": "-1",
                                "cpu,cpuacct/cpu.cfs_period_us": "100000"}, None),
         ("0::/\n", {}, None),  # no controller files: not limited as far as we know
+        # a slice's quota binds the scope under it: the smallest on the way up counts
+        ("0::/slice/scope\n", {"slice/cpu.max": "100000 100000",
+                                "slice/scope/cpu.max": "max 100000"}, 1.0),
+        ("0::/slice/scope\n", {"cpu.max": "300000 100000",
+                                "slice/scope/cpu.max": "200000 100000"}, 2.0),
+        ("4:cpu,cpuacct:/a\n", {"cpu/cpu.cfs_quota_us": "50000",
+                                "cpu/cpu.cfs_period_us": "100000"}, 0.5),  # v1 under "cpu"
     ],
 )  # fmt: skip
 def test_a_cgroup_cpu_quota_is_read_in_either_version(
