@@ -2,7 +2,8 @@
 learner/config.py and store/environment.py. Elsewhere in the product `os.environ` may only be
 passed on whole to a child process (`{**os.environ, ...}`); the demo's harnesses and the tool
 tasks' harnesses are black-box programs of their own, which read their protocol from their
-environment."""
+environment, and the vLLM plugin's code runs in vLLM's processes, whose environment is
+vLLM's."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ HARNESSES = (
     "learner/rollout/tool_tasks/frameworks.py",
     "learner/rollout/tool_tasks/pydantic_ai_agent.py",
     "learner/rollout/tool_tasks/openai_agents_agent.py",
+    # our vLLM plugin's fixes run in vLLM's processes: their environment is vLLM's
+    "learner/swap/vllm_idle_spin.py",
 )
 
 
