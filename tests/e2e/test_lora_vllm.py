@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -893,8 +894,9 @@ def tenants_guard_file(
     same = []
     for i, (prompt, answer) in enumerate(unchanged.items()):
         expected = tmp_path / f"same-{i}.txt"
-        expected.write_text(answer + "\n")  # the harness prints the reply
-        same.append({"id": f"same-{i}", "prompt": prompt, "check": f"cmp -s {expected} -"})
+        expected.write_bytes((answer + "\n").encode())  # the harness prints the reply
+        check = f"cmp -s {shlex.quote(str(expected))} -"
+        same.append({"id": f"same-{i}", "prompt": prompt, "check": check})
     for name, tasks in (("answered", answered), ("same", same)):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
     env = {
