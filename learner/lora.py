@@ -92,8 +92,8 @@ def write_adapter(model: PeftModel, directory: Path, *, base_dir: Path) -> None:
     directory = Path(directory)
     name = model.active_adapter
     # the base is a local directory, named absolutely: the learner reloads it on resume
-    model.peft_config[name].base_model_name_or_path = str(Path(base_dir).resolve())
     config = model.peft_config[name]
+    config.base_model_name_or_path = str(Path(base_dir).resolve())
     # peft adds more than the adapter's lora_ tensors for these: it picks them itself
     plain = getattr(config, "bias", "none") == "none" and not (
         getattr(config, "modules_to_save", None) or getattr(config, "trainable_token_indices", None)

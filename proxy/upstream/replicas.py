@@ -172,8 +172,10 @@ class UpstreamPool:
         resting = [r for r in ordered if not r.eligible(now)]
         if prefer is None:
             return usable + resting
-        return [r for group in (usable, resting) for wanted in (True, False)
-                for r in group if prefer(r) is wanted]  # fmt: skip
+        # stable sorts: the preferred first, each side in the order above
+        return sorted(usable, key=lambda r: not prefer(r)) + sorted(
+            resting, key=lambda r: not prefer(r)
+        )
 
     # -- swap gates (driven by proxy/upstream/gates.py) -------------------------------------------
     def close_gate(self, replica: Replica, epoch: int) -> None:

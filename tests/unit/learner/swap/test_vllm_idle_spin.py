@@ -28,7 +28,7 @@ def condition(monkeypatch: pytest.MonkeyPatch) -> type:
     return shm_broadcast.SpinCondition
 
 
-def made(condition: type, *, reader: bool, tmp_path: Path) -> Any:
+def made(condition: type, *, reader: bool) -> Any:
     """A reader or writer on an ipc address of a short path (a socket's path has a limit),
     its sockets closed after: only its busy loop is read."""
     folder = Path(tempfile.mkdtemp(prefix="spin-", dir="/tmp"))
@@ -42,13 +42,13 @@ def made(condition: type, *, reader: bool, tmp_path: Path) -> Any:
     return made
 
 
-def test_vllm_spins_a_second_after_each_read(condition: type, tmp_path: Path) -> None:
+def test_vllm_spins_a_second_after_each_read(condition: type) -> None:
     """What the fix is for, as shipped."""
-    assert made(condition, reader=True, tmp_path=tmp_path).busy_loop_s == 1
+    assert made(condition, reader=True).busy_loop_s == 1
 
 
 def test_a_cpu_replica_s_readers_spin_for_spin_s(
-    condition: type, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    condition: type, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if not current_platform.is_cpu():
         pytest.skip("the fix is for vLLM-CPU; this vLLM is another platform's")
@@ -57,8 +57,8 @@ def test_a_cpu_replica_s_readers_spin_for_spin_s(
     install()  # vLLM may load plugins twice in one process: wrapped once
     assert getattr(condition.__init__, PATCHED)
     assert getattr(condition.__init__.__wrapped__, PATCHED, False) is False
-    assert made(condition, reader=True, tmp_path=tmp_path).busy_loop_s == SPIN_S
-    assert made(condition, reader=False, tmp_path=tmp_path).busy_loop_s == 0
+    assert made(condition, reader=True).busy_loop_s == SPIN_S
+    assert made(condition, reader=False).busy_loop_s == 0
 
 
 def test_the_environment_chooses_the_spin_and_bad_values_fall_back(
