@@ -428,10 +428,11 @@ class LearnerConfig(BaseSettings):
     # -- canaries (docs/tenants.md) -------------------------------------------------------
     canary_share: float = setting(
         0.0,
-        "with --lora, each new verified version first serves this share of its scope's "
-        "sessions (a tenant's, or the shared policy's) as a canary beside the version that "
-        "serves the rest, and the scope trains no step until the canary promotes it or rolls "
-        "it back; full weights serve at once, as with 0: off. A tenant's own setting "
+        "each new verified version first serves this share of its scope's sessions (a "
+        "tenant's, or the shared policy's) as a canary beside the version that serves the "
+        "rest, and the scope trains no step until the canary promotes it or rolls it back: "
+        "an adapter (--lora), or full weights on some of two or more --upstream replicas; "
+        "full weights on one replica serve at once, as with 0: off. A tenant's own setting "
         "(PUT /admin/api/tenants/NAME/canary) overrides it",
         metavar="SHARE",
         ge=0.0,

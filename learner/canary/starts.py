@@ -3,10 +3,10 @@ the shared policy's) first serves a share of the scope's sessions beside the ver
 serves the rest, where its settings (learner/canary/settings.py) give it a share.
 
 The candidate must serve beside the incumbent: an adapter (--lora), loaded under its own
-name, which the proxies send the candidate's arm to. Full weights would need replicas of
-their own: the proxies route a candidate that some replicas serve to those replicas
-(proxy/upstream/canaries.py), but publishing a version to a subset of the replicas is not
-built, so such a version serves its whole scope at once, as without a canary, and the
+name, which the proxies send the candidate's arm to; or the shared policy's full weights,
+published on some of two or more replicas (`candidate_replicas`), to which the proxies send
+the candidate's arm and every other call to the rest (proxy/upstream/canaries.py). Full
+weights on one replica serve their whole scope at once, as without a canary, and the
 learner says so once per scope.
 
 The canary is started in the transaction that records the version (learner/loop/publish.py),
@@ -16,6 +16,7 @@ by `learner`, with why; from then on it is decided like any other (learner/loop/
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 
 from sqlalchemy import Connection, Engine
@@ -37,9 +38,12 @@ class CanaryStarts:
         self.config = config
         self.told: set[str | None] = set()  # scopes told their full weights get no canary
 
-    def settings_for(self, tenant: str | None, *, adapter: bool) -> CanarySettings | None:
+    def settings_for(
+        self, tenant: str | None, *, adapter: bool, replicas: int = 1
+    ) -> CanarySettings | None:
         """The canary settings of the scope's next version; None: it serves the scope at
-        once (no share, or full weights, which cannot serve beside the incumbent)."""
+        once (no share, or full weights on fewer than two `replicas`, where they cannot
+        serve beside the incumbent)."""
         overrides = None
         if tenant is not None:
             with self.engine.connect() as conn:
@@ -47,8 +51,8 @@ class CanaryStarts:
         settings = canary_settings(self.config, tenant, overrides)
         if not settings.on:
             return None
-        if not adapter:
-            self._say_full_weights(tenant, settings)
+        if not adapter and (tenant is not None or replicas < 2):
+            self._say_full_weights(tenant, settings, replicas)
             return None
         return settings
 
@@ -83,17 +87,30 @@ class CanaryStarts:
             detail={"step": step, "settings": settings.source},
         )
 
-    def _say_full_weights(self, tenant: str | None, settings: CanarySettings) -> None:
+    def _say_full_weights(
+        self, tenant: str | None, settings: CanarySettings, replicas: int
+    ) -> None:
         if tenant in self.told:
             return
         self.told.add(tenant)
         log.warning(
             "canary: %s's versions serve all of its traffic at once, not %g of it as a "
             "canary: a canary's candidate serves beside the incumbent as an adapter (--lora), "
-            "and full weights would need replicas of their own (not built yet)",
+            "or as full weights on some of two or more replicas (this learner has %d)",
             _scope(tenant),
             settings.share,
+            replicas,
         )
+
+
+def candidate_replicas(upstreams: Sequence[str], share: float) -> list[str]:
+    """The replicas a full-weight candidate serves on: the number its share of the sessions
+    comes nearest to, at least one and never all; the last ones, so that the first (whose
+    version start-up reads) keeps serving the incumbent."""
+    count = min(len(upstreams) - 1, max(1, int(share * len(upstreams) + 0.5)))
+    if count < 1:
+        raise ValueError("a full-weight candidate needs two or more replicas")
+    return list(upstreams[len(upstreams) - count :])
 
 
 def _scope(tenant: str | None) -> str:

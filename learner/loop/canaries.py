@@ -14,7 +14,8 @@ policy's candidate needs every replica swapped: given the replicas, the learner 
 on each (learner/swap/versions.py, as the admin API's promote does: VERSION+rollback-N),
 then records the promotion; without them, or where the swap fails, it says once that an
 operator can (POST /admin/api/canaries/{id}/promote). A rollback changes nothing that
-serves, in either scope.
+serves, in either scope; a full-weight candidate's replicas then serve the incumbent again
+(learner/loop/step.py, at the learner's next look).
 
 The reward-hacking watch (learner/canary/watch.py) reads each running canary's arms
 (store/watch_windows.py) every `WATCH_EVERY` seconds, and again before a decision its alerts

@@ -2,7 +2,9 @@
 lease; retention after it. Where the scope's canary settings give it a share (learner/canary/
 starts.py), an adapter is loaded and verified but serves only a canary's share of the scope:
 it is recorded as the canary's candidate, its canary started in the same transaction, and
-what serves the scope stays as it was until the canary is decided (learner/loop/step.py)."""
+what serves the scope stays as it was until the canary is decided (learner/loop/step.py).
+Full weights do the same on some of two or more replicas, which serve what the others do
+again when the canary is rolled back (`withdraw_candidate`)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from sqlalchemy import Connection
 
 from learner import retention
 from learner.canary.settings import CanarySettings
-from learner.canary.starts import CanaryStarts
+from learner.canary.starts import CanaryStarts, candidate_replicas
 from learner.checkpoint import checkpoint_tensors, save_checkpoint
 from learner.grouping import Baselines
 from learner.layout import served_base
@@ -175,10 +177,14 @@ class Publishing:
 
     def _canary(self) -> CanarySettings | None:
         """The settings of the canary the lineage's new version starts (None: it serves
-        its whole scope at once); a canary's candidate is an adapter."""
+        its whole scope at once); a canary's candidate is an adapter, or full weights on some
+        of the replicas."""
         publisher = self.state.lineage.publisher
+        assert publisher is not None
         adapter = isinstance(publisher, LoraPublisher)
-        settings = self.canary_starts.settings_for(self.state.tenant, adapter=adapter)
+        settings = self.canary_starts.settings_for(
+            self.state.tenant, adapter=adapter, replicas=len(publisher.upstreams)
+        )
         if isinstance(publisher, LoraPublisher):
             # read at each publish, as a tenant's own settings may change while it runs
             publisher.keep = self._adapters_kept(canary=settings is not None)
@@ -268,10 +274,10 @@ class Publishing:
         canary: CanarySettings | None = None,
     ) -> PublishResult:
         """`canary`: the version is a canary's candidate, loaded and verified beside what
-        serves, which it does not replace."""
+        serves (an adapter, or full weights on some of the replicas), which it does not
+        replace."""
         lineage = self.state.lineage
         assert lineage.trainer is not None and lineage.publisher is not None
-        assert canary is None or write is not None, "a canary's candidate is an adapter"
         if write is not None:
             assert isinstance(lineage.publisher, LoraPublisher)
             return lineage.publisher.publish(
@@ -282,18 +288,48 @@ class Publishing:
                 write=write,
                 serve=canary is None,
             )
-        if tensors is None:
+        if tensors is None and canary is None:
             return lineage.publisher.publish(
                 checkpoint, version, expected=lineage.trainer.logprobs_of, commit=record
             )
         assert isinstance(lineage.publisher, FullWeightPublisher)
+        on = (
+            None
+            if canary is None
+            else candidate_replicas(lineage.publisher.upstreams, canary.share)
+        )
         return lineage.publisher.publish(
             checkpoint,
             version,
             expected=lineage.trainer.logprobs_of,
             commit=record,
             tensors=tensors,
+            on=on,
         )
+
+    def withdraw_candidate(self) -> None:
+        """A rolled-back canary's full-weight candidate: its replicas serve what the others
+        do again, verified, under the publish lease; where that fails, every replica is
+        restored (the loop's restore)."""
+        state, lineage = self.state, self.state.lineage
+        publisher = lineage.publisher
+        if not isinstance(publisher, FullWeightPublisher) or not publisher.canary_replicas:
+            return
+        assert lineage.serving is not None
+        replicas = ", ".join(publisher.canary_replicas)
+        state.activity = f"serving {lineage.serving['version']} again on {replicas}"
+        with lease.held(state.engine, state.holder, wait=LEASE_WAIT), state.stopping.swap():
+            result = publisher.withdraw(lineage.serving["version"])
+        if result.ok and result.opened:
+            log.info("%s serves %s again", replicas, lineage.serving["version"])
+            return
+        log.error(
+            "could not serve %s again on %s (%s): every replica is restored",
+            lineage.serving["version"],
+            replicas,
+            result.error,
+        )
+        lineage.needs_restore = True
 
     def served_tensors(self) -> dict[str, torch.Tensor]:
         """The weights the replicas are to serve, by checkpoint name: the trainer's own

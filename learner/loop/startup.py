@@ -9,9 +9,11 @@ import os
 from pathlib import Path
 
 from learner import control
+from learner.canary.starts import BY
 from learner.checkpoint import load_model, save_checkpoint
 from learner.grouping import Baselines
 from learner.hindsight import HintFrame
+from learner.layout import is_adapter
 from learner.loop.guarding import Guarding
 from learner.loop.publish import Publishing
 from learner.loop.state import LEARNER, LEASE_WAIT, PROBE_TEXT, LoopState, RestoreFailed
@@ -31,7 +33,15 @@ from learner.swap.publisher import (
 )
 from learner.swap.transfer import transfer_support
 from learner.swap.versions import serve_version_held
-from store import gates, grade_queue, learner_state, policy_versions, training_steps
+from store import (
+    canaries,
+    clock,
+    gates,
+    grade_queue,
+    learner_state,
+    policy_versions,
+    training_steps,
+)
 from store.control import read_heartbeat
 from store.tasks import TaskTable, upsert_tasks
 
@@ -269,6 +279,41 @@ class StartUp:
             lineage.serving["probe"] = result.fingerprint.state()
             lineage.publisher.last_good_fingerprint = result.fingerprint
         lineage.needs_restore = False
+        self._roll_back_unserved_candidate()
+
+    def _roll_back_unserved_candidate(self) -> None:
+        """A restore serves what serves on every replica, a full-weight candidate's too: the
+        shared policy's running canary with such a candidate (its learner stopped, or its
+        replicas had to be restored) has no arm left, and is rolled back, with why."""
+        now = clock.now()
+        with self.state.engine.begin() as conn:
+            running = canaries.running_for(conn, None)
+            if running is None:
+                return
+            canary = canaries.get_canary(conn, running)
+            candidate = (
+                None
+                if canary is None
+                else policy_versions.version(conn, version=canary["candidate"])
+            )
+            if candidate is None or is_adapter(Path(candidate["checkpoint_path"])):
+                return
+            canaries.roll_back(
+                conn,
+                canary_id=running,
+                by=BY,
+                reason=(
+                    f"its full-weight candidate {candidate['version']} no longer serves on any "
+                    "replica: every replica was given the serving version again (the learner "
+                    "restarted, or restored the replicas)"
+                ),
+                now=now,
+            )
+        log.warning(
+            "canary %s rolled back: its full-weight candidate %s no longer serves on any replica",
+            running,
+            candidate["version"],
+        )
 
     def gates_left_closed(self) -> bool:
         """A publisher that died mid-swap (nobody holds the lease) may have left replicas

@@ -89,7 +89,8 @@ class Stepping:
 
     def _canary_decided(self, serving: policy_versions.PolicyVersionRow | None) -> None:
         """The trainer held the candidate: promoted, it trains on from what serves now (the
-        candidate, or its weights under the swap's name); rolled back, from what served."""
+        candidate, or its weights under the swap's name); rolled back, from what served,
+        which a full-weight candidate's replicas serve again."""
         lineage = self.state.lineage
         assert lineage.serving is not None
         canary, lineage.canary = lineage.canary, None
@@ -100,6 +101,7 @@ class Stepping:
             "canary %s rolled back: training from %s again", canary, lineage.serving["version"]
         )
         self.weights.reload()
+        self.publishing.withdraw_candidate()
 
     def _waits_for_canary(self) -> bool:
         """Whether a canary runs for the lineage's scope: then no step (see the module)."""

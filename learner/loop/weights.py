@@ -16,6 +16,7 @@ from learner.layout import adapter_base, is_adapter, served_base
 from learner.loop.state import PROBE_TEXT, LoopState
 from learner.lora import load_trainable, merge, wrap
 from learner.shared_base import share_frozen
+from learner.swap.full_publisher import FullWeightPublisher
 from learner.swap.publisher import ExpectedLogprobs, Fingerprint, Probe
 from learner.trainer import Trainer, TrainerConfig, trainer_device
 from store.policy_versions import PolicyVersionRow
@@ -120,6 +121,9 @@ class Weights:
             lineage.publisher.last_good_fingerprint = Fingerprint.from_state(
                 serving["probe"], at_least=self.state.tolerance
             )
+            if isinstance(lineage.publisher, FullWeightPublisher):
+                # what serves changed on every replica, a candidate's with the others
+                lineage.publisher.canary_replicas = []
 
     @staticmethod
     def optimizer_path(checkpoint: Path) -> Path:

@@ -50,25 +50,30 @@ class Fence:
         upstreams: Sequence[str],
         *,
         abort_stragglers: Callable[[Sequence[str]], None] | None = None,
+        known: Sequence[str] | None = None,
     ) -> None:
+        """Fence `upstreams` off. `known`: every replica the publisher has (default: those
+        fenced), where it fences some of them (a canary's candidate): a proxy that routes to
+        any other is misconfigured."""
         with self.engine.begin() as conn:
             now = datetime.now(UTC)
             epochs = {
                 u: gates.close_gate(conn, upstream=u, holder=self.holder, now=now)
                 for u in upstreams
             }
+        every = set(upstreams if known is None else known) | set(upstreams)
         try:
-            if not self._drained(epochs, self.drain_timeout):
+            if not self._drained(epochs, every, self.drain_timeout):
                 if abort_stragglers is None:
-                    raise FenceError(self._waiting_message(epochs, self.drain_timeout))
+                    raise FenceError(self._waiting_message(epochs, every, self.drain_timeout))
                 log.warning(
                     "replicas not drained after %gs: aborting their remaining requests",
                     self.drain_timeout,
                 )
                 abort_stragglers(list(upstreams))
-                if not self._drained(epochs, self.abort_grace):
+                if not self._drained(epochs, every, self.abort_grace):
                     waited = self.drain_timeout + self.abort_grace
-                    raise FenceError(self._waiting_message(epochs, waited))
+                    raise FenceError(self._waiting_message(epochs, every, waited))
         except BaseException:
             self.open(upstreams, None)  # nothing was touched: let traffic through again
             raise
@@ -81,27 +86,27 @@ class Fence:
                 label = _current_label(conn, upstream) if version is None else version
                 gates.open_gate(conn, upstream=upstream, version=label, now=now)
 
-    def _drained(self, epochs: dict[str, int], timeout: float) -> bool:
+    def _drained(self, epochs: dict[str, int], known: set[str], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while True:
             with self.engine.connect() as conn:
-                waiting = _unacknowledged(conn, epochs)
+                waiting = _unacknowledged(conn, epochs, known)
             if not waiting:
                 return True
             if time.monotonic() >= deadline:
                 return False
             time.sleep(self.poll)
 
-    def _waiting_message(self, epochs: dict[str, int], waited: float) -> str:
+    def _waiting_message(self, epochs: dict[str, int], known: set[str], waited: float) -> str:
         with self.engine.connect() as conn:
-            waiting = _unacknowledged(conn, epochs)
+            waiting = _unacknowledged(conn, epochs, known)
         return (
             f"replicas not drained after {waited:g}s: proxies {', '.join(sorted(waiting))} still "
             "have requests in flight to them"
         )
 
 
-def _unacknowledged(conn: Connection, epochs: dict[str, int]) -> set[str]:
+def _unacknowledged(conn: Connection, epochs: dict[str, int], known: set[str]) -> set[str]:
     """Live proxies that route to a fenced replica and have not acknowledged its epoch.
 
     A live proxy routing to a replica the publisher does not know (another name for the same
@@ -110,11 +115,11 @@ def _unacknowledged(conn: Connection, epochs: dict[str, int]) -> set[str]:
     waiting: set[str] = set()
     for proxy in gates.live_instances(conn, now=datetime.now(UTC)):
         routes = set(proxy["upstreams"] or [])
-        unknown = routes - set(epochs)
+        unknown = routes - known
         if unknown:
             raise FenceError(
                 f"proxy {proxy['host']} routes to {', '.join(sorted(unknown))}, which this "
-                f"publisher does not publish to ({', '.join(sorted(epochs))}): give the "
+                f"publisher does not publish to ({', '.join(sorted(known))}): give the "
                 "proxies and the learner the same --upstream list"
             )
         acks = proxy["acks"] or {}

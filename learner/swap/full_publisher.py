@@ -18,7 +18,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
@@ -145,6 +145,11 @@ class FullWeightPublisher:
     first failure stops the publish and every replica swapped so far gets the last good
     weights back. A version serves only once every replica has verified it.
 
+    A publish ``on`` some of the replicas serves the version there beside the one the others
+    serve: a canary's candidate (learner/canary/starts.py). ``canary_replicas`` names them
+    until they serve what the others do again (`withdraw`, or a publish on every replica);
+    ``last_good`` stays the others' meanwhile.
+
     ``last_good`` is the checkpoint the replicas serve now (for the first publish: the
     served model directory, saved with an explicit LM head), and ``last_good_fingerprint``
     its probe: it is reloaded into a replica whose swap failed and verified against that,
@@ -185,6 +190,7 @@ class FullWeightPublisher:
         self.last_good_fingerprint = last_good_fingerprint
         self.fence = fence
         self.transport: WeightTransport = transport or DiskReload(check_files)
+        self.canary_replicas: list[str] = []
 
     @property
     def upstreams(self) -> list[str]:
@@ -206,15 +212,16 @@ class FullWeightPublisher:
         expected: ExpectedLogprobs,
         commit: Commit | None = None,
         tensors: Mapping[str, torch.Tensor] | None = None,
+        on: Sequence[str] | None = None,
     ) -> PublishResult:
-        """Swap ``checkpoint_dir`` into every replica as ``version`` and verify each.
-        ``tensors``: its weights in memory, for a transport that sends them from there (the
-        caller writes the directory after the version serves)."""
+        """Swap ``checkpoint_dir`` into every replica (or those ``on``) as ``version`` and
+        verify each. ``tensors``: its weights in memory, for a transport that sends them from
+        there (the caller writes the directory after the version serves)."""
         directory = Path(checkpoint_dir).resolve()
         self.transport.stage(directory, version, tensors)
         try:
             reference = functools.partial(self.replicas.reference, expected)
-            return self._guarded(directory, version, reference, commit)
+            return self._guarded(directory, version, reference, commit, self._targets(on))
         finally:
             self.transport.stage(directory, version, None)
 
@@ -226,17 +233,39 @@ class FullWeightPublisher:
         expected: ExpectedLogprobs | None = None,
         fingerprint: Fingerprint | None = None,
         commit: Commit | None = None,
+        on: Sequence[str] | None = None,
     ) -> PublishResult:
-        """Serve an earlier checkpoint again (from the disk), verified against its
-        ``fingerprint`` (or the logprobs ``expected`` gives); with neither, unverified (tests
-        restoring a server)."""
+        """Serve an earlier checkpoint again (from the disk) on every replica (or those
+        ``on``), verified against its ``fingerprint`` (or the logprobs ``expected`` gives);
+        with neither, unverified (tests restoring a server)."""
 
         def reference() -> Fingerprint | None:
             if fingerprint is not None:
                 return fingerprint
             return None if expected is None else self.replicas.reference(expected)
 
-        return self._guarded(Path(previous_dir).resolve(), previous_version, reference, commit)
+        directory = Path(previous_dir).resolve()
+        return self._guarded(directory, previous_version, reference, commit, self._targets(on))
+
+    def withdraw(self, serving: str) -> PublishResult:
+        """The replicas a canary's candidate serves on serve ``last_good`` again, labelled
+        ``serving`` (what the others serve), verified against its fingerprint; ok at once
+        where no candidate serves."""
+        if not self.canary_replicas:
+            return PublishResult(serving, True, 0.0, None, None, [])
+        assert self.last_good is not None, "a candidate was published beside last_good"
+        return self.rollback(
+            self.last_good, serving, fingerprint=self.last_good_fingerprint, on=self.canary_replicas
+        )
+
+    def _targets(self, on: Sequence[str] | None) -> list[str]:
+        if on is None:
+            return self.upstreams
+        targets = [u.rstrip("/") for u in on]
+        unknown = sorted(set(targets) - set(self.upstreams))
+        if unknown or not targets:
+            raise ValueError(f"not replicas of this publisher: {unknown or 'none given'}")
+        return targets
 
     def score(self, upstream: str, reference: Fingerprint, model: str | None = None) -> float:
         """Max |logprob difference| of one replica on ``reference``'s tokens, as served now."""
@@ -280,6 +309,7 @@ class FullWeightPublisher:
         version: str,
         reference: Callable[[], Fingerprint | None],
         commit: Commit | None,
+        targets: list[str],
     ) -> PublishResult:
         result = PublishResult(version, False, 0.0, None, None, [])
         try:
@@ -287,7 +317,7 @@ class FullWeightPublisher:
         except PublishError as exc:
             result.error = failure_reason(exc)
             return result
-        return self._publish(directory, version, result, commit)
+        return self._publish(directory, version, result, commit, targets)
 
     def _publish(
         self,
@@ -295,11 +325,12 @@ class FullWeightPublisher:
         version: str,
         result: PublishResult,
         commit: Commit | None,
+        targets: list[str],
     ) -> PublishResult:
         with self.replicas.client() as client:
             try:
                 self.transport.preflight(directory, self.last_good)
-                self._fence_close(client)
+                self._fence_close(client, targets)
             except Exception as exc:  # nothing was touched
                 result.error = failure_reason(exc)
                 # refused files or a fence that gave up reopen the gates themselves; after
@@ -307,46 +338,62 @@ class FullWeightPublisher:
                 result.restored = isinstance(exc, CheckpointError | FenceError)
                 return result
             try:
-                self._swap_all(client, directory, result)
+                self._swap_all(client, directory, result, targets)
                 if result.fingerprint is not None:
                     with self.checkpoint_weights(directory) as weights:
-                        self.replicas.verify_all(client, result.fingerprint, result, weights)
+                        self.replicas.verify_all(
+                            client, result.fingerprint, result, weights, upstreams=targets
+                        )
                 if commit is not None:
                     commit(result)
             except BaseException as exc:
                 result.error = failure_reason(exc)
-                result.restored = self._restore(client, result.replicas)
+                result.restored = self._restore(client, result.replicas, targets)
                 if not isinstance(exc, (httpx.HTTPError, PublishError, CheckpointError)):
                     raise  # the caller's own failure (commit): it must see it
                 return result
             result.ok = True
-            self.last_good, self.last_good_fingerprint = directory, result.fingerprint
-            self._label_and_open(client, version, result)
+            self._served(directory, result.fingerprint, targets)
+            self._label_and_open(client, version, result, targets)
         return result
 
-    def _fence_close(self, client: httpx.Client) -> None:
+    def _served(self, directory: Path, fingerprint: Fingerprint | None, targets: list[str]) -> None:
+        """What the replicas serve after a verified publish on ``targets``."""
+        if set(targets) == set(self.upstreams):
+            self.last_good, self.last_good_fingerprint = directory, fingerprint
+            self.canary_replicas = []
+        elif directory == self.last_good:  # the others' weights again: withdrawn
+            self.canary_replicas = [u for u in self.canary_replicas if u not in targets]
+        else:
+            self.canary_replicas = list(targets)
+
+    def _fence_close(self, client: httpx.Client, targets: list[str]) -> None:
         if self.fence is not None:
             self.fence.close(
-                self.upstreams, abort_stragglers=lambda u: self.replicas.abort(client, u)
+                targets,
+                abort_stragglers=lambda u: self.replicas.abort(client, u),
+                known=self.upstreams,
             )
 
-    def _fence_open(self, version: str | None) -> None:
+    def _fence_open(self, version: str | None, targets: list[str]) -> None:
         if self.fence is not None:
-            self.fence.open(self.upstreams, version)
+            self.fence.open(targets, version)
 
-    def _label_and_open(self, client: httpx.Client, version: str, result: PublishResult) -> None:
+    def _label_and_open(
+        self, client: httpx.Client, version: str, result: PublishResult, targets: list[str]
+    ) -> None:
         """Verified and recorded: the replicas take the version's name, then the traffic."""
         try:
-            for upstream in self.upstreams:
+            for upstream in targets:
                 self.replicas.label(client, upstream, version)
-            self._fence_open(version)
+            self._fence_open(version, targets)
         except Exception as exc:  # vLLM or the store went away just now
             result.opened = False
             result.error = f"verified and recorded, but not yet serving: {failure_reason(exc)}"
 
-    def _restore(self, client: httpx.Client, swapped: list[str]) -> bool:
+    def _restore(self, client: httpx.Client, swapped: list[str], targets: list[str]) -> bool:
         """Put the last good weights back where the new ones went (from the disk), verify
-        every replica against their probe, and only then open the gates. False: they stay
+        the ``targets`` against their probe, and only then open their gates. False: they stay
         closed."""
         try:
             if self.last_good is not None:
@@ -357,11 +404,16 @@ class FullWeightPublisher:
                 # a replica restarted without the extension is still restored, by the probe
                 with self.checkpoint_weights(self.last_good) as weights:
                     self.replicas.verify_all(
-                        client, self.last_good_fingerprint, scratch, weights, require=False
+                        client,
+                        self.last_good_fingerprint,
+                        scratch,
+                        weights,
+                        require=False,
+                        upstreams=targets,
                     )
             elif swapped:
                 log.warning("restored %s without a probe to verify it against", self.last_good)
-            self._fence_open(None)
+            self._fence_open(None, targets)
             return True
         except Exception as exc:
             log.error(
@@ -376,10 +428,11 @@ class FullWeightPublisher:
         client: httpx.Client,
         directory: Path,
         result: PublishResult,
+        targets: list[str],
     ) -> None:
         start = time.perf_counter()
         try:
-            for upstream in self.upstreams:
+            for upstream in targets:
                 self._swap(client, upstream, directory)
                 result.replicas.append(upstream)
         finally:

@@ -110,6 +110,7 @@ class Fence(Protocol):
         upstreams: Sequence[str],
         *,
         abort_stragglers: Callable[[Sequence[str]], None] | None = None,
+        known: Sequence[str] | None = None,
     ) -> None: ...
 
     def open(self, upstreams: Sequence[str], version: str | None) -> None: ...

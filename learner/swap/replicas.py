@@ -139,13 +139,15 @@ class Replicas:
         model: str | None = None,
         *,
         require: bool | None = None,
+        upstreams: Sequence[str] | None = None,
     ) -> None:
-        """Verify every replica: its weights against ``weights`` (the checkpoint side of the
-        weight check, learner.swap.weight_check.Reference; None: not checked), then the probe
-        against ``reference``. ``require`` (default: whether weights must be checked): a
-        replica that cannot answer the weight check fails; else the probe alone verifies it."""
+        """Verify every replica (or those of ``upstreams``): its weights against ``weights``
+        (the checkpoint side of the weight check, learner.swap.weight_check.Reference; None:
+        not checked), then the probe against ``reference``. ``require`` (default: whether
+        weights must be checked): a replica that cannot answer the weight check fails; else
+        the probe alone verifies it."""
         require = self.check_weights is True if require is None else require
-        for upstream in self.upstreams:
+        for upstream in self.upstreams if upstreams is None else upstreams:
             self.verify(client, upstream, reference, weights, result, model, require=require)
 
     def verify(

@@ -8,9 +8,9 @@ adapters while one is wanted), elsewhere to what serves the scope, and the recor
 version answered. A candidate of full weights serves as the policy version of some of the
 replicas: the calls of its arm go to those replicas first, and every other call (any scope's)
 to the others first (`replica_preference`); a call goes to a replica of the other side only
-where none of its own is open, and is recorded as the version that answered it. Nothing
-publishes full weights to a subset of the replicas yet (learner/canary/starts.py): until
-then a full-weight candidate is no replica's version and every call goes to the incumbent.
+where none of its own is open, and is recorded as the version that answered it. The learner
+publishes such a candidate on some of the replicas (learner/canary/starts.py), and serves
+the incumbent there again once its canary is rolled back.
 
 Followed from the store like the tenants (proxy/base/followed.py): every `poll_interval`
 seconds, at once after a change through this process's admin API.

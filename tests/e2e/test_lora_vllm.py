@@ -40,6 +40,7 @@ from store import db, policy_versions
 from store.guard_records import decisions
 from store.models import Call, PolicyVersion, TrainingStep, Trajectory
 from tests.support.adapters import PROMPT_IDS, RANK, trained_adapter
+from tests.support.canary_traffic import canary_sessions
 from tests.support.live_learner import check_step_figures, run_live
 from tests.support.paths import ARTIFACTS, ROOT
 from tests.support.records import count_calls, wait_for_calls
@@ -765,19 +766,6 @@ def test_the_learner_trains_each_tenants_adapter_on_its_own_traffic_in_fair_turn
             httpx.post(lora_vllm.url + "/v1/unload_lora_adapter", json={"lora_name": version})
 
 
-def sessions(proxy_url: str, model: str, api_key: str, n: int) -> None:
-    """`n` one-call sessions, each under its own session key (a canary's unit)."""
-    with httpx.Client(base_url=proxy_url, timeout=120) as client:
-        for i in range(n):
-            answer = client.post(
-                f"/s/canary-{i}/v1/chat/completions",
-                headers={"Authorization": f"Bearer {api_key}"},
-                json={"model": model, "messages": [{"role": "user", "content": f"Hi {i}."}],
-                      "max_tokens": 4},
-            )  # fmt: skip
-            assert answer.status_code == 200, answer.text
-
-
 def wait_said(learner: subprocess.Popen, log_path: Path, text: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while text not in log_path.read_text():
@@ -834,7 +822,7 @@ def test_the_learner_s_canary_serves_a_share_of_a_tenant_s_sessions_until_decide
             assert time.monotonic() < deadline
             time.sleep(0.2)
         before = count_calls(engine)
-        sessions(proxy.url, lora_vllm.model_name, key, 40)
+        canary_sessions(proxy.url, lora_vllm.model_name, 40, api_key=key)
         wait_for_calls(engine, before + 40)
         with engine.connect() as conn:
             answered = conn.execute(

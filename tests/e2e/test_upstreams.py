@@ -1,18 +1,29 @@
-"""Several vLLM replicas: sticky sessions, and a replica that dies is routed around."""
+"""Several vLLM replicas: a full-weight canary on one of them, promoted and rolled back;
+sticky sessions, and a replica that dies is routed around (last: it kills the second)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
+from sqlalchemy import func, select
 
 from learner.vllm_server import VLLMServer
+from store import db
+from store.models import Call
+from tests.support.canary_traffic import canary_sessions
+from tests.support.live_learner import learner_command
 from tests.support.paths import ARTIFACTS
-from tests.support.records import export, wait_for_calls
+from tests.support.records import count_calls, export, wait_for_calls
+from tests.support.traffic import traffic_until_step
+from tests.support.waits import wait_for_line
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -33,6 +44,92 @@ def ask(base_url: str, model: str, text: str, **kwargs) -> str:
         model=model, messages=[{"role": "user", "content": text}], max_tokens=3, **kwargs
     )
     return reply.choices[0].message.content or ""
+
+
+def weight_version(server: VLLMServer) -> str:
+    return httpx.get(server.url + "/weight_info").json()["weight_version"]
+
+
+def test_full_weights_serve_a_canary_on_one_replica_until_promoted_or_rolled_back(
+    vllm: VLLMServer,
+    second_vllm: VLLMServer,
+    tiny_model: Path,
+    tmp_path: Path,
+    start_proxy,
+    original: str,
+):
+    """`learn --canary-share 0.5` over two replicas, full weights: the first version serves
+    on the second replica alone, and the proxy sends the candidate's sessions there and the
+    others to the first. Promoted by an operator, it serves on both; the next version's
+    canary rolled back, the second replica serves the promoted version again."""
+    db_url = f"sqlite:///{tmp_path / 'canary.db'}"
+    db.upgrade(db_url)
+    token = "canary-admin"
+    proxy = start_proxy(
+        [vllm.url, second_vllm.url], db_url, args=["--idle-timeout", "0.5"],
+        env={"ONTHEJOB_ADMIN_TOKEN": token},
+    )  # fmt: skip
+    admin = httpx.Client(
+        base_url=proxy.url + "/admin/api", headers={"Authorization": f"Bearer {token}"}
+    )
+    engine = db.make_engine(db_url)
+    command = [sys.executable, "-m", "cli"]
+    command += learner_command(vllm, tiny_model, db_url, tmp_path / "checkpoints", 3)
+    # the test decides: the learner's test waits for more calls than it will see
+    command += ["--upstream", second_vllm.url]
+    command += ["--canary-share", "0.5", "--canary-min-calls", "100000"]
+    log_path = tmp_path / "learner.log"
+    with open(log_path, "wb") as log:
+        learner = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    base = proxy.url + "/v1"
+    try:
+        wait_for_line(log_path, "learner ready", learner)
+        incumbent = weight_version(vllm)
+        traffic_until_step(base, vllm.model_name, engine, 1, learner, log_path)
+        (canary,) = admin.get("/canaries").json()["items"]
+        candidate = canary["candidate"]
+        assert (canary["tenant"], canary["incumbent"], canary["status"]) == (
+            None, incumbent, "running",
+        )  # fmt: skip
+        assert (weight_version(vllm), weight_version(second_vllm)) == (incumbent, candidate)
+        proxy.wait_for(
+            lambda health: (
+                {u["policy_version"] for u in health["upstreams"]} == {incumbent, candidate}
+            ),
+            "the proxy sees the candidate on the second replica",
+            timeout=30,
+        )
+        before = count_calls(engine)
+        canary_sessions(proxy.url, vllm.model_name, 40)
+        wait_for_calls(engine, before + 40)
+        with engine.connect() as conn:
+            answered = conn.execute(
+                select(Call.policy_version, Call.upstream, func.count())
+                .where(Call.session_key.like("canary-%"))
+                .group_by(Call.policy_version, Call.upstream)
+            ).all()
+        where = {(version, upstream) for version, upstream, _ in answered}
+        # both arms, each on its own replica
+        assert where == {(incumbent, vllm.url), (candidate, second_vllm.url)}, answered
+
+        promoted = admin.post(f"/canaries/{canary['id']}/promote", json={"by": "ana"})
+        assert promoted.status_code == 200, promoted.text
+        served = weight_version(vllm)
+        assert served.startswith(f"{candidate}+rollback-") and weight_version(second_vllm) == served
+        traffic_until_step(base, vllm.model_name, engine, 2, learner, log_path)
+        second = admin.get("/canaries").json()["items"][0]
+        assert (second["incumbent"], second["started_by"]) == (served, "learner")
+        assert weight_version(second_vllm) == second["candidate"]
+        rolled = admin.post(f"/canaries/{second['id']}/rollback", json={"by": "ana"})
+        assert rolled.status_code == 200, rolled.text
+        wait_for_line(log_path, f"{second_vllm.url} serves {served} again", learner)
+        assert weight_version(vllm) == weight_version(second_vllm) == served
+    finally:
+        if learner.poll() is None:
+            learner.kill()
+            learner.wait()
+        admin.close()
+        engine.dispose()
 
 
 def test_sessions_stick_to_a_replica_and_a_dead_one_is_routed_around(

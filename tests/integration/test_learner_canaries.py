@@ -31,6 +31,7 @@ from learner.config import LearnerConfig
 from learner.loop import Learner
 from learner.loop.state import Lineage
 from learner.loop.tenants import TenantTurn
+from learner.swap.full_publisher import FullWeightPublisher
 from learner.swap.publisher import Probe, PublishResult
 from learner.trainer import Trainer
 from store import canaries, policy_versions, tenants
@@ -54,6 +55,7 @@ def _learner(
     tiny_model: Path,
     tmp_path: Path,
     replica: FakeReplica,
+    *more: FakeReplica,
     **extra: Any,
 ) -> Learner:
     with engine.begin() as conn:
@@ -67,7 +69,7 @@ def _learner(
         model=str(tiny_model),
         graders=["feedback"],
         checkpoints=str(tmp_path / "ckpt"),
-        upstreams=[replica.url],
+        upstreams=[replica.url, *(r.url for r in more)],
         learning_rate=1e-2,
         **settings,
     )
@@ -312,5 +314,119 @@ def test_full_weights_are_served_at_once_and_the_learner_says_so_once(
     assert said == [
         "canary: the shared policy's versions serve all of its traffic at once, not 0.2 of it "
         "as a canary: a canary's candidate serves beside the incumbent as an adapter (--lora), "
-        "and full weights would need replicas of their own (not built yet)"
+        "or as full weights on some of two or more replicas (this learner has 1)"
     ]
+
+
+@pytest.fixture
+def second() -> Any:
+    with FakeReplica() as fake:
+        yield fake
+
+
+def _full_weight_canary(
+    db_url: str,
+    engine: Engine,
+    tiny_model: Path,
+    tmp_path: Path,
+    first: FakeReplica,
+    second: FakeReplica,
+) -> tuple[Learner, Lineage, str, CanaryRow, dict[str, torch.Tensor]]:
+    """A learner of full weights on two replicas, its first version published as a canary:
+    the version, its canary, and the weights it trained from."""
+    learner = _learner(
+        db_url, engine, tiny_model, tmp_path, first, second, lora=False, canary_share=0.5,
+        canary_min_calls=30,
+    )  # fmt: skip
+    lineage = _lineage(learner, None)
+    assert lineage.trainer is not None
+    before = {n: p.detach().clone() for n, p in lineage.trainer.model.named_parameters()}
+    _step(lineage.trainer, [40, 50])
+    candidate = _publish(learner, lineage, 1).version
+    (canary,) = _canaries(engine)
+    return learner, lineage, candidate, canary, before
+
+
+def test_full_weights_serve_a_canary_on_some_replicas_until_the_learner_promotes_them(
+    db_url: str,
+    engine: Engine,
+    tiny_model: Path,
+    tmp_path: Path,
+    replica: FakeReplica,
+    second: FakeReplica,
+) -> None:
+    learner, lineage, candidate, canary, _before = _full_weight_canary(
+        db_url, engine, tiny_model, tmp_path, replica, second
+    )
+    assert (canary["tenant"], canary["candidate"], canary["incumbent"]) == (None, candidate, "base")
+    assert (canary["status"], canary["started_by"]) == ("running", "learner")
+    # the candidate serves on the second replica alone; the first serves on as it was
+    checkpoint = str((tmp_path / "ckpt" / candidate).resolve())
+    assert (second.version, second.reloads) == (candidate, [checkpoint])
+    assert (replica.version, replica.reloads) == (VERSION, [])
+    assert _status(engine, candidate) == policy_versions.CANARY
+    with engine.connect() as conn:
+        assert policy_versions.serving_name(conn) == "base"
+    assert lineage.serving is not None and lineage.serving["version"] == "base"
+
+    serve(engine, None, candidate, [1.0, 1.0, 0.0, 1.0] * 15, at=time.time(), spacing=0)
+    serve(engine, None, "base", [0.0, 0.0, 1.0, 0.0] * 15, at=time.time(), spacing=0)
+    assert learner.canaries.decide_running() == 1
+    with engine.connect() as conn:
+        serving = policy_versions.serving_version(conn)
+    assert serving is not None and serving["version"].startswith(f"{candidate}+rollback-")
+    assert replica.version == second.version == serving["version"]
+    assert replica.reloads == [checkpoint]
+    learner.stepping.maybe_train()
+    assert lineage.serving is not None and lineage.serving["version"] == serving["version"]
+    assert lineage.canary is None
+    publisher = lineage.publisher
+    assert isinstance(publisher, FullWeightPublisher)
+    assert (publisher.canary_replicas, publisher.last_good) == ([], Path(checkpoint))
+
+
+def test_a_rolled_back_full_weight_candidate_s_replicas_serve_what_the_others_do_again(
+    db_url: str,
+    engine: Engine,
+    tiny_model: Path,
+    tmp_path: Path,
+    replica: FakeReplica,
+    second: FakeReplica,
+) -> None:
+    learner, lineage, candidate, canary, before = _full_weight_canary(
+        db_url, engine, tiny_model, tmp_path, replica, second
+    )
+    _decide(engine, "roll_back", canary["id"])
+    learner.stepping.maybe_train()
+    # the second replica serves the base again, under the name the first serves it by
+    assert second.version == "base" and second.reloads[-1] == str(tiny_model.resolve())
+    assert (replica.version, replica.reloads) == (VERSION, [])
+    assert _status(engine, candidate) == "rolled_back"
+    with engine.connect() as conn:
+        assert policy_versions.serving_name(conn) == "base"
+    publisher = lineage.publisher
+    assert isinstance(publisher, FullWeightPublisher) and publisher.canary_replicas == []
+    assert lineage.canary is None and not lineage.needs_restore
+    assert lineage.trainer is not None  # and it trains from the base again
+    assert all(torch.equal(p, before[n]) for n, p in lineage.trainer.model.named_parameters())
+
+
+def test_a_restore_of_every_replica_rolls_back_the_full_weight_canary_it_overwrote(
+    db_url: str,
+    engine: Engine,
+    tiny_model: Path,
+    tmp_path: Path,
+    replica: FakeReplica,
+    second: FakeReplica,
+) -> None:
+    learner, lineage, _candidate, canary, _before = _full_weight_canary(
+        db_url, engine, tiny_model, tmp_path, replica, second
+    )
+    lineage.needs_restore = True  # as after a swap whose replicas were left fenced off
+    learner.startup.restore()
+    assert replica.version == second.version == "base"
+    (canary,) = _canaries(engine)
+    assert (canary["status"], canary["decided_by"]) == ("rolled_back", "learner")
+    assert "no longer serves on any replica" in (canary["reason"] or "")
+    learner.stepping.maybe_train()  # the learner follows: no canary holds its steps
+    assert lineage.canary is None

@@ -162,6 +162,31 @@ def test_the_fence_refuses_a_proxy_routing_to_a_replica_it_does_not_know(
         Fence(engine, "learner@t", poll=0.01).close([A])
 
 
+def test_the_fence_closes_some_of_the_replicas_it_knows_and_no_other(engine: Engine) -> None:
+    """A canary's full-weight candidate goes to some of the replicas: the proxies routing to
+    all of them are known, the others' gates stay open, an unknown replica is refused."""
+    proxy(engine, "p1", [A, B], {})
+    fence = Fence(engine, "learner@t", drain_timeout=30, poll=0.01)
+
+    def drain_like_the_proxy() -> None:
+        def closed() -> dict[str, int]:
+            with engine.connect() as conn:
+                return {u: g["epoch"] for u, g in gates.read_gates(conn).items() if g["closed"]}
+
+        wait_until(lambda: B in closed(), "the second gate closed")
+        proxy(engine, "p1", [A, B], closed())
+
+    helper = threading.Thread(target=drain_like_the_proxy)
+    helper.start()
+    fence.close([B], known=[A, B])
+    helper.join()
+    with engine.connect() as conn:
+        assert {u for u, g in gates.read_gates(conn).items() if g["closed"]} == {B}
+    fence.open([B], "candidate")
+    with pytest.raises(FenceError, match="same --upstream list"):
+        fence.close([B])  # the proxy routes to A too, which this close does not know
+
+
 def test_a_learner_restores_gates_a_dead_publisher_left_closed_not_a_finished_swap_s(
     db_url: str, engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -181,6 +181,7 @@ class _Publisher:
 
     def __init__(self) -> None:
         self.published: list[Path] = []
+        self.upstreams = ["http://127.0.0.1:9"]  # one replica: no full-weight canary
 
     def publish(self, checkpoint: Path, version: str, *, expected: Any, commit: Any) -> Any:
         self.published.append(checkpoint)

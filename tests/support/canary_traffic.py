@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 from sqlalchemy import Engine
 
 from store import grade_queue, recording
@@ -96,3 +97,17 @@ def _judged(judge: float | None, reward: float) -> dict[str, Any]:
             "shadow": True, "truth": {"source": "reference", "reward": reward},
         }
     }  # fmt: skip
+
+
+def canary_sessions(proxy_url: str, model: str, n: int, api_key: str = "x") -> None:
+    """`n` one-call sessions through the proxy, each under its own session key (a canary's
+    unit): real calls, for the e2e tests."""
+    with httpx.Client(base_url=proxy_url, timeout=120) as client:
+        for i in range(n):
+            answer = client.post(
+                f"/s/canary-{i}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {api_key}"},
+                json={"model": model, "messages": [{"role": "user", "content": f"Hi {i}."}],
+                      "max_tokens": 4},
+            )  # fmt: skip
+            assert answer.status_code == 200, answer.text

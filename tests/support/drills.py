@@ -416,11 +416,13 @@ class HeldPublish:
         self.released = threading.Event()
         swap_all = FullWeightPublisher._swap_all
 
-        def held(publisher: FullWeightPublisher, client: Any, directory: Any, result: Any) -> None:
+        def held(
+            publisher: FullWeightPublisher, client: Any, directory: Any, result: Any, *rest: Any
+        ) -> None:
             if result.version.startswith(prefix) and not self.reached.is_set():
                 self.reached.set()
                 assert self.released.wait(120), "the held publish was never released"
-            swap_all(publisher, client, directory, result)
+            swap_all(publisher, client, directory, result, *rest)
 
         monkeypatch.setattr(FullWeightPublisher, "_swap_all", held)
 

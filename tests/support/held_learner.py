@@ -42,13 +42,15 @@ def hold_first_step(marker: Path) -> None:
 def hold_first_publish(marker: Path, *, until_signal: bool = False) -> None:
     swap_all = FullWeightPublisher._swap_all
 
-    def held(publisher: FullWeightPublisher, client: Any, directory: Any, result: Any) -> None:
+    def held(
+        publisher: FullWeightPublisher, client: Any, directory: Any, result: Any, *rest: Any
+    ) -> None:
         if result.version.startswith("step-1-"):
             marker.write_text(str(os.getpid()))
             signal.pause()  # returns once a handler ran: the learner's, for SIGTERM
             while not until_signal:  # until the drill's SIGKILL
                 signal.pause()
-        swap_all(publisher, client, directory, result)
+        swap_all(publisher, client, directory, result, *rest)
 
     FullWeightPublisher._swap_all = held  # type: ignore[method-assign]
 

@@ -6,7 +6,8 @@ Each action is recorded with who took it: `admin` (the admin token), or `admin:N
 the request names its operator in `by`. Promoting a tenant's canary points the tenant at
 the candidate; promoting the shared policy's swaps every replica to it (a swap request the
 running learner carries out, as POST /versions/{version}/promote). Rolling back changes
-nothing that serves. A change takes effect at once in this proxy and within
+nothing that serves; a full-weight candidate's replicas then serve the incumbent again (the
+learner's, learner/loop/publish.py). A change takes effect at once in this proxy and within
 `key_poll_interval` seconds in every other proxy on the same store.
 """
 
