@@ -308,9 +308,10 @@ class Publishing:
         )
 
     def withdraw_candidate(self) -> None:
-        """A rolled-back canary's full-weight candidate: its replicas serve what the others
-        do again, verified, under the publish lease; where that fails, every replica is
-        restored (the loop's restore)."""
+        """A decided canary's full-weight candidate: its replicas serve what the others do
+        again, verified, under the publish lease, unless what serves changed meanwhile (a
+        swap that held the lease served every replica: the loop follows it); where that
+        fails, every replica is restored (the loop's restore)."""
         state, lineage = self.state, self.state.lineage
         publisher = lineage.publisher
         if not isinstance(publisher, FullWeightPublisher) or not publisher.canary_replicas:
@@ -319,6 +320,10 @@ class Publishing:
         replicas = ", ".join(publisher.canary_replicas)
         state.activity = f"serving {lineage.serving['version']} again on {replicas}"
         with lease.held(state.engine, state.holder, wait=LEASE_WAIT), state.stopping.swap():
+            with state.engine.connect() as conn:
+                serving = policy_versions.serving_name(conn, state.tenant)
+            if serving != lineage.serving["version"]:
+                return  # the next look follows it (Weights.follow), candidate replicas too
             result = publisher.withdraw(lineage.serving["version"])
         if result.ok and result.opened:
             log.info("%s serves %s again", replicas, lineage.serving["version"])
@@ -440,6 +445,7 @@ class Publishing:
             "last_good_fingerprint": Fingerprint.from_state(
                 serving["probe"], at_least=state.tolerance
             ),
+            "last_good_label": serving["version"],
             "fence": state.fence,
             "check_weights": state.weights_checked,
             # a configured tolerance is kept as it is

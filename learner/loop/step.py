@@ -73,19 +73,20 @@ class Stepping:
 
     def follow_operator(self) -> None:
         """`onthejob rollback`, or the decision of the lineage's canary, may have changed
-        what serves: train on from there."""
+        what serves: train on from there. Once no canary runs for the scope, a full-weight
+        candidate's replicas serve what the others do again (also where an earlier try was
+        cut short, say by the store going away)."""
         lineage = self.state.lineage
         assert lineage.serving is not None
         with self.state.engine.connect() as conn:
             serving = policy_versions.serving_version(conn, lineage.tenant)
-            decided = (
-                lineage.canary is not None
-                and canaries.running_for(conn, lineage.tenant) != lineage.canary
-            )
-        if decided:
+            running = canaries.running_for(conn, lineage.tenant)
+        if lineage.canary is not None and running != lineage.canary:
             self._canary_decided(serving)
         elif serving is not None and serving["version"] != lineage.serving["version"]:
             self.weights.follow(serving)
+        if running is None:
+            self.publishing.withdraw_candidate()
 
     def _canary_decided(self, serving: policy_versions.PolicyVersionRow | None) -> None:
         """The trainer held the candidate: promoted, it trains on from what serves now (the
@@ -101,7 +102,6 @@ class Stepping:
             "canary %s rolled back: training from %s again", canary, lineage.serving["version"]
         )
         self.weights.reload()
-        self.publishing.withdraw_candidate()
 
     def _waits_for_canary(self) -> bool:
         """Whether a canary runs for the lineage's scope: then no step (see the module)."""

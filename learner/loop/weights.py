@@ -124,6 +124,7 @@ class Weights:
             if isinstance(lineage.publisher, FullWeightPublisher):
                 # what serves changed on every replica, a candidate's with the others
                 lineage.publisher.canary_replicas = []
+                lineage.publisher.last_good_label = serving["version"]
 
     @staticmethod
     def optimizer_path(checkpoint: Path) -> Path:

@@ -54,6 +54,7 @@ class PublisherSettings(TypedDict):
     tolerance: float
     last_good: Path
     last_good_fingerprint: Fingerprint | None
+    last_good_label: str | None
     fence: Fence
     check_weights: bool
     checked_probe_tolerance: float | None
@@ -148,7 +149,9 @@ class FullWeightPublisher:
     A publish ``on`` some of the replicas serves the version there beside the one the others
     serve: a canary's candidate (learner/canary/starts.py). ``canary_replicas`` names them
     until they serve what the others do again (`withdraw`, or a publish on every replica);
-    ``last_good`` stays the others' meanwhile.
+    ``last_good`` stays the others' meanwhile. ``last_good_label``: the name the replicas
+    serve ``last_good`` under, given to a replica it is put back into after a failure (None:
+    its label is left as it is, which is right unless it served other weights before).
 
     ``last_good`` is the checkpoint the replicas serve now (for the first publish: the
     served model directory, saved with an explicit LM head), and ``last_good_fingerprint``
@@ -171,6 +174,7 @@ class FullWeightPublisher:
         retries: int = 3,
         last_good: Path | None = None,
         last_good_fingerprint: Fingerprint | None = None,
+        last_good_label: str | None = None,
         fence: Fence | None = None,
         check_files: bool = True,
         check_weights: bool | None = None,
@@ -188,6 +192,7 @@ class FullWeightPublisher:
         )
         self.last_good = Path(last_good).resolve() if last_good is not None else None
         self.last_good_fingerprint = last_good_fingerprint
+        self.last_good_label = last_good_label
         self.fence = fence
         self.transport: WeightTransport = transport or DiskReload(check_files)
         self.canary_replicas: list[str] = []
@@ -337,8 +342,9 @@ class FullWeightPublisher:
                 # anything else (the store went away) they may still be closed
                 result.restored = isinstance(exc, CheckpointError | FenceError)
                 return result
+            touched: list[str] = []  # paused for a load, finished or not
             try:
-                self._swap_all(client, directory, result, targets)
+                self._swap_all(client, directory, result, targets, touched)
                 if result.fingerprint is not None:
                     with self.checkpoint_weights(directory) as weights:
                         self.replicas.verify_all(
@@ -348,19 +354,22 @@ class FullWeightPublisher:
                     commit(result)
             except BaseException as exc:
                 result.error = failure_reason(exc)
-                result.restored = self._restore(client, result.replicas, targets)
+                result.restored = self._restore(client, result.replicas, touched, targets)
                 if not isinstance(exc, (httpx.HTTPError, PublishError, CheckpointError)):
                     raise  # the caller's own failure (commit): it must see it
                 return result
             result.ok = True
-            self._served(directory, result.fingerprint, targets)
+            self._served(directory, version, result.fingerprint, targets)
             self._label_and_open(client, version, result, targets)
         return result
 
-    def _served(self, directory: Path, fingerprint: Fingerprint | None, targets: list[str]) -> None:
+    def _served(
+        self, directory: Path, version: str, fingerprint: Fingerprint | None, targets: list[str]
+    ) -> None:
         """What the replicas serve after a verified publish on ``targets``."""
         if set(targets) == set(self.upstreams):
             self.last_good, self.last_good_fingerprint = directory, fingerprint
+            self.last_good_label = version
             self.canary_replicas = []
         elif directory == self.last_good:  # the others' weights again: withdrawn
             self.canary_replicas = [u for u in self.canary_replicas if u not in targets]
@@ -391,10 +400,13 @@ class FullWeightPublisher:
             result.opened = False
             result.error = f"verified and recorded, but not yet serving: {failure_reason(exc)}"
 
-    def _restore(self, client: httpx.Client, swapped: list[str], targets: list[str]) -> bool:
+    def _restore(
+        self, client: httpx.Client, swapped: list[str], touched: list[str], targets: list[str]
+    ) -> bool:
         """Put the last good weights back where the new ones went (from the disk), verify
-        the ``targets`` against their probe, and only then open their gates. False: they stay
-        closed."""
+        every replica paused for a load (``touched``; the others' weights did not change)
+        against their probe, label those as the last good version where its name is known,
+        and only then open the ``targets``' gates. False: they stay closed."""
         try:
             if self.last_good is not None:
                 for upstream in swapped:
@@ -409,11 +421,17 @@ class FullWeightPublisher:
                         scratch,
                         weights,
                         require=False,
-                        upstreams=targets,
+                        upstreams=touched,
                     )
             elif swapped:
                 log.warning("restored %s without a probe to verify it against", self.last_good)
-            self._fence_open(None, targets)
+            if self.last_good_label is not None and touched:
+                # a replica that served other weights before (a canary's candidate) must not
+                # keep their name for the last good weights it holds now
+                for upstream in touched:
+                    self.replicas.label(client, upstream, self.last_good_label)
+                self._fence_open(self.last_good_label, touched)
+            self._fence_open(None, [u for u in targets if u not in touched])
             return True
         except Exception as exc:
             log.error(
@@ -429,11 +447,12 @@ class FullWeightPublisher:
         directory: Path,
         result: PublishResult,
         targets: list[str],
+        touched: list[str] | None = None,
     ) -> None:
         start = time.perf_counter()
         try:
             for upstream in targets:
-                self._swap(client, upstream, directory)
+                self._swap(client, upstream, directory, touched=touched)
                 result.replicas.append(upstream)
         finally:
             result.swap_seconds = time.perf_counter() - start
@@ -444,10 +463,14 @@ class FullWeightPublisher:
         upstream: str,
         directory: Path,
         retries: int | None = None,
+        touched: list[str] | None = None,
     ) -> None:
+        """`touched`: where the replica goes once paused (its weights may change from there)."""
         self.transport.before_pause(self.replicas, client, upstream, directory)
         try:
             self.replicas.pause(client, upstream)
+            if touched is not None:
+                touched.append(upstream)
             self._load_or_repair(client, upstream, directory, retries)
         finally:
             self.replicas.resume(

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from learner.layout import served_base
 from learner.swap import lease
@@ -35,7 +35,7 @@ from learner.swap.publisher import (
     served_dtype,
     tolerance_for,
 )
-from store import policy_versions
+from store import canaries, clock, policy_versions
 from store.policy_versions import UnknownVersion, VersionError
 from store.publish_lease import LeaseHolder
 
@@ -149,6 +149,9 @@ def _serve(
             if current is None
             else Fingerprint.from_state(current["probe"], at_least=tolerance)
         ),
+        # what a replica put back after a failure is named: a canary's candidate replica
+        # held other weights under another name before
+        last_good_label=None if current is None else current["version"],
         fence=Fence(engine, holder, drain_timeout=drain_timeout),
         # a recorded version's files were checked when it was first published
         check_files=fingerprint is None,
@@ -172,6 +175,8 @@ def _serve(
                 policy_versions.set_version_probe(
                     conn, version=version, probe=result.fingerprint.state()
                 )
+            if action == "rollback":
+                _end_canary(conn, lineage, version)
 
     result = publisher.rollback(
         checkpoint, label, fingerprint=fingerprint, expected=expected, commit=record
@@ -182,6 +187,21 @@ def _serve(
         raise PublishFailed(f"{action} to {version!r} is recorded, but {result.error}")
     log.info("%s: serving the weights of %s as %s", action, version, label)
     return label
+
+
+def _end_canary(conn: Connection, tenant: str | None, version: str) -> None:
+    """A rollback serves its scope a version by hand: a canary running for the scope would
+    otherwise go on comparing against what no longer serves, and its promotion undo this."""
+    running = canaries.running_for(conn, tenant)
+    if running is not None:
+        canaries.roll_back(
+            conn,
+            canary_id=running,
+            by="rollback",
+            reason=f"{version} was served by a rollback while the canary ran",
+            now=clock.now(),
+        )
+        log.info("canary %s rolled back: %s serves its scope by a rollback", running, version)
 
 
 def _tolerance(upstreams: Sequence[str]) -> float:

@@ -33,6 +33,7 @@ from learner.loop.state import Lineage
 from learner.loop.tenants import TenantTurn
 from learner.swap.full_publisher import FullWeightPublisher
 from learner.swap.publisher import Probe, PublishResult
+from learner.swap.versions import serve_version
 from learner.trainer import Trainer
 from store import canaries, policy_versions, tenants
 from store.canaries import CanaryRow
@@ -430,3 +431,58 @@ def test_a_restore_of_every_replica_rolls_back_the_full_weight_canary_it_overwro
     assert "no longer serves on any replica" in (canary["reason"] or "")
     learner.stepping.maybe_train()  # the learner follows: no canary holds its steps
     assert lineage.canary is None
+
+
+def test_a_failed_promotion_leaves_each_replica_named_for_the_weights_it_holds(
+    db_url: str,
+    engine: Engine,
+    tiny_model: Path,
+    tmp_path: Path,
+    replica: FakeReplica,
+    second: FakeReplica,
+) -> None:
+    """The promotion's swap fails on the candidate's replica: it gets the incumbent's
+    weights back, and their name with them (not the candidate's it served them under)."""
+    learner, _lineage, candidate, _canary, _before = _full_weight_canary(
+        db_url, engine, tiny_model, tmp_path, replica, second
+    )
+    serve(engine, None, candidate, [1.0, 1.0, 0.0, 1.0] * 15, at=time.time(), spacing=0)
+    serve(engine, None, "base", [0.0, 0.0, 1.0, 0.0] * 15, at=time.time(), spacing=0)
+    second.refuse_reloads = 4  # every try of the candidate's reload there
+    assert learner.canaries.decide_running() == 0  # left to an operator
+    base = str(tiny_model.resolve())
+    assert replica.reloads[-1] == second.reloads[-1] == base
+    assert replica.version == second.version == "base"
+    (canary,) = _canaries(engine)
+    assert canary["status"] == "running"
+    with engine.connect() as conn:
+        assert policy_versions.serving_name(conn) == "base"
+
+
+def test_a_rollback_by_hand_ends_the_canary_it_would_otherwise_undo(
+    db_url: str,
+    engine: Engine,
+    tiny_model: Path,
+    tmp_path: Path,
+    replica: FakeReplica,
+    second: FakeReplica,
+) -> None:
+    learner, lineage, candidate, _canary, _before = _full_weight_canary(
+        db_url, engine, tiny_model, tmp_path, replica, second
+    )
+    with engine.begin() as conn:  # a version from before the one serving, to roll back to
+        probe = (policy_versions.version(conn, version=candidate) or {}).get("probe")
+        policy_versions.add_version(
+            conn, version="older", ordinal=-1, parent=None, checkpoint_path=str(tiny_model),
+            status="superseded", probe=probe,
+        )  # fmt: skip
+    served = serve_version(engine, [replica.url, second.url], "older", action="rollback")
+    (canary,) = _canaries(engine)
+    assert (canary["status"], canary["decided_by"]) == ("rolled_back", "rollback")
+    assert "older was served by a rollback" in (canary["reason"] or "")
+    assert replica.version == second.version == served
+    learner.stepping.maybe_train()  # follows the rollback; nothing left to withdraw
+    publisher = lineage.publisher
+    assert isinstance(publisher, FullWeightPublisher)
+    assert publisher.canary_replicas == [] and second.version == served
+    assert lineage.serving is not None and lineage.serving["version"] == served

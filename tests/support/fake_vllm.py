@@ -528,7 +528,8 @@ class FakeReplica(FakeVLLM):
 
     `paths`: each loaded adapter's directory (`adapters`: their names); `loads`: every
     adapter name loaded, in order; `controls`: every pause, resume and abort (the next
-    `refuse_controls` of them answer 500); `reloads`: every full checkpoint reloaded; `version`: the
+    `refuse_controls` of them answer 500); `reloads`: every full checkpoint reloaded (the next
+    `refuse_reloads` answer 500); `version`: the
     label it serves; a directory under one of `unreadable` does not exist for it (a replica
     on another machine); a name in `refuse` fails to load (500)."""
 
@@ -541,6 +542,7 @@ class FakeReplica(FakeVLLM):
         self.refuse: set[str] = set()
         self.controls: list[str] = []  # every pause, resume and abort, in order
         self.refuse_controls = 0  # so many of the next of them answer 500
+        self.refuse_reloads = 0  # so many of the next full reloads answer 500
 
     @property
     def adapters(self) -> list[str]:
@@ -568,6 +570,9 @@ class FakeReplica(FakeVLLM):
         if method == "POST" and path == "/collective_rpc":
             if body["method"] != "reload_weights":  # a vLLM without the weight check's extension
                 return Whole({"error": {"message": f"no method {body['method']}"}}, 400)
+            if self.refuse_reloads:
+                self.refuse_reloads -= 1
+                return vllm_error("InternalServerError", "reload failed", 500)
             self.reloads.append(body["kwargs"]["weights_path"])
             return Whole({"results": [None]})
         if method == "POST" and path == "/reset_prefix_cache":
