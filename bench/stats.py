@@ -83,3 +83,15 @@ def summarise(values: Sequence[float], seeds: Sequence[int]) -> Summary:
 def seeds_are_fresh(seeds: Iterable[int], tuned_on: Iterable[int]) -> bool:
     """True when none of `seeds` was used to choose a setting (`tuned_on`)."""
     return not set(seeds) & set(tuned_on)
+
+
+def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
+    """The 95% Wilson score interval of a proportion (sound at 0 of n, unlike the normal
+    approximation's, which collapses to a point)."""
+    if trials < 1:
+        raise ValueError("no trials")
+    share = successes / trials
+    scale = 1 + z * z / trials
+    centre = (share + z * z / (2 * trials)) / scale
+    half = z * math.sqrt(share * (1 - share) / trials + z * z / (4 * trials * trials)) / scale
+    return max(0.0, centre - half), min(1.0, centre + half)
