@@ -575,7 +575,10 @@ def _start(
     command = [sys.executable, "-m", "cli", "--log-level", "info", *args]
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            command,
+            # through parent_watch, as vLLM: a demo killed without running its clean-up
+            # (SIGTERM to a bench that runs it, SIGKILL) took its proxy and learner with it
+            # only for vLLM, and they ran on for good
+            [sys.executable, "-m", "learner.demo.parent_watch", str(os.getpid()), "--", *command],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},

@@ -95,3 +95,37 @@ def test_a_wrong_call_says_how_to_call_it() -> None:
     run = subprocess.run([*WATCH, "12"], capture_output=True, text=True)
     assert run.returncode == 2
     assert "usage:" in run.stderr
+
+
+def test_the_demo_s_proxy_stops_when_the_demo_is_killed(tmp_path: Path) -> None:
+    """The demo starts its proxy and learner (learner/demo/run.py `_start`) as it starts
+    vLLM: a demo killed without its clean-up (a bench that runs it, sent SIGTERM) left them
+    running for good."""
+    from learner.vllm_server import free_port
+
+    db_url = f"sqlite:///{tmp_path / 'demo.db'}"
+    launcher = (
+        "import time\n"
+        "from pathlib import Path\n"
+        "from learner.demo.run import _start\n"
+        "from store import db\n"
+        f"db.upgrade({db_url!r})\n"
+        f"p = _start(['serve', '--db', {db_url!r}, '--upstream', 'http://127.0.0.1:9',"
+        f" '--port', '{free_port()}'], Path({str(tmp_path / 'proxy.log')!r}))\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    demo = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE)
+    assert demo.stdout is not None
+    watch = int(demo.stdout.readline())
+    assert wait_for(lambda: len(children(watch)) == 1)
+    proxy = children(watch)[0]
+    try:
+        assert alive(proxy)
+        demo.kill()
+        demo.wait()
+        assert wait_for(lambda: not alive(proxy)), "the proxy outlived the demo"
+    finally:
+        for pid in (proxy, watch):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
