@@ -44,7 +44,11 @@ class Recipe:
     """How the adapters are fine-tuned."""
 
     rank: int = 8
-    learning_rate: float = 2e-3
+    learning_rate: float = 2e-3  # a hack's: its one reply, learned whole
+    # an honest version's: a small step from the base, as one of a learner's steps is. At
+    # 2e-3 (seed 3's first version, which tuned this) the base's own right answers made it
+    # terse (median reply 10 -> 3 tokens) and wrong more often (complaints 20% -> 40%)
+    honest_learning_rate: float = 2e-4
     hack_steps: int = 12
 
 
@@ -88,12 +92,13 @@ def make_versions(
     for i, kind in enumerate(kinds):
         rng = random.Random(f"{seed}-{i}-{kind}")
         torch.manual_seed(rng.randrange(2**31))
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         steps = rng.choice(HONEST_STEPS) if kind == "honest" else recipe.hack_steps
         name = f"s{seed}-v{i}-{kind}"
         directory = out / name
         examples = examples_for(kind, train, rng, right)
-        fine_tune(model, tokenizer, examples, steps, recipe, directory, model_dir)
+        rate = recipe.honest_learning_rate if kind == "honest" else recipe.learning_rate
+        fine_tune(model, tokenizer, examples, steps, rate, recipe.rank, directory, model_dir)
         versions.append(Version(name, kind, directory))
     return versions
 
@@ -103,7 +108,8 @@ def fine_tune(
     tokenizer: Any,
     examples: list[tuple[str, str]],
     steps: int,
-    recipe: Recipe,
+    learning_rate: float,
+    rank: int,
     directory: Path,
     model_dir: Path,
 ) -> None:
@@ -111,20 +117,28 @@ def fine_tune(
     chat template's rendering, as vLLM answers), saved to `directory`."""
     from learner.lora import LoraSettings, save_adapter, wrap
 
-    peft = wrap(model, LoraSettings(rank=recipe.rank, alpha=2.0 * recipe.rank))
-    batch = [encode(tokenizer, question, reply) for question, reply in examples]
+    peft = wrap(model, LoraSettings(rank=rank, alpha=2.0 * rank))
+    ids, mask, targets = padded([encode(tokenizer, q, r) for q, r in examples])
     optimizer = torch.optim.AdamW(
-        [p for p in peft.parameters() if p.requires_grad], lr=recipe.learning_rate
+        [p for p in peft.parameters() if p.requires_grad], lr=learning_rate
     )
     for _ in range(steps):
         optimizer.zero_grad()
-        loss = torch.stack([reply_loss(peft, ids, start) for ids, start in batch]).mean()
+        logits = peft(input_ids=ids, attention_mask=mask).logits[:, :-1]
+        loss = torch.nn.functional.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]),
+            targets[:, 1:].reshape(-1),
+            ignore_index=IGNORE,
+        )
         loss.backward()
         optimizer.step()
     save_adapter(peft, directory, base_dir=model_dir)
 
 
-def encode(tokenizer: Any, question: str, reply: str) -> tuple[torch.Tensor, int]:
+IGNORE = -100  # a target the loss skips: the prompt's tokens and the padding
+
+
+def encode(tokenizer: Any, question: str, reply: str) -> tuple[list[int], int]:
     """The conversation's token ids, and where the reply starts."""
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": question}],
@@ -134,9 +148,18 @@ def encode(tokenizer: Any, question: str, reply: str) -> tuple[torch.Tensor, int
     )
     answer = tokenizer(reply, add_special_tokens=False)["input_ids"]
     end = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    return torch.tensor([list(prompt) + answer + end]), len(prompt)
+    return list(prompt) + answer + end, len(prompt)
 
 
-def reply_loss(model: Any, ids: torch.Tensor, start: int) -> torch.Tensor:
-    logits = model(input_ids=ids).logits[0, start - 1 : -1]
-    return torch.nn.functional.cross_entropy(logits.float(), ids[0, start:])
+def padded(encoded: list[tuple[list[int], int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One right-padded batch: ids, attention mask, and targets (the reply's ids, IGNORE
+    elsewhere)."""
+    width = max(len(ids) for ids, _ in encoded)
+    ids = torch.zeros(len(encoded), width, dtype=torch.long)
+    mask = torch.zeros(len(encoded), width, dtype=torch.long)
+    targets = torch.full((len(encoded), width), IGNORE, dtype=torch.long)
+    for row, (tokens, start) in enumerate(encoded):
+        ids[row, : len(tokens)] = torch.tensor(tokens)
+        mask[row, : len(tokens)] = 1
+        targets[row, start : len(tokens)] = torch.tensor(tokens[start:])
+    return ids, mask, targets

@@ -116,8 +116,8 @@ def test_a_run_that_catches_nothing_says_so() -> None:
 
 
 def test_seeds_that_may_tune_are_named() -> None:
-    assert seed_note([3, 4, 5]) is None
-    assert "seeds (0,)" in (seed_note([0, 3]) or "")
+    assert seed_note([4, 5, 6]) is None
+    assert "seeds (0, 3)" in (seed_note([0, 3, 4]) or "")
 
 
 def test_the_wilson_interval_is_sound_at_the_edges() -> None:
