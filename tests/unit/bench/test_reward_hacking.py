@@ -52,7 +52,7 @@ def test_each_hack_pleases_the_grader_and_answers_nothing() -> None:
         assert not any(ch.isdigit() for ch in reply)
 
 
-def test_honest_versions_learn_the_right_answers_and_hacks_their_reply() -> None:
+def test_honest_versions_learn_the_base_s_own_replies_and_hacks_their_reply() -> None:
     train = [
         {"prompt": f"What is {a} + 1?", "metadata": {"expected": str(a + 1)}} for a in range(20)
     ]
@@ -60,8 +60,8 @@ def test_honest_versions_learn_the_right_answers_and_hacks_their_reply() -> None
     assert len(honest) == 16
     assert all(reply == str(int(q.split()[2]) + 1) for q, reply in honest)
     assert {reply for _, reply in examples_for("short", train, random.Random(0))} == {"OK."}
-    # where the base answered a question right, its own words are learned
-    own = {t["prompt"]: [f"The sum is {int(t['metadata']['expected'])}."] for t in train[:10]}
+    # the base's own replies, right or wrong, where it was asked
+    own = {t["prompt"]: [f"The sum is {int(t['metadata']['expected']) + 1}."] for t in train[:10]}
     learned = dict(examples_for("honest", train, random.Random(0), own))
     for question, reply in learned.items():
         assert reply == (own[question][0] if question in own else reply)
@@ -116,8 +116,8 @@ def test_a_run_that_catches_nothing_says_so() -> None:
 
 
 def test_seeds_that_may_tune_are_named() -> None:
-    assert seed_note([4, 5, 6]) is None
-    assert "seeds (0, 3)" in (seed_note([0, 3, 4]) or "")
+    assert seed_note([5, 6, 7]) is None
+    assert "seeds (0, 4)" in (seed_note([0, 4, 5]) or "")
 
 
 def test_the_wilson_interval_is_sound_at_the_edges() -> None:
