@@ -25,10 +25,12 @@ from typing import Any
 import pytest
 import torch
 from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError
 
 from learner.adapter_trainer import AdapterTrainer
 from learner.config import LearnerConfig
 from learner.loop import Learner
+from learner.loop import publish as publish_module
 from learner.loop.state import Lineage
 from learner.loop.tenants import TenantTurn
 from learner.swap.full_publisher import FullWeightPublisher
@@ -486,3 +488,32 @@ def test_a_rollback_by_hand_ends_the_canary_it_would_otherwise_undo(
     assert isinstance(publisher, FullWeightPublisher)
     assert publisher.canary_replicas == [] and second.version == served
     assert lineage.serving is not None and lineage.serving["version"] == served
+
+
+def test_a_withdrawal_cut_short_by_the_store_is_done_at_the_next_look(
+    db_url: str,
+    engine: Engine,
+    tiny_model: Path,
+    tmp_path: Path,
+    replica: FakeReplica,
+    second: FakeReplica,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    learner, lineage, _candidate, canary, _before = _full_weight_canary(
+        db_url, engine, tiny_model, tmp_path, replica, second
+    )
+    _decide(engine, "roll_back", canary["id"])
+    held = publish_module.lease.held
+
+    def store_gone(*args: Any, **kwargs: Any) -> Any:
+        raise OperationalError("SELECT 1", {}, Exception("the store went away"))
+
+    monkeypatch.setattr(publish_module.lease, "held", store_gone)
+    with pytest.raises(OperationalError):
+        learner.stepping.maybe_train()
+    assert lineage.canary is None and second.version != "base"  # decided, not withdrawn
+    monkeypatch.setattr(publish_module.lease, "held", held)
+    learner.stepping.maybe_train()
+    assert second.version == "base" and second.reloads[-1] == str(tiny_model.resolve())
+    publisher = lineage.publisher
+    assert isinstance(publisher, FullWeightPublisher) and publisher.canary_replicas == []
