@@ -70,7 +70,7 @@ KEYWORD = "certainly"
 # certain of, so the measure is the canary's, not the rules' reading
 CORRECTION, ACKNOWLEDGEMENT = "No, that's wrong.", "Thanks!"
 ENDED = ("promoted", "rolled_back")
-SETTLE_S = 25.0  # after the last call: the learner looks every 10 s, grading after idling
+SETTLE_S = 30.0  # after the last call: the learner looks every 10 s, grading after idling
 
 
 def first_reply(trajectory: dict[str, Any]) -> str:
@@ -163,7 +163,10 @@ class Stack:
             db_url=self.db_url,
             spool=work / "spool.jsonl",
             log_path=work / "proxy.log",
-            args=["--idle-timeout", "1"],
+            # a user's next message must find its conversation's trajectory: at 1 s, 393 of
+            # 532 trajectories of a run held one call, the reply to the user's verdict
+            # alone, and the verdict was no signal on the answer it judged
+            args=["--idle-timeout", "10"],
             env={"ONTHEJOB_ADMIN_TOKEN": ADMIN_TOKEN},
         ).start()
         self.admin = httpx.Client(
