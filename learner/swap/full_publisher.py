@@ -403,10 +403,11 @@ class FullWeightPublisher:
     def _restore(
         self, client: httpx.Client, swapped: list[str], touched: list[str], targets: list[str]
     ) -> bool:
-        """Put the last good weights back where the new ones went (from the disk), verify
-        every replica paused for a load (``touched``; the others' weights did not change)
-        against their probe, label those as the last good version where its name is known,
-        and only then open the ``targets``' gates. False: they stay closed."""
+        """Put the last good weights back where the new ones went (from the disk), verify the
+        ``targets`` against their probe (all but a canary's candidate replicas this publish
+        did not pause: they hold other weights by design), label those it paused (``touched``)
+        as the last good version where its name is known, and only then open the gates.
+        False: they stay closed (a replica gone, say: restored once it is back)."""
         try:
             if self.last_good is not None:
                 for upstream in swapped:
@@ -421,7 +422,9 @@ class FullWeightPublisher:
                         scratch,
                         weights,
                         require=False,
-                        upstreams=touched,
+                        upstreams=[
+                            u for u in targets if u in touched or u not in self.canary_replicas
+                        ],
                     )
             elif swapped:
                 log.warning("restored %s without a probe to verify it against", self.last_good)

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import httpx
 from sqlalchemy import Connection, Engine
 
 from learner.layout import served_base
@@ -31,7 +32,9 @@ from learner.swap.publisher import (
     ExpectedLogprobs,
     Fingerprint,
     Probe,
+    PublishError,
     PublishResult,
+    current_version,
     served_dtype,
     tolerance_for,
 )
@@ -139,6 +142,10 @@ def _serve(
         probe, expected = expected_for(checkpoint)
     assert probe is not None
     label = f"{version}+rollback-{ordinal}"
+    if action == "promote":
+        # a canary's full-weight candidate serves on some replicas already: a failure of
+        # this swap does not verify those it did not reach against the incumbent
+        candidate_replicas = [u for u in upstreams if _serves(u, version)]
     publisher = LoraPublisher(
         upstreams,
         probe=probe,
@@ -157,6 +164,8 @@ def _serve(
         check_files=fingerprint is None,
         label=None if lineage is None else tenant_pointer(engine, lineage),
     )
+    if action == "promote":
+        publisher.full.canary_replicas = candidate_replicas
 
     def record(result: PublishResult) -> None:
         with engine.begin() as conn:
@@ -187,6 +196,14 @@ def _serve(
         raise PublishFailed(f"{action} to {version!r} is recorded, but {result.error}")
     log.info("%s: serving the weights of %s as %s", action, version, label)
     return label
+
+
+def _serves(upstream: str, version: str) -> bool:
+    """Whether the replica reports `version` as its weights' name (False: unreachable)."""
+    try:
+        return current_version(upstream) == version
+    except (httpx.HTTPError, PublishError):
+        return False
 
 
 def _end_canary(conn: Connection, tenant: str | None, version: str) -> None:
