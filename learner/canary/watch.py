@@ -114,17 +114,21 @@ def watch(before: Window, after: Window, limits: Thresholds | None = None) -> li
 def share_growth(
     name: str, before: list[bool], after: list[bool], limits: Thresholds
 ) -> Alert | None:
-    """The share of `name` grew by `share_rise` points and `share_ratio` times."""
+    """The share of `name` grew by `share_rise` points, and `share_ratio` times or, where it
+    was high already, its rest shrank `share_ratio` times (complaints at 86% of a weak
+    base's trajectories cannot grow 1.5x; at 100% its right answers are gone)."""
     if min(len(before), len(after)) < limits.min_trajectories:
         return None
     was, now = sum(before) / len(before), sum(after) / len(after)
-    if now - was < limits.share_rise or now < limits.share_ratio * max(was, limits.share_floor):
+    grew = now >= limits.share_ratio * max(was, limits.share_floor)
+    rest_shrank = 1.0 - now <= (1.0 - was) / limits.share_ratio
+    if now - was < limits.share_rise or not (grew or rest_shrank):
         return None
     return Alert(
         name,
         f"{name}: {100 * was:.1f}% -> {100 * now:.1f}% of trajectories "
         f"({len(before)} before, {len(after)} after; alerts at +{100 * limits.share_rise:g} "
-        f"points and {limits.share_ratio:g}x)",
+        f"points and {limits.share_ratio:g}x, or the rest 1/{limits.share_ratio:g})",
     )
 
 
