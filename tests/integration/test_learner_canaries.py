@@ -327,18 +327,29 @@ def second() -> Any:
         yield fake
 
 
-def _full_weight_canary(
+@dataclasses.dataclass
+class FullWeightCanary:
+    """A learner of full weights on two replicas, its first version published as a
+    canary: the version, its canary, and the trainer's weights before the step."""
+
+    learner: Learner
+    lineage: Lineage
+    candidate: str
+    canary: CanaryRow
+    before: dict[str, torch.Tensor]
+
+
+@pytest.fixture
+def full(
     db_url: str,
     engine: Engine,
     tiny_model: Path,
     tmp_path: Path,
-    first: FakeReplica,
+    replica: FakeReplica,
     second: FakeReplica,
-) -> tuple[Learner, Lineage, str, CanaryRow, dict[str, torch.Tensor]]:
-    """A learner of full weights on two replicas, its first version published as a canary:
-    the version, its canary, and the weights it trained from."""
+) -> FullWeightCanary:
     learner = _learner(
-        db_url, engine, tiny_model, tmp_path, first, second, lora=False, canary_share=0.5,
+        db_url, engine, tiny_model, tmp_path, replica, second, lora=False, canary_share=0.5,
         canary_min_calls=30,
     )  # fmt: skip
     lineage = _lineage(learner, None)
@@ -347,20 +358,17 @@ def _full_weight_canary(
     _step(lineage.trainer, [40, 50])
     candidate = _publish(learner, lineage, 1).version
     (canary,) = _canaries(engine)
-    return learner, lineage, candidate, canary, before
+    return FullWeightCanary(learner, lineage, candidate, canary, before)
 
 
 def test_full_weights_serve_a_canary_on_some_replicas_until_the_learner_promotes_them(
-    db_url: str,
+    full: FullWeightCanary,
     engine: Engine,
-    tiny_model: Path,
     tmp_path: Path,
     replica: FakeReplica,
     second: FakeReplica,
 ) -> None:
-    learner, lineage, candidate, canary, _before = _full_weight_canary(
-        db_url, engine, tiny_model, tmp_path, replica, second
-    )
+    learner, lineage, candidate, canary = full.learner, full.lineage, full.candidate, full.canary
     assert (canary["tenant"], canary["candidate"], canary["incumbent"]) == (None, candidate, "base")
     assert (canary["status"], canary["started_by"]) == ("running", "learner")
     # the candidate serves on the second replica alone; the first serves on as it was
@@ -389,16 +397,13 @@ def test_full_weights_serve_a_canary_on_some_replicas_until_the_learner_promotes
 
 
 def test_a_rolled_back_full_weight_candidate_s_replicas_serve_what_the_others_do_again(
-    db_url: str,
+    full: FullWeightCanary,
     engine: Engine,
     tiny_model: Path,
-    tmp_path: Path,
     replica: FakeReplica,
     second: FakeReplica,
 ) -> None:
-    learner, lineage, candidate, canary, before = _full_weight_canary(
-        db_url, engine, tiny_model, tmp_path, replica, second
-    )
+    learner, lineage, candidate, canary = full.learner, full.lineage, full.candidate, full.canary
     _decide(engine, "roll_back", canary["id"])
     learner.stepping.maybe_train()
     # the second replica serves the base again, under the name the first serves it by
@@ -411,20 +416,18 @@ def test_a_rolled_back_full_weight_candidate_s_replicas_serve_what_the_others_do
     assert isinstance(publisher, FullWeightPublisher) and publisher.canary_replicas == []
     assert lineage.canary is None and not lineage.needs_restore
     assert lineage.trainer is not None  # and it trains from the base again
-    assert all(torch.equal(p, before[n]) for n, p in lineage.trainer.model.named_parameters())
+    assert all(torch.equal(p, full.before[n]) for n, p in lineage.trainer.model.named_parameters())
 
 
 def test_a_restore_of_every_replica_rolls_back_the_full_weight_canary_it_overwrote(
-    db_url: str,
+    full: FullWeightCanary,
     engine: Engine,
-    tiny_model: Path,
-    tmp_path: Path,
     replica: FakeReplica,
     second: FakeReplica,
 ) -> None:
-    learner, lineage, _candidate, canary, _before = _full_weight_canary(
-        db_url, engine, tiny_model, tmp_path, replica, second
-    )
+    learner = full.learner
+    lineage = full.lineage
+    canary = full.canary
     lineage.needs_restore = True  # as after a swap whose replicas were left fenced off
     learner.startup.restore()
     assert replica.version == second.version == "base"
@@ -436,18 +439,16 @@ def test_a_restore_of_every_replica_rolls_back_the_full_weight_canary_it_overwro
 
 
 def test_a_failed_promotion_leaves_each_replica_named_for_the_weights_it_holds(
-    db_url: str,
+    full: FullWeightCanary,
     engine: Engine,
     tiny_model: Path,
-    tmp_path: Path,
     replica: FakeReplica,
     second: FakeReplica,
 ) -> None:
     """The promotion's swap fails on the candidate's replica: it gets the incumbent's
     weights back, and their name with them (not the candidate's it served them under)."""
-    learner, _lineage, candidate, _canary, _before = _full_weight_canary(
-        db_url, engine, tiny_model, tmp_path, replica, second
-    )
+    learner = full.learner
+    candidate = full.candidate
     serve(engine, None, candidate, [1.0, 1.0, 0.0, 1.0] * 15, at=time.time(), spacing=0)
     serve(engine, None, "base", [0.0, 0.0, 1.0, 0.0] * 15, at=time.time(), spacing=0)
     second.refuse_reloads = 4  # every try of the candidate's reload there
@@ -462,16 +463,15 @@ def test_a_failed_promotion_leaves_each_replica_named_for_the_weights_it_holds(
 
 
 def test_a_rollback_by_hand_ends_the_canary_it_would_otherwise_undo(
-    db_url: str,
+    full: FullWeightCanary,
     engine: Engine,
     tiny_model: Path,
-    tmp_path: Path,
     replica: FakeReplica,
     second: FakeReplica,
 ) -> None:
-    learner, lineage, candidate, _canary, _before = _full_weight_canary(
-        db_url, engine, tiny_model, tmp_path, replica, second
-    )
+    learner = full.learner
+    lineage = full.lineage
+    candidate = full.candidate
     with engine.begin() as conn:  # a version from before the one serving, to roll back to
         probe = (policy_versions.version(conn, version=candidate) or {}).get("probe")
         policy_versions.add_version(
@@ -491,17 +491,15 @@ def test_a_rollback_by_hand_ends_the_canary_it_would_otherwise_undo(
 
 
 def test_a_withdrawal_cut_short_by_the_store_is_done_at_the_next_look(
-    db_url: str,
+    full: FullWeightCanary,
     engine: Engine,
     tiny_model: Path,
-    tmp_path: Path,
-    replica: FakeReplica,
     second: FakeReplica,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    learner, lineage, _candidate, canary, _before = _full_weight_canary(
-        db_url, engine, tiny_model, tmp_path, replica, second
-    )
+    learner = full.learner
+    lineage = full.lineage
+    canary = full.canary
     _decide(engine, "roll_back", canary["id"])
     held = publish_module.lease.held
 
